@@ -1,0 +1,341 @@
+"""Batch-invariance audit: run one probe request in many different batches.
+
+The audit builds a schedule of trials in which the same probe request is
+decoded alongside other requests in batches of changing size, order and
+split, asks a backend to run each trial, and counts how many distinct outputs
+the probe produced. A backend whose randomness is keyed by (seed, position)
+gives exactly one; one that draws from a shared stateful RNG gives many.
+
+Backends speak :class:`Backend`: ``generate(requests) -> results`` over
+:class:`~sglang_detspec.reference.Request` and
+:class:`~sglang_detspec.reference.RequestResult`. The in-process
+:class:`~sglang_detspec.reference.ReferenceEngine` is one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from .reference.request import Request, RequestResult
+
+PROBE_PROMPT_LEN = 8
+FILLER_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)
+MAX_FILLER_PROMPT_LEN = 24
+
+
+class Backend(Protocol):
+    """Something that decodes a batch of requests together."""
+
+    @property
+    def name(self) -> str:
+        """Short label for reports."""
+        ...
+
+    def generate(self, requests: Sequence[Request]) -> list[RequestResult]:
+        """Decode ``requests`` as one batch; one result per request, in order."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One trial: sub-batches run one after another, the probe in one of them.
+
+    Attributes:
+        index: position in the schedule.
+        kind: ``solo`` (the probe alone), ``batch`` (probe plus fillers),
+            ``permuted`` (the previous batch's requests in another order, probe
+            at another row) or ``split`` (the previous batch's requests run as
+            two sub-batches).
+        batches: the sub-batches, each a tuple of requests in row order.
+        probe_batch, probe_row: where the probe sits.
+    """
+
+    index: int
+    kind: str
+    batches: tuple[tuple[Request, ...], ...]
+    probe_batch: int
+    probe_row: int
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(len(b) for b in self.batches)
+
+    @property
+    def num_requests(self) -> int:
+        return sum(self.batch_sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditPlan:
+    """The probe request and the trials it runs in."""
+
+    probe: Request
+    trials: tuple[Trial, ...]
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def group_sizes(num_groups: int, max_batch: int) -> list[int]:
+    """Batch sizes of the ``batch``/``permuted``/``split`` groups: spread evenly over [2, max_batch]."""
+    if num_groups == 1:
+        return [max_batch]
+    return [round(2 + g * (max_batch - 2) / (num_groups - 1)) for g in range(num_groups)]
+
+
+def build_plan(
+    num_trials: int = 24,
+    *,
+    seed: int = 0,
+    max_new_tokens: int = 16,
+    vocab_size: int,
+    max_batch: int = 32,
+) -> AuditPlan:
+    """The trial schedule: deterministic in its arguments.
+
+    Trial 0 runs the probe alone. The rest come in groups of three over one
+    set of requests each: ``batch`` (probe at the first, last, middle or a
+    random row), ``permuted`` (same requests shuffled so the probe moves) and
+    ``split`` (same requests as two sub-batches cut at a random row). Group
+    batch sizes spread evenly over [2, max_batch], so every run covers sizes
+    1 and ``max_batch``. Fillers come from a pool of ``2 * max_batch``
+    requests with prompts of 1..24 tokens, temperatures 0 (greedy) to 1.3,
+    random 64-bit seeds and ``max_new_tokens`` from a quarter to all of the
+    probe's, so rows leave the batch at different rounds.
+
+    Args:
+        num_trials: >= 1.
+        seed: in [0, 2**64): the probe's ``sampling_seed`` and the seed of the
+            schedule's own ``random.Random``.
+        max_new_tokens: >= 1, the probe's length.
+        vocab_size: >= 1, prompt ids are drawn from [0, vocab_size).
+        max_batch: >= 2, the largest batch.
+
+    Returns:
+        An :class:`AuditPlan`.
+
+    Raises:
+        ValueError: an argument outside the ranges above.
+    """
+    _positive_int("num_trials", num_trials)
+    _positive_int("max_new_tokens", max_new_tokens)
+    _positive_int("vocab_size", vocab_size)
+    _positive_int("max_batch", max_batch, 2)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    rng = random.Random(seed)
+    probe = Request(
+        prompt_ids=tuple(rng.randrange(vocab_size) for _ in range(PROBE_PROMPT_LEN)),
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        sampling_seed=seed,
+    )
+    pool = [
+        Request(
+            prompt_ids=tuple(rng.randrange(vocab_size) for _ in range(rng.randint(1, MAX_FILLER_PROMPT_LEN))),
+            max_new_tokens=rng.randint(max(1, max_new_tokens // 4), max_new_tokens),
+            temperature=rng.choice(FILLER_TEMPERATURES),
+            sampling_seed=rng.getrandbits(64),
+        )
+        for _ in range(2 * max_batch)
+    ]
+    trials = [Trial(0, "solo", ((probe,),), 0, 0)]
+    sizes = group_sizes(math.ceil((num_trials - 1) / 3), max_batch) if num_trials > 1 else []
+    for g, size in enumerate(sizes):
+        members = rng.sample(pool, size - 1)
+        row = (0, size - 1, size // 2, rng.randrange(size))[g % 4]
+        members.insert(row, probe)
+        group = [Trial(0, "batch", (tuple(members),), 0, row)]
+
+        shuffled = list(members)
+        rng.shuffle(shuffled)
+        moved = shuffled.index(probe)
+        if moved == row:
+            other = (row + 1) % size
+            shuffled[row], shuffled[other] = shuffled[other], shuffled[row]
+            moved = other
+        group.append(Trial(0, "permuted", (tuple(shuffled),), 0, moved))
+
+        cut = rng.randint(1, size - 1)
+        halves = (tuple(members[:cut]), tuple(members[cut:]))
+        group.append(Trial(0, "split", halves, int(row >= cut), row if row < cut else row - cut))
+        trials.extend(group)
+    trials = [dataclasses.replace(t, index=i) for i, t in enumerate(trials[:num_trials])]
+    return AuditPlan(probe=probe, trials=tuple(trials))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialOutcome:
+    """The probe's result in one trial."""
+
+    trial: Trial
+    probe: RequestResult
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """One backend's audit result.
+
+    Attributes:
+        backend: the backend's name.
+        outcomes: one per trial, in schedule order.
+        unique_probe_outputs: distinct probe outputs over the trials.
+        mean_accept_length: committed tokens / verify rounds over every row
+            of every trial (SGLang's ``spec_accept_length``, >= 1).
+        num_requests: distinct requests that ran.
+        varying_requests: distinct requests with more than one output.
+        wall_time_s: seconds spent in the backend's ``generate``.
+    """
+
+    backend: str
+    outcomes: tuple[TrialOutcome, ...]
+    unique_probe_outputs: int
+    mean_accept_length: float
+    num_requests: int
+    varying_requests: int
+    wall_time_s: float
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict with the summary and every trial's probe output."""
+        return {
+            "backend": self.backend,
+            "unique_probe_outputs": self.unique_probe_outputs,
+            "mean_accept_length": self.mean_accept_length,
+            "num_requests": self.num_requests,
+            "varying_requests": self.varying_requests,
+            "wall_time_s": self.wall_time_s,
+            "trials": [
+                {
+                    "index": o.trial.index,
+                    "kind": o.trial.kind,
+                    "batch_sizes": list(o.trial.batch_sizes),
+                    "probe_batch": o.trial.probe_batch,
+                    "probe_row": o.trial.probe_row,
+                    "probe_output_ids": list(o.probe.output_ids),
+                    "probe_accept_lengths": list(o.probe.accept_lengths),
+                }
+                for o in self.outcomes
+            ],
+        }
+
+
+def run_plan(
+    backend: Backend, plan: AuditPlan, on_trial: Callable[[TrialOutcome], None] | None = None
+) -> RunSummary:
+    """Run every trial of ``plan`` on ``backend`` and summarise.
+
+    Args:
+        backend: decodes each sub-batch with one ``generate`` call.
+        plan: from :func:`build_plan`.
+        on_trial: called after each trial (progress reporting).
+
+    Returns:
+        A :class:`RunSummary`.
+
+    Raises:
+        RuntimeError: the backend returned a different number of results than
+            requests, or a result with no verify rounds.
+    """
+    outputs: dict[Request, set[tuple[int, ...]]] = {}
+    outcomes = []
+    tokens = rounds = 0
+    elapsed = 0.0
+    for trial in plan.trials:
+        probe_result = None
+        for b, batch in enumerate(trial.batches):
+            start = time.perf_counter()
+            results = backend.generate(batch)
+            elapsed += time.perf_counter() - start
+            if len(results) != len(batch):
+                raise RuntimeError(
+                    f"backend {backend.name!r} returned {len(results)} results for {len(batch)} requests"
+                )
+            for req, res in zip(batch, results):
+                if not res.accept_lengths:
+                    raise RuntimeError(f"backend {backend.name!r} returned a result with no verify rounds")
+                outputs.setdefault(req, set()).add(res.output_ids)
+                tokens += len(res.output_ids)
+                rounds += len(res.accept_lengths)
+            if b == trial.probe_batch:
+                probe_result = results[trial.probe_row]
+        outcome = TrialOutcome(trial, probe_result)
+        outcomes.append(outcome)
+        if on_trial is not None:
+            on_trial(outcome)
+    return RunSummary(
+        backend=backend.name,
+        outcomes=tuple(outcomes),
+        unique_probe_outputs=len({o.probe.output_ids for o in outcomes}),
+        mean_accept_length=tokens / rounds,
+        num_requests=len(outputs),
+        varying_requests=sum(len(v) > 1 for v in outputs.values()),
+        wall_time_s=elapsed,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Outcome of an audit.
+
+    Attributes:
+        passed: the seeded run gave exactly one unique probe output.
+        message: one line saying so, or what went wrong.
+        notes: further observations that do not change ``passed``.
+    """
+
+    passed: bool
+    message: str
+    notes: tuple[str, ...] = ()
+
+
+def judge(seeded: RunSummary, control: RunSummary | None = None) -> Verdict:
+    """Pass when the seeded run's probe gave exactly one unique output over its trials.
+
+    Notes flag a seeded run whose other requests varied, and a control run that
+    did not vary (its trials then showed no batch dependence to guard against).
+    """
+    n = len(seeded.outcomes)
+    notes = []
+    if seeded.varying_requests:
+        notes.append(
+            f"{seeded.varying_requests} of {seeded.num_requests} requests of the seeded run changed output between batches"
+        )
+    if control is not None and n > 1 and control.unique_probe_outputs == 1:
+        notes.append(
+            "the control also gave 1 unique probe output, so these trials showed no batch dependence; "
+            "use more trials or more tokens"
+        )
+    if seeded.unique_probe_outputs == 1:
+        return Verdict(True, f"PASS: the seeded probe request gave 1 unique output across {n} trials", tuple(notes))
+    return Verdict(
+        False,
+        f"FAIL: the seeded probe request gave {seeded.unique_probe_outputs} different outputs across {n} trials; "
+        "with a fixed sampling_seed it must give the same tokens in every batch",
+        tuple(notes),
+    )
+
+
+def build_report(plan: AuditPlan, summaries: Sequence[RunSummary], verdict: Verdict, settings: dict) -> dict:
+    """JSON-ready audit report: verdict, settings, probe request and each run's summary."""
+    probe = plan.probe
+    return {
+        "passed": verdict.passed,
+        "message": verdict.message,
+        "notes": list(verdict.notes),
+        "settings": dict(settings),
+        "probe": {
+            "prompt_ids": list(probe.prompt_ids),
+            "max_new_tokens": probe.max_new_tokens,
+            "temperature": probe.temperature,
+            "sampling_seed": probe.sampling_seed,
+        },
+        "runs": {s.backend: s.to_json() for s in summaries},
+    }

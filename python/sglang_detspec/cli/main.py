@@ -1,0 +1,61 @@
+"""``detspec`` command line: one subcommand per module of this package.
+
+A subcommand lives in its own module ``sglang_detspec.cli.<name>`` that
+defines ``register(subparsers)``: it adds its parser with
+``subparsers.add_parser(...)`` and sets ``handler=<fn>`` through
+``set_defaults``, where ``fn(args) -> int`` returns the exit code. Modules are
+found by scanning this package, so adding a subcommand touches no other file.
+Handlers import heavy dependencies (torch, transformers) themselves, so
+``detspec --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+
+_NOT_SUBCOMMANDS = {"main"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``detspec`` parser with every subcommand module registered."""
+    parser = argparse.ArgumentParser(
+        prog="detspec",
+        description="Deterministic speculative decoding for SGLang: audit, benchmark and serve.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    package = importlib.import_module(__package__)
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name in _NOT_SUBCOMMANDS or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__package__}.{info.name}")
+        register = getattr(module, "register", None)
+        if callable(register):
+            register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``detspec`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
+
+    Raises:
+        SystemExit: code 2 on bad arguments (argparse prints the reason), 0
+            for ``--help`` and ``--version``.
+    """
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return int(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

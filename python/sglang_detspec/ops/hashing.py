@@ -1,0 +1,170 @@
+"""Keyed MurmurHash3 stream: torch reference, any device.
+
+Every random number of the deterministic path is
+``MurmurHash3_x86_32(message, seed=0)`` over 16 little-endian bytes
+``[lo32(key), hi32(key), position, column]`` with
+``key = (request_seed + stream_salt) mod 2**64`` (Appleby's MurmurHash3,
+x86 32-bit variant), mapped to a float64 uniform by midpoint binning
+``(h + 0.5) / 2**32``, strictly inside (0, 1).
+
+torch has no general uint32 arithmetic, so words live in int64 and every
+product is reduced mod 2**32 by splitting one factor into 16-bit halves: no
+intermediate exceeds 2**49, so nothing overflows int64 on any device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import as_position_tensor, as_seed_tensor
+from .streams import MASK32, U32, Stream
+
+C1 = 0xCC9E2D51
+C2 = 0x1B873593
+M5_ADD = 0xE6546B64
+FMIX1 = 0x85EBCA6B
+FMIX2 = 0xC2B2AE35
+MESSAGE_BYTES = 16
+
+
+def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
+    # (a * c) mod 2**32 for a in [0, 2**32): a = hi * 2**16 + lo.
+    lo = a & 0xFFFF
+    hi = a >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & MASK32
+
+
+def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
+    return ((x << r) | (x >> (32 - r))) & MASK32
+
+
+def _scramble(k: torch.Tensor) -> torch.Tensor:
+    return _mul32(_rotl32(_mul32(k, C1), 15), C2)
+
+
+def _mix_block(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    h = _rotl32(h ^ _scramble(k), 13)
+    return (_mul32(h, 5) + M5_ADD) & MASK32
+
+
+def _finalize(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ MESSAGE_BYTES
+    h = h ^ (h >> 16)
+    h = _mul32(h, FMIX1)
+    h = h ^ (h >> 13)
+    h = _mul32(h, FMIX2)
+    return h ^ (h >> 16)
+
+
+def key_words(seeds: torch.Tensor, salts: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Low and high 32-bit words of ``(seeds + salts) mod 2**64``.
+
+    Args:
+        seeds: int64 [B], uint64 bits.
+        salts: a Python int in [0, 2**64), or an int64 tensor [B] of uint64 bits.
+
+    Returns:
+        ``(lo32, hi32)``, each int64 [B] in [0, 2**32).
+    """
+    s_lo = seeds & MASK32
+    s_hi = (seeds >> 32) & MASK32  # arithmetic shift, masked: the uint64 high word
+    if isinstance(salts, torch.Tensor):
+        t_lo, t_hi = salts & MASK32, (salts >> 32) & MASK32
+    else:
+        t_lo, t_hi = salts & MASK32, salts >> 32
+    lo = s_lo + t_lo
+    hi = (s_hi + t_hi + (lo >> 32)) & MASK32
+    return lo & MASK32, hi
+
+
+def row_prefix(key_lo: torch.Tensor, key_hi: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Hash state after the three per-row words ``[lo32, hi32, position]``: int64 [B]."""
+    h = torch.zeros_like(key_lo)
+    h = _mix_block(h, key_lo)
+    h = _mix_block(h, key_hi)
+    return _mix_block(h, positions)
+
+
+def hash_with_prefix(prefix: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Finish the hash for every (row, column): int64 [B, C] in [0, 2**32).
+
+    Args:
+        prefix: int64 [B] from :func:`row_prefix`.
+        columns: int64 [C] or [B, C] in [0, 2**32).
+    """
+    k = _scramble(columns)
+    if k.dim() == 1:
+        k = k.unsqueeze(0)
+    h = _rotl32(prefix.unsqueeze(1) ^ k, 13)
+    h = (_mul32(h, 5) + M5_ADD) & MASK32
+    return _finalize(h)
+
+
+def uniform_from_hash(h: torch.Tensor) -> torch.Tensor:
+    """Midpoint binning ``(h + 0.5) / 2**32`` in float64: strictly inside (0, 1)."""
+    return (h.to(torch.float64) + 0.5) * (1.0 / U32)
+
+
+def _salt_int(salt: int | Stream) -> int:
+    if isinstance(salt, Stream):
+        return salt.salt
+    if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < 1 << 64:
+        raise ValueError(f"salt must be a Stream or an int in [0, 2**64), got {salt!r}")
+    return salt
+
+
+def _as_columns(columns, device: torch.device) -> torch.Tensor:
+    if isinstance(columns, torch.Tensor):
+        if columns.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"columns must be an integer tensor, got dtype {columns.dtype}")
+        c = columns.to(device=device, dtype=torch.int64)
+    else:
+        c = torch.as_tensor(list(columns), dtype=torch.int64, device=device)
+    if c.dim() != 1:
+        raise ValueError(f"columns must be 1-D [C], got shape {tuple(c.shape)}")
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) >= U32):
+        raise ValueError(f"columns must lie in [0, 2**32), got range [{int(c.min())}, {int(c.max())}]")
+    return c
+
+
+def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Tensor:
+    """MurmurHash3_x86_32 (seed 0) of ``[lo32(key), hi32(key), position, column]``.
+
+    Args:
+        seeds: int64 tensor [B] (uint64 bits) or Python ints in [0, 2**64).
+        positions: integer tensor [B] or Python ints in [0, 2**32): absolute
+            token positions.
+        columns: integer tensor or Python ints [C] in [0, 2**32).
+        salt: a :class:`Stream` or an int in [0, 2**64); ``key = seed + salt mod 2**64``.
+
+    Returns:
+        int64 [B, C]: the uint32 hash values. Device: that of ``seeds`` if it is
+        a tensor, else of ``positions``, else CPU.
+
+    Raises:
+        ValueError: a seed outside uint64, a position or column outside
+            [0, 2**32), mismatched lengths or devices, wrong dtypes.
+    """
+    device = _device_of(seeds, positions)
+    seeds_t = as_seed_tensor(seeds, None, device, True)
+    pos_t = as_position_tensor(positions, seeds_t.shape[0], device, True)
+    cols = _as_columns(columns, device)
+    lo, hi = key_words(seeds_t, _salt_int(salt))
+    return hash_with_prefix(row_prefix(lo, hi, pos_t), cols)
+
+
+def hash_uniform(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Tensor:
+    """Uniforms ``(h + 0.5) / 2**32`` of :func:`keyed_hash`: float64 [B, C] in (0, 1).
+
+    The smallest value is 2**-33 (h = 0) and the largest 1 - 2**-33
+    (h = 2**32 - 1), so ``-log(u)`` is always finite and positive.
+    Arguments and errors as :func:`keyed_hash`.
+    """
+    return uniform_from_hash(keyed_hash(seeds, positions, columns, salt=salt))
+
+
+def _device_of(*xs) -> torch.device:
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")

@@ -1,0 +1,206 @@
+"""Fused Triton exponential race: one pass over the weights, no [B, V] intermediate.
+
+Each program walks one vocabulary split of one row: hash, uniform, -log,
+reciprocal, multiply and a running argmax (or running top-k) stay in
+registers. When B is small the vocabulary is split across programs so the
+GPU is full; a second tiny kernel reduces the [B, S] partials in a fixed
+order, ties to the smaller index, so the result never depends on the split.
+Bit for bit equal to ``race_ref.race_reference`` on the same CUDA device.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_hash import exact_score, hash_column, may_reach, row_prefix, split_argmax
+
+BLOCK = 1024
+NUM_WARPS = 4
+BIG = 2**31 - 1
+PROGRAMS_PER_SM = 4
+SENTINEL = -2.0  # below every score (scores >= 0, masked lanes -1)
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def _race_argmax_kernel(
+    w_ptr,  # [B, V] float, row stride w_stride
+    seed_ptr,  # [B] int64, uint64 bits
+    pos_ptr,  # [B] int64, absolute positions
+    part_v_ptr,  # [B, S] float64 out: best score per split
+    part_i_ptr,  # [B, S] int32 out: its token id
+    V,
+    w_stride,
+    col_offset,  # draft_step * V
+    num_splits,  # S
+    split_cols,  # columns per split, a multiple of BLOCK
+    SALT_LO: tl.constexpr,
+    SALT_HI: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BIG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    prefix = row_prefix(tl.load(seed_ptr + row), tl.load(pos_ptr + row), SALT_LO, SALT_HI)
+    w_row = w_ptr + row.to(tl.int64) * w_stride
+    lanes = tl.arange(0, BLOCK)
+    best_v = tl.full([BLOCK], -1.0, tl.float64)
+    best_i = tl.zeros([BLOCK], tl.int32)
+    best = tl.max(best_v, axis=0)  # running best of the split, float64 scalar
+    start = split * split_cols
+    end = tl.minimum(start + split_cols, V)
+    for tile in range(start, end, BLOCK):
+        idx = tile + lanes
+        mask = idx < end
+        w = tl.load(w_row + idx, mask=mask, other=0.0)
+        h = hash_column(prefix, idx.to(tl.uint32) + col_offset.to(tl.uint32))
+        # float64 log and divide only for tiles that may hold a new best: the
+        # float32 pre-filter never drops a lane that could reach it.
+        if tl.max((may_reach(w, h, best) & mask).to(tl.int32), axis=0) > 0:
+            s = tl.where(mask, exact_score(w, h), -1.0)
+            # Strict '>': a lane keeps its earlier (smaller) index on ties.
+            take = s > best_v
+            best_v = tl.where(take, s, best_v)
+            best_i = tl.where(take, idx, best_i)
+            best = tl.max(best_v, axis=0)
+    m, i = split_argmax(best_v, best_i, BIG)
+    tl.store(part_v_ptr + row * num_splits + split, m)
+    tl.store(part_i_ptr + row * num_splits + split, i)
+
+
+@triton.jit(do_not_specialize=["col_offset"])
+def _race_topk_kernel(
+    w_ptr,  # [B, V] float, row stride w_stride
+    seed_ptr,  # [B] int64
+    pos_ptr,  # [B] int64
+    part_v_ptr,  # [B, S, KP] float64 out: per-split top-k scores, descending
+    part_i_ptr,  # [B, S, KP] int32 out: their token ids
+    V,
+    w_stride,
+    col_offset,
+    num_splits,
+    split_cols,
+    SALT_LO: tl.constexpr,
+    SALT_HI: tl.constexpr,
+    K: tl.constexpr,  # num_samples
+    KP: tl.constexpr,  # next power of two >= K
+    BLOCK: tl.constexpr,
+    BIG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    prefix = row_prefix(tl.load(seed_ptr + row), tl.load(pos_ptr + row), SALT_LO, SALT_HI)
+    w_row = w_ptr + row.to(tl.int64) * w_stride
+    lanes = tl.arange(0, BLOCK)
+    slots = tl.arange(0, KP)
+    bv = tl.full([KP], -2.0, tl.float64)
+    bi = tl.full([KP], BIG, tl.int32)
+    kth = tl.min(bv, axis=0)  # score in slot K-1: a tile must beat it to change the list
+    start = split * split_cols
+    end = tl.minimum(start + split_cols, V)
+    for tile in range(start, end, BLOCK):
+        idx = tile + lanes
+        mask = idx < end
+        w = tl.load(w_row + idx, mask=mask, other=0.0)
+        h = hash_column(prefix, idx.to(tl.uint32) + col_offset.to(tl.uint32))
+        s = tl.full([BLOCK], -1.0, tl.float64)
+        if tl.max((may_reach(w, h, kth) & mask).to(tl.int32), axis=0) > 0:
+            s = tl.where(mask, exact_score(w, h), -1.0)
+        if tl.max(s, axis=0) > kth:
+            # Merge K times: the list's ids are all smaller than this tile's,
+            # so on equal scores the list entry comes first.
+            nv = tl.full([KP], -2.0, tl.float64)
+            ni = tl.full([KP], BIG, tl.int32)
+            for r in tl.static_range(K):
+                m1, i1 = split_argmax(s, idx, BIG)
+                m2, i2 = split_argmax(bv, bi, BIG)
+                from_list = m2 >= m1
+                nv = tl.where(slots == r, tl.where(from_list, m2, m1), nv)
+                ni = tl.where(slots == r, tl.where(from_list, i2, i1), ni)
+                bv = tl.where(from_list, tl.where(bi == i2, -3.0, bv), bv)
+                s = tl.where(from_list, s, tl.where(idx == i1, -3.0, s))
+            bv = nv
+            bi = ni
+            kth = tl.sum(tl.where(slots == K - 1, bv, 0.0), axis=0)
+    base = (row * num_splits + split) * KP
+    tl.store(part_v_ptr + base + slots, bv)
+    tl.store(part_i_ptr + base + slots, bi)
+
+
+@triton.jit
+def _race_reduce_kernel(
+    part_v_ptr,  # [B, N] float64 candidates (N = S * KP), per-split lists in split order
+    part_i_ptr,  # [B, N] int32 token ids
+    out_ptr,  # [B, K] int64 out
+    N,
+    K: tl.constexpr,
+    NP: tl.constexpr,  # next power of two >= N
+    BIG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    offs = tl.arange(0, NP)
+    mask = offs < N
+    v = tl.load(part_v_ptr + row * N + offs, mask=mask, other=-3.0)
+    ids = tl.load(part_i_ptr + row * N + offs, mask=mask, other=BIG)
+    for r in tl.static_range(K):
+        m, i = split_argmax(v, ids, BIG)
+        tl.store(out_ptr + row * K + r, i.to(tl.int64))
+        v = tl.where(ids == i, -3.0, v)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def plan_splits(batch: int, vocab: int, device: torch.device) -> tuple[int, int]:
+    """``(S, columns per split)``: about 4 programs per SM, splits of whole blocks."""
+    blocks = triton.cdiv(vocab, BLOCK)
+    target = PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    splits = max(1, min(blocks, triton.cdiv(target, max(batch, 1))))
+    per = triton.cdiv(blocks, splits)
+    return triton.cdiv(blocks, per), per * BLOCK
+
+
+def race_triton(
+    weights: torch.Tensor,  # [B, V] float16/bfloat16/float32/float64, CUDA, unit last-dim stride
+    seeds: torch.Tensor,  # [B] int64, uint64 bits
+    positions: torch.Tensor,  # [B] int64
+    salt: int,  # stream salt, uint64
+    column_offset: int,  # draft_step * V
+    num_samples: int,
+) -> torch.Tensor:
+    """Fused exponential race: int64 [B, num_samples]. Unchecked: callers validate.
+
+    CUDA-graph capturable: seeds and positions are read from device memory
+    and nothing syncs with the host.
+    """
+    if weights.stride(1) != 1:
+        weights = weights.contiguous()
+    b, v = weights.shape
+    splits, split_cols = plan_splits(b, v, weights.device)
+    dev = weights.device
+    salt_lo, salt_hi = salt & 0xFFFFFFFF, salt >> 32
+    out = torch.empty(b, num_samples, dtype=torch.int64, device=dev)
+    if num_samples == 1:
+        kp = 1
+        part_v = torch.empty(b, splits, dtype=torch.float64, device=dev)
+        part_i = torch.empty(b, splits, dtype=torch.int32, device=dev)
+        _race_argmax_kernel[(b, splits)](
+            weights, seeds, positions, part_v, part_i, v, weights.stride(0), column_offset, splits, split_cols,
+            SALT_LO=salt_lo, SALT_HI=salt_hi, BLOCK=BLOCK, BIG=BIG, num_warps=NUM_WARPS,
+        )
+    else:
+        kp = triton.next_power_of_2(num_samples)
+        part_v = torch.empty(b, splits, kp, dtype=torch.float64, device=dev)
+        part_i = torch.empty(b, splits, kp, dtype=torch.int32, device=dev)
+        _race_topk_kernel[(b, splits)](
+            weights, seeds, positions, part_v, part_i, v, weights.stride(0), column_offset, splits, split_cols,
+            SALT_LO=salt_lo, SALT_HI=salt_hi, K=num_samples, KP=kp, BLOCK=BLOCK, BIG=BIG, num_warps=NUM_WARPS,
+        )
+    n = splits * kp
+    _race_reduce_kernel[(b,)](part_v, part_i, out, n, K=num_samples, NP=triton.next_power_of_2(n), BIG=BIG)
+    return out

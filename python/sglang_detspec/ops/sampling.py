@@ -1,0 +1,184 @@
+"""Public seeded samplers: the exponential race and the chain verifier.
+
+Both check their arguments, then run the fused Triton kernel for CUDA tensors
+(when Triton is present) or the torch reference elsewhere; the two agree bit
+for bit on the same CUDA device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import as_position_tensor, as_seed_tensor, check_columns_fit, check_probs, INT_DTYPES
+from .hashing import key_words, row_prefix
+from .kernel_choice import use_triton
+from .race_ref import race_reference
+from .streams import Stream
+from .verify_ref import verify_reference
+
+
+def exponential_race(
+    weights: torch.Tensor,
+    seeds,
+    positions,
+    *,
+    stream: Stream | str,
+    draft_step: int = 0,
+    num_samples: int = 1,
+    check: bool = True,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """Seeded categorical draw by exponential race (Gumbel-max), DESIGN §3.
+
+    Row b draws ``argmax_i w[b, i] / -log(u_i)`` with ``u_i`` the keyed
+    uniform of (seeds[b] + stream salt, positions[b], column of token i);
+    ties go to the smaller index. Distributed as ``w[b] / sum(w[b])`` without
+    normalising; ``num_samples = k > 1`` returns the k largest scores in
+    descending order, i.e. k draws without replacement (Gumbel-top-k,
+    Plackett-Luce).
+
+    Args:
+        weights: [B, V] float16/bfloat16/float32/float64, finite, >= 0, each
+            row with a positive entry. Need not sum to 1.
+        seeds: int64 tensor [B] (uint64 bits, as SGLang carries
+            ``sampling_seed``) or Python ints in [0, 2**64).
+        positions: integer tensor [B] or ints: absolute position, in the
+            request's full sequence, of the token being drawn; < 2**32.
+        stream: which stream (:class:`Stream` or its name).
+        draft_step: DRAFT stream only: draft step / MTP layer; the columns are
+            ``draft_step * V + token_id`` and must stay below 2**32.
+        num_samples: k in [1, V]; with ``check`` every row needs k positive weights.
+        check: run the value checks (NaN, sign, ranges), which read tensors back
+            to the host; pass False inside CUDA-graph capture. Shape, dtype and
+            device checks always run.
+        kernel: ``"auto"``, ``"torch"`` or ``"triton"``; None reads the config bag.
+
+    Returns:
+        int64 [B, num_samples] token ids, on the weights' device.
+
+    Memory: the torch reference walks V in chunks of ``clamp(2**20 // B, 1024, V)``
+    columns, so its extra memory is about 64 MiB at most (8 temporaries of
+    2**20 8-byte elements) plus [B, k] state, never a [B, V] float64 matrix.
+    The Triton kernel keeps everything in registers plus a [B, splits, k] partial.
+
+    Raises:
+        ValueError: bad shapes, dtypes or devices; NaN, inf or negative weights;
+            an all-zero row; fewer than k positive weights in a row; a seed
+            outside uint64; a position outside [0, 2**32); draft_step * V + V
+            above 2**32; draft_step given for a stream other than DRAFT.
+    """
+    stream = Stream.parse(stream)
+    check_probs("weights", weights, 2, check)
+    b, v = weights.shape
+    dev = weights.device
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= v:
+        raise ValueError(f"num_samples must be an int in [1, V = {v}], got {num_samples!r}")
+    if isinstance(draft_step, bool) or not isinstance(draft_step, int) or draft_step < 0:
+        raise ValueError(f"draft_step must be a non-negative int, got {draft_step!r}")
+    if draft_step and stream is not Stream.DRAFT:
+        raise ValueError(f"draft_step applies to the DRAFT stream only, got draft_step={draft_step} for {stream.name}")
+    column_offset = draft_step * v
+    check_columns_fit(f"draft_step * V (draft_step={draft_step}, V={v})", column_offset, v)
+    seeds_t = as_seed_tensor(seeds, b, dev, check)
+    pos_t = as_position_tensor(positions, b, dev, check)
+    if check and num_samples > 1 and b:
+        short = (weights > 0).sum(dim=1) < num_samples
+        if bool(short.any()):
+            row = int(short.nonzero()[0])
+            raise ValueError(
+                f"num_samples={num_samples} draws without replacement, but weights row {row} has only "
+                f"{int((weights[row] > 0).sum())} positive entries"
+            )
+    if b == 0:
+        return torch.zeros(0, num_samples, dtype=torch.int64, device=dev)
+    if use_triton(kernel, dev):
+        from .race_triton import race_triton
+
+        return race_triton(weights, seeds_t, pos_t, stream.salt, column_offset, num_samples)
+    lo, hi = key_words(seeds_t, stream.salt)
+    return race_reference(weights, row_prefix(lo, hi, pos_t), column_offset, num_samples)
+
+
+def verify_chain(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    seeds,
+    positions,
+    *,
+    check: bool = True,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded chain verification with rejection sampling (topk = 1), DESIGN §4.
+
+    For each request: accept draft token x_j at position t+j when
+    ``u * q_j[x_j] < p_j[x_j]`` in float64 (u from the ACCEPT stream); at
+    the first rejection draw from the residual ``max(p_j - q_j, 0)`` (computed
+    in the probs' dtype; ``p_j`` if the residual is all zero) on the RESAMPLE
+    stream at position t+j and stop; if all K are accepted, draw the bonus
+    token from ``p_K`` on the BONUS stream at position t+K. This is
+    speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the
+    committed tokens are distributed exactly as target sampling.
+
+    Args:
+        draft_tokens: int64/int32 [B, K], ids in [0, V).
+        draft_probs: [B, K, V] float, the exact q each x_j was drawn from.
+        target_probs: [B, K+1, V] float of the same dtype, target distributions
+            at positions t..t+K.
+        seeds: int64 tensor [B] (uint64 bits) or Python ints in [0, 2**64).
+        positions: integer tensor [B] or ints: t, the absolute position of x_0;
+            t + K must be < 2**32.
+        check: run the value checks (reads tensors back to the host); pass
+            False inside CUDA-graph capture.
+        kernel: ``"auto"``, ``"torch"`` or ``"triton"``; None reads the config bag.
+
+    Returns:
+        ``(tokens, accept_lengths)``: int64 [B, K+1] with the accepted draft
+        tokens then the emitted (residual or bonus) token, padded with -1;
+        int64 [B] number of accepted draft tokens (0..K). Row b commits
+        ``accept_lengths[b] + 1`` tokens.
+
+    Raises:
+        ValueError: shape, dtype or device mismatch between the arguments
+            (including K); draft tokens outside [0, V); NaN, inf or negative
+            probabilities; an all-zero target row; a seed outside uint64; a
+            position with t + K outside [0, 2**32).
+    """
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in INT_DTYPES:
+        raise ValueError("draft_tokens must be an int64 or int32 tensor [B, K]")
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be 2-D [B, K], got shape {tuple(draft_tokens.shape)}")
+    b, k = draft_tokens.shape
+    check_probs("draft_probs", draft_probs, 3, check, row_sum_positive=False)
+    check_probs("target_probs", target_probs, 3, check)
+    v = target_probs.shape[2]
+    if tuple(draft_probs.shape) != (b, k, v):
+        raise ValueError(f"draft_probs must be [B, K, V] = {(b, k, v)}, got {tuple(draft_probs.shape)}")
+    if tuple(target_probs.shape) != (b, k + 1, v):
+        raise ValueError(f"target_probs must be [B, K+1, V] = {(b, k + 1, v)}, got {tuple(target_probs.shape)}")
+    if draft_probs.dtype != target_probs.dtype:
+        raise ValueError(
+            f"draft_probs ({draft_probs.dtype}) and target_probs ({target_probs.dtype}) must share a dtype: "
+            "the residual max(p - q, 0) is computed in it"
+        )
+    dev = target_probs.device
+    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but target_probs is on {dev}")
+    check_columns_fit("token ids", 0, v)
+    seeds_t = as_seed_tensor(seeds, b, dev, check)
+    pos_t = as_position_tensor(positions, b, dev, check, span=k + 1)
+    if check and draft_tokens.numel():
+        lo, hi = int(draft_tokens.min()), int(draft_tokens.max())
+        if lo < 0 or hi >= v:
+            raise ValueError(f"draft_tokens holds {lo if lo < 0 else hi}, outside [0, V = {v})")
+    if b == 0:
+        return (
+            torch.zeros(0, k + 1, dtype=torch.int64, device=dev),
+            torch.zeros(0, dtype=torch.int64, device=dev),
+        )
+    if use_triton(kernel, dev):
+        from .verify_triton import verify_triton
+
+        return verify_triton(draft_tokens.to(torch.int64), draft_probs, target_probs, seeds_t, pos_t)
+    return verify_reference(draft_tokens.to(torch.int64), draft_probs, target_probs, seeds_t, pos_t)

@@ -1,0 +1,60 @@
+"""The four keyed random streams and how a request seed becomes a hash key.
+
+Domain separation: each use of randomness in speculative decoding (draft
+proposal, accept coin, residual resample, bonus token) hashes under its own
+64-bit salt, so no two uses ever read the same uniform for a request.
+"""
+
+from __future__ import annotations
+
+import enum
+
+U32 = 1 << 32
+U64 = 1 << 64
+MASK32 = U32 - 1
+
+
+class Stream(enum.Enum):
+    """A keyed random stream: ``value`` is its 64-bit salt.
+
+    The hash key of a request in a stream is ``(sampling_seed + salt) mod 2**64``.
+
+    - ``DRAFT``: draft proposal at draft step / MTP layer ``draft_step``;
+      column ``draft_step * V + token_id``. Same salt and layout as SGLang
+      0.5.23's seeded sampler, so our draft proposals equal SGLang's.
+    - ``ACCEPT``: accept coin of the draft token at a position; column 0.
+    - ``RESAMPLE``: draw from the residual distribution after a rejection;
+      column ``token_id``.
+    - ``BONUS``: bonus token after every draft token was accepted; column
+      ``token_id``.
+    """
+
+    DRAFT = 0x44524146545F0000
+    ACCEPT = 0x4143434550540000
+    RESAMPLE = 0x524553414D500000
+    BONUS = 0x424F4E5553000000
+
+    @property
+    def salt(self) -> int:
+        return self.value
+
+    @classmethod
+    def parse(cls, stream: "Stream | str") -> "Stream":
+        """Accept a ``Stream`` or its name (case-insensitive).
+
+        Raises:
+            ValueError: ``stream`` names no stream.
+        """
+        if isinstance(stream, cls):
+            return stream
+        if isinstance(stream, str) and stream.upper() in cls.__members__:
+            return cls[stream.upper()]
+        raise ValueError(
+            f"stream must be one of {[s.name for s in cls]}, got {stream!r}"
+        )
+
+
+def split_key(seed: int, salt: int) -> tuple[int, int]:
+    """``(lo32, hi32)`` of the 64-bit key ``(seed + salt) mod 2**64`` for Python ints."""
+    key = (seed + salt) % U64
+    return key & MASK32, key >> 32

@@ -1,0 +1,176 @@
+"""Tiny target and draft Llama models with weights made from a fixed seed.
+
+Both are ``transformers`` ``LlamaForCausalLM`` models, float32, on the CPU,
+a few MB each. Nothing is downloaded: the weights are drawn from a private
+``torch.Generator`` at build time, so every process builds bit-identical
+models and the caller's global RNG is left untouched. The draft is the target
+plus a small deterministic perturbation of every weight, so it agrees with the
+target often enough for speculative decoding to accept several tokens a round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyLlamaSpec:
+    """Architecture and weight recipe of the reference model pair.
+
+    Attributes:
+        vocab_size: V, the number of token ids.
+        hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads:
+            Llama architecture sizes.
+        weight_seed: seed of the generator the target weights are drawn from.
+        draft_seed: seed of the generator the draft perturbation is drawn from.
+        lm_head_std: std of the output projection. Large enough that the
+            next-token distributions are peaked (a few nats of entropy, not
+            log V), as a trained model's are.
+        draft_noise: relative size of the draft's perturbation: each draft
+            weight is ``w + draft_noise * std(w) * N(0, 1)``.
+    """
+
+    vocab_size: int = 384
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    weight_seed: int = 0
+    draft_seed: int = 1
+    lm_head_std: float = 0.3
+    draft_noise: float = 0.12
+
+    def llama_config(self) -> LlamaConfig:
+        """The ``LlamaConfig`` both models share."""
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+            torch_dtype="float32",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPair:
+    """The target model, its draft model and the spec they were built from."""
+
+    target: LlamaForCausalLM
+    draft: LlamaForCausalLM
+    spec: TinyLlamaSpec
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+
+def _weight_std(name: str, param: torch.Tensor, spec: TinyLlamaSpec) -> float | None:
+    # None marks RMSNorm gains, which start at exactly 1 as in a fresh Llama.
+    if param.dim() == 1:
+        return None
+    if name.startswith("lm_head"):
+        return spec.lm_head_std
+    if "embed_tokens" in name:
+        return 1.0
+    # Fan-in scaling keeps the residual stream at unit size through the layers.
+    return 1.0 / math.sqrt(param.shape[1])
+
+
+def _new_model(spec: TinyLlamaSpec) -> LlamaForCausalLM:
+    # transformers initialises weights from the global RNG; fork it so building
+    # the models never changes the caller's random state.
+    with torch.random.fork_rng(devices=[]):
+        model = LlamaForCausalLM(spec.llama_config())
+    return model.to(torch.float32).eval()
+
+
+def build_model_pair(spec: TinyLlamaSpec | None = None) -> ModelPair:
+    """Build the target and draft models, bit-identical in every process.
+
+    Target weights: N(0, std) per parameter from ``torch.Generator`` seeded
+    with ``spec.weight_seed``, filled in ``named_parameters`` order (see
+    :class:`TinyLlamaSpec` for the stds); RMSNorm gains are 1. Draft weights:
+    target weights plus ``draft_noise * std * N(0, 1)`` from a generator seeded
+    with ``spec.draft_seed``.
+
+    Args:
+        spec: the recipe; None means ``TinyLlamaSpec()``.
+
+    Returns:
+        A :class:`ModelPair` of float32 CPU models in eval mode.
+
+    Raises:
+        ValueError: a non-positive size, or ``num_heads`` not a multiple of
+            ``num_kv_heads`` or not dividing ``hidden_size``.
+    """
+    spec = TinyLlamaSpec() if spec is None else spec
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+    for field in sizes:
+        if getattr(spec, field) < 1:
+            raise ValueError(f"TinyLlamaSpec.{field} must be >= 1, got {getattr(spec, field)}")
+    if spec.hidden_size % spec.num_heads or spec.num_heads % spec.num_kv_heads:
+        raise ValueError(
+            f"hidden_size ({spec.hidden_size}) must be a multiple of num_heads ({spec.num_heads}) "
+            f"and num_heads a multiple of num_kv_heads ({spec.num_kv_heads})"
+        )
+    target = _new_model(spec)
+    draft = _new_model(spec)
+    weight_gen = torch.Generator().manual_seed(spec.weight_seed)
+    noise_gen = torch.Generator().manual_seed(spec.draft_seed)
+    with torch.no_grad():
+        for (name, t_param), (_, d_param) in zip(target.named_parameters(), draft.named_parameters()):
+            std = _weight_std(name, t_param, spec)
+            if std is None:
+                t_param.fill_(1.0)
+                d_param.fill_(1.0)
+                continue
+            t_param.copy_(torch.randn(t_param.shape, generator=weight_gen) * std)
+            noise = torch.randn(d_param.shape, generator=noise_gen) * (spec.draft_noise * std)
+            d_param.copy_(t_param + noise)
+    return ModelPair(target=target, draft=draft, spec=spec)
+
+
+def next_token_probs(
+    model: LlamaForCausalLM, token_ids: Sequence[int], temperature: float, num_positions: int = 1
+) -> torch.Tensor:
+    """Next-token distributions at the last ``num_positions`` positions of a sequence.
+
+    Row i is the distribution of the token that follows
+    ``token_ids[: len(token_ids) - num_positions + 1 + i]``. One forward over
+    the whole sequence, batch of one, no KV cache, so the result depends on
+    the sequence alone.
+
+    Args:
+        model: a causal LM returning ``.logits`` [1, L, V].
+        token_ids: the sequence, L >= num_positions.
+        temperature: 0 gives the one-hot of the argmax (ties: smallest id);
+            > 0 gives ``softmax(logits / temperature)``.
+        num_positions: how many trailing positions to return.
+
+    Returns:
+        float32 [num_positions, V], each row summing to 1 (up to rounding).
+
+    Raises:
+        ValueError: ``num_positions`` outside [1, len(token_ids)], or a
+            negative temperature.
+    """
+    if not 1 <= num_positions <= len(token_ids):
+        raise ValueError(f"num_positions must lie in [1, {len(token_ids)}], got {num_positions}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    ids = torch.tensor([list(token_ids)], dtype=torch.int64)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=num_positions).logits[0].to(torch.float32)
+    if temperature == 0:
+        # argmax returns the first maximum, matching the race's smallest-index tie rule.
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(torch.float32)
+    return torch.softmax(logits / temperature, dim=-1)

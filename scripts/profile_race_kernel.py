@@ -1,0 +1,29 @@
+"""Launch the fused draft-proposal kernel a few times at one shape, for a profiler.
+
+Usage: ncu --clock-control none --kernel-name regex:_race_argmax -c 1 \
+           python3 scripts/profile_race_kernel.py [B] [V]
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from sglang_detspec.ops import exponential_race  # noqa: E402
+
+
+def main() -> None:
+    b = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+    v = int(sys.argv[2]) if len(sys.argv) > 2 else 163840
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    probs = torch.softmax(torch.randn(b, v, generator=gen, device="cuda"), dim=-1)
+    seeds = torch.arange(b, device="cuda")
+    pos = torch.arange(b, device="cuda") + 1000
+    for _ in range(3):
+        exponential_race(probs, seeds, pos, stream="draft", check=False, kernel="triton")
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+
+# The audit schedule, its verdict, and the `detspec audit` command end to end.
+
+import json
+
+import pytest
+
+from sglang_detspec.audit import build_plan, group_sizes, judge, run_plan
+from sglang_detspec.cli.main import main
+from sglang_detspec.reference import ReferenceEngine, build_model_pair
+
+VOCAB = 384
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build_model_pair()
+
+
+def test_default_plan_covers_the_batch_shapes():
+    plan = build_plan(25, seed=0, max_new_tokens=16, vocab_size=VOCAB, max_batch=32)
+    trials = plan.trials
+    assert len(trials) == 25 and [t.index for t in trials] == list(range(25))
+    assert trials[0].kind == "solo" and trials[0].batches == ((plan.probe,),)
+    assert {t.num_requests for t in trials} >= {1, 32}
+    assert [t.kind for t in trials[1:]] == ["batch", "permuted", "split"] * 8
+    probe_rows = set()
+    for trial in trials:
+        # The probe sits exactly where the trial says, and only there.
+        assert trial.batches[trial.probe_batch][trial.probe_row] == plan.probe
+        assert sum(b.count(plan.probe) for b in trial.batches) == 1
+        probe_rows.add((trial.num_requests, trial.probe_row))
+    for batch, permuted, split in zip(trials[1::3], trials[2::3], trials[3::3]):
+        (members,) = batch.batches
+        assert sorted(map(repr, permuted.batches[0])) == sorted(map(repr, members))
+        assert permuted.probe_row != batch.probe_row
+        assert len(split.batches) == 2 and all(split.batch_sizes)
+        assert split.batches[0] + split.batches[1] == members
+    # Rows vary: first, last and middle rows all occur.
+    assert any(row == 0 for n, row in probe_rows if n > 1)
+    assert any(row == n - 1 for n, row in probe_rows if n > 1)
+    assert any(0 < row < n - 1 for n, row in probe_rows)
+
+
+def test_plan_is_a_function_of_its_arguments():
+    a = build_plan(10, seed=3, max_new_tokens=8, vocab_size=VOCAB)
+    assert a == build_plan(10, seed=3, max_new_tokens=8, vocab_size=VOCAB)
+    b = build_plan(10, seed=4, max_new_tokens=8, vocab_size=VOCAB)
+    assert a.probe.sampling_seed == 3 and b.probe.sampling_seed == 4
+    assert a.trials != b.trials
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_plan_has_exactly_the_requested_trials(n):
+    plan = build_plan(n, vocab_size=VOCAB, max_batch=4)
+    assert len(plan.trials) == n
+    assert all(t.num_requests <= 4 for t in plan.trials)
+
+
+def test_group_sizes_span_two_to_max():
+    assert group_sizes(1, 32) == [32]
+    sizes = group_sizes(8, 32)
+    assert sizes[0] == 2 and sizes[-1] == 32 and sizes == sorted(sizes)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_trials=0), "num_trials"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_batch=1), "max_batch"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=2**64), "seed"),
+    ],
+)
+def test_plan_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_plan(**{"num_trials": 4, "vocab_size": VOCAB, **kwargs})
+
+
+def test_verdict_passes_seeded_and_fails_control(models):
+    plan = build_plan(7, seed=1, max_new_tokens=6, vocab_size=VOCAB, max_batch=6)
+    seeded = run_plan(ReferenceEngine(models, 2), plan)
+    control = run_plan(ReferenceEngine.control(models, 2, seed=1), plan)
+    assert seeded.unique_probe_outputs == 1 and seeded.varying_requests == 0
+    assert control.unique_probe_outputs > 1
+    assert seeded.mean_accept_length > 1
+    ok = judge(seeded, control)
+    assert ok.passed and ok.message.startswith("PASS") and ok.notes == ()
+    # The control run in the seeded slot is what a batch-dependent backend looks like.
+    bad = judge(control)
+    assert not bad.passed
+    assert bad.message.startswith("FAIL") and f"{control.unique_probe_outputs} different outputs" in bad.message
+    assert any("requests of the seeded run changed" in n for n in bad.notes)
+    # A control that never varied means the trials proved nothing: say so.
+    assert any("control also gave 1" in n for n in judge(seeded, seeded).notes)
+
+
+def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
+    out = tmp_path / "audit.json"
+    argv = ["audit", "--trials", "7", "--max-new-tokens", "6", "--max-batch-size", "6", "-k", "2", "--seed", "5"]
+    assert main([*argv, "--json", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "PASS" in stdout and "unique probe outputs" in stdout
+    report = json.loads(out.read_text())
+    assert report["passed"] is True
+    assert report["settings"] == {
+        "trials": 7, "max_new_tokens": 6, "num_draft_tokens": 2, "max_batch_size": 6,
+        "seed": 5, "control": True, "vocab_size": VOCAB,
+    }
+    assert report["probe"]["sampling_seed"] == 5
+    seeded, control = report["runs"]["seeded"], report["runs"]["control"]
+    assert seeded["unique_probe_outputs"] == 1
+    assert control["unique_probe_outputs"] > 1
+    assert len(seeded["trials"]) == len(control["trials"]) == 7
+    for trial in seeded["trials"] + control["trials"]:
+        assert len(trial["probe_output_ids"]) == 6
+        assert sum(trial["probe_accept_lengths"]) == 6
+        assert all(1 <= a <= 3 for a in trial["probe_accept_lengths"])
+    assert len({tuple(t["probe_output_ids"]) for t in seeded["trials"]}) == 1
+    assert 1 < seeded["mean_accept_length"] <= 3
+
+
+def test_cli_audit_without_control(tmp_path):
+    out = tmp_path / "seeded.json"
+    argv = ["audit", "--trials", "3", "--max-new-tokens", "4", "--max-batch-size", "3", "--no-control"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["runs"]) == ["seeded"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--trials", "0"], "argument --trials: must be >= 1, got 0"),
+        (["--trials", "many"], "argument --trials: expected an integer, got 'many'"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1"),
+        (["--num-draft-tokens", "0"], "argument --num-draft-tokens/-k: must be >= 1"),
+        (["--max-batch-size", "1"], "argument --max-batch-size: must be >= 2"),
+        (["--seed", "-1"], "argument --seed: must be in [0, 2**64), got -1"),
+        (["--seed", str(2**64)], "argument --seed: must be in [0, 2**64)"),
+        (["--json", "/nonexistent-dir/x.json"], "directory '/nonexistent-dir' does not exist"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_cli_rejects_bad_arguments(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_rejects_directory_as_json_path(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "--json", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_cli_lists_audit_and_needs_a_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "audit" in capsys.readouterr().out
+    assert main([]) == 2
+    assert "usage: detspec" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["frobnicate"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))

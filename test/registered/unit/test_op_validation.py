@@ -1,0 +1,121 @@
+"""Every bad input to the samplers raises ValueError naming the argument and the bound."""
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.ops import exponential_race, verify_chain
+
+register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
+
+U32, U64 = 1 << 32, 1 << 64
+W = torch.ones(2, 8)
+
+
+def race(**kw):
+    args = dict(weights=W, seeds=[1, 2], positions=[3, 4], stream="draft")
+    args.update(kw)
+    return exponential_race(args.pop("weights"), args.pop("seeds"), args.pop("positions"), **args)
+
+
+def with_value(t, idx, value):
+    t = t.clone()
+    t[idx] = value
+    return t
+
+
+RACE_CASES = [
+    (dict(weights=with_value(W, (0, 3), float("nan"))), "weights contains NaN"),
+    (dict(weights=with_value(W, (1, 0), float("inf"))), "weights contains inf"),
+    (dict(weights=with_value(W, (1, 0), -0.5)), "weights contains negative"),
+    (dict(weights=with_value(W, 1, 0.0)), r"weights has an all-zero row at index \[1\]"),
+    (dict(weights=torch.ones(2, 8, dtype=torch.int64)), "weights must be a floating tensor"),
+    (dict(weights=torch.ones(8)), "weights must have 2 dims"),
+    (dict(weights=torch.ones(2, 0)), "empty vocabulary"),
+    (dict(seeds=[1]), "seeds has 1 rows but the batch has B = 2"),
+    (dict(seeds=[1, U64]), r"seeds\[1\] = 18446744073709551616 is outside uint64"),
+    (dict(seeds=[-3, 1]), r"seeds\[0\] = -3 is outside uint64"),
+    (dict(seeds=torch.tensor([1.0, 2.0])), "seeds must be an int64 tensor"),
+    (dict(seeds="12"), "seeds must be an int64 tensor or a sequence"),
+    (dict(positions=[0, U32]), r"positions\[1\] = 4294967296 is outside \[0, 2\*\*32 - 1\]"),
+    (dict(positions=torch.tensor([0, U32])), r"positions holds 4294967296, outside \[0, 2\*\*32 - 1\]"),
+    (dict(positions=torch.tensor([-1, 0])), r"positions holds -1"),
+    (dict(positions=torch.tensor([0.0, 1.0])), "positions must be an int64 or int32 tensor"),
+    (dict(positions=[1, 2, 3]), "positions has 3 rows"),
+    (dict(stream="coins"), "stream must be one of"),
+    (dict(num_samples=0), r"num_samples must be an int in \[1, V = 8\]"),
+    (dict(num_samples=9), r"num_samples must be an int in \[1, V = 8\]"),
+    (dict(weights=with_value(W, (0, slice(2, None)), 0.0), num_samples=3), "weights row 0 has only 2 positive"),
+    (dict(draft_step=-1), "draft_step must be a non-negative int"),
+    (dict(draft_step=U32 // 8), r"draft_step \* V .* reach 2\*\*32"),
+    (dict(draft_step=1, stream="bonus"), "draft_step applies to the DRAFT stream only"),
+    (dict(kernel="cuda"), "kernel must be one of"),
+    (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("kwargs, match", RACE_CASES)
+def test_race_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        race(**kwargs)
+
+
+def test_largest_draft_step_that_fits_is_accepted():
+    # columns (U32/8 - 1) * 8 .. U32 - 1 are all valid uint32 words
+    assert race(draft_step=U32 // 8 - 1).shape == (2, 1)
+
+
+B, K, V = 2, 3, 6
+X = torch.zeros(B, K, dtype=torch.int64)
+Q = torch.full((B, K, V), 1 / V)
+P = torch.full((B, K + 1, V), 1 / V)
+
+
+def verify(**kw):
+    args = dict(draft_tokens=X, draft_probs=Q, target_probs=P, seeds=[1, 2], positions=[3, 4])
+    args.update(kw)
+    return verify_chain(**args)
+
+
+VERIFY_CASES = [
+    (dict(draft_tokens=X.float()), "draft_tokens must be an int64 or int32 tensor"),
+    (dict(draft_tokens=X[0]), "draft_tokens must be 2-D"),
+    (dict(draft_tokens=with_value(X, (1, 2), V)), r"draft_tokens holds 6, outside \[0, V = 6\)"),
+    (dict(draft_tokens=with_value(X, (0, 0), -1)), r"draft_tokens holds -1"),
+    (dict(draft_probs=Q[:, :2]), r"draft_probs must be \[B, K, V\] = \(2, 3, 6\)"),
+    (dict(target_probs=P[:, :3]), r"target_probs must be \[B, K\+1, V\] = \(2, 4, 6\)"),
+    (dict(target_probs=torch.full((B, K + 1, V + 1), 0.1)), r"draft_probs must be \[B, K, V\] = \(2, 3, 7\)"),
+    (dict(draft_probs=Q.double()), "must share a dtype"),
+    (dict(draft_probs=with_value(Q, (0, 1, 2), float("nan"))), "draft_probs contains NaN"),
+    (dict(target_probs=with_value(P, (0, 1, 2), -1.0)), "target_probs contains negative"),
+    (dict(target_probs=with_value(P, (1, 3), 0.0)), r"target_probs has an all-zero row at index \[1, 3\]"),
+    (dict(seeds=[1, 2, 3]), "seeds has 3 rows"),
+    (dict(seeds=[1, -1]), r"seeds\[1\] = -1 is outside uint64"),
+    (dict(positions=[0, U32 - K]), r"positions\[1\] = 4294967293 is outside \[0, 2\*\*32 - 4\]"),
+    (dict(positions=torch.tensor([0, U32 - K])), r"positions holds 4294967293, outside \[0, 2\*\*32 - 4\].*4 consecutive"),
+    (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
+]
+
+
+@pytest.mark.parametrize("kwargs, match", VERIFY_CASES)
+def test_verify_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        verify(**kwargs)
+
+
+def test_last_valid_position_is_accepted():
+    tok, acc = verify(positions=[0, U32 - K - 1])
+    assert tok.shape == (B, K + 1) and acc.shape == (B,)
+
+
+def test_check_false_skips_only_value_checks():
+    # Metadata checks still run without value checks (the CUDA-graph path).
+    with pytest.raises(ValueError, match="seeds has 1 rows"):
+        race(seeds=[1], check=False)
+    assert race(positions=torch.tensor([5, 6]), check=False).shape == (2, 1)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))

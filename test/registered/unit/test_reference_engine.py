@@ -1,0 +1,233 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+
+# Reference engine: batch invariance, the ops wiring, and the global-RNG control.
+
+import pytest
+import torch
+
+from sglang_detspec.audit import build_plan
+from sglang_detspec.ops import Stream, exponential_race, verify_chain
+from sglang_detspec.reference import (
+    KeyedSampler,
+    ReferenceEngine,
+    Request,
+    build_model_pair,
+    next_token_probs,
+)
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build_model_pair()
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    return ReferenceEngine(models, K)
+
+
+@pytest.fixture(scope="module")
+def plan(models):
+    return build_plan(13, seed=7, max_new_tokens=8, vocab_size=models.vocab_size, max_batch=9)
+
+
+def run_trial(engine, trial):
+    """Map each request of the trial to its output tokens."""
+    out = {}
+    for batch in trial.batches:
+        for req, res in zip(batch, engine.generate(batch)):
+            out.setdefault(req, []).append(res.output_ids)
+    return out
+
+
+def test_models_are_reproducible_and_leave_global_rng_alone(models):
+    state = torch.get_rng_state()
+    again = build_model_pair()
+    assert torch.equal(torch.get_rng_state(), state)
+    for (name, a), (_, b) in zip(models.target.state_dict().items(), again.target.state_dict().items()):
+        assert torch.equal(a, b), name
+    for (name, a), (_, b) in zip(models.draft.state_dict().items(), again.draft.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(models.draft.lm_head.weight, models.target.lm_head.weight)
+    assert models.target.lm_head.weight.dtype == torch.float32
+
+
+def test_same_seed_same_tokens_in_every_batch_shape(engine, plan):
+    kinds = {t.kind for t in plan.trials}
+    assert kinds == {"solo", "batch", "permuted", "split"}
+    outputs = {}
+    for trial in plan.trials:
+        for req, outs in run_trial(engine, trial).items():
+            outputs.setdefault(req, set()).update(outs)
+    assert len(outputs[plan.probe]) == 1
+    # Every filler met other batches too; none may change either.
+    assert all(len(v) == 1 for v in outputs.values()), {r.sampling_seed: len(v) for r, v in outputs.items()}
+    (probe_out,) = outputs[plan.probe]
+    assert len(probe_out) == plan.probe.max_new_tokens
+
+
+def test_duplicate_rows_get_identical_outputs(engine, plan):
+    fillers = [r for r in plan.trials[-1].batches[0] if r != plan.probe][:3]
+    batch = [plan.probe, *fillers, plan.probe]
+    results = engine.generate(batch)
+    assert results[0] == results[-1]
+    assert results[0] == engine.generate([plan.probe])[0]
+
+
+def test_different_seeds_give_different_tokens(engine):
+    reqs = [Request((5, 6, 7, 8), 12, 1.0, seed) for seed in (0, 1, 2, 3, 2**63, 2**64 - 1)]
+    outs = [r.output_ids for r in engine.generate(reqs)]
+    assert len(set(outs)) == len(outs)
+
+
+def test_control_depends_on_the_batch(models, plan):
+    control = ReferenceEngine.control(models, K, seed=7)
+    probe_outputs = set()
+    for trial in plan.trials:
+        probe_outputs.update(run_trial(control, trial)[plan.probe])
+    assert len(probe_outputs) > 1
+    # The control reseeds per call, so the same batch repeats exactly: the
+    # variation above comes from the batch composition alone.
+    batch = plan.trials[1].batches[0]
+    assert control.generate(batch) == control.generate(batch)
+
+
+def test_generate_leaves_global_rng_alone(models, engine):
+    reqs = [Request((1, 2, 3), 5, 1.0, 11), Request((4,), 5, 0.7, 12)]
+    for eng in (engine, ReferenceEngine.control(models, K, seed=3)):
+        state = torch.get_rng_state()
+        eng.generate(reqs)
+        assert torch.equal(torch.get_rng_state(), state), eng.name
+
+
+def replay_alone(models, req, k):
+    """Spec (DESIGN §2-4) for one request, written out with batch-of-one op calls."""
+    seq = list(req.prompt_ids)
+    out, lengths = [], []
+    while len(out) < req.max_new_tokens:
+        t = len(seq)
+        drafts, qs = [], []
+        for j in range(k):
+            q = next_token_probs(models.draft, seq + drafts, req.temperature)
+            x = exponential_race(q, [req.sampling_seed], [t + j], stream=Stream.DRAFT, draft_step=j)
+            drafts.append(int(x[0, 0]))
+            qs.append(q[0])
+        p = next_token_probs(models.target, seq + drafts, req.temperature, k + 1)
+        toks, acc = verify_chain(
+            torch.tensor([drafts]), torch.stack(qs).unsqueeze(0), p.unsqueeze(0), [req.sampling_seed], [t]
+        )
+        new = toks[0, : int(acc[0]) + 1].tolist()[: req.max_new_tokens - len(out)]
+        out += new
+        seq += new
+        lengths.append(len(new))
+    return tuple(out), tuple(lengths)
+
+
+def test_batched_engine_equals_per_request_ops(models, engine):
+    reqs = [
+        Request((3, 1, 4, 1, 5), 9, 1.0, 2024),
+        Request((9,), 4, 0.0, 5),
+        Request(tuple(range(20, 40)), 7, 0.7, 2**64 - 3),
+        Request((2, 7), 1, 1.3, 77),
+        Request((100, 200, 300), 10, 1.0, 0),
+    ]
+    results = engine.generate(reqs)
+    for req, res in zip(reqs, results):
+        assert (res.output_ids, res.accept_lengths) == replay_alone(models, req, K)
+
+
+class RecordingSampler(KeyedSampler):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def draft(self, probs, seeds, positions, draft_step):
+        self.calls.append(("draft", probs.shape[0], draft_step, positions.tolist()))
+        return super().draft(probs, seeds, positions, draft_step)
+
+    def verify(self, draft_tokens, draft_probs, target_probs, seeds, positions):
+        self.calls.append(("verify", draft_tokens.shape[0], None, positions.tolist()))
+        return super().verify(draft_tokens, draft_probs, target_probs, seeds, positions)
+
+
+def test_sampler_runs_once_per_step_on_the_whole_batch(models):
+    sampler = RecordingSampler()
+    eng = ReferenceEngine(models, K, sampler)
+    prompts = [(1,), (2, 3, 4), (5, 6)]
+    reqs = [Request(p, 6, 1.0, i) for i, p in enumerate(prompts)]
+    results = eng.generate(reqs)
+    first_round = sampler.calls[: K + 1]
+    starts = [len(p) for p in prompts]
+    assert first_round == [("draft", 3, j, [s + j for s in starts]) for j in range(K)] + [
+        ("verify", 3, None, starts)
+    ]
+    rounds = max(len(r.accept_lengths) for r in results)
+    assert sum(c[0] == "verify" for c in sampler.calls) == rounds
+    assert sum(c[0] == "draft" for c in sampler.calls) == rounds * K
+
+
+def test_greedy_request_equals_plain_target_greedy(models, engine):
+    req = Request((10, 20, 30), 12, 0.0, 1)
+    seq = list(req.prompt_ids)
+    with torch.inference_mode():
+        for _ in range(req.max_new_tokens):
+            seq.append(int(models.target(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+    (res,) = engine.generate([req])
+    assert res.output_ids == tuple(seq[3:])
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_exact_length_and_accept_lengths(models, k):
+    eng = ReferenceEngine(models, k)
+    reqs = [Request((7, 8, 9), n, 1.0, 100 + n) for n in (1, 2, 3, 5, 8, 13)]
+    results = eng.generate(reqs)
+    rounds = tokens = 0
+    for req, res in zip(reqs, results):
+        assert len(res.output_ids) == req.max_new_tokens
+        assert sum(res.accept_lengths) == req.max_new_tokens
+        assert all(1 <= a <= k + 1 for a in res.accept_lengths)
+        assert all(0 <= t < models.vocab_size for t in res.output_ids)
+        rounds += len(res.accept_lengths)
+        tokens += len(res.output_ids)
+    # The draft agrees with the target often enough for speculation to pay.
+    assert tokens / rounds > 1.3
+
+
+def test_empty_batch(engine):
+    assert engine.generate([]) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(prompt_ids=(), max_new_tokens=4, temperature=1.0, sampling_seed=0), "at least one"),
+        (dict(prompt_ids=(1, -2), max_new_tokens=4, temperature=1.0, sampling_seed=0), r"prompt_ids\[1\]"),
+        (dict(prompt_ids=(1,), max_new_tokens=0, temperature=1.0, sampling_seed=0), "max_new_tokens"),
+        (dict(prompt_ids=(1,), max_new_tokens=4, temperature=-0.5, sampling_seed=0), "temperature"),
+        (dict(prompt_ids=(1,), max_new_tokens=4, temperature=float("nan"), sampling_seed=0), "temperature"),
+        (dict(prompt_ids=(1,), max_new_tokens=4, temperature=1.0, sampling_seed=2**64), "sampling_seed"),
+        (dict(prompt_ids=(1,), max_new_tokens=4, temperature=1.0, sampling_seed=-1), "sampling_seed"),
+    ],
+)
+def test_bad_requests_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Request(**kwargs)
+
+
+def test_engine_rejects_bad_input(models, engine):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate([Request((models.vocab_size,), 2, 1.0, 0)])
+    with pytest.raises(ValueError, match="must be a Request"):
+        engine.generate([((1, 2), 2, 1.0, 0)])
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        ReferenceEngine(models, 0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))
