@@ -36,7 +36,10 @@ class DetSpecConfig:
         num_draft_tokens: ``speculative_num_draft_tokens``.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
-        source: ``env`` before resolution, ``server_args`` after.
+        block_verification: SGLang's block-verification flag (not supported:
+            the plugin implements the classic chain verify).
+        source: ``env`` before resolution; ``server_args`` or ``runtime_context``
+            after the plugin resolved it from SGLang.
     """
 
     kernel: str = "auto"
@@ -48,6 +51,7 @@ class DetSpecConfig:
     num_draft_tokens: int | None = None
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
+    block_verification: bool = False
     source: str = "env"
 
     @property
@@ -57,6 +61,7 @@ class DetSpecConfig:
             not self.disabled
             and self.deterministic
             and self.rejection_sampling
+            and not self.block_verification
             and self.algorithm in EAGLE_FAMILY
         )
 

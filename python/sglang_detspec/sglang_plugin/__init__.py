@@ -1,0 +1,61 @@
+"""SGLang plugin: wires the seeded streams into SGLang 0.5.23's speculative runtime.
+
+Entry point ``detspec`` in SGLang's general plugin group ``sglang.srt.plugins``
+(``register`` below). SGLang calls it in every process that loads plugins —
+the launcher, each scheduler process (which hosts the TP and speculative
+workers), the detokenizer — and then applies the registered hooks. Hooks are
+registered unconditionally (server arguments are not resolved yet when
+plugins load) and decide per call from the config bag: with deterministic
+inference and rejection sampling both on, our streams run; otherwise SGLang's
+original code runs untouched.
+
+Hooks (each module's docstring names the SGLang symbol it replaces and why):
+
+- ``startup``: ``speculative_hook.handle_speculative_decoding`` (BEFORE and
+  AFTER): refuses what cannot be made deterministic, installs and logs the bag.
+- ``draft_hook``: ``spec_utils.fast_sample`` (AROUND): draft proposals, eager
+  and inside the EAGLE draft and multi-layer draft-extend CUDA graphs.
+- ``verify_hook``: ``eagle_utils.eagle_sample`` (AROUND) and
+  ``verify_sampling.chain_speculative_sampling_triton`` (AROUND): the target
+  verify with rejection sampling.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import draft_hook, startup, verify_hook
+
+ENTRY_POINT_NAME = "detspec"
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+
+_registered = False
+_lock = threading.Lock()
+
+
+def hook_table():
+    """``[(target, hook, HookType name)]``: every SGLang symbol the plugin touches."""
+    return [
+        (startup.TARGET, startup.check_raw_flags, "BEFORE"),
+        (startup.TARGET, startup.resolve_and_announce, "AFTER"),
+        (draft_hook.TARGET, draft_hook.seeded_fast_sample, "AROUND"),
+        (verify_hook.EAGLE_SAMPLE, verify_hook.seeded_eagle_sample, "AROUND"),
+        (verify_hook.CHAIN_SAMPLER, verify_hook.seeded_chain_sampling, "AROUND"),
+    ]
+
+
+def register() -> None:
+    """SGLang plugin entry point: register the hooks with SGLang's HookRegistry.
+
+    Idempotent: a second call in the same process registers nothing more.
+    SGLang applies the hooks itself after every plugin's entry point ran.
+    """
+    global _registered
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    with _lock:
+        if _registered:
+            return
+        for target, hook, kind in hook_table():
+            HookRegistry.register(target, hook, HookType[kind])
+        _registered = True

@@ -1,0 +1,401 @@
+"""The SGLang plugin against the real SGLang 0.5.23: loading, config bag, hooks, validation.
+
+Nothing of SGLang is faked: SGLang's own loader loads the entry point, real
+``ServerArgs`` are built from CLI flags and resolved by SGLang, and SGLang's
+own draft-proposal and verify entry points are called on CPU tensors.
+"""
+
+import dataclasses
+import json
+import os
+import types
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec import sglang_plugin
+from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
+from sglang_detspec.ops import Stream, exponential_race, verify_chain
+from sglang_detspec.sglang_plugin import draft_hook, resolve, startup, verify_hook
+
+register_cpu_ci(est_time=120, suite="detspec-unit-cpu")
+
+ACTIVE = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4,
+                       rejection_sampling=True, source="server_args")
+INACTIVE = dataclasses.replace(ACTIVE, deterministic=False)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """SGLang's own loader, called twice, plus a direct second register(): harmless."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    load_plugins()
+    sglang_plugin.register()
+    yield
+    reset_config()
+
+
+@pytest.fixture
+def bag():
+    """Install a bag for one test, then forget it."""
+    def use(config):
+        install_config(config)
+        return config
+
+    yield use
+    reset_config()
+
+
+def unwrap_depth(fn) -> int:
+    depth = 0
+    while hasattr(fn, "__wrapped__"):
+        fn, depth = fn.__wrapped__, depth + 1
+    return depth
+
+
+# -- loading -------------------------------------------------------------------
+
+
+def test_sglang_loader_discovers_the_entry_point():
+    from sglang.srt.plugins import load_plugins_by_group
+
+    found = load_plugins_by_group(sglang_plugin.ENTRY_POINT_GROUP)
+    assert sglang_plugin.ENTRY_POINT_NAME in found
+    func, dist = found[sglang_plugin.ENTRY_POINT_NAME]
+    assert func is sglang_plugin.register and dist == "sglang-detspec"
+
+
+def test_sglang_plugins_whitelist_filters_it(monkeypatch):
+    from sglang.srt.plugins import load_plugins_by_group
+
+    monkeypatch.setenv("SGLANG_PLUGINS", "some-other-plugin")
+    assert sglang_plugin.ENTRY_POINT_NAME not in load_plugins_by_group(sglang_plugin.ENTRY_POINT_GROUP)
+    monkeypatch.setenv("SGLANG_PLUGINS", f"x, {sglang_plugin.ENTRY_POINT_NAME}")
+    assert sglang_plugin.ENTRY_POINT_NAME in load_plugins_by_group(sglang_plugin.ENTRY_POINT_GROUP)
+
+
+def test_every_hook_applied_exactly_once(loaded):
+    import pkgutil
+
+    per_target = {}
+    for target, hook, kind in sglang_plugin.hook_table():
+        per_target[target] = per_target.get(target, 0) + 1
+    for target, count in per_target.items():
+        obj_path, attr = target.rsplit(".", 1)
+        assert unwrap_depth(getattr(pkgutil.resolve_name(obj_path), attr)) == count, target
+
+
+def test_call_sites_bound_by_from_import_see_the_hooks(loaded):
+    from sglang.kernels.ops.speculative import verify_sampling
+    from sglang.srt.speculative import (
+        eagle_utils,
+        eagle_worker_common,
+        eagle_worker_v2,
+        multi_layer_eagle_draft_extend_cuda_graph_runner as mtp_runner,
+        spec_utils,
+    )
+
+    hooked_fast_sample = spec_utils.fast_sample
+    assert hooked_fast_sample.__wrapped__.__module__ == "sglang.srt.speculative.spec_utils"
+    assert eagle_worker_v2.fast_sample is hooked_fast_sample  # EAGLE v2 draft-extend for prefill
+    assert mtp_runner.fast_sample is hooked_fast_sample  # single-CUDA-graph MTP runner
+    assert eagle_worker_common.eagle_sample is eagle_utils.eagle_sample
+    assert unwrap_depth(eagle_utils.eagle_sample) == 1
+    assert eagle_utils.chain_speculative_sampling_triton is verify_sampling.chain_speculative_sampling_triton
+    assert unwrap_depth(eagle_utils.chain_speculative_sampling_triton) == 1
+
+
+# -- the config bag from real ServerArgs ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_llama")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+    }))
+    return str(d)
+
+
+def server_args(model_dir, flags: str):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    # --device cuda resolves without touching a GPU; triton attention is what
+    # deterministic inference accepts.
+    argv = ["--model-path", model_dir, "--device", "cuda", "--attention-backend", "triton",
+            "--speculative-draft-model-path", model_dir, *flags.split()]
+    sa = ServerArgs.from_cli_args(parser.parse_args(argv))
+    sa.resolve_once()
+    return sa
+
+
+DET = "--enable-deterministic-inference --speculative-use-rejection-sampling"
+BAG_CASES = [
+    (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+     f"--speculative-num-draft-tokens 4 {DET}", dict(algorithm="EAGLE", num_steps=3, eagle_topk=1,
+                                                      num_draft_tokens=4, multi_layer_eagle=False), True),
+    (f"--speculative-algorithm nextn --speculative-num-steps 2 --speculative-eagle-topk 1 "
+     f"--speculative-num-draft-tokens 3 {DET}", dict(algorithm="EAGLE", num_steps=2, num_draft_tokens=3), True),
+    (f"--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+     f"--speculative-num-draft-tokens 4 {DET}", dict(algorithm="EAGLE3"), True),
+    (f"--speculative-algorithm EAGLE --enable-multi-layer-eagle --speculative-num-steps 2 "
+     f"--speculative-eagle-topk 1 --speculative-num-draft-tokens 3 {DET}",
+     dict(algorithm="EAGLE", multi_layer_eagle=True, num_steps=2), True),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+     "--speculative-num-draft-tokens 4 --speculative-use-rejection-sampling",
+     dict(deterministic=False, rejection_sampling=True), False),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+     "--speculative-num-draft-tokens 8 --enable-deterministic-inference",
+     dict(deterministic=True, rejection_sampling=False, eagle_topk=4), False),
+    ("--enable-deterministic-inference", dict(deterministic=True, algorithm=None), False),
+]
+
+
+@pytest.mark.parametrize("flags, expect, active", BAG_CASES)
+def test_real_server_args_resolve_into_the_bag(loaded, model_dir, flags, expect, active):
+    reset_config()
+    sa = server_args(model_dir, flags)
+    bag = resolve.config_from_server_args(sa)
+    for field, value in expect.items():
+        assert getattr(bag, field) == value, field
+    assert bag.active is active
+    # SGLang's resolution ran our AFTER hook, which installed the same bag.
+    assert current_config() == bag
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bag.kernel = "torch"
+
+
+def test_env_settings_reach_the_bag(loaded, model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_KERNEL", "torch")
+    sa = server_args(model_dir, BAG_CASES[0][0])
+    assert resolve.config_from_server_args(sa).kernel == "torch"
+    monkeypatch.setenv("SGLANG_DETSPEC_KERNEL", "cuda")
+    with pytest.raises(ValueError, match="SGLANG_DETSPEC_KERNEL must be one of"):
+        resolve.config_from_server_args(sa)
+    reset_config()
+
+
+def test_bag_from_published_runtime_context(loaded, model_dir):
+    from sglang.srt.runtime_context import publish
+
+    sa = server_args(model_dir, BAG_CASES[3][0])
+    reset_config()
+    publish(sa, role="test")
+    bag = resolve.active_config()  # what a scheduler process does at the first hook call
+    assert bag.source == "runtime_context" and bag.active and bag.multi_layer_eagle
+    assert resolve.active_config() is bag  # resolved once
+    reset_config()
+
+
+# -- start-up validation through SGLang's real resolution ---------------------------
+
+
+@pytest.mark.parametrize("flags, match", [
+    (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+     f"--speculative-num-draft-tokens 8 {DET}", "set --speculative-eagle-topk 1"),
+    (f"--speculative-algorithm STANDALONE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+     f"--speculative-num-draft-tokens 4 {DET}", "--speculative-algorithm STANDALONE is not supported"),
+    (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+     f"--speculative-num-draft-tokens 4 --speculative-use-block-verification {DET}",
+     "--speculative-use-block-verification is not supported"),
+])
+def test_startup_refuses_what_it_cannot_make_deterministic(loaded, model_dir, flags, match):
+    with pytest.raises(ValueError, match="sglang-detspec cannot make this run deterministic") as err:
+        server_args(model_dir, flags)
+    assert match in str(err.value)
+
+
+def test_disable_setting_lets_sglang_decide(loaded, model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
+    flags = (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+             f"--speculative-num-draft-tokens 4 --speculative-use-block-verification {DET}")
+    bag = resolve.config_from_server_args(server_args(model_dir, flags))
+    assert bag.disabled and not bag.active
+    reset_config()
+
+
+def test_startup_problems_only_for_our_runs():
+    kw = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True)
+    assert startup.startup_problems(deterministic=False, rejection_sampling=True, **kw) == []
+    assert startup.startup_problems(deterministic=True, rejection_sampling=False, **kw) == []
+    assert len(startup.startup_problems(deterministic=True, rejection_sampling=True, **kw)) == 3
+
+
+# -- SGLang's own entry points, on CPU tensors ---------------------------------------
+
+
+def draft_inputs(b=6, v=300, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, v, generator=gen) * 2
+    temperatures = torch.rand(b, 1, generator=gen) + 0.5
+    seeds = torch.randint(-(1 << 62), 1 << 62, (b,), generator=gen)
+    positions = torch.randint(0, 1 << 20, (b,), generator=gen, dtype=torch.int32)
+    return logits, temperatures, seeds, positions
+
+
+def test_sglang_sample_draft_proposal_uses_the_draft_stream(loaded, bag):
+    from sglang.srt.speculative import eagle_worker_v2, spec_utils
+
+    bag(ACTIVE)
+    logits, temps, seeds, pos = draft_inputs()
+    for step in (0, 2):
+        q, q_x, x = spec_utils.sample_draft_proposal(logits, temps, sampling_seed=seeds, positions=pos,
+                                                     draft_step=step)
+        assert torch.allclose(q, torch.softmax(logits / temps, dim=-1), atol=1e-6)
+        assert torch.equal(x, exponential_race(q, seeds, pos, stream=Stream.DRAFT, draft_step=step))
+        assert torch.equal(q_x, q.gather(1, x))
+        # the EAGLE v2 prefill draft-extend binding is the same hook
+        p2, x2 = eagle_worker_v2.fast_sample(q, 1, sampling_seed=seeds, positions=pos, draft_step=step)
+        assert torch.equal(x2, x) and torch.equal(p2, q_x)
+
+
+def test_greedy_rows_keep_sglang_argmax_rule(loaded, bag):
+    from sglang.srt.speculative import spec_utils
+
+    bag(ACTIVE)
+    logits, temps, seeds, pos = draft_inputs()
+    top_ks = torch.tensor([1, 0, 1, 50, 1, 1 << 30], dtype=torch.int32)
+    q, _, x = spec_utils.sample_draft_proposal(logits, temps, top_ks, sampling_seed=seeds, positions=pos)
+    greedy = top_ks <= 1
+    assert torch.equal(x[greedy, 0], q.argmax(dim=-1)[greedy])
+    seeded = exponential_race(q, seeds, pos, stream=Stream.DRAFT)[:, 0]
+    assert torch.equal(x[~greedy, 0], seeded[~greedy])
+
+
+def test_inactive_bag_runs_sglang_original(loaded, bag, monkeypatch):
+    from sglang.srt.speculative import spec_utils
+
+    bag(INACTIVE)
+    logits, temps, seeds, pos = draft_inputs()
+    probs = torch.softmax(logits, dim=-1)
+    original = spec_utils.fast_sample.__wrapped__
+
+    # SGLang's seeded branch on CPU needs sgl_kernel's CPU murmur op; whatever
+    # it does here, the hooked function must do the same.
+    def outcome(fn, **kw):
+        try:
+            return fn(probs, 1, **kw)
+        except Exception as err:  # noqa: BLE001 - compare SGLang's own failure mode
+            return type(err), str(err)
+
+    seeded = dict(sampling_seed=seeds, positions=pos, draft_step=1)
+    got, want = outcome(spec_utils.fast_sample, **seeded), outcome(original, **seeded)
+    assert isinstance(want[0], type), "SGLang's seeded branch ran on CPU: compare tensors instead"
+    assert got == want  # our wrapper delegated: same error from SGLang's own code
+    # Unseeded: SGLang's multinomial path runs on CPU and is reproduced draw for draw.
+    monkeypatch.setenv("SGLANG_OPT_USE_GUMBEL_SAMPLE", "0")
+    torch.manual_seed(3)
+    a = spec_utils.fast_sample(probs)
+    torch.manual_seed(3)
+    assert all(torch.equal(x, y) for x, y in zip(a, original(probs)))
+
+
+def chain_inputs(b=5, k=3, v=64, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    w = k + 1
+    q = torch.softmax(torch.randn(b, k, v, generator=gen), -1)
+    p = torch.softmax(torch.randn(b, w, v, generator=gen), -1)
+    p[:, :k] = 0.2 * p[:, :k] + 0.8 * q
+    drafts = torch.multinomial(q.reshape(-1, v), 1, generator=gen).reshape(b, k)
+    root = torch.randint(0, v, (b, 1), generator=gen)
+    candidates = torch.cat([root, drafts], dim=1)
+    retrive_index = torch.arange(b * w).reshape(b, w)  # build_chain_tree's flat layout
+    seeds = torch.randint(0, 1 << 62, (b,), generator=gen)
+    seq_lens = torch.randint(10, 1000, (b,), generator=gen)
+    return candidates, retrive_index, q, p, seeds, seq_lens
+
+
+def test_sglang_chain_sampler_entry_point_runs_verify_chain(loaded, bag):
+    """SGLang's eagle_sample cannot reach its rejection-sampling branch on CPU
+    (``_verify_uses_greedy`` is true on CPU), and the unhooked chain sampler is
+    a Triton kernel; the hooked entry point itself runs here."""
+    from sglang.srt.speculative import eagle_utils
+
+    bag(ACTIVE)
+    candidates, ri, q, p, seeds, seq_lens = chain_inputs()
+    b, w = candidates.shape
+    predicts = torch.zeros(b * w, dtype=torch.int32)
+    accept_index = torch.full((b, w), -1, dtype=torch.int32)
+    accept_num = torch.empty(b, dtype=torch.int32)
+    with verify_hook.verify_keys(seeds, seq_lens + 1):
+        eagle_utils.chain_speculative_sampling_triton(
+            predicts, accept_index, accept_num, candidates, ri, None, None,
+            torch.rand(b, w - 1), torch.rand(b), p, q, 1.0, 1.0, True,
+        )
+    tokens, acc = verify_chain(candidates[:, 1:], q, p, seeds, seq_lens + 1)
+    assert torch.equal(accept_num.long(), acc)
+    assert acc.float().mean() > 0.5  # accepted drafts, residual and bonus all exercised
+    for r in range(b):
+        n = int(acc[r])
+        assert predicts[r * w : r * w + n + 1].tolist() == tokens[r, : n + 1].tolist()
+        assert (predicts[r * w + n + 1 : (r + 1) * w] == 0).all()  # untouched slots
+        assert accept_index[r, : n + 1].tolist() == ri[r, : n + 1].tolist()
+        assert (accept_index[r, n + 1 :] == -1).all()
+
+
+def test_eagle_sample_hook_publishes_keys_only_while_active(loaded, bag):
+    # A probe stands in for eagle_sample's body, which on CPU takes the greedy
+    # path before any chain sampler runs (see the test above).
+    seen = []
+
+    def body(verify_input, batch, logits_output):
+        seen.append(verify_hook._KEYS.get())
+        return "result"
+
+    batch = types.SimpleNamespace(sampling_info=types.SimpleNamespace(sampling_seed=torch.tensor([5, 6])),
+                                  seq_lens=torch.tensor([10, 20]))
+    bag(ACTIVE)
+    assert verify_hook.seeded_eagle_sample(body, None, batch, None) == "result"
+    assert torch.equal(seen[-1].seeds, torch.tensor([5, 6]))
+    assert torch.equal(seen[-1].positions, torch.tensor([11, 21]))
+    assert verify_hook._KEYS.get() is None
+    bag(INACTIVE)
+    verify_hook.seeded_eagle_sample(body, None, batch, None)
+    assert seen[-1] is None
+
+
+def test_serve_command_adds_flags_and_admits_the_plugin():
+    from sglang_detspec.cli import serve
+
+    cmd = serve.server_command(["--model-path", "m", "--speculative-algorithm", "EAGLE"], python="py")
+    assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
+    assert cmd.count("--enable-deterministic-inference") == 1
+    assert "--speculative-use-rejection-sampling" in cmd
+    assert serve.server_command(["--enable-deterministic-inference"], python="py").count(
+        "--enable-deterministic-inference") == 1
+    assert "SGLANG_PLUGINS" not in serve.server_env({})
+    assert serve.server_env({"SGLANG_PLUGINS": "a"})["SGLANG_PLUGINS"] == "a,detspec"
+    assert serve.server_env({"SGLANG_PLUGINS": "detspec"})["SGLANG_PLUGINS"] == "detspec"
+    assert serve.plugin_installed()
+
+
+def test_serve_cli_dry_run(capsys):
+    from sglang_detspec.cli.main import main
+
+    assert main(["serve", "--dry-run", "--", "--model-path", "m"]) == 0
+    assert "sglang.launch_server --model-path m --enable-deterministic-inference" in capsys.readouterr().out
+    assert main(["serve"]) == 2
+
+
+def test_no_wired_site_reads_server_args_or_environment():
+    # DESIGN §5: only config.py reads the environment and only resolve.py reads SGLang's args.
+    root = os.path.dirname(sglang_plugin.__file__)
+    for name in ("draft_hook.py", "verify_hook.py"):
+        text = open(os.path.join(root, name)).read()
+        assert "os.environ" not in text and "server_args" not in text and "get_spec" not in text, name
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))
