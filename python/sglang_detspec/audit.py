@@ -9,7 +9,16 @@ gives exactly one; one that draws from a shared stateful RNG gives many.
 Backends speak :class:`Backend`: ``generate(requests) -> results`` over
 :class:`~sglang_detspec.reference.Request` and
 :class:`~sglang_detspec.reference.RequestResult`. The in-process
-:class:`~sglang_detspec.reference.ReferenceEngine` is one.
+:class:`~sglang_detspec.reference.ReferenceEngine` is one;
+:class:`~sglang_detspec.http_backend.HttpBackend` (a running SGLang server) is
+another. A result may carry two more attributes, which the summary reads when
+present:
+
+* ``verify_rounds`` (int >= 1, or None): the request's verify rounds, for a
+  backend that reports a total instead of per-round ``accept_lengths``; None
+  means it reported none, and the run's mean accept length is then unknown.
+* ``output_logprobs`` (tuple of float or None per output token, or None): the
+  probe's are compared bit for bit across trials.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -189,22 +199,40 @@ class RunSummary:
         outcomes: one per trial, in schedule order.
         unique_probe_outputs: distinct probe outputs over the trials.
         mean_accept_length: committed tokens / verify rounds over every row
-            of every trial (SGLang's ``spec_accept_length``, >= 1).
+            of every trial (SGLang's ``spec_accept_length``, >= 1); None when
+            some result reported no verify rounds (``verify_rounds`` None).
         num_requests: distinct requests that ran.
         varying_requests: distinct requests with more than one output.
         wall_time_s: seconds spent in the backend's ``generate``.
+        probe_logprobs_identical: whether the probe's output logprobs were
+            bitwise equal in every trial; None when the backend returned no
+            logprobs for it in some trial.
+        unique_probe_logprobs: distinct probe logprob sequences (bitwise);
+            None when ``probe_logprobs_identical`` is None.
+        server_avg_accept_length: the server's own average accept length
+            (SGLang's ``/server_info`` ``avg_spec_accept_length``), set by the
+            caller; None when there is none.
     """
 
     backend: str
     outcomes: tuple[TrialOutcome, ...]
     unique_probe_outputs: int
-    mean_accept_length: float
+    mean_accept_length: float | None
     num_requests: int
     varying_requests: int
     wall_time_s: float
+    probe_logprobs_identical: bool | None = None
+    unique_probe_logprobs: int | None = None
+    server_avg_accept_length: float | None = None
 
     def to_json(self) -> dict:
-        """A JSON-ready dict with the summary and every trial's probe output."""
+        """A JSON-ready dict with the summary and every trial's probe output.
+
+        Trials whose probe result carries ``verify_rounds`` or
+        ``output_logprobs`` also get ``probe_verify_rounds`` and
+        ``probe_output_logprobs`` (floats as returned; ``json`` writes them
+        so that they read back bit for bit).
+        """
         return {
             "backend": self.backend,
             "unique_probe_outputs": self.unique_probe_outputs,
@@ -212,19 +240,41 @@ class RunSummary:
             "num_requests": self.num_requests,
             "varying_requests": self.varying_requests,
             "wall_time_s": self.wall_time_s,
-            "trials": [
-                {
-                    "index": o.trial.index,
-                    "kind": o.trial.kind,
-                    "batch_sizes": list(o.trial.batch_sizes),
-                    "probe_batch": o.trial.probe_batch,
-                    "probe_row": o.trial.probe_row,
-                    "probe_output_ids": list(o.probe.output_ids),
-                    "probe_accept_lengths": list(o.probe.accept_lengths),
-                }
-                for o in self.outcomes
-            ],
+            "probe_logprobs_identical": self.probe_logprobs_identical,
+            "unique_probe_logprobs": self.unique_probe_logprobs,
+            "server_avg_accept_length": self.server_avg_accept_length,
+            "trials": [_trial_json(o) for o in self.outcomes],
         }
+
+
+def _trial_json(o: TrialOutcome) -> dict:
+    out = {
+        "index": o.trial.index,
+        "kind": o.trial.kind,
+        "batch_sizes": list(o.trial.batch_sizes),
+        "probe_batch": o.trial.probe_batch,
+        "probe_row": o.trial.probe_row,
+        "probe_output_ids": list(o.probe.output_ids),
+        "probe_accept_lengths": list(o.probe.accept_lengths),
+    }
+    if hasattr(o.probe, "verify_rounds"):
+        out["probe_verify_rounds"] = o.probe.verify_rounds
+    logprobs = getattr(o.probe, "output_logprobs", None)
+    if logprobs is not None:
+        out["probe_output_logprobs"] = list(logprobs)
+    return out
+
+
+def _verify_rounds(result: RequestResult) -> int | None:
+    """A result's verify rounds: its ``verify_rounds`` if it has that attribute, else one per accept length."""
+    if hasattr(result, "verify_rounds"):
+        return result.verify_rounds
+    return len(result.accept_lengths)
+
+
+def _logprob_bits(logprobs) -> tuple:
+    """The IEEE-754 double bits of each logprob: equal exactly when bitwise equal (so -0.0 != 0.0)."""
+    return tuple(None if x is None else struct.pack("<d", x) for x in logprobs)
 
 
 def run_plan(
@@ -247,6 +297,7 @@ def run_plan(
     outputs: dict[Request, set[tuple[int, ...]]] = {}
     outcomes = []
     tokens = rounds = 0
+    all_rounds_known = True
     elapsed = 0.0
     for trial in plan.trials:
         probe_result = None
@@ -259,25 +310,35 @@ def run_plan(
                     f"backend {backend.name!r} returned {len(results)} results for {len(batch)} requests"
                 )
             for req, res in zip(batch, results):
-                if not res.accept_lengths:
+                res_rounds = _verify_rounds(res)
+                if res_rounds is None:
+                    all_rounds_known = False
+                elif res_rounds < 1:
                     raise RuntimeError(f"backend {backend.name!r} returned a result with no verify rounds")
+                else:
+                    tokens += len(res.output_ids)
+                    rounds += res_rounds
                 outputs.setdefault(req, set()).add(res.output_ids)
-                tokens += len(res.output_ids)
-                rounds += len(res.accept_lengths)
             if b == trial.probe_batch:
                 probe_result = results[trial.probe_row]
         outcome = TrialOutcome(trial, probe_result)
         outcomes.append(outcome)
         if on_trial is not None:
             on_trial(outcome)
+    probe_logprobs = [getattr(o.probe, "output_logprobs", None) for o in outcomes]
+    unique_logprobs = None
+    if all(lp is not None for lp in probe_logprobs):
+        unique_logprobs = len({_logprob_bits(lp) for lp in probe_logprobs})
     return RunSummary(
         backend=backend.name,
         outcomes=tuple(outcomes),
         unique_probe_outputs=len({o.probe.output_ids for o in outcomes}),
-        mean_accept_length=tokens / rounds,
+        mean_accept_length=tokens / rounds if all_rounds_known else None,
         num_requests=len(outputs),
         varying_requests=sum(len(v) > 1 for v in outputs.values()),
         wall_time_s=elapsed,
+        probe_logprobs_identical=None if unique_logprobs is None else unique_logprobs == 1,
+        unique_probe_logprobs=unique_logprobs,
     )
 
 
@@ -299,14 +360,22 @@ class Verdict:
 def judge(seeded: RunSummary, control: RunSummary | None = None) -> Verdict:
     """Pass when the seeded run's probe gave exactly one unique output over its trials.
 
-    Notes flag a seeded run whose other requests varied, and a control run that
-    did not vary (its trials then showed no batch dependence to guard against).
+    Notes flag a seeded run whose other requests varied, a seeded probe whose
+    output logprobs were not bitwise equal across trials (the tokens decide
+    the verdict; logprobs that move show batch-dependent numerics), and a
+    control run that did not vary (its trials then showed no batch dependence
+    to guard against).
     """
     n = len(seeded.outcomes)
     notes = []
     if seeded.varying_requests:
         notes.append(
             f"{seeded.varying_requests} of {seeded.num_requests} requests of the seeded run changed output between batches"
+        )
+    if seeded.probe_logprobs_identical is False:
+        notes.append(
+            f"the seeded probe's output logprobs were not bitwise equal across trials "
+            f"({seeded.unique_probe_logprobs} distinct sequences)"
         )
     if control is not None and n > 1 and control.unique_probe_outputs == 1:
         notes.append(

@@ -1,0 +1,452 @@
+"""Audit a running SGLang server: a :class:`~sglang_detspec.audit.Backend` over its native ``/generate``.
+
+:class:`HttpBackend` sends each sub-batch of an audit trial to SGLang 0.5.23's
+``POST /generate`` as one batch request, token ids in and token ids out, so it
+works with servers launched with ``--skip-tokenizer-init`` and without:
+
+* request (one JSON object for the whole sub-batch)::
+
+      {"input_ids": [[int, ...], ...],            # one prompt per request
+       "sampling_params": [{...}, ...],           # one dict per request
+       "rid": [str, ...],                         # ours, to check the order
+       "return_logprob": true}
+
+  SGLang's tokenizer manager sends a batch whose items all carry
+  ``input_ids`` to the scheduler in one message
+  (``sglang/srt/managers/tokenizer_manager.py:1753-1767, 2085-2087``), so the
+  requests of one POST reach the scheduler together.
+* response: a JSON list, one object per request in request order
+  (``asyncio.gather`` in ``tokenizer_manager.py:2191,2197-2200``), each
+  ``{"output_ids": [int, ...], "meta_info": {...}}`` (plus ``"text"`` when
+  the server has a tokenizer; ``tokenizer_manager.py:2665-2670, 2705-2709``).
+  ``meta_info`` holds ``id`` (the rid), ``finish_reason``,
+  ``completion_tokens`` (``tokenizer_manager.py:2507-2513, 2553-2559``),
+  ``output_token_logprobs`` as ``[[logprob, token_id, null], ...]``
+  (``tokenizer_manager.py:2869, 3104-3108``) and, when the server runs
+  speculative decoding, ``spec_verify_ct`` (verify rounds) and
+  ``spec_accept_length = completion_tokens / spec_verify_ct``
+  (``tokenizer_manager.py:2755-2756, 3148-3172``).
+* errors: HTTP 400 with ``{"error": "..."}`` (schema check,
+  ``sglang/srt/entrypoints/http_server.py:937-939``), ``{"error":
+  {"message": "..."}}`` (``http_server.py:2246-2250``) or ``{"message":
+  "...", ...}`` (request validation, ``http_server.py:683-692``).
+
+``GET /server_info`` (``http_server.py:863-891``) carries the resolved server
+arguments at the top level and, per data-parallel rank under
+``internal_states``, ``avg_spec_accept_length`` when the server decodes
+speculatively (``sglang/srt/managers/scheduler_components/internal_state.py:118-125,243-253``).
+Neither it nor ``/model_info`` reports the vocabulary size.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import threading
+import uuid
+from collections.abc import Sequence
+
+import requests
+
+from .reference.request import Request, RequestResult
+
+DEFAULT_TIMEOUT_S = 300.0
+U64 = 1 << 64
+I64_MIN = -(1 << 63)
+I64_MAX = (1 << 63) - 1
+# How much of a non-JSON error body to quote.
+_MAX_ERROR_BODY = 500
+
+
+class HttpBackendError(RuntimeError):
+    """The server could not be asked, refused, or answered something unusable."""
+
+
+class ServerUnreachableError(HttpBackendError):
+    """No connection to the server, or no answer within the timeout."""
+
+
+class ServerHttpError(HttpBackendError):
+    """The server answered with an HTTP error status.
+
+    Attributes:
+        status: the HTTP status code.
+        server_message: SGLang's own error message, taken from the body.
+    """
+
+    def __init__(self, message: str, status: int, server_message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.server_message = server_message
+
+
+class ServerResponseError(HttpBackendError):
+    """A 200 response that is not what SGLang's ``/generate`` returns for the request sent."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerResult(RequestResult):
+    """What one request produced on a server.
+
+    SGLang reports per-request totals, not per-round accept lengths, so
+    ``accept_lengths`` is empty and the round count sits in ``verify_rounds``.
+
+    Attributes:
+        output_ids: the generated token ids (SGLang's ``output_ids``).
+        accept_lengths: always ``()``.
+        verify_rounds: SGLang's ``meta_info["spec_verify_ct"]``, >= 1; None
+            when the server reported none (it does not decode speculatively).
+        output_logprobs: one float per output token, the first element of
+            each ``meta_info["output_token_logprobs"]`` entry exactly as parsed
+            from the JSON (None where the server sent ``null``); None when the
+            server returned no logprobs.
+    """
+
+    verify_rounds: int | None = None
+    output_logprobs: tuple[float | None, ...] | None = None
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        """Committed tokens per verify round (SGLang's ``spec_accept_length``); None without rounds."""
+        if self.verify_rounds is None:
+            return None
+        return len(self.output_ids) / self.verify_rounds
+
+
+def sglang_seed(seed: int) -> int:
+    """The ``sampling_seed`` to send for a request seed in [0, 2**64).
+
+    SGLang accepts only seeds in [-2**63, 2**63) (``sampling_params.py:302-311``)
+    and keeps them in an int64 tensor; the detspec kernels read those 64 bits
+    as unsigned. Sending the two's-complement value keeps the bits, so the
+    server keys its draws with exactly the seed the audit chose.
+
+    Raises:
+        ValueError: ``seed`` outside [0, 2**64).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < U64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return seed - U64 if seed > I64_MAX else seed
+
+
+def sampling_params(request: Request) -> dict:
+    """SGLang ``sampling_params`` for one request: exactly ``max_new_tokens`` tokens, seeded.
+
+    ``ignore_eos`` keeps end-of-sequence tokens from ending a request early,
+    so every output has ``max_new_tokens`` tokens. ``top_p``, ``top_k`` and
+    ``min_p`` are sent at their no-op values so a server's preferred sampling
+    parameters (merged under the request's, ``tokenizer_manager.py:1549-1552``)
+    cannot narrow the distribution. Temperature 0 is SGLang's greedy
+    (``sampling_params.py:245-248``), as it is the reference engine's.
+    """
+    return {
+        "max_new_tokens": request.max_new_tokens,
+        "temperature": request.temperature,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "ignore_eos": True,
+        "sampling_seed": sglang_seed(request.sampling_seed),
+    }
+
+
+def build_payload(requests_: Sequence[Request], rids: Sequence[str]) -> dict:
+    """The ``/generate`` body that decodes ``requests_`` as one batch.
+
+    Args:
+        requests_: at least one request, in row order.
+        rids: one distinct request id per request; SGLang echoes it as
+            ``meta_info["id"]``.
+
+    Returns:
+        A JSON-ready dict (see the module docstring for its shape).
+
+    Raises:
+        ValueError: no requests, or ``rids`` of another length.
+    """
+    if not requests_:
+        raise ValueError("a /generate batch needs at least one request")
+    if len(rids) != len(requests_):
+        raise ValueError(f"got {len(rids)} rids for {len(requests_)} requests")
+    return {
+        "input_ids": [list(r.prompt_ids) for r in requests_],
+        "sampling_params": [sampling_params(r) for r in requests_],
+        "rid": list(rids),
+        "return_logprob": True,
+    }
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_result(item, request: Request, rid: str) -> ServerResult:
+    """One element of a ``/generate`` batch response as a :class:`ServerResult`.
+
+    Args:
+        item: the parsed JSON object SGLang returned for ``request``.
+        request: what was asked.
+        rid: the request id sent with it.
+
+    Raises:
+        ServerResponseError: ``item`` is not shaped like SGLang's output, its
+            ``meta_info["id"]`` is not ``rid``, the request was aborted, it
+            has other than ``max_new_tokens`` output tokens, its counters or
+            logprobs disagree with its ``output_ids``.
+    """
+    if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
+        raise ServerResponseError(f"request {rid}: expected an object with 'output_ids' and 'meta_info'")
+    meta = item["meta_info"]
+    if meta.get("id") != rid:
+        raise ServerResponseError(f"expected the result of request {rid}, got meta_info.id {meta.get('id')!r}")
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        raise ServerResponseError(f"request {rid} was aborted by the server: {finish.get('message')}")
+    ids = item.get("output_ids")
+    if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+        raise ServerResponseError(f"request {rid}: 'output_ids' must be a list of token ids")
+    if len(ids) != request.max_new_tokens:
+        raise ServerResponseError(
+            f"request {rid}: {len(ids)} output tokens for max_new_tokens={request.max_new_tokens} "
+            f"(finish_reason {finish!r})"
+        )
+    completion = meta.get("completion_tokens")
+    if completion is not None and completion != len(ids):
+        raise ServerResponseError(f"request {rid}: completion_tokens {completion!r} but {len(ids)} output_ids")
+
+    rounds = meta.get("spec_verify_ct")
+    if rounds is not None and (not _is_int(rounds) or rounds < 1):
+        raise ServerResponseError(f"request {rid}: spec_verify_ct must be an int >= 1, got {rounds!r}")
+
+    entries = meta.get("output_token_logprobs")
+    logprobs = None
+    if entries is not None:
+        if not isinstance(entries, list) or len(entries) != len(ids):
+            raise ServerResponseError(
+                f"request {rid}: expected {len(ids)} output_token_logprobs entries, got {entries!r:.200}"
+            )
+        values = []
+        for j, entry in enumerate(entries):
+            if not isinstance(entry, list) or len(entry) < 2 or entry[1] != ids[j]:
+                raise ServerResponseError(
+                    f"request {rid}: output_token_logprobs[{j}] = {entry!r} does not match output token {ids[j]}"
+                )
+            value = entry[0]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ServerResponseError(f"request {rid}: output_token_logprobs[{j}] has logprob {value!r}")
+            # JSON has no int/float distinction; 0 and 0.0 are the same logprob.
+            values.append(None if value is None else float(value))
+        logprobs = tuple(values)
+    return ServerResult(
+        output_ids=tuple(ids), accept_lengths=(), verify_rounds=rounds, output_logprobs=logprobs
+    )
+
+
+def parse_response(body, requests_: Sequence[Request], rids: Sequence[str]) -> list[ServerResult]:
+    """A parsed ``/generate`` batch response as one :class:`ServerResult` per request, in order.
+
+    Raises:
+        ServerResponseError: ``body`` is not a list with one element per
+            request, or an element fails :func:`parse_result`.
+    """
+    if not isinstance(body, list) or len(body) != len(requests_):
+        got = f"a list of {len(body)}" if isinstance(body, list) else type(body).__name__
+        raise ServerResponseError(f"expected a list of {len(requests_)} results from /generate, got {got}")
+    return [parse_result(item, req, rid) for item, req, rid in zip(body, requests_, rids)]
+
+
+def error_message(response: requests.Response) -> str:
+    """SGLang's error message from an error response, or the start of its body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message") is not None:
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        for key in ("message", "detail"):
+            if body.get(key) is not None:
+                return str(body[key])
+    text = response.text.strip()
+    return text[:_MAX_ERROR_BODY] or response.reason or "(empty body)"
+
+
+def avg_spec_accept_length(server_info: dict) -> float | None:
+    """The server's average accept length from a ``/server_info`` body, or None.
+
+    SGLang computes it per data-parallel rank as accepted tokens / verify
+    rounds over the server's lifetime (since start or the last cache flush),
+    folding in new rounds every ``decode_log_interval`` decode steps
+    (``metrics_reporter.py:999-1000``), so it lags and covers all the
+    server's traffic, not just one audit. Ranks that report it are averaged
+    unweighted; None when none does (no speculative decoding, or no rounds
+    folded in yet).
+    """
+    states = server_info.get("internal_states")
+    if not isinstance(states, list):
+        return None
+    values = [
+        float(s["avg_spec_accept_length"])
+        for s in states
+        if isinstance(s, dict)
+        and isinstance(s.get("avg_spec_accept_length"), (int, float))
+        and not isinstance(s.get("avg_spec_accept_length"), bool)
+        and math.isfinite(s["avg_spec_accept_length"])
+    ]
+    return sum(values) / len(values) if values else None
+
+
+def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges cutting n rows into min(parts, n) contiguous runs of near-equal size."""
+    parts = min(parts, n)
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for p in range(parts):
+        stop = start + base + (p < extra)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+class HttpBackend:
+    """An SGLang server's ``/generate`` endpoint as an audit backend.
+
+    Args:
+        url: the server's base URL, e.g. ``http://127.0.0.1:30000``.
+        timeout: seconds to wait for each HTTP exchange (connect and read),
+            > 0. A ``/generate`` call answers only when its whole batch is done.
+        concurrency: >= 1. 1 sends each sub-batch as one POST, so SGLang
+            receives its requests together. N > 1 cuts the sub-batch into
+            min(N, rows) contiguous runs and sends them as that many POSTs at
+            once (concurrent senders), so the server batches them as they
+            arrive.
+
+    Raises:
+        ValueError: a bad ``url``, ``timeout`` or ``concurrency``.
+
+    Use as a context manager, or call :meth:`close`, to release the sender
+    threads and connections.
+    """
+
+    name = "server"
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_S, concurrency: int = 1) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        self.url = url.rstrip("/")
+        self.timeout = float(timeout)
+        self.concurrency = concurrency
+        # requests.Session is not documented as thread-safe, so each sender
+        # thread keeps its own (and with it, its own kept-alive connection).
+        self._local = threading.local()
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="detspec-http")
+            if concurrency > 1 else None
+        )
+
+    def __enter__(self) -> "HttpBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sender threads and close the connections."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        with self._lock:
+            for session in self._sessions:
+                session.close()
+            self._sessions.clear()
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+            with self._lock:
+                self._sessions.append(session)
+        return session
+
+    def _call(self, method: str, path: str, body: dict | None = None):
+        """One HTTP exchange; returns the parsed JSON body of a 2xx answer.
+
+        Raises:
+            ServerUnreachableError: connection failed or timed out.
+            ServerHttpError: an HTTP error status (message from the body).
+            ServerResponseError: a 2xx answer that is not JSON.
+        """
+        where = f"{self.url}{path}"
+        try:
+            response = self._session().request(method, where, json=body, timeout=self.timeout)
+        except requests.Timeout:
+            raise ServerUnreachableError(f"no answer from {where} within {self.timeout:g} s") from None
+        except requests.ConnectionError as exc:
+            raise ServerUnreachableError(f"cannot reach the SGLang server at {self.url}: {exc}") from None
+        except requests.RequestException as exc:
+            raise ServerUnreachableError(f"request to {where} failed: {exc}") from None
+        if not response.ok:
+            message = error_message(response)
+            raise ServerHttpError(
+                f"{method} {path} returned HTTP {response.status_code}: {message}", response.status_code, message
+            )
+        try:
+            return response.json()
+        except ValueError:
+            text = response.text[:_MAX_ERROR_BODY]
+            raise ServerResponseError(f"{method} {path} answered with non-JSON: {text!r}") from None
+
+    def server_info(self) -> dict:
+        """``GET /server_info`` (``/get_server_info`` on servers without it).
+
+        Raises:
+            HttpBackendError: as for :meth:`generate`, or a body that is not
+                a JSON object.
+        """
+        try:
+            info = self._call("GET", "/server_info")
+        except ServerHttpError as exc:
+            if exc.status != 404:
+                raise
+            info = self._call("GET", "/get_server_info")
+        if not isinstance(info, dict):
+            raise ServerResponseError(f"/server_info answered with {type(info).__name__}, not an object")
+        return info
+
+    def _post_batch(self, batch: Sequence[Request]) -> list[ServerResult]:
+        # Fresh random rids: unique across concurrent POSTs and audit runs,
+        # and echoed back so a misordered answer is caught, not miscounted.
+        rids = [uuid.uuid4().hex for _ in batch]
+        body = self._call("POST", "/generate", build_payload(batch, rids))
+        return parse_response(body, batch, rids)
+
+    def generate(self, requests_: Sequence[Request]) -> list[ServerResult]:
+        """Decode ``requests_`` on the server; one :class:`ServerResult` per request, in order.
+
+        Args:
+            requests_: the sub-batch, in row order; may be empty (no POST).
+
+        Raises:
+            ServerUnreachableError: no connection or no answer in time.
+            ServerHttpError: the server refused a POST (SGLang's message included).
+            ServerResponseError: an answer that does not fit the requests.
+        """
+        batch = list(requests_)
+        if not batch:
+            return []
+        if self._pool is None:
+            return self._post_batch(batch)
+        futures = [self._pool.submit(self._post_batch, batch[a:b]) for a, b in _chunks(len(batch), self.concurrency)]
+        results: list[ServerResult] = []
+        for future in futures:
+            results.extend(future.result())
+        return results

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On the H200 after the wheel install: chain EAGLE + rejection sampling + deterministic
+# inference on the tiny high-acceptance pair, with CUDA graphs on and then off (and,
+# with WITH_CONTROL=1, a control server without deterministic inference); each server
+# runs `detspec audit --url`. Writes JSON and log tails to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. /tmp/e2e/remote/env.sh
+out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
+python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
+export PATH=/tmp/site/bin:$PATH
+python3 scripts/make_tiny_models.py /tmp/tiny || exit 1
+port=30000
+common=(--model-path /tmp/tiny/target --speculative-algorithm EAGLE --speculative-draft-model-path /tmp/tiny/eagle
+        --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+        --speculative-use-rejection-sampling --attention-backend triton
+        --skip-tokenizer-init --cuda-graph-backend-prefill disabled --mem-fraction-static 0.4
+        --host 127.0.0.1 --port $port)
+
+run_config() {  # name, extra server args...
+  local name=$1; shift
+  python3 -m sglang.launch_server "${common[@]}" "$@" > "$out/server_$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    kill -0 $pid 2>/dev/null || break; sleep 1
+  done
+  python3 -m sglang_detspec.cli.main audit --url "http://127.0.0.1:$port" --trials ${TRIALS:-24} \
+      --max-new-tokens ${MAX_NEW:-32} --vocab-size 4096 --json "$out/audit_$name.json" 2>&1 | tail -25
+  grep -m3 "sglang-detspec" "$out/server_$name.log"
+  kill $pid; wait $pid 2>/dev/null
+  tail -c 20000 "$out/server_$name.log" > "$out/server_$name.tail.log"; rm -f "$out/server_$name.log"
+}
+run_config cuda_graph --enable-deterministic-inference
+run_config no_cuda_graph --enable-deterministic-inference --disable-cuda-graph
+[ -n "${WITH_CONTROL:-}" ] && run_config control
+python3 - "$out" <<'PY'
+import json, os, sys
+def probes(name):
+    path = f"{sys.argv[1]}/audit_{name}.json"
+    if not os.path.exists(path):
+        return None
+    report = json.load(open(path))
+    return {tuple(t["probe_output_ids"]) for run in report["runs"].values() for t in run["trials"]}
+on, off, control = probes("cuda_graph"), probes("no_cuda_graph"), probes("control")
+if on is not None and off is not None:
+    print(f"unique probe outputs across both servers (CUDA graphs on, then off after a restart): {len(on | off)}")
+if control is not None:
+    print(f"control without --enable-deterministic-inference: {len(control)} unique probe outputs")
+PY

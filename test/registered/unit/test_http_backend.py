@@ -1,0 +1,675 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+
+# `detspec audit --url`: the /generate payload against SGLang 0.5.23's own
+# request parser, responses built by SGLang's own meta_info code, and the HTTP
+# client end to end against a local stand-in server.
+
+import argparse
+import json
+import math
+import socket
+import struct
+import sys
+import threading
+import time
+from array import array
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from pydantic import TypeAdapter
+from sglang.srt.entrypoints.api_contract import generate_contract_error
+from sglang.srt.entrypoints.http_server import _create_error_response
+from sglang.srt.entrypoints.openai.protocol import ErrorResponse
+from sglang.srt.managers.io_struct import BatchTokenIDOutput, GenerateReqInput
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
+from sglang.srt.utils.json_response import dumps_json
+
+from sglang_detspec.audit import build_plan, judge, run_plan
+from sglang_detspec.cli.main import main
+from sglang_detspec.http_backend import (
+    HttpBackend,
+    ServerHttpError,
+    ServerResponseError,
+    ServerResult,
+    ServerUnreachableError,
+    _chunks,
+    avg_spec_accept_length,
+    build_payload,
+    parse_response,
+    sglang_seed,
+)
+from sglang_detspec.reference import ReferenceEngine, Request, build_model_pair
+
+U64 = 1 << 64
+K = 3  # reference draft tokens per round = SGLang --speculative-num-draft-tokens K + 1
+VOCAB = 384
+# What FastAPI does with the body of `generate_request(obj: GenerateReqInput, ...)`
+# (sglang/srt/entrypoints/http_server.py:933).
+GENERATE_REQ = TypeAdapter(GenerateReqInput)
+
+
+def bits(values):
+    return [None if v is None else struct.pack("<d", v) for v in values]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build_model_pair()
+
+
+@pytest.fixture(scope="module")
+def spec_server_context(tmp_path_factory):
+    """SGLang's process config as an EAGLE server (K + 1 draft tokens) publishes it.
+
+    ``TokenizerManager._calculate_spec_decoding_metrics`` reads the draft
+    token count from it. Restored afterwards so other tests see what they saw.
+    """
+    from sglang.srt.runtime_context import publish, restore_context, snapshot_context
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_detspec.config import reset_config
+
+    d = tmp_path_factory.mktemp("tiny_llama")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": VOCAB, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+    }))
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    # --device cuda resolves without touching a GPU.
+    argv = ["--model-path", str(d), "--device", "cuda", "--attention-backend", "triton", "--skip-tokenizer-init",
+            "--speculative-draft-model-path", str(d), "--speculative-algorithm", "EAGLE",
+            "--speculative-num-steps", str(K), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(K + 1)]
+    sa = ServerArgs.from_cli_args(parser.parse_args(argv))
+    sa.resolve_once()
+    saved = snapshot_context()
+    publish(sa, role="test")
+    yield
+    restore_context(saved)
+    reset_config()
+
+
+def token_id_output(rid, output_ids, prompt_len, verify_ct, correct_drafts):
+    """A real ``BatchTokenIDOutput`` for one finished request, fields unrelated to its meta_info left empty."""
+    n = len(output_ids)
+    return BatchTokenIDOutput(
+        rids=[rid], finished_reasons=[FINISH_LENGTH(n).to_json()], decoded_texts=[""],
+        decode_ids=[array("q", output_ids)], read_offsets=[0], output_ids=[array("q", output_ids)],
+        skip_special_tokens=[True], spaces_between_special_tokens=[True], no_stop_trim=[False],
+        prompt_tokens=[prompt_len], reasoning_tokens=[0], completion_tokens=[n], cached_tokens=[0],
+        input_token_logprobs_val=None, input_token_logprobs_idx=None,
+        output_token_logprobs_val=None, output_token_logprobs_idx=None,
+        input_top_logprobs_val=None, input_top_logprobs_idx=None,
+        output_top_logprobs_val=None, output_top_logprobs_idx=None,
+        input_token_ids_logprobs_val=None, input_token_ids_logprobs_idx=None,
+        output_token_ids_logprobs_val=None, output_token_ids_logprobs_idx=None,
+        output_token_entropy_val=None, output_token_sampling_mask=None, output_hidden_states=None,
+        routed_experts=None, indexer_topk=None, placeholder_tokens_idx=None, placeholder_tokens_val=None,
+        retraction_counts=[0], spec_verify_ct=[verify_ct], spec_num_correct_drafts=[correct_drafts],
+        spec_correct_drafts_histogram=[[]],
+    )
+
+
+def sglang_item(rid, output_ids, prompt_len, *, verify_ct=None, correct_drafts=0, logprobs=None, finish=None):
+    """One element of SGLang's /generate batch answer for a finished, non-streaming request.
+
+    Mirrors ``sglang/srt/managers/tokenizer_manager.py`` line by line, calling
+    SGLang's own code where it is a function of its inputs alone.
+    """
+    n = len(output_ids)
+    recv = token_id_output(rid, list(output_ids), prompt_len, verify_ct or 0, correct_drafts)
+    # tokenizer_manager.py:2507-2513
+    meta = {
+        "id": rid,
+        "finish_reason": finish if finish is not None else recv.finished_reasons[0],
+        "prompt_tokens": prompt_len,
+        "weight_version": "default",
+        "num_retractions": 0,
+    }
+    if logprobs is not None:
+        # tokenizer_manager.py:2859-2870; entries from SGLang's detokenize_logprob_tokens
+        # (tokenizer_manager.py:3098-3108) with return_text_in_logprobs off.
+        meta["input_token_logprobs"] = []
+        entries = TokenizerManager.detokenize_logprob_tokens(None, logprobs, list(output_ids), False)
+        meta["output_token_logprobs"] = entries
+        meta["output_token_logprobs_length"] = n
+    # tokenizer_manager.py:2553-2559
+    meta.update({"reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": 0})
+    meta["e2e_latency"] = 0.01
+    if verify_ct is not None:
+        # tokenizer_manager.py:2755-2756: SGLang's own spec metrics on the real output struct.
+        TokenizerManager._calculate_spec_decoding_metrics(None, meta, recv, 0)
+    # tokenizer_manager.py:2705-2709 (--skip-tokenizer-init: no "text")
+    return {"output_ids": list(output_ids), "meta_info": meta}
+
+
+def wire(items) -> object:
+    """What the client reads: SGLang's serializer (``utils/json_response.py``), parsed by ``json``."""
+    return json.loads(dumps_json(items))
+
+
+# -- the request ----------------------------------------------------------------------------
+
+
+def test_sglang_seed_keeps_the_64_bits():
+    for seed in (0, 1, 2**63 - 1, 2**63, 2**64 - 1, 0xDEADBEEF_CAFEF00D):
+        s = sglang_seed(seed)
+        assert -(2**63) <= s < 2**63 and s % U64 == seed
+    for bad in (-1, 2**64, True, 1.0):
+        with pytest.raises(ValueError, match="seed must be an int"):
+            sglang_seed(bad)
+
+
+def test_payload_passes_sglangs_own_request_parsing():
+    reqs = [
+        Request((5, 9, 1), 4, 0.0, 0),
+        Request((7,), 2, 1.3, 2**63),
+        Request(tuple(range(24)), 16, 1.0, 2**64 - 1),
+        Request((383, 0), 1, 0.7, 2**63 - 1),
+    ]
+    rids = [f"r{i}" for i in range(len(reqs))]
+    body = json.loads(json.dumps(build_payload(reqs, rids)))
+    # The schema gate /generate applies first (http_server.py:937-939) ...
+    assert generate_contract_error(body) is None
+    # ... then FastAPI's parse into the dataclass and SGLang's normalisation.
+    obj = GENERATE_REQ.validate_python(body)
+    obj.normalize_batch_and_arguments()
+    assert obj.is_single is False and obj.batch_size == len(reqs)
+    for i, req in enumerate(reqs):
+        sub = obj[i]
+        assert sub.input_ids == list(req.prompt_ids) and sub.rid == rids[i]
+        assert sub.return_logprob is True and sub.logprob_start_len == -1 and sub.stream is False
+        # What the tokenizer manager does with them (tokenizer_manager.py:1565-1567).
+        sp = SamplingParams(**sub.sampling_params)
+        sp.normalize(None)
+        sp.verify(VOCAB)
+        assert sp.max_new_tokens == req.max_new_tokens and sp.ignore_eos and not sp.stop_token_ids
+        assert sp.sampling_seed % U64 == req.sampling_seed
+        assert sp.top_p == 1.0 and sp.min_p == 0.0
+        if req.temperature == 0:
+            assert sp.top_k == 1  # SGLang's greedy
+        else:
+            assert sp.temperature == req.temperature and sp.top_k == TOP_K_ALL
+
+
+def test_sglang_rejects_unsigned_seeds_so_they_must_be_mapped():
+    with pytest.raises(ValueError, match=r"sampling_seed must be in \[-2\*\*63"):
+        SamplingParams(sampling_seed=2**63).verify(VOCAB)
+    body = build_payload([Request((1,), 1, 1.0, 2**63)], ["r"])
+    SamplingParams(**body["sampling_params"][0]).verify(VOCAB)
+
+
+def test_payload_rejects_bad_batches():
+    with pytest.raises(ValueError, match="at least one request"):
+        build_payload([], [])
+    with pytest.raises(ValueError, match="2 rids for 1 requests"):
+        build_payload([Request((1,), 1, 1.0, 0)], ["a", "b"])
+
+
+def test_chunks_cut_contiguous_near_equal_runs():
+    assert _chunks(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert _chunks(2, 5) == [(0, 1), (1, 2)]
+    assert _chunks(4, 1) == [(0, 4)]
+
+
+# -- the response ---------------------------------------------------------------------------
+
+
+def test_parse_reads_sglangs_counters_and_logprobs_bit_for_bit(spec_server_context):
+    import numpy as np
+
+    reqs = [Request((1, 2, 3), 5, 1.0, 11), Request((4,), 3, 0.0, 12)]
+    # Logprobs that must survive orjson -> json exactly: a float32 value, a
+    # subnormal, a non-terminating fraction, and a negative zero.
+    lp0 = [float(np.float32(-0.1)), -5e-324, -1 / 3, -0.0, -17.25]
+    lp1 = [-2.5e-8, -0.6931471805599453, 0.0]
+    items = [
+        sglang_item("a", [10, 11, 12, 13, 14], 3, verify_ct=2, correct_drafts=3, logprobs=lp0),
+        sglang_item("b", [7, 7, 7], 1, verify_ct=3, correct_drafts=0, logprobs=lp1),
+    ]
+    # SGLang's own fields, as its code built them (tokenizer_manager.py:3166-3172).
+    assert items[0]["meta_info"]["spec_verify_ct"] == 2 and items[0]["meta_info"]["spec_accept_length"] == 2.5
+    results = parse_response(wire(items), reqs, ["a", "b"])
+    a, b = results
+    assert isinstance(a, ServerResult) and a.output_ids == (10, 11, 12, 13, 14) and a.accept_lengths == ()
+    assert a.verify_rounds == 2 and b.verify_rounds == 3
+    # completion tokens / verify rounds, which is SGLang's spec_accept_length.
+    assert a.mean_accept_length == items[0]["meta_info"]["spec_accept_length"] == 2.5
+    assert b.mean_accept_length == items[1]["meta_info"]["spec_accept_length"] == 1.0
+    assert bits(a.output_logprobs) == bits(lp0) and bits(b.output_logprobs) == bits(lp1)
+    assert bits([-0.0]) != bits([0.0])  # the comparison is bitwise, not by value
+
+
+def test_parse_without_speculative_decoding_or_logprobs(spec_server_context):
+    # A server without speculative decoding skips _calculate_spec_decoding_metrics
+    # (tokenizer_manager.py:2755), so there is no spec_verify_ct.
+    item = sglang_item("a", [3, 4], 2)
+    assert "spec_verify_ct" not in item["meta_info"] and "output_token_logprobs" not in item["meta_info"]
+    (res,) = parse_response(wire([item]), [Request((1, 2), 2, 1.0, 0)], ["a"])
+    assert res.verify_rounds is None and res.mean_accept_length is None and res.output_logprobs is None
+
+
+def _break_order(items):
+    return items[::-1]
+
+
+def _abort(items):
+    items[0]["meta_info"]["finish_reason"] = FINISH_ABORT("out of memory", None).to_json()
+    return items
+
+
+def _short(items):
+    items[1]["output_ids"].pop()
+    return items
+
+
+def _logprob_token(items):
+    items[0]["meta_info"]["output_token_logprobs"][1] = [-1.0, 999, None]
+    return items
+
+
+def _few_logprobs(items):
+    items[0]["meta_info"]["output_token_logprobs"].pop()
+    return items
+
+
+def _zero_rounds(items):
+    items[0]["meta_info"]["spec_verify_ct"] = 0
+    return items
+
+
+def _completion_mismatch(items):
+    items[1]["meta_info"]["completion_tokens"] = 2
+    return items
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (_break_order, "expected the result of request a, got meta_info.id 'b'"),
+        (_abort, "request a was aborted by the server: out of memory"),
+        (_short, "request b: 2 output tokens for max_new_tokens=3"),
+        (_logprob_token, r"output_token_logprobs\[1\] = \[-1.0, 999, None\] does not match output token 11"),
+        (_few_logprobs, "expected 3 output_token_logprobs entries"),
+        (_zero_rounds, "spec_verify_ct must be an int >= 1, got 0"),
+        (_completion_mismatch, "completion_tokens 2 but 3 output_ids"),
+        (lambda items: items[:1], "expected a list of 2 results from /generate, got a list of 1"),
+        (lambda items: {"error": "x"}, "expected a list of 2 results from /generate, got dict"),
+    ],
+)
+def test_parse_rejects_answers_that_do_not_fit(spec_server_context, mutate, match):
+    reqs = [Request((1,), 3, 1.0, 1), Request((2,), 3, 1.0, 2)]
+    items = [
+        sglang_item("a", [10, 11, 12], 1, verify_ct=1, correct_drafts=2, logprobs=[-0.5, -0.25, -0.125]),
+        sglang_item("b", [20, 21, 22], 1, verify_ct=2, correct_drafts=1, logprobs=[-1.5, -1.25, -1.125]),
+    ]
+    parse_response(wire(items), reqs, ["a", "b"])  # as built, it parses
+    with pytest.raises(ServerResponseError, match=match):
+        parse_response(wire(mutate(items)), reqs, ["a", "b"])
+
+
+def test_server_info_accept_length():
+    # /server_info: internal_states, one per DP rank (http_server.py:887), with
+    # avg_spec_accept_length when speculative (internal_state.py:118-125).
+    assert avg_spec_accept_length({"internal_states": [{"avg_spec_accept_length": 2.75}]}) == 2.75
+    two_ranks = {"internal_states": [{"avg_spec_accept_length": 2.0}, {"avg_spec_accept_length": 3.0}]}
+    assert avg_spec_accept_length(two_ranks) == 2.5
+    assert avg_spec_accept_length({"internal_states": [{"last_gen_throughput": 1.0}]}) is None
+    assert avg_spec_accept_length({}) is None
+
+
+# -- run_plan / judge with server results ---------------------------------------------------
+
+
+class _ListBackend:
+    """Replays fixed results: for the audit's summary arithmetic, no HTTP."""
+
+    name = "server"
+
+    def __init__(self, make):
+        self.make = make
+        self.calls = 0
+
+    def generate(self, requests_):
+        self.calls += 1
+        return [self.make(self.calls, r) for r in requests_]
+
+
+def test_summary_counts_rounds_and_compares_logprobs_bitwise():
+    plan = build_plan(4, seed=1, max_new_tokens=4, vocab_size=50, max_batch=3)
+    same = run_plan(_ListBackend(lambda c, r: ServerResult(
+        (1,) * r.max_new_tokens, (), verify_rounds=2, output_logprobs=(-0.5,) * r.max_new_tokens)), plan)
+    assert same.probe_logprobs_identical is True and same.unique_probe_logprobs == 1
+    tokens = sum(r.max_new_tokens for t in plan.trials for b in t.batches for r in b)
+    rounds = 2 * sum(t.num_requests for t in plan.trials)
+    assert same.mean_accept_length == tokens / rounds
+    assert judge(same).notes == ()
+
+    # Tokens equal, logprobs differing only in the sign of zero: not bitwise equal.
+    moved = run_plan(_ListBackend(lambda c, r: ServerResult(
+        (1,) * r.max_new_tokens, (), verify_rounds=1, output_logprobs=((-1) ** c * 0.0,) * r.max_new_tokens)), plan)
+    assert moved.unique_probe_outputs == 1 and moved.probe_logprobs_identical is False
+    assert moved.unique_probe_logprobs == 2
+    verdict = judge(moved)
+    assert verdict.passed and any("not bitwise equal across trials (2 distinct" in n for n in verdict.notes)
+    trial = moved.to_json()["trials"][0]
+    assert trial["probe_verify_rounds"] == 1 and len(trial["probe_output_logprobs"]) == 4
+
+    unknown = run_plan(_ListBackend(lambda c, r: ServerResult((1,) * r.max_new_tokens, ())), plan)
+    assert unknown.mean_accept_length is None and unknown.probe_logprobs_identical is None
+    assert unknown.to_json()["mean_accept_length"] is None
+
+
+# -- end to end over HTTP -------------------------------------------------------------------
+
+
+def stand_in_logprobs(prompt, output, jitter=0.0):
+    """Deterministic made-up logprobs (the reference engine has none); ``jitter`` shifts them."""
+    seq, out = list(prompt), []
+    for t in output:
+        h = (sum(seq) * 1000003 + t * 7919 + len(seq)) % 100003
+        out.append(-h / 30011.0 - jitter)
+        seq.append(t)
+    return out
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A client that gave up (the timeout test) is expected, not an error.
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
+class StandInServer:
+    """A local HTTP server that answers SGLang's /generate and /server_info with the reference engine.
+
+    It exercises our HTTP client plumbing, not SGLang: requests go through
+    SGLang's own parsing (schema gate, dataclass, normalisation, sampling
+    params), are decoded by the in-process reference engine, and come back in
+    SGLang's response shape (see :func:`sglang_item`), errors included.
+
+    Args:
+        engine: the reference engine to decode with.
+        jitter_logprobs: add a batch-size-dependent offset to the logprobs.
+        delay_s: wait this long before answering /generate.
+    """
+
+    def __init__(self, engine, *, jitter_logprobs=False, delay_s=0.0):
+        self.engine = engine
+        self.jitter_logprobs = jitter_logprobs
+        self.delay_s = delay_s
+        self.forced = None  # (status, content type, body bytes) to answer /generate with
+        self.batch_sizes = []
+        self.tokens = self.rounds = 0
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path != "/server_info":
+                    return self._send(404, "application/json", b'{"detail":"Not Found"}')
+                with outer.lock:
+                    state = {"last_gen_throughput": 0.0}
+                    if outer.rounds:
+                        state["avg_spec_accept_length"] = outer.tokens / outer.rounds
+                info = {"version": "stand-in", "model_path": "reference", "speculative_algorithm": "EAGLE",
+                        "speculative_num_draft_tokens": K + 1, "enable_deterministic_inference": True,
+                        "skip_tokenizer_init": True, "internal_states": [state]}
+                self._send(200, "application/json", dumps_json(info))
+
+            def do_POST(self):
+                if self.path != "/generate":
+                    return self._send(404, "application/json", b'{"detail":"Not Found"}')
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(outer.delay_s)
+                if outer.forced is not None:
+                    return self._send(*outer.forced)
+                status, payload = outer.generate(body)
+                self._send(status, "application/json", payload)
+
+            def _send(self, status, content_type, payload):
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+    def generate(self, body):
+        contract_error = generate_contract_error(body)
+        if contract_error is not None:
+            return 400, dumps_json({"error": contract_error})  # http_server.py:937-939
+        try:
+            obj = GENERATE_REQ.validate_python(body)
+            obj.normalize_batch_and_arguments()
+            reqs, rids = [], []
+            for i in range(obj.batch_size):
+                sub = obj[i]
+                sp = SamplingParams(**sub.sampling_params)
+                sp.normalize(None)
+                sp.verify(self.engine.models.vocab_size)
+                greedy = sp.top_k == 1
+                reqs.append(Request(tuple(sub.input_ids), sp.max_new_tokens, 0.0 if greedy else sp.temperature,
+                                    sp.sampling_seed % U64))
+                rids.append(sub.rid)
+            with self.lock:
+                self.batch_sizes.append(len(reqs))
+                results = self.engine.generate(reqs)
+        except ValueError as exc:
+            error = _create_error_response(exc)  # http_server.py:2246-2250
+            return error.status_code, bytes(error.body)
+        jitter = len(reqs) * 2.0**-30 if self.jitter_logprobs else 0.0
+        items = []
+        for rid, req, res in zip(rids, reqs, results):
+            with self.lock:
+                self.tokens += len(res.output_ids)
+                self.rounds += len(res.accept_lengths)
+            items.append(sglang_item(
+                rid, list(res.output_ids), len(req.prompt_ids), verify_ct=len(res.accept_lengths),
+                correct_drafts=sum(a - 1 for a in res.accept_lengths),
+                logprobs=stand_in_logprobs(req.prompt_ids, res.output_ids, jitter),
+            ))
+        return 200, dumps_json(items)
+
+
+AUDIT = ["audit", "--trials", "7", "--max-new-tokens", "6", "--max-batch-size", "6", "--vocab-size", str(VOCAB)]
+SEED = 2**64 - 5  # above 2**63: the seed crosses the wire as a negative int64
+
+
+def test_cli_audits_a_server_end_to_end(spec_server_context, models, tmp_path, capsys):
+    out = tmp_path / "server.json"
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        code = main([*AUDIT, "--url", server.url + "/", "--seed", str(SEED), "--json", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert "PASS" in stdout and "bitwise equal" in stdout and "server's own average accept length" in stdout
+    report = json.loads(out.read_text())
+    assert report["passed"] is True and list(report["runs"]) == ["server"]
+    settings = report["settings"]
+    assert settings["url"] == server.url and settings["control"] is False and settings["concurrency"] == 1
+    assert settings["vocab_size"] == VOCAB and settings["server"]["speculative_num_draft_tokens"] == K + 1
+    run = report["runs"]["server"]
+    assert run["unique_probe_outputs"] == 1 and run["varying_requests"] == 0
+    assert run["probe_logprobs_identical"] is True and run["unique_probe_logprobs"] == 1
+
+    # The server decoded exactly what the in-process engine decodes for this plan:
+    # same tokens (so the seed arrived intact) and the same rounds.
+    plan = build_plan(7, seed=SEED, max_new_tokens=6, vocab_size=VOCAB, max_batch=6)
+    local = run_plan(ReferenceEngine(models, K), plan)
+    assert [t["probe_output_ids"] for t in run["trials"]] == [list(o.probe.output_ids) for o in local.outcomes]
+    assert [t["probe_verify_rounds"] for t in run["trials"]] == [len(o.probe.accept_lengths) for o in local.outcomes]
+    assert run["mean_accept_length"] == local.mean_accept_length > 1
+    assert run["server_avg_accept_length"] == pytest.approx(local.mean_accept_length)
+    # One POST per sub-batch, in schedule order.
+    assert server.batch_sizes == [len(b) for t in plan.trials for b in t.batches]
+    for trial in run["trials"]:
+        assert trial["probe_output_logprobs"] == run["trials"][0]["probe_output_logprobs"]
+
+
+def test_concurrent_senders_split_each_sub_batch(spec_server_context, models):
+    plan = build_plan(7, seed=3, max_new_tokens=5, vocab_size=VOCAB, max_batch=6)
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        with HttpBackend(server.url, timeout=60, concurrency=3) as backend:
+            summary = run_plan(backend, plan)
+    expected = [b - a for t in plan.trials for batch in t.batches for a, b in _chunks(len(batch), 3)]
+    assert sorted(server.batch_sizes) == sorted(expected) and len(expected) > len(plan.trials)
+    # Results map back to their requests: the seeded engine's outputs do not
+    # depend on the batch, so they match an in-process run row for row.
+    local = run_plan(ReferenceEngine(models, K), plan)
+    assert [o.probe.output_ids for o in summary.outcomes] == [o.probe.output_ids for o in local.outcomes]
+    assert summary.unique_probe_outputs == 1 and summary.varying_requests == 0
+    assert summary.mean_accept_length == local.mean_accept_length
+
+
+def test_a_batch_dependent_server_fails(spec_server_context, models, capsys):
+    with StandInServer(ReferenceEngine.control(models, K, seed=0)) as server:
+        assert main([*AUDIT, "--url", server.url, "--seed", "1"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_logprobs_that_move_are_reported(spec_server_context, models, tmp_path, capsys):
+    out = tmp_path / "jitter.json"
+    with StandInServer(ReferenceEngine(models, K), jitter_logprobs=True) as server:
+        assert main([*AUDIT, "--url", server.url, "--json", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "distinct" in stdout and "not bitwise equal" in stdout
+    run = json.loads(out.read_text())["runs"]["server"]
+    assert run["unique_probe_outputs"] == 1 and run["probe_logprobs_identical"] is False
+    assert run["unique_probe_logprobs"] > 1
+
+
+def _closed_port_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_unreachable_server_exits_2(capsys):
+    url = _closed_port_url()
+    assert main([*AUDIT, "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert f"detspec audit: error: cannot reach the SGLang server at {url}" in err
+
+
+def test_server_refusal_prints_sglangs_message(spec_server_context, models, capsys):
+    # Prompt ids drawn from a vocabulary larger than the model's: the stand-in
+    # refuses as SGLang's /generate does for a ValueError.
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        assert main([*AUDIT[:-1], "100000", "--url", server.url]) == 2
+    err = capsys.readouterr().err
+    assert "POST /generate returned HTTP 400:" in err and "outside the vocabulary [0, 384)" in err
+
+
+@pytest.mark.parametrize(
+    "status, content_type, body, message",
+    [
+        # The schema gate (http_server.py:937-939).
+        (400, "application/json", dumps_json({"error": generate_contract_error({"input_ids": "x"})}),
+         generate_contract_error({"input_ids": "x"})),
+        # A ValueError in generate (http_server.py:2246-2250).
+        (400, "application/json", bytes(_create_error_response(ValueError("bad [thing]")).body), "bad [thing]"),
+        # Request validation / HTTPException (http_server.py:626-631, 683-692).
+        (503, "application/json", dumps_json(ErrorResponse(message="overloaded", type="503", code=503).model_dump()),
+         "overloaded"),
+        (502, "text/html", b"<html>Bad Gateway</html>", "<html>Bad Gateway</html>"),
+    ],
+)
+def test_http_errors_carry_the_servers_message(models, status, content_type, body, message):
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        server.forced = (status, content_type, body)
+        with HttpBackend(server.url, timeout=30) as backend:
+            with pytest.raises(ServerHttpError) as exc:
+                backend.generate([Request((1,), 1, 1.0, 0)])
+    assert exc.value.status == status and exc.value.server_message == message
+    assert f"returned HTTP {status}: {message}" in str(exc.value)
+
+
+def test_non_list_answer_and_timeout(models):
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        server.forced = (200, "application/json", b'{"text": "hi"}')
+        with HttpBackend(server.url, timeout=30) as backend:
+            with pytest.raises(ServerResponseError, match="expected a list of 1 results from /generate, got dict"):
+                backend.generate([Request((1,), 1, 1.0, 0)])
+            assert backend.generate([]) == []
+        server.delay_s = 1.0
+        with HttpBackend(server.url, timeout=0.2) as backend:
+            with pytest.raises(ServerUnreachableError, match=r"no answer from .*/generate within 0.2 s"):
+                backend.generate([Request((1,), 1, 1.0, 0)])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(url="127.0.0.1:30000"), "url must start with http"),
+        (dict(url="http://h", timeout=0), "timeout must be"),
+        (dict(url="http://h", timeout=math.inf), "timeout must be"),
+        (dict(url="http://h", concurrency=0), "concurrency must be"),
+    ],
+)
+def test_backend_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HttpBackend(**kwargs)
+
+
+# -- CLI argument errors --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--url", "http://127.0.0.1:1"], "--url needs --vocab-size: SGLang's /server_info and /model_info"),
+        (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--control"], "--control is not available with --url"),
+        (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "-k", "2"], "--num-draft-tokens sets the in-process"),
+        (["--concurrency", "2"], "--concurrency can only be used with --url"),
+        (["--vocab-size", "10", "--timeout", "5"], "--vocab-size, --timeout can only be used with --url"),
+    ],
+)
+def test_cli_rejects_flag_combinations(args, message, capsys):
+    assert main(["audit", *args]) == 2
+    assert f"detspec audit: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--url", "ftp://host"], "argument --url: expected an http:// or https:// URL"),
+        (["--url", "localhost:30000"], "argument --url: expected an http:// or https:// URL"),
+        (["--url", "http://h/?x=1"], "argument --url: expected the server's base URL without a query"),
+        (["--concurrency", "0"], "argument --concurrency: must be >= 1, got 0"),
+        (["--timeout", "0"], "argument --timeout: must be a finite number > 0, got 0"),
+        (["--timeout", "soon"], "argument --timeout: expected a number of seconds, got 'soon'"),
+        (["--vocab-size", "0"], "argument --vocab-size: must be >= 1, got 0"),
+    ],
+)
+def test_cli_rejects_bad_server_arguments(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
