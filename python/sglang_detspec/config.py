@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
 DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
-_KERNELS = ("auto", "torch", "triton")
+KERNELS = ("auto", "torch", "triton")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -83,8 +83,8 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """
     env = os.environ if environ is None else environ
     kernel = env.get(KERNEL_ENV, "auto").strip().lower() or "auto"
-    if kernel not in _KERNELS:
-        raise ValueError(f"{KERNEL_ENV} must be one of {_KERNELS}, got {env.get(KERNEL_ENV)!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV} must be one of {KERNELS}, got {env.get(KERNEL_ENV)!r}")
     raw = env.get(DISABLE_ENV, "").strip().lower()
     if raw not in _TRUE + _FALSE:
         raise ValueError(f"{DISABLE_ENV} must be one of {_TRUE + _FALSE}, got {env.get(DISABLE_ENV)!r}")
@@ -106,7 +106,11 @@ def current_config() -> DetSpecConfig:
 
 
 def install_config(config: DetSpecConfig) -> DetSpecConfig:
-    """Make ``config`` the bag in force (the plugin calls this once per process)."""
+    """Make ``config`` the bag in force (the plugin calls this once per process).
+
+    Raises:
+        ValueError: ``config`` is not a :class:`DetSpecConfig`.
+    """
     global _current
     if not isinstance(config, DetSpecConfig):
         raise ValueError(f"config must be a DetSpecConfig, got {type(config).__name__}")

@@ -8,6 +8,7 @@ the tensor back to the host, so callers inside CUDA-graph capture pass
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -18,7 +19,7 @@ INT_DTYPES = (torch.int64, torch.int32)
 PROB_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def as_seed_tensor(seeds, batch: int | None, device: torch.device, check: bool) -> torch.Tensor:
+def as_seed_tensor(seeds, batch: int | None, device: torch.device) -> torch.Tensor:
     """Seeds as an int64 tensor holding the uint64 bits.
 
     A tensor must be int64 (SGLang's carrier type; its bits are read as
@@ -35,8 +36,7 @@ def as_seed_tensor(seeds, batch: int | None, device: torch.device, check: bool) 
     elif isinstance(seeds, Sequence) and not isinstance(seeds, (str, bytes)):
         vals = []
         for i, s in enumerate(seeds):
-            if isinstance(s, bool) or not isinstance(s, int):
-                raise ValueError(f"seeds[{i}] must be an int, got {type(s).__name__}")
+            s = _as_int(f"seeds[{i}]", s)
             if not 0 <= s < U64:
                 raise ValueError(f"seeds[{i}] = {s} is outside uint64 [0, 2**64)")
             vals.append(s - U64 if s >= 1 << 63 else s)
@@ -63,12 +63,11 @@ def as_position_tensor(
             raise ValueError(f"{name} must be an int64 or int32 tensor, got dtype {positions.dtype}")
         t = positions.to(torch.int64)
     elif isinstance(positions, Sequence) and not isinstance(positions, (str, bytes)):
-        for i, p in enumerate(positions):
-            if isinstance(p, bool) or not isinstance(p, int):
-                raise ValueError(f"{name}[{i}] must be an int, got {type(p).__name__}")
+        vals = [_as_int(f"{name}[{i}]", p) for i, p in enumerate(positions)]
+        for i, p in enumerate(vals):
             if not 0 <= p <= U32 - span:
                 raise ValueError(f"{name}[{i}] = {p} is outside [0, 2**32 - {span}]")
-        t = torch.tensor(list(positions), dtype=torch.int64, device=device)
+        t = torch.tensor(vals, dtype=torch.int64, device=device)
     else:
         raise ValueError(f"{name} must be an integer tensor or a sequence of ints, got {type(positions).__name__}")
     _check_vector(name, t, batch, device)
@@ -83,6 +82,42 @@ def as_position_tensor(
     return t
 
 
+def _as_int(name: str, value) -> int:
+    """A Python or NumPy integer as int; bools and floats are refused."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
+def as_column_tensor(columns, device: torch.device) -> torch.Tensor:
+    """Hash columns as int64 [C] on ``device``, each in [0, 2**32).
+
+    Raises:
+        ValueError: not a 1-D integer tensor or sequence of ints, or a column
+            outside [0, 2**32).
+    """
+    if isinstance(columns, torch.Tensor):
+        if columns.dtype not in INT_DTYPES:
+            raise ValueError(f"columns must be an int64 or int32 tensor, got dtype {columns.dtype}")
+        c = columns.to(device=device, dtype=torch.int64)
+    elif isinstance(columns, (Sequence, range)) and not isinstance(columns, (str, bytes)):
+        vals = [_as_int(f"columns[{i}]", x) for i, x in enumerate(columns)]
+        for i, x in enumerate(vals):
+            if not 0 <= x < U32:
+                raise ValueError(f"columns[{i}] = {x} is outside [0, 2**32)")
+        c = torch.tensor(vals, dtype=torch.int64, device=device)
+    else:
+        raise ValueError(f"columns must be an integer tensor or a sequence of ints, got {type(columns).__name__}")
+    if c.dim() != 1:
+        raise ValueError(f"columns must be 1-D [C], got shape {tuple(c.shape)}")
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) >= U32):
+        raise ValueError(f"columns must lie in [0, 2**32), got range [{int(c.min())}, {int(c.max())}]")
+    return c
+
+
 def _check_vector(name: str, t: torch.Tensor, batch: int | None, device: torch.device) -> None:
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D [B], got shape {tuple(t.shape)}")
@@ -92,12 +127,27 @@ def _check_vector(name: str, t: torch.Tensor, batch: int | None, device: torch.d
         raise ValueError(f"{name} is on {t.device} but the other tensors are on {device}")
 
 
-def check_probs(name: str, t: torch.Tensor, dims: int, check: bool, *, row_sum_positive: bool = True) -> None:
+# float64 weights above this overflow the race score w / E (E >= 1.2e-10).
+MAX_FLOAT64_WEIGHT = 1e290
+# Sum-to-one tolerance of probability rows, by dtype (float32 softmax over
+# 262,144 entries stays far inside 1e-3).
+_SUM_TOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def check_probs(
+    name: str, t: torch.Tensor, dims: int, check: bool, *, row_sum_positive: bool = True, normalised: bool = False
+) -> None:
     """Probability/weight tensor: float dtype, ``dims`` dims, finite and >= 0.
 
+    float64 weights must also be normal (no subnormal positives) and at most
+    1e290, where the race score ``w / -log(u)`` would lose its precision or
+    overflow; ``normalised`` rows must sum to 1 within the dtype's tolerance.
+
     Raises:
-        ValueError: wrong dtype or rank; NaN, infinite or negative entries; a
-            row (last dim) that is all zero when ``row_sum_positive``.
+        ValueError: wrong type, dtype or rank; NaN, infinite or negative
+            entries; float64 entries that are subnormal or above 1e290; a row
+            (last dim) that is all zero when ``row_sum_positive``; a row whose
+            sum is off 1 when ``normalised``.
     """
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -110,14 +160,29 @@ def check_probs(name: str, t: torch.Tensor, dims: int, check: bool, *, row_sum_p
     if not check or t.numel() == 0:
         return
     if bool(torch.isnan(t).any()):
-        raise ValueError(f"{name} contains NaN; weights must be finite and >= 0")
+        raise ValueError(f"{name} contains NaN; {name} must be finite and >= 0")
     if bool(torch.isinf(t).any()):
-        raise ValueError(f"{name} contains inf; weights must be finite and >= 0")
+        raise ValueError(f"{name} contains inf; {name} must be finite and >= 0")
     if bool((t < 0).any()):
-        raise ValueError(f"{name} contains negative entries (min {float(t.min())}); weights must be >= 0")
+        raise ValueError(f"{name} contains negative entries (min {float(t.min())}); {name} must be >= 0")
+    if t.dtype == torch.float64:
+        if bool((t > MAX_FLOAT64_WEIGHT).any()):
+            raise ValueError(f"{name} holds {float(t.max())}, above 1e290: the race score would overflow")
+        tiny = (t > 0) & (t < torch.finfo(torch.float64).tiny)
+        if bool(tiny.any()):
+            raise ValueError(f"{name} holds subnormal entries (below 2.2e-308): set them to 0 or rescale the row")
     if row_sum_positive and bool((t.amax(dim=-1) == 0).any()):
         idx = (t.amax(dim=-1) == 0).nonzero()[0].tolist()
         raise ValueError(f"{name} has an all-zero row at index {idx}; at least one weight must be > 0")
+    if normalised:
+        err = (t.sum(dim=-1, dtype=torch.float64) - 1.0).abs()
+        tol = _SUM_TOL[t.dtype]
+        if bool((err > tol).any()):
+            idx = (err > tol).nonzero()[0].tolist()
+            raise ValueError(
+                f"{name} row {idx} sums to {float(t[tuple(idx)].double().sum())}, "
+                f"not 1 within {tol}: verification needs probability distributions"
+            )
 
 
 def check_columns_fit(name: str, first_column: int, vocab: int) -> None:

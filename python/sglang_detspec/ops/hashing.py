@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import as_position_tensor, as_seed_tensor
-from .streams import MASK32, U32, Stream
+from .checks import as_column_tensor, as_position_tensor, as_seed_tensor
+from .streams import MASK32, U32, U64, Stream
 
 C1 = 0xCC9E2D51
 C2 = 0x1B873593
@@ -108,23 +108,9 @@ def uniform_from_hash(h: torch.Tensor) -> torch.Tensor:
 def _salt_int(salt: int | Stream) -> int:
     if isinstance(salt, Stream):
         return salt.salt
-    if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < 1 << 64:
+    if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < U64:
         raise ValueError(f"salt must be a Stream or an int in [0, 2**64), got {salt!r}")
     return salt
-
-
-def _as_columns(columns, device: torch.device) -> torch.Tensor:
-    if isinstance(columns, torch.Tensor):
-        if columns.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"columns must be an integer tensor, got dtype {columns.dtype}")
-        c = columns.to(device=device, dtype=torch.int64)
-    else:
-        c = torch.as_tensor(list(columns), dtype=torch.int64, device=device)
-    if c.dim() != 1:
-        raise ValueError(f"columns must be 1-D [C], got shape {tuple(c.shape)}")
-    if c.numel() and (int(c.min()) < 0 or int(c.max()) >= U32):
-        raise ValueError(f"columns must lie in [0, 2**32), got range [{int(c.min())}, {int(c.max())}]")
-    return c
 
 
 def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Tensor:
@@ -134,7 +120,8 @@ def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Te
         seeds: int64 tensor [B] (uint64 bits) or Python ints in [0, 2**64).
         positions: integer tensor [B] or Python ints in [0, 2**32): absolute
             token positions.
-        columns: integer tensor or Python ints [C] in [0, 2**32).
+        columns: integer tensor or Python ints [C] in [0, 2**32); a tensor
+            on another device is copied to the seeds' device.
         salt: a :class:`Stream` or an int in [0, 2**64); ``key = seed + salt mod 2**64``.
 
     Returns:
@@ -146,9 +133,9 @@ def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Te
             [0, 2**32), mismatched lengths or devices, wrong dtypes.
     """
     device = _device_of(seeds, positions)
-    seeds_t = as_seed_tensor(seeds, None, device, True)
+    seeds_t = as_seed_tensor(seeds, None, device)
     pos_t = as_position_tensor(positions, seeds_t.shape[0], device, True)
-    cols = _as_columns(columns, device)
+    cols = as_column_tensor(columns, device)
     lo, hi = key_words(seeds_t, _salt_int(salt))
     return hash_with_prefix(row_prefix(lo, hi, pos_t), cols)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-KERNELS = ("auto", "torch", "triton")
+from ..config import KERNELS
 
 
 def triton_available() -> bool:

@@ -16,13 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .streams import salt_words
 from .triton_hash import exact_score, hash_column, may_reach, row_prefix, split_argmax
 
 BLOCK = 1024
 NUM_WARPS = 4
 BIG = 2**31 - 1
 PROGRAMS_PER_SM = 4
-SENTINEL = -2.0  # below every score (scores >= 0, masked lanes -1)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
@@ -183,7 +183,7 @@ def race_triton(
     b, v = weights.shape
     splits, split_cols = plan_splits(b, v, weights.device)
     dev = weights.device
-    salt_lo, salt_hi = salt & 0xFFFFFFFF, salt >> 32
+    salt_lo, salt_hi = salt_words(salt)
     out = torch.empty(b, num_samples, dtype=torch.int64, device=dev)
     if num_samples == 1:
         kp = 1

@@ -28,9 +28,9 @@ def exponential_race(
     check: bool = True,
     kernel: str | None = None,
 ) -> torch.Tensor:
-    """Seeded categorical draw by exponential race (Gumbel-max), DESIGN §3.
+    """Seeded categorical draw by exponential race (Gumbel-max), docs/design.md §3.
 
-    Row b draws ``argmax_i w[b, i] / -log(u_i)`` with ``u_i`` the keyed
+    Row b draws ``argmax_i w[b, i] * (1 / -log(u_i))`` with ``u_i`` the keyed
     uniform of (seeds[b] + stream salt, positions[b], column of token i);
     ties go to the smaller index. Distributed as ``w[b] / sum(w[b])`` without
     normalising; ``num_samples = k > 1`` returns the k largest scores in
@@ -63,7 +63,7 @@ def exponential_race(
 
     Raises:
         ValueError: bad shapes, dtypes or devices; NaN, inf or negative weights;
-            an all-zero row; fewer than k positive weights in a row; a seed
+            float64 weights that are subnormal or above 1e290; an all-zero row; fewer than k positive weights in a row; a seed
             outside uint64; a position outside [0, 2**32); draft_step * V + V
             above 2**32; draft_step given for a stream other than DRAFT.
     """
@@ -79,7 +79,7 @@ def exponential_race(
         raise ValueError(f"draft_step applies to the DRAFT stream only, got draft_step={draft_step} for {stream.name}")
     column_offset = draft_step * v
     check_columns_fit(f"draft_step * V (draft_step={draft_step}, V={v})", column_offset, v)
-    seeds_t = as_seed_tensor(seeds, b, dev, check)
+    seeds_t = as_seed_tensor(seeds, b, dev)
     pos_t = as_position_tensor(positions, b, dev, check)
     if check and num_samples > 1 and b:
         short = (weights > 0).sum(dim=1) < num_samples
@@ -109,7 +109,7 @@ def verify_chain(
     check: bool = True,
     kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded chain verification with rejection sampling (topk = 1), DESIGN §4.
+    """Seeded chain verification with rejection sampling (topk = 1), docs/design.md §4.
 
     For each request: accept draft token x_j at position t+j when
     ``u * q_j[x_j] < p_j[x_j]`` in float64 (u from the ACCEPT stream); at
@@ -122,9 +122,10 @@ def verify_chain(
 
     Args:
         draft_tokens: int64/int32 [B, K], ids in [0, V).
-        draft_probs: [B, K, V] float, the exact q each x_j was drawn from.
+        draft_probs: [B, K, V] float, the exact q each x_j was drawn from;
+            rows sum to 1 and ``q_j[x_j] > 0``.
         target_probs: [B, K+1, V] float of the same dtype, target distributions
-            at positions t..t+K.
+            at positions t..t+K; rows sum to 1.
         seeds: int64 tensor [B] (uint64 bits) or Python ints in [0, 2**64).
         positions: integer tensor [B] or ints: t, the absolute position of x_0;
             t + K must be < 2**32.
@@ -140,17 +141,20 @@ def verify_chain(
 
     Raises:
         ValueError: shape, dtype or device mismatch between the arguments
-            (including K); draft tokens outside [0, V); NaN, inf or negative
-            probabilities; an all-zero target row; a seed outside uint64; a
-            position with t + K outside [0, 2**32).
+            (including K); draft tokens outside [0, V) or with q_j[x_j] = 0;
+            NaN, inf or negative probabilities; rows that do not sum to 1
+            (within 1e-3 for float32); a seed outside uint64; a position with
+            t + K outside [0, 2**32).
     """
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in INT_DTYPES:
-        raise ValueError("draft_tokens must be an int64 or int32 tensor [B, K]")
+        got = draft_tokens.dtype if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
+        raise ValueError(f"draft_tokens must be an int64 or int32 tensor [B, K], got {got}")
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be 2-D [B, K], got shape {tuple(draft_tokens.shape)}")
     b, k = draft_tokens.shape
-    check_probs("draft_probs", draft_probs, 3, check, row_sum_positive=False)
-    check_probs("target_probs", target_probs, 3, check)
+    # Shapes, dtypes and devices first, so a mismatch is named as such.
+    check_probs("draft_probs", draft_probs, 3, False)
+    check_probs("target_probs", target_probs, 3, False)
     v = target_probs.shape[2]
     if tuple(draft_probs.shape) != (b, k, v):
         raise ValueError(f"draft_probs must be [B, K, V] = {(b, k, v)}, got {tuple(draft_probs.shape)}")
@@ -166,12 +170,21 @@ def verify_chain(
         if t.device != dev:
             raise ValueError(f"{name} is on {t.device} but target_probs is on {dev}")
     check_columns_fit("token ids", 0, v)
-    seeds_t = as_seed_tensor(seeds, b, dev, check)
+    check_probs("draft_probs", draft_probs, 3, check, normalised=True)
+    check_probs("target_probs", target_probs, 3, check, normalised=True)
+    seeds_t = as_seed_tensor(seeds, b, dev)
     pos_t = as_position_tensor(positions, b, dev, check, span=k + 1)
     if check and draft_tokens.numel():
         lo, hi = int(draft_tokens.min()), int(draft_tokens.max())
         if lo < 0 or hi >= v:
             raise ValueError(f"draft_tokens holds {lo if lo < 0 else hi}, outside [0, V = {v})")
+        q_x = draft_probs.gather(2, draft_tokens.to(torch.int64).unsqueeze(2))
+        if bool((q_x == 0).any()):
+            b0, j0, _ = (q_x == 0).nonzero()[0].tolist()
+            raise ValueError(
+                f"draft_tokens[{b0}, {j0}] = {int(draft_tokens[b0, j0])} has draft probability 0: "
+                "each draft token must be drawn from the draft_probs row given for it"
+            )
     if b == 0:
         return (
             torch.zeros(0, k + 1, dtype=torch.int64, device=dev),

@@ -36,6 +36,7 @@ class Stream(enum.Enum):
 
     @property
     def salt(self) -> int:
+        """The stream's 64-bit salt."""
         return self.value
 
     @classmethod
@@ -54,7 +55,6 @@ class Stream(enum.Enum):
         )
 
 
-def split_key(seed: int, salt: int) -> tuple[int, int]:
-    """``(lo32, hi32)`` of the 64-bit key ``(seed + salt) mod 2**64`` for Python ints."""
-    key = (seed + salt) % U64
-    return key & MASK32, key >> 32
+def salt_words(salt: int) -> tuple[int, int]:
+    """``(lo32, hi32)`` of a 64-bit salt, the form the Triton kernels take it in."""
+    return salt & MASK32, salt >> 32

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .race_triton import BIG, BLOCK, plan_splits
-from .streams import Stream
+from .streams import Stream, salt_words
 from .triton_hash import INV_2_32, hash_column, inverse_exponential, may_reach, row_prefix, split_argmax
 
 _ACC, _RES, _BON = Stream.ACCEPT.salt, Stream.RESAMPLE.salt, Stream.BONUS.salt
@@ -153,10 +153,6 @@ def _verify_emit_kernel(
     tl.store(tok_ptr + row.to(tl.int64) * (K + 1) + cols, out, mask=cols < K + 1)
 
 
-def _words(salt: int) -> tuple[int, int]:
-    return salt & 0xFFFFFFFF, salt >> 32
-
-
 def verify_triton(
     draft_tokens: torch.Tensor,  # [B, K] int64
     draft_probs: torch.Tensor,  # [B, K, V] float
@@ -179,9 +175,9 @@ def verify_triton(
     part_i = torch.empty(b, splits, 2, dtype=torch.int32, device=dev)
     part_any = torch.empty(b, splits, dtype=torch.int32, device=dev)
     tokens = torch.empty(b, k + 1, dtype=torch.int64, device=dev)
-    acc_lo, acc_hi = _words(_ACC)
-    res_lo, res_hi = _words(_RES)
-    bon_lo, bon_hi = _words(_BON)
+    acc_lo, acc_hi = salt_words(_ACC)
+    res_lo, res_hi = salt_words(_RES)
+    bon_lo, bon_hi = salt_words(_BON)
     q_sb, q_sk = (draft_probs.stride(0), draft_probs.stride(1)) if k else (0, 0)
     _verify_race_kernel[(b, splits)](
         draft_tokens, draft_probs, target_probs, seeds, positions, acc, part, part_i, part_any,

@@ -18,13 +18,17 @@ Hooks (each module's docstring names the SGLang symbol it replaces and why):
 - ``verify_hook``: ``eagle_utils.eagle_sample`` (AROUND) and
   ``verify_sampling.chain_speculative_sampling_triton`` (AROUND): the target
   verify with rejection sampling.
+- ``target_sampler_hook``: ``sampler.top_k_top_p_min_p_sampling_from_probs_torch``
+  and ``renorm.top_k_renorm_prob`` / ``top_p_renorm_prob`` (AROUND): a seeded
+  row's target draw no longer depends on whether its batch holds greedy or
+  top-k/top-p requests.
 """
 
 from __future__ import annotations
 
 import threading
 
-from . import draft_hook, startup, verify_hook
+from . import draft_hook, startup, target_sampler_hook, verify_hook
 
 ENTRY_POINT_NAME = "detspec"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -41,6 +45,9 @@ def hook_table():
         (draft_hook.TARGET, draft_hook.seeded_fast_sample, "AROUND"),
         (verify_hook.EAGLE_SAMPLE, verify_hook.seeded_eagle_sample, "AROUND"),
         (verify_hook.CHAIN_SAMPLER, verify_hook.seeded_chain_sampling, "AROUND"),
+        (target_sampler_hook.SAMPLER, target_sampler_hook.seeded_top_k_top_p_sampling, "AROUND"),
+        (target_sampler_hook.TOP_K_RENORM, target_sampler_hook.top_k_renorm_keep_neutral, "AROUND"),
+        (target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND"),
     ]
 
 
@@ -57,5 +64,23 @@ def register() -> None:
         if _registered:
             return
         for target, hook, kind in hook_table():
-            HookRegistry.register(target, hook, HookType[kind])
+            if callable(_resolve(target)):
+                HookRegistry.register(target, hook, HookType[kind])
         _registered = True
+
+
+def _resolve(target: str):
+    """The object a dotted target names, or None.
+
+    Some SGLang names are None on platforms without the kernel (the renorm
+    ops on a CPU-only build). Such a target must not be hooked: the registry
+    rebinds every module attribute that *is* the original object, and for
+    None that would be every unset attribute of every loaded module.
+    """
+    import pkgutil
+
+    obj_path, attr = target.rsplit(".", 1)
+    try:
+        return getattr(pkgutil.resolve_name(obj_path), attr, None)
+    except (ImportError, AttributeError, ValueError):
+        return None

@@ -52,8 +52,9 @@ def seeded_fast_sample(original, probs, num_samples: int = 1, *, sampling_seed=N
         ``(sample_p [B, num_samples] in probs' dtype, sample_index int64 [B, num_samples])``.
 
     Raises:
-        ValueError: mismatched shapes or devices, positions >= 2**32 only when
-            checked eagerly; under CUDA-graph capture only metadata is checked.
+        ValueError: mismatched shapes, dtypes or devices. Values are not
+            checked (this runs inside CUDA-graph capture): SGLang's softmax
+            rows and absolute positions are valid by construction.
     """
     bag = active_config()
     if sampling_seed is None or not bag.active:

@@ -18,7 +18,7 @@ Why: SGLang's seeded verify draws its coins from the unsalted key space of
 its target sampler, reuses one final coin for residual and bonus, and draws
 the residual by an inverse-CDF scan whose float32 prefix sums depend on the
 tile order; here the coins, the residual race and the bonus race come from
-separate streams at absolute positions (DESIGN §4), so a request's committed
+separate streams at absolute positions (docs/design.md §4), so a request's committed
 tokens depend on its seed and its own sequence only. Greedy rows keep
 SGLang's argmax rule: SGLang renormalises their target to one-hot before the
 sampler, under which the chain verify commits the target argmax.
@@ -65,7 +65,17 @@ def verify_keys(seeds: torch.Tensor, positions: torch.Tensor):
 
 
 def seeded_eagle_sample(original, *args, **kwargs):
-    """AROUND hook for ``eagle_utils.eagle_sample(verify_input, batch, logits_output, ...)``."""
+    """AROUND hook for ``eagle_utils.eagle_sample(verify_input, batch, logits_output, ...)``.
+
+    Args:
+        original: SGLang's ``eagle_sample``; always runs, with the keys
+            published when the bag is active and the batch carries seeds.
+        args, kwargs: eagle_sample's arguments; ``batch`` (second) supplies
+            ``sampling_info.sampling_seed`` (int64 [B]) and ``seq_lens`` [B].
+
+    Returns:
+        Whatever SGLang's ``eagle_sample`` returns: ``(predict, accept_lens, accept_index)``.
+    """
     if not active_config().active:
         return original(*args, **kwargs)
     batch = kwargs["batch"] if "batch" in kwargs else args[1]  # eagle_sample(verify_input, batch, ...)

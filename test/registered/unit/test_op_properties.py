@@ -71,6 +71,8 @@ def verify_case(draw):
     q[..., 0] += 1e-3  # the drafted token needs q > 0
     p = torch.rand(b, k + 1, v, generator=gen) * (torch.rand(b, k + 1, v, generator=gen) > 0.3)
     p[..., -1] += 1e-3
+    q = q / q.sum(dim=-1, keepdim=True)  # verification takes probability rows
+    p = p / p.sum(dim=-1, keepdim=True)
     x = torch.multinomial(q.reshape(-1, v), 1, generator=gen).reshape(b, k) if k else torch.zeros(b, 0, dtype=torch.int64)
     seeds = draw(st.lists(seeds_st, min_size=b, max_size=b))
     positions = draw(st.lists(st.integers(0, U32 - 1 - k), min_size=b, max_size=b))

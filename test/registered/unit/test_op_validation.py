@@ -50,6 +50,8 @@ RACE_CASES = [
     (dict(draft_step=U32 // 8), r"draft_step \* V .* reach 2\*\*32"),
     (dict(draft_step=1, stream="bonus"), "draft_step applies to the DRAFT stream only"),
     (dict(kernel="cuda"), "kernel must be one of"),
+    (dict(weights=with_value(W.double(), (0, 1), 1e300)), "above 1e290"),
+    (dict(weights=with_value(W.double(), (1, 2), 5e-324)), "subnormal"),
     (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
 ]
 
@@ -94,6 +96,10 @@ VERIFY_CASES = [
     (dict(positions=[0, U32 - K]), r"positions\[1\] = 4294967293 is outside \[0, 2\*\*32 - 4\]"),
     (dict(positions=torch.tensor([0, U32 - K])), r"positions holds 4294967293, outside \[0, 2\*\*32 - 4\].*4 consecutive"),
     (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
+    (dict(draft_probs=Q * 100), r"draft_probs row \[0, 0\] sums to 100\.0\d*, not 1 within 0.001"),
+    (dict(target_probs=P * 0.5), r"target_probs row \[0, 0\] sums to 0.5"),
+    (dict(draft_probs=with_value(Q, (1, 2), torch.tensor([0.0, 0.2, 0.2, 0.2, 0.2, 0.2]))),
+     r"draft_tokens\[1, 2\] = 0 has draft probability 0"),
 ]
 
 
@@ -112,7 +118,34 @@ def test_check_false_skips_only_value_checks():
     # Metadata checks still run without value checks (the CUDA-graph path).
     with pytest.raises(ValueError, match="seeds has 1 rows"):
         race(seeds=[1], check=False)
-    assert race(positions=torch.tensor([5, 6]), check=False).shape == (2, 1)
+    with pytest.raises(ValueError, match="positions holds"):
+        race(positions=torch.tensor([U32, 6]))
+    assert race(positions=torch.tensor([U32, 6]), check=False).shape == (2, 1)
+
+
+@pytest.mark.parametrize("columns, match", [
+    ([1.7], r"columns\[0\] must be an int, got float"),
+    ([True], r"columns\[0\] must be an int, got bool"),
+    ([1 << 63], r"columns\[0\] = 9223372036854775808 is outside \[0, 2\*\*32\)"),
+    ([-1], r"columns\[0\] = -1 is outside"),
+    (5, "columns must be an integer tensor or a sequence of ints, got int"),
+    ("12", "columns must be an integer tensor or a sequence of ints, got str"),
+    (torch.tensor([0.5]), "columns must be an int64 or int32 tensor"),
+    (torch.tensor([[1]]), "columns must be 1-D"),
+])
+def test_hash_columns_rejected(columns, match):
+    from sglang_detspec.ops import keyed_hash
+
+    with pytest.raises(ValueError, match=match):
+        keyed_hash([1], [2], columns)
+
+
+def test_numpy_integers_are_ints():
+    np = pytest.importorskip("numpy")
+    from sglang_detspec.ops import keyed_hash
+
+    a = keyed_hash([np.uint64(7)], [np.int64(3)], [np.int32(9)])
+    assert torch.equal(a, keyed_hash([7], [3], [9]))
 
 
 if __name__ == "__main__":

@@ -137,10 +137,14 @@ def test_accept_rule_and_positions_by_hand():
 
 def test_all_zero_residual_falls_back_to_target():
     # p == q, and the draft token has q[x] = p[x] = 0: the coin rejects
-    # (u * 0 < 0 is false) and the residual max(p - q, 0) is all zero.
+    # (u * 0 < 0 is false) and the residual max(p - q, 0) is all zero. The
+    # checks refuse q[x] = 0 as input, so this fallback is only reachable
+    # unchecked (the CUDA-graph path), where it must still emit a valid token.
     q = torch.tensor([[[0.0, 1.0, 0.0]]])
     p = torch.tensor([[[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]])
-    tokens, acc = verify_chain(torch.tensor([[0]]), q, p, [1], [0])
+    with pytest.raises(ValueError, match=r"draft_tokens\[0, 0\] = 0 has draft probability 0"):
+        verify_chain(torch.tensor([[0]]), q, p, [1], [0])
+    tokens, acc = verify_chain(torch.tensor([[0]]), q, p, [1], [0], check=False)
     assert acc.tolist() == [0] and tokens[0].tolist() == [1, -1]
 
 
