@@ -19,27 +19,38 @@ logger = logging.getLogger("sglang_detspec")
 _lock = threading.Lock()
 
 
-def _normalise_algorithm(name) -> str | None:
-    if name is None:
-        return None
-    upper = str(name).upper()
-    return None if upper == "NONE" else upper
+# Bag field -> SGLang's server-argument name (the same on the raw ServerArgs
+# record, its resolved view and the published "spec" namespace).
+SPEC_FIELDS = {
+    "algorithm": "speculative_algorithm",
+    "num_steps": "speculative_num_steps",
+    "eagle_topk": "speculative_eagle_topk",
+    "num_draft_tokens": "speculative_num_draft_tokens",
+    "rejection_sampling": "speculative_use_rejection_sampling",
+    "multi_layer_eagle": "enable_multi_layer_eagle",
+    "block_verification": "speculative_use_block_verification",
+}
+_FLAGS = ("rejection_sampling", "multi_layer_eagle", "block_verification")
 
 
-def _bag(*, deterministic, algorithm, num_steps, eagle_topk, num_draft_tokens, rejection_sampling,
-         multi_layer_eagle, block_verification, source, environ) -> DetSpecConfig:
-    return DetSpecConfig(
-        **env_settings(environ),
-        deterministic=bool(deterministic),
-        algorithm=_normalise_algorithm(algorithm),
-        num_steps=num_steps,
-        eagle_topk=eagle_topk,
-        num_draft_tokens=num_draft_tokens,
-        rejection_sampling=bool(rejection_sampling),
-        multi_layer_eagle=bool(multi_layer_eagle),
-        block_verification=bool(block_verification),
-        source=source,
-    )
+def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None = None) -> DetSpecConfig:
+    """A bag from any object carrying SGLang's speculative argument names.
+
+    Args:
+        spec: the ``ServerArgs`` record (raw values), its resolved view, or
+            ``get_spec()``; attributes named as in :data:`SPEC_FIELDS`.
+        deterministic: ``enable_deterministic_inference``.
+        source: where the values came from (``server_args``, ``runtime_context``, ``raw_args``).
+
+    Raises:
+        ValueError: a bad ``SGLANG_DETSPEC_*`` setting.
+    """
+    values = {field: getattr(spec, name, None) for field, name in SPEC_FIELDS.items()}
+    for flag in _FLAGS:
+        values[flag] = bool(values[flag])
+    algo = values["algorithm"]
+    values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
+    return DetSpecConfig(**env_settings(environ), deterministic=bool(deterministic), source=source, **values)
 
 
 def config_from_server_args(server_args, environ: Mapping[str, str] | None = None) -> DetSpecConfig:
@@ -53,19 +64,8 @@ def config_from_server_args(server_args, environ: Mapping[str, str] | None = Non
     """
     from sglang.srt.arg_groups.overrides import resolved_view
 
-    v = resolved_view(server_args)
-    return _bag(
-        deterministic=v.enable_deterministic_inference,
-        algorithm=v.speculative_algorithm,
-        num_steps=v.speculative_num_steps,
-        eagle_topk=v.speculative_eagle_topk,
-        num_draft_tokens=v.speculative_num_draft_tokens,
-        rejection_sampling=v.speculative_use_rejection_sampling,
-        multi_layer_eagle=v.enable_multi_layer_eagle,
-        block_verification=v.speculative_use_block_verification,
-        source="server_args",
-        environ=environ,
-    )
+    view = resolved_view(server_args)
+    return bag_from(view, view.enable_deterministic_inference, "server_args", environ)
 
 
 def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> DetSpecConfig:
@@ -73,6 +73,7 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
 
     Raises:
         LookupError: the context is not published in this process yet.
+        ValueError: a bad ``SGLANG_DETSPEC_*`` setting.
     """
     from sglang.srt.runtime_context import get_exec, get_spec
 
@@ -80,18 +81,7 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
         exec_bag, spec = get_exec(), get_spec()
     except ValueError as err:  # SGLang raises ValueError("... not published")
         raise LookupError(str(err)) from err
-    return _bag(
-        deterministic=exec_bag.deterministic.enable_deterministic_inference,
-        algorithm=spec.speculative_algorithm,
-        num_steps=spec.speculative_num_steps,
-        eagle_topk=spec.speculative_eagle_topk,
-        num_draft_tokens=spec.speculative_num_draft_tokens,
-        rejection_sampling=spec.speculative_use_rejection_sampling,
-        multi_layer_eagle=spec.enable_multi_layer_eagle,
-        block_verification=spec.speculative_use_block_verification,
-        source="runtime_context",
-        environ=environ,
-    )
+    return bag_from(spec, exec_bag.deterministic.enable_deterministic_inference, "runtime_context", environ)
 
 
 def announce(config: DetSpecConfig) -> None:

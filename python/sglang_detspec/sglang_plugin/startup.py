@@ -8,36 +8,32 @@ combination stops the server with a message that says what to change.
 from __future__ import annotations
 
 from ..config import EAGLE_FAMILY, DetSpecConfig, install_config
-from .resolve import announce, config_from_server_args
+from .resolve import announce, bag_from, config_from_server_args
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 
 
-def startup_problems(
-    *, deterministic: bool, rejection_sampling: bool, algorithm, eagle_topk, block_verification: bool,
-    disabled: bool = False,
-) -> list[str]:
+def startup_problems(bag: DetSpecConfig) -> list[str]:
     """What keeps a deterministic rejection-sampling run from being made deterministic.
 
-    Only a run with deterministic inference and rejection sampling both on is
-    ours; everything else is SGLang's business and gives no problem here.
-    Returns one message per problem, each naming the flag to change.
+    Only a run with deterministic inference and rejection sampling both on
+    (and the plugin not disabled) is ours; anything else gives no problem
+    here. Returns one message per problem, each naming the flag to change.
     """
-    if disabled or not (deterministic and rejection_sampling):
+    if bag.disabled or not (bag.deterministic and bag.rejection_sampling):
         return []
     problems = []
-    algo = None if algorithm is None else str(algorithm).upper()
-    if algo is not None and algo not in EAGLE_FAMILY:
+    if bag.algorithm is not None and bag.algorithm not in EAGLE_FAMILY:
         problems.append(
-            f"--speculative-algorithm {algorithm} is not supported; use EAGLE, EAGLE3 or NEXTN "
+            f"--speculative-algorithm {bag.algorithm} is not supported; use EAGLE, EAGLE3 or NEXTN "
             "(or set SGLANG_DETSPEC_DISABLE=1 to keep SGLang's own sampling)"
         )
-    if eagle_topk is not None and int(eagle_topk) > 1:
+    if bag.eagle_topk is not None and int(bag.eagle_topk) > 1:
         problems.append(
-            f"--speculative-eagle-topk {eagle_topk} drafts a tree; sglang-detspec verifies chains only: "
+            f"--speculative-eagle-topk {bag.eagle_topk} drafts a tree; sglang-detspec verifies chains only: "
             "set --speculative-eagle-topk 1"
         )
-    if block_verification:
+    if bag.block_verification:
         problems.append(
             "--speculative-use-block-verification is not supported (sglang-detspec implements the classic "
             "chain verify): drop the flag"
@@ -63,16 +59,8 @@ def check_raw_flags(server_args) -> None:
     Raises:
         ValueError: see :func:`startup_problems`.
     """
-    from ..config import env_settings
-
-    _raise(startup_problems(
-        deterministic=getattr(server_args, "enable_deterministic_inference", False),
-        rejection_sampling=getattr(server_args, "speculative_use_rejection_sampling", False),
-        algorithm=getattr(server_args, "speculative_algorithm", None),
-        eagle_topk=getattr(server_args, "speculative_eagle_topk", None),
-        block_verification=getattr(server_args, "speculative_use_block_verification", False),
-        disabled=env_settings()["disabled"],
-    ))
+    raw = bag_from(server_args, getattr(server_args, "enable_deterministic_inference", False), "raw_args")
+    _raise(startup_problems(raw))
 
 
 def resolve_and_announce(result, server_args) -> None:
@@ -86,19 +74,7 @@ def resolve_and_announce(result, server_args) -> None:
         ValueError: see :func:`startup_problems`.
     """
     bag = config_from_server_args(server_args)
-    _raise(problems_of(bag))
+    _raise(startup_problems(bag))
     install_config(bag)
     announce(bag)
     return None
-
-
-def problems_of(bag: DetSpecConfig) -> list[str]:
-    """:func:`startup_problems` for a resolved bag."""
-    return startup_problems(
-        deterministic=bag.deterministic,
-        rejection_sampling=bag.rejection_sampling,
-        algorithm=bag.algorithm,
-        eagle_topk=bag.eagle_topk,
-        block_verification=bag.block_verification,
-        disabled=bag.disabled,
-    )

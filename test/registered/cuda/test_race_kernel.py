@@ -121,6 +121,19 @@ def test_draft_stream_equals_sglang_seeded_fast_sample(b, v, step):
     assert torch.equal(ours, sglang_fast_sample_seeded(w, seeds, pos, step))
 
 
+def test_draft_stream_equals_sglang_fast_sample_itself():
+    spec_utils = pytest.importorskip(
+        "sglang.srt.speculative.spec_utils", reason="SGLang is not installed on this GPU machine"
+    )
+    fast_sample = getattr(spec_utils.fast_sample, "__wrapped__", spec_utils.fast_sample)  # unhooked
+    gen = torch.Generator(device=DEV).manual_seed(31)
+    w, seeds, pos = make_case(64, 151936, gen, "softmax")
+    for step in (0, 3):
+        _, idx = fast_sample(w, 1, sampling_seed=seeds, positions=pos, draft_step=step)
+        ours = exponential_race(w, seeds, pos, stream=Stream.DRAFT, draft_step=step, kernel="triton")
+        assert torch.equal(ours, idx)
+
+
 def test_hash_on_cuda_matches_mmh3():
     mmh3 = pytest.importorskip("mmh3", reason="the mmh3 oracle is not installed")
     gen = torch.Generator(device=DEV).manual_seed(5)

@@ -241,10 +241,11 @@ def test_disable_setting_lets_sglang_decide(loaded, model_dir, monkeypatch):
 
 
 def test_startup_problems_only_for_our_runs():
-    kw = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True)
-    assert startup.startup_problems(deterministic=False, rejection_sampling=True, **kw) == []
-    assert startup.startup_problems(deterministic=True, rejection_sampling=False, **kw) == []
-    assert len(startup.startup_problems(deterministic=True, rejection_sampling=True, **kw)) == 3
+    bad = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True)
+    assert startup.startup_problems(DetSpecConfig(deterministic=False, rejection_sampling=True, **bad)) == []
+    assert startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=False, **bad)) == []
+    assert len(startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=True, **bad))) == 3
+    assert startup.startup_problems(ACTIVE) == []
 
 
 # -- SGLang's own entry points, on CPU tensors ---------------------------------------
