@@ -29,13 +29,23 @@ import random
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from .reference.request import Request, RequestResult
+# This module imports neither torch nor transformers at import time (the request
+# types are imported where build_plan needs them), so the CLI can read the
+# defaults below while `detspec --help` stays fast.
+if TYPE_CHECKING:
+    from .reference.request import Request, RequestResult
 
 PROBE_PROMPT_LEN = 8
 FILLER_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)
 MAX_FILLER_PROMPT_LEN = 24
+MAX_PROMPT_LEN = max(PROBE_PROMPT_LEN, MAX_FILLER_PROMPT_LEN)
+DEFAULT_TRIALS = 25  # the solo trial plus 8 complete (batch, permuted, split) groups
+DEFAULT_MAX_NEW_TOKENS = 16
+DEFAULT_MAX_BATCH = 32
+# One trial cannot show that an output does not depend on the batch.
+MIN_TRIALS_TO_JUDGE = 2
 
 
 class Backend(Protocol):
@@ -102,12 +112,12 @@ def group_sizes(num_groups: int, max_batch: int) -> list[int]:
 
 
 def build_plan(
-    num_trials: int = 24,
+    num_trials: int = DEFAULT_TRIALS,
     *,
     seed: int = 0,
-    max_new_tokens: int = 16,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     vocab_size: int,
-    max_batch: int = 32,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> AuditPlan:
     """The trial schedule: deterministic in its arguments.
 
@@ -116,8 +126,9 @@ def build_plan(
     random row), ``permuted`` (same requests shuffled so the probe moves) and
     ``split`` (same requests as two sub-batches cut at a random row). Group
     batch sizes spread evenly over [2, max_batch], so every run covers sizes
-    1 and ``max_batch``. Fillers come from a pool of ``2 * max_batch``
-    requests with prompts of 1..24 tokens, temperatures 0 (greedy) to 1.3,
+    1 and ``max_batch``. The probe's prompt has ``PROBE_PROMPT_LEN`` tokens.
+    Fillers come from a pool of ``2 * max_batch`` requests with prompts of
+    1..``MAX_FILLER_PROMPT_LEN`` tokens, temperatures 0 (greedy) to 1.3,
     random 64-bit seeds and ``max_new_tokens`` from a quarter to all of the
     probe's, so rows leave the batch at different rounds.
 
@@ -139,7 +150,10 @@ def build_plan(
     _positive_int("max_new_tokens", max_new_tokens)
     _positive_int("vocab_size", vocab_size)
     _positive_int("max_batch", max_batch, 2)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+    from .ops.streams import U64
+    from .reference.request import Request
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < U64:
         raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
     rng = random.Random(seed)
     probe = Request(
@@ -365,8 +379,17 @@ def judge(seeded: RunSummary, control: RunSummary | None = None) -> Verdict:
     the verdict; logprobs that move show batch-dependent numerics), and a
     control run that did not vary (its trials then showed no batch dependence
     to guard against).
+
+    Raises:
+        ValueError: the seeded run has fewer than ``MIN_TRIALS_TO_JUDGE`` (2)
+            trials, so there is nothing to compare its probe output with.
     """
     n = len(seeded.outcomes)
+    if n < MIN_TRIALS_TO_JUDGE:
+        raise ValueError(
+            f"judging batch invariance needs the probe in at least {MIN_TRIALS_TO_JUDGE} trials, "
+            f"the seeded run has {n}"
+        )
     notes = []
     if seeded.varying_requests:
         notes.append(
@@ -377,7 +400,7 @@ def judge(seeded: RunSummary, control: RunSummary | None = None) -> Verdict:
             f"the seeded probe's output logprobs were not bitwise equal across trials "
             f"({seeded.unique_probe_logprobs} distinct sequences)"
         )
-    if control is not None and n > 1 and control.unique_probe_outputs == 1:
+    if control is not None and control.unique_probe_outputs == 1:
         notes.append(
             "the control also gave 1 unique probe output, so these trials showed no batch dependence; "
             "use more trials or more tokens"

@@ -49,10 +49,10 @@ from collections.abc import Sequence
 
 import requests
 
+from .ops.streams import U64
 from .reference.request import Request, RequestResult
 
 DEFAULT_TIMEOUT_S = 300.0
-U64 = 1 << 64
 I64_MIN = -(1 << 63)
 I64_MAX = (1 << 63) - 1
 # How much of a non-JSON error body to quote.

@@ -27,11 +27,11 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-U64 = 1 << 64
-DEFAULT_TRIALS = 25  # the solo trial plus 8 complete (batch, permuted, split) groups
-DEFAULT_MAX_NEW_TOKENS = 16
+from ..audit import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TRIALS, MAX_PROMPT_LEN, MIN_TRIALS_TO_JUDGE
+
 DEFAULT_NUM_DRAFT_TOKENS = 3
-DEFAULT_MAX_BATCH = 32
+# Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
+MAX_BATCH = 1024
 DEFAULT_CONCURRENCY = 1
 DEFAULT_TIMEOUT_S = 300.0
 # Flags only a server run uses. They (and --num-draft-tokens, --control)
@@ -40,18 +40,30 @@ DEFAULT_TIMEOUT_S = 300.0
 _SERVER_ONLY = {"vocab_size": "--vocab-size", "concurrency": "--concurrency", "timeout": "--timeout"}
 
 
-def _int_in(low: int, high: int | None = None, high_text: str | None = None):
+def _int_in(low: int, high: int | None = None, *, bound: str | None = None, why: str = ""):
+    """An argparse type for ints in [low, high] (no upper bound when high is None).
+
+    ``bound`` replaces the range in the error message; ``why`` is appended to it.
+    """
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value >= high):
-            bound = f">= {low}" if high is None else f"in [{low}, {high_text or high})"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        if value < low or (high is not None and value > high):
+            words = bound or (f">= {low}" if high is None else f"in [{low}, {high}]")
+            raise argparse.ArgumentTypeError(f"must be {words}, got {value}" + (f": {why}" if why else ""))
         return value
 
     return parse
+
+
+def _seed(text: str) -> int:
+    # Imported on use: the ops package imports torch, which `detspec --help` must not wait for.
+    from ..ops.streams import U64
+
+    return _int_in(0, U64 - 1, bound="in [0, 2**64)")(text)
 
 
 def _positive_seconds(text: str) -> float:
@@ -98,23 +110,25 @@ def register(subparsers) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "--trials", type=_int_in(1), default=DEFAULT_TRIALS, metavar="N",
-        help=f"number of trials (default {DEFAULT_TRIALS})",
+        "--trials", default=DEFAULT_TRIALS, metavar="N",
+        type=_int_in(MIN_TRIALS_TO_JUDGE, why="one trial cannot show that the output does not depend on the batch"),
+        help=f"number of trials, at least {MIN_TRIALS_TO_JUDGE} (default {DEFAULT_TRIALS})",
     )
     parser.add_argument(
         "--max-new-tokens", type=_int_in(1), default=DEFAULT_MAX_NEW_TOKENS, metavar="N",
-        help=f"tokens generated for the probe request (default {DEFAULT_MAX_NEW_TOKENS})",
+        help=f"tokens generated for the probe request (default {DEFAULT_MAX_NEW_TOKENS}); in-process, "
+        f"N + K + {MAX_PROMPT_LEN} (the longest prompt) must fit the reference models' positions",
     )
     parser.add_argument(
         "--num-draft-tokens", "-k", type=_int_in(1), default=None, metavar="K",
         help=f"draft tokens per speculative round of the in-process engine (default {DEFAULT_NUM_DRAFT_TOKENS})",
     )
     parser.add_argument(
-        "--max-batch-size", type=_int_in(2), default=DEFAULT_MAX_BATCH, metavar="B",
-        help=f"largest batch in the schedule (default {DEFAULT_MAX_BATCH})",
+        "--max-batch-size", type=_int_in(2, MAX_BATCH), default=DEFAULT_MAX_BATCH, metavar="B",
+        help=f"largest batch in the schedule, 2 to {MAX_BATCH} (default {DEFAULT_MAX_BATCH})",
     )
     parser.add_argument(
-        "--seed", type=_int_in(0, U64, "2**64"), default=0,
+        "--seed", type=_seed, default=0,
         help="probe sampling_seed, schedule seed and control RNG seed, in [0, 2**64) (default 0)",
     )
     parser.add_argument("--json", type=_json_path, metavar="PATH", help="write the full result as JSON to PATH")
@@ -207,6 +221,13 @@ def _run_in_process(args: argparse.Namespace) -> int:
 
     models = build_model_pair()
     k = DEFAULT_NUM_DRAFT_TOKENS if args.num_draft_tokens is None else args.num_draft_tokens
+    room = models.max_positions - MAX_PROMPT_LEN
+    if args.max_new_tokens + k > room:
+        return _fail(
+            f"--max-new-tokens + --num-draft-tokens must be at most {room} with the in-process engine "
+            f"(with the longest prompt, {MAX_PROMPT_LEN} tokens, they must fit the reference models' "
+            f"{models.max_positions} positions), got {args.max_new_tokens} + {k}"
+        )
     control = True if args.control is None else args.control
     plan = build_plan(
         args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,

@@ -3,8 +3,10 @@
 A subcommand lives in its own module ``sglang_detspec.cli.<name>`` that
 defines ``register(subparsers)``: it adds its parser with
 ``subparsers.add_parser(...)`` and sets ``handler=<fn>`` through
-``set_defaults``, where ``fn(args) -> int`` returns the exit code. Modules are
-found by scanning this package, so adding a subcommand touches no other file.
+``set_defaults``, where ``fn(args) -> int`` returns the exit code, and may set
+``unrecognized_hint=<str>``, added to the error for arguments its parser does
+not know. Modules are found by scanning this package, so adding a subcommand
+touches no other file.
 Handlers import heavy dependencies (torch, transformers) themselves, so
 ``detspec --help`` stays fast.
 """
@@ -24,10 +26,7 @@ _NOT_SUBCOMMANDS = {"main"}
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``detspec`` parser with every subcommand module registered."""
-    parser = argparse.ArgumentParser(
-        prog="detspec",
-        description="Deterministic speculative decoding for SGLang: audit, benchmark and serve.",
-    )
+    parser = argparse.ArgumentParser(prog="detspec")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     package = importlib.import_module(__package__)
@@ -38,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         register = getattr(module, "register", None)
         if callable(register):
             register(subparsers)
+    # Named from what registered, so the list cannot promise a command that does not exist.
+    *rest, last = subparsers.choices
+    names = f"{', '.join(rest)} and {last}" if rest else last
+    parser.description = f"Deterministic speculative decoding for SGLang: {names}."
     return parser
 
 
@@ -49,7 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for ``--help`` and ``--version``.
     """
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if unknown:
+        hint = getattr(args, "unrecognized_hint", None)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else ""))
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -6,31 +6,91 @@ when a speculative algorithm is given) if they are missing, and makes sure
 SGLang's plugin loader picks up this plugin: ``SGLANG_PLUGINS`` is a
 whitelist of entry-point names, so when it is set our name is appended; when
 it is unset every installed plugin loads, ours included.
+
+SGLang parses its flags with ``argparse``, which also takes any unique prefix
+of a flag (``--speculative-algo EAGLE``), so the flags above are looked for the
+same way, against SGLang's own list of flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
+ALGORITHM = "--speculative-algorithm"
 DETERMINISTIC = "--enable-deterministic-inference"
 REJECTION = "--speculative-use-rejection-sampling"
 
+DESCRIPTION = (
+    "Run SGLang's server (python -m sglang.launch_server) with the arguments given after '--', "
+    f"adding {DETERMINISTIC} and, when a speculative algorithm is set, {REJECTION} if they are "
+    "missing, and with this plugin admitted by SGLang's plugin loader (appended to SGLANG_PLUGINS "
+    "when that whitelist is set)."
+)
+EXAMPLE = "detspec serve -- --model-path M --speculative-algorithm EAGLE"
+USAGE_HINT = "put '--' before SGLang's launch_server arguments: detspec serve [--dry-run] -- --model-path M ..."
 
-def _has_flag(args: Sequence[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+@functools.lru_cache(maxsize=1)
+def sglang_flags() -> frozenset[str]:
+    """Every option string of SGLang's ``launch_server`` parser (imports SGLang)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    # argparse has no public list of a parser's option strings.
+    return frozenset(s for action in parser._actions for s in action.option_strings)
 
 
-def server_command(launch_args: Sequence[str], python: str = sys.executable) -> list[str]:
-    """The ``launch_server`` command with the deterministic flags added if missing."""
+def resolve_flag(arg: str, flags: Collection[str]) -> str | None:
+    """The flag of ``flags`` that ``argparse`` reads ``arg`` as, or None.
+
+    ``--name`` or ``--name=value`` names a flag exactly, or by a prefix that
+    starts exactly one flag (argparse's ``allow_abbrev``, on in SGLang's
+    parser). A prefix of several flags is ambiguous and names none.
+    """
+    if not arg.startswith("--") or arg == "--":
+        return None
+    name = arg.split("=", 1)[0]
+    if name in flags:
+        return name
+    matches = [f for f in flags if f.startswith(name)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def given_flags(args: Sequence[str], flags: Collection[str]) -> set[str]:
+    """The flags of ``flags`` that ``args`` sets, abbreviations resolved."""
+    given = set()
+    for arg in args:
+        if arg == "--":
+            break  # argparse reads everything after a bare '--' as positional
+        flag = resolve_flag(arg, flags)
+        if flag is not None:
+            given.add(flag)
+    return given
+
+
+def server_command(
+    launch_args: Sequence[str], python: str = sys.executable, flags: Collection[str] | None = None
+) -> list[str]:
+    """The ``launch_server`` command with the deterministic flags added if missing.
+
+    Args:
+        launch_args: SGLang's arguments, without the leading ``--``.
+        python: the interpreter to run SGLang with.
+        flags: SGLang's option strings, against which abbreviated flags are
+            resolved; None asks SGLang (:func:`sglang_flags`).
+    """
     args = list(launch_args)
-    if not _has_flag(args, DETERMINISTIC):
+    given = given_flags(args, sglang_flags() if flags is None else flags)
+    if DETERMINISTIC not in given:
         args.append(DETERMINISTIC)
-    if _has_flag(args, "--speculative-algorithm") and not _has_flag(args, REJECTION):
+    if ALGORITHM in given and REJECTION not in given:
         args.append(REJECTION)
     return [python, "-m", "sglang.launch_server", *args]
 
@@ -60,8 +120,7 @@ def _run(args) -> int:
     if launch and launch[0] == "--":
         launch = launch[1:]
     if not launch:
-        print("detspec serve: give SGLang's launch_server arguments after '--', e.g. "
-              "detspec serve -- --model-path M --speculative-algorithm EAGLE ...", file=sys.stderr)
+        print(f"detspec serve: give SGLang's launch_server arguments after '--', e.g. {EXAMPLE}", file=sys.stderr)
         return 2
     if not plugin_installed():
         print("detspec serve: the 'detspec' entry point of group sglang.srt.plugins is not installed; "
@@ -80,10 +139,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="launch SGLang's server with sglang-detspec on",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        epilog=f"example: {EXAMPLE}",
     )
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.add_argument("launch_args", nargs=argparse.REMAINDER,
                    help="'--' then the arguments of python -m sglang.launch_server")
-    p.set_defaults(handler=_run)
+    # Without '--', argparse reads SGLang's flags as unknown flags of serve; cli.main adds this hint.
+    p.set_defaults(handler=_run, unrecognized_hint=USAGE_HINT)

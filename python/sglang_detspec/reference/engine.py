@@ -116,16 +116,27 @@ class ReferenceEngine:
             One :class:`RequestResult` per request, in the same order.
 
         Raises:
-            ValueError: a request that is not a :class:`Request`, or a prompt
-                token id outside [0, V).
+            ValueError: a request that is not a :class:`Request`, a prompt
+                token id outside [0, V), or a request whose prompt length +
+                ``max_new_tokens`` + K exceeds ``models.max_positions``.
         """
         vocab = self.models.vocab_size
+        limit = self.models.max_positions
+        k = self.num_draft_tokens
         for i, req in enumerate(requests):
             if not isinstance(req, Request):
                 raise ValueError(f"requests[{i}] must be a Request, got {type(req).__name__}")
             bad = [t for t in req.prompt_ids if t >= vocab]
             if bad:
                 raise ValueError(f"requests[{i}] has prompt token id {bad[0]} outside the vocabulary [0, {vocab})")
+            # The last round's target forward sees prompt + output + K drafts, and
+            # transformers runs past max_position_embeddings without a word.
+            need = len(req.prompt_ids) + req.max_new_tokens + k
+            if need > limit:
+                raise ValueError(
+                    f"requests[{i}]: prompt ({len(req.prompt_ids)}) + max_new_tokens ({req.max_new_tokens}) "
+                    f"+ num_draft_tokens ({k}) = {need} exceeds the models' {limit} positions"
+                )
         rows = [_Row(req) for req in requests]
         with torch.inference_mode(), _one_intra_op_thread(), self.sampler.session():
             while True:
@@ -140,7 +151,7 @@ class ReferenceEngine:
         seqs = [row.sequence for row in rows]
         temps = [row.request.temperature for row in rows]
         seeds = [row.request.sampling_seed for row in rows]
-        # Keys use absolute positions in prompt + output (DESIGN §1), never row indices,
+        # Keys use absolute positions in prompt + output (docs/design.md §1), never row indices,
         # so a row draws the same uniforms wherever it sits in the batch.
         starts = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
         drafts: list[list[int]] = [[] for _ in rows]

@@ -73,6 +73,11 @@ class ModelPair:
     def vocab_size(self) -> int:
         return self.spec.vocab_size
 
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence both models take: the smaller ``max_position_embeddings``."""
+        return min(self.target.config.max_position_embeddings, self.draft.config.max_position_embeddings)
+
 
 def _weight_std(name: str, param: torch.Tensor, spec: TinyLlamaSpec) -> float | None:
     # None marks RMSNorm gains, which start at exactly 1 as in a fresh Llama.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-U64 = 1 << 64
+from ..ops.streams import U64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Request:
             tokens), >= 1.
         temperature: 0 for greedy (argmax), else > 0 and finite.
         sampling_seed: the request's seed in [0, 2**64); it keys every random
-            draw of the request (DESIGN §1), so it alone, with the prompt,
+            draw of the request (docs/design.md §1), so it alone, with the prompt,
             fixes the output.
 
     Raises:

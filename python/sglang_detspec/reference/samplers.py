@@ -5,9 +5,10 @@ drawing the j-th draft token of every row, and verifying every row's chain
 (speculative sampling: Leviathan, Kalman and Matias, ICML 2023; Chen et al.
 2023). :class:`KeyedSampler` does both with the hash-keyed ops, so each row's
 draws depend only on its own seed and positions. :class:`GlobalRngSampler`
-does the same maths with draws from torch's global RNG, consumed row after row
-over the batch, so a row's draws depend on which rows come before it and how
-many there are: the batch-dependent behaviour the audit contrasts against.
+runs the very same ops but keys them with seeds drawn from torch's global RNG,
+consumed row after row over the batch, so a row's draws depend on which rows
+come before it and how many there are: the batch-dependent behaviour the
+audit contrasts against. The two differ in the source of randomness only.
 """
 
 from __future__ import annotations
@@ -78,24 +79,28 @@ class KeyedSampler:
         return verify_chain(draft_tokens, draft_probs, target_probs, list(seeds), positions, kernel=self.kernel)
 
 
-class GlobalRngSampler:
-    """Control sampler: the same speculative sampling, drawn from torch's global RNG.
+class GlobalRngSampler(KeyedSampler):
+    """Control sampler: :class:`KeyedSampler` keyed by torch's global RNG instead of the rows' seeds.
 
-    Draft proposals are ``torch.multinomial`` over the batch, accept coins one
-    ``torch.rand`` [B, K] float64 tensor, residual and bonus tokens one more
-    ``torch.multinomial``. The global RNG is seeded with ``seed`` at the start
-    of every ``generate`` call (so a batch rerun exactly repeats), and the
-    caller's RNG state is restored afterwards. The seeds and positions of the
-    rows are ignored, which is the point: which uniforms a row receives
-    depends on its row index and on the batch size.
+    Every ``draft`` and ``verify`` call ignores the rows' ``sampling_seed``
+    and keys row i with the i-th of B fresh 64-bit seeds drawn from torch's
+    global (CPU) RNG, so which uniforms a row receives depends on its row
+    index, on the batch size and on every earlier call. The global RNG is
+    seeded with ``seed`` at the start of every ``generate`` call (so a batch
+    rerun exactly repeats), and the caller's RNG state is restored afterwards.
+    Positions, streams and the speculative sampling itself are the keyed
+    sampler's, so the control differs from it in the source of randomness
+    alone.
 
     Args:
         seed: global RNG seed for each ``generate`` call.
+        kernel: passed to the ops, as for :class:`KeyedSampler`.
     """
 
     name = "control"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, kernel: str | None = None) -> None:
+        super().__init__(kernel)
         self.seed = seed
 
     @contextlib.contextmanager
@@ -104,26 +109,17 @@ class GlobalRngSampler:
             torch.manual_seed(self.seed)
             yield
 
+    @staticmethod
+    def global_rng_seeds(batch: int) -> list[int]:
+        """``batch`` seeds in [0, 2**64) from torch's global CPU RNG, row after row."""
+        # Two 32-bit halves per row: torch.randint's exclusive int64 bound cannot cover all 2**64 values.
+        halves = torch.randint(0, 1 << 32, (batch, 2), dtype=torch.int64).tolist()
+        return [(hi << 32) | lo for lo, hi in halves]
+
     def draft(self, probs, seeds, positions, draft_step):
-        """``torch.multinomial(probs, 1)``: int64 [B]."""
-        return torch.multinomial(probs, 1)[:, 0]
+        """:meth:`KeyedSampler.draft` with :meth:`global_rng_seeds` in place of ``seeds``: int64 [B]."""
+        return super().draft(probs, self.global_rng_seeds(len(seeds)), positions, draft_step)
 
     def verify(self, draft_tokens, draft_probs, target_probs, seeds, positions):
-        """Chain verify with global-RNG coins and draws: tokens int64 [B, K+1] (-1 padded), accepted int64 [B]."""
-        b, k = draft_tokens.shape
-        rows = torch.arange(b)
-        coins = torch.rand(b, k, dtype=torch.float64)
-        qx = draft_probs.gather(2, draft_tokens.unsqueeze(2)).squeeze(2).to(torch.float64)
-        px = target_probs[:, :k].gather(2, draft_tokens.unsqueeze(2)).squeeze(2).to(torch.float64)
-        accepted = (coins * qx < px).to(torch.int64).cumprod(dim=1).sum(dim=1)
-        rejected = accepted < k
-        p_next = target_probs[rows, accepted]
-        q_next = draft_probs[rows, accepted.clamp(max=k - 1)]
-        residual = torch.clamp_min(p_next - q_next, 0)
-        use_residual = rejected & (residual.amax(dim=1) > 0)
-        final = torch.multinomial(torch.where(use_residual.unsqueeze(1), residual, p_next), 1)[:, 0]
-        tokens = torch.full((b, k + 1), -1, dtype=torch.int64)
-        keep = torch.arange(k).unsqueeze(0) < accepted.unsqueeze(1)
-        tokens[:, :k] = torch.where(keep, draft_tokens, -1)
-        tokens[rows, accepted] = final
-        return tokens, accepted
+        """:meth:`KeyedSampler.verify` with :meth:`global_rng_seeds` in place of ``seeds``."""
+        return super().verify(draft_tokens, draft_probs, target_probs, self.global_rng_seeds(len(seeds)), positions)

@@ -1,16 +1,18 @@
-from sglang.test.ci.ci_register import register_cpu_ci
-
-register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
-
-# The audit schedule, its verdict, and the `detspec audit` command end to end.
+"""The audit schedule, its verdict, and the `detspec audit` command end to end."""
 
 import json
+import subprocess
+import sys
 
 import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.audit import build_plan, group_sizes, judge, run_plan
-from sglang_detspec.cli.main import main
+from sglang_detspec import audit
+from sglang_detspec.audit import DEFAULT_TRIALS, build_plan, group_sizes, judge, run_plan
+from sglang_detspec.cli.main import build_parser, main
 from sglang_detspec.reference import ReferenceEngine, build_model_pair
+
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
 VOCAB = 384
 
@@ -60,6 +62,12 @@ def test_plan_has_exactly_the_requested_trials(n):
     assert all(t.num_requests <= 4 for t in plan.trials)
 
 
+def test_plan_and_cli_share_the_default_trial_count():
+    assert DEFAULT_TRIALS == 25
+    assert len(build_plan(vocab_size=VOCAB).trials) == DEFAULT_TRIALS
+    assert build_parser().parse_args(["audit"]).trials == DEFAULT_TRIALS
+
+
 def test_group_sizes_span_two_to_max():
     assert group_sizes(1, 32) == [32]
     sizes = group_sizes(8, 32)
@@ -99,6 +107,13 @@ def test_verdict_passes_seeded_and_fails_control(models):
     assert any("control also gave 1" in n for n in judge(seeded, seeded).notes)
 
 
+def test_verdict_needs_two_trials(models):
+    one = run_plan(ReferenceEngine(models, 2), build_plan(1, max_new_tokens=2, vocab_size=VOCAB, max_batch=2))
+    assert one.unique_probe_outputs == 1
+    with pytest.raises(ValueError, match="needs the probe in at least 2 trials, the seeded run has 1"):
+        judge(one)
+
+
 def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
     out = tmp_path / "audit.json"
     argv = ["audit", "--trials", "7", "--max-new-tokens", "6", "--max-batch-size", "6", "-k", "2", "--seed", "5"]
@@ -134,11 +149,14 @@ def test_cli_audit_without_control(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--trials", "0"], "argument --trials: must be >= 1, got 0"),
+        (["--trials", "0"], "argument --trials: must be >= 2, got 0"),
+        (["--trials", "1"], "argument --trials: must be >= 2, got 1: one trial cannot show"),
         (["--trials", "many"], "argument --trials: expected an integer, got 'many'"),
         (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1"),
         (["--num-draft-tokens", "0"], "argument --num-draft-tokens/-k: must be >= 1"),
-        (["--max-batch-size", "1"], "argument --max-batch-size: must be >= 2"),
+        (["--max-batch-size", "1"], "argument --max-batch-size: must be in [2, 1024], got 1"),
+        (["--max-batch-size", "1025"], "argument --max-batch-size: must be in [2, 1024], got 1025"),
+        (["--max-batch-size", "100000"], "argument --max-batch-size: must be in [2, 1024], got 100000"),
         (["--seed", "-1"], "argument --seed: must be in [0, 2**64), got -1"),
         (["--seed", str(2**64)], "argument --seed: must be in [0, 2**64)"),
         (["--json", "/nonexistent-dir/x.json"], "directory '/nonexistent-dir' does not exist"),
@@ -152,6 +170,55 @@ def test_cli_rejects_bad_arguments(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_cli_accepts_the_bounds_themselves():
+    args = build_parser().parse_args(["audit", "--trials", "2", "--max-batch-size", "1024", "--seed", str(2**64 - 1)])
+    assert (args.trials, args.max_batch_size, args.seed) == (2, 1024, 2**64 - 1)
+
+
+@pytest.mark.parametrize(
+    "args, got",
+    [
+        (["--max-new-tokens", "5000"], "5000 + 3"),
+        (["-k", "5000"], "16 + 5000"),
+        (["--max-new-tokens", "4070"], "4070 + 3"),
+    ],
+)
+def test_cli_keeps_in_process_runs_within_the_models_positions(args, got, capsys):
+    assert main(["audit", *args]) == 2
+    assert (
+        "detspec audit: error: --max-new-tokens + --num-draft-tokens must be at most 4072 with the in-process "
+        f"engine (with the longest prompt, 24 tokens, they must fit the reference models' 4096 positions), got {got}"
+    ) in capsys.readouterr().err
+
+
+def test_cli_position_bound_admits_an_exact_fit(monkeypatch):
+    # 24 (longest prompt) + 4069 + 3 = 4096 positions: past the check, the plan is built.
+    class PlanBuilt(Exception):
+        pass
+
+    def build_plan_stub(*args, **kwargs):
+        raise PlanBuilt
+
+    monkeypatch.setattr(audit, "build_plan", build_plan_stub)
+    with pytest.raises(PlanBuilt):
+        main(["audit", "--max-new-tokens", "4069"])
+
+
+def test_cli_help_imports_neither_torch_nor_transformers():
+    code = (
+        "import sys\n"
+        "from sglang_detspec.cli.main import main\n"
+        "for argv in (['--help'], ['audit', '--help'], ['serve', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('heavy:', sorted(m for m in ('torch', 'transformers', 'sglang') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "--max-batch-size" in out and out.splitlines()[-1] == "heavy: []"
+
+
 def test_cli_rejects_directory_as_json_path(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["audit", "--json", str(tmp_path)])
@@ -163,7 +230,10 @@ def test_cli_lists_audit_and_needs_a_command(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
-    assert "audit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # The description names exactly the subcommands that exist.
+    assert "Deterministic speculative decoding for SGLang: audit and serve." in out
+    assert "benchmark" not in out
     assert main([]) == 2
     assert "usage: detspec" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:

@@ -1,10 +1,7 @@
-from sglang.test.ci.ci_register import register_cpu_ci
-
-register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
-
-# `detspec audit --url`: the /generate payload against SGLang 0.5.23's own
-# request parser, responses built by SGLang's own meta_info code, and the HTTP
-# client end to end against a local stand-in server.
+"""`detspec audit --url`: the /generate payload against SGLang 0.5.23's own
+request parser, responses built by SGLang's own meta_info code, and the HTTP
+client end to end against a local stand-in server.
+"""
 
 import argparse
 import json
@@ -27,6 +24,7 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
 from sglang.srt.utils.json_response import dumps_json
+from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.audit import build_plan, judge, run_plan
 from sglang_detspec.cli.main import main
@@ -42,9 +40,11 @@ from sglang_detspec.http_backend import (
     parse_response,
     sglang_seed,
 )
+from sglang_detspec.ops.streams import U64
 from sglang_detspec.reference import ReferenceEngine, Request, build_model_pair
 
-U64 = 1 << 64
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+
 K = 3  # reference draft tokens per round = SGLang --speculative-num-draft-tokens K + 1
 VOCAB = 384
 # What FastAPI does with the body of `generate_request(obj: GenerateReqInput, ...)`
@@ -572,6 +572,15 @@ def test_unreachable_server_exits_2(capsys):
     assert main([*AUDIT, "--url", url]) == 2
     err = capsys.readouterr().err
     assert f"detspec audit: error: cannot reach the SGLang server at {url}" in err
+
+
+def test_in_process_position_bound_does_not_apply_to_a_server(capsys):
+    # The served model's context length is the server's to enforce: the audit
+    # gets as far as asking it.
+    url = _closed_port_url()
+    assert main([*AUDIT, "--url", url, "--max-new-tokens", "5000"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the SGLang server" in err and "must be at most" not in err
 
 
 def test_server_refusal_prints_sglangs_message(spec_server_context, models, capsys):

@@ -1,21 +1,21 @@
-from sglang.test.ci.ci_register import register_cpu_ci
-
-register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
-
-# Reference engine: batch invariance, the ops wiring, and the global-RNG control.
+"""Reference engine: batch invariance, the ops wiring, and the global-RNG control."""
 
 import pytest
 import torch
+from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.audit import build_plan
 from sglang_detspec.ops import Stream, exponential_race, verify_chain
 from sglang_detspec.reference import (
+    GlobalRngSampler,
     KeyedSampler,
     ReferenceEngine,
     Request,
     build_model_pair,
     next_token_probs,
 )
+
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
 K = 3
 
@@ -96,6 +96,54 @@ def test_control_depends_on_the_batch(models, plan):
     assert control.generate(batch) == control.generate(batch)
 
 
+def random_round(b, k, v, seed):
+    """Draft tokens, draft probs [B, K, V] and target probs [B, K+1, V] of one verify round."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.softmax(2 * torch.randn(b, k, v, generator=gen), dim=-1)
+    p = torch.softmax(2 * torch.randn(b, k + 1, v, generator=gen), dim=-1)
+    x = torch.multinomial(q.reshape(-1, v), 1, generator=gen).reshape(b, k)
+    return x, q, p
+
+
+def test_control_is_the_keyed_sampler_keyed_by_the_global_rng():
+    b, v = 6, 40
+    x, q, p = random_round(b, K, v, seed=0)
+    positions = torch.arange(b, dtype=torch.int64) * 5 + 3
+    row_seeds = [11, 12, 13, 14, 15, 16]
+    control = GlobalRngSampler(seed=4)
+    with control.session():
+        drafted = control.draft(q[:, 1], row_seeds, positions + 1, 1)
+        verified = control.verify(x, q, p, row_seeds, positions)
+    # The same keyed ops, keyed by seeds drawn from torch's global RNG in the
+    # same order: the control differs from the seeded sampler in nothing else.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        draft_keys = GlobalRngSampler.global_rng_seeds(b)
+        verify_keys = GlobalRngSampler.global_rng_seeds(b)
+    keyed = KeyedSampler()
+    assert torch.equal(drafted, keyed.draft(q[:, 1], draft_keys, positions + 1, 1))
+    want_tokens, want_accepted = keyed.verify(x, q, p, verify_keys, positions)
+    assert torch.equal(verified[0], want_tokens) and torch.equal(verified[1], want_accepted)
+    # ... and it does ignore the rows' own seeds.
+    own_tokens, _ = keyed.verify(x, q, p, row_seeds, positions)
+    assert not torch.equal(verified[0], own_tokens)
+
+
+def test_global_rng_seeds_come_from_the_global_rng_and_span_uint64():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        a = GlobalRngSampler.global_rng_seeds(256)
+        torch.manual_seed(1)
+        again = GlobalRngSampler.global_rng_seeds(256)
+        torch.manual_seed(2)
+        other = GlobalRngSampler.global_rng_seeds(256)
+    assert a == again and a != other
+    assert all(0 <= s < 2**64 for s in a) and len(set(a)) == 256
+    # Both 32-bit halves are drawn: the high one reaches the top bit, the low one varies.
+    assert any(s >= 2**63 for s in a) and any(s < 2**63 for s in a)
+    assert len({s & 0xFFFFFFFF for s in a}) == 256
+
+
 def test_generate_leaves_global_rng_alone(models, engine):
     reqs = [Request((1, 2, 3), 5, 1.0, 11), Request((4,), 5, 0.7, 12)]
     for eng in (engine, ReferenceEngine.control(models, K, seed=3)):
@@ -105,7 +153,7 @@ def test_generate_leaves_global_rng_alone(models, engine):
 
 
 def replay_alone(models, req, k):
-    """Spec (DESIGN §2-4) for one request, written out with batch-of-one op calls."""
+    """Spec (docs/design.md §2-4) for one request, written out with batch-of-one op calls."""
     seq = list(req.prompt_ids)
     out, lengths = [], []
     while len(out) < req.max_new_tokens:
@@ -216,6 +264,24 @@ def test_empty_batch(engine):
 def test_bad_requests_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Request(**kwargs)
+
+
+def test_engine_refuses_requests_past_the_models_positions():
+    small = build_model_pair()
+    for model in (small.target, small.draft):
+        model.config.max_position_embeddings = 16
+    assert small.max_positions == 16
+    eng = ReferenceEngine(small, K)
+    # prompt 4 + max_new_tokens 9 + K 3 = 16 positions: fits exactly.
+    (res,) = eng.generate([Request((1, 2, 3, 4), 9, 1.0, 0)])
+    assert len(res.output_ids) == 9
+    message = r"requests\[1\]: prompt \(4\) \+ max_new_tokens \(10\) \+ num_draft_tokens \(3\) = 17 exceeds"
+    with pytest.raises(ValueError, match=message + " the models' 16 positions"):
+        eng.generate([Request((1,), 2, 1.0, 0), Request((1, 2, 3, 4), 10, 1.0, 0)])
+
+
+def test_default_models_take_4096_positions(models):
+    assert models.max_positions == models.target.config.max_position_embeddings == 4096
 
 
 def test_engine_rejects_bad_input(models, engine):
