@@ -31,3 +31,10 @@ test-gpu:
 # Draft sampler / verifier benchmark on a CUDA GPU: writes docs/benchmarks/draft_sampling.{md,json,png}.
 bench:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmark/bench_draft_sampling.py
+
+.PHONY: test-e2e
+
+# End-to-end suites against real SGLang servers (test/registered/e2e): needs a CUDA GPU and
+# SGLang's `sglang` command; skipped, with the reason, elsewhere. Results: $DETSPEC_E2E_OUT.
+test-e2e: setup
+	$(BIN)/python -m pytest test/registered/e2e -v

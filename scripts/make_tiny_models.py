@@ -13,6 +13,11 @@ No download: every weight comes from a fixed-seed generator. Written folders:
   high-acceptance pair, so accept coins, residual draws and bonus tokens are
   all exercised.
 - ``eagle_random/``: the same draft with random weights (accept length near 1).
+- ``mtp/``: a ``Step3p5ForCausalLM`` target with two MTP layers in the same
+  checkpoint, for ``--enable-multi-layer-eagle`` (see :func:`write_mtp` for
+  why this architecture). Nearly the same bigram as ``target/`` (same
+  embedding and lm_head, near-identity layers) and MTP layers that copy it,
+  so it is a high-acceptance pair too. About 68 MB.
 
 Usage: python scripts/make_tiny_models.py OUT_DIR
 """
@@ -28,6 +33,12 @@ from safetensors.torch import save_file
 
 VOCAB, HIDDEN, INTER, HEADS, LAYERS = 4096, 256, 512, 4, 2
 LOGIT_STD = 3.0  # spread of the bigram logits: sampled, not near-greedy
+# SGLang 0.5.23 builds every Step3p5 MTP block as decoder layer 45 (a literal in
+# models/step3p5_mtp.py, Step-3.5-Flash's depth) and runs its attention as KV
+# layer 45 - num_hidden_layers of the draft's one-layer KV pool, so the trunk
+# must have exactly 45 layers for that index to be 0.
+MTP_TRUNK_LAYERS = 45
+MTP_LAYERS = 2  # --speculative-num-steps 2: one MTP layer per draft step
 
 
 def llama_config(architecture: str, layers: int) -> dict:
@@ -72,6 +83,122 @@ def layer_weights(prefix: str, gen: torch.Generator, out_scale: float, with_inpu
     return w
 
 
+def step3p5_config() -> dict:
+    """``config.json`` of the tiny Step3p5 target with ``MTP_LAYERS`` MTP layers.
+
+    Fields are read by SGLang's ``Step3p5Config`` (``configs/step3p5.py``) and
+    ``models/step3p5.py``; per-layer lists cover the trunk and the MTP layers
+    (indices 45 and up), as in the released Step-3.5-Flash config.
+    """
+    total = MTP_TRUNK_LAYERS + MTP_LAYERS
+    return {
+        "architectures": ["Step3p5ForCausalLM"],
+        "model_type": "step3p5",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_attention_heads": HEADS,
+        "num_attention_groups": HEADS,  # KV heads
+        "head_dim": HIDDEN // HEADS,
+        "num_hidden_layers": MTP_TRUNK_LAYERS,
+        "num_nextn_predict_layers": MTP_LAYERS,
+        "vocab_size": VOCAB,
+        "max_seq_len": 4096,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        # Full attention everywhere: no sliding-window layer, so no
+        # attention_other_setting and nothing for the hybrid SWA pool to evict.
+        "layer_types": ["full_attention"] * total,
+        "sliding_window": None,
+        "rope_theta": [10000.0] * total,
+        "rope_scaling": None,
+        "yarn_only_types": [],
+        "partial_rotary_factors": [1.0] * total,
+        "use_head_wise_attn_gate": False,
+        "swiglu_limits_shared": [0] * total,  # 0: no SwiGLU clamp
+        # Dense MLP in every layer. SGLang parses this as a comma-separated list
+        # of MoE layer ids and an empty string does not parse, so it names a
+        # layer id that does not exist.
+        "moe_layers_enum": "999",
+        "moe_num_experts": 2,
+        "moe_top_k": 1,
+        "moe_intermediate_size": INTER,
+        "share_expert_dims": INTER,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+def step3p5_layer_weights(prefix: str, gen: torch.Generator, out_scale: float) -> dict:
+    """One Step3p5 decoder layer (dense MLP) under checkpoint names; norms are zero-centered (Gemma) RMSNorms."""
+    head_dim = HIDDEN // HEADS
+    w = layer_weights(prefix, gen, out_scale=out_scale, with_input_norm=True)
+    # GemmaRMSNorm scales by (1 + weight): zeros are the identity scale.
+    w[f"{prefix}.input_layernorm.weight"] = torch.zeros(HIDDEN)
+    w[f"{prefix}.post_attention_layernorm.weight"] = torch.zeros(HIDDEN)
+    w[f"{prefix}.self_attn.q_norm.weight"] = torch.zeros(head_dim)
+    w[f"{prefix}.self_attn.k_norm.weight"] = torch.zeros(head_dim)
+    return w
+
+
+def write_mtp(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    """``mtp/``: tiny ``Step3p5ForCausalLM`` whose checkpoint carries 2 MTP layers.
+
+    Why Step3p5: SGLang 0.5.23's multi-layer EAGLE worker
+    (``speculative/multi_layer_eagle_worker_v2.py``) builds one draft model per
+    step and passes ``draft_model_idx`` to the draft class's constructor
+    (``model_loader/loader.py``, ``_initialize_model``). Of the registered
+    classes only four take it: ``Step3p5MTP``, ``MiMoV2MTP``,
+    ``GigaChat35ForCausalLMNextN`` and ``InklingForConditionalGenerationMTP``;
+    the EAGLE drafts (``LlamaForCausalLMEagle``...) and ``MiMoMTP`` do not, so
+    ``--enable-multi-layer-eagle`` cannot load them. GigaChat 3.5 is MLA plus
+    gated-delta-net linear attention plus MoE, Inkling a multimodal hybrid with
+    short-convolution state, and MiMo-V2 has no config class in SGLang (its
+    config needs the model's remote code) and a sliding-window, attention-sink
+    MTP layer. Step3p5 has a config class in SGLang, a dense MLP wherever
+    ``moe_layers_enum`` says so, full attention wherever ``layer_types`` says
+    so, plain q/k/v/o and gate/up/down weight names, and its draft class loads
+    MTP layer ``num_hidden_layers + draft_model_idx`` of the target's own
+    checkpoint. Its one constraint is the depth: see ``MTP_TRUNK_LAYERS``.
+
+    The draft is the target checkpoint itself: pass the same folder as
+    ``--model-path`` and ``--speculative-draft-model-path`` (SGLang rewrites a
+    draft ``Step3p5ForCausalLM`` to ``Step3p5MTP``, ``configs/model_config.py``;
+    it does not default the draft path to the target for this architecture).
+    SGLang counts Step3p5 as a hybrid sliding-window model whatever its layer
+    types, so serve it with ``--disable-hybrid-swa-memory``: every layer here
+    is full attention and the ordinary KV pool fits it.
+
+    Weights: trunk layers ``model.layers.0..44`` (near-identity, as in
+    ``target/``), final ``model.norm``, ``lm_head``; MTP layer ``k`` under
+    ``model.layers.{45 + k}.``: ``enorm``, ``hnorm``, ``eh_proj`` [H, 2H],
+    ``shared_head.norm``, ``shared_head.head`` (its own lm_head: Step3p5MTP
+    does not share the target's) and the decoder block (``self_attn.*``,
+    ``mlp.*``, norms). ``eh_proj = [I | 0]`` keeps the normalised embedding of
+    the token read and drops the hidden state; zero ``o_proj``/``down_proj``
+    make the block the identity, so each MTP layer predicts the bigram of its
+    input token, as the target nearly does.
+    """
+    target = {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": torch.zeros(HIDDEN),
+        "lm_head.weight": lm_head,
+    }
+    for i in range(MTP_TRUNK_LAYERS):
+        target.update(step3p5_layer_weights(f"model.layers.{i}", gen, out_scale=1e-3))
+    for k in range(MTP_LAYERS):
+        prefix = f"model.layers.{MTP_TRUNK_LAYERS + k}"
+        target.update(step3p5_layer_weights(prefix, gen, out_scale=0.0))
+        # Step3p5MTP concatenates (enorm(embedding), hnorm(hidden)) before eh_proj.
+        target[f"{prefix}.eh_proj.weight"] = torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], dim=1)
+        target[f"{prefix}.enorm.weight"] = torch.zeros(HIDDEN)
+        target[f"{prefix}.hnorm.weight"] = torch.zeros(HIDDEN)
+        target[f"{prefix}.shared_head.norm.weight"] = torch.zeros(HIDDEN)
+        target[f"{prefix}.shared_head.head.weight"] = lm_head
+    write(os.path.join(out_dir, "mtp"), step3p5_config(), target)
+
+
 def write(folder: str, config: dict, weights: dict) -> None:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
@@ -103,7 +230,10 @@ def main(out_dir: str) -> None:
     noisy["fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=gen) * (2 * HIDDEN) ** -0.5
     noisy["fc.bias"] = torch.zeros(HIDDEN)
     write(os.path.join(out_dir, "eagle_random"), llama_config("LlamaForCausalLMEagle", 1), noisy)
-    print(f"wrote target/, eagle/, eagle_random/ under {out_dir}")
+
+    # Drawn after the folders above, so adding it changed none of their weights.
+    write_mtp(out_dir, gen, embed, target["lm_head.weight"])
+    print(f"wrote target/, eagle/, eagle_random/, mtp/ under {out_dir}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,11 @@ from sglang.test.ci.ci_register import HWBackend, collect_tests, register_cpu_ci
 register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUITES = {"unit": (HWBackend.CPU, "detspec-unit-cpu"), "cuda": (HWBackend.CUDA, "detspec-kernels-cuda")}
+SUITES = {
+    "unit": (HWBackend.CPU, "detspec-unit-cpu"),
+    "cuda": (HWBackend.CUDA, "detspec-kernels-cuda"),
+    "e2e": (HWBackend.CUDA, "detspec-e2e-cuda"),
+}
 
 
 @pytest.mark.parametrize("folder", sorted(SUITES))

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On the H200 after the wheel install (README.md here): runs end-to-end suite files of
+# test/registered/e2e against real SGLang servers. One file per remote command: each fits the
+# 600 s limit on its own (times below), the whole suite does not.
+#
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle.py   # about 7 min
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle_control.py   # about 3 min
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_multi_layer_eagle.py   # about 7 min
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_multi_layer_eagle_control.py   # about 3 min
+#
+# Extra arguments go to pytest (e.g. -k "not concurrent" skips the 256-request load).
+# Results land in $OUT (default /tmp/detspec-out): one JSON per check, server log excerpts,
+# the pytest log per file.
+# Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. /tmp/e2e/remote/env.sh
+out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
+[ $# -gt 0 ] || { echo "usage: $0 TEST_FILE [pytest args]" >&2; exit 2; }
+
+# SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
+# working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
+python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
+export PATH=/tmp/site/bin:$PATH
+
+# popen_launch_server runs the `sglang` console script. The wheels were unpacked with zipfile,
+# which writes no console scripts, and pip --upgrade --target just replaced /tmp/site/bin with
+# this package's scripts: write SGLang's own entry point (sglang.cli.main:main) as the command.
+cat > /tmp/site/bin/sglang <<'PY'
+#!/usr/bin/env python3
+import sys
+
+from sglang.cli.main import main
+
+sys.exit(main())
+PY
+chmod +x /tmp/site/bin/sglang
+
+# A run that skips everything must not pass as a GPU run.
+python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "run_e2e_suite: no CUDA GPU visible to torch" >&2; exit 1; }
+
+# The tiny models are written once per machine and reused by the following commands.
+export DETSPEC_E2E_OUT=$out DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
+# A healthy start takes about 2 minutes. SGLang's helper retries a failed start once with
+# HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start that hangs costs twice this.
+export DETSPEC_E2E_LAUNCH_TIMEOUT=${DETSPEC_E2E_LAUNCH_TIMEOUT:-300}
+name=$(basename "${1%.py}")
+start=$(date +%s)
+# --show-capture=no: the server output is in $out/server_*.log, not repeated in failure reports.
+# The time limit leaves room, inside the command's 600 s, to stop a server pytest left running.
+timeout -k 5 "${DETSPEC_E2E_COMMAND_TIMEOUT:-560}" \
+  python3 -m pytest -v -p no:cacheprovider --show-capture=no "$@" > "$out/pytest_$name.log" 2>&1
+rc=$?
+for pid_file in "$out"/server_*.pid; do  # written by the suite while a server it started runs
+  [ -e "$pid_file" ] || continue
+  echo "stopping the server left by pytest: $(basename "$pid_file" .pid)"
+  python3 -c "import sys; from sglang.srt.utils import kill_process_tree; kill_process_tree(int(sys.argv[1]))" \
+    "$(cat "$pid_file")" || true
+  rm -f "$pid_file"
+done
+echo "pytest exit $rc after $(( $(date +%s) - start )) s; log: $out/pytest_$name.log"
+grep -E "^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)|(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +\[|^=+ .*(passed|failed|error)" \
+  "$out/pytest_$name.log" | tail -n 40
+exit $rc
