@@ -38,6 +38,8 @@ class DetSpecConfig:
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported:
             the plugin implements the classic chain verify).
+        rl_on_policy: SGLang's ``rl_on_policy_target`` is set (not supported: its
+            bf16 log-softmax sampling path bypasses the target-sampler hook).
         source: ``env`` before resolution; ``server_args`` or ``runtime_context``
             after the plugin resolved it from SGLang.
     """
@@ -52,6 +54,7 @@ class DetSpecConfig:
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
+    rl_on_policy: bool = False
     source: str = "env"
 
     @property
@@ -62,6 +65,8 @@ class DetSpecConfig:
             and self.deterministic
             and self.rejection_sampling
             and not self.block_verification
+            and not self.rl_on_policy
+            and self.eagle_topk in (None, 1)
             and self.algorithm in EAGLE_FAMILY
         )
 

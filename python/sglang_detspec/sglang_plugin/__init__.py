@@ -26,6 +26,7 @@ Hooks (each module's docstring names the SGLang symbol it replaces and why):
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from . import draft_hook, startup, target_sampler_hook, verify_hook
@@ -66,6 +67,10 @@ def register() -> None:
         for target, hook, kind in hook_table():
             if callable(_resolve(target)):
                 HookRegistry.register(target, hook, HookType[kind])
+            else:
+                logging.getLogger("sglang_detspec").info(
+                    "sglang-detspec: %s is not available on this platform; not hooked", target
+                )
         _registered = True
 
 

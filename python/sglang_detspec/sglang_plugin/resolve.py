@@ -8,6 +8,7 @@ context (``get_exec()`` / ``get_spec()``) the first time a hook needs it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Mapping
@@ -29,8 +30,9 @@ SPEC_FIELDS = {
     "rejection_sampling": "speculative_use_rejection_sampling",
     "multi_layer_eagle": "enable_multi_layer_eagle",
     "block_verification": "speculative_use_block_verification",
+    "rl_on_policy": "rl_on_policy_target",  # in the "exec.deterministic" namespace once published
 }
-_FLAGS = ("rejection_sampling", "multi_layer_eagle", "block_verification")
+_FLAGS = ("rejection_sampling", "multi_layer_eagle", "block_verification", "rl_on_policy")
 
 
 def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None = None) -> DetSpecConfig:
@@ -81,7 +83,9 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
         exec_bag, spec = get_exec(), get_spec()
     except ValueError as err:  # SGLang raises ValueError("... not published")
         raise LookupError(str(err)) from err
-    return bag_from(spec, exec_bag.deterministic.enable_deterministic_inference, "runtime_context", environ)
+    det = exec_bag.deterministic
+    bag = bag_from(spec, det.enable_deterministic_inference, "runtime_context", environ)
+    return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)))
 
 
 def announce(config: DetSpecConfig) -> None:

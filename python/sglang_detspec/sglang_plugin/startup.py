@@ -33,6 +33,11 @@ def startup_problems(bag: DetSpecConfig) -> list[str]:
             f"--speculative-eagle-topk {bag.eagle_topk} drafts a tree; sglang-detspec verifies chains only: "
             "set --speculative-eagle-topk 1"
         )
+    if bag.rl_on_policy:
+        problems.append(
+            "--rl-on-policy-target is not supported (its bf16 log-softmax sampling path makes a seeded "
+            "request's first token depend on its batch): drop the flag"
+        )
     if bag.block_verification:
         problems.append(
             "--speculative-use-block-verification is not supported (sglang-detspec implements the classic "

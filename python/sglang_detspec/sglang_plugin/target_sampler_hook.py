@@ -41,13 +41,15 @@ def id_ordered_filtered_probs(
     probs: torch.Tensor,  # [B, V] float, rows of a softmax
     top_ks: torch.Tensor,  # [B] int: keep the top_k most likely tokens
     top_ps: torch.Tensor,  # [B] float: keep the smallest prefix of mass >= top_p
+    min_ps: torch.Tensor | None = None,  # [B] float: drop tokens below min_p * max prob
 ) -> torch.Tensor:
-    """SGLang's top-k / top-p cut, in token-id order: float [B, V], not renormalised.
+    """SGLang's top-k / top-p / min-p cut, in token-id order: float [B, V], not renormalised.
 
     The cut follows SGLang's sorted rule (rank >= top_k, or the mass before a
-    token > top_p, is zeroed); the stable sort makes the cut among equal
-    probabilities depend on token ids only. Rows with ``top_k >= V`` and
-    ``top_p >= 1`` are returned bit for bit.
+    token > top_p, is zeroed; then, with ``min_ps``, entries below
+    ``min_p * max`` of what is left); the stable sort makes the cut among
+    equal probabilities depend on token ids only. Rows with ``top_k >= V``,
+    ``top_p >= 1`` and ``min_p == 0`` are returned bit for bit.
     """
     v = probs.shape[-1]
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True, stable=True)
@@ -55,28 +57,39 @@ def id_ordered_filtered_probs(
     ranks = torch.arange(v, device=probs.device).view(1, -1)
     cut = (ranks >= top_ks.view(-1, 1)) | (mass_before > top_ps.view(-1, 1))
     filtered = torch.empty_like(probs).scatter_(1, probs_idx, probs_sort.masked_fill(cut, 0.0))
-    neutral = ((top_ks >= v) & (top_ps >= 1.0)).view(-1, 1)
-    return torch.where(neutral, probs, filtered)
+    neutral = (top_ks >= v) & (top_ps >= 1.0)
+    if min_ps is not None:
+        threshold = filtered.amax(dim=-1, keepdim=True) * min_ps.view(-1, 1)
+        filtered = filtered.masked_fill(filtered < threshold, 0.0)
+        neutral = neutral & (min_ps <= 0)
+    return torch.where(neutral.view(-1, 1), probs, filtered)
 
 
 def seeded_top_k_top_p_sampling(
     original, probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions,
     *, return_filtered_probs: bool = False, max_top_k=None,
 ):
-    """AROUND hook for SGLang's torch top-k/top-p/min-p sampler: int32 [B] token ids.
+    """AROUND hook for SGLang's torch top-k/top-p/min-p sampler; same signature and returns.
 
-    Seeded rows draw by token id (see the module docstring). Unseeded calls,
-    min-p (which SGLang refuses with a seed anyway), the sampling-mask capture
-    and an inactive bag run SGLang's original.
+    Returns int32 [B] token ids, or with ``return_filtered_probs`` the tuple
+    ``(ids int32 [B], weights [B, V], token_ids int32 [B, V], selected_weight [B])``
+    with the weights in token-id order (``token_ids`` is then ``arange(V)``).
+    Seeded rows draw by token id (see the module docstring); min-p, which
+    SGLang's seeded path cannot do (it asserts), is applied per row. Unseeded
+    calls and an inactive bag run SGLang's original.
     """
-    if sampling_seed is None or need_min_p_sampling or return_filtered_probs or not active_config().active:
+    if sampling_seed is None or not active_config().active:
         return original(probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions,
                         return_filtered_probs=return_filtered_probs, max_top_k=max_top_k)
     from sglang.srt.layers import sampler
 
-    filtered = id_ordered_filtered_probs(probs, top_ks, top_ps)
+    filtered = id_ordered_filtered_probs(probs, top_ks, top_ps, min_ps if need_min_p_sampling else None)
     index = sampler.multinomial_with_seed(torch.log(filtered), sampling_seed, positions)
-    return index.view(-1).to(torch.int32)
+    ids = index.view(-1).to(torch.int32)
+    if not return_filtered_probs:
+        return ids
+    token_ids = torch.arange(probs.shape[-1], device=probs.device, dtype=torch.int32).expand_as(filtered)
+    return ids, filtered, token_ids, filtered.gather(1, index).view(-1)
 
 
 def _keep_neutral_rows(probs, renormed, neutral):

@@ -224,6 +224,8 @@ def test_bag_from_published_runtime_context(loaded, model_dir):
     (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
      f"--speculative-num-draft-tokens 4 --speculative-use-block-verification {DET}",
      "--speculative-use-block-verification is not supported"),
+    (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+     f"--speculative-num-draft-tokens 4 --rl-on-policy-target fsdp {DET}", "--rl-on-policy-target is not supported"),
 ])
 def test_startup_refuses_what_it_cannot_make_deterministic(loaded, model_dir, flags, match):
     with pytest.raises(ValueError, match="sglang-detspec cannot make this run deterministic") as err:
@@ -241,11 +243,14 @@ def test_disable_setting_lets_sglang_decide(loaded, model_dir, monkeypatch):
 
 
 def test_startup_problems_only_for_our_runs():
-    bad = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True)
+    bad = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True, rl_on_policy=True)
     assert startup.startup_problems(DetSpecConfig(deterministic=False, rejection_sampling=True, **bad)) == []
     assert startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=False, **bad)) == []
-    assert len(startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=True, **bad))) == 3
+    assert len(startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=True, **bad))) == 4
     assert startup.startup_problems(ACTIVE) == []
+    # The bag itself refuses to be active for what start-up would refuse.
+    for field, value in bad.items():
+        assert not dataclasses.replace(ACTIVE, **{field: value}).active, field
 
 
 # -- SGLang's own entry points, on CPU tensors ---------------------------------------
@@ -403,6 +408,14 @@ def test_target_filter_matches_sglang_cut_in_token_id_order(loaded):
     for r in (3, 5):
         assert torch.equal(ours[r], probs[r])
     assert int((ours[0] > 0).sum()) == 1 and int(ours[0].argmax()) == int(probs[0].argmax())
+    # min-p after the top-k/top-p cut, as SGLang's unseeded path applies it.
+    min_ps = torch.tensor([0.0, 0.3, 0.0, 0.0, 0.05, 0.0])
+    _, probs_sort, probs_idx, _ = original(probs, top_ks, top_ps, min_ps, True, None,
+                                           torch.zeros(b, dtype=torch.int64), return_filtered_probs=True)
+    sglang_cut = torch.zeros_like(probs).scatter_(1, probs_idx.long(), probs_sort)
+    ours = id_ordered_filtered_probs(probs, top_ks, top_ps, min_ps)
+    assert torch.equal(ours, sglang_cut)
+    assert torch.equal(ours[3], probs[3]) and not torch.equal(ours[1], probs[1])
 
 
 def test_renorm_hooks_keep_rows_that_ask_for_no_truncation(loaded, bag):
