@@ -4,9 +4,8 @@
 # 600 s limit on its own (times below), the whole suite does not.
 #
 #   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle.py   # about 7 min
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle_control.py   # about 3 min
 #   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_multi_layer_eagle.py   # about 7 min
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_multi_layer_eagle_control.py   # about 3 min
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_controls.py   # about 6 min (both families)
 #
 # Extra arguments go to pytest (e.g. -k "not concurrent" skips the 256-request load).
 # Results land in $OUT (default /tmp/detspec-out): one JSON per check, server log excerpts,

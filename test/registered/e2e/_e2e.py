@@ -224,6 +224,15 @@ class ServerConfig:
                 "deterministic": self.deterministic, "cuda_graph": self.cuda_graph}
 
 
+def served_model(family: str, models: Models) -> str:
+    """The model folder a ``family`` serves (its vocabulary bounds the audit's prompts)."""
+    if family == "chain_eagle":
+        return models.target
+    if family == "multi_layer_eagle":
+        return models.mtp
+    raise ValueError(f"unknown server family {family!r}")
+
+
 def server_config(family: str, models: Models, *, deterministic: bool, cuda_graph: bool) -> ServerConfig:
     """The flags of ``family`` (``chain_eagle`` or ``multi_layer_eagle``) with the chosen switches.
 
@@ -231,13 +240,12 @@ def server_config(family: str, models: Models, *, deterministic: bool, cuda_grap
     adds ``--enable-deterministic-inference`` (the plugin is active only then)
     and ``cuda_graph=False`` adds ``--disable-cuda-graph``.
     """
+    model = served_model(family, models)
     if family == "chain_eagle":
-        model, draft, spec, extra = models.target, models.eagle, CHAIN_EAGLE_ARGS, ""
-    elif family == "multi_layer_eagle":
-        model, draft, spec = models.mtp, models.mtp_draft, MULTI_LAYER_EAGLE_ARGS
-        extra = env_str("DETSPEC_E2E_MTP_SERVER_ARGS", DEFAULT_MTP_SERVER_ARGS)
+        draft, spec, extra = models.eagle, CHAIN_EAGLE_ARGS, ""
     else:
-        raise ValueError(f"unknown server family {family!r}")
+        draft, spec = models.mtp_draft, MULTI_LAYER_EAGLE_ARGS
+        extra = env_str("DETSPEC_E2E_MTP_SERVER_ARGS", DEFAULT_MTP_SERVER_ARGS)
     args = [*spec, "--speculative-draft-model-path", draft, "--device", "cuda",
             *shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS)), *shlex.split(extra)]
     if deterministic:

@@ -1,8 +1,9 @@
 """End-to-end suites: real SGLang servers on a CUDA GPU (skipped elsewhere by ../conftest.py).
 
 Fixtures: ``models`` (model paths, the tiny models written once per module
-unless given by the environment; see ``_e2e.py``) and ``servers`` (one server
-at a time, stopped at the end of the module).
+unless given by the environment; see ``_e2e.py``), ``servers`` (one server
+at a time, stopped at the end of the module), and, for a module that sets
+``FAMILY``, its deterministic server configs and vocabulary size.
 """
 
 import pytest
@@ -20,6 +21,21 @@ def servers():
     pool = _e2e.Servers()
     yield pool
     pool.stop()
+
+
+@pytest.fixture(scope="module")
+def det_cuda_graph(request, models):
+    return _e2e.server_config(request.module.FAMILY, models, deterministic=True, cuda_graph=True)
+
+
+@pytest.fixture(scope="module")
+def det_no_cuda_graph(request, models):
+    return _e2e.server_config(request.module.FAMILY, models, deterministic=True, cuda_graph=False)
+
+
+@pytest.fixture(scope="module")
+def vocab(request, models):
+    return _e2e.vocab_size(_e2e.served_model(request.module.FAMILY, models))
 
 
 def pytest_terminal_summary(terminalreporter):

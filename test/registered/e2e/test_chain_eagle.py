@@ -5,8 +5,7 @@ Server: ``--speculative-algorithm EAGLE --speculative-num-steps 3
 --speculative-use-rejection-sampling --enable-deterministic-inference`` on the
 tiny Llama target and its copying EAGLE draft (or ``DETSPEC_E2E_TARGET`` /
 ``DETSPEC_E2E_EAGLE``), first with CUDA graphs, then restarted without them.
-The control server (no deterministic inference) is in
-``test_chain_eagle_control.py``.
+The control server (no deterministic inference) is in ``test_controls.py``.
 
 Checks (each writes ``<DETSPEC_E2E_OUT>/chain_eagle_*.json``):
 
@@ -45,21 +44,6 @@ MIN_LEN, MAX_LEN = 4, 512
 MAX_PROBES_UNDER_LOAD = 16
 PROBE_INTERVAL_S = 0.25
 HTTP_TIMEOUT_S = 300.0
-
-
-@pytest.fixture(scope="module")
-def det_cuda_graph(models):
-    return _e2e.server_config(FAMILY, models, deterministic=True, cuda_graph=True)
-
-
-@pytest.fixture(scope="module")
-def det_no_cuda_graph(models):
-    return _e2e.server_config(FAMILY, models, deterministic=True, cuda_graph=False)
-
-
-@pytest.fixture(scope="module")
-def vocab(models):
-    return _e2e.vocab_size(models.target)
 
 
 def test_deterministic_with_cuda_graphs(servers, det_cuda_graph, vocab):

@@ -6,7 +6,7 @@ Server: ``--speculative-algorithm EAGLE --enable-multi-layer-eagle
 --enable-deterministic-inference`` on the tiny Step3p5 model with 2 MTP layers
 in its own checkpoint (or ``DETSPEC_E2E_MTP`` / ``DETSPEC_E2E_MTP_DRAFT``),
 first with CUDA graphs, then restarted without them. The control server is
-in ``test_multi_layer_eagle_control.py``.
+in ``test_controls.py``.
 
 Checks (each writes ``<DETSPEC_E2E_OUT>/multi_layer_eagle_*.json``):
 
@@ -47,21 +47,6 @@ CLASS_PROMPTS = 3
 PROMPT_LEN = (12, 48)
 SECOND_NEW_TOKENS = 16
 HTTP_TIMEOUT_S = 300.0
-
-
-@pytest.fixture(scope="module")
-def det_cuda_graph(models):
-    return _e2e.server_config(FAMILY, models, deterministic=True, cuda_graph=True)
-
-
-@pytest.fixture(scope="module")
-def det_no_cuda_graph(models):
-    return _e2e.server_config(FAMILY, models, deterministic=True, cuda_graph=False)
-
-
-@pytest.fixture(scope="module")
-def vocab(models):
-    return _e2e.vocab_size(models.mtp)
 
 
 def test_deterministic_with_cuda_graphs(servers, det_cuda_graph, vocab):
