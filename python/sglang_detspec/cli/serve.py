@@ -124,7 +124,7 @@ def _run(args) -> int:
         return 2
     if not plugin_installed():
         print("detspec serve: the 'detspec' entry point of group sglang.srt.plugins is not installed; "
-              "install this package (pip install sglang-detspec) so SGLang's loader can find it", file=sys.stderr)
+              "install this package (pip install -e <checkout>) so SGLang's loader can find it", file=sys.stderr)
         return 2
     cmd, env = server_command(launch), server_env(os.environ)
     if args.dry_run:
