@@ -49,12 +49,10 @@ from collections.abc import Sequence
 
 import requests
 
-from .ops.streams import U64
 from .reference.request import Request, RequestResult
+from .seed_encoding import SEED_ENCODINGS, sglang_seed
 
 DEFAULT_TIMEOUT_S = 300.0
-I64_MIN = -(1 << 63)
-I64_MAX = (1 << 63) - 1
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
 
@@ -114,23 +112,7 @@ class ServerResult(RequestResult):
         return len(self.output_ids) / self.verify_rounds
 
 
-def sglang_seed(seed: int) -> int:
-    """The ``sampling_seed`` to send for a request seed in [0, 2**64).
-
-    SGLang accepts only seeds in [-2**63, 2**63) (``sampling_params.py:302-311``)
-    and keeps them in an int64 tensor; the detspec kernels read those 64 bits
-    as unsigned. Sending the two's-complement value keeps the bits, so the
-    server keys its draws with exactly the seed the audit chose.
-
-    Raises:
-        ValueError: ``seed`` outside [0, 2**64).
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < U64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-    return seed - U64 if seed > I64_MAX else seed
-
-
-def sampling_params(request: Request) -> dict:
+def sampling_params(request: Request, seed_encoding: str = "uint64") -> dict:
     """SGLang ``sampling_params`` for one request: exactly ``max_new_tokens`` tokens, seeded.
 
     ``ignore_eos`` keeps end-of-sequence tokens from ending a request early,
@@ -139,6 +121,7 @@ def sampling_params(request: Request) -> dict:
     parameters (merged under the request's, ``tokenizer_manager.py:1549-1552``)
     cannot narrow the distribution. Temperature 0 is SGLang's greedy
     (``sampling_params.py:245-248``), as it is the reference engine's.
+    ``seed_encoding`` is as for :func:`sglang_seed`.
     """
     return {
         "max_new_tokens": request.max_new_tokens,
@@ -147,17 +130,18 @@ def sampling_params(request: Request) -> dict:
         "top_k": -1,
         "min_p": 0.0,
         "ignore_eos": True,
-        "sampling_seed": sglang_seed(request.sampling_seed),
+        "sampling_seed": sglang_seed(request.sampling_seed, seed_encoding),
     }
 
 
-def build_payload(requests_: Sequence[Request], rids: Sequence[str]) -> dict:
+def build_payload(requests_: Sequence[Request], rids: Sequence[str], seed_encoding: str = "uint64") -> dict:
     """The ``/generate`` body that decodes ``requests_`` as one batch.
 
     Args:
         requests_: at least one request, in row order.
         rids: one distinct request id per request; SGLang echoes it as
             ``meta_info["id"]``.
+        seed_encoding: how seeds >= 2**63 are sent (:func:`sglang_seed`).
 
     Returns:
         A JSON-ready dict (see the module docstring for its shape).
@@ -171,7 +155,7 @@ def build_payload(requests_: Sequence[Request], rids: Sequence[str]) -> dict:
         raise ValueError(f"got {len(rids)} rids for {len(requests_)} requests")
     return {
         "input_ids": [list(r.prompt_ids) for r in requests_],
-        "sampling_params": [sampling_params(r) for r in requests_],
+        "sampling_params": [sampling_params(r, seed_encoding) for r in requests_],
         "rid": list(rids),
         "return_logprob": True,
     }
@@ -324,9 +308,11 @@ class HttpBackend:
             min(N, rows) contiguous runs and sends them as that many POSTs at
             once (concurrent senders), so the server batches them as they
             arrive.
+        seed_encoding: ``"uint64"`` (default; a server with sglang-detspec
+            active) or ``"int64"`` (stock SGLang); see :func:`sglang_seed`.
 
     Raises:
-        ValueError: a bad ``url``, ``timeout`` or ``concurrency``.
+        ValueError: a bad ``url``, ``timeout``, ``concurrency`` or ``seed_encoding``.
 
     Use as a context manager, or call :meth:`close`, to release the sender
     threads and connections.
@@ -334,13 +320,18 @@ class HttpBackend:
 
     name = "server"
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_S, concurrency: int = 1) -> None:
+    def __init__(
+        self, url: str, timeout: float = DEFAULT_TIMEOUT_S, concurrency: int = 1, seed_encoding: str = "uint64"
+    ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if seed_encoding not in SEED_ENCODINGS:
+            raise ValueError(f"seed_encoding must be one of {SEED_ENCODINGS}, got {seed_encoding!r}")
+        self.seed_encoding = seed_encoding
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
         self.concurrency = concurrency
@@ -426,7 +417,16 @@ class HttpBackend:
         # Fresh random rids: unique across concurrent POSTs and audit runs,
         # and echoed back so a misordered answer is caught, not miscounted.
         rids = [uuid.uuid4().hex for _ in batch]
-        body = self._call("POST", "/generate", build_payload(batch, rids))
+        try:
+            body = self._call("POST", "/generate", build_payload(batch, rids, self.seed_encoding))
+        except ServerHttpError as exc:
+            if self.seed_encoding == "uint64" and exc.status == 400 and "sampling_seed must be in [-2**63" in exc.server_message:
+                raise ServerHttpError(
+                    f"{exc} (this server checks seeds as stock SGLang does, so sglang-detspec is not active "
+                    "there: send seeds as int64 bits with --seed-encoding int64)",
+                    exc.status, exc.server_message,
+                ) from None
+            raise
         return parse_response(body, batch, rids)
 
     def generate(self, requests_: Sequence[Request]) -> list[ServerResult]:

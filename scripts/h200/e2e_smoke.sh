@@ -17,8 +17,8 @@ common=(--model-path /tmp/tiny/target --speculative-algorithm EAGLE --speculativ
         --skip-tokenizer-init --cuda-graph-backend-prefill disabled --mem-fraction-static 0.4
         --host 127.0.0.1 --port $port)
 
-run_config() {  # name, extra server args...
-  local name=$1; shift
+run_config() {  # name, seed encoding, extra server args...
+  local name=$1 encoding=$2; shift 2
   python3 -m sglang.launch_server "${common[@]}" "$@" > "$out/server_$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 240); do
@@ -26,14 +26,15 @@ run_config() {  # name, extra server args...
     kill -0 $pid 2>/dev/null || break; sleep 1
   done
   python3 -m sglang_detspec.cli.main audit --url "http://127.0.0.1:$port" --trials ${TRIALS:-24} \
-      --max-new-tokens ${MAX_NEW:-32} --vocab-size 4096 --json "$out/audit_$name.json" 2>&1 | tail -25
+      --max-new-tokens ${MAX_NEW:-32} --vocab-size 4096 --seed-encoding "$encoding" --json "$out/audit_$name.json" 2>&1 | tail -25
   grep -m3 "sglang-detspec" "$out/server_$name.log"
   kill $pid; wait $pid 2>/dev/null
   tail -c 20000 "$out/server_$name.log" > "$out/server_$name.tail.log"; rm -f "$out/server_$name.log"
 }
-run_config cuda_graph --enable-deterministic-inference
-run_config no_cuda_graph --enable-deterministic-inference --disable-cuda-graph
-[ -n "${WITH_CONTROL:-}" ] && run_config control
+# The control has no plugin active: stock SGLang admits seeds >= 2**63 only as int64 bits.
+run_config cuda_graph uint64 --enable-deterministic-inference
+run_config no_cuda_graph uint64 --enable-deterministic-inference --disable-cuda-graph
+[ -n "${WITH_CONTROL:-}" ] && run_config control int64
 python3 - "$out" <<'PY'
 import json, os, sys
 def probes(name):

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # On the H200 after the wheel install (README.md here): runs end-to-end suite files of
-# test/registered/e2e against real SGLang servers. One file per remote command: each fits the
-# 600 s limit on its own (times below), the whole suite does not.
+# test/registered/e2e against real SGLang servers, the files in parallel (one pytest process
+# each, one server per process at a time: the tiny models share the GPU easily, and the
+# fixed KV pool of the default server flags keeps their memory profiling apart).
 #
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle.py   # about 7 min
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_multi_layer_eagle.py   # about 7 min
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_controls.py   # about 6 min (both families)
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle.py   # about 7 min alone
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_*.py              # all three files
 #
-# Extra arguments go to pytest (e.g. -k "not concurrent" skips the 256-request load).
+# Arguments not ending in .py go to every pytest (e.g. -k "not concurrent").
+# With FA3 in /tmp/site (pack_fa3.py) the multi-layer EAGLE servers use it: SGLang captures the
+# single-CUDA-graph draft-extend step only with FA3; DETSPEC_E2E_MTP_SERVER_ARGS overrides.
 # Results land in $OUT (default /tmp/detspec-out): one JSON per check, server log excerpts,
 # the pytest log per file.
 # Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py).
@@ -15,7 +17,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . /tmp/e2e/remote/env.sh
 out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
-[ $# -gt 0 ] || { echo "usage: $0 TEST_FILE [pytest args]" >&2; exit 2; }
+files=(); args=()
+for a in "$@"; do case $a in *.py) files+=("$a") ;; *) args+=("$a") ;; esac; done
+[ ${#files[@]} -gt 0 ] || { echo "usage: $0 TEST_FILE... [pytest args]" >&2; exit 2; }
 
 # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
 # working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
@@ -38,19 +42,35 @@ chmod +x /tmp/site/bin/sglang
 # A run that skips everything must not pass as a GPU run.
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || { echo "run_e2e_suite: no CUDA GPU visible to torch" >&2; exit 1; }
+if [ -z "${DETSPEC_E2E_MTP_SERVER_ARGS:-}" ] && [ -f /tmp/site/sgl_kernel/flash_ops.abi3.so ]; then
+  export DETSPEC_E2E_MTP_SERVER_ARGS="--disable-hybrid-swa-memory --attention-backend fa3"
+fi
+echo "multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_SERVER_ARGS:-(suite default)}"
 
-# The tiny models are written once per machine and reused by the following commands.
+# The tiny models are written once per machine and reused by the following commands; written
+# here, before the parallel runs, so no two processes write the same folder.
 export DETSPEC_E2E_OUT=$out DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
+[ -f "$DETSPEC_E2E_MODELS/.complete" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" \
+  && touch "$DETSPEC_E2E_MODELS/.complete"; } || exit 1
 # A healthy start takes about 2 minutes. SGLang's helper retries a failed start once with
 # HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start that hangs costs twice this.
 export DETSPEC_E2E_LAUNCH_TIMEOUT=${DETSPEC_E2E_LAUNCH_TIMEOUT:-300}
-name=$(basename "${1%.py}")
 start=$(date +%s)
-# --show-capture=no: the server output is in $out/server_*.log, not repeated in failure reports.
-# The time limit leaves room, inside the command's 600 s, to stop a server pytest left running.
-timeout -k 5 "${DETSPEC_E2E_COMMAND_TIMEOUT:-560}" \
-  python3 -m pytest -v -p no:cacheprovider --show-capture=no "$@" > "$out/pytest_$name.log" 2>&1
-rc=$?
+pids=()
+for f in "${files[@]}"; do
+  name=$(basename "${f%.py}")
+  # --show-capture=no: the server output is in $out/server_*.log, not repeated in failure reports.
+  # The time limit leaves room, inside the command's 600 s, to stop servers pytest left running.
+  timeout -k 5 "${DETSPEC_E2E_COMMAND_TIMEOUT:-560}" \
+    python3 -m pytest -v -p no:cacheprovider --show-capture=no "$f" "${args[@]}" > "$out/pytest_$name.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"; r=$?
+  echo "$(basename "${files[$i]}"): pytest exit $r after $(( $(date +%s) - start )) s"
+  [ $r -eq 0 ] || rc=$r
+done
 for pid_file in "$out"/server_*.pid; do  # written by the suite while a server it started runs
   [ -e "$pid_file" ] || continue
   echo "stopping the server left by pytest: $(basename "$pid_file" .pid)"
@@ -58,7 +78,9 @@ for pid_file in "$out"/server_*.pid; do  # written by the suite while a server i
     "$(cat "$pid_file")" || true
   rm -f "$pid_file"
 done
-echo "pytest exit $rc after $(( $(date +%s) - start )) s; log: $out/pytest_$name.log"
-grep -E "^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)|(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +\[|^=+ .*(passed|failed|error)" \
-  "$out/pytest_$name.log" | tail -n 40
+for f in "${files[@]}"; do
+  name=$(basename "${f%.py}")
+  echo "== $name (log: $out/pytest_$name.log)"
+  grep -E "(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +\[|^=+ .*(passed|failed|error)" "$out/pytest_$name.log" | tail -n 30
+done
 exit $rc

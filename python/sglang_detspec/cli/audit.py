@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..audit import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TRIALS, MAX_PROMPT_LEN, MIN_TRIALS_TO_JUDGE
+from ..seed_encoding import SEED_ENCODINGS
 
 DEFAULT_NUM_DRAFT_TOKENS = 3
 # Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
@@ -37,7 +38,10 @@ DEFAULT_TIMEOUT_S = 300.0
 # Flags only a server run uses. They (and --num-draft-tokens, --control)
 # default to None, meaning "not given", so run() can reject the ones that do
 # not fit the mode instead of silently ignoring them.
-_SERVER_ONLY = {"vocab_size": "--vocab-size", "concurrency": "--concurrency", "timeout": "--timeout"}
+_SERVER_ONLY = {
+    "vocab_size": "--vocab-size", "concurrency": "--concurrency", "timeout": "--timeout",
+    "seed_encoding": "--seed-encoding",
+}
 
 
 def _int_in(low: int, high: int | None = None, *, bound: str | None = None, why: str = ""):
@@ -149,6 +153,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     server.add_argument(
         "--concurrency", type=_int_in(1), default=None, metavar="N",
         help=f"send each sub-batch as N concurrent /generate POSTs instead of one (default {DEFAULT_CONCURRENCY})",
+    )
+    server.add_argument(
+        "--seed-encoding", choices=SEED_ENCODINGS, default=None,
+        help="how sampling_seed values >= 2**63 are sent: uint64 as is (default; a server with "
+        "sglang-detspec active admits [0, 2**64)) or int64 with the same bits (stock SGLang admits "
+        "only [-2**63, 2**63))",
     )
     server.add_argument(
         "--timeout", type=_positive_seconds, default=None, metavar="S",
@@ -264,7 +274,8 @@ def _run_server(args: argparse.Namespace) -> int:
         args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
         vocab_size=args.vocab_size, max_batch=args.max_batch_size,
     )
-    with HttpBackend(args.url, timeout=timeout, concurrency=concurrency) as backend:
+    encoding = args.seed_encoding or "uint64"
+    with HttpBackend(args.url, timeout=timeout, concurrency=concurrency, seed_encoding=encoding) as backend:
         try:
             # Asked first so an unreachable server fails before any trial.
             info = backend.server_info()
@@ -284,7 +295,7 @@ def _run_server(args: argparse.Namespace) -> int:
         "url": args.url, "trials": args.trials, "max_new_tokens": args.max_new_tokens,
         "max_batch_size": args.max_batch_size, "seed": args.seed, "control": False,
         "vocab_size": args.vocab_size, "concurrency": concurrency, "timeout_s": timeout,
-        "server": facts,
+        "seed_encoding": encoding, "server": facts,
     }
     draft = facts.get("speculative_num_draft_tokens")
     spec = f"{facts.get('speculative_algorithm') or 'no speculative decoding'}" + (

@@ -22,6 +22,8 @@ Hooks (each module's docstring names the SGLang symbol it replaces and why):
   and ``renorm.top_k_renorm_prob`` / ``top_p_renorm_prob`` (AROUND): a seeded
   row's target draw no longer depends on whether its batch holds greedy or
   top-k/top-p requests.
+- ``request_hook``: ``SamplingParams.verify`` (AROUND): ``sampling_seed`` must
+  be an integer in [0, 2**64); seeds >= 2**63 travel as their int64 bits.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from . import draft_hook, startup, target_sampler_hook, verify_hook
+from . import draft_hook, request_hook, startup, target_sampler_hook, verify_hook
 
 ENTRY_POINT_NAME = "detspec"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -49,6 +51,7 @@ def hook_table():
         (target_sampler_hook.SAMPLER, target_sampler_hook.seeded_top_k_top_p_sampling, "AROUND"),
         (target_sampler_hook.TOP_K_RENORM, target_sampler_hook.top_k_renorm_keep_neutral, "AROUND"),
         (target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND"),
+        (request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
     ]
 
 

@@ -60,9 +60,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MIN_TRIALS = 24  # the issue's bar: the probe in at least 24 changing batches
 
+# --max-total-tokens: SGLang sizes its KV pool from the GPU memory free when the server starts;
+# a fixed pool (about 1 GiB for the tiny Llama pair, 13 GiB for the tiny MTP model, and room
+# for the 256-request load without retraction) lets the suite files' servers share one GPU.
 DEFAULT_SERVER_ARGS = (
     "--attention-backend triton --cuda-graph-backend-prefill disabled "
-    "--skip-tokenizer-init --mem-fraction-static 0.4"
+    "--skip-tokenizer-init --mem-fraction-static 0.4 --max-total-tokens 262144"
 )
 # SGLang counts Step3p5 (the tiny MTP model) as a hybrid sliding-window model
 # whatever its layer types; all its layers use full attention, so the ordinary
@@ -489,7 +492,10 @@ def run_audit(servers: Servers, config: ServerConfig, vocab: int) -> AuditRun:
         server = servers.ensure(config)
         plan = audit_plan(vocab)
         concurrency = env_int("DETSPEC_E2E_CONCURRENCY", 2)
-        with HttpBackend(server.url, concurrency=concurrency) as backend:
+        # With the plugin active the server admits seeds in [0, 2**64) as they are; a control
+        # server checks them as stock SGLang does and needs the int64 bits of seeds >= 2**63.
+        encoding = "uint64" if config.deterministic else "int64"
+        with HttpBackend(server.url, concurrency=concurrency, seed_encoding=encoding) as backend:
             info = backend.server_info()
             summary = run_plan(backend, plan)
             # Asked after the trials so the server's lifetime counters include them.
@@ -497,7 +503,7 @@ def run_audit(servers: Servers, config: ServerConfig, vocab: int) -> AuditRun:
         active, _ = plugin_state(server)
         settings = {
             "trials": len(plan.trials), "max_new_tokens": plan.probe.max_new_tokens, "seed": 0,
-            "vocab_size": vocab, "concurrency": concurrency,
+            "vocab_size": vocab, "concurrency": concurrency, "seed_encoding": encoding,
             "server_info": {k: info.get(k) for k in (
                 "version", "model_path", "speculative_algorithm", "speculative_num_steps",
                 "speculative_num_draft_tokens", "enable_multi_layer_eagle", "enable_deterministic_inference",

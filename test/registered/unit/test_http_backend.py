@@ -41,6 +41,7 @@ from sglang_detspec.http_backend import (
     sglang_seed,
 )
 from sglang_detspec.ops.streams import U64
+from sglang_detspec.sglang_plugin.request_hook import check_sampling_seed
 from sglang_detspec.reference import ReferenceEngine, Request, build_model_pair
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
@@ -160,11 +161,14 @@ def wire(items) -> object:
 
 def test_sglang_seed_keeps_the_64_bits():
     for seed in (0, 1, 2**63 - 1, 2**63, 2**64 - 1, 0xDEADBEEF_CAFEF00D):
-        s = sglang_seed(seed)
+        assert sglang_seed(seed) == seed  # sglang-detspec admits [0, 2**64) as is
+        s = sglang_seed(seed, "int64")
         assert -(2**63) <= s < 2**63 and s % U64 == seed
     for bad in (-1, 2**64, True, 1.0):
         with pytest.raises(ValueError, match="seed must be an int"):
             sglang_seed(bad)
+    with pytest.raises(ValueError, match="encoding must be one of"):
+        sglang_seed(1, "uint32")
 
 
 def test_payload_passes_sglangs_own_request_parsing():
@@ -175,7 +179,8 @@ def test_payload_passes_sglangs_own_request_parsing():
         Request((383, 0), 1, 0.7, 2**63 - 1),
     ]
     rids = [f"r{i}" for i in range(len(reqs))]
-    body = json.loads(json.dumps(build_payload(reqs, rids)))
+    # Stock SGLang's checks: seeds >= 2**63 go as their int64 bits.
+    body = json.loads(json.dumps(build_payload(reqs, rids, "int64")))
     # The schema gate /generate applies first (http_server.py:937-939) ...
     assert generate_contract_error(body) is None
     # ... then FastAPI's parse into the dataclass and SGLang's normalisation.
@@ -199,11 +204,15 @@ def test_payload_passes_sglangs_own_request_parsing():
             assert sp.temperature == req.temperature and sp.top_k == TOP_K_ALL
 
 
-def test_sglang_rejects_unsigned_seeds_so_they_must_be_mapped():
+def test_stock_sglang_rejects_unsigned_seeds_so_int64_encoding_maps_them():
     with pytest.raises(ValueError, match=r"sampling_seed must be in \[-2\*\*63"):
         SamplingParams(sampling_seed=2**63).verify(VOCAB)
-    body = build_payload([Request((1,), 1, 1.0, 2**63)], ["r"])
+    body = build_payload([Request((1,), 1, 1.0, 2**63)], ["r"], "int64")
     SamplingParams(**body["sampling_params"][0]).verify(VOCAB)
+    # The default sends 2**63 as is: the schema gate admits it (sglang-detspec's check then does).
+    body = build_payload([Request((1,), 1, 1.0, 2**63)], ["r"])
+    assert body["sampling_params"][0]["sampling_seed"] == 2**63
+    assert generate_contract_error(json.loads(json.dumps(body))) is None
 
 
 def test_payload_rejects_bad_batches():
@@ -399,10 +408,14 @@ class StandInServer:
         engine: the reference engine to decode with.
         jitter_logprobs: add a batch-size-dependent offset to the logprobs.
         delay_s: wait this long before answering /generate.
+        detspec_seed_check: check ``sampling_seed`` as a server with
+            sglang-detspec active does (its request hook's check, then
+            SGLang's); False checks as stock SGLang does.
     """
 
-    def __init__(self, engine, *, jitter_logprobs=False, delay_s=0.0):
+    def __init__(self, engine, *, jitter_logprobs=False, delay_s=0.0, detspec_seed_check=True):
         self.engine = engine
+        self.detspec_seed_check = detspec_seed_check
         self.jitter_logprobs = jitter_logprobs
         self.delay_s = delay_s
         self.forced = None  # (status, content type, body bytes) to answer /generate with
@@ -469,6 +482,8 @@ class StandInServer:
                 sub = obj[i]
                 sp = SamplingParams(**sub.sampling_params)
                 sp.normalize(None)
+                if self.detspec_seed_check and sp.sampling_seed is not None:
+                    sp.sampling_seed = check_sampling_seed(sp.sampling_seed)
                 sp.verify(self.engine.models.vocab_size)
                 greedy = sp.top_k == 1
                 reqs.append(Request(tuple(sub.input_ids), sp.max_new_tokens, 0.0 if greedy else sp.temperature,
@@ -495,7 +510,7 @@ class StandInServer:
 
 
 AUDIT = ["audit", "--trials", "7", "--max-new-tokens", "6", "--max-batch-size", "6", "--vocab-size", str(VOCAB)]
-SEED = 2**64 - 5  # above 2**63: the seed crosses the wire as a negative int64
+SEED = 2**64 - 5  # above 2**63: SGLang's int64 seed tensor carries it as a negative value
 
 
 def test_cli_audits_a_server_end_to_end(spec_server_context, models, tmp_path, capsys):
@@ -526,6 +541,23 @@ def test_cli_audits_a_server_end_to_end(spec_server_context, models, tmp_path, c
     assert server.batch_sizes == [len(b) for t in plan.trials for b in t.batches]
     for trial in run["trials"]:
         assert trial["probe_output_logprobs"] == run["trials"][0]["probe_output_logprobs"]
+
+
+def test_stock_sglang_server_needs_int64_seed_encoding(spec_server_context, models, tmp_path, capsys):
+    # A server without sglang-detspec's request check refuses seeds >= 2**63 sent as is,
+    # and the CLI says which flag fixes it; with that flag the same audit passes.
+    with StandInServer(ReferenceEngine(models, K), detspec_seed_check=False) as server:
+        assert main([*AUDIT, "--url", server.url, "--seed", str(SEED)]) == 2
+        err = capsys.readouterr().err
+        assert "sampling_seed must be in [-2**63, 2**63 - 1]" in err and "--seed-encoding int64" in err
+        out = tmp_path / "int64.json"
+        code = main([*AUDIT, "--url", server.url, "--seed", str(SEED), "--seed-encoding", "int64", "--json", str(out)])
+    assert code == 0, capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["settings"]["seed_encoding"] == "int64"
+    plan = build_plan(7, seed=SEED, max_new_tokens=6, vocab_size=VOCAB, max_batch=6)
+    local = run_plan(ReferenceEngine(models, K), plan)
+    assert report["runs"]["server"]["trials"][0]["probe_output_ids"] == list(local.outcomes[0].probe.output_ids)
 
 
 def test_concurrent_senders_split_each_sub_batch(spec_server_context, models):
@@ -636,6 +668,7 @@ def test_non_list_answer_and_timeout(models):
         (dict(url="http://h", timeout=0), "timeout must be"),
         (dict(url="http://h", timeout=math.inf), "timeout must be"),
         (dict(url="http://h", concurrency=0), "concurrency must be"),
+        (dict(url="http://h", seed_encoding="u64"), "seed_encoding must be one of"),
     ],
 )
 def test_backend_rejects_bad_arguments(kwargs, match):

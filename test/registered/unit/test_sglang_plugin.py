@@ -440,6 +440,47 @@ def test_renorm_hooks_keep_rows_that_ask_for_no_truncation(loaded, bag):
     assert torch.equal(top_k_renorm_keep_neutral(renorm, probs, torch.tensor([1 << 30] * 4)), renorm(probs, None))
 
 
+def sglang_params(seed):
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, sampling_seed=seed)
+    params.normalize(None)
+    return params
+
+
+@pytest.mark.parametrize("seed, match", [
+    (-1, r"sampling_seed must be in \[0, 2\*\*64 - 1\].*got -1"),
+    (-(2**63), r"sampling_seed must be in \[0, 2\*\*64 - 1\]"),
+    (2**64, r"sampling_seed must be in \[0, 2\*\*64 - 1\].*got 18446744073709551616"),
+    (1.5, r"sampling_seed must be an integer in \[0, 2\*\*64 - 1\], got float 1.5"),
+    ("7", r"sampling_seed must be an integer.*got str '7'"),
+    (True, r"sampling_seed must be an integer.*got bool True"),
+])
+def test_request_validation_refuses_seeds_outside_uint64(loaded, bag, seed, match):
+    bag(ACTIVE)
+    with pytest.raises(ValueError, match=match):
+        sglang_params(seed).verify(4096)  # SGLang's own method, hooked
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**63 - 1, 2**63, 2**64 - 1])
+def test_request_validation_carries_uint64_seeds_as_int64_bits(loaded, bag, seed):
+    bag(ACTIVE)
+    params = sglang_params(seed)
+    params.verify(4096)
+    # SGLang's seed tensor is int64 (sampling_batch_info.py:157); our ops read its bits as unsigned.
+    carried = torch.tensor([params.sampling_seed], dtype=torch.int64)
+    assert int(carried[0]) % 2**64 == seed
+
+
+def test_request_validation_is_sglang_own_when_inactive(loaded, bag):
+    bag(INACTIVE)
+    params = sglang_params(-1)
+    params.verify(4096)  # SGLang 0.5.23 admits negative seeds
+    assert params.sampling_seed == -1
+    with pytest.raises(ValueError, match=r"sampling_seed must be in \[-2\*\*63, 2\*\*63 - 1\]"):
+        sglang_params(2**63).verify(4096)
+
+
 def test_serve_command_adds_flags_and_admits_the_plugin():
     from sglang_detspec.cli import serve
 
