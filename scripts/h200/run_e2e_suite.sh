@@ -11,12 +11,14 @@
 # With FA3 in /tmp/site (pack_fa3.py) the multi-layer EAGLE servers use it: SGLang captures the
 # single-CUDA-graph draft-extend step only with FA3; DETSPEC_E2E_MTP_SERVER_ARGS overrides.
 # Results land in $OUT (default /tmp/detspec-out): one JSON per check, server log excerpts,
-# the pytest log per file.
+# the pytest log per file; with ARCHIVE=PATH also packed into one .tgz there, even when a
+# time limit stops the run (about 30 files: easier to carry off the machine as one).
 # Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . /tmp/e2e/remote/env.sh
 out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
+[ -n "${ARCHIVE:-}" ] && trap 'tar czf "$ARCHIVE" -C "$(dirname "$out")" "$(basename "$out")"' EXIT
 files=(); args=()
 for a in "$@"; do case $a in *.py) files+=("$a") ;; *) args+=("$a") ;; esac; done
 [ ${#files[@]} -gt 0 ] || { echo "usage: $0 TEST_FILE... [pytest args]" >&2; exit 2; }
@@ -35,7 +37,10 @@ import sys
 
 from sglang.cli.main import main
 
-sys.exit(main())
+# The guard matters: SGLang starts its scheduler with multiprocessing's spawn, which re-runs
+# this file as the child's main module; unguarded, each child would start a whole server.
+if __name__ == "__main__":
+    sys.exit(main())
 PY
 chmod +x /tmp/site/bin/sglang
 

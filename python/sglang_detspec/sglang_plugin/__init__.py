@@ -22,8 +22,10 @@ Hooks (each module's docstring names the SGLang symbol it replaces and why):
   and ``renorm.top_k_renorm_prob`` / ``top_p_renorm_prob`` (AROUND): a seeded
   row's target draw no longer depends on whether its batch holds greedy or
   top-k/top-p requests.
-- ``request_hook``: ``SamplingParams.verify`` (AROUND): ``sampling_seed`` must
-  be an integer in [0, 2**64); seeds >= 2**63 travel as their int64 bits.
+- ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
+  gate ``api_contract.generate_contract_error`` (AROUND): ``sampling_seed``
+  must be an integer in [0, 2**64), refusals name it; seeds >= 2**63 travel
+  as their int64 bits.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def hook_table():
         (target_sampler_hook.TOP_K_RENORM, target_sampler_hook.top_k_renorm_keep_neutral, "AROUND"),
         (target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND"),
         (request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
+        (request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
     ]
 
 

@@ -1,9 +1,17 @@
 """Request validation: ``sampling_seed`` is an unsigned 64-bit integer.
 
-Hooked symbol: ``sglang.srt.sampling.sampling_params.SamplingParams.verify``
-(AROUND). SGLang 0.5.23 calls it once per request in the tokenizer manager
-(``srt/managers/tokenizer_manager.py:1567``), in the HTTP server's process,
-and turns its ``ValueError`` into an HTTP 400 whose message is the error text.
+Hooked symbols (both AROUND, both in the HTTP server's process):
+
+- ``sglang.srt.sampling.sampling_params.SamplingParams.verify``: SGLang
+  0.5.23 calls it once per request in the tokenizer manager
+  (``srt/managers/tokenizer_manager.py:1567``) and turns its ``ValueError``
+  into an HTTP 400 whose message is the error text.
+- ``sglang.srt.entrypoints.api_contract.generate_contract_error``: the JSON
+  schema gate of ``/generate`` (``http_server.py:937-939``, HTTP 400). It
+  refuses a seed that is not a JSON integer in the int64 range before
+  ``verify`` runs, in words that name neither the field nor the value sent
+  (a seed of 2**64 is reported as "floating point `1.8446744073709552e+19`,
+  expected i64"); the hook puts the ``sampling_seed`` message in front.
 
 Why: every detspec stream is keyed by a seed in [0, 2**64) (docs/design.md
 §1). SGLang itself admits ``sampling_seed`` in [-2**63, 2**63) and keeps it
@@ -26,6 +34,7 @@ from ..ops.streams import U64
 from .resolve import active_config
 
 TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
+CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
 
 _I64_MAX = (1 << 63) - 1
 
@@ -44,6 +53,13 @@ def check_sampling_seed(seed) -> int:
         ValueError: ``seed`` is a bool or not an int, or lies outside
             [0, 2**64 - 1]; the message names ``sampling_seed`` and the bound.
     """
+    if isinstance(seed, float) and seed.is_integer() and abs(seed) >= 2.0**63:
+        # SGLang parses request bodies with orjson, which turns JSON integers beyond
+        # 64 bits into floats: this was an integer out of range when it was sent.
+        raise ValueError(
+            f"sampling_seed must be in [0, 2**64 - 1] (sglang-detspec keys its random streams by an "
+            f"unsigned 64-bit seed), got {seed!r} (an integer too large for 64 bits)"
+        )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(
             f"sampling_seed must be an integer in [0, 2**64 - 1], got {type(seed).__name__} {seed!r}"
@@ -71,3 +87,45 @@ def verify_unsigned_seed(original, self, *args, **kwargs):
     if seed is not None and active_config().active:
         self.sampling_seed = check_sampling_seed(seed)
     return original(self, *args, **kwargs)
+
+
+def bad_seed_message(body) -> str | None:
+    """The ``sampling_seed`` problem of a ``/generate`` JSON body, or None.
+
+    Args:
+        body: the parsed body; ``sampling_params`` is one object or, for a
+            batch, a list of objects.
+
+    Returns:
+        :func:`check_sampling_seed`'s message for the first bad seed,
+        prefixed with the request index in a batch; None when every seed is
+        absent or in [0, 2**64).
+    """
+    if not isinstance(body, dict):
+        return None
+    params = body.get("sampling_params")
+    batch = isinstance(params, list)
+    for i, one in enumerate(params if batch else [params]):
+        if not isinstance(one, dict) or one.get("sampling_seed") is None:
+            continue
+        try:
+            check_sampling_seed(one["sampling_seed"])
+        except ValueError as exc:
+            return f"sampling_params[{i}]: {exc}" if batch else str(exc)
+    return None
+
+
+def name_bad_seed(original, body, *args, **kwargs):
+    """AROUND hook for ``api_contract.generate_contract_error(body)``: same signature and return value.
+
+    Returns:
+        SGLang's verdict (None: admitted). When SGLang refuses the body, the
+        bag is active and a ``sampling_seed`` is bad, the refusal starts with
+        the seed's message and keeps SGLang's text after it. Never admits a
+        body SGLang refuses, never refuses one it admits.
+    """
+    error = original(body, *args, **kwargs)
+    if error is None or not active_config().active:
+        return error
+    problem = bad_seed_message(body)
+    return error if problem is None else f"{problem} (schema check: {error})"

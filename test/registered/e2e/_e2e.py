@@ -393,8 +393,13 @@ class Servers:
     def __init__(self) -> None:
         self.current: RunningServer | None = None
         self.memo: dict = {}
+        # Configurations that did not start, with the error: every later test of one fails at
+        # once with it, instead of spending another launch timeout and overwriting its log.
+        self.failed: dict[str, str] = {}
 
     def ensure(self, config: ServerConfig) -> RunningServer:
+        if config.name in self.failed:
+            raise RuntimeError(self.failed[config.name])
         if self.current is not None and self.current.config == config:
             if self.current.process.poll() is None:
                 return self.current
@@ -413,10 +418,9 @@ class Servers:
             )
         except Exception as exc:
             self._close_log(sink)
-            raise RuntimeError(
-                f"server {config.name} did not become healthy within {timeout} s: {exc} "
-                f"(log: {sink.path})"
-            ) from exc
+            message = f"server {config.name} did not become healthy within {timeout} s: {exc} (log: {sink.path})"
+            self.failed[config.name] = message
+            raise RuntimeError(message) from exc
         self.current = RunningServer(config, url, process, sink, time.monotonic() - started)
         # Lets a wrapper that had to kill pytest (a per-command time limit) stop this server too.
         self._pid_file(config).write_text(str(process.pid))

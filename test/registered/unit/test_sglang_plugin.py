@@ -472,6 +472,45 @@ def test_request_validation_carries_uint64_seeds_as_int64_bits(loaded, bag, seed
     assert int(carried[0]) % 2**64 == seed
 
 
+@pytest.mark.parametrize("seed, match", [
+    ("18446744073709551616", r"^sampling_seed must be in \[0, 2\*\*64 - 1\].*got 1.8446744073709552e\+19 "
+     r"\(an integer too large for 64 bits\) \(schema check: invalid type"),
+    ("-9223372036854775809", r"^sampling_seed must be in \[0, 2\*\*64 - 1\].*too large for 64 bits"),
+    ("1.5", r"^sampling_seed must be an integer.*got float 1.5 \(schema check: invalid type: floating point `1.5`"),
+    ('"7"', r"^sampling_seed must be an integer.*got str '7' \(schema check"),
+    ("true", r"^sampling_seed must be an integer.*got bool True \(schema check"),
+])
+def test_schema_gate_refusals_name_sampling_seed(loaded, bag, seed, match):
+    import orjson
+    from sglang.srt.entrypoints import api_contract, http_server
+
+    # Parsed as SGLang's server parses bodies (ORJSONRequest.json): orjson turns
+    # integers beyond 64 bits into floats, which the schema gate then refuses.
+    body = orjson.loads(f'{{"input_ids": [1, 2], "sampling_params": {{"sampling_seed": {seed}}}}}')
+    bag(INACTIVE)
+    plain = http_server.generate_contract_error(body)  # the binding /generate calls, hooked
+    assert plain is not None and "sampling_seed" not in plain  # SGLang's own words
+    bag(ACTIVE)
+    import re
+
+    assert re.search(match, http_server.generate_contract_error(body))
+    assert api_contract.generate_contract_error(body) == http_server.generate_contract_error(body)
+    batch = {"input_ids": [[1], [2]], "sampling_params": [{"sampling_seed": 3}, body["sampling_params"]]}
+    assert http_server.generate_contract_error(batch).startswith("sampling_params[1]: sampling_seed must be")
+
+
+def test_schema_gate_verdicts_unchanged(loaded, bag):
+    from sglang.srt.entrypoints import http_server
+
+    bag(ACTIVE)
+    # Admitted bodies stay admitted (the integer range check is verify's, after the gate).
+    for seed in (0, 2**63, 2**64 - 1, -1, None):
+        assert http_server.generate_contract_error({"input_ids": [1], "sampling_params": {"sampling_seed": seed}}) is None
+    # A refusal that is not about the seed keeps SGLang's message as is.
+    body = {"input_ids": "x", "sampling_params": {"sampling_seed": 5}}
+    assert http_server.generate_contract_error(body) == http_server.generate_contract_error.__wrapped__(body)
+
+
 def test_request_validation_is_sglang_own_when_inactive(loaded, bag):
     bag(INACTIVE)
     params = sglang_params(-1)
