@@ -122,6 +122,10 @@ def sampling_params(request: Request, seed_encoding: str = "uint64") -> dict:
     cannot narrow the distribution. Temperature 0 is SGLang's greedy
     (``sampling_params.py:245-248``), as it is the reference engine's.
     ``seed_encoding`` is as for :func:`sglang_seed`.
+
+    Raises:
+        ValueError: the request's seed outside [0, 2**64), or an unknown
+            ``seed_encoding``.
     """
     return {
         "max_new_tokens": request.max_new_tokens,
@@ -147,7 +151,8 @@ def build_payload(requests_: Sequence[Request], rids: Sequence[str], seed_encodi
         A JSON-ready dict (see the module docstring for its shape).
 
     Raises:
-        ValueError: no requests, or ``rids`` of another length.
+        ValueError: no requests, ``rids`` of another length, a seed outside
+            [0, 2**64) or an unknown ``seed_encoding``.
     """
     if not requests_:
         raise ValueError("a /generate batch needs at least one request")
@@ -282,6 +287,19 @@ def avg_spec_accept_length(server_info: dict) -> float | None:
         and math.isfinite(s["avg_spec_accept_length"])
     ]
     return sum(values) / len(values) if values else None
+
+
+def _seed_encoding_hint(encoding: str, exc: "ServerHttpError") -> str | None:
+    """What to change when a server refused a seed because of how it was encoded, or None."""
+    if exc.status != 400:
+        return None
+    if encoding == "uint64" and "sampling_seed must be in [-2**63" in exc.server_message:
+        return ("this server checks seeds as stock SGLang does, so sglang-detspec is not active there: "
+                "send seeds as int64 bits with --seed-encoding int64")
+    if encoding == "int64" and "sampling_seed must be in [0, 2**64 - 1]" in exc.server_message:
+        return ("this server runs sglang-detspec, which takes seeds as unsigned integers: "
+                "drop --seed-encoding int64")
+    return None
 
 
 def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
@@ -420,13 +438,10 @@ class HttpBackend:
         try:
             body = self._call("POST", "/generate", build_payload(batch, rids, self.seed_encoding))
         except ServerHttpError as exc:
-            if self.seed_encoding == "uint64" and exc.status == 400 and "sampling_seed must be in [-2**63" in exc.server_message:
-                raise ServerHttpError(
-                    f"{exc} (this server checks seeds as stock SGLang does, so sglang-detspec is not active "
-                    "there: send seeds as int64 bits with --seed-encoding int64)",
-                    exc.status, exc.server_message,
-                ) from None
-            raise
+            hint = _seed_encoding_hint(self.seed_encoding, exc)
+            if hint is None:
+                raise
+            raise ServerHttpError(f"{exc} ({hint})", exc.status, exc.server_message) from None
         return parse_response(body, batch, rids)
 
     def generate(self, requests_: Sequence[Request]) -> list[ServerResult]:

@@ -17,18 +17,30 @@ common=(--model-path /tmp/tiny/target --speculative-algorithm EAGLE --speculativ
         --skip-tokenizer-init --cuda-graph-backend-prefill disabled --mem-fraction-static 0.4
         --host 127.0.0.1 --port $port)
 
+server_pid=""
+trap '[ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null' EXIT
+failed=0
 run_config() {  # name, seed encoding, extra server args...
-  local name=$1 encoding=$2; shift 2
+  local name=$1 encoding=$2 healthy=""; shift 2
   python3 -m sglang.launch_server "${common[@]}" "$@" > "$out/server_$name.log" 2>&1 &
-  local pid=$!
+  server_pid=$!
   for _ in $(seq 1 240); do
-    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-    kill -0 $pid 2>/dev/null || break; sleep 1
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { healthy=1; break; }
+    kill -0 "$server_pid" 2>/dev/null || break; sleep 1
   done
-  python3 -m sglang_detspec.cli.main audit --url "http://127.0.0.1:$port" --trials ${TRIALS:-24} \
-      --max-new-tokens ${MAX_NEW:-32} --vocab-size 4096 --seed-encoding "$encoding" --json "$out/audit_$name.json" 2>&1 | tail -25
-  grep -m3 "sglang-detspec" "$out/server_$name.log"
-  kill $pid; wait $pid 2>/dev/null
+  if [ -z "$healthy" ]; then
+    echo "server $name did not become healthy; its log ends:"; tail -n 30 "$out/server_$name.log"; failed=1
+  else
+    python3 -m sglang_detspec.cli.main audit --url "http://127.0.0.1:$port" --trials "${TRIALS:-24}" \
+        --max-new-tokens "${MAX_NEW:-32}" --vocab-size 4096 --seed-encoding "$encoding" \
+        --json "$out/audit_$name.json" > "$out/audit_$name.txt" 2>&1
+    local rc=$?
+    tail -n 25 "$out/audit_$name.txt"
+    # The control is expected to fail the audit (its probe varies); the others must pass.
+    [ "$name" = control ] || [ $rc -eq 0 ] || failed=1
+    grep -m3 "sglang-detspec" "$out/server_$name.log"
+  fi
+  kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; server_pid=""
   tail -c 20000 "$out/server_$name.log" > "$out/server_$name.tail.log"; rm -f "$out/server_$name.log"
 }
 # The control has no plugin active: stock SGLang admits seeds >= 2**63 only as int64 bits.
@@ -48,4 +60,7 @@ if on is not None and off is not None:
     print(f"unique probe outputs across both servers (CUDA graphs on, then off after a restart): {len(on | off)}")
 if control is not None:
     print(f"control without --enable-deterministic-inference: {len(control)} unique probe outputs")
+sys.exit(0 if on is None or off is None or len(on | off) == 1 else 1)
 PY
+[ $? -eq 0 ] || failed=1
+exit $failed

@@ -7,8 +7,7 @@ draft-extend step as one CUDA graph only with an attention backend that
 stages draft-extend metadata (FA3 on Hopper), so the multi-layer suite needs
 it. This writes the library alone as a zip named like a wheel (the unpacker
 on the H200 extracts every ``*.whl`` into the site folder) and cuts it into
-60 MiB parts, in new ``.whl/cNN`` folders after the existing ones, one per
-transfer command.
+60 MiB parts, in new ``.whl/cNN`` folders after the existing ones.
 
     python3 scripts/h200/pack_fa3.py ~/.cache/<wheel cache>/sglang_kernel-0.4.10-*.whl
 """

@@ -4,23 +4,32 @@
 # each, one server per process at a time: the tiny models share the GPU easily, and the
 # fixed KV pool of the default server flags keeps their memory profiling apart).
 #
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle.py   # about 7 min alone
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_*.py              # all three files
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle.py   # about 4 min alone
+#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_*.py              # all three, 5-6 min
 #
 # Arguments not ending in .py go to every pytest (e.g. -k "not concurrent").
 # With FA3 in /tmp/site (pack_fa3.py) the multi-layer EAGLE servers use it: SGLang captures the
 # single-CUDA-graph draft-extend step only with FA3; DETSPEC_E2E_MTP_SERVER_ARGS overrides.
 # Results land in $OUT (default /tmp/detspec-out): one JSON per check, server log excerpts,
 # the pytest log per file; with ARCHIVE=PATH also packed into one .tgz there, even when a
-# time limit stops the run (about 30 files: easier to carry off the machine as one).
+# time limit stops the run (about 30 files: easier to move as one).
 # Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py).
 set -uo pipefail
+# OUT and ARCHIVE are taken relative to the caller's folder, before the cd below.
+out=$(realpath -m "${OUT:-/tmp/detspec-out}"); mkdir -p "$out"
+archive=${ARCHIVE:+$(realpath -m "$ARCHIVE")}
+case $archive in "$out"/*) echo "ARCHIVE must lie outside OUT ($out)" >&2; exit 2 ;; esac
+files=(); args=()
+for a in "$@"; do case $a in *.py|*.py::*) files+=("$a") ;; *) args+=("$a") ;; esac; done
 cd "$(dirname "$0")/../.."
 . /tmp/e2e/remote/env.sh
-out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
-[ -n "${ARCHIVE:-}" ] && trap 'tar czf "$ARCHIVE" -C "$(dirname "$out")" "$(basename "$out")"' EXIT
-files=(); args=()
-for a in "$@"; do case $a in *.py) files+=("$a") ;; *) args+=("$a") ;; esac; done
+pids=()
+finish() {  # stop pytest runs still going (interrupted), then pack what was written
+  for pid in "${pids[@]+"${pids[@]}"}"; do kill "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")"; fi
+}
+trap finish EXIT
 [ ${#files[@]} -gt 0 ] || { echo "usage: $0 TEST_FILE... [pytest args]" >&2; exit 2; }
 
 # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
@@ -57,25 +66,25 @@ echo "multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_SERVER_ARGS:-(suit
 export DETSPEC_E2E_OUT=$out DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
 [ -f "$DETSPEC_E2E_MODELS/.complete" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" \
   && touch "$DETSPEC_E2E_MODELS/.complete"; } || exit 1
-# A healthy start takes about 2 minutes. SGLang's helper retries a failed start once with
+# A healthy start takes 70-90 s on an H200. SGLang's helper retries a failed start once with
 # HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start that hangs costs twice this.
 export DETSPEC_E2E_LAUNCH_TIMEOUT=${DETSPEC_E2E_LAUNCH_TIMEOUT:-300}
 start=$(date +%s)
-pids=()
 for f in "${files[@]}"; do
-  name=$(basename "${f%.py}")
+  name=$(basename "${f%%::*}" .py)
   # --show-capture=no: the server output is in $out/server_*.log, not repeated in failure reports.
-  # The time limit leaves room, inside the command's 600 s, to stop servers pytest left running.
+  # The time limit leaves room, inside a 600 s budget, to stop servers pytest left running.
   timeout -k 5 "${DETSPEC_E2E_COMMAND_TIMEOUT:-560}" \
-    python3 -m pytest -v -p no:cacheprovider --show-capture=no "$f" "${args[@]}" > "$out/pytest_$name.log" 2>&1 &
+    python3 -m pytest -v -p no:cacheprovider --show-capture=no "$f" ${args[@]+"${args[@]}"} > "$out/pytest_$name.log" 2>&1 &
   pids+=($!)
 done
 rc=0
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"; r=$?
-  echo "$(basename "${files[$i]}"): pytest exit $r after $(( $(date +%s) - start )) s"
+  echo "${files[$i]}: pytest exit $r (all runs up to this one done after $(( $(date +%s) - start )) s)"
   [ $r -eq 0 ] || rc=$r
 done
+pids=()
 for pid_file in "$out"/server_*.pid; do  # written by the suite while a server it started runs
   [ -e "$pid_file" ] || continue
   echo "stopping the server left by pytest: $(basename "$pid_file" .pid)"
@@ -84,7 +93,7 @@ for pid_file in "$out"/server_*.pid; do  # written by the suite while a server i
   rm -f "$pid_file"
 done
 for f in "${files[@]}"; do
-  name=$(basename "${f%.py}")
+  name=$(basename "${f%%::*}" .py)
   echo "== $name (log: $out/pytest_$name.log)"
   grep -E "(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +\[|^=+ .*(passed|failed|error)" "$out/pytest_$name.log" | tail -n 30
 done

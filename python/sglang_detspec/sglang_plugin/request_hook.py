@@ -8,10 +8,19 @@ Hooked symbols (both AROUND, both in the HTTP server's process):
   into an HTTP 400 whose message is the error text.
 - ``sglang.srt.entrypoints.api_contract.generate_contract_error``: the JSON
   schema gate of ``/generate`` (``http_server.py:937-939``, HTTP 400). It
-  refuses a seed that is not a JSON integer in the int64 range before
-  ``verify`` runs, in words that name neither the field nor the value sent
-  (a seed of 2**64 is reported as "floating point `1.8446744073709552e+19`,
-  expected i64"); the hook puts the ``sampling_seed`` message in front.
+  checks the type only: it refuses a seed that is not an integer (a float, a
+  string, a bool) before ``verify`` runs, in words that name neither the
+  field nor, for integers beyond 64 bits, the value sent (SGLang parses
+  bodies with orjson, which turns those into floats: 2**64 is reported as
+  "floating point `1.8446744073709552e+19`, expected i64"); the hook puts the
+  ``sampling_seed`` message in front.
+
+Scope: requests that reach ``verify`` through the tokenizer manager of the
+HTTP server's main process: native ``/generate``, the OpenAI-compatible
+endpoints (whose pydantic models turn ``"7"``, ``true`` and ``5.0`` into
+integers before this check sees them) and the offline ``Engine``. Tokenizer
+worker processes (``--tokenizer-worker-num > 1``) load no plugins and SGLang's
+Rust HTTP server bypasses this code: there SGLang's own check applies.
 
 Why: every detspec stream is keyed by a seed in [0, 2**64) (docs/design.md
 §1). SGLang itself admits ``sampling_seed`` in [-2**63, 2**63) and keeps it
@@ -39,7 +48,7 @@ CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
 _I64_MAX = (1 << 63) - 1
 
 
-def check_sampling_seed(seed) -> int:
+def check_sampling_seed(seed: object) -> int:
     """The int64 that carries request seed ``seed`` through SGLang.
 
     Args:
@@ -53,12 +62,13 @@ def check_sampling_seed(seed) -> int:
         ValueError: ``seed`` is a bool or not an int, or lies outside
             [0, 2**64 - 1]; the message names ``sampling_seed`` and the bound.
     """
-    if isinstance(seed, float) and seed.is_integer() and abs(seed) >= 2.0**63:
-        # SGLang parses request bodies with orjson, which turns JSON integers beyond
-        # 64 bits into floats: this was an integer out of range when it was sent.
+    if isinstance(seed, float) and (seed >= 2.0**64 or seed <= -(2.0**63)):
+        # SGLang parses request bodies with orjson, which turns JSON integers outside
+        # [-2**63, 2**64) into floats: this was most likely an integer out of range.
         raise ValueError(
             f"sampling_seed must be in [0, 2**64 - 1] (sglang-detspec keys its random streams by an "
-            f"unsigned 64-bit seed), got {seed!r} (an integer too large for 64 bits)"
+            f"unsigned 64-bit seed), got {seed!r} (beyond 64-bit integers: SGLang's JSON parser reads "
+            "such integers as floats)"
         )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(
@@ -75,6 +85,13 @@ def check_sampling_seed(seed) -> int:
 def verify_unsigned_seed(original, self, *args, **kwargs):
     """AROUND hook for ``SamplingParams.verify(self, vocab_size)``: same signature and return value.
 
+    Args:
+        original: SGLang's ``SamplingParams.verify``.
+        self: the request's ``SamplingParams``; with the bag active its
+            ``sampling_seed`` is checked and, for seeds >= 2**63, rewritten to
+            the int64 with the same bits.
+        *args, **kwargs: passed on to ``original`` (``vocab_size``).
+
     Raises:
         ValueError: as :func:`check_sampling_seed` (bag active), then
             whatever SGLang's own ``verify`` raises.
@@ -89,12 +106,13 @@ def verify_unsigned_seed(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
-def bad_seed_message(body) -> str | None:
+def bad_seed_message(body: object) -> str | None:
     """The ``sampling_seed`` problem of a ``/generate`` JSON body, or None.
 
     Args:
-        body: the parsed body; ``sampling_params`` is one object or, for a
-            batch, a list of objects.
+        body: the parsed body (anything JSON decodes to); ``sampling_params``
+            is one object or, for a batch, a list of objects. Other shapes
+            have no seed problem here (the schema gate words those).
 
     Returns:
         :func:`check_sampling_seed`'s message for the first bad seed,
@@ -115,8 +133,13 @@ def bad_seed_message(body) -> str | None:
     return None
 
 
-def name_bad_seed(original, body, *args, **kwargs):
+def name_bad_seed(original, body: object, *args, **kwargs) -> str | None:
     """AROUND hook for ``api_contract.generate_contract_error(body)``: same signature and return value.
+
+    Args:
+        original: SGLang's ``generate_contract_error``.
+        body: the parsed ``/generate`` JSON body.
+        *args, **kwargs: passed on to ``original``.
 
     Returns:
         SGLang's verdict (None: admitted). When SGLang refuses the body, the

@@ -14,14 +14,14 @@ Checks (each writes ``<DETSPEC_E2E_OUT>/chain_eagle_*.json``):
 2. Same server: 256 concurrent requests (seeded and unseeded, greedy and
    sampled, prompts and outputs of 4..512 tokens) while the probe runs: no
    error, the probe's tokens and logprobs unchanged; bad ``sampling_seed``
-   values (negative, >= 2**64, not an integer) get a 4xx naming the field or
-   quoting the value and the server keeps serving; seeds 0, 2**63 and
+   values (negative, >= 2**64, not an integer) get a 4xx naming the field
+   and the server keeps serving; seeds 0, 2**63 and
    2**64 - 1 are served and give the same tokens alone and in a batch.
 3. Restarted without CUDA graphs: check 1 again, and the same probe tokens
    as with CUDA graphs (the second server is a fresh process: the restart).
 
-About 7 minutes on an H200: two server starts of about 2 minutes each, the
-rest is traffic.
+About 4 minutes on an H200: two server starts of 70-90 s each, the rest is
+traffic.
 """
 
 import concurrent.futures
@@ -37,7 +37,7 @@ import requests
 import _e2e
 from _register import register_cuda_ci
 
-register_cuda_ci(est_time=450, suite="detspec-e2e-cuda")
+register_cuda_ci(est_time=300, suite="detspec-e2e-cuda")
 
 FAMILY = "chain_eagle"
 LOAD_REQUESTS = 256
@@ -217,17 +217,14 @@ def test_bad_sampling_seed_gets_a_clear_4xx(servers, det_cuda_graph, vocab, labe
     outcome = post_generate(server.url, body)
     message = _error_message(outcome["body"]) or outcome["text"]
     status = outcome["status"]
-    # Clear: a client error whose message names the field or quotes the bad value. SGLang's
-    # schema check words type errors without the field ("invalid type: floating point `1.5`,
-    # expected i64"), so whether the field is named is recorded, not required.
-    value = "true" if seed is True else str(seed)
-    clear = "sampling_seed" in message or value in message
-    passed = status is not None and 400 <= status < 500 and clear
+    # Clear: a client error whose message names the field (SGLang's own schema-gate wording
+    # quotes the value but not the field; the plugin puts the field's message in front).
+    passed = status is not None and 400 <= status < 500 and "sampling_seed" in message
     path = _e2e.write_result(f"{FAMILY}_bad_seed_{label}", {
         "passed": passed, "measured": {"sampling_seed": repr(seed), "status": status, "message": message[:500],
                                        "message_names_field": "sampling_seed" in message}})
     assert passed, (
-        f"sampling_seed={seed!r}: expected a 4xx whose message names sampling_seed or quotes {value}, "
+        f"sampling_seed={seed!r}: expected a 4xx whose message names sampling_seed, "
         f"got HTTP {status}: {message[:200]} ({path})"
     )
 

@@ -8,7 +8,7 @@ deterministic results would prove nothing.
 
 Runs with ``--disable-cuda-graph``: a control only has to show that the
 trials see batch dependence, which CUDA graphs neither create nor remove, and
-skipping the capture shortens the start. About 3 minutes per family on an
+skipping the capture shortens the start. About 2 minutes per family on an
 H200 (``-k chain_eagle`` or ``-k multi_layer_eagle`` runs one).
 """
 
@@ -19,7 +19,7 @@ import pytest
 import _e2e
 from _register import register_cuda_ci
 
-register_cuda_ci(est_time=400, suite="detspec-e2e-cuda")
+register_cuda_ci(est_time=300, suite="detspec-e2e-cuda")
 
 
 @pytest.mark.parametrize("family", ["chain_eagle", "multi_layer_eagle"])

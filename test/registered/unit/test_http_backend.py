@@ -555,6 +555,11 @@ def test_stock_sglang_server_needs_int64_seed_encoding(spec_server_context, mode
     assert code == 0, capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["passed"] and report["settings"]["seed_encoding"] == "int64"
+    # The other way round: int64 bits sent to a server with sglang-detspec's check.
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        assert main([*AUDIT, "--url", server.url, "--seed", str(SEED), "--seed-encoding", "int64"]) == 2
+    err = capsys.readouterr().err
+    assert "sampling_seed must be in [0, 2**64 - 1]" in err and "drop --seed-encoding int64" in err
     plan = build_plan(7, seed=SEED, max_new_tokens=6, vocab_size=VOCAB, max_batch=6)
     local = run_plan(ReferenceEngine(models, K), plan)
     assert report["runs"]["server"]["trials"][0]["probe_output_ids"] == list(local.outcomes[0].probe.output_ids)

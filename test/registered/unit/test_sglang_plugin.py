@@ -474,8 +474,8 @@ def test_request_validation_carries_uint64_seeds_as_int64_bits(loaded, bag, seed
 
 @pytest.mark.parametrize("seed, match", [
     ("18446744073709551616", r"^sampling_seed must be in \[0, 2\*\*64 - 1\].*got 1.8446744073709552e\+19 "
-     r"\(an integer too large for 64 bits\) \(schema check: invalid type"),
-    ("-9223372036854775809", r"^sampling_seed must be in \[0, 2\*\*64 - 1\].*too large for 64 bits"),
+     r"\(beyond 64-bit integers.*\) \(schema check: invalid type"),
+    ("-9223372036854775809", r"^sampling_seed must be in \[0, 2\*\*64 - 1\].*beyond 64-bit integers"),
     ("1.5", r"^sampling_seed must be an integer.*got float 1.5 \(schema check: invalid type: floating point `1.5`"),
     ('"7"', r"^sampling_seed must be an integer.*got str '7' \(schema check"),
     ("true", r"^sampling_seed must be an integer.*got bool True \(schema check"),
@@ -497,6 +497,19 @@ def test_schema_gate_refusals_name_sampling_seed(loaded, bag, seed, match):
     assert api_contract.generate_contract_error(body) == http_server.generate_contract_error(body)
     batch = {"input_ids": [[1], [2]], "sampling_params": [{"sampling_seed": 3}, body["sampling_params"]]}
     assert http_server.generate_contract_error(batch).startswith("sampling_params[1]: sampling_seed must be")
+
+
+def test_float_seed_messages_tell_range_from_type():
+    from sglang_detspec.sglang_plugin.request_hook import check_sampling_seed
+
+    # orjson turns integers outside [-2**63, 2**64) into floats: those are range errors ...
+    for seed in (2.0**64, 1e30, float("inf"), -(2.0**63), -1e19):
+        with pytest.raises(ValueError, match=r"must be in \[0, 2\*\*64 - 1\].*beyond 64-bit integers"):
+            check_sampling_seed(seed)
+    # ... a float inside it was sent as a float: a type error.
+    for seed in (9.3e18, 1e19, 5.0, -1.0, float("nan"), -0.0):
+        with pytest.raises(ValueError, match=r"must be an integer in \[0, 2\*\*64 - 1\], got float"):
+            check_sampling_seed(seed)
 
 
 def test_schema_gate_verdicts_unchanged(loaded, bag):
