@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -51,7 +52,10 @@ def _int_in(low: int, high: int | None = None, *, bound: str | None = None, why:
     """
 
     def parse(text: str) -> int:
+        # Plain ASCII decimal only: int() would also take '1_000', ' 5' and non-ASCII digits.
         try:
+            if not re.fullmatch(r"-?[0-9]+", text):
+                raise ValueError(text)
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
@@ -81,7 +85,13 @@ def _positive_seconds(text: str) -> float:
 
 
 def _url(text: str) -> str:
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # raises for a port that is not a number in [0, 65535]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL of the server, got {text!r}: {exc}") from None
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"expected a port in [1, 65535], got {text!r}")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL of the server, got {text!r}")
     if parts.query or parts.fragment:
@@ -90,6 +100,8 @@ def _url(text: str) -> str:
 
 
 def _json_path(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")

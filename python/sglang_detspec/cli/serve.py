@@ -32,7 +32,11 @@ DESCRIPTION = (
     "missing, and with this plugin admitted by SGLang's plugin loader (appended to SGLANG_PLUGINS "
     "when that whitelist is set)."
 )
-EXAMPLE = "detspec serve -- --model-path M --speculative-algorithm EAGLE"
+CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+EXAMPLE = (
+    "detspec serve -- --model-path M --speculative-algorithm EAGLE --speculative-draft-model-path D "
+    "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+)
 USAGE_HINT = "put '--' before SGLang's launch_server arguments: detspec serve [--dry-run] -- --model-path M ..."
 
 
@@ -88,11 +92,33 @@ def server_command(
     """
     args = list(launch_args)
     given = given_flags(args, sglang_flags() if flags is None else flags)
-    if DETERMINISTIC not in given:
-        args.append(DETERMINISTIC)
+    added = [DETERMINISTIC] if DETERMINISTIC not in given else []
     if ALGORITHM in given and REJECTION not in given:
-        args.append(REJECTION)
-    return [python, "-m", "sglang.launch_server", *args]
+        added.append(REJECTION)
+    # argparse reads everything after a bare '--' as positional: the flags go before it.
+    cut = args.index("--") if "--" in args else len(args)
+    return [python, "-m", "sglang.launch_server", *args[:cut], *added, *args[cut:]]
+
+
+def launch_problems(launch_args: Sequence[str], flags: Collection[str] | None = None) -> tuple[list[str], list[str]]:
+    """``(errors, notes)`` about ``launch_args`` that are known before SGLang starts.
+
+    Errors: a speculative algorithm without all of :data:`CHAIN_FLAGS` (the
+    plugin refuses that at start-up: SGLang would pick them per model, a
+    tree for some). Notes: no speculative algorithm, so the plugin stays
+    inactive. Anything the plugin checks on values (algorithm, top-k) is
+    left to its start-up check, which reads them as SGLang resolves them.
+    """
+    given = given_flags(launch_args, sglang_flags() if flags is None else flags)
+    errors, notes = [], []
+    if ALGORITHM in given:
+        missing = [f for f in CHAIN_FLAGS if f not in given]
+        if missing:
+            errors.append(f"{', '.join(missing)} not given: set all of {', '.join(CHAIN_FLAGS)} for a chain "
+                          "draft (e.g. 3, 1, 4)")
+    else:
+        notes.append(f"no {ALGORITHM}: sglang-detspec stays inactive (it makes speculative decoding deterministic)")
+    return errors, notes
 
 
 def server_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -125,6 +151,12 @@ def _run(args) -> int:
     if not plugin_installed():
         print("detspec serve: the 'detspec' entry point of group sglang.srt.plugins is not installed; "
               "install this package (pip install -e <checkout>) so SGLang's loader can find it", file=sys.stderr)
+        return 2
+    errors, notes = launch_problems(launch)
+    for note in notes:
+        print(f"detspec serve: note: {note}", file=sys.stderr)
+    if errors:
+        print("detspec serve: " + "; ".join(errors) + f"\n  example: {EXAMPLE}", file=sys.stderr)
         return 2
     cmd, env = server_command(launch), server_env(os.environ)
     if args.dry_run:

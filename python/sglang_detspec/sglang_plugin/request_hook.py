@@ -106,6 +106,16 @@ def verify_unsigned_seed(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+def _seed_params(body: object) -> list[tuple[int | None, dict]]:
+    """``(batch index or None, sampling_params object)`` for each object that carries a seed."""
+    if not isinstance(body, dict):
+        return []
+    params = body.get("sampling_params")
+    batch = isinstance(params, list)
+    return [(i if batch else None, one) for i, one in enumerate(params if batch else [params])
+            if isinstance(one, dict) and one.get("sampling_seed") is not None]
+
+
 def bad_seed_message(body: object) -> str | None:
     """The ``sampling_seed`` problem of a ``/generate`` JSON body, or None.
 
@@ -119,18 +129,29 @@ def bad_seed_message(body: object) -> str | None:
         prefixed with the request index in a batch; None when every seed is
         absent or in [0, 2**64).
     """
-    if not isinstance(body, dict):
-        return None
-    params = body.get("sampling_params")
-    batch = isinstance(params, list)
-    for i, one in enumerate(params if batch else [params]):
-        if not isinstance(one, dict) or one.get("sampling_seed") is None:
-            continue
+    for index, one in _seed_params(body):
         try:
             check_sampling_seed(one["sampling_seed"])
         except ValueError as exc:
-            return f"sampling_params[{i}]: {exc}" if batch else str(exc)
+            return str(exc) if index is None else f"sampling_params[{index}]: {exc}"
     return None
+
+
+def _without_bad_seeds(body: dict) -> dict:
+    """A copy of ``body`` whose bad ``sampling_seed`` fields are dropped (nothing else changed)."""
+    def fixed(one: dict) -> dict:
+        try:
+            check_sampling_seed(one["sampling_seed"])
+            return one
+        except ValueError:
+            return {k: v for k, v in one.items() if k != "sampling_seed"}
+
+    params = body["sampling_params"]
+    if isinstance(params, list):
+        params = [fixed(p) if isinstance(p, dict) and p.get("sampling_seed") is not None else p for p in params]
+    else:
+        params = fixed(params)
+    return {**body, "sampling_params": params}
 
 
 def name_bad_seed(original, body: object, *args, **kwargs) -> str | None:
@@ -143,12 +164,16 @@ def name_bad_seed(original, body: object, *args, **kwargs) -> str | None:
 
     Returns:
         SGLang's verdict (None: admitted). When SGLang refuses the body, the
-        bag is active and a ``sampling_seed`` is bad, the refusal starts with
-        the seed's message and keeps SGLang's text after it. Never admits a
-        body SGLang refuses, never refuses one it admits.
+        bag is active and the bad ``sampling_seed`` values are the whole
+        reason (the body without them passes the gate), the refusal starts
+        with the seed's message and keeps SGLang's text after it; a refusal
+        for anything else is SGLang's as is. Never admits a body SGLang
+        refuses, never refuses one it admits.
     """
     error = original(body, *args, **kwargs)
     if error is None or not active_config().active:
         return error
     problem = bad_seed_message(body)
-    return error if problem is None else f"{problem} (schema check: {error})"
+    if problem is None or original(_without_bad_seeds(body), *args, **kwargs) is not None:
+        return error
+    return f"{problem} (schema check: {error})"

@@ -28,6 +28,16 @@ def startup_problems(bag: DetSpecConfig) -> list[str]:
             f"--speculative-algorithm {bag.algorithm} is not supported; use EAGLE, EAGLE3 or NEXTN "
             "(or set SGLANG_DETSPEC_DISABLE=1 to keep SGLang's own sampling)"
         )
+    chain = {"--speculative-num-steps": bag.num_steps, "--speculative-eagle-topk": bag.eagle_topk,
+             "--speculative-num-draft-tokens": bag.num_draft_tokens}
+    unset = [flag for flag, value in chain.items() if value is None]
+    if bag.algorithm in EAGLE_FAMILY and unset:
+        # Left unset, SGLang picks the three per model, a tree (topk > 1) for some (Llama: steps
+        # 5, topk 4, 8 draft tokens), and then refuses rejection sampling in its own words.
+        problems.append(
+            f"{', '.join(unset)} not set: give all three for a chain draft, e.g. --speculative-num-steps 3 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 (draft tokens = steps + 1)"
+        )
     if bag.eagle_topk is not None and int(bag.eagle_topk) > 1:
         problems.append(
             f"--speculative-eagle-topk {bag.eagle_topk} drafts a tree; sglang-detspec verifies chains only: "

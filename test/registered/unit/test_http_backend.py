@@ -709,6 +709,13 @@ def test_cli_rejects_flag_combinations(args, message, capsys):
         (["--timeout", "0"], "argument --timeout: must be a finite number > 0, got 0"),
         (["--timeout", "soon"], "argument --timeout: expected a number of seconds, got 'soon'"),
         (["--vocab-size", "0"], "argument --vocab-size: must be >= 1, got 0"),
+        (["--url", "http://[::1"], "argument --url: expected an http:// or https:// URL of the server, got 'http://[::1'"),
+        (["--url", "http://h:99999"], "argument --url: expected an http:// or https:// URL of the server, got 'http://h:99999'"),
+        (["--url", "http://h:abc"], "argument --url: expected an http:// or https:// URL"),
+        (["--url", "http://h:0"], "argument --url: expected a port in [1, 65535]"),
+        (["--seed", "1_000"], "argument --seed: expected an integer, got '1_000'"),
+        (["--seed", "\u0661\u0662"], "argument --seed: expected an integer"),
+        (["--json", ""], "argument --json: expected a file path, got an empty string"),
     ],
 )
 def test_cli_rejects_bad_server_arguments(args, message, capsys):

@@ -85,12 +85,35 @@ def test_resolve_flag_follows_argparse_rules():
     assert serve.given_flags(["--beta", "--", "--alphab"], flags) == {"--beta"}
 
 
+CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
 def test_dry_run_prints_the_completed_command(capsys, monkeypatch):
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
-    assert main(["serve", "--dry-run", "--", "--model-path", "m", "--speculative-algo", "EAGLE"]) == 0
+    assert main(["serve", "--dry-run", "--", "--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN]) == 0
     out = capsys.readouterr().out.split()
-    assert out[1:] == ["-m", "sglang.launch_server", "--model-path", "m", "--speculative-algo", "EAGLE",
+    assert out[1:] == ["-m", "sglang.launch_server", "--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN,
                        DETERMINISTIC, REJECTION]
+
+
+def test_added_flags_go_before_a_bare_double_dash():
+    args = ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN, "--", "--extra"]
+    cmd = serve.server_command(args, python="py")
+    assert cmd[3:] == [*args[:-2], DETERMINISTIC, REJECTION, "--", "--extra"]
+    assert sglang_reads(cmd[3:]) == {ALGORITHM, DETERMINISTIC, REJECTION}
+
+
+def test_speculative_run_needs_all_chain_flags(capsys):
+    # Left to SGLang, a Llama target gets steps 5, topk 4, 8 draft tokens: a tree.
+    assert main(["serve", "--dry-run", "--", "--model-path", "m", "--speculative-algorithm", "EAGLE",
+                 "--speculative-eagle-top", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--speculative-num-steps, --speculative-num-draft-tokens not given" in err and "example:" in err
+
+
+def test_no_speculative_algorithm_is_noted(capsys):
+    assert main(["serve", "--dry-run", "--", "--model-path", "m"]) == 0
+    assert "note: no --speculative-algorithm: sglang-detspec stays inactive" in capsys.readouterr().err
 
 
 def test_sglang_flags_without_dashes_get_a_hint(capsys):

@@ -217,6 +217,10 @@ def test_bag_from_published_runtime_context(loaded, model_dir):
 
 
 @pytest.mark.parametrize("flags, match", [
+    (f"--speculative-algorithm EAGLE {DET}", "--speculative-num-steps, --speculative-eagle-topk, "
+     "--speculative-num-draft-tokens not set: give all three"),
+    (f"--speculative-algorithm EAGLE --speculative-eagle-topk 1 {DET}",
+     "--speculative-num-steps, --speculative-num-draft-tokens not set"),
     (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
      f"--speculative-num-draft-tokens 8 {DET}", "set --speculative-eagle-topk 1"),
     (f"--speculative-algorithm STANDALONE --speculative-num-steps 3 --speculative-eagle-topk 1 "
@@ -519,9 +523,16 @@ def test_schema_gate_verdicts_unchanged(loaded, bag):
     # Admitted bodies stay admitted (the integer range check is verify's, after the gate).
     for seed in (0, 2**63, 2**64 - 1, -1, None):
         assert http_server.generate_contract_error({"input_ids": [1], "sampling_params": {"sampling_seed": seed}}) is None
-    # A refusal that is not about the seed keeps SGLang's message as is.
-    body = {"input_ids": "x", "sampling_params": {"sampling_seed": 5}}
-    assert http_server.generate_contract_error(body) == http_server.generate_contract_error.__wrapped__(body)
+    # A refusal that is not (only) about the seed keeps SGLang's message as is.
+    for body in (
+        {"input_ids": "x", "sampling_params": {"sampling_seed": 5}},
+        {"input_ids": [1], "sampling_params": {"sampling_seed": 1.5, "temperature": "hot"}},
+        {"input_ids": [[1], [2]], "sampling_params": [1, {"sampling_seed": 1.5}]},
+    ):
+        assert http_server.generate_contract_error(body) == http_server.generate_contract_error.__wrapped__(body)
+    # Negative seeds pass the gate (the seed check in verify refuses them).
+    body = {"input_ids": [1], "sampling_params": {"sampling_seed": -1, "temperature": "hot"}}
+    assert "sampling_seed" not in http_server.generate_contract_error(body)
 
 
 def test_request_validation_is_sglang_own_when_inactive(loaded, bag):
