@@ -35,6 +35,7 @@ import pytest
 import requests
 
 import _e2e
+from _family_checks import test_deterministic_with_cuda_graphs  # noqa: F401  (first: starts the server)
 from _register import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e-cuda")
@@ -47,10 +48,6 @@ MAX_PROBES_UNDER_LOAD = 16
 PROBE_INTERVAL_S = 0.25
 HTTP_TIMEOUT_S = 300.0
 
-
-def test_deterministic_with_cuda_graphs(servers, det_cuda_graph, vocab):
-    run = _e2e.run_audit(servers, det_cuda_graph, vocab)
-    _e2e.check_deterministic_audit(run, f"{FAMILY}_det_cuda_graph_audit")
 
 
 # -- robustness (same server) ---------------------------------------------------------
@@ -284,19 +281,12 @@ def test_server_keeps_serving_after_bad_seeds(servers, det_cuda_graph, vocab):
     assert alive and same, f"after the bad-seed requests: server alive {alive}, same probe tokens {same} ({path})"
 
 
-# -- restart without CUDA graphs --------------------------------------------------------
+# -- restart without CUDA graphs (shared checks; after this file's own tests) ---------
 
-
-def test_deterministic_without_cuda_graphs_after_restart(servers, det_no_cuda_graph, vocab):
-    run = _e2e.run_audit(servers, det_no_cuda_graph, vocab)
-    _e2e.check_deterministic_audit(run, f"{FAMILY}_det_no_cuda_graph_audit")
-
-
-def test_same_tokens_with_cuda_graphs_on_and_off(servers, det_cuda_graph, det_no_cuda_graph, vocab):
-    # Memoised audits: no server starts here unless a test above was deselected.
-    runs = [_e2e.run_audit(servers, config, vocab) for config in (det_cuda_graph, det_no_cuda_graph)]
-    _e2e.check_same_tokens(runs, f"{FAMILY}_same_tokens_cuda_graph_on_off_restart")
-
+from _family_checks import (  # noqa: E402,F401  (collected here, in this position)
+    test_deterministic_without_cuda_graphs_after_restart,
+    test_same_tokens_with_cuda_graphs_on_and_off,
+)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
