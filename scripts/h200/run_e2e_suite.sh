@@ -8,8 +8,8 @@
 #   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_*.py              # all three, 5-6 min
 #
 # Arguments not ending in .py go to every pytest (e.g. -k "not concurrent").
-# With FA3 in /tmp/site (pack_fa3.py) the multi-layer EAGLE servers use it: SGLang captures the
-# single-CUDA-graph draft-extend step only with FA3; DETSPEC_E2E_MTP_SERVER_ARGS overrides.
+# With sgl-kernel's FA3 library installed (pack_fa3.py) the multi-layer EAGLE servers use it
+# (test/registered/e2e/_e2e.py); DETSPEC_E2E_MTP_SERVER_ARGS overrides.
 # Results land in $OUT (default /tmp/detspec-out): one JSON per check, server log excerpts,
 # the pytest log per file; with ARCHIVE=PATH also packed into one .tgz there, even when a
 # time limit stops the run (about 30 files: easier to move as one).
@@ -56,10 +56,8 @@ chmod +x /tmp/site/bin/sglang
 # A run that skips everything must not pass as a GPU run.
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || { echo "run_e2e_suite: no CUDA GPU visible to torch" >&2; exit 1; }
-if [ -z "${DETSPEC_E2E_MTP_SERVER_ARGS:-}" ] && [ -f /tmp/site/sgl_kernel/flash_ops.abi3.so ]; then
-  export DETSPEC_E2E_MTP_SERVER_ARGS="--disable-hybrid-swa-memory --attention-backend fa3"
-fi
-echo "multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_SERVER_ARGS:-(suite default)}"
+echo "multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_SERVER_ARGS:-$(python3 -c \
+  'import sys; sys.path.insert(0, "test/registered/e2e"); import _e2e; print(_e2e.default_mtp_server_args())')}"
 
 # The tiny models are written once per machine and reused by the following commands; written
 # here, before the parallel runs, so no two processes write the same folder.

@@ -49,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Raises:
         SystemExit: code 2 on bad arguments (argparse prints the reason), 0
-            for ``--help`` and ``--version``.
+            for ``--help`` and ``--version``. A bad ``SGLANG_DETSPEC_*``
+            environment setting returns 2 with the reason on stderr.
     """
     parser = build_parser()
     args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
@@ -59,6 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
+        return 2
+    from ..config import env_settings
+
+    try:
+        env_settings()  # a bad SGLANG_DETSPEC_* setting is a usage error, not a traceback later
+    except ValueError as exc:
+        print(f"detspec: error: {exc}", file=sys.stderr)
         return 2
     return int(handler(args))
 

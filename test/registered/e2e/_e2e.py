@@ -25,7 +25,8 @@ Settings, all read from the environment, all optional:
 ``DETSPEC_E2E_SERVER_ARGS``   flags for every server (default
                               :data:`DEFAULT_SERVER_ARGS`)
 ``DETSPEC_E2E_MTP_SERVER_ARGS`` flags added after those for multi-layer EAGLE
-                              servers (default :data:`DEFAULT_MTP_SERVER_ARGS`)
+                              servers (default :func:`default_mtp_server_args`:
+                              FA3 attention when sgl-kernel ships it)
 ``DETSPEC_E2E_TRIALS``        audit trials per server (default 25, at least 24)
 ``DETSPEC_E2E_MAX_NEW_TOKENS`` probe length in the audits (default 32)
 ``DETSPEC_E2E_CONCURRENCY``   concurrent ``/generate`` senders per sub-batch
@@ -71,6 +72,23 @@ DEFAULT_SERVER_ARGS = (
 # whatever its layer types; all its layers use full attention, so the ordinary
 # KV pool serves it (see scripts/make_tiny_models.py, write_mtp).
 DEFAULT_MTP_SERVER_ARGS = "--disable-hybrid-swa-memory"
+# SGLang 0.5.23 captures the multi-layer draft-extend step as one CUDA graph only with an
+# attention backend that stages draft-extend metadata (FA3 on Hopper); with triton it falls
+# back to one graph per step. FA3 is used whenever SGLang's kernel package ships it.
+FA3_SERVER_ARGS = "--attention-backend fa3"
+
+
+def fa3_installed() -> bool:
+    """Whether sgl-kernel's FlashAttention-3 library is installed (it is a separate shared object)."""
+    spec = importlib.util.find_spec("sgl_kernel")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(Path(folder).glob("flash_ops*.so") for folder in spec.submodule_search_locations)
+
+
+def default_mtp_server_args() -> str:
+    """The multi-layer servers' extra flags when ``DETSPEC_E2E_MTP_SERVER_ARGS`` is unset."""
+    return f"{DEFAULT_MTP_SERVER_ARGS} {FA3_SERVER_ARGS}" if fa3_installed() else DEFAULT_MTP_SERVER_ARGS
 
 CHAIN_EAGLE_ARGS = (
     "--speculative-algorithm", "EAGLE",
@@ -248,7 +266,7 @@ def server_config(family: str, models: Models, *, deterministic: bool, cuda_grap
         draft, spec, extra = models.eagle, CHAIN_EAGLE_ARGS, ""
     else:
         draft, spec = models.mtp_draft, MULTI_LAYER_EAGLE_ARGS
-        extra = env_str("DETSPEC_E2E_MTP_SERVER_ARGS", DEFAULT_MTP_SERVER_ARGS)
+        extra = env_str("DETSPEC_E2E_MTP_SERVER_ARGS", default_mtp_server_args())
     args = [*spec, "--speculative-draft-model-path", draft, "--device", "cuda",
             *shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS)), *shlex.split(extra)]
     if deterministic:

@@ -242,6 +242,13 @@ def test_cli_lists_audit_and_needs_a_command(capsys):
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
+def test_bad_environment_setting_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setenv("SGLANG_DETSPEC_KERNEL", "bogus")
+    assert main(["audit", "--trials", "2"]) == 2
+    assert "detspec: error: SGLANG_DETSPEC_KERNEL must be one of ('auto', 'torch', 'triton'), got 'bogus'" in (
+        capsys.readouterr().err)
+
+
 if __name__ == "__main__":
     import sys
 
