@@ -40,12 +40,12 @@ With the bag inactive SGLang's validation runs untouched.
 from __future__ import annotations
 
 from ..ops.streams import U64
+from ..seed_encoding import sglang_seed
 from .resolve import active_config
 
 TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
 
-_I64_MAX = (1 << 63) - 1
 
 
 def check_sampling_seed(seed: object) -> int:
@@ -79,7 +79,7 @@ def check_sampling_seed(seed: object) -> int:
             f"sampling_seed must be in [0, 2**64 - 1] (sglang-detspec keys its random streams by an "
             f"unsigned 64-bit seed), got {seed}"
         )
-    return seed - U64 if seed > _I64_MAX else seed
+    return sglang_seed(seed, "int64")  # the int64 with the same 64 bits
 
 
 def verify_unsigned_seed(original, self, *args, **kwargs):
