@@ -16,23 +16,85 @@ import torch
 from .streams import U32, U64
 
 INT_DTYPES = (torch.int64, torch.int32)
+POSITION_DTYPES = (torch.int64, torch.int32, torch.uint32, torch.uint64)
 PROB_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def as_seed_tensor(seeds, batch: int | None, device: torch.device) -> torch.Tensor:
-    """Seeds as an int64 tensor holding the uint64 bits.
+SEED_FORMS = (
+    "an int64 tensor [B] (uint64 bits, SGLang's carrier), a torch.uint64 tensor [B], "
+    "a NumPy integer array [B], a sequence of ints in [0, 2**64), or one int for every row"
+)
+POSITION_FORMS = (
+    "an integer tensor [B], a NumPy integer array [B], a sequence of ints, or one int for every row"
+)
 
-    A tensor must be int64 (SGLang's carrier type; its bits are read as
-    uint64, so every value is valid). A Python sequence must hold ints in
-    ``[0, 2**64)``.
+
+def batch_of(*values) -> int | None:
+    """The row count of the first argument that is not a scalar (None if all are)."""
+    for v in values:
+        if _is_scalar(v):
+            continue
+        if isinstance(v, torch.Tensor):
+            return v.shape[0] if v.dim() else None
+        try:
+            return len(v)
+        except TypeError:
+            return None
+    return None
+
+
+def _is_scalar(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0
+    if _is_ndarray(value):
+        return value.ndim == 0
+    return not isinstance(value, bool) and hasattr(value, "__index__")
+
+
+def _is_ndarray(value) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
+
+
+def _broadcast(t: torch.Tensor, batch: int | None) -> torch.Tensor:
+    # A real [B] copy, not an expanded view: kernels index it per row.
+    return t.reshape(1).expand(1 if batch is None else batch).contiguous()
+
+
+def as_seed_tensor(seeds, batch: int | None, device: torch.device) -> torch.Tensor:
+    """Seeds as an int64 [B] tensor holding the uint64 bits.
+
+    Accepted forms: an int64 tensor (SGLang's carrier type; its bits are read
+    as uint64, so every value is valid); a ``torch.uint64`` tensor (its bits
+    are reinterpreted, no value changes); a NumPy integer array (``uint64``
+    reinterpreted, signed dtypes must hold values >= 0); a sequence of ints in
+    ``[0, 2**64)``; one int (Python, NumPy or a 0-d tensor) used for every row.
+    Tensors and arrays are 1-D [B]; tensors must already be on ``device``.
 
     Raises:
-        ValueError: wrong dtype, shape, device, or a Python seed outside uint64.
+        ValueError: another dtype (the message says what to pass), wrong
+            shape or device, or a seed outside uint64.
     """
     if isinstance(seeds, torch.Tensor):
-        if seeds.dtype != torch.int64:
-            raise ValueError(f"seeds must be an int64 tensor (uint64 bits), got dtype {seeds.dtype}")
-        t = seeds
+        if seeds.dtype == torch.uint64:
+            t = seeds.view(torch.int64)
+        elif seeds.dtype == torch.int64:
+            t = seeds
+        else:
+            raise ValueError(
+                f"seeds must be an int64 tensor (uint64 bits) or a torch.uint64 tensor, got dtype {seeds.dtype}; "
+                "for non-negative values pass seeds.to(torch.int64)"
+            )
+        if t.dim() == 0:
+            t = _broadcast(t, batch)
+    elif _is_ndarray(seeds):
+        t = _numpy_to_tensor("seeds", seeds, device, uint64_bits=True)
+        if t.dim() == 0:
+            t = _broadcast(t, batch)
+    elif _is_scalar(seeds):
+        s = _as_int("seeds", seeds)
+        if not 0 <= s < U64:
+            raise ValueError(f"seeds = {s} is outside uint64 [0, 2**64)")
+        t = _broadcast(torch.tensor(s - U64 if s >= 1 << 63 else s, dtype=torch.int64, device=device), batch)
     elif isinstance(seeds, Sequence) and not isinstance(seeds, (str, bytes)):
         vals = []
         for i, s in enumerate(seeds):
@@ -42,35 +104,69 @@ def as_seed_tensor(seeds, batch: int | None, device: torch.device) -> torch.Tens
             vals.append(s - U64 if s >= 1 << 63 else s)
         t = torch.tensor(vals, dtype=torch.int64, device=device)
     else:
-        raise ValueError(f"seeds must be an int64 tensor or a sequence of ints, got {type(seeds).__name__}")
+        raise ValueError(f"seeds must be {SEED_FORMS}; got {type(seeds).__name__}")
     _check_vector("seeds", t, batch, device)
-    return t
+    return t.contiguous()  # kernels index seeds by row
+
+
+def _numpy_to_tensor(name: str, arr, device: torch.device, *, uint64_bits: bool) -> torch.Tensor:
+    """An integer NumPy array as int64 on ``device``; uint64 seeds keep their bits."""
+    import numpy as np
+
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} as a NumPy array must have an integer dtype, got {arr.dtype}")
+    if arr.dtype == np.uint64:
+        if uint64_bits:
+            return torch.from_numpy(np.ascontiguousarray(arr).view(np.int64)).to(device)
+        if arr.size and int(arr.max()) >= 1 << 63:
+            raise ValueError(f"{name} holds {int(arr.max())}, outside [0, 2**32)")
+    elif np.issubdtype(arr.dtype, np.signedinteger) and arr.size and int(arr.min()) < 0:
+        bound = "uint64 [0, 2**64)" if uint64_bits else "[0, 2**32)"
+        raise ValueError(f"{name} holds {int(arr.min())}, outside {bound}")
+    return torch.from_numpy(np.ascontiguousarray(arr).astype(np.int64)).to(device)
 
 
 def as_position_tensor(
     positions, batch: int | None, device: torch.device, check: bool, *, span: int = 1, name: str = "positions"
 ) -> torch.Tensor:
-    """Absolute positions as int64; ``positions + span - 1`` must stay below 2**32.
+    """Absolute positions as int64 [B]; ``positions + span - 1`` must stay below 2**32.
 
     ``span`` is how many consecutive positions each row uses from its start
-    (``K + 1`` for a chain verify), so the last one is checked too.
+    (``K + 1`` for a chain verify), so the last one is checked too. Accepted
+    forms: an integer tensor (int64, int32, uint32 or uint64) [B] on
+    ``device``, a NumPy integer array [B], a sequence of ints, or one int
+    (Python, NumPy or a 0-d tensor) used for every row.
 
     Raises:
         ValueError: wrong dtype, shape, device, or a position outside [0, 2**32 - span].
     """
     if isinstance(positions, torch.Tensor):
-        if positions.dtype not in INT_DTYPES:
-            raise ValueError(f"{name} must be an int64 or int32 tensor, got dtype {positions.dtype}")
+        if positions.dtype not in POSITION_DTYPES:
+            raise ValueError(
+                f"{name} must be an integer tensor (int64, int32, uint32 or uint64), got dtype {positions.dtype}"
+            )
         t = positions.to(torch.int64)
-    elif isinstance(positions, Sequence) and not isinstance(positions, (str, bytes)):
-        vals = [_as_int(f"{name}[{i}]", p) for i, p in enumerate(positions)]
+        if t.dim() == 0:
+            t = _broadcast(t, batch)
+    elif _is_ndarray(positions):
+        t = _numpy_to_tensor(name, positions, device, uint64_bits=False)
+        if t.dim() == 0:
+            t = _broadcast(t, batch)
+    elif _is_scalar(positions) or (isinstance(positions, Sequence) and not isinstance(positions, (str, bytes))):
+        scalar = _is_scalar(positions)
+        items = [positions] if scalar else positions
+        vals = [_as_int(name if scalar else f"{name}[{i}]", p) for i, p in enumerate(items)]
         for i, p in enumerate(vals):
             if not 0 <= p <= U32 - span:
-                raise ValueError(f"{name}[{i}] = {p} is outside [0, 2**32 - {span}]")
+                label = name if scalar else f"{name}[{i}]"
+                raise ValueError(f"{label} = {p} is outside [0, 2**32 - {span}]")
         t = torch.tensor(vals, dtype=torch.int64, device=device)
+        if scalar:
+            t = _broadcast(t, batch)
     else:
-        raise ValueError(f"{name} must be an integer tensor or a sequence of ints, got {type(positions).__name__}")
+        raise ValueError(f"{name} must be {POSITION_FORMS}; got {type(positions).__name__}")
     _check_vector(name, t, batch, device)
+    t = t.contiguous()
     if check and t.numel():
         lo, hi = int(t.min()), int(t.max())
         if lo < 0 or hi > U32 - span:
@@ -183,6 +279,32 @@ def check_probs(
                 f"{name} row {idx} sums to {float(t[tuple(idx)].double().sum())}, "
                 f"not 1 within {tol}: verification needs probability distributions"
             )
+
+
+def check_draft_tokens(draft_tokens) -> tuple[int, int]:
+    """Metadata of chain draft tokens: an int64/int32 tensor [B, K]; returns ``(B, K)``.
+
+    Raises:
+        ValueError: not an int64/int32 tensor, or not 2-D.
+    """
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in INT_DTYPES:
+        got = draft_tokens.dtype if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
+        raise ValueError(f"draft_tokens must be an int64 or int32 tensor [B, K], got {got}")
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be 2-D [B, K], got shape {tuple(draft_tokens.shape)}")
+    return tuple(draft_tokens.shape)
+
+
+def check_token_range(name: str, tokens: torch.Tensor, vocab: int) -> None:
+    """Every id in ``tokens`` lies in [0, V) (reads the tensor back to the host).
+
+    Raises:
+        ValueError: naming ``name``, the offending id and V.
+    """
+    if tokens.numel():
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"{name} holds {lo if lo < 0 else hi}, outside [0, V = {vocab})")
 
 
 def check_columns_fit(name: str, first_column: int, vocab: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import as_column_tensor, as_position_tensor, as_seed_tensor
+from .checks import as_column_tensor, as_position_tensor, as_seed_tensor, batch_of
 from .streams import MASK32, U32, U64, Stream
 
 C1 = 0xCC9E2D51
@@ -117,9 +117,10 @@ def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Te
     """MurmurHash3_x86_32 (seed 0) of ``[lo32(key), hi32(key), position, column]``.
 
     Args:
-        seeds: int64 tensor [B] (uint64 bits) or Python ints in [0, 2**64).
-        positions: integer tensor [B] or Python ints in [0, 2**32): absolute
-            token positions.
+        seeds: int64 or uint64 tensor [B] (uint64 bits), a NumPy integer
+            array, Python ints in [0, 2**64), or one int for every row.
+        positions: integer tensor [B], NumPy array, Python ints in
+            [0, 2**32), or one int for every row: absolute token positions.
         columns: integer tensor or Python ints [C] in [0, 2**32); a tensor
             on another device is copied to the seeds' device.
         salt: a :class:`Stream` or an int in [0, 2**64); ``key = seed + salt mod 2**64``.
@@ -133,7 +134,8 @@ def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Te
             [0, 2**32), mismatched lengths or devices, wrong dtypes.
     """
     device = _device_of(seeds, positions)
-    seeds_t = as_seed_tensor(seeds, None, device)
+    batch = batch_of(seeds, positions)
+    seeds_t = as_seed_tensor(seeds, batch, device)
     pos_t = as_position_tensor(positions, seeds_t.shape[0], device, True)
     cols = as_column_tensor(columns, device)
     lo, hi = key_words(seeds_t, _salt_int(salt))

@@ -1,10 +1,14 @@
-"""Which implementation an op runs: the torch reference or the Triton kernel."""
+"""Which implementation an op runs: the torch reference or the Triton kernel.
+
+The choice is an argument of every op; nothing here reads plugin state, so a
+caller that holds a configured choice passes it in.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from ..config import KERNELS
+KERNELS = ("auto", "torch", "triton")
 
 
 def triton_available() -> bool:
@@ -18,21 +22,18 @@ def triton_available() -> bool:
     return True
 
 
-def use_triton(kernel: str | None, device: torch.device) -> bool:
-    """Resolve ``kernel`` (None: the config bag's choice) for tensors on ``device``.
+def use_triton(kernel: str, device: torch.device) -> bool:
+    """Resolve ``kernel`` for tensors on ``device``: True means run the Triton kernel.
 
     ``auto`` picks Triton for CUDA tensors when Triton imports, the torch
     reference elsewhere.
 
     Raises:
-        ValueError: an unknown kernel name, or ``triton`` forced for tensors
-            that are not on a CUDA device.
+        ValueError: ``kernel`` is not one of ``auto``, ``torch``, ``triton``
+            (None included), or ``triton`` is forced for tensors that are not
+            on a CUDA device.
     """
-    if kernel is None:
-        from ..config import current_config
-
-        kernel = current_config().kernel
-    if kernel not in KERNELS:
+    if not isinstance(kernel, str) or kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "torch":
         return False

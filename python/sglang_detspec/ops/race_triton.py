@@ -10,30 +10,30 @@ Bit for bit equal to ``race_ref.race_reference`` on the same CUDA device.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from . import triton_config as cfg
 from .streams import salt_words
-from .triton_hash import exact_score, hash_column, may_reach, row_prefix, split_argmax
-
-BLOCK = 1024
-NUM_WARPS = 4
-BIG = 2**31 - 1
-PROGRAMS_PER_SM = 4
+from .triton_blocks import load_tile, race_split_argmax, split_bounds
+from .triton_hash import exact_score, may_reach, row_prefix, split_argmax
 
 
 @triton.jit(do_not_specialize=["col_offset"])
 def _race_argmax_kernel(
-    w_ptr,  # [B, V] float, row stride w_stride
+    w_ptr,  # [B, N, V] float (N = 1 for a plain race), strides (w_sb, w_sn, 1)
     seed_ptr,  # [B] int64, uint64 bits
-    pos_ptr,  # [B] int64, absolute positions
-    part_v_ptr,  # [B, S] float64 out: best score per split
-    part_i_ptr,  # [B, S] int32 out: its token id
+    pos_ptr,  # [B, N] int64 positions, strides (pos_sb, pos_sn); pos_sn = 0: one per request
+    part_v_ptr,  # [B*N, S] float64 out: best score per split
+    part_i_ptr,  # [B*N, S] int32 out: its token id
     V,
-    w_stride,
+    N,  # rows per request
+    w_sb,
+    w_sn,
+    pos_sb,
+    pos_sn,
+    pos_step,  # added per node index: 1 makes row i of a chain race at pos + i
     col_offset,  # draft_step * V
     num_splits,  # S
     split_cols,  # columns per split, a multiple of BLOCK
@@ -42,33 +42,17 @@ def _race_argmax_kernel(
     BLOCK: tl.constexpr,
     BIG: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    r = tl.program_id(0)
     split = tl.program_id(1)
-    prefix = row_prefix(tl.load(seed_ptr + row), tl.load(pos_ptr + row), SALT_LO, SALT_HI)
-    w_row = w_ptr + row.to(tl.int64) * w_stride
-    lanes = tl.arange(0, BLOCK)
-    best_v = tl.full([BLOCK], -1.0, tl.float64)
-    best_i = tl.zeros([BLOCK], tl.int32)
-    best = tl.max(best_v, axis=0)  # running best of the split, float64 scalar
-    start = split * split_cols
-    end = tl.minimum(start + split_cols, V)
-    for tile in range(start, end, BLOCK):
-        idx = tile + lanes
-        mask = idx < end
-        w = tl.load(w_row + idx, mask=mask, other=0.0)
-        h = hash_column(prefix, idx.to(tl.uint32) + col_offset.to(tl.uint32))
-        # float64 log and divide only for tiles that may hold a new best: the
-        # float32 pre-filter never drops a lane that could reach it.
-        if tl.max((may_reach(w, h, best) & mask).to(tl.int32), axis=0) > 0:
-            s = tl.where(mask, exact_score(w, h), -1.0)
-            # Strict '>': a lane keeps its earlier (smaller) index on ties.
-            take = s > best_v
-            best_v = tl.where(take, s, best_v)
-            best_i = tl.where(take, idx, best_i)
-            best = tl.max(best_v, axis=0)
-    m, i = split_argmax(best_v, best_i, BIG)
-    tl.store(part_v_ptr + row * num_splits + split, m)
-    tl.store(part_i_ptr + row * num_splits + split, i)
+    b = r // N
+    i = r % N
+    pos = tl.load(pos_ptr + b.to(tl.int64) * pos_sb + i * pos_sn) + i * pos_step
+    prefix = row_prefix(tl.load(seed_ptr + b), pos, SALT_LO, SALT_HI)
+    w_row = w_ptr + b.to(tl.int64) * w_sb + i.to(tl.int64) * w_sn
+    start, end = split_bounds(split, split_cols, V)
+    m, idx = race_split_argmax(w_row, prefix, col_offset, start, end, BLOCK, BIG)
+    tl.store(part_v_ptr + r.to(tl.int64) * num_splits + split, m)
+    tl.store(part_i_ptr + r.to(tl.int64) * num_splits + split, idx)
 
 
 @triton.jit(do_not_specialize=["col_offset"])
@@ -94,18 +78,13 @@ def _race_topk_kernel(
     split = tl.program_id(1)
     prefix = row_prefix(tl.load(seed_ptr + row), tl.load(pos_ptr + row), SALT_LO, SALT_HI)
     w_row = w_ptr + row.to(tl.int64) * w_stride
-    lanes = tl.arange(0, BLOCK)
     slots = tl.arange(0, KP)
     bv = tl.full([KP], -2.0, tl.float64)
     bi = tl.full([KP], BIG, tl.int32)
     kth = tl.min(bv, axis=0)  # score in slot K-1: a tile must beat it to change the list
-    start = split * split_cols
-    end = tl.minimum(start + split_cols, V)
+    start, end = split_bounds(split, split_cols, V)
     for tile in range(start, end, BLOCK):
-        idx = tile + lanes
-        mask = idx < end
-        w = tl.load(w_row + idx, mask=mask, other=0.0)
-        h = hash_column(prefix, idx.to(tl.uint32) + col_offset.to(tl.uint32))
+        idx, mask, w, h = load_tile(w_row, prefix, tile, col_offset, end, BLOCK)
         s = tl.full([BLOCK], -1.0, tl.float64)
         if tl.max((may_reach(w, h, kth) & mask).to(tl.int32), axis=0) > 0:
             s = tl.where(mask, exact_score(w, h), -1.0)
@@ -151,20 +130,6 @@ def _race_reduce_kernel(
         v = tl.where(ids == i, -3.0, v)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def plan_splits(batch: int, vocab: int, device: torch.device) -> tuple[int, int]:
-    """``(S, columns per split)``: about 4 programs per SM, splits of whole blocks."""
-    blocks = triton.cdiv(vocab, BLOCK)
-    target = PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    splits = max(1, min(blocks, triton.cdiv(target, max(batch, 1))))
-    per = triton.cdiv(blocks, splits)
-    return triton.cdiv(blocks, per), per * BLOCK
-
-
 def race_triton(
     weights: torch.Tensor,  # [B, V] float16/bfloat16/float32/float64, CUDA, unit last-dim stride
     seeds: torch.Tensor,  # [B] int64, uint64 bits
@@ -181,17 +146,14 @@ def race_triton(
     if weights.stride(1) != 1:
         weights = weights.contiguous()
     b, v = weights.shape
-    splits, split_cols = plan_splits(b, v, weights.device)
+    splits, split_cols = cfg.plan_splits(b, v, weights.device)
     dev = weights.device
     salt_lo, salt_hi = salt_words(salt)
     out = torch.empty(b, num_samples, dtype=torch.int64, device=dev)
     if num_samples == 1:
         kp = 1
-        part_v = torch.empty(b, splits, dtype=torch.float64, device=dev)
-        part_i = torch.empty(b, splits, dtype=torch.int32, device=dev)
-        _race_argmax_kernel[(b, splits)](
-            weights, seeds, positions, part_v, part_i, v, weights.stride(0), column_offset, splits, split_cols,
-            SALT_LO=salt_lo, SALT_HI=salt_hi, BLOCK=BLOCK, BIG=BIG, num_warps=NUM_WARPS,
+        part_v, part_i = race_rows_argmax(
+            weights.unsqueeze(1), seeds, positions, salt, column_offset=column_offset
         )
     else:
         kp = triton.next_power_of_2(num_samples)
@@ -199,8 +161,42 @@ def race_triton(
         part_i = torch.empty(b, splits, kp, dtype=torch.int32, device=dev)
         _race_topk_kernel[(b, splits)](
             weights, seeds, positions, part_v, part_i, v, weights.stride(0), column_offset, splits, split_cols,
-            SALT_LO=salt_lo, SALT_HI=salt_hi, K=num_samples, KP=kp, BLOCK=BLOCK, BIG=BIG, num_warps=NUM_WARPS,
+            SALT_LO=salt_lo, SALT_HI=salt_hi, K=num_samples, KP=kp, BLOCK=cfg.BLOCK, BIG=cfg.BIG,
+            num_warps=cfg.NUM_WARPS,
         )
-    n = splits * kp
-    _race_reduce_kernel[(b,)](part_v, part_i, out, n, K=num_samples, NP=triton.next_power_of_2(n), BIG=BIG)
+    n = part_v.numel() // max(b, 1)
+    _race_reduce_kernel[(b,)](part_v, part_i, out, n, K=num_samples, NP=triton.next_power_of_2(n), BIG=cfg.BIG)
     return out
+
+
+def race_rows_argmax(
+    weights: torch.Tensor,  # [B, N, V] float, unit last-dim stride
+    seeds: torch.Tensor,  # [B] int64, uint64 bits
+    positions: torch.Tensor,  # [B] or [B, N] int64
+    salt: int,  # stream salt, uint64
+    *,
+    column_offset: int = 0,
+    position_step: int = 0,  # [B] positions only: row i races at positions[b] + i * position_step
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Race all B*N rows at once: per-split partials ``(float64 [B*N, S], int32 [B*N, S])``.
+
+    Row (b, i) uses seed b and position ``positions[b, i]`` (or
+    ``positions[b] + i * position_step``). Reduce a row's S partials in split
+    order, ties to the smaller id, to get its winner. Unchecked; no host sync.
+    """
+    b, n, v = weights.shape
+    dev = weights.device
+    splits, split_cols = cfg.plan_splits(b * n, v, dev)
+    part_v = torch.empty(b * n, splits, dtype=torch.float64, device=dev)
+    part_i = torch.empty(b * n, splits, dtype=torch.int32, device=dev)
+    if positions.dim() == 1:
+        pos_sb, pos_sn = positions.stride(0), 0
+    else:
+        pos_sb, pos_sn = positions.stride(0), positions.stride(1)
+    salt_lo, salt_hi = salt_words(salt)
+    _race_argmax_kernel[(b * n, splits)](
+        weights, seeds, positions, part_v, part_i, v, n, weights.stride(0), weights.stride(1),
+        pos_sb, pos_sn, position_step, column_offset, splits, split_cols,
+        SALT_LO=salt_lo, SALT_HI=salt_hi, BLOCK=cfg.BLOCK, BIG=cfg.BIG, num_warps=cfg.NUM_WARPS,
+    )
+    return part_v, part_i

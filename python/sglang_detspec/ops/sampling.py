@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .checks import as_position_tensor, as_seed_tensor, check_columns_fit, check_probs, INT_DTYPES
+from .checks import (
+    as_position_tensor, as_seed_tensor, check_columns_fit, check_draft_tokens, check_probs, check_token_range,
+)
 from .hashing import key_words, row_prefix
 from .kernel_choice import use_triton
 from .race_ref import race_reference
@@ -26,7 +28,7 @@ def exponential_race(
     draft_step: int = 0,
     num_samples: int = 1,
     check: bool = True,
-    kernel: str | None = None,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """Seeded categorical draw by exponential race (Gumbel-max), docs/design.md §3.
 
@@ -41,9 +43,11 @@ def exponential_race(
         weights: [B, V] float16/bfloat16/float32/float64, finite, >= 0, each
             row with a positive entry. Need not sum to 1.
         seeds: int64 tensor [B] (uint64 bits, as SGLang carries
-            ``sampling_seed``) or Python ints in [0, 2**64).
-        positions: integer tensor [B] or ints: absolute position, in the
-            request's full sequence, of the token being drawn; < 2**32.
+            ``sampling_seed``), a torch.uint64 tensor, a NumPy integer array,
+            ints in [0, 2**64), or one int for every row.
+        positions: integer tensor [B], NumPy array, ints, or one int for
+            every row: absolute position, in the request's full sequence, of
+            the token being drawn; < 2**32.
         stream: which stream (:class:`Stream` or its name).
         draft_step: DRAFT stream only: draft step / MTP layer; the columns are
             ``draft_step * V + token_id`` and must stay below 2**32.
@@ -51,7 +55,7 @@ def exponential_race(
         check: run the value checks (NaN, sign, ranges), which read tensors back
             to the host; pass False inside CUDA-graph capture. Shape, dtype and
             device checks always run.
-        kernel: ``"auto"``, ``"torch"`` or ``"triton"``; None reads the config bag.
+        kernel: ``"auto"`` (Triton for CUDA tensors), ``"torch"`` or ``"triton"``.
 
     Returns:
         int64 [B, num_samples] token ids, on the weights' device.
@@ -65,7 +69,8 @@ def exponential_race(
         ValueError: bad shapes, dtypes or devices; NaN, inf or negative weights;
             float64 weights that are subnormal or above 1e290; an all-zero row; fewer than k positive weights in a row; a seed
             outside uint64; a position outside [0, 2**32); draft_step * V + V
-            above 2**32; draft_step given for a stream other than DRAFT.
+            above 2**32; draft_step given for a stream other than DRAFT; an
+            unknown ``kernel`` (None included).
     """
     stream = Stream.parse(stream)
     check_probs("weights", weights, 2, check)
@@ -107,7 +112,7 @@ def verify_chain(
     positions,
     *,
     check: bool = True,
-    kernel: str | None = None,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded chain verification with rejection sampling (topk = 1), docs/design.md §4.
 
@@ -126,12 +131,12 @@ def verify_chain(
             rows sum to 1 and ``q_j[x_j] > 0``.
         target_probs: [B, K+1, V] float of the same dtype, target distributions
             at positions t..t+K; rows sum to 1.
-        seeds: int64 tensor [B] (uint64 bits) or Python ints in [0, 2**64).
-        positions: integer tensor [B] or ints: t, the absolute position of x_0;
+        seeds: as :func:`exponential_race`.
+        positions: integer tensor [B], NumPy array, ints or one int: t, the absolute position of x_0;
             t + K must be < 2**32.
         check: run the value checks (reads tensors back to the host); pass
             False inside CUDA-graph capture.
-        kernel: ``"auto"``, ``"torch"`` or ``"triton"``; None reads the config bag.
+        kernel: ``"auto"`` (Triton for CUDA tensors), ``"torch"`` or ``"triton"``.
 
     Returns:
         ``(tokens, accept_lengths)``: int64 [B, K+1] with the accepted draft
@@ -144,14 +149,9 @@ def verify_chain(
             (including K); draft tokens outside [0, V) or with q_j[x_j] = 0;
             NaN, inf or negative probabilities; rows that do not sum to 1
             (within 1e-3 for float32); a seed outside uint64; a position with
-            t + K outside [0, 2**32).
+            t + K outside [0, 2**32); an unknown ``kernel`` (None included).
     """
-    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in INT_DTYPES:
-        got = draft_tokens.dtype if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
-        raise ValueError(f"draft_tokens must be an int64 or int32 tensor [B, K], got {got}")
-    if draft_tokens.dim() != 2:
-        raise ValueError(f"draft_tokens must be 2-D [B, K], got shape {tuple(draft_tokens.shape)}")
-    b, k = draft_tokens.shape
+    b, k = check_draft_tokens(draft_tokens)
     # Shapes, dtypes and devices first, so a mismatch is named as such.
     check_probs("draft_probs", draft_probs, 3, False)
     check_probs("target_probs", target_probs, 3, False)
@@ -174,10 +174,9 @@ def verify_chain(
     check_probs("target_probs", target_probs, 3, check, normalised=True)
     seeds_t = as_seed_tensor(seeds, b, dev)
     pos_t = as_position_tensor(positions, b, dev, check, span=k + 1)
+    if check:
+        check_token_range("draft_tokens", draft_tokens, v)
     if check and draft_tokens.numel():
-        lo, hi = int(draft_tokens.min()), int(draft_tokens.max())
-        if lo < 0 or hi >= v:
-            raise ValueError(f"draft_tokens holds {lo if lo < 0 else hi}, outside [0, V = {v})")
         q_x = draft_probs.gather(2, draft_tokens.to(torch.int64).unsqueeze(2))
         if bool((q_x == 0).any()):
             b0, j0, _ = (q_x == 0).nonzero()[0].tolist()

@@ -1,8 +1,9 @@
-"""The four keyed random streams and how a request seed becomes a hash key.
+"""The keyed random streams and how a request seed becomes a hash key.
 
-Domain separation: each use of randomness in speculative decoding (draft
-proposal, accept coin, residual resample, bonus token) hashes under its own
-64-bit salt, so no two uses ever read the same uniform for a request.
+Domain separation: each use of randomness (draft proposal, accept coin,
+residual resample, bonus token, target token, parallel-sample seeds) hashes
+under its own 64-bit salt, so no two uses ever read the same uniform for a
+request.
 """
 
 from __future__ import annotations
@@ -27,12 +28,19 @@ class Stream(enum.Enum):
       column ``token_id``.
     - ``BONUS``: bonus token after every draft token was accepted; column
       ``token_id``.
+    - ``TARGET``: the target token at an absolute position: prefill's first
+      token, plain decode and all of coupled verification (and coupled draft
+      proposals, which race q on the same uniforms); column ``token_id``.
+    - ``SAMPLE``: deriving the seeds of parallel samples (``n > 1``); columns
+      0 and 1 give the low and high words of the derived seed.
     """
 
     DRAFT = 0x44524146545F0000
     ACCEPT = 0x4143434550540000
     RESAMPLE = 0x524553414D500000
     BONUS = 0x424F4E5553000000
+    TARGET = 0x5441524745540000
+    SAMPLE = 0x53414D504C450000
 
     @property
     def salt(self) -> int:

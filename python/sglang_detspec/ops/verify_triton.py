@@ -17,8 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .race_triton import BIG, BLOCK, plan_splits
+from . import triton_config as cfg
 from .streams import Stream, salt_words
+from .triton_blocks import lane_bests, load_tile, split_bounds, take_better
 from .triton_hash import INV_2_32, hash_column, inverse_exponential, may_reach, row_prefix, split_argmax
 
 _ACC, _RES, _BON = Stream.ACCEPT.salt, Stream.RESAMPLE.salt, Stream.BONUS.salt
@@ -76,38 +77,22 @@ def _verify_race_kernel(
     prefix = row_prefix(seed, t + n, salt_lo, salt_hi)
     p_sel = p_row + n * p_sk
     q_sel = q_row + tl.minimum(n, K - 1) * q_sk
-    lanes = tl.arange(0, BLOCK)
-    best_r = tl.full([BLOCK], -1.0, tl.float64)
-    best_ri = tl.zeros([BLOCK], tl.int32)
-    best_p = tl.full([BLOCK], -1.0, tl.float64)
-    best_pi = tl.zeros([BLOCK], tl.int32)
+    best_r, best_ri, top_r = lane_bests(BLOCK)  # residual race
+    best_p, best_pi, top_p = lane_bests(BLOCK)  # race over p (bonus, or all-zero residual fallback)
     any_pos = tl.zeros([BLOCK], tl.int32)
-    top_r = tl.max(best_r, axis=0)  # running bests, float64 scalars
-    top_p = tl.max(best_p, axis=0)
-    start = split * split_cols
-    end = tl.minimum(start + split_cols, V)
+    start, end = split_bounds(split, split_cols, V)
     for tile in range(start, end, BLOCK):
-        idx = tile + lanes
-        mask = idx < end
-        pv = tl.load(p_sel + idx, mask=mask, other=0.0)
+        idx, mask, pv, h = load_tile(p_sel, prefix, tile, n * 0, end, BLOCK)
         qv = tl.load(q_sel + idx, mask=mask & rejected, other=0.0)
         # The residual in the probs' own dtype, as the reference computes it.
         r = tl.maximum(pv - qv, 0.0)
         any_pos = any_pos | (r > 0).to(tl.int32)
-        h = hash_column(prefix, idx.to(tl.uint32))
         maybe = (may_reach(r, h, top_r) | may_reach(pv, h, top_p)) & mask
         if tl.max(maybe.to(tl.int32), axis=0) > 0:
+            # One log per lane serves both races.
             inv_e = inverse_exponential(h)
-            sr = tl.where(mask, r.to(tl.float64) * inv_e, -1.0)
-            sp = tl.where(mask, pv.to(tl.float64) * inv_e, -1.0)
-            take = sr > best_r
-            best_r = tl.where(take, sr, best_r)
-            best_ri = tl.where(take, idx, best_ri)
-            take = sp > best_p
-            best_p = tl.where(take, sp, best_p)
-            best_pi = tl.where(take, idx, best_pi)
-            top_r = tl.max(best_r, axis=0)
-            top_p = tl.max(best_p, axis=0)
+            best_r, best_ri, top_r = take_better(tl.where(mask, r.to(tl.float64) * inv_e, -1.0), idx, best_r, best_ri)
+            best_p, best_pi, top_p = take_better(tl.where(mask, pv.to(tl.float64) * inv_e, -1.0), idx, best_p, best_pi)
     mr, ir = split_argmax(best_r, best_ri, BIG)
     mp, ip = split_argmax(best_p, best_pi, BIG)
     base = row * num_splits + split
@@ -169,7 +154,7 @@ def verify_triton(
     b, k = draft_tokens.shape
     v = target_probs.shape[2]
     dev = target_probs.device
-    splits, split_cols = plan_splits(b, v, dev)
+    splits, split_cols = cfg.plan_splits(b, v, dev)
     acc = torch.empty(b, dtype=torch.int64, device=dev)
     part = torch.empty(b, splits, 2, dtype=torch.float64, device=dev)
     part_i = torch.empty(b, splits, 2, dtype=torch.int32, device=dev)
@@ -183,10 +168,10 @@ def verify_triton(
         draft_tokens, draft_probs, target_probs, seeds, positions, acc, part, part_i, part_any,
         k, v, q_sb, q_sk, target_probs.stride(0), target_probs.stride(1), splits, split_cols,
         ACC_LO=acc_lo, ACC_HI=acc_hi, RES_LO=res_lo, RES_HI=res_hi, BON_LO=bon_lo, BON_HI=bon_hi,
-        BLOCK=BLOCK, BIG=BIG, num_warps=4,
+        BLOCK=cfg.BLOCK, BIG=cfg.BIG, num_warps=cfg.NUM_WARPS,
     )
     _verify_emit_kernel[(b,)](
         draft_tokens, acc, part, part_i, part_any, tokens, k, splits,
-        SP=triton.next_power_of_2(splits), KP1=triton.next_power_of_2(k + 1), BIG=BIG,
+        SP=triton.next_power_of_2(splits), KP1=triton.next_power_of_2(k + 1), BIG=cfg.BIG,
     )
     return tokens, acc

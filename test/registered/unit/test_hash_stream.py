@@ -45,12 +45,56 @@ def test_endpoints_and_every_salt(stream):
     assert torch.equal(got, want)
 
 
+DESIGN_SALTS = {
+    "DRAFT": 0x44524146545F0000,
+    "ACCEPT": 0x4143434550540000,
+    "RESAMPLE": 0x524553414D500000,
+    "BONUS": 0x424F4E5553000000,
+    "TARGET": 0x5441524745540000,
+    "SAMPLE": 0x53414D504C450000,
+}
+
+
+def test_salts_are_the_design_table():
+    # Each salt spells (the start of) its stream's name in ASCII, zero padded to 8 bytes.
+    assert {s.name: s.salt for s in Stream} == DESIGN_SALTS
+    for name, salt in DESIGN_SALTS.items():
+        spelled = salt.to_bytes(8, "big").rstrip(b"\0").replace(b"_", b"")
+        assert len(spelled) >= 5 and name.encode().startswith(spelled)
+    assert len(set(DESIGN_SALTS.values())) == len(DESIGN_SALTS)
+
+
+@pytest.mark.parametrize("name", ["TARGET", "SAMPLE"])
+def test_new_streams_match_mmh3_over_random_keys(name):
+    rng = random.Random(name)
+    salt = DESIGN_SALTS[name]
+    seeds = [rng.getrandbits(64) for _ in range(40)]
+    positions = [rng.getrandbits(32) for _ in range(40)]
+    columns = [0, 1] if name == "SAMPLE" else [rng.getrandbits(18) for _ in range(25)]
+    got = keyed_hash(seeds, positions, columns, salt=Stream[name])
+    want = torch.tensor([[oracle(s, salt, p, c) for c in columns] for s, p in zip(seeds, positions)])
+    assert torch.equal(got, want)
+
+
 def test_int64_seed_tensor_is_read_as_uint64_bits():
     # SGLang carries sampling_seed as int64: -1 must mean 2**64 - 1.
     t = keyed_hash(torch.tensor([-1, -(1 << 63)]), torch.tensor([3, 4]), [9], salt=Stream.DRAFT)
     p = keyed_hash([U64 - 1, 1 << 63], [3, 4], [9], salt=Stream.DRAFT)
     assert torch.equal(t, p)
     assert int(t[0, 0]) == oracle(U64 - 1, Stream.DRAFT.salt, 3, 9)
+
+
+def test_uint64_tensor_numpy_array_and_scalar_seeds():
+    np = pytest.importorskip("numpy")
+    want = keyed_hash([U64 - 1, 5], [3, 3], [9, 10], salt=Stream.TARGET)
+    as_u64 = torch.tensor([U64 - 1, 5], dtype=torch.uint64)
+    assert torch.equal(keyed_hash(as_u64, [3, 3], [9, 10], salt=Stream.TARGET), want)
+    assert torch.equal(keyed_hash(np.array([U64 - 1, 5], dtype=np.uint64), np.array([3, 3]), [9, 10],
+                                  salt=Stream.TARGET), want)
+    # One int broadcasts to every row.
+    assert torch.equal(keyed_hash([U64 - 1, 5], 3, [9, 10], salt=Stream.TARGET), want)
+    both = keyed_hash(7, 3, [9], salt=Stream.TARGET)
+    assert both.shape == (1, 1) and int(both[0, 0]) == oracle(7, Stream.TARGET.salt, 3, 9)
 
 
 def test_uniform_endpoints_strictly_inside_unit_interval():

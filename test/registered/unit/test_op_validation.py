@@ -35,12 +35,17 @@ RACE_CASES = [
     (dict(seeds=[1]), "seeds has 1 rows but the batch has B = 2"),
     (dict(seeds=[1, U64]), r"seeds\[1\] = 18446744073709551616 is outside uint64"),
     (dict(seeds=[-3, 1]), r"seeds\[0\] = -3 is outside uint64"),
-    (dict(seeds=torch.tensor([1.0, 2.0])), "seeds must be an int64 tensor"),
-    (dict(seeds="12"), "seeds must be an int64 tensor or a sequence"),
+    (dict(seeds=torch.tensor([1.0, 2.0])), r"seeds must be an int64 tensor \(uint64 bits\) or a torch.uint64"),
+    (dict(seeds=torch.tensor([1, 2], dtype=torch.int32)), r"pass seeds.to\(torch.int64\)"),
+    (dict(seeds="12"), r"seeds must be an int64 tensor \[B\] \(uint64 bits.*one int for every row; got str"),
+    (dict(seeds=U64), r"seeds = 18446744073709551616 is outside uint64"),
+    (dict(seeds=torch.tensor([[1, 2]])), "seeds must be 1-D"),
     (dict(positions=[0, U32]), r"positions\[1\] = 4294967296 is outside \[0, 2\*\*32 - 1\]"),
     (dict(positions=torch.tensor([0, U32])), r"positions holds 4294967296, outside \[0, 2\*\*32 - 1\]"),
     (dict(positions=torch.tensor([-1, 0])), r"positions holds -1"),
-    (dict(positions=torch.tensor([0.0, 1.0])), "positions must be an int64 or int32 tensor"),
+    (dict(positions=torch.tensor([0.0, 1.0])), r"positions must be an integer tensor \(int64, int32, uint32 or uint64\)"),
+    (dict(positions=U32), r"positions = 4294967296 is outside \[0, 2\*\*32 - 1\]"),
+    (dict(positions=1.5), r"positions must be an integer tensor \[B\], .*or one int for every row; got float"),
     (dict(positions=[1, 2, 3]), "positions has 3 rows"),
     (dict(stream="coins"), "stream must be one of"),
     (dict(num_samples=0), r"num_samples must be an int in \[1, V = 8\]"),
@@ -50,6 +55,7 @@ RACE_CASES = [
     (dict(draft_step=U32 // 8), r"draft_step \* V .* reach 2\*\*32"),
     (dict(draft_step=1, stream="bonus"), "draft_step applies to the DRAFT stream only"),
     (dict(kernel="cuda"), "kernel must be one of"),
+    (dict(kernel=None), r"kernel must be one of \('auto', 'torch', 'triton'\), got None"),
     (dict(weights=with_value(W.double(), (0, 1), 1e300)), "above 1e290"),
     (dict(weights=with_value(W.double(), (1, 2), 5e-324)), "subnormal"),
     (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
@@ -96,6 +102,7 @@ VERIFY_CASES = [
     (dict(positions=[0, U32 - K]), r"positions\[1\] = 4294967293 is outside \[0, 2\*\*32 - 4\]"),
     (dict(positions=torch.tensor([0, U32 - K])), r"positions holds 4294967293, outside \[0, 2\*\*32 - 4\].*4 consecutive"),
     (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
+    (dict(kernel=None), "kernel must be one of"),
     (dict(draft_probs=Q * 100), r"draft_probs row \[0, 0\] sums to 100\.0\d*, not 1 within 0.001"),
     (dict(target_probs=P * 0.5), r"target_probs row \[0, 0\] sums to 0.5"),
     (dict(draft_probs=with_value(Q, (1, 2), torch.tensor([0.0, 0.2, 0.2, 0.2, 0.2, 0.2]))),
@@ -138,6 +145,35 @@ def test_hash_columns_rejected(columns, match):
 
     with pytest.raises(ValueError, match=match):
         keyed_hash([1], [2], columns)
+
+
+def test_numpy_arrays_are_refused_when_ambiguous():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ValueError, match="seeds as a NumPy array must have an integer dtype, got float64"):
+        race(seeds=np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"seeds holds -1, outside uint64"):
+        race(seeds=np.array([-1, 2]))
+    with pytest.raises(ValueError, match=r"positions holds -3, outside \[0, 2\*\*32\)"):
+        race(positions=np.array([-3, 2]))
+
+
+def test_equivalent_seed_and_position_forms_give_equal_draws():
+    np = pytest.importorskip("numpy")
+    base = race(seeds=[U64 - 2, 9], positions=[5, 5])
+    forms = [
+        dict(seeds=torch.tensor([U64 - 2, 9], dtype=torch.uint64), positions=5),
+        dict(seeds=np.array([U64 - 2, 9], dtype=np.uint64), positions=np.array([5, 5], dtype=np.uint32)),
+        dict(seeds=torch.tensor([-2, 9]), positions=torch.tensor(5)),
+        dict(seeds=[np.uint64(U64 - 2), 9], positions=torch.tensor([5, 5], dtype=torch.int32)),
+    ]
+    for kw in forms:
+        assert torch.equal(race(**kw), base), kw
+    # One seed for every row.
+    one = race(seeds=9, positions=[5, 5])
+    assert torch.equal(one, race(seeds=[9, 9], positions=[5, 5]))
+    tok, acc = verify(seeds=np.array([1, 2]), positions=3)
+    t2, a2 = verify(seeds=[1, 2], positions=[3, 3])
+    assert torch.equal(tok, t2) and torch.equal(acc, a2)
 
 
 def test_numpy_integers_are_ints():
