@@ -1,24 +1,30 @@
 """In-process reference engine: the executable specification and test oracle.
 
-A small CPU speculative decoding engine (chain drafting, seeded verification)
-over tiny deterministic Llama models. :class:`ReferenceEngine` with the
-default :class:`KeyedSampler` gives every request the same tokens in any
-batch; :meth:`ReferenceEngine.control` draws from torch's global RNG instead
-and does not.
+A small CPU speculative decoding engine over tiny deterministic Llama models:
+chain or tree drafts, or none (plain decoding), verified by rejection sampling
+or by coupled (drafter-invariant) verification. :class:`ReferenceEngine` with
+the default :class:`KeyedSampler` gives every request the same tokens in any
+batch, and in coupled mode the same tokens with any draft;
+:meth:`ReferenceEngine.control` draws from torch's global RNG instead and does
+not.
 """
 
-from .engine import ReferenceEngine
-from .models import ModelPair, TinyLlamaSpec, build_model_pair, next_token_probs
+from .engine import DraftShape, DraftStats, ReferenceEngine
+from .models import ModelPair, ProbsMemo, TinyLlamaSpec, build_model_pair, next_token_probs, with_random_draft
 from .request import Request, RequestResult
 from .samplers import GlobalRngSampler, KeyedSampler, RoundSampler
 
 __all__ = [
     "ReferenceEngine",
+    "DraftShape",
+    "DraftStats",
     "Request",
     "RequestResult",
     "ModelPair",
+    "ProbsMemo",
     "TinyLlamaSpec",
     "build_model_pair",
+    "with_random_draft",
     "next_token_probs",
     "RoundSampler",
     "KeyedSampler",

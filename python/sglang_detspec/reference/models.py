@@ -5,11 +5,18 @@ a few MB each. Nothing is downloaded: the weights are drawn from a private
 ``torch.Generator`` at build time, so every process builds bit-identical
 models and the caller's global RNG is left untouched. The draft is the target
 plus a small deterministic perturbation of every weight, so it agrees with the
-target often enough for speculative decoding to accept several tokens a round.
+target often enough for speculative decoding to accept several tokens a round;
+:func:`with_random_draft` swaps in an unrelated draft (independent weights) for
+the same target.
+
+:class:`ProbsMemo` memoises the one-position distributions the engine reads:
+a distribution is a pure function of (model, prefix, temperature), and the
+engine computes each one by a forward over exactly that prefix.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -28,6 +35,8 @@ class TinyLlamaSpec:
             Llama architecture sizes.
         weight_seed: seed of the generator the target weights are drawn from.
         draft_seed: seed of the generator the draft perturbation is drawn from.
+        random_draft_seed: seed of the generator the weights of the unrelated
+            draft of :func:`with_random_draft` are drawn from.
         lm_head_std: std of the output projection. Large enough that the
             next-token distributions are peaked (a few nats of entropy, not
             log V), as a trained model's are.
@@ -43,6 +52,7 @@ class TinyLlamaSpec:
     num_kv_heads: int = 2
     weight_seed: int = 0
     draft_seed: int = 1
+    random_draft_seed: int = 2
     lm_head_std: float = 0.3
     draft_noise: float = 0.12
 
@@ -63,11 +73,18 @@ class TinyLlamaSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ModelPair:
-    """The target model, its draft model and the spec they were built from."""
+    """The target model, its draft model and the spec they were built from.
+
+    Attributes:
+        draft_kind: ``"close"`` (the target plus a small perturbation, from
+            :func:`build_model_pair`) or ``"random"`` (independent weights,
+            from :func:`with_random_draft`).
+    """
 
     target: LlamaForCausalLM
     draft: LlamaForCausalLM
     spec: TinyLlamaSpec
+    draft_kind: str = "close"
 
     @property
     def vocab_size(self) -> int:
@@ -99,6 +116,18 @@ def _new_model(spec: TinyLlamaSpec) -> LlamaForCausalLM:
     return model.to(torch.float32).eval()
 
 
+def _check_spec(spec: TinyLlamaSpec) -> None:
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+    for field in sizes:
+        if getattr(spec, field) < 1:
+            raise ValueError(f"TinyLlamaSpec.{field} must be >= 1, got {getattr(spec, field)}")
+    if spec.hidden_size % spec.num_heads or spec.num_heads % spec.num_kv_heads:
+        raise ValueError(
+            f"hidden_size ({spec.hidden_size}) must be a multiple of num_heads ({spec.num_heads}) "
+            f"and num_heads a multiple of num_kv_heads ({spec.num_kv_heads})"
+        )
+
+
 def build_model_pair(spec: TinyLlamaSpec | None = None) -> ModelPair:
     """Build the target and draft models, bit-identical in every process.
 
@@ -112,22 +141,14 @@ def build_model_pair(spec: TinyLlamaSpec | None = None) -> ModelPair:
         spec: the recipe; None means ``TinyLlamaSpec()``.
 
     Returns:
-        A :class:`ModelPair` of float32 CPU models in eval mode.
+        A :class:`ModelPair` of float32 CPU models in eval mode, ``draft_kind`` ``"close"``.
 
     Raises:
         ValueError: a non-positive size, or ``num_heads`` not a multiple of
             ``num_kv_heads`` or not dividing ``hidden_size``.
     """
     spec = TinyLlamaSpec() if spec is None else spec
-    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
-    for field in sizes:
-        if getattr(spec, field) < 1:
-            raise ValueError(f"TinyLlamaSpec.{field} must be >= 1, got {getattr(spec, field)}")
-    if spec.hidden_size % spec.num_heads or spec.num_heads % spec.num_kv_heads:
-        raise ValueError(
-            f"hidden_size ({spec.hidden_size}) must be a multiple of num_heads ({spec.num_heads}) "
-            f"and num_heads a multiple of num_kv_heads ({spec.num_kv_heads})"
-        )
+    _check_spec(spec)
     target = _new_model(spec)
     draft = _new_model(spec)
     weight_gen = torch.Generator().manual_seed(spec.weight_seed)
@@ -143,6 +164,41 @@ def build_model_pair(spec: TinyLlamaSpec | None = None) -> ModelPair:
             noise = torch.randn(d_param.shape, generator=noise_gen) * (spec.draft_noise * std)
             d_param.copy_(t_param + noise)
     return ModelPair(target=target, draft=draft, spec=spec)
+
+
+def with_random_draft(pair: ModelPair) -> ModelPair:
+    """The same target model with an unrelated draft model.
+
+    The draft has the target's architecture and weight recipe (same stds,
+    RMSNorm gains 1) but its own weights, drawn from a ``torch.Generator``
+    seeded with ``pair.spec.random_draft_seed``: a drafter that knows nothing
+    of the target, so speculative decoding accepts little, while the output
+    of coupled verification must not change. The target object is shared,
+    not copied.
+
+    Args:
+        pair: from :func:`build_model_pair`.
+
+    Returns:
+        A :class:`ModelPair` with ``draft_kind`` ``"random"``, bit-identical
+        in every process.
+
+    Raises:
+        ValueError: ``pair`` is not a :class:`ModelPair`.
+    """
+    if not isinstance(pair, ModelPair):
+        raise ValueError(f"pair must be a ModelPair, got {type(pair).__name__}")
+    spec = pair.spec
+    draft = _new_model(spec)
+    gen = torch.Generator().manual_seed(spec.random_draft_seed)
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            std = _weight_std(name, param, spec)
+            if std is None:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return ModelPair(target=pair.target, draft=draft, spec=spec, draft_kind="random")
 
 
 def next_token_probs(
@@ -179,3 +235,58 @@ def next_token_probs(
         # argmax returns the first maximum, matching the race's smallest-index tie rule.
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(torch.float32)
     return torch.softmax(logits / temperature, dim=-1)
+
+
+class ProbsMemo:
+    """Memoised next-token distributions, one position at a time.
+
+    ``memo(model, token_ids, temperature)`` is
+    ``next_token_probs(model, token_ids, temperature)[0]``: a forward over
+    exactly ``token_ids``, read at its last position. The engine defines the
+    distribution of the token at position t as this forward over the t-token
+    prefix, whatever the round drafted after it: on the CPU a longer forward
+    (or one that keeps more positions) does not give bitwise-equal rows, and
+    coupled verification promises equal outputs only for bitwise-equal
+    distributions. One forward per distribution is costly, so the memo keeps
+    the most recent ``max_entries`` results (least recently used goes first);
+    engines sharing a memo share each other's forwards.
+
+    Args:
+        max_entries: >= 1; at V = 384 float32 an entry holds 1.5 KiB.
+
+    Raises:
+        ValueError: ``max_entries`` < 1.
+    """
+
+    def __init__(self, max_entries: int = 1 << 14) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
+        # Keys hold id(model); keeping the models alive keeps those ids from being reused.
+        self._models: dict[int, torch.nn.Module] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __call__(self, model: LlamaForCausalLM, token_ids: Sequence[int], temperature: float) -> torch.Tensor:
+        """The distribution of the token after ``token_ids``: float32 [V], read-only by convention.
+
+        Raises:
+            ValueError: as :func:`next_token_probs` (empty sequence, negative temperature).
+        """
+        key = (id(model), float(temperature), tuple(token_ids))
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return hit
+        self.misses += 1
+        probs = next_token_probs(model, token_ids, temperature)[0]
+        self._models[id(model)] = model
+        self._entries[key] = probs
+        if len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return probs
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,11 +1,25 @@
 """Per-round samplers of the reference engine: seeded (keyed) and control.
 
-A round of chain speculative decoding needs two batched random operations:
-drawing the j-th draft token of every row, and verifying every row's chain
-(speculative sampling: Leviathan, Kalman and Matias, ICML 2023; Chen et al.
-2023). :class:`KeyedSampler` does both with the hash-keyed ops, so each row's
-draws depend only on its own seed and positions. :class:`GlobalRngSampler`
-runs the very same ops but keys them with seeds drawn from torch's global RNG,
+Every random operation of a decoding round goes through a sampler, batched
+over the rows of the round:
+
+- rejection mode (speculative sampling: Leviathan, Kalman and Matias, ICML
+  2023; Chen et al. 2023): :meth:`~KeyedSampler.draft` draws the j-th draft
+  token on the DRAFT stream and :meth:`~KeyedSampler.verify` runs
+  ``verify_chain``;
+- coupled mode (Daliri, Musco and Suresh 2024, "Coupling without
+  Communication and Drafter-Invariant Speculative Decoding"):
+  :meth:`~KeyedSampler.propose` races the draft distribution on the TARGET
+  stream at the drafted token's position (the first of its Gumbel-top-k is
+  the coupled draft token, the others a tree's further children), and
+  :meth:`~KeyedSampler.coupled_verify` / :meth:`~KeyedSampler.coupled_verify_tree`
+  accept exactly the drafts equal to the target's own race;
+- plain decoding: :meth:`~KeyedSampler.sample` draws the target token on the
+  TARGET stream.
+
+:class:`KeyedSampler` keys all of these by each row's own seed, so each row's
+draws depend only on its seed and positions. :class:`GlobalRngSampler` runs
+the very same ops but keys them with seeds drawn from torch's global RNG,
 consumed row after row over the batch, so a row's draws depend on which rows
 come before it and how many there are: the batch-dependent behaviour the
 audit contrasts against. The two differ in the source of randomness only.
@@ -19,7 +33,8 @@ from typing import Protocol
 
 import torch
 
-from ..ops import Stream, exponential_race, verify_chain
+from ..config import KERNELS
+from ..ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race, verify_chain
 
 
 class RoundSampler(Protocol):
@@ -32,7 +47,7 @@ class RoundSampler(Protocol):
         ...
 
     def draft(self, probs: torch.Tensor, seeds: Sequence[int], positions: torch.Tensor, draft_step: int) -> torch.Tensor:
-        """Draw one draft token per row: probs float32 [B, V] -> int64 [B]."""
+        """Rejection-mode draft token per row: probs float32 [B, V] -> int64 [B]."""
         ...
 
     def verify(
@@ -43,21 +58,55 @@ class RoundSampler(Protocol):
         seeds: Sequence[int],
         positions: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chain-verify every row: the ``verify_chain`` contract (tokens [B, K+1], accepted drafts [B])."""
+        """Rejection chain verify: the ``verify_chain`` contract (tokens [B, K+1], accepted drafts [B])."""
+        ...
+
+    def propose(
+        self, probs: torch.Tensor, seeds: Sequence[int], positions: torch.Tensor, num_samples: int = 1
+    ) -> torch.Tensor:
+        """Coupled-mode draft tokens per row: probs float32 [B, V] -> int64 [B, num_samples]."""
+        ...
+
+    def sample(self, probs: torch.Tensor, seeds: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
+        """Plain decoding: the target token per row, probs float32 [B, V] -> int64 [B]."""
+        ...
+
+    def coupled_verify(
+        self, draft_tokens: torch.Tensor, target_probs: torch.Tensor, seeds: Sequence[int], positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Coupled chain verify: the ``coupled_verify_chain`` contract."""
+        ...
+
+    def coupled_verify_tree(
+        self,
+        candidates: torch.Tensor,
+        next_token: torch.Tensor,
+        next_sibling: torch.Tensor,
+        target_probs: torch.Tensor,
+        seeds: Sequence[int],
+        positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Coupled tree verify: the ``coupled_verify_tree`` contract (tokens, accept_lengths, path)."""
         ...
 
 
 class KeyedSampler:
-    """Seeded sampler: ``exponential_race`` on the DRAFT stream and ``verify_chain``.
+    """Seeded sampler: every draw keyed by the row's ``sampling_seed`` and absolute positions.
 
     Args:
-        kernel: passed to the ops (``"auto"``, ``"torch"``, ``"triton"``);
-            None reads the config bag.
+        kernel: the ops' implementation, ``"auto"`` (Triton for CUDA tensors
+            when it imports, else the torch reference), ``"torch"`` or
+            ``"triton"``; passed to every op call.
+
+    Raises:
+        ValueError: ``kernel`` not one of those three.
     """
 
     name = "seeded"
 
-    def __init__(self, kernel: str | None = None) -> None:
+    def __init__(self, kernel: str = "auto") -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         self.kernel = kernel
 
     def session(self) -> contextlib.AbstractContextManager:
@@ -67,7 +116,8 @@ class KeyedSampler:
     def draft(self, probs: torch.Tensor, seeds: Sequence[int], positions: torch.Tensor, draft_step: int) -> torch.Tensor:
         """``exponential_race(probs, seeds, positions, stream=DRAFT, draft_step=draft_step)``: int64 [B].
 
-        ``positions`` [B] int64 is the absolute position of the token being drawn.
+        ``probs`` float32 [B, V]; ``positions`` int64 [B], the absolute
+        position of the token being drawn (docs/design.md §2, SGLang's draft layout).
         """
         tokens = exponential_race(
             probs, list(seeds), positions, stream=Stream.DRAFT, draft_step=draft_step, kernel=self.kernel
@@ -75,31 +125,80 @@ class KeyedSampler:
         return tokens[:, 0]
 
     def verify(self, draft_tokens, draft_probs, target_probs, seeds, positions):
-        """``verify_chain`` on the batch; ``positions`` [B] is the position of the first draft token."""
+        """``verify_chain`` on the batch (docs/design.md §4).
+
+        ``draft_tokens`` int64 [B, K], ``draft_probs`` float32 [B, K, V],
+        ``target_probs`` float32 [B, K+1, V], ``positions`` int64 [B] the
+        position of the first draft token. Returns tokens int64 [B, K+1]
+        (-1 padded) and accepted drafts int64 [B].
+        """
         return verify_chain(draft_tokens, draft_probs, target_probs, list(seeds), positions, kernel=self.kernel)
+
+    def propose(self, probs, seeds, positions, num_samples=1):
+        """Coupled draft tokens: ``exponential_race(q, seeds, positions, stream=TARGET, num_samples=n)``.
+
+        ``probs`` float32 [B, V] is the draft distribution q of the token at
+        absolute position ``positions`` (int64 [B]); the result int64
+        [B, num_samples] is q's Gumbel-top-k on the target's own uniforms
+        (docs/design.md §5), so column 0 is the coupled draft token.
+        """
+        return exponential_race(
+            probs, list(seeds), positions, stream=Stream.TARGET, num_samples=num_samples, kernel=self.kernel
+        )
+
+    def sample(self, probs, seeds, positions):
+        """The target token ``y_t = exponential_race(p_t, seeds, t, stream=TARGET)``: int64 [B].
+
+        ``probs`` float32 [B, V] is the target distribution p_t; ``positions``
+        int64 [B] is t.
+        """
+        return exponential_race(probs, list(seeds), positions, stream=Stream.TARGET, kernel=self.kernel)[:, 0]
+
+    def coupled_verify(self, draft_tokens, target_probs, seeds, positions):
+        """``coupled_verify_chain`` on the batch (docs/design.md §5).
+
+        ``draft_tokens`` int64 [B, K], ``target_probs`` float32 [B, K+1, V],
+        ``positions`` int64 [B] the position of the first draft token.
+        Returns tokens int64 [B, K+1] (-1 padded) and accepted drafts int64 [B].
+        """
+        return coupled_verify_chain(draft_tokens, target_probs, list(seeds), positions, kernel=self.kernel)
+
+    def coupled_verify_tree(self, candidates, next_token, next_sibling, target_probs, seeds, positions):
+        """``coupled_verify_tree`` on the batch (docs/design.md §5), SGLang's tree layout.
+
+        ``candidates``, ``next_token``, ``next_sibling`` int64 [B, N] (node 0
+        the root), ``target_probs`` float32 [B, N, V], ``positions`` int64
+        [B] the position of the token after the root. Returns tokens int64
+        [B, N], accepted drafts int64 [B] and the accepted path int64 [B, N].
+        """
+        return coupled_verify_tree(
+            candidates, next_token, next_sibling, target_probs, list(seeds), positions, kernel=self.kernel
+        )
 
 
 class GlobalRngSampler(KeyedSampler):
     """Control sampler: :class:`KeyedSampler` keyed by torch's global RNG instead of the rows' seeds.
 
-    Every ``draft`` and ``verify`` call ignores the rows' ``sampling_seed``
-    and keys row i with the i-th of B fresh 64-bit seeds drawn from torch's
-    global (CPU) RNG, so which uniforms a row receives depends on its row
-    index, on the batch size and on every earlier call. The global RNG is
-    seeded with ``seed`` at the start of every ``generate`` call (so a batch
-    rerun exactly repeats), and the caller's RNG state is restored afterwards.
-    Positions, streams and the speculative sampling itself are the keyed
-    sampler's, so the control differs from it in the source of randomness
-    alone.
+    Every call ignores the rows' ``sampling_seed`` and keys row i with the
+    i-th of B fresh 64-bit seeds drawn from torch's global (CPU) RNG, so
+    which uniforms a row receives depends on its row index, on the batch
+    size and on every earlier call. The global RNG is seeded with ``seed`` at
+    the start of every ``generate`` call (so a batch rerun exactly repeats),
+    and the caller's RNG state is restored afterwards. Positions, streams and
+    the verification rules are the keyed sampler's, so the control differs
+    from it in the source of randomness alone.
 
     Args:
         seed: global RNG seed for each ``generate`` call.
         kernel: passed to the ops, as for :class:`KeyedSampler`.
+
+    Raises:
+        ValueError: a bad ``kernel``.
     """
 
     name = "control"
 
-    def __init__(self, seed: int = 0, kernel: str | None = None) -> None:
+    def __init__(self, seed: int = 0, kernel: str = "auto") -> None:
         super().__init__(kernel)
         self.seed = seed
 
@@ -123,3 +222,20 @@ class GlobalRngSampler(KeyedSampler):
     def verify(self, draft_tokens, draft_probs, target_probs, seeds, positions):
         """:meth:`KeyedSampler.verify` with :meth:`global_rng_seeds` in place of ``seeds``."""
         return super().verify(draft_tokens, draft_probs, target_probs, self.global_rng_seeds(len(seeds)), positions)
+
+    def propose(self, probs, seeds, positions, num_samples=1):
+        """:meth:`KeyedSampler.propose` with :meth:`global_rng_seeds` in place of ``seeds``."""
+        return super().propose(probs, self.global_rng_seeds(len(seeds)), positions, num_samples)
+
+    def sample(self, probs, seeds, positions):
+        """:meth:`KeyedSampler.sample` with :meth:`global_rng_seeds` in place of ``seeds``."""
+        return super().sample(probs, self.global_rng_seeds(len(seeds)), positions)
+
+    def coupled_verify(self, draft_tokens, target_probs, seeds, positions):
+        """:meth:`KeyedSampler.coupled_verify` with :meth:`global_rng_seeds` in place of ``seeds``."""
+        return super().coupled_verify(draft_tokens, target_probs, self.global_rng_seeds(len(seeds)), positions)
+
+    def coupled_verify_tree(self, candidates, next_token, next_sibling, target_probs, seeds, positions):
+        """:meth:`KeyedSampler.coupled_verify_tree` with :meth:`global_rng_seeds` in place of ``seeds``."""
+        keys = self.global_rng_seeds(len(seeds))
+        return super().coupled_verify_tree(candidates, next_token, next_sibling, target_probs, keys, positions)

@@ -1,23 +1,35 @@
-"""Reference engine: batch invariance, the ops wiring, and the global-RNG control."""
+"""Reference engine: batch invariance, the ops wiring, draft shapes, and the global-RNG control."""
 
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.audit import build_plan
-from sglang_detspec.ops import Stream, exponential_race, verify_chain
+from sglang_detspec.auditing import build_plan
+from sglang_detspec.ops import Stream, coupled_verify_chain, exponential_race, verify_chain
 from sglang_detspec.reference import (
+    DraftShape,
     GlobalRngSampler,
     KeyedSampler,
+    ProbsMemo,
     ReferenceEngine,
     Request,
     build_model_pair,
     next_token_probs,
 )
 
-register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
 
 K = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread():
+    # The oracles below run forwards outside the engine (which holds one thread itself);
+    # at this model size more threads only contend, badly so on a shared host.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +164,11 @@ def test_generate_leaves_global_rng_alone(models, engine):
         assert torch.equal(torch.get_rng_state(), state), eng.name
 
 
-def replay_alone(models, req, k):
-    """Spec (docs/design.md §2-4) for one request, written out with batch-of-one op calls."""
+def replay_alone(models, req, k, verify="rejection"):
+    """Spec (docs/design.md §2-5) for one request, written out with batch-of-one op calls.
+
+    Every distribution is one forward over exactly its prefix, as the engine defines it.
+    """
     seq = list(req.prompt_ids)
     out, lengths = [], []
     while len(out) < req.max_new_tokens:
@@ -161,13 +176,19 @@ def replay_alone(models, req, k):
         drafts, qs = [], []
         for j in range(k):
             q = next_token_probs(models.draft, seq + drafts, req.temperature)
-            x = exponential_race(q, [req.sampling_seed], [t + j], stream=Stream.DRAFT, draft_step=j)
+            if verify == "coupled":
+                x = exponential_race(q, [req.sampling_seed], [t + j], stream=Stream.TARGET)
+            else:
+                x = exponential_race(q, [req.sampling_seed], [t + j], stream=Stream.DRAFT, draft_step=j)
             drafts.append(int(x[0, 0]))
             qs.append(q[0])
-        p = next_token_probs(models.target, seq + drafts, req.temperature, k + 1)
-        toks, acc = verify_chain(
-            torch.tensor([drafts]), torch.stack(qs).unsqueeze(0), p.unsqueeze(0), [req.sampling_seed], [t]
-        )
+        p = torch.cat([next_token_probs(models.target, seq + drafts[:j], req.temperature) for j in range(k + 1)])
+        if verify == "coupled":
+            toks, acc = coupled_verify_chain(torch.tensor([drafts]), p.unsqueeze(0), [req.sampling_seed], [t])
+        else:
+            toks, acc = verify_chain(
+                torch.tensor([drafts]), torch.stack(qs).unsqueeze(0), p.unsqueeze(0), [req.sampling_seed], [t]
+            )
         new = toks[0, : int(acc[0]) + 1].tolist()[: req.max_new_tokens - len(out)]
         out += new
         seq += new
@@ -175,17 +196,40 @@ def replay_alone(models, req, k):
     return tuple(out), tuple(lengths)
 
 
-def test_batched_engine_equals_per_request_ops(models, engine):
-    reqs = [
-        Request((3, 1, 4, 1, 5), 9, 1.0, 2024),
-        Request((9,), 4, 0.0, 5),
-        Request(tuple(range(20, 40)), 7, 0.7, 2**64 - 3),
-        Request((2, 7), 1, 1.3, 77),
-        Request((100, 200, 300), 10, 1.0, 0),
-    ]
-    results = engine.generate(reqs)
-    for req, res in zip(reqs, results):
-        assert (res.output_ids, res.accept_lengths) == replay_alone(models, req, K)
+REPLAY_REQUESTS = [
+    Request((3, 1, 4, 1, 5), 9, 1.0, 2024),
+    Request((9,), 4, 0.0, 5),
+    Request(tuple(range(20, 40)), 7, 0.7, 2**64 - 3),
+    Request((2, 7), 1, 1.3, 77),
+    Request((100, 200, 300), 10, 1.0, 0),
+]
+
+
+@pytest.mark.parametrize("verify", ["rejection", "coupled"])
+def test_batched_engine_equals_per_request_ops(models, verify):
+    results = ReferenceEngine(models, K, verify=verify).generate(REPLAY_REQUESTS)
+    for req, res in zip(REPLAY_REQUESTS, results):
+        assert (res.output_ids, res.accept_lengths) == replay_alone(models, req, K, verify)
+
+
+def test_one_distribution_per_prefix():
+    # The engine's p_t is a forward over exactly the t-token prefix. A longer forward
+    # is not a substitute on the CPU: its rows differ in the last bits, and coupled
+    # invariance needs bitwise-equal distributions.
+    small = build_model_pair()
+    memo = ProbsMemo(max_entries=2)
+    seq = [5, 6, 7, 8]
+    first = memo(small.target, seq, 1.0)
+    assert torch.equal(first, next_token_probs(small.target, seq, 1.0)[0])
+    assert memo(small.target, seq, 1.0) is first and (memo.hits, memo.misses) == (1, 1)
+    assert not torch.equal(memo(small.target, seq, 0.5), first)
+    assert not torch.equal(memo(small.draft, seq, 1.0), first)
+    # Least recently used goes first: (target, 1.0) was oldest.
+    assert len(memo) == 2
+    memo(small.target, seq, 1.0)
+    assert memo.misses == 4
+    with pytest.raises(ValueError, match="max_entries"):
+        ProbsMemo(0)
 
 
 class RecordingSampler(KeyedSampler):
@@ -275,7 +319,7 @@ def test_engine_refuses_requests_past_the_models_positions():
     # prompt 4 + max_new_tokens 9 + K 3 = 16 positions: fits exactly.
     (res,) = eng.generate([Request((1, 2, 3, 4), 9, 1.0, 0)])
     assert len(res.output_ids) == 9
-    message = r"requests\[1\]: prompt \(4\) \+ max_new_tokens \(10\) \+ num_draft_tokens \(3\) = 17 exceeds"
+    message = r"requests\[1\]: prompt \(4\) \+ max_new_tokens \(10\) \+ draft depth \(3\) = 17 exceeds"
     with pytest.raises(ValueError, match=message + " the models' 16 positions"):
         eng.generate([Request((1,), 2, 1.0, 0), Request((1, 2, 3, 4), 10, 1.0, 0)])
 
@@ -289,8 +333,137 @@ def test_engine_rejects_bad_input(models, engine):
         engine.generate([Request((models.vocab_size,), 2, 1.0, 0)])
     with pytest.raises(ValueError, match="must be a Request"):
         engine.generate([((1, 2), 2, 1.0, 0)])
-    with pytest.raises(ValueError, match="num_draft_tokens"):
+    with pytest.raises(ValueError, match=r"draft must be a DraftShape or an int K >= 1"):
         ReferenceEngine(models, 0)
+    with pytest.raises(ValueError, match="draft must be a DraftShape"):
+        ReferenceEngine(models, "tree")
+    with pytest.raises(ValueError, match="verify must be one of"):
+        ReferenceEngine(models, 2, verify="greedy")
+    with pytest.raises(ValueError, match=r"tree 2x2 needs verify='coupled'"):
+        ReferenceEngine(models, DraftShape.tree(2, 2))
+    with pytest.raises(ValueError, match="memo must be a ProbsMemo"):
+        ReferenceEngine(models, 2, memo={})
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        KeyedSampler(None)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("chain", 0), "depth must be >= 1 for a chain"),
+        (("tree", 2, 0), "branching must be >= 1"),
+        (("chain", 2, 2), "a chain has branching 1"),
+        (("none", 1), "no draft has depth 0"),
+        (("beam", 2), "kind must be one of"),
+        (("tree", 2.0, 2), "depth must be an int"),
+        (("tree", 10, 2), "2046 draft nodes, more than 1024"),
+    ],
+)
+def test_bad_draft_shapes(args, match):
+    with pytest.raises(ValueError, match=match):
+        DraftShape(*args)
+
+
+def test_draft_shapes():
+    assert DraftShape.none().label == "off" and DraftShape.none().num_nodes == 0
+    assert DraftShape.chain(4).label == "chain K=4" and DraftShape.chain(4).num_nodes == 4
+    assert DraftShape.tree(3, 2).label == "tree 3x2" and DraftShape.tree(3, 2).num_nodes == 14
+
+
+@pytest.mark.parametrize("draft", [DraftShape.chain(2), DraftShape.tree(2, 2), DraftShape.none()])
+def test_coupled_mode_same_seed_same_tokens_in_every_batch_shape(models, draft):
+    plan = build_plan(7, seed=3, max_new_tokens=6, vocab_size=models.vocab_size, max_batch=6)
+    eng = ReferenceEngine(models, draft, verify="coupled")
+    outputs = {}
+    for trial in plan.trials:
+        for req, outs in run_trial(eng, trial).items():
+            outputs.setdefault(req, set()).update(outs)
+    assert all(len(v) == 1 for v in outputs.values())
+    control = ReferenceEngine.control(models, draft, seed=7, verify="coupled")
+    probe_outputs = set()
+    for trial in plan.trials:
+        probe_outputs.update(run_trial(control, trial)[plan.probe])
+    assert len(probe_outputs) > 1
+
+
+class CoupledRecordingSampler(KeyedSampler):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def propose(self, probs, seeds, positions, num_samples=1):
+        self.calls.append(("propose", probs.shape[0], num_samples, positions.tolist()))
+        return super().propose(probs, seeds, positions, num_samples)
+
+    def sample(self, probs, seeds, positions):
+        self.calls.append(("sample", probs.shape[0], None, positions.tolist()))
+        return super().sample(probs, seeds, positions)
+
+    def coupled_verify(self, draft_tokens, target_probs, seeds, positions):
+        self.calls.append(("chain", draft_tokens.shape[0], None, positions.tolist()))
+        return super().coupled_verify(draft_tokens, target_probs, seeds, positions)
+
+    def coupled_verify_tree(self, candidates, next_token, next_sibling, target_probs, seeds, positions):
+        self.calls.append(("tree", candidates.shape[0], candidates.shape[1], positions.tolist()))
+        return super().coupled_verify_tree(candidates, next_token, next_sibling, target_probs, seeds, positions)
+
+
+def test_coupled_sampler_calls_per_round(models):
+    prompts = [(1,), (2, 3, 4), (5, 6)]
+    starts = [len(p) for p in prompts]
+    sampled = [Request(p, 5, 1.0, i) for i, p in enumerate(prompts)]
+
+    rec = CoupledRecordingSampler()
+    ReferenceEngine(models, 2, rec, verify="coupled").generate(sampled)
+    assert rec.calls[:3] == [
+        ("propose", 3, 1, starts),
+        ("propose", 3, 1, [s + 1 for s in starts]),
+        ("chain", 3, None, starts),
+    ]
+
+    rec = CoupledRecordingSampler()
+    ReferenceEngine(models, DraftShape.tree(2, 3), rec, verify="coupled").generate(sampled)
+    # Level 0: one race per root; level 1: one per child, all 9 at position t + 1.
+    assert rec.calls[:3] == [
+        ("propose", 3, 3, starts),
+        ("propose", 9, 3, [s + 1 for s in starts for _ in range(3)]),
+        ("tree", 3, 13, starts),
+    ]
+
+    # A greedy row's one-hot q gives one child per node, in a call of its own.
+    rec = CoupledRecordingSampler()
+    mixed = [Request((1,), 5, 0.0, 0), Request((2, 3, 4), 5, 1.0, 1)]
+    ReferenceEngine(models, DraftShape.tree(2, 3), rec, verify="coupled").generate(mixed)
+    assert rec.calls[:5] == [
+        ("propose", 1, 1, [1]),
+        ("propose", 1, 3, [3]),
+        ("propose", 1, 1, [2]),
+        ("propose", 3, 3, [4, 4, 4]),
+        ("tree", 2, 13, [1, 3]),
+    ]
+
+    rec = CoupledRecordingSampler()
+    results = ReferenceEngine(models, DraftShape.none(), rec, verify="coupled").generate(sampled)
+    assert rec.calls[0] == ("sample", 3, None, starts)
+    assert len(rec.calls) == 5 and all(c[0] == "sample" for c in rec.calls)
+    assert all(r.accept_lengths == (1,) * 5 for r in results)
+
+
+@pytest.mark.parametrize("draft", [DraftShape.chain(2), DraftShape.tree(2, 2)])
+def test_coupled_lengths_and_stats(models, draft):
+    eng = ReferenceEngine(models, draft, verify="coupled")
+    reqs = [Request((7, 8, 9), n, t, 100 + n) for n, t in ((1, 1.0), (3, 0.0), (7, 0.7), (9, 1.0))]
+    stats = []
+    results = eng.generate(reqs, stats=stats)
+    assert len(stats) == len(reqs)
+    for req, res, st in zip(reqs, results, stats):
+        assert len(res.output_ids) == req.max_new_tokens == sum(res.accept_lengths)
+        assert all(1 <= a <= draft.depth + 1 for a in res.accept_lengths)
+        assert st.rounds == len(res.accept_lengths)
+        # Every round tests at least one position and at most the depth.
+        assert st.rounds <= st.tested <= st.rounds * draft.depth
+        assert 0 <= st.accepted <= st.tested
+        assert st.coupled_bound_sum <= st.coupled_match_sum + 1e-9 <= st.overlap_sum + 2e-9
 
 
 if __name__ == "__main__":
