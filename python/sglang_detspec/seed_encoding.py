@@ -1,32 +1,76 @@
-"""How a request seed in [0, 2**64) is written into SGLang's ``sampling_seed``.
+"""The request seed: one range check and its two 64-bit encodings (pure Python, no torch).
 
-Kept apart from the HTTP client so the CLI can name the choices without
-importing torch.
+A request seed is an unsigned 64-bit integer, [0, 2**64) (docs/design.md §1):
+every keyed stream hashes it. SGLang carries ``sampling_seed`` in an int64
+tensor and stock SGLang admits only [-2**63, 2**63), so a seed travels as
+the int64 with the same 64 bits (two's complement) wherever an int64 holds
+it. :func:`check_seed` is the one range check; :func:`to_int64` and
+:func:`from_int64` are the one mapping between the two forms.
 """
 
 from __future__ import annotations
 
-_U64 = 1 << 64
-_I64_MAX = (1 << 63) - 1
+U64 = 1 << 64
+I64_MIN = -(1 << 63)
+I64_MAX = (1 << 63) - 1
 
 SEED_ENCODINGS = ("uint64", "int64")
 
 
-def sglang_seed(seed: int, encoding: str = "uint64") -> int:
-    """The ``sampling_seed`` to send for a request seed in [0, 2**64).
+def check_seed(value: object, name: str = "seed") -> int:
+    """``value`` if it is a request seed: an int (not a bool) in [0, 2**64).
 
-    ``"uint64"`` sends the seed as is: a server with sglang-detspec active
-    admits exactly [0, 2**64) (its request check, ``sglang_plugin/request_hook.py``).
-    ``"int64"`` sends seeds >= 2**63 as the int64 with the same 64 bits, the
-    only form stock SGLang admits (it checks [-2**63, 2**63),
-    ``sampling_params.py:302-311``); its seeded samplers read the same bits.
-    Both key the server's draws with exactly the seed the audit chose.
+    Args:
+        value: the candidate seed.
+        name: the argument name the error message uses.
+
+    Returns:
+        ``value`` unchanged.
 
     Raises:
-        ValueError: ``seed`` outside [0, 2**64), or an unknown ``encoding``.
+        ValueError: ``value`` is a bool, not an int, or outside [0, 2**64);
+            the message names ``name`` and the bound.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _U64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int in [0, 2**64), got {type(value).__name__} {value!r}")
+    if not 0 <= value < U64:
+        raise ValueError(f"{name} must be an int in [0, 2**64), got {value}")
+    return value
+
+
+def to_int64(seed: int, name: str = "seed") -> int:
+    """The int64 with the same 64 bits as request seed ``seed`` (seeds >= 2**63 become negative).
+
+    Raises:
+        ValueError: as :func:`check_seed`.
+    """
+    check_seed(seed, name)
+    return seed - U64 if seed > I64_MAX else seed
+
+
+def from_int64(value: int, name: str = "seed") -> int:
+    """The request seed whose 64 bits the int64 ``value`` holds: the inverse of :func:`to_int64`.
+
+    Raises:
+        ValueError: ``value`` is a bool, not an int, or outside [-2**63, 2**63).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not I64_MIN <= value <= I64_MAX:
+        raise ValueError(f"{name} must be an int in [-2**63, 2**63), got {value!r}")
+    return value % U64
+
+
+def sglang_seed(seed: int, encoding: str = "uint64") -> int:
+    """The ``sampling_seed`` to send an SGLang server for request seed ``seed``.
+
+    ``"uint64"`` sends the seed as is: a server with sglang-detspec active
+    admits exactly [0, 2**64). ``"int64"`` sends :func:`to_int64` of it, the
+    only form stock SGLang admits; its seeded samplers read the same bits.
+    Both key the server's draws with exactly ``seed``.
+
+    Raises:
+        ValueError: ``seed`` outside [0, 2**64), or an ``encoding`` not in
+            :data:`SEED_ENCODINGS`.
+    """
     if encoding not in SEED_ENCODINGS:
         raise ValueError(f"encoding must be one of {SEED_ENCODINGS}, got {encoding!r}")
-    return seed - _U64 if encoding == "int64" and seed > _I64_MAX else seed
+    return to_int64(seed) if encoding == "int64" else check_seed(seed)

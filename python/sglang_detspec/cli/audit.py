@@ -1,20 +1,25 @@
-"""``detspec audit``: does a seeded request give the same tokens in every batch?
+"""``detspec audit``: does a seeded request give the same tokens in every batch, and with any drafter?
 
-Runs the probe request of :func:`sglang_detspec.audit.build_plan` in batches of
-changing size, order and split on the in-process reference engine, once with
-the keyed sampler and (unless ``--no-control``) once with the global-RNG
-control, and reports the number of unique probe outputs and the mean accept
-length of each.
+In-process (the default), two sections on the reference engine:
 
-With ``--url`` the same trials run on a running SGLang server through its
-``/generate`` endpoint (:class:`~sglang_detspec.http_backend.HttpBackend`),
-and the report also says whether the probe's output logprobs were bitwise
-equal across trials and gives the server's own average accept length. There
-is no in-process control then: a server's control is a second server launched
-without ``--enable-deterministic-inference``, audited with its own ``--url``.
+1. changing batch: the probe request of
+   :func:`sglang_detspec.auditing.batch.build_plan` in batches of changing
+   size, order and split, once with the keyed sampler and (unless
+   ``--no-control``) once with the global-RNG control: unique probe outputs
+   and mean accept length of each;
+2. invariance (:func:`sglang_detspec.invariance.run_invariance`): the same
+   seeded requests with speculative decoding off, chains of several lengths, a
+   tree and other draft models, in the ``--mode`` verify mode, with the other
+   mode's unique-output count beside it.
 
-Exit code 0 when the audited run gives exactly one unique probe output, 1
-otherwise, 2 for bad arguments, an unreachable server or a server error.
+With ``--url`` the changing-batch trials run on a running SGLang server
+through its ``/generate`` endpoint
+(:class:`~sglang_detspec.auditing.http_backend.HttpBackend`), followed by the
+request-seed checks of :mod:`sglang_detspec.auditing.server_seeds`. The
+server is asked first, and that path imports neither torch nor transformers.
+
+Exit code 0 when every section passes, 1 when one fails, 2 for bad arguments
+or settings, an unreachable server or a server error, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -28,20 +33,31 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..audit import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TRIALS, MAX_PROMPT_LEN, MIN_TRIALS_TO_JUDGE
-from ..seed_encoding import SEED_ENCODINGS
+from ..auditing import DEFAULT_TIMEOUT_S
+from ..auditing.batch import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TRIALS,
+    MAX_PROMPT_LEN,
+    MIN_TRIALS_TO_JUDGE,
+)
+from ..seed_encoding import SEED_ENCODINGS, U64
 
 DEFAULT_NUM_DRAFT_TOKENS = 3
 # Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
 MAX_BATCH = 1024
 DEFAULT_CONCURRENCY = 1
-DEFAULT_TIMEOUT_S = 300.0
+VERIFY_MODES = ("coupled", "rejection")
+# max_position_embeddings of the reference models (reference.models.build_model_pair;
+# a unit test holds the two equal), here so the bound is known before torch loads.
+REFERENCE_MAX_POSITIONS = 4096
+MAX_IN_PROCESS_TOKENS = REFERENCE_MAX_POSITIONS - MAX_PROMPT_LEN  # max_new_tokens + K
 # Flags only a server run uses. They (and --num-draft-tokens, --control)
 # default to None, meaning "not given", so run() can reject the ones that do
 # not fit the mode instead of silently ignoring them.
 _SERVER_ONLY = {
     "vocab_size": "--vocab-size", "concurrency": "--concurrency", "timeout": "--timeout",
-    "seed_encoding": "--seed-encoding",
+    "seed_encoding": "--seed-encoding", "seed_checks": "--seed-checks",
 }
 
 
@@ -68,9 +84,6 @@ def _int_in(low: int, high: int | None = None, *, bound: str | None = None, why:
 
 
 def _seed(text: str) -> int:
-    # Imported on use: the ops package imports torch, which `detspec --help` must not wait for.
-    from ..ops.streams import U64
-
     return _int_in(0, U64 - 1, bound="in [0, 2**64)")(text)
 
 
@@ -113,17 +126,64 @@ def _json_path(text: str) -> Path:
     return path
 
 
+
+_EPILOG = f"""\
+changing-batch table (one row per run):
+  run                   seeded: the in-process engine with the keyed streams; control: the same
+                        engine drawing from torch's global RNG (it shows the trials can catch a
+                        batch-dependent sampler); server: the server at --url
+  unique probe outputs  distinct token sequences the probe request gave over the trials: 1 means
+                        its output did not depend on the batch it ran in
+  probe logprobs        (--url) whether the probe's output logprobs were bitwise equal in every trial
+  mean accept len       tokens committed per verify round over every request of every trial:
+                        accepted draft tokens + the target's own token, so between 1 and K+1
+                        for K draft tokens per round (the server's
+                        --speculative-num-draft-tokens is K+1)
+  varying requests      requests (probe and fillers) whose output changed between trials, out of
+                        all distinct requests that ran: 0 for a batch-invariant run
+  time                  seconds spent decoding
+
+invariance table (in-process; one row per configuration: speculative decoding off, chains
+of several lengths, a tree, other draft models):
+  unique outputs        per probe request, distinct outputs among this configuration's and the
+                        speculative-decoding-off one (the most over the probes): 1 means the
+                        drafter changed no token; coupled verify gives 1
+  mean accept len       as above, out of K+1 for the configuration's K
+  acceptance            share of tested draft tokens accepted
+  (1-TV)/(1+TV), 1-TV   the lower bound coupled verification guarantees per draft token
+                        (Daliri, Musco, Suresh 2024) and the acceptance of rejection sampling,
+                        from the total variation TV between draft and target distributions
+  <other>: unique outputs  the same count with the other verify mode, for comparison (rejection
+                        verify's tokens depend on the drafter, so it is expected above 1)
+
+request-seed checks (--url): unseeded requests of one prompt differ; n parallel samples with
+a seed differ, replay, sample 0 is the seed's n = 1 output, sample 1 is not seed + 1's; every
+seed the server reports (meta_info.sampling_seed) replays its output bit for bit.
+
+exit status: 0 every section passed, 1 one failed, 2 bad arguments or settings, an unreachable
+server or a server error, 130 interrupted (Ctrl-C).
+"""
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``audit`` subcommand to ``subparsers``."""
     parser = subparsers.add_parser(
         "audit",
-        help="check that a seeded request gives the same tokens in every batch",
+        help="check that a seeded request gives the same tokens in every batch and with any drafter",
         description=(
             "Decode one probe request in batches of changing size, order and split with the "
             "in-process reference speculative decoding engine, and count its unique outputs: "
-            "1 for the seeded sampler, many for the global-RNG control. With --url, run the same "
-            "trials on a running SGLang server through its /generate endpoint instead."
+            "1 for the seeded sampler, many for the global-RNG control; then check that the same "
+            "seeded requests give the same tokens with speculative decoding off, chains, a tree and "
+            "other draft models (the invariance section). With --url, run the changing-batch trials "
+            "on a running SGLang server through its /generate endpoint instead, then its request-seed checks."
         ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--mode", choices=VERIFY_MODES, default=None,
+        help="verify mode of the in-process engine: coupled (default; drafter-invariant) or rejection",
     )
     parser.add_argument(
         "--trials", default=DEFAULT_TRIALS, metavar="N",
@@ -132,8 +192,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-new-tokens", type=_int_in(1), default=DEFAULT_MAX_NEW_TOKENS, metavar="N",
-        help=f"tokens generated for the probe request (default {DEFAULT_MAX_NEW_TOKENS}); in-process, "
-        f"N + K + {MAX_PROMPT_LEN} (the longest prompt) must fit the reference models' positions",
+        help=f"tokens generated for the probe request (default {DEFAULT_MAX_NEW_TOKENS}); in-process "
+        f"N + K must be at most {MAX_IN_PROCESS_TOKENS} (the reference models' {REFERENCE_MAX_POSITIONS} "
+        f"positions less the longest prompt, {MAX_PROMPT_LEN} tokens), so N <= "
+        f"{MAX_IN_PROCESS_TOKENS - DEFAULT_NUM_DRAFT_TOKENS} with the default K; with --url the server's "
+        "context length applies",
     )
     parser.add_argument(
         "--num-draft-tokens", "-k", type=_int_in(1), default=None, metavar="K",
@@ -151,6 +214,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--control", action=argparse.BooleanOptionalAction, default=None,
         help="also run the global-RNG control engine (default: on; in-process only)",
+    )
+    parser.add_argument(
+        "--invariance", action=argparse.BooleanOptionalAction, default=True,
+        help="after the changing-batch section, run the invariance section (default: on; in-process only)",
     )
     server = parser.add_argument_group("auditing a running SGLang server")
     server.add_argument(
@@ -176,16 +243,28 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--timeout", type=_positive_seconds, default=None, metavar="S",
         help=f"seconds to wait for each HTTP request (default {DEFAULT_TIMEOUT_S:g})",
     )
-    parser.set_defaults(handler=run)
+    server.add_argument(
+        "--seed-checks", action=argparse.BooleanOptionalAction, default=None,
+        help="after the trials, run the request-seed checks (default: on; they need a server with "
+        "sglang-detspec active, so turn them off to audit stock SGLang)",
+    )
+    parser.set_defaults(handler=run, usage=parser.format_usage)
     return parser
 
 
 def _usage_error(args: argparse.Namespace) -> str | None:
-    """Why this combination of flags cannot run, or None."""
+    """Why this combination of flags cannot run, or None; decided before anything is imported or built."""
     if args.url is None:
         given = [flag for name, flag in _SERVER_ONLY.items() if getattr(args, name) is not None]
         if given:
             return f"{', '.join(given)} can only be used with --url"
+        k = DEFAULT_NUM_DRAFT_TOKENS if args.num_draft_tokens is None else args.num_draft_tokens
+        if args.max_new_tokens + k > MAX_IN_PROCESS_TOKENS:
+            return (
+                f"--max-new-tokens + --num-draft-tokens must be at most {MAX_IN_PROCESS_TOKENS} with the "
+                f"in-process engine (with the longest prompt, {MAX_PROMPT_LEN} tokens, they must fit the "
+                f"reference models' {REFERENCE_MAX_POSITIONS} positions), got {args.max_new_tokens} + {k}"
+            )
         return None
     if args.control:
         return (
@@ -197,6 +276,10 @@ def _usage_error(args: argparse.Namespace) -> str | None:
             "--num-draft-tokens sets the in-process engine; "
             "with --url the server's --speculative-num-draft-tokens applies"
         )
+    if args.mode is not None:
+        return "--mode sets the in-process engine; with --url the server's SGLANG_DETSPEC_VERIFY applies"
+    if not args.invariance:
+        return "--no-invariance applies to the in-process engine; with --url there is no invariance section"
     if args.vocab_size is None:
         return (
             "--url needs --vocab-size: SGLang's /server_info and /model_info do not report the model's "
@@ -205,8 +288,24 @@ def _usage_error(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _fail(message: str) -> int:
+def _kernel_problem() -> str | None:
+    """Why the ``SGLANG_DETSPEC_KERNEL`` setting cannot run the in-process audit, or None."""
+    from ..config import KERNEL_ENV, env_settings
+
+    if env_settings()["kernel"] != "triton":
+        return None
+    # The reference engine keeps its tensors on the CPU, and the Triton kernels take CUDA tensors only.
+    return (
+        f"{KERNEL_ENV}=triton cannot run the in-process audit: the reference engine decodes on the CPU and "
+        f"the Triton kernels need CUDA tensors; unset it or set it to torch (the Triton kernels run inside an "
+        f"SGLang server: audit one with --url)"
+    )
+
+
+def _fail(message: str, usage=None) -> int:
     # Plain print, not rich: server messages may hold [brackets] rich would eat.
+    if usage is not None:
+        print(usage(), end="", file=sys.stderr)
     print(f"detspec audit: error: {message}", file=sys.stderr)
     return 2
 
@@ -215,9 +314,12 @@ def run(args: argparse.Namespace) -> int:
     """Run the audit for parsed ``args``; returns the exit code (0 pass, 1 fail, 2 error)."""
     problem = _usage_error(args)
     if problem is not None:
-        return _fail(problem)
+        return _fail(problem, getattr(args, "usage", None))
     if args.url is not None:
         return _run_server(args)
+    problem = _kernel_problem()
+    if problem is not None:
+        return _fail(problem)
     return _run_in_process(args)
 
 
@@ -226,7 +328,7 @@ def _progress_runs(backends, plan) -> list:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..audit import run_plan
+    from ..auditing.batch import run_plan
 
     summaries = []
     columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -238,33 +340,73 @@ def _progress_runs(backends, plan) -> list:
 
 
 def _run_in_process(args: argparse.Namespace) -> int:
-    from ..audit import build_plan
+    from rich.console import Console
+
+    from ..auditing.batch import build_plan
     from ..reference import ReferenceEngine, build_model_pair
+    from ._audit_report import print_batch_section, print_invariance_section
 
     models = build_model_pair()
     k = DEFAULT_NUM_DRAFT_TOKENS if args.num_draft_tokens is None else args.num_draft_tokens
-    room = models.max_positions - MAX_PROMPT_LEN
-    if args.max_new_tokens + k > room:
-        return _fail(
-            f"--max-new-tokens + --num-draft-tokens must be at most {room} with the in-process engine "
-            f"(with the longest prompt, {MAX_PROMPT_LEN} tokens, they must fit the reference models' "
-            f"{models.max_positions} positions), got {args.max_new_tokens} + {k}"
-        )
+    mode = args.mode or "coupled"
     control = True if args.control is None else args.control
     plan = build_plan(
         args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
         vocab_size=models.vocab_size, max_batch=args.max_batch_size,
     )
-    engines = [ReferenceEngine(models, k)]
+    engines = [ReferenceEngine(models, k, verify=mode)]
     if control:
-        engines.append(ReferenceEngine.control(models, k, seed=args.seed))
+        engines.append(ReferenceEngine.control(models, k, seed=args.seed, verify=mode))
     summaries = _progress_runs(engines, plan)
     settings = {
-        "trials": args.trials, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
+        "mode": mode, "trials": args.trials, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
         "max_batch_size": args.max_batch_size, "seed": args.seed, "control": control,
-        "vocab_size": models.vocab_size,
+        "invariance": args.invariance, "vocab_size": models.vocab_size,
     }
-    return _report(args, plan, summaries, settings, f"K={k} draft tokens")
+    console = Console()
+    verdict, report = print_batch_section(
+        console, args, plan, summaries, settings, f"{mode} verify, K={k} draft tokens"
+    )
+    sections = {"changing_batch": verdict.passed}
+    if args.invariance:
+        invariance = _run_invariance(models, mode, args)
+        sections["invariance"] = print_invariance_section(console, invariance, mode)
+        report["invariance"] = {m: r.to_json() for m, r in invariance.items()}
+    return _finish(console, args, report, sections)
+
+
+def _run_invariance(models, mode: str, args: argparse.Namespace) -> dict:
+    """The invariance reports: ``mode`` first, then the other mode for comparison (behind a spinner on stderr)."""
+    from rich.console import Console
+
+    from ..invariance import run_invariance
+
+    other = "rejection" if mode == "coupled" else "coupled"
+    reports = {}
+    with Console(stderr=True).status("invariance: decoding the probes with every drafter"):
+        for m in (mode, other):
+            reports[m] = run_invariance(models, mode=m, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    return reports
+
+
+def _finish(console, args: argparse.Namespace, report: dict, sections: dict) -> int:
+    """Record each section's outcome, write ``--json``, print the overall line; returns the exit code.
+
+    ``report["passed"]`` is the whole audit's outcome, ``report["sections"]``
+    each section's (``message`` and ``notes`` stay the changing-batch verdict's).
+    """
+    passed = all(sections.values())
+    report["passed"] = passed
+    report["sections"] = dict(sections)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {args.json}", markup=False, highlight=False)
+    if passed:
+        console.print(f"[bold green]audit passed[/]: {', '.join(sections).replace('_', ' ')}")
+    else:
+        failed = ", ".join(name.replace("_", " ") for name, ok in sections.items() if not ok)
+        console.print(f"[bold red]audit failed[/]: {failed}")
+    return 0 if passed else 1
 
 
 # Resolved server arguments worth keeping with a server audit (top-level keys of /server_info).
@@ -275,101 +417,66 @@ _SERVER_FACTS = (
 
 
 def _run_server(args: argparse.Namespace) -> int:
+    # Only what talking to a server needs: no torch, no transformers on this path.
     import dataclasses
 
-    from ..audit import build_plan
-    from ..http_backend import HttpBackend, HttpBackendError, avg_spec_accept_length
+    from ..auditing.http_backend import HttpBackend, HttpBackendError, avg_spec_accept_length
 
     timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
     concurrency = DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency
-    plan = build_plan(
-        args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
-        vocab_size=args.vocab_size, max_batch=args.max_batch_size,
-    )
     encoding = args.seed_encoding or "uint64"
+    seed_checks = True if args.seed_checks is None else args.seed_checks
     with HttpBackend(args.url, timeout=timeout, concurrency=concurrency, seed_encoding=encoding) as backend:
         try:
-            # Asked first so an unreachable server fails before any trial.
+            # Asked first so an unreachable server, or something that is not SGLang, fails at once.
             info = backend.server_info()
+        except HttpBackendError as exc:
+            return _fail(str(exc))
+        from rich.console import Console
+
+        from ..auditing.batch import build_plan
+        from ..auditing.server_seeds import run_seed_checks
+        from ._audit_report import print_batch_section, print_seed_section
+
+        plan = build_plan(
+            args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
+            vocab_size=args.vocab_size, max_batch=args.max_batch_size,
+        )
+        try:
             (summary,) = _progress_runs([backend], plan)
         except HttpBackendError as exc:
             return _fail(str(exc))
         try:
-            # Asked after the trials so the server's counters include them.
+            # Asked after the trials (so the server's counters include them) and before the seed checks.
             server_accept = avg_spec_accept_length(backend.server_info())
         except HttpBackendError as exc:
             # The trials are done; report them without the server's figure.
             print(f"detspec audit: warning: no average accept length from the server: {exc}", file=sys.stderr)
             server_accept = None
+        seeds = None
+        if seed_checks:
+            try:
+                seeds = run_seed_checks(
+                    backend, plan.probe.prompt_ids, seed=args.seed, max_new_tokens=args.max_new_tokens
+                )
+            except HttpBackendError as exc:
+                return _fail(f"request-seed checks: {exc}")
     facts = {key: info.get(key) for key in _SERVER_FACTS}
     summary = dataclasses.replace(summary, server_avg_accept_length=server_accept)
     settings = {
         "url": args.url, "trials": args.trials, "max_new_tokens": args.max_new_tokens,
         "max_batch_size": args.max_batch_size, "seed": args.seed, "control": False,
         "vocab_size": args.vocab_size, "concurrency": concurrency, "timeout_s": timeout,
-        "seed_encoding": encoding, "server": facts,
+        "seed_encoding": encoding, "seed_checks": seed_checks, "server": facts,
     }
     draft = facts.get("speculative_num_draft_tokens")
     spec = f"{facts.get('speculative_algorithm') or 'no speculative decoding'}" + (
         f" (speculative_num_draft_tokens={draft})" if draft is not None else ""
     )
-    return _report(args, plan, [summary], settings, f"server {args.url}, {spec}")
-
-
-def _report(args: argparse.Namespace, plan, summaries, settings: dict, setup: str) -> int:
-    """Print the table, notes and verdict, write ``--json``; returns the exit code."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from ..audit import build_report, judge
-
     console = Console()
-    sizes = [t.num_requests for t in plan.trials]
-    kinds = list(dict.fromkeys(t.kind for t in plan.trials))
-    table = Table(
-        title=f"{len(plan.trials)} trials, batch sizes {min(sizes)}-{max(sizes)} ({', '.join(kinds)})\n"
-        f"{setup}, {args.max_new_tokens} new tokens, seed {args.seed}"
-    )
-    with_logprobs = any(s.unique_probe_logprobs is not None for s in summaries)
-    headers = ["run", "unique probe outputs", "mean accept len", "varying requests", "time"]
-    if with_logprobs:
-        headers.insert(2, "probe logprobs")
-    for header in headers:
-        table.add_column(header, justify="left" if header == "run" else "right")
-    for s in summaries:
-        row = [
-            s.backend, str(s.unique_probe_outputs),
-            "n/a" if s.mean_accept_length is None else f"{s.mean_accept_length:.2f}",
-            f"{s.varying_requests}/{s.num_requests}", f"{s.wall_time_s:.1f} s",
-        ]
-        if with_logprobs:
-            row.insert(2, _logprob_cell(s))
-        table.add_row(*row)
-    console.print(table)
-    for s in summaries:
-        if s.server_avg_accept_length is not None:
-            console.print(
-                f"{s.backend}: the server's own average accept length is {s.server_avg_accept_length:.2f} "
-                "(/server_info; all its traffic since start or the last cache flush)",
-                markup=False, highlight=False,
-            )
-
-    verdict = judge(summaries[0], summaries[1] if len(summaries) > 1 else None)
-    if args.json is not None:
-        report = build_report(plan, summaries, verdict, settings)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        console.print(f"wrote {args.json}", markup=False, highlight=False)
-    for note in verdict.notes:
-        console.print(f"[yellow]note:[/] {note}")
-    colour = "green" if verdict.passed else "red"
-    status, _, rest = verdict.message.partition(":")
-    console.print(f"[bold {colour}]{status}[/]:{rest}")
-    return 0 if verdict.passed else 1
-
-
-def _logprob_cell(summary) -> str:
-    if summary.unique_probe_logprobs is None:
-        return "n/a"
-    if summary.probe_logprobs_identical:
-        return "bitwise equal"
-    return f"{summary.unique_probe_logprobs} distinct"
+    verdict, report = print_batch_section(console, args, plan, [summary], settings, f"server {args.url}, {spec}")
+    sections = {"changing_batch": verdict.passed}
+    if seeds is not None:
+        sections["request_seeds"] = print_seed_section(console, seeds)
+        report["request_seeds"] = seeds.to_json()
+    return _finish(console, args, report, sections)

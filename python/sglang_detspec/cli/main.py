@@ -8,7 +8,9 @@ defines ``register(subparsers)``: it adds its parser with
 not know. Modules are found by scanning this package, so adding a subcommand
 touches no other file.
 Handlers import heavy dependencies (torch, transformers) themselves, so
-``detspec --help`` stays fast.
+``detspec --help`` stays fast. Arguments a subcommand does not know are
+reported with that subcommand's usage; Ctrl-C ends any subcommand with one
+line and exit status 130 (128 + SIGINT, the shell's convention).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from .. import __version__
 
 _NOT_SUBCOMMANDS = {"main"}
+EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,19 +47,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``, or ``parser`` itself when there is none."""
+    # argparse keeps its subparsers only in this action; it has no public accessor.
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``detspec`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
 
     Raises:
-        SystemExit: code 2 on bad arguments (argparse prints the reason), 0
-            for ``--help`` and ``--version``. A bad ``SGLANG_DETSPEC_*``
-            environment setting returns 2 with the reason on stderr.
+        SystemExit: code 2 on bad arguments (argparse prints the reason and
+            the usage of the subcommand concerned), 0 for ``--help`` and
+            ``--version``. A bad ``SGLANG_DETSPEC_*`` environment setting
+            returns 2 with the reason on stderr; Ctrl-C returns 130.
     """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("detspec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
     if unknown:
         hint = getattr(args, "unrecognized_hint", None)
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else ""))
+        _subcommand_parser(parser, getattr(args, "command", None)).error(
+            f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else "")
+        )
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -7,8 +7,9 @@ import sys
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec import audit
-from sglang_detspec.audit import DEFAULT_TRIALS, build_plan, group_sizes, judge, run_plan
+from sglang_detspec.auditing import batch
+from sglang_detspec.auditing.batch import DEFAULT_TRIALS, build_plan, group_sizes, judge, run_plan
+from sglang_detspec.cli.audit import REFERENCE_MAX_POSITIONS
 from sglang_detspec.cli.main import build_parser, main
 from sglang_detspec.reference import ReferenceEngine, build_model_pair
 
@@ -120,12 +121,21 @@ def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
     assert main([*argv, "--json", str(out)]) == 0
     stdout = capsys.readouterr().out
     assert "PASS" in stdout and "unique probe outputs" in stdout
+    assert "PASS: 1 unique output(s) across all configurations with coupled verify (rejection verify: " in (
+        " ".join(stdout.split()))
+    assert "audit passed" in stdout
     report = json.loads(out.read_text())
-    assert report["passed"] is True
+    assert report["passed"] is True and report["sections"] == {"changing_batch": True, "invariance": True}
     assert report["settings"] == {
-        "trials": 7, "max_new_tokens": 6, "num_draft_tokens": 2, "max_batch_size": 6,
-        "seed": 5, "control": True, "vocab_size": VOCAB,
+        "mode": "coupled", "trials": 7, "max_new_tokens": 6, "num_draft_tokens": 2, "max_batch_size": 6,
+        "seed": 5, "control": True, "invariance": True, "vocab_size": VOCAB,
     }
+    coupled, rejection = report["invariance"]["coupled"], report["invariance"]["rejection"]
+    assert coupled["passed"] is True and coupled["unique_outputs"] == 1
+    assert rejection["mode"] == "rejection" and rejection["unique_outputs"] > 1
+    names = [row["name"] for row in coupled["rows"]]
+    assert names[0] == "off" and len(names) > 3
+    assert f"rejection verify: {rejection['unique_outputs']})" in " ".join(stdout.split())
     assert report["probe"]["sampling_seed"] == 5
     seeded, control = report["runs"]["seeded"], report["runs"]["control"]
     assert seeded["unique_probe_outputs"] == 1
@@ -141,9 +151,29 @@ def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
 
 def test_cli_audit_without_control(tmp_path):
     out = tmp_path / "seeded.json"
-    argv = ["audit", "--trials", "3", "--max-new-tokens", "4", "--max-batch-size", "3", "--no-control"]
+    argv = ["audit", "--trials", "3", "--max-new-tokens", "4", "--max-batch-size", "3", "--no-control",
+            "--no-invariance"]
     assert main([*argv, "--json", str(out)]) == 0
-    assert list(json.loads(out.read_text())["runs"]) == ["seeded"]
+    report = json.loads(out.read_text())
+    assert list(report["runs"]) == ["seeded"] and "invariance" not in report
+
+
+def test_cli_rejection_mode_fails_the_invariance_section(tmp_path, capsys):
+    # Rejection verification is batch-invariant but not drafter-invariant: the
+    # changing-batch section passes, the invariance section fails, so the audit does.
+    out = tmp_path / "rejection.json"
+    argv = ["audit", "--mode", "rejection", "--trials", "3", "--max-new-tokens", "8", "--max-batch-size", "3",
+            "--no-control", "--json", str(out)]
+    assert main(argv) == 1
+    stdout = " ".join(capsys.readouterr().out.split())
+    assert "PASS: the seeded probe request gave 1 unique output across 3 trials" in stdout
+    assert "FAIL:" in stdout and "with rejection verify (coupled verify: 1)" in stdout
+    assert "audit failed: invariance" in stdout
+    report = json.loads(out.read_text())
+    assert report["passed"] is False and report["settings"]["mode"] == "rejection"
+    assert report["sections"] == {"changing_batch": True, "invariance": False}
+    assert report["invariance"]["rejection"]["passed"] is False
+    assert report["invariance"]["coupled"]["unique_outputs"] == 1
 
 
 @pytest.mark.parametrize(
@@ -159,15 +189,19 @@ def test_cli_audit_without_control(tmp_path):
         (["--max-batch-size", "100000"], "argument --max-batch-size: must be in [2, 1024], got 100000"),
         (["--seed", "-1"], "argument --seed: must be in [0, 2**64), got -1"),
         (["--seed", str(2**64)], "argument --seed: must be in [0, 2**64)"),
-        (["--json", "/nonexistent-dir/x.json"], "directory '/nonexistent-dir' does not exist"),
+        (["--json", "/nonexistent-dir/x.json"], "argument --json: directory '/nonexistent-dir' does not exist"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--mode", "tree"], "argument --mode: invalid choice: 'tree'"),
     ],
 )
 def test_cli_rejects_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["audit", *args])
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # The audit's own usage, not the top-level one.
+    assert err.startswith("usage: detspec audit [-h]") and f"detspec audit: error: {message}" in err
 
 
 def test_cli_accepts_the_bounds_themselves():
@@ -185,10 +219,72 @@ def test_cli_accepts_the_bounds_themselves():
 )
 def test_cli_keeps_in_process_runs_within_the_models_positions(args, got, capsys):
     assert main(["audit", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: detspec audit")
     assert (
         "detspec audit: error: --max-new-tokens + --num-draft-tokens must be at most 4072 with the in-process "
         f"engine (with the longest prompt, 24 tokens, they must fit the reference models' 4096 positions), got {got}"
-    ) in capsys.readouterr().err
+    ) in err
+
+
+def test_cli_position_bound_is_the_models_and_refused_before_torch_loads():
+    # The bound the CLI states up front is the reference models' own.
+    assert build_model_pair().max_positions == REFERENCE_MAX_POSITIONS
+    code = (
+        "import sys\n"
+        "from sglang_detspec.cli.main import main\n"
+        "code = main(['audit', '--max-new-tokens', '100000'])\n"
+        "print('exit', code, 'heavy:', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "exit 2 heavy: []"
+    assert "must be at most 4072" in done.stderr
+
+
+def test_cli_help_explains_the_columns_and_the_limit(capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for phrase in ("varying requests requests (probe and fillers) whose output changed between trials",
+                   "between 1 and K+1 for K draft tokens per round", "(1-TV)/(1+TV), 1-TV",
+                   "N + K must be at most 4072", "130 interrupted"):
+        assert phrase in out, phrase
+
+
+def test_triton_kernel_without_cuda_tensors_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("SGLANG_DETSPEC_KERNEL", "triton")
+    assert main(["audit", "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "detspec audit: error: SGLANG_DETSPEC_KERNEL=triton cannot run the in-process audit")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # Where a user's Ctrl-C lands most often: while the models are built.
+    monkeypatch.setattr("sglang_detspec.reference.build_model_pair", interrupted)
+    assert main(["audit", "--trials", "2", "--no-invariance"]) == 130
+    assert capsys.readouterr().err == "detspec: interrupted\n"
+
+
+def test_ctrl_c_in_a_real_process_exits_130(tmp_path):
+    import os
+    import signal
+    import time
+
+    # SIGINT to a running `detspec audit`: the interpreter raises KeyboardInterrupt wherever it is.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from sglang_detspec.cli.main import main; sys.exit(main())",
+         "audit", "--trials", "25"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    time.sleep(3)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "detspec: interrupted" and "Traceback" not in err
 
 
 def test_cli_position_bound_admits_an_exact_fit(monkeypatch):
@@ -199,7 +295,7 @@ def test_cli_position_bound_admits_an_exact_fit(monkeypatch):
     def build_plan_stub(*args, **kwargs):
         raise PlanBuilt
 
-    monkeypatch.setattr(audit, "build_plan", build_plan_stub)
+    monkeypatch.setattr(batch, "build_plan", build_plan_stub)
     with pytest.raises(PlanBuilt):
         main(["audit", "--max-new-tokens", "4069"])
 

@@ -8,13 +8,16 @@ import json
 import math
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
+import warnings
 from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fastapi.exceptions import FastAPIDeprecationWarning
 from pydantic import TypeAdapter
 from sglang.srt.entrypoints.api_contract import generate_contract_error
 from sglang.srt.entrypoints.http_server import _create_error_response
@@ -26,10 +29,10 @@ from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
 from sglang.srt.utils.json_response import dumps_json
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.audit import build_plan, judge, run_plan
-from sglang_detspec.cli.main import main
-from sglang_detspec.http_backend import (
+from sglang_detspec.auditing.batch import build_plan, judge, run_plan
+from sglang_detspec.auditing.http_backend import (
     HttpBackend,
+    NotSGLangError,
     ServerHttpError,
     ServerResponseError,
     ServerResult,
@@ -38,13 +41,27 @@ from sglang_detspec.http_backend import (
     avg_spec_accept_length,
     build_payload,
     parse_response,
-    sglang_seed,
 )
-from sglang_detspec.ops.streams import U64
+from sglang_detspec.auditing.server_seeds import run_seed_checks
+from sglang_detspec.cli.main import main
+from sglang_detspec.reference import ReferenceEngine, build_model_pair
+from sglang_detspec.request import Request
+from sglang_detspec.seed_encoding import U64, sglang_seed
+from sglang_detspec.seeds import derive_sample_seed, fresh_seed
 from sglang_detspec.sglang_plugin.request_hook import check_sampling_seed
-from sglang_detspec.reference import ReferenceEngine, Request, build_model_pair
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+
+
+@pytest.fixture(autouse=True)
+def stock_sglang():
+    """These tests speak of stock SGLang: an inactive bag, even after another module in this
+    process applied the plugin's hooks and published an active runtime context."""
+    from sglang_detspec.config import DetSpecConfig, install_config, reset_config
+
+    install_config(DetSpecConfig(source="server_args"))
+    yield
+    reset_config()
 
 K = 3  # reference draft tokens per round = SGLang --speculative-num-draft-tokens K + 1
 VOCAB = 384
@@ -149,6 +166,19 @@ def sglang_item(rid, output_ids, prompt_len, *, verify_ct=None, correct_drafts=0
         TokenizerManager._calculate_spec_decoding_metrics(None, meta, recv, 0)
     # tokenizer_manager.py:2705-2709 (--skip-tokenizer-init: no "text")
     return {"output_ids": list(output_ids), "meta_info": meta}
+
+
+def sglang_error_response(exc: Exception) -> tuple[int, bytes]:
+    """SGLang's HTTP answer to a ``ValueError`` in ``/generate`` (``http_server._create_error_response``).
+
+    SGLang builds it as FastAPI's ``ORJSONResponse``, which FastAPI deprecates
+    with a ``FastAPIDeprecationWarning`` on every construction: that is SGLang's
+    to change, so the warning is silenced here, where it arises, and nowhere else.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FastAPIDeprecationWarning)
+        response = _create_error_response(exc)
+    return response.status_code, bytes(response.body)
 
 
 def wire(items) -> object:
@@ -294,6 +324,12 @@ def _zero_rounds(items):
     return items
 
 
+def _negative_seed(items):
+    # A seed reported as its int64 bits, not as the uint64 the contract promises.
+    items[0]["meta_info"]["sampling_seed"] = -5
+    return items
+
+
 def _completion_mismatch(items):
     items[1]["meta_info"]["completion_tokens"] = 2
     return items
@@ -309,6 +345,7 @@ def _completion_mismatch(items):
         (_few_logprobs, "expected 3 output_token_logprobs entries"),
         (_zero_rounds, "spec_verify_ct must be an int >= 1, got 0"),
         (_completion_mismatch, "completion_tokens 2 but 3 output_ids"),
+        (_negative_seed, r"request a: meta_info.sampling_seed must be an int in \[0, 2\*\*64\), got -5"),
         (lambda items: items[:1], "expected a list of 2 results from /generate, got a list of 1"),
         (lambda items: {"error": "x"}, "expected a list of 2 results from /generate, got dict"),
     ],
@@ -470,6 +507,33 @@ class StandInServer:
         self.httpd.server_close()
         self.thread.join()
 
+    def _request_seeds(self, obj, subs):
+        """Each expanded request's seed, as a server with (or without) sglang-detspec assigns it.
+
+        With the plugin (docs/design.md section 6): a sampled request without
+        ``sampling_seed`` gets a fresh 64-bit seed, sample j of ``n`` gets
+        ``derive_sample_seed(seed, j)``, and the seed is reported. Without it,
+        as stock SGLang under deterministic inference: unseeded requests all get
+        42, the samples of ``n`` share their request's seed, nothing is reported.
+        """
+        batch = obj.batch_size
+        seeds = []
+        for index, sub in enumerate(subs):
+            seed = sub.sampling_params.get("sampling_seed")
+            if self.detspec_seed_check:
+                j, first = divmod(index, batch)
+                if seed is None:
+                    if j == 0:
+                        seed = fresh_seed()
+                    else:
+                        seed = derive_sample_seed(seeds[first][0], j)  # sample 0 holds the fresh seed
+                else:
+                    seed = derive_sample_seed(seed % U64, j)
+                seeds.append((seed, True))
+            else:
+                seeds.append((42 if seed is None else seed % U64, False))
+        return seeds
+
     def generate(self, body):
         contract_error = generate_contract_error(body)
         if contract_error is not None:
@@ -477,36 +541,49 @@ class StandInServer:
         try:
             obj = GENERATE_REQ.validate_python(body)
             obj.normalize_batch_and_arguments()
-            reqs, rids = [], []
-            for i in range(obj.batch_size):
-                sub = obj[i]
+            # A single request (is_single) is its own only sub-request.
+            subs = [obj] if obj.is_single else [obj[i] for i in range(obj.batch_size * obj.parallel_sample_num)]
+            seeds = self._request_seeds(obj, subs)
+            reqs, rids, reported = [], [], []
+            for i, sub in enumerate(subs):
                 sp = SamplingParams(**sub.sampling_params)
                 sp.normalize(None)
                 if self.detspec_seed_check and sp.sampling_seed is not None:
                     sp.sampling_seed = check_sampling_seed(sp.sampling_seed)
                 sp.verify(self.engine.models.vocab_size)
                 greedy = sp.top_k == 1
-                reqs.append(Request(tuple(sub.input_ids), sp.max_new_tokens, 0.0 if greedy else sp.temperature,
-                                    sp.sampling_seed % U64))
+                seed, report = seeds[i]
+                reqs.append(Request(tuple(sub.input_ids), sp.max_new_tokens, 0.0 if greedy else sp.temperature, seed))
                 rids.append(sub.rid)
+                reported.append(seed if report and not greedy else None)
             with self.lock:
                 self.batch_sizes.append(len(reqs))
                 results = self.engine.generate(reqs)
         except ValueError as exc:
-            error = _create_error_response(exc)  # http_server.py:2246-2250
-            return error.status_code, bytes(error.body)
+            return sglang_error_response(exc)
         jitter = len(reqs) * 2.0**-30 if self.jitter_logprobs else 0.0
         items = []
-        for rid, req, res in zip(rids, reqs, results):
+        for rid, req, res, seed in zip(rids, reqs, results, reported):
             with self.lock:
                 self.tokens += len(res.output_ids)
                 self.rounds += len(res.accept_lengths)
-            items.append(sglang_item(
+            item = sglang_item(
                 rid, list(res.output_ids), len(req.prompt_ids), verify_ct=len(res.accept_lengths),
                 correct_drafts=sum(a - 1 for a in res.accept_lengths),
                 logprobs=stand_in_logprobs(req.prompt_ids, res.output_ids, jitter),
-            ))
-        return 200, dumps_json(items)
+            )
+            if seed is not None:
+                item["meta_info"]["sampling_seed"] = seed
+            items.append(item)
+        # SGLang answers a single request (no list in the body, n = 1) with one object.
+        return 200, dumps_json(items[0] if obj.is_single else self._sample_major_to_request_major(items, obj))
+
+    @staticmethod
+    def _sample_major_to_request_major(items, obj):
+        # SGLang expands n samples as [all requests' sample 0, all requests' sample 1, ...]
+        # but answers request by request, its samples in order.
+        batch, n = obj.batch_size, obj.parallel_sample_num
+        return [items[j * batch + i] for i in range(batch) for j in range(n)]
 
 
 AUDIT = ["audit", "--trials", "7", "--max-new-tokens", "6", "--max-batch-size", "6", "--vocab-size", str(VOCAB)]
@@ -520,8 +597,14 @@ def test_cli_audits_a_server_end_to_end(spec_server_context, models, tmp_path, c
     stdout = capsys.readouterr().out
     assert code == 0, stdout
     assert "PASS" in stdout and "bitwise equal" in stdout and "server's own average accept length" in stdout
+    assert "all 6 request-seed checks held" in stdout and "audit passed: changing batch, request seeds" in stdout
     report = json.loads(out.read_text())
     assert report["passed"] is True and list(report["runs"]) == ["server"]
+    seeds = report["request_seeds"]
+    assert seeds["passed"] is True and seeds["seed"] == SEED and seeds["derived_seeds_match"] is True
+    assert [c["name"] for c in seeds["checks"]] == [
+        "unseeded", "n_distinct", "n_replay", "sample0_is_seed", "sample1_not_seed_plus_1", "reported_seeds_replay"]
+    assert seeds["reported_seeds"][4:] == [derive_sample_seed(SEED, j) for j in range(4)]
     settings = report["settings"]
     assert settings["url"] == server.url and settings["control"] is False and settings["concurrency"] == 1
     assert settings["vocab_size"] == VOCAB and settings["server"]["speculative_num_draft_tokens"] == K + 1
@@ -537,8 +620,9 @@ def test_cli_audits_a_server_end_to_end(spec_server_context, models, tmp_path, c
     assert [t["probe_verify_rounds"] for t in run["trials"]] == [len(o.probe.accept_lengths) for o in local.outcomes]
     assert run["mean_accept_length"] == local.mean_accept_length > 1
     assert run["server_avg_accept_length"] == pytest.approx(local.mean_accept_length)
-    # One POST per sub-batch, in schedule order.
-    assert server.batch_sizes == [len(b) for t in plan.trials for b in t.batches]
+    # One POST per sub-batch, in schedule order (the request-seed checks follow).
+    trial_posts = [len(b) for t in plan.trials for b in t.batches]
+    assert server.batch_sizes[:len(trial_posts)] == trial_posts
     for trial in run["trials"]:
         assert trial["probe_output_logprobs"] == run["trials"][0]["probe_output_logprobs"]
 
@@ -551,10 +635,11 @@ def test_stock_sglang_server_needs_int64_seed_encoding(spec_server_context, mode
         err = capsys.readouterr().err
         assert "sampling_seed must be in [-2**63, 2**63 - 1]" in err and "--seed-encoding int64" in err
         out = tmp_path / "int64.json"
-        code = main([*AUDIT, "--url", server.url, "--seed", str(SEED), "--seed-encoding", "int64", "--json", str(out)])
+        code = main([*AUDIT, "--url", server.url, "--seed", str(SEED), "--seed-encoding", "int64", "--no-seed-checks",
+                     "--json", str(out)])
     assert code == 0, capsys.readouterr().out
     report = json.loads(out.read_text())
-    assert report["passed"] and report["settings"]["seed_encoding"] == "int64"
+    assert report["passed"] and report["settings"]["seed_encoding"] == "int64" and "request_seeds" not in report
     # The other way round: int64 bits sent to a server with sglang-detspec's check.
     with StandInServer(ReferenceEngine(models, K)) as server:
         assert main([*AUDIT, "--url", server.url, "--seed", str(SEED), "--seed-encoding", "int64"]) == 2
@@ -608,7 +693,7 @@ def test_unreachable_server_exits_2(capsys):
     url = _closed_port_url()
     assert main([*AUDIT, "--url", url]) == 2
     err = capsys.readouterr().err
-    assert f"detspec audit: error: cannot reach the SGLang server at {url}" in err
+    assert err == f"detspec audit: error: no SGLang server answers at {url} (start one with `detspec serve ...`)\n"
 
 
 def test_in_process_position_bound_does_not_apply_to_a_server(capsys):
@@ -617,7 +702,7 @@ def test_in_process_position_bound_does_not_apply_to_a_server(capsys):
     url = _closed_port_url()
     assert main([*AUDIT, "--url", url, "--max-new-tokens", "5000"]) == 2
     err = capsys.readouterr().err
-    assert "cannot reach the SGLang server" in err and "must be at most" not in err
+    assert "no SGLang server answers" in err and "must be at most" not in err
 
 
 def test_server_refusal_prints_sglangs_message(spec_server_context, models, capsys):
@@ -636,7 +721,7 @@ def test_server_refusal_prints_sglangs_message(spec_server_context, models, caps
         (400, "application/json", dumps_json({"error": generate_contract_error({"input_ids": "x"})}),
          generate_contract_error({"input_ids": "x"})),
         # A ValueError in generate (http_server.py:2246-2250).
-        (400, "application/json", bytes(_create_error_response(ValueError("bad [thing]")).body), "bad [thing]"),
+        (400, "application/json", sglang_error_response(ValueError("bad [thing]"))[1], "bad [thing]"),
         # Request validation / HTTPException (http_server.py:626-631, 683-692).
         (503, "application/json", dumps_json(ErrorResponse(message="overloaded", type="503", code=503).model_dump()),
          "overloaded"),
@@ -681,6 +766,138 @@ def test_backend_rejects_bad_arguments(kwargs, match):
         HttpBackend(**kwargs)
 
 
+# -- request-seed checks --------------------------------------------------------------------
+
+
+def test_seed_checks_pass_when_every_request_gets_its_own_seed(spec_server_context, models):
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        with HttpBackend(server.url, timeout=60) as backend:
+            report = run_seed_checks(backend, (5, 6, 7), seed=123, max_new_tokens=8)
+    assert report.passed and all(c.passed for c in report.checks)
+    details = {c.name: c.detail for c in report.checks}
+    assert details["unseeded"] == "4 unseeded requests of one prompt gave 4 distinct output(s)"
+    assert details["n_distinct"] == "n = 4 with sampling_seed 123 gave 4 distinct completion(s)"
+    assert details["reported_seeds_replay"].startswith("8 of 8 reported seeds replayed their output")
+    # Four fresh seeds, then the request seed and its derived sample seeds.
+    assert len(set(report.reported_seeds[:4])) == 4
+    assert report.reported_seeds[4:] == tuple(derive_sample_seed(123, j) for j in range(4))
+    assert report.derived_seeds_match is True
+    # 4 unseeded + n = 4 twice + seed + seed + 1 + 8 replays, one POST each.
+    assert server.batch_sizes == [1] * 4 + [4, 4] + [1] * 10
+
+
+def test_seed_checks_fail_on_stock_seeding(spec_server_context, models, tmp_path, capsys):
+    # Stock SGLang under deterministic inference: every unseeded request gets seed 42,
+    # the n samples share their request's seed, and no seed is reported.
+    out = tmp_path / "stock.json"
+    with StandInServer(ReferenceEngine(models, K), detspec_seed_check=False) as server:
+        code = main([*AUDIT, "--url", server.url, "--seed", "7", "--seed-encoding", "int64", "--json", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 1, stdout
+    assert "FAIL: 3 of 6 request-seed checks failed (unseeded, n_distinct, reported_seeds_replay)" in stdout
+    report = json.loads(out.read_text())
+    assert report["passed"] is False and report["runs"]["server"]["unique_probe_outputs"] == 1
+    assert report["sections"] == {"changing_batch": True, "request_seeds": False}
+    checks = {c["name"]: c for c in report["request_seeds"]["checks"]}
+    assert checks["unseeded"]["detail"] == "4 unseeded requests of one prompt gave 1 distinct output(s)"
+    assert checks["n_distinct"]["detail"] == "n = 4 with sampling_seed 7 gave 1 distinct completion(s)"
+    assert checks["n_replay"]["passed"] and checks["sample0_is_seed"]["passed"]
+    assert checks["sample1_not_seed_plus_1"]["passed"]
+    assert checks["reported_seeds_replay"]["detail"].endswith("8 response(s) reported no meta_info.sampling_seed")
+    assert report["request_seeds"]["reported_seeds"] == [None] * 8
+
+
+def test_seed_checks_catch_consecutive_sample_seeds(spec_server_context, models):
+    # A server that seeds sample j with seed + j: distinct and replayable, yet
+    # sample 1 is exactly what seed + 1 gives.
+    class Consecutive(StandInServer):
+        def _request_seeds(self, obj, subs):
+            base = [sub.sampling_params.get("sampling_seed") for sub in subs]
+            return [(fresh_seed() if b is None else (b + i) % U64, True) for i, b in enumerate(base)]
+
+    with Consecutive(ReferenceEngine(models, K)) as server:
+        with HttpBackend(server.url, timeout=60) as backend:
+            report = run_seed_checks(backend, (1, 2), seed=9, max_new_tokens=6, num_unseeded=2, n=2)
+    failed = [c.name for c in report.checks if not c.passed]
+    assert "sample1_not_seed_plus_1" in failed and "n_distinct" not in failed
+    assert report.derived_seeds_match is False
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(seed=-1), "seed must be an int in"),
+        (dict(seed=U64), "seed must be an int in"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an int >= 1"),
+        (dict(num_unseeded=1), "num_unseeded must be an int >= 2"),
+        (dict(n=1), "n must be an int >= 2"),
+        (dict(prompt=()), "prompt must hold at least one token id"),
+    ],
+)
+def test_seed_checks_reject_bad_arguments(kwargs, match):
+    args = {"prompt": (1,), "seed": 0, "max_new_tokens": 4, **kwargs}
+    with HttpBackend("http://127.0.0.1:1") as backend:
+        with pytest.raises(ValueError, match=match):
+            run_seed_checks(backend, args.pop("prompt"), **args)
+
+
+# -- what answers at the URL ----------------------------------------------------------------
+
+
+class _NotFoundServer:
+    """A local HTTP server that answers 404 to everything: some other web service."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body = b"<html>nothing here</html>"
+                self.send_response(404)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+def test_something_else_at_the_url_is_not_an_sglang_server(capsys):
+    with _NotFoundServer() as other:
+        with HttpBackend(other.url) as backend:
+            with pytest.raises(NotSGLangError, match="answers HTTP 404 to /server_info and /get_server_info"):
+                backend.server_info()
+        assert main([*AUDIT, "--url", other.url]) == 2
+    err = capsys.readouterr().err
+    assert f"detspec audit: error: {other.url} is not an SGLang server" in err
+
+
+def test_server_path_imports_neither_torch_nor_transformers():
+    code = (
+        "import sys\n"
+        "from sglang_detspec.cli.main import main\n"
+        f"code = main({[*AUDIT, '--url', _closed_port_url()]!r})\n"
+        "print('exit', code, 'heavy:', sorted(m for m in ('torch', 'transformers', 'sglang') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "exit 2 heavy: []"
+    assert "no SGLang server answers at" in done.stderr
+
+
 # -- CLI argument errors --------------------------------------------------------------------
 
 
@@ -692,6 +909,9 @@ def test_backend_rejects_bad_arguments(kwargs, match):
         (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "-k", "2"], "--num-draft-tokens sets the in-process"),
         (["--concurrency", "2"], "--concurrency can only be used with --url"),
         (["--vocab-size", "10", "--timeout", "5"], "--vocab-size, --timeout can only be used with --url"),
+        (["--no-seed-checks"], "--seed-checks can only be used with --url"),
+        (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--mode", "coupled"], "--mode sets the in-process"),
+        (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--no-invariance"], "--no-invariance applies to the"),
     ],
 )
 def test_cli_rejects_flag_combinations(args, message, capsys):

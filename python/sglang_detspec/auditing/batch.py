@@ -1,4 +1,4 @@
-"""Batch-invariance audit: run one probe request in many different batches.
+"""Changing-batch audit: run one probe request in many different batches.
 
 The audit builds a schedule of trials in which the same probe request is
 decoded alongside other requests in batches of changing size, order and
@@ -7,10 +7,10 @@ the probe produced. A backend whose randomness is keyed by (seed, position)
 gives exactly one; one that draws from a shared stateful RNG gives many.
 
 Backends speak :class:`Backend`: ``generate(requests) -> results`` over
-:class:`~sglang_detspec.reference.Request` and
-:class:`~sglang_detspec.reference.RequestResult`. The in-process
+:class:`~sglang_detspec.request.Request` and
+:class:`~sglang_detspec.request.RequestResult`. The in-process
 :class:`~sglang_detspec.reference.ReferenceEngine` is one;
-:class:`~sglang_detspec.http_backend.HttpBackend` (a running SGLang server) is
+:class:`~sglang_detspec.auditing.http_backend.HttpBackend` (a running SGLang server) is
 another. A result may carry two more attributes, which the summary reads when
 present:
 
@@ -29,13 +29,10 @@ import random
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-# This module imports neither torch nor transformers at import time (the request
-# types are imported where build_plan needs them), so the CLI can read the
-# defaults below while `detspec --help` stays fast.
-if TYPE_CHECKING:
-    from .reference.request import Request, RequestResult
+from ..request import Request, RequestResult
+from ..seed_encoding import check_seed
 
 PROBE_PROMPT_LEN = 8
 FILLER_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)
@@ -150,11 +147,7 @@ def build_plan(
     _positive_int("max_new_tokens", max_new_tokens)
     _positive_int("vocab_size", vocab_size)
     _positive_int("max_batch", max_batch, 2)
-    from .ops.streams import U64
-    from .reference.request import Request
-
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < U64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    check_seed(seed, "seed")
     rng = random.Random(seed)
     probe = Request(
         prompt_ids=tuple(rng.randrange(vocab_size) for _ in range(PROBE_PROMPT_LEN)),

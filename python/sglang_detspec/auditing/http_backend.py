@@ -1,4 +1,4 @@
-"""Audit a running SGLang server: a :class:`~sglang_detspec.audit.Backend` over its native ``/generate``.
+"""Audit a running SGLang server: a :class:`~sglang_detspec.auditing.batch.Backend` over its native ``/generate``.
 
 :class:`HttpBackend` sends each sub-batch of an audit trial to SGLang 0.5.23's
 ``POST /generate`` as one batch request, token ids in and token ids out, so it
@@ -11,31 +11,30 @@ works with servers launched with ``--skip-tokenizer-init`` and without:
        "rid": [str, ...],                         # ours, to check the order
        "return_logprob": true}
 
-  SGLang's tokenizer manager sends a batch whose items all carry
-  ``input_ids`` to the scheduler in one message
-  (``sglang/srt/managers/tokenizer_manager.py:1753-1767, 2085-2087``), so the
-  requests of one POST reach the scheduler together.
-* response: a JSON list, one object per request in request order
-  (``asyncio.gather`` in ``tokenizer_manager.py:2191,2197-2200``), each
+  SGLang's tokenizer manager (``TokenizerManager._handle_batch_request``)
+  sends a batch whose items all carry ``input_ids`` to the scheduler in one
+  message, so the requests of one POST reach the scheduler together.
+* response: a JSON list, one object per request in request order (the
+  ``asyncio.gather`` of ``TokenizerManager._collect_batch_responses``), each
   ``{"output_ids": [int, ...], "meta_info": {...}}`` (plus ``"text"`` when
-  the server has a tokenizer; ``tokenizer_manager.py:2665-2670, 2705-2709``).
+  the server has a tokenizer; ``TokenizerManager._handle_batch_output``).
   ``meta_info`` holds ``id`` (the rid), ``finish_reason``,
-  ``completion_tokens`` (``tokenizer_manager.py:2507-2513, 2553-2559``),
-  ``output_token_logprobs`` as ``[[logprob, token_id, null], ...]``
-  (``tokenizer_manager.py:2869, 3104-3108``) and, when the server runs
-  speculative decoding, ``spec_verify_ct`` (verify rounds) and
+  ``completion_tokens``, ``output_token_logprobs`` as
+  ``[[logprob, token_id, null], ...]``
+  (``TokenizerManager.detokenize_logprob_tokens``), when the server runs
+  speculative decoding ``spec_verify_ct`` (verify rounds) and
   ``spec_accept_length = completion_tokens / spec_verify_ct``
-  (``tokenizer_manager.py:2755-2756, 3148-3172``).
-* errors: HTTP 400 with ``{"error": "..."}`` (schema check,
-  ``sglang/srt/entrypoints/http_server.py:937-939``), ``{"error":
-  {"message": "..."}}`` (``http_server.py:2246-2250``) or ``{"message":
-  "...", ...}`` (request validation, ``http_server.py:683-692``).
+  (``TokenizerManager._calculate_spec_decoding_metrics``), and, on a server
+  with sglang-detspec active, ``sampling_seed`` (the seed the request used).
+* errors: HTTP 400 with ``{"error": "..."}`` (the schema gate
+  ``api_contract.generate_contract_error``), ``{"error": {"message": "..."}}``
+  (``http_server._create_error_response``) or ``{"message": "...", ...}``
+  (request validation).
 
-``GET /server_info`` (``http_server.py:863-891``) carries the resolved server
-arguments at the top level and, per data-parallel rank under
+``GET /server_info`` (``http_server.server_info``) carries the resolved
+server arguments at the top level and, per data-parallel rank under
 ``internal_states``, ``avg_spec_accept_length`` when the server decodes
-speculatively (``sglang/srt/managers/scheduler_components/internal_state.py:118-125,243-253``).
-Neither it nor ``/model_info`` reports the vocabulary size.
+speculatively. Neither it nor ``/model_info`` reports the vocabulary size.
 """
 
 from __future__ import annotations
@@ -49,10 +48,9 @@ from collections.abc import Sequence
 
 import requests
 
-from .reference.request import Request, RequestResult
-from .seed_encoding import SEED_ENCODINGS, sglang_seed
-
-DEFAULT_TIMEOUT_S = 300.0
+from ..request import Request, RequestResult
+from ..seed_encoding import SEED_ENCODINGS, U64, sglang_seed
+from . import DEFAULT_TIMEOUT_S
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
 
@@ -63,6 +61,10 @@ class HttpBackendError(RuntimeError):
 
 class ServerUnreachableError(HttpBackendError):
     """No connection to the server, or no answer within the timeout."""
+
+
+class NotSGLangError(HttpBackendError):
+    """Something answers at the URL, but not as an SGLang server does."""
 
 
 class ServerHttpError(HttpBackendError):
@@ -99,10 +101,14 @@ class ServerResult(RequestResult):
             each ``meta_info["output_token_logprobs"]`` entry exactly as parsed
             from the JSON (None where the server sent ``null``); None when the
             server returned no logprobs.
+        sampling_seed: the seed the server reports it used
+            (``meta_info["sampling_seed"]``, in [0, 2**64)); None when it
+            reported none (greedy requests, or a server without the plugin).
     """
 
     verify_rounds: int | None = None
     output_logprobs: tuple[float | None, ...] | None = None
+    sampling_seed: int | None = None
 
     @property
     def mean_accept_length(self) -> float | None:
@@ -118,9 +124,10 @@ def sampling_params(request: Request, seed_encoding: str = "uint64") -> dict:
     ``ignore_eos`` keeps end-of-sequence tokens from ending a request early,
     so every output has ``max_new_tokens`` tokens. ``top_p``, ``top_k`` and
     ``min_p`` are sent at their no-op values so a server's preferred sampling
-    parameters (merged under the request's, ``tokenizer_manager.py:1549-1552``)
-    cannot narrow the distribution. Temperature 0 is SGLang's greedy
-    (``sampling_params.py:245-248``), as it is the reference engine's.
+    parameters (merged under the request's in
+    ``TokenizerManager._create_tokenized_object``) cannot narrow the
+    distribution. Temperature 0 is SGLang's greedy (``SamplingParams``
+    turns it into top-k 1), as it is the reference engine's.
     ``seed_encoding`` is as for :func:`sglang_seed`.
 
     Raises:
@@ -170,24 +177,27 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def parse_result(item, request: Request, rid: str) -> ServerResult:
-    """One element of a ``/generate`` batch response as a :class:`ServerResult`.
+def parse_result(item, request: Request | int, rid: str | None) -> ServerResult:
+    """One element of a ``/generate`` response as a :class:`ServerResult`.
 
     Args:
-        item: the parsed JSON object SGLang returned for ``request``.
-        request: what was asked.
-        rid: the request id sent with it.
+        item: the parsed JSON object SGLang returned for one request.
+        request: what was asked, or just its ``max_new_tokens``.
+        rid: the request id sent with it; None skips the id check (SGLang
+            gives the samples of an ``n > 1`` request ids of its own).
 
     Raises:
         ServerResponseError: ``item`` is not shaped like SGLang's output, its
             ``meta_info["id"]`` is not ``rid``, the request was aborted, it
             has other than ``max_new_tokens`` output tokens, its counters or
-            logprobs disagree with its ``output_ids``.
+            logprobs disagree with its ``output_ids``, or its reported
+            ``sampling_seed`` is not an int in [0, 2**64).
     """
+    max_new_tokens = request if isinstance(request, int) else request.max_new_tokens
     if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
         raise ServerResponseError(f"request {rid}: expected an object with 'output_ids' and 'meta_info'")
     meta = item["meta_info"]
-    if meta.get("id") != rid:
+    if rid is not None and meta.get("id") != rid:
         raise ServerResponseError(f"expected the result of request {rid}, got meta_info.id {meta.get('id')!r}")
     finish = meta.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
@@ -195,9 +205,9 @@ def parse_result(item, request: Request, rid: str) -> ServerResult:
     ids = item.get("output_ids")
     if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
         raise ServerResponseError(f"request {rid}: 'output_ids' must be a list of token ids")
-    if len(ids) != request.max_new_tokens:
+    if len(ids) != max_new_tokens:
         raise ServerResponseError(
-            f"request {rid}: {len(ids)} output tokens for max_new_tokens={request.max_new_tokens} "
+            f"request {rid}: {len(ids)} output tokens for max_new_tokens={max_new_tokens} "
             f"(finish_reason {finish!r})"
         )
     completion = meta.get("completion_tokens")
@@ -227,8 +237,12 @@ def parse_result(item, request: Request, rid: str) -> ServerResult:
             # JSON has no int/float distinction; 0 and 0.0 are the same logprob.
             values.append(None if value is None else float(value))
         logprobs = tuple(values)
+    seed = meta.get("sampling_seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < U64):
+        raise ServerResponseError(f"request {rid}: meta_info.sampling_seed must be an int in [0, 2**64), got {seed!r}")
     return ServerResult(
-        output_ids=tuple(ids), accept_lengths=(), verify_rounds=rounds, output_logprobs=logprobs
+        output_ids=tuple(ids), accept_lengths=(), verify_rounds=rounds, output_logprobs=logprobs,
+        sampling_seed=seed,
     )
 
 
@@ -270,7 +284,7 @@ def avg_spec_accept_length(server_info: dict) -> float | None:
     SGLang computes it per data-parallel rank as accepted tokens / verify
     rounds over the server's lifetime (since start or the last cache flush),
     folding in new rounds every ``decode_log_interval`` decode steps
-    (``metrics_reporter.py:999-1000``), so it lags and covers all the
+    (SGLang's metrics reporter), so it lags and covers all the
     server's traffic, not just one audit. Ranks that report it are averaged
     unweighted; None when none does (no speculative decoding, or no rounds
     folded in yet).
@@ -366,13 +380,18 @@ class HttpBackend:
     def __enter__(self) -> "HttpBackend":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        # On an error or Ctrl-C, do not wait for POSTs still in flight.
+        self.close(wait=exc_type is None)
 
-    def close(self) -> None:
-        """Stop the sender threads and close the connections."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the sender threads and close the connections.
+
+        Args:
+            wait: wait for POSTs in flight; False drops queued ones and returns at once.
+        """
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=wait, cancel_futures=not wait)
         with self._lock:
             for session in self._sessions:
                 session.close()
@@ -386,7 +405,7 @@ class HttpBackend:
                 self._sessions.append(session)
         return session
 
-    def _call(self, method: str, path: str, body: dict | None = None):
+    def call(self, method: str, path: str, body: dict | None = None):
         """One HTTP exchange; returns the parsed JSON body of a 2xx answer.
 
         Raises:
@@ -399,8 +418,10 @@ class HttpBackend:
             response = self._session().request(method, where, json=body, timeout=self.timeout)
         except requests.Timeout:
             raise ServerUnreachableError(f"no answer from {where} within {self.timeout:g} s") from None
-        except requests.ConnectionError as exc:
-            raise ServerUnreachableError(f"cannot reach the SGLang server at {self.url}: {exc}") from None
+        except requests.ConnectionError:
+            raise ServerUnreachableError(
+                f"no SGLang server answers at {self.url} (start one with `detspec serve ...`)"
+            ) from None
         except requests.RequestException as exc:
             raise ServerUnreachableError(f"request to {where} failed: {exc}") from None
         if not response.ok:
@@ -418,30 +439,53 @@ class HttpBackend:
         """``GET /server_info`` (``/get_server_info`` on servers without it).
 
         Raises:
-            HttpBackendError: as for :meth:`generate`, or a body that is not
-                a JSON object.
+            NotSGLangError: both paths answer HTTP 404, or the answer is not
+                a JSON object: whatever listens there is not an SGLang server.
+            HttpBackendError: as for :meth:`generate`.
         """
         try:
-            info = self._call("GET", "/server_info")
+            info = self.call("GET", "/server_info")
         except ServerHttpError as exc:
             if exc.status != 404:
                 raise
-            info = self._call("GET", "/get_server_info")
+            try:
+                info = self.call("GET", "/get_server_info")
+            except ServerHttpError as again:
+                if again.status != 404:
+                    raise
+                raise NotSGLangError(
+                    f"{self.url} is not an SGLang server: it answers HTTP 404 to /server_info and "
+                    "/get_server_info (give the base URL of a server started with `detspec serve ...`)"
+                ) from None
+        except ServerResponseError:
+            raise NotSGLangError(f"{self.url} is not an SGLang server: /server_info answered with non-JSON") from None
         if not isinstance(info, dict):
-            raise ServerResponseError(f"/server_info answered with {type(info).__name__}, not an object")
+            raise NotSGLangError(
+                f"{self.url} is not an SGLang server: /server_info answered with a JSON "
+                f"{type(info).__name__}, not an object"
+            )
         return info
 
-    def _post_batch(self, batch: Sequence[Request]) -> list[ServerResult]:
-        # Fresh random rids: unique across concurrent POSTs and audit runs,
-        # and echoed back so a misordered answer is caught, not miscounted.
-        rids = [uuid.uuid4().hex for _ in batch]
+    def post_generate(self, payload: dict):
+        """``POST /generate`` with ``payload``; returns the parsed JSON answer.
+
+        Raises:
+            HttpBackendError: as :meth:`call`; a refusal of a seed that the
+                other ``seed_encoding`` would have carried says so.
+        """
         try:
-            body = self._call("POST", "/generate", build_payload(batch, rids, self.seed_encoding))
+            return self.call("POST", "/generate", payload)
         except ServerHttpError as exc:
             hint = _seed_encoding_hint(self.seed_encoding, exc)
             if hint is None:
                 raise
             raise ServerHttpError(f"{exc} ({hint})", exc.status, exc.server_message) from None
+
+    def _post_batch(self, batch: Sequence[Request]) -> list[ServerResult]:
+        # Fresh random rids: unique across concurrent POSTs and audit runs,
+        # and echoed back so a misordered answer is caught, not miscounted.
+        rids = [uuid.uuid4().hex for _ in batch]
+        body = self.post_generate(build_payload(batch, rids, self.seed_encoding))
         return parse_response(body, batch, rids)
 
     def generate(self, requests_: Sequence[Request]) -> list[ServerResult]:

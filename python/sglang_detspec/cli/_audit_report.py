@@ -1,0 +1,160 @@
+"""The tables and verdict lines ``detspec audit`` prints, one function per section.
+
+Each ``print_*`` function prints its section with rich on ``console`` and
+returns whether the section passed; ``detspec audit --help`` explains every
+column.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _plain(console: Console, text: str) -> None:
+    # Server and engine messages may hold [brackets] that rich markup would eat.
+    console.print(text, markup=False, highlight=False)
+
+
+def _verdict_line(console: Console, passed: bool, message: str) -> None:
+    colour = "green" if passed else "red"
+    status, _, rest = message.partition(":")
+    console.print(f"[bold {colour}]{status}[/]:", end="")
+    _plain(console, rest)
+
+
+def _logprob_cell(summary) -> str:
+    if summary.unique_probe_logprobs is None:
+        return "n/a"
+    if summary.probe_logprobs_identical:
+        return "bitwise equal"
+    return f"{summary.unique_probe_logprobs} distinct"
+
+
+def print_batch_section(console: Console, args: argparse.Namespace, plan, summaries, settings: dict, setup: str):
+    """The changing-batch table, notes and verdict.
+
+    Returns:
+        ``(verdict, report)``: the :class:`~sglang_detspec.auditing.batch.Verdict`
+        and the JSON-ready report of :func:`~sglang_detspec.auditing.batch.build_report`.
+    """
+    from ..auditing.batch import build_report, judge
+
+    sizes = [t.num_requests for t in plan.trials]
+    kinds = list(dict.fromkeys(t.kind for t in plan.trials))
+    table = Table(
+        title=f"changing batch: {len(plan.trials)} trials, batch sizes {min(sizes)}-{max(sizes)} "
+        f"({', '.join(kinds)})\n{setup}, {args.max_new_tokens} new tokens, seed {args.seed}"
+    )
+    with_logprobs = any(s.unique_probe_logprobs is not None for s in summaries)
+    headers = ["run", "unique probe outputs", "mean accept len", "varying requests", "time"]
+    if with_logprobs:
+        headers.insert(2, "probe logprobs")
+    for header in headers:
+        table.add_column(header, justify="left" if header == "run" else "right")
+    for s in summaries:
+        row = [
+            s.backend, str(s.unique_probe_outputs),
+            "n/a" if s.mean_accept_length is None else f"{s.mean_accept_length:.2f}",
+            f"{s.varying_requests}/{s.num_requests}", f"{s.wall_time_s:.1f} s",
+        ]
+        if with_logprobs:
+            row.insert(2, _logprob_cell(s))
+        table.add_row(*row)
+    console.print(table)
+    for s in summaries:
+        if s.server_avg_accept_length is not None:
+            _plain(
+                console,
+                f"{s.backend}: the server's own average accept length is {s.server_avg_accept_length:.2f} "
+                "(/server_info; all its traffic since start or the last cache flush)",
+            )
+    verdict = judge(summaries[0], summaries[1] if len(summaries) > 1 else None)
+    for note in verdict.notes:
+        console.print("[yellow]note:[/] ", end="")
+        _plain(console, note)
+    _verdict_line(console, verdict.passed, verdict.message)
+    return verdict, build_report(plan, summaries, verdict, settings)
+
+
+def _figure(value, fmt: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def print_invariance_section(console: Console, reports: dict, mode: str) -> bool:
+    """The invariance table of ``reports[mode]``, with the other mode's unique-output count beside it.
+
+    Args:
+        reports: verify mode -> :class:`~sglang_detspec.invariance.InvarianceReport`,
+            ``mode`` included.
+        mode: the audited mode.
+
+    Returns:
+        ``reports[mode].passed``.
+    """
+    report = reports[mode]
+    others = {m: r for m, r in reports.items() if m != mode}
+    table = Table(title=f"invariance: {mode} verify, the same seeded requests under every configuration")
+    headers = ["configuration", "unique outputs", "mean accept len", "acceptance", "(1-TV)/(1+TV)", "1-TV"]
+    for m in others:
+        headers.append(f"{m}: unique outputs")
+    for header in headers:
+        if header == "configuration":
+            # Row names are the point of the table: let the figures' headers wrap instead.
+            table.add_column(header, no_wrap=True, min_width=max(len(r.name) for r in report.rows))
+        else:
+            table.add_column(header, justify="right")
+    other_rows = {m: {row.name: row for row in r.rows} for m, r in others.items()}
+    for row in report.rows:
+        if row.available:
+            cells = [
+                row.name, str(row.unique_outputs), _figure(row.mean_accept_length),
+                _figure(row.acceptance_rate, ".3f"), _figure(row.coupled_bound, ".3f"), _figure(row.one_minus_tv, ".3f"),
+            ]
+        else:
+            cells = [row.name, "n/a", "n/a", "n/a", "n/a", "n/a"]
+        for m in others:
+            match = other_rows[m].get(row.name)
+            cells.append("n/a" if match is None or not match.available else str(match.unique_outputs))
+        table.add_row(*cells)
+    console.print(table)
+    for row in report.rows:
+        if not row.available and row.note:
+            _plain(console, f"{row.name}: {row.note}")
+    beside = "; ".join(f"{m} verify: {r.unique_outputs}" for m, r in others.items())
+    message = (
+        f"{'PASS' if report.passed else 'FAIL'}: {report.unique_outputs} unique output(s) across all "
+        f"configurations with {mode} verify" + (f" ({beside})" if beside else "")
+    )
+    _verdict_line(console, report.passed, message)
+    return report.passed
+
+
+def print_seed_section(console: Console, report) -> bool:
+    """The request-seed checks of a server (:class:`~sglang_detspec.auditing.server_seeds.SeedReport`).
+
+    Returns:
+        ``report.passed``.
+    """
+    table = Table(title=f"request seeds (sampling_seed {report.seed})")
+    for header in ("check", "result", "what the server did"):
+        table.add_column(header, justify="left")
+    for check in report.checks:
+        table.add_row(check.name, "[green]pass[/]" if check.passed else "[red]FAIL[/]", check.detail)
+    console.print(table)
+    if report.derived_seeds_match is not None:
+        _plain(
+            console,
+            "the samples' reported seeds "
+            + ("equal" if report.derived_seeds_match else "differ from")
+            + " derive_sample_seed(seed, j) (docs/design.md section 6)",
+        )
+    failed = [c.name for c in report.checks if not c.passed]
+    message = (
+        f"PASS: all {len(report.checks)} request-seed checks held" if not failed
+        else f"FAIL: {len(failed)} of {len(report.checks)} request-seed checks failed ({', '.join(failed)})"
+    )
+    _verdict_line(console, report.passed, message)
+    return report.passed
