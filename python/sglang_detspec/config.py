@@ -3,7 +3,11 @@
 Every wired site reads :func:`current_config`; none reads SGLang's server
 arguments or the environment on its own. Until the plugin resolves the bag
 from SGLang's server arguments, the bag holds the ``SGLANG_DETSPEC_*``
-environment settings and says deterministic speculative decoding is off.
+environment settings and says deterministic sampling is off.
+
+Which runs are ours, and what is refused in them, is decided here and
+nowhere else: :attr:`DetSpecConfig.ours`, :meth:`DetSpecConfig.refusals`,
+:attr:`DetSpecConfig.active`.
 """
 
 from __future__ import annotations
@@ -11,13 +15,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
 DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
+VERIFY_ENV = "SGLANG_DETSPEC_VERIFY"
 KERNELS = ("auto", "torch", "triton")
+VERIFY_SETTINGS = ("auto", "coupled", "rejection")
+VERIFY_MODES = ("coupled", "rejection")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
+
+# Algorithms whose verify and draft go through the hooked SGLang paths, per mode.
+# Coupled: everything that verifies through eagle_utils.eagle_sample with the tree
+# root at seq_lens (NEXTN is SGLang's alias of EAGLE). Rejection: the chain sampler
+# needs a target-vocab draft distribution, which only the EAGLE draft workers give.
+COUPLED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+REJECTION_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,27 +40,32 @@ class DetSpecConfig:
     """Frozen settings every wired site reads.
 
     Attributes:
-        kernel: ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
-        disabled: ``SGLANG_DETSPEC_DISABLE``: keep SGLang's own code even when
-            deterministic inference and rejection sampling are on.
+        kernel: ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or
+            ``triton``; passed to every op call as its ``kernel`` argument.
+        disabled: ``SGLANG_DETSPEC_DISABLE``: keep SGLang's own code even under
+            deterministic inference.
+        verify: ``coupled`` (drafter-invariant: every emitted token is the
+            TARGET-stream race of the target distribution) or ``rejection``
+            (seeded rejection sampling, chains only), resolved from
+            ``SGLANG_DETSPEC_VERIFY`` by :func:`resolve_verify`.
         deterministic: SGLang's ``enable_deterministic_inference``.
         algorithm: speculative algorithm name (``EAGLE``, ``EAGLE3``, ``NEXTN``,
-            ...) or None when speculative decoding is off.
+            ``STANDALONE``, ``NGRAM``, ...) or None when speculative decoding is off.
         num_steps: ``speculative_num_steps`` (draft steps / MTP layers).
         eagle_topk: ``speculative_eagle_topk``.
         num_draft_tokens: ``speculative_num_draft_tokens``.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
-        block_verification: SGLang's block-verification flag (not supported:
-            the plugin implements the classic chain verify).
+        block_verification: SGLang's block-verification flag (not supported).
         rl_on_policy: SGLang's ``rl_on_policy_target`` is set (not supported: its
             bf16 log-softmax sampling path bypasses the target-sampler hook).
-        source: ``env`` before resolution; ``server_args`` or ``runtime_context``
-            after the plugin resolved it from SGLang.
+        source: ``env`` before resolution; ``server_args``, ``raw_args`` or
+            ``runtime_context`` after the plugin resolved it from SGLang.
     """
 
     kernel: str = "auto"
     disabled: bool = False
+    verify: str = "coupled"
     deterministic: bool = False
     algorithm: str | None = None
     num_steps: int | None = None
@@ -58,17 +78,85 @@ class DetSpecConfig:
     source: str = "env"
 
     @property
+    def ours(self) -> bool:
+        """Deterministic inference is on and the plugin is not disabled: the run is ours."""
+        return self.deterministic and not self.disabled
+
+    @property
+    def coupled(self) -> bool:
+        """The verify mode is coupled (section 5 of the design)."""
+        return self.verify == "coupled"
+
+    def refusals(self) -> list[str]:
+        """Why an ours run cannot be made deterministic: one message per problem, naming what to change.
+
+        Empty for runs that are not ours (SGLang's own code runs for them).
+        """
+        if not self.ours:
+            return []
+        problems = []
+        algo = self.algorithm
+        if self.coupled and algo is not None and algo not in COUPLED_ALGORITHMS:
+            problems.append(
+                f"--speculative-algorithm {algo} is not covered: its verify does not go through "
+                f"eagle_sample with the tree root at seq_lens; use one of {', '.join(COUPLED_ALGORITHMS)} "
+                "(or set SGLANG_DETSPEC_DISABLE=1 to keep SGLang's own sampling)"
+            )
+        if not self.coupled:
+            problems.extend(self._rejection_refusals())
+        if self.rl_on_policy:
+            problems.append(
+                "--rl-on-policy-target is not supported (its bf16 log-softmax sampling path makes a seeded "
+                "request's first token depend on its batch): drop the flag"
+            )
+        if self.block_verification:
+            problems.append(
+                "--speculative-use-block-verification is not supported (sglang-detspec implements the classic "
+                "chain verify and coupled verify): drop the flag"
+            )
+        return problems
+
+    def _rejection_refusals(self) -> list[str]:
+        algo = self.algorithm
+        if algo is None:
+            return []
+        problems = []
+        if not self.rejection_sampling:
+            problems.append(
+                f"{VERIFY_ENV}=rejection needs --speculative-use-rejection-sampling (SGLang hands the draft "
+                f"distributions to the verify only then); add the flag or set {VERIFY_ENV}=coupled"
+            )
+        if algo not in REJECTION_ALGORITHMS:
+            problems.append(
+                f"--speculative-algorithm {algo} is not supported in rejection mode; use EAGLE, EAGLE3 or "
+                f"NEXTN, or {VERIFY_ENV}=coupled"
+            )
+        chain = dict(zip(CHAIN_FLAGS, (self.num_steps, self.eagle_topk, self.num_draft_tokens)))
+        unset = [flag for flag, value in chain.items() if value is None]
+        if algo in REJECTION_ALGORITHMS and unset:
+            # Left unset, SGLang picks the three per model, a tree (topk > 1) for some (Llama: steps
+            # 5, topk 4, 8 draft tokens), and then refuses rejection sampling in its own words.
+            problems.append(
+                f"{', '.join(unset)} not set: rejection mode verifies chains, so give all three, e.g. "
+                "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "
+                "(draft tokens = steps + 1)"
+            )
+        if self.eagle_topk is not None and int(self.eagle_topk) > 1:
+            problems.append(
+                f"--speculative-eagle-topk {self.eagle_topk} drafts a tree; rejection mode verifies chains "
+                f"only: set --speculative-eagle-topk 1, or {VERIFY_ENV}=coupled (serves trees)"
+            )
+        return problems
+
+    @property
     def active(self) -> bool:
         """True when our seeded streams replace SGLang's sampling."""
-        return (
-            not self.disabled
-            and self.deterministic
-            and self.rejection_sampling
-            and not self.block_verification
-            and not self.rl_on_policy
-            and self.eagle_topk in (None, 1)
-            and self.algorithm in EAGLE_FAMILY
-        )
+        return self.ours and not self.refusals()
+
+    @property
+    def coupled_drafts(self) -> bool:
+        """Draft proposals race q on the TARGET stream (coupled verify with SGLang's sampled drafts)."""
+        return self.active and self.coupled and self.rejection_sampling
 
     def describe(self) -> str:
         """One line with every field, for the start-up log."""
@@ -76,38 +164,96 @@ class DetSpecConfig:
         return f"DetSpecConfig(active={self.active}, {fields})"
 
 
-EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
+def resolve_verify(setting: str, rejection_sampling: bool) -> str:
+    """The verify mode for an ``SGLANG_DETSPEC_VERIFY`` setting.
+
+    ``auto`` gives ``rejection`` when SGLang's rejection-sampling flag is on
+    (SGLang then hands the draft distributions to the verify), else ``coupled``.
+
+    Raises:
+        ValueError: ``setting`` not in auto|coupled|rejection.
+    """
+    if setting not in VERIFY_SETTINGS:
+        raise ValueError(f"{VERIFY_ENV} must be one of {VERIFY_SETTINGS}, got {setting!r}")
+    if setting == "auto":
+        return "rejection" if rejection_sampling else "coupled"
+    return setting
+
+
+def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = env.get(name, default).strip().lower() or default
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {env.get(name)!r}")
+    return value
 
 
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
+    Returns ``{"kernel", "disabled", "verify"}`` with ``verify`` as set
+    (``auto`` unresolved; see :func:`resolve_verify`).
+
     Raises:
-        ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton, or
-            ``SGLANG_DETSPEC_DISABLE`` not a boolean word.
+        ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton,
+            ``SGLANG_DETSPEC_DISABLE`` not a boolean word, or
+            ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection.
     """
     env = os.environ if environ is None else environ
-    kernel = env.get(KERNEL_ENV, "auto").strip().lower() or "auto"
-    if kernel not in KERNELS:
-        raise ValueError(f"{KERNEL_ENV} must be one of {KERNELS}, got {env.get(KERNEL_ENV)!r}")
-    raw = env.get(DISABLE_ENV, "").strip().lower()
-    if raw not in _TRUE + _FALSE:
-        raise ValueError(f"{DISABLE_ENV} must be one of {_TRUE + _FALSE}, got {env.get(DISABLE_ENV)!r}")
-    return {"kernel": kernel, "disabled": raw in _TRUE}
+    kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
+    disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
+    verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
+    return {"kernel": kernel, "disabled": disabled, "verify": verify}
 
 
 _lock = threading.Lock()
 _current: DetSpecConfig | None = None
+_late_resolver: Callable[[], DetSpecConfig | None] | None = None
+
+
+def set_late_resolver(resolver: Callable[[], DetSpecConfig | None] | None) -> None:
+    """Register how a process that was not handed a bag finds one (the plugin's runtime-context reader).
+
+    ``resolver()`` returns a resolved bag, or None while there is nothing to
+    resolve from yet; :func:`current_config` installs the first bag it returns.
+    """
+    global _late_resolver
+    _late_resolver = resolver
 
 
 def current_config() -> DetSpecConfig:
-    """The bag in force: the resolved one, else the environment settings alone."""
+    """The bag in force; the one getter every wired site reads.
+
+    A bag resolved from SGLang is returned as is. Before that, the late
+    resolver (if registered) is asked once per call until it gives a bag,
+    which is then installed; otherwise the environment-only bag (inactive).
+    """
     global _current
-    if _current is None:
-        with _lock:
-            if _current is None:
-                _current = DetSpecConfig(**env_settings())
-    return _current
+    bag = _current
+    if bag is not None and bag.source != "env":
+        return bag
+    with _lock:
+        if _current is not None and _current.source != "env":
+            return _current
+        resolved = _late_resolver() if _late_resolver is not None else None
+        if resolved is not None:
+            _current = resolved
+            if _on_install is not None:
+                _on_install(resolved)
+            return resolved
+        if _current is None:
+            settings = env_settings()
+            settings["verify"] = resolve_verify(settings["verify"], False)
+            _current = DetSpecConfig(**settings)
+        return _current
+
+
+_on_install: Callable[[DetSpecConfig], None] | None = None
+
+
+def set_install_listener(listener: Callable[[DetSpecConfig], None] | None) -> None:
+    """Called with each bag the late resolver installs (the plugin logs its start-up line there)."""
+    global _on_install
+    _on_install = listener
 
 
 def install_config(config: DetSpecConfig) -> DetSpecConfig:
@@ -125,7 +271,7 @@ def install_config(config: DetSpecConfig) -> DetSpecConfig:
 
 
 def reset_config() -> None:
-    """Forget the bag in force, so the next read resolves the environment again."""
+    """Forget the bag in force, so the next read resolves again."""
     global _current
     with _lock:
         _current = None

@@ -1,31 +1,28 @@
-"""SGLang plugin: wires the seeded streams into SGLang 0.5.23's speculative runtime.
+"""SGLang plugin: wires the seeded streams into SGLang 0.5.23's sampling and speculative runtime.
 
 Entry point ``detspec`` in SGLang's general plugin group ``sglang.srt.plugins``
 (``register`` below). SGLang calls it in every process that loads plugins —
 the launcher, each scheduler process (which hosts the TP and speculative
 workers), the detokenizer — and then applies the registered hooks. Hooks are
 registered unconditionally (server arguments are not resolved yet when
-plugins load) and decide per call from the config bag: with deterministic
-inference and rejection sampling both on, our streams run; otherwise SGLang's
-original code runs untouched.
+plugins load) and decide per call from the config bag: under deterministic
+inference our streams run; otherwise SGLang's original code runs untouched.
 
-Hooks (each module's docstring names the SGLang symbol it replaces and why):
+Hooks (each module's docstring names the SGLang symbols it hooks and why;
+docs/plugin.md lists them with SGLang's file and line):
 
-- ``startup``: ``speculative_hook.handle_speculative_decoding`` (BEFORE and
-  AFTER): refuses what cannot be made deterministic, installs and logs the bag.
-- ``draft_hook``: ``spec_utils.fast_sample`` (AROUND): draft proposals, eager
-  and inside the EAGLE draft and multi-layer draft-extend CUDA graphs.
-- ``verify_hook``: ``eagle_utils.eagle_sample`` (AROUND) and
-  ``verify_sampling.chain_speculative_sampling_triton`` (AROUND): the target
-  verify with rejection sampling.
-- ``target_sampler_hook``: ``sampler.top_k_top_p_min_p_sampling_from_probs_torch``
-  and ``renorm.top_k_renorm_prob`` / ``top_p_renorm_prob`` (AROUND): a seeded
-  row's target draw no longer depends on whether its batch holds greedy or
-  top-k/top-p requests.
+- ``startup``: ``handle_speculative_decoding`` (BEFORE and AFTER): refuses
+  what cannot be made deterministic, installs and logs the bag.
+- ``target_sampler_hook``: the sampler's simple and top-k/top-p/min-p paths
+  and the verify's renorm ops: every sampled token on the TARGET stream.
+- ``verify_hook``: ``eagle_sample`` and its two samplers: coupled verify
+  (chain and tree) or seeded rejection sampling (chain).
+- ``draft_hook``: ``fast_sample`` and the multi-layer draft-extend sites:
+  draft proposals on the DRAFT stream, or on the TARGET stream at the exact
+  drafted position for coupled drafts.
 - ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
-  gate ``api_contract.generate_contract_error`` (AROUND): ``sampling_seed``
-  must be an integer in [0, 2**64), refusals name it; seeds >= 2**63 travel
-  as their int64 bits.
+  gate: ``sampling_seed`` must be an integer in [0, 2**64).
+- ``seed_hook`` (when present): request seeds.
 """
 
 from __future__ import annotations
@@ -33,7 +30,15 @@ from __future__ import annotations
 import logging
 import threading
 
-from . import draft_hook, request_hook, startup, target_sampler_hook, verify_hook
+from ..config import set_install_listener, set_late_resolver
+from . import draft_hook, request_hook, resolve, startup, target_sampler_hook, verify_hook
+
+try:  # request seeds live in their own module, which may not exist in this tree yet
+    from . import seed_hook
+except ModuleNotFoundError as err:
+    if err.name != f"{__name__}.seed_hook":
+        raise
+    seed_hook = None
 
 ENTRY_POINT_NAME = "detspec"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -48,13 +53,19 @@ def hook_table():
         (startup.TARGET, startup.check_raw_flags, "BEFORE"),
         (startup.TARGET, startup.resolve_and_announce, "AFTER"),
         (draft_hook.TARGET, draft_hook.seeded_fast_sample, "AROUND"),
+        (draft_hook.ML_PREFILL, draft_hook.ml_prefill_positions, "AROUND"),
+        (draft_hook.ML_DECODE, draft_hook.ml_decode_positions, "AROUND"),
+        (draft_hook.ML_GRAPH_SAMPLE, draft_hook.ml_graph_sample_positions, "AROUND"),
         (verify_hook.EAGLE_SAMPLE, verify_hook.seeded_eagle_sample, "AROUND"),
         (verify_hook.CHAIN_SAMPLER, verify_hook.seeded_chain_sampling, "AROUND"),
+        (verify_hook.TREE_SAMPLER, verify_hook.coupled_tree_sampling, "AROUND"),
+        (target_sampler_hook.SIMPLE_SAMPLER, target_sampler_hook.seeded_sampling_from_probs, "AROUND"),
         (target_sampler_hook.SAMPLER, target_sampler_hook.seeded_top_k_top_p_sampling, "AROUND"),
         (target_sampler_hook.TOP_K_RENORM, target_sampler_hook.top_k_renorm_keep_neutral, "AROUND"),
         (target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND"),
         (request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
         (request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
+        *(seed_hook.HOOKS if seed_hook is not None else ()),
     ]
 
 
@@ -70,6 +81,10 @@ def register() -> None:
     with _lock:
         if _registered:
             return
+        # Scheduler processes get no bag from the launcher: the first hook that
+        # reads one resolves it from SGLang's runtime context and logs it.
+        set_late_resolver(resolve.late_bag)
+        set_install_listener(resolve.announce)
         for target, hook, kind in hook_table():
             if callable(_resolve(target)):
                 HookRegistry.register(target, hook, HookType[kind])

@@ -1,42 +1,89 @@
 """Draft proposals: SGLang's seeded ``fast_sample`` through the fused exponential race.
 
-Hooked symbol: ``sglang.srt.speculative.spec_utils.fast_sample`` (AROUND).
-SGLang's hook registry rewrites every ``from spec_utils import fast_sample``
-binding too, so one hook reaches every draft call site of 0.5.23:
+Hooked symbols (AROUND):
 
-- EAGLE worker v2 ``draft_forward`` (eager and inside the draft CUDA graph,
-  through ``spec_utils.sample_draft_proposal``), ``_draft_extend_for_decode``
-  (same) and ``_draft_extend_for_prefill`` (its own ``fast_sample`` binding);
-- multi-layer EAGLE worker v2 prefill and decode draft-extend (eager and
-  per-step graph paths, through ``sample_draft_proposal``);
-- the single-CUDA-graph multi-layer draft-extend runner's
-  ``_sample_draft_proposal`` (its own ``fast_sample`` binding).
+- ``sglang.srt.speculative.spec_utils.fast_sample``: every seeded draft
+  proposal of 0.5.23 (the registry rewrites each ``from spec_utils import
+  fast_sample`` binding and ``sample_draft_proposal`` calls it), eager and
+  inside draft CUDA graphs.
+- ``MultiLayerEagleDraftWorker._draft_extend_for_prefill`` /
+  ``_draft_extend_for_decode`` and
+  ``MultiLayerEagleDraftExtendCudaGraphRunner._sample_draft_proposal``: they
+  only tell the ``fast_sample`` hook where the token they draft sits, since
+  multi-layer EAGLE keys its proposals differently from EAGLE v2.
 
-Why: SGLang's seeded branch materialises a [B, V] uint32 hash matrix and a
-[B, V] float64 score matrix (400 MiB and 890 us at B = 128, V = 163,840 on
-an H200); the fused kernel draws the same tokens in one pass with no [B, V]
-intermediate. Draws are bit-identical to SGLang's definition for the same
-seed, position and step (the DRAFT stream is that definition), so nothing
-about SGLang's proposal semantics changes.
+Rejection mode: the DRAFT stream at SGLang's own key position and
+``draft_step`` (DESIGN section 2): the same tokens as SGLang's definition,
+drawn in one fused pass with no [B, V] hash or float64 matrix.
 
-Positions: each call site passes SGLang's own absolute, per-request key
-position, taken from the batch (eager) or from the captured graph input
-buffers (``buffers.positions`` / ``buffers.seq_lens``), which replay refills:
-EAGLE v2 keys draft token c with the position of the token before it; the
-multi-layer paths key every step of an iteration with the sequence length
-after the verify write and separate steps by ``draft_step``. Both depend only
-on the request's own sequence, never on its batch row.
+Coupled drafts (rejection flag with coupled verify): the TARGET stream at the
+absolute position ``t`` of the drafted token, column = token id (DESIGN
+section 5), so a draft token uses the same uniforms as the target token of
+its position. ``t`` from SGLang's key position ``key`` and ``draft_step`` ``s``:
+
+- EAGLE v2 (``draft_forward`` steps, draft extend for prefill and decode):
+  SGLang keys a drafted token with the position of the token before it, so
+  ``t = key + 1``.
+- multi-layer EAGLE, draft extend for prefill: ``key`` is the prompt length
+  (the position of the first sampled token); MTP layer ``s`` drafts
+  ``t = key + 1 + s``.
+- multi-layer EAGLE, draft extend for decode (eager and per-step graphs):
+  ``key`` is the pre-verify length plus the verify width for every row, so
+  ``t = seq_lens + accept_lens + 1 + s`` from the verify result instead.
+- multi-layer single-CUDA-graph runner: the same, read from the graph's
+  input buffers (``seq_lens - num_draft_tokens + num_accept_tokens + 1 + s``),
+  which every replay refills.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable
+
+import torch
+
+from ..config import current_config
 from ..ops import Stream, exponential_race
-from .resolve import active_config
 
 TARGET = "sglang.srt.speculative.spec_utils.fast_sample"
+_ML_WORKER = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
+ML_PREFILL = f"{_ML_WORKER}._draft_extend_for_prefill"
+ML_DECODE = f"{_ML_WORKER}._draft_extend_for_decode"
+ML_GRAPH_SAMPLE = (
+    "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner."
+    "MultiLayerEagleDraftExtendCudaGraphRunner._sample_draft_proposal"
+)
+
+# (key positions [B], draft_step) -> absolute positions [B] of the drafted tokens.
+PositionRule = Callable[[torch.Tensor, int], torch.Tensor]
+_RULE: contextvars.ContextVar[PositionRule | None] = contextvars.ContextVar("detspec_draft_rule", default=None)
 
 
-def seeded_fast_sample(original, probs, num_samples: int = 1, *, sampling_seed=None, positions=None, draft_step: int = 0):
+def eagle_v2_positions(key: torch.Tensor, draft_step: int) -> torch.Tensor:
+    """EAGLE v2: SGLang's key is the position before the drafted token's."""
+    return key + 1
+
+
+@contextlib.contextmanager
+def draft_positions(rule: PositionRule):
+    """Use ``rule`` for the coupled draft positions of the proposals drawn while the block runs."""
+    token = _RULE.set(rule)
+    try:
+        yield
+    finally:
+        _RULE.reset(token)
+
+
+def coupled_draft_position(key: torch.Tensor, draft_step: int) -> torch.Tensor:
+    """Absolute position of the drafted token at the call site in progress (EAGLE v2 unless one published)."""
+    rule = _RULE.get() or eagle_v2_positions
+    return rule(key, draft_step)
+
+
+def seeded_fast_sample(
+    original, probs, num_samples: int = 1, *, sampling_seed=None, positions=None, draft_step: int = 0
+):
     """AROUND hook for ``spec_utils.fast_sample``: same signature and return value.
 
     Args:
@@ -45,24 +92,71 @@ def seeded_fast_sample(original, probs, num_samples: int = 1, *, sampling_seed=N
         probs: float [B, V] draft distribution q.
         num_samples: draws without replacement per row.
         sampling_seed: int64 [B] request seeds (uint64 bits) or None.
-        positions: int32/int64 [B] absolute key positions.
-        draft_step: draft step / MTP layer, the column block of the DRAFT stream.
+        positions: int32/int64 [B] SGLang's key positions.
+        draft_step: draft step / MTP layer.
 
     Returns:
         ``(sample_p [B, num_samples] in probs' dtype, sample_index int64 [B, num_samples])``.
 
     Raises:
-        ValueError: mismatched shapes, dtypes or devices. Values are not
-            checked (this runs inside CUDA-graph capture): SGLang's softmax
-            rows and absolute positions are valid by construction.
+        ValueError: no positions for a seeded call, or mismatched shapes,
+            dtypes or devices. Values are not checked (this runs inside
+            CUDA-graph capture).
     """
-    bag = active_config()
+    bag = current_config()
     if sampling_seed is None or not bag.active:
         return original(probs, num_samples, sampling_seed=sampling_seed, positions=positions, draft_step=draft_step)
     if positions is None:
         raise ValueError("positions are required for a seeded draft proposal")
-    index = exponential_race(
-        probs, sampling_seed, positions, stream=Stream.DRAFT, draft_step=draft_step,
-        num_samples=num_samples, check=False, kernel=bag.kernel,
-    )
+    if bag.coupled:
+        index = exponential_race(
+            probs, sampling_seed, coupled_draft_position(positions, draft_step), stream=Stream.TARGET,
+            num_samples=num_samples, check=False, kernel=bag.kernel,
+        )
+    else:
+        index = exponential_race(
+            probs, sampling_seed, positions, stream=Stream.DRAFT, draft_step=draft_step,
+            num_samples=num_samples, check=False, kernel=bag.kernel,
+        )
     return probs.gather(1, index), index
+
+
+def ml_prefill_positions(original, *args, **kwargs):
+    """AROUND hook for multi-layer ``_draft_extend_for_prefill``: MTP layer s drafts ``key + 1 + s``."""
+    if not current_config().coupled_drafts:
+        return original(*args, **kwargs)
+    with draft_positions(lambda key, step: key + 1 + step):
+        return original(*args, **kwargs)
+
+
+def ml_decode_positions(original, self, batch, batch_result, *args, **kwargs):
+    """AROUND hook for multi-layer ``_draft_extend_for_decode(batch, batch_result, ...)``.
+
+    ``batch.seq_lens`` [B] is the pre-verify length and ``batch_result.accept_lens``
+    [B] the tokens the verify committed (drafts + 1), so the new first sampled
+    token is at ``seq_lens + accept_lens`` and MTP layer s drafts the one ``s + 1`` after it.
+    """
+    if not current_config().coupled_drafts:
+        return original(self, batch, batch_result, *args, **kwargs)
+    base = batch.seq_lens + batch_result.accept_lens.to(batch.seq_lens.dtype) + 1  # [B]
+    with draft_positions(lambda key, step: base + step):
+        return original(self, batch, batch_result, *args, **kwargs)
+
+
+def ml_graph_sample_positions(original, self, ret, bs: int):
+    """AROUND hook for the single-CUDA-graph runner's ``_sample_draft_proposal(ret, bs)``.
+
+    Inside the graph SGLang keys with ``buffers.seq_lens`` = pre-verify length
+    + ``num_draft_tokens``; ``buffers.num_accept_tokens`` holds the verify's
+    committed count. Both are graph inputs refilled before every replay.
+    """
+    if not current_config().coupled_drafts:
+        return original(self, ret, bs)
+    buffers, width = self.buffers, self.speculative_num_draft_tokens
+    accepted = buffers.num_accept_tokens[:bs]
+
+    def rule(key, step):
+        return key - width + accepted.to(key.dtype) + 1 + step
+
+    with draft_positions(rule):
+        return original(self, ret, bs)

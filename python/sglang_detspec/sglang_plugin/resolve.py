@@ -3,21 +3,19 @@
 The launcher resolves it from the ``ServerArgs`` record during SGLang's own
 argument resolution; scheduler processes (where the speculative worker runs)
 receive an already-resolved record and resolve the bag from SGLang's runtime
-context (``get_exec()`` / ``get_spec()``) the first time a hook needs it.
+context (``get_exec()`` / ``get_spec()``) the first time a hook reads the
+bag (:func:`late_bag`, registered with the config getter by ``register()``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Mapping
 
-from ..config import DetSpecConfig, current_config, env_settings, install_config
+from ..config import DetSpecConfig, current_config, env_settings, resolve_verify
 
 logger = logging.getLogger("sglang_detspec")
-
-_lock = threading.Lock()
 
 
 # Bag field -> SGLang's server-argument name (the same on the raw ServerArgs
@@ -52,7 +50,9 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
         values[flag] = bool(values[flag])
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
-    return DetSpecConfig(**env_settings(environ), deterministic=bool(deterministic), source=source, **values)
+    settings = env_settings(environ)
+    settings["verify"] = resolve_verify(settings["verify"], values["rejection_sampling"])
+    return DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values)
 
 
 def config_from_server_args(server_args, environ: Mapping[str, str] | None = None) -> DetSpecConfig:
@@ -89,29 +89,19 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
 
 
 def announce(config: DetSpecConfig) -> None:
-    """The start-up log line: whether sglang-detspec is active, and the bag."""
+    """The start-up log line: whether sglang-detspec is active, and the bag (verify mode included)."""
     state = "active" if config.active else "inactive (SGLang's own sampling runs)"
     logger.warning("sglang-detspec %s: %s", state, config.describe())
 
 
-def active_config() -> DetSpecConfig:
-    """The bag every hook reads.
+def late_bag() -> DetSpecConfig | None:
+    """The bag of a scheduler process, from SGLang's runtime context; None until it is published."""
+    try:
+        return config_from_runtime_context()
+    except LookupError:
+        return None
 
-    Resolved from SGLang once per process: a bag installed from server
-    arguments or the runtime context is returned as is; otherwise the runtime
-    context is read (and the bag installed and announced) if it is published,
-    else the environment-only bag (inactive) is returned.
-    """
-    bag = current_config()
-    if bag.source != "env":
-        return bag
-    with _lock:
-        bag = current_config()
-        if bag.source != "env":
-            return bag
-        try:
-            bag = install_config(config_from_runtime_context())
-        except LookupError:
-            return bag
-    announce(bag)
-    return bag
+
+# The hooks read the bag through the one getter; this name is kept for callers
+# that import it from here.
+active_config = current_config

@@ -1,37 +1,42 @@
-"""Keep a request's seeded target draws independent of its neighbours' sampling settings.
+"""Target sampler: every sampled token is the TARGET-stream race at the position it decides.
 
-Measured on an H200 with SGLang 0.5.23 (chain EAGLE, rejection sampling,
-deterministic inference): a probe request with fixed ``sampling_seed`` gave
-one output whenever its batch held only non-greedy requests and another
-whenever the batch held a greedy one, from the first token on. SGLang picks
-the sampling path per *batch*: with any row using top-k/top-p (a greedy row
-has top_k = 1) every row goes through the top-k/top-p path, and on the
-seeded top-k/top-p path (``top_k_top_p_min_p_sampling_from_probs_torch``)
-the Gumbel noise is hashed by the column of the *sorted* probabilities, not
-by the token id, so a row's draw changes with the path its batch takes. The
-same batch switch applies flashinfer's top-k / top-p renormalisation to every
-row of the verify's target distributions, which rescales rows that asked for
-no truncation.
+Under deterministic inference, every sampled token a request is given outside
+speculative verify (the first token after prefill, every plain decode step,
+the first token after a retraction) is ``y_t = race(w_t, TARGET, t)``
+(DESIGN section 5), where ``t`` is the absolute position of the token being
+decided and ``w_t`` the target weights: ``torch.softmax(logits / T)`` cut by
+the request's top-k / top-p / min-p in token-id order (:func:`target_weights`).
+Coupled verify emits the same ``y_t`` for the same logits, so a request's
+tokens do not depend on speculative decoding being on, on the drafter, or on
+retraction.
 
-Hooked symbols (AROUND, active only while the config bag is active):
+SGLang's sampler passes the position of the last input token; the decided
+token is the next one, so ``t = positions + 1``.
 
-- ``sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch``
-  (the first token after prefill, and any non-speculative decode): the
-  top-k / top-p cut is applied as SGLang defines it, written back in token-id
-  order, and drawn with SGLang's own ``multinomial_with_seed(log(probs))`` as
-  its simple path does; a row that asked for no truncation therefore draws
-  exactly what the simple path draws.
+Hooked symbols (AROUND; SGLang's original runs when the bag is inactive or
+the batch carries no seeds):
+
+- ``sglang.srt.layers.sampler.sampling_from_probs_torch``: the simple path
+  (no row truncates), drawn on the TARGET stream instead of SGLang's unsalted
+  hash.
+- ``sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch``:
+  the top-k/top-p/min-p path. SGLang sends every row of a batch here when one
+  row truncates (a greedy row has top_k = 1) and its seeded branch hashes by
+  sorted column; the hook cuts in token-id order and races, so a row that
+  asks for no truncation draws what the simple path draws.
 - ``sglang.kernels.ops.sampling.renorm.top_k_renorm_prob`` and
-  ``top_p_renorm_prob`` (bound in ``eagle_utils``, used by the verify): rows
-  with ``top_k >= V`` or ``top_p >= 1`` keep their probabilities bit for bit.
+  ``top_p_renorm_prob`` (rejection-mode verify): rows with ``top_k >= V`` or
+  ``top_p >= 1`` keep their probabilities bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .resolve import active_config
+from ..config import current_config
+from ..ops import Stream, exponential_race
 
+SIMPLE_SAMPLER = "sglang.srt.layers.sampler.sampling_from_probs_torch"
 SAMPLER = "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch"
 TOP_K_RENORM = "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob"
 TOP_P_RENORM = "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob"
@@ -65,26 +70,78 @@ def id_ordered_filtered_probs(
     return torch.where(neutral.view(-1, 1), probs, filtered)
 
 
+def target_weights(
+    logits: torch.Tensor,  # [R, V] float, target logits after penalties / bias / grammar mask
+    temperatures: torch.Tensor,  # [R, 1] float
+    top_ks: torch.Tensor | None = None,  # [R] int, or None: no row truncates
+    top_ps: torch.Tensor | None = None,  # [R] float
+    min_ps: torch.Tensor | None = None,  # [R] float, or None: no min-p cut
+) -> torch.Tensor:
+    """The weights the TARGET race runs over: float [R, V], not renormalised.
+
+    ``torch.softmax(logits / T)``, the kernel SGLang's sampler uses under
+    deterministic inference, then the id-ordered cut of
+    :func:`id_ordered_filtered_probs` when ``top_ks`` is given. The sampler
+    hooks and coupled verify both reach their weights this way, so equal
+    logits give bitwise-equal weights on either path.
+    """
+    probs = torch.softmax(logits / temperatures, dim=-1)
+    if top_ks is None:
+        return probs
+    return id_ordered_filtered_probs(probs, top_ks, top_ps, min_ps)
+
+
+def target_draw(
+    weights: torch.Tensor,  # [R, V] float
+    seeds: torch.Tensor,  # [R] int64 request seeds (uint64 bits)
+    positions: torch.Tensor,  # [R] int, absolute position of the token decided
+    kernel: str,
+) -> torch.Tensor:
+    """``y_t = race(weights, TARGET, t)``: int64 [R]. No host sync (values unchecked)."""
+    return exponential_race(weights, seeds, positions, stream=Stream.TARGET, check=False, kernel=kernel)[:, 0]
+
+
+def seeded_sampling_from_probs(original, probs, sampling_seed=None, positions=None):
+    """AROUND hook for SGLang's simple-path ``sampling_from_probs_torch``; same signature and return.
+
+    Args:
+        probs: float [B, V], ``torch.softmax(logits / T)`` (SGLang's deterministic sampler).
+        sampling_seed: int64 [B] request seeds, or None (SGLang's original runs).
+        positions: int [B], position of each row's last input token.
+
+    Returns:
+        int32 [B] token ids: the TARGET race at ``positions + 1``.
+    """
+    bag = current_config()
+    if sampling_seed is None or not bag.active:
+        return original(probs, sampling_seed=sampling_seed, positions=positions)
+    return target_draw(probs, sampling_seed, positions + 1, bag.kernel).to(torch.int32)
+
+
 def seeded_top_k_top_p_sampling(
     original, probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions,
     *, return_filtered_probs: bool = False, max_top_k=None,
 ):
     """AROUND hook for SGLang's torch top-k/top-p/min-p sampler; same signature and returns.
 
+    Args:
+        probs: float [B, V], ``torch.softmax(logits / T)``.
+        top_ks, top_ps, min_ps: [B] per-row cut; min-p applies only with ``need_min_p_sampling``.
+        sampling_seed: int64 [B] request seeds, or None (SGLang's original runs).
+        positions: int [B], position of each row's last input token; the
+            TARGET race runs at ``positions + 1``.
+
     Returns int32 [B] token ids, or with ``return_filtered_probs`` the tuple
     ``(ids int32 [B], weights [B, V], token_ids int32 [B, V], selected_weight [B])``
     with the weights in token-id order (``token_ids`` is then ``arange(V)``).
-    Seeded rows draw by token id (see the module docstring); min-p, which
-    SGLang's seeded path cannot do (it asserts), is applied per row. Unseeded
-    calls and an inactive bag run SGLang's original.
+    Min-p, which SGLang's seeded path cannot do (it asserts), is applied per row.
     """
-    if sampling_seed is None or not active_config().active:
+    bag = current_config()
+    if sampling_seed is None or not bag.active:
         return original(probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions,
                         return_filtered_probs=return_filtered_probs, max_top_k=max_top_k)
-    from sglang.srt.layers import sampler
-
     filtered = id_ordered_filtered_probs(probs, top_ks, top_ps, min_ps if need_min_p_sampling else None)
-    index = sampler.multinomial_with_seed(torch.log(filtered), sampling_seed, positions)
+    index = target_draw(filtered, sampling_seed, positions + 1, bag.kernel).view(-1, 1)
     ids = index.view(-1).to(torch.int32)
     if not return_filtered_probs:
         return ids
@@ -99,7 +156,7 @@ def _keep_neutral_rows(probs, renormed, neutral):
 def top_k_renorm_keep_neutral(original, probs, top_ks, *args, **kwargs):
     """AROUND hook for SGLang's ``top_k_renorm_prob(probs [B, V], top_ks [B])``."""
     out = original(probs, top_ks, *args, **kwargs)
-    if not active_config().active or not isinstance(top_ks, torch.Tensor):
+    if not current_config().active or not isinstance(top_ks, torch.Tensor):
         return out
     return _keep_neutral_rows(probs, out, top_ks >= probs.shape[-1])
 
@@ -107,6 +164,6 @@ def top_k_renorm_keep_neutral(original, probs, top_ks, *args, **kwargs):
 def top_p_renorm_keep_neutral(original, probs, top_ps, *args, **kwargs):
     """AROUND hook for SGLang's ``top_p_renorm_prob(probs [B, V], top_ps [B])``."""
     out = original(probs, top_ps, *args, **kwargs)
-    if not active_config().active or not isinstance(top_ps, torch.Tensor):
+    if not current_config().active or not isinstance(top_ps, torch.Tensor):
         return out
     return _keep_neutral_rows(probs, out, top_ps >= 1.0)

@@ -1,89 +1,122 @@
-"""Target verify: accept coins, residual draw and bonus token through ``verify_chain``.
+"""Target verify: coupled verify (chain and tree) or seeded rejection sampling (chain).
 
-Hooked symbols:
+Hooked symbols (AROUND):
 
-- ``sglang.srt.speculative.eagle_utils.eagle_sample`` (AROUND): shared by
-  EAGLE v2 and multi-layer EAGLE verify. It publishes the batch's request
-  seeds and the absolute position of each request's first draft token
-  (``batch.seq_lens + 1``: the root token sits at ``seq_lens``) for the chain
-  sampler below, for the duration of one call. Everything else eagle_sample
-  does (penalties, grammar masks, temperature, top-k/top-p renormalisation of
-  the target, the all-greedy argmax path, TP broadcast) stays SGLang's.
+- ``sglang.srt.speculative.eagle_utils.eagle_sample``: shared by EAGLE v2,
+  multi-layer EAGLE, STANDALONE and NGRAM verify. Publishes the batch's
+  request seeds, the absolute position of the token after each request's
+  tree root (``batch.seq_lens + 1``), the target logits and the sampling
+  settings for the sampler it calls, for the duration of one call.
+  Everything else it does (penalties, grammar mask, the all-greedy argmax
+  path, TP broadcast) stays SGLang's.
+- ``sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only``
+  (eagle_sample's sampler without the rejection flag, chains and trees): runs
+  coupled verify.
 - ``sglang.kernels.ops.speculative.verify_sampling.chain_speculative_sampling_triton``
-  (AROUND; the registry also rewrites eagle_utils' binding): when keys are
-  published, the chain verify runs as :func:`verify_chain` and writes SGLang's
-  outputs (``predicts``, ``accept_index``, ``accept_token_num``).
+  (eagle_sample's sampler with the rejection flag): coupled chain verify in
+  coupled mode, :func:`verify_chain` in rejection mode.
 
-Why: SGLang's seeded verify draws its coins from the unsalted key space of
-its target sampler, reuses one final coin for residual and bonus, and draws
-the residual by an inverse-CDF scan whose float32 prefix sums depend on the
-tile order; here the coins, the residual race and the bonus race come from
-separate streams at absolute positions (docs/design.md §4), so a request's committed
-tokens depend on its seed and its own sequence only. Greedy rows keep
-SGLang's argmax rule: SGLang renormalises their target to one-hot before the
-sampler, under which the chain verify commits the target argmax.
+Why: SGLang's verify draws from the unsalted key space of its target sampler
+and by inverse-CDF scans, so its tokens depend on the draft and on float32
+prefix-sum order; coupled verify emits the TARGET-stream token of every
+position (the non-speculative sampler's token), rejection mode uses separate
+streams at absolute positions (DESIGN section 4). Both write SGLang's outputs
+(``predicts``, ``accept_index``, ``accept_token_num``) without a host sync.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import NamedTuple
 
 import torch
 
+from ..config import current_config
 from ..ops import verify_chain
-from .resolve import active_config
+from .coupled_verify import VerifyContext, coupled_chain_outputs, coupled_tree_outputs, write_verify_outputs
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 CHAIN_SAMPLER = "sglang.kernels.ops.speculative.verify_sampling.chain_speculative_sampling_triton"
+TREE_SAMPLER = "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only"
 
-
-class VerifyKeys(NamedTuple):
-    """Keys of one verify call: request seeds int64 [B] and first-draft positions [B]."""
-
-    seeds: torch.Tensor
-    positions: torch.Tensor
-
-
-_KEYS: contextvars.ContextVar[VerifyKeys | None] = contextvars.ContextVar("detspec_verify_keys", default=None)
+_CONTEXT: contextvars.ContextVar[VerifyContext | None] = contextvars.ContextVar("detspec_verify", default=None)
 
 
 @contextlib.contextmanager
-def verify_keys(seeds: torch.Tensor, positions: torch.Tensor):
-    """Publish the keys the chain sampler uses while the block runs.
-
-    Args:
-        seeds: int64 [B] request seeds (uint64 bits).
-        positions: integer [B] absolute position of each request's first draft token.
-    """
-    token = _KEYS.set(VerifyKeys(seeds, positions))
+def verify_context(ctx: VerifyContext):
+    """Publish ``ctx`` for the verify sampler while the block runs."""
+    token = _CONTEXT.set(ctx)
     try:
         yield
     finally:
-        _KEYS.reset(token)
+        _CONTEXT.reset(token)
+
+
+def published() -> VerifyContext | None:
+    """The context of the ``eagle_sample`` call in progress, or None."""
+    return _CONTEXT.get()
 
 
 def seeded_eagle_sample(original, *args, **kwargs):
     """AROUND hook for ``eagle_utils.eagle_sample(verify_input, batch, logits_output, ...)``.
 
     Args:
-        original: SGLang's ``eagle_sample``; always runs, with the keys
+        original: SGLang's ``eagle_sample``; always runs, with the context
             published when the bag is active and the batch carries seeds.
         args, kwargs: eagle_sample's arguments; ``batch`` (second) supplies
-            ``sampling_info.sampling_seed`` (int64 [B]) and ``seq_lens`` [B].
+            ``sampling_info`` and ``seq_lens`` [B], ``logits_output`` (third)
+            the target logits [B*N, V].
 
     Returns:
         Whatever SGLang's ``eagle_sample`` returns: ``(predict, accept_lens, accept_index)``.
     """
-    if not active_config().active:
+    if not current_config().active:
         return original(*args, **kwargs)
-    batch = kwargs["batch"] if "batch" in kwargs else args[1]  # eagle_sample(verify_input, batch, ...)
-    seeds = batch.sampling_info.sampling_seed
-    if seeds is None:
+    batch = kwargs["batch"] if "batch" in kwargs else args[1]
+    logits_output = kwargs["logits_output"] if "logits_output" in kwargs else args[2]
+    info = batch.sampling_info
+    watermark = kwargs.get("watermark_state")
+    if info.sampling_seed is None or (watermark is not None and info.has_watermark_candidates):
+        # Watermarking rewrites a copy of the logits that the sampler never sees here.
         return original(*args, **kwargs)
-    with verify_keys(seeds, batch.seq_lens + 1):
+    ctx = VerifyContext(info.sampling_seed, batch.seq_lens + 1, logits_output, info)
+    with verify_context(ctx):
         return original(*args, **kwargs)
+
+
+def coupled_tree_sampling(
+    original,
+    predicts,  # [B*N] int32 out, indexed by retrive_index
+    accept_index,  # [B, D] int32 out, -1 padded
+    accept_token_num,  # [B] int32 out: accepted draft tokens
+    candidates,  # [B, N] node tokens, node 0 = root
+    retrive_index,  # [B, N] flat slot of each node
+    retrive_next_token,  # [B, N] first child or -1
+    retrive_next_sibling,  # [B, N] next sibling or -1
+    uniform_samples,
+    uniform_samples_for_final_sampling,
+    target_probs,  # [B, N, V] SGLang's renormalised target (unused: weights come from the logits)
+    draft_probs,
+    threshold_single=1.0,
+    threshold_acc=1.0,
+    deterministic=True,
+):
+    """AROUND hook for SGLang's target-only tree sampler; same signature and outputs.
+
+    Without a published context (a verify outside :func:`seeded_eagle_sample`),
+    SGLang's kernel runs. Accept thresholds do not apply: coupled verify is exact.
+    """
+    ctx = published()
+    if ctx is None:
+        return original(
+            predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+            retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+            draft_probs, threshold_single, threshold_acc, deterministic,
+        )
+    tokens, accepted, path = coupled_tree_outputs(
+        ctx, candidates, retrive_next_token, retrive_next_sibling, current_config().kernel
+    )
+    write_verify_outputs(tokens, accepted, path, retrive_index, predicts, accept_index, accept_token_num)
 
 
 def seeded_chain_sampling(
@@ -107,44 +140,24 @@ def seeded_chain_sampling(
 ):
     """AROUND hook for SGLang's chain rejection sampler; same signature and outputs.
 
-    Without published keys (a verify outside :func:`seeded_eagle_sample`) or
-    with block verification, SGLang's kernel runs.
+    Coupled mode: coupled chain verify over weights from the target logits
+    (``draft_probs`` unused). Rejection mode: :func:`verify_chain` over
+    SGLang's ``target_probs`` and ``draft_probs``. Without a published
+    context, or with block verification, SGLang's kernel runs.
     """
-    keys = _KEYS.get()
-    if keys is None or block_verification:
+    ctx = published()
+    if ctx is None or block_verification:
         return original(
             predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
             draft_probs, threshold_single, threshold_acc, deterministic, block_verification=block_verification,
         )
-    tokens, accepted = verify_chain(
-        candidates[:, 1:], draft_probs, target_probs, keys.seeds, keys.positions,
-        check=False, kernel=active_config().kernel,
-    )
-    write_chain_outputs(tokens, accepted, retrive_index, predicts, accept_index, accept_token_num)
-
-
-def write_chain_outputs(
-    tokens: torch.Tensor,  # [B, W] int64, committed tokens padded with -1
-    accepted: torch.Tensor,  # [B] int64 accepted draft tokens
-    retrive_index: torch.Tensor,  # [B, W] flat slots
-    predicts: torch.Tensor,  # [B*W] out
-    accept_index: torch.Tensor,  # [B, >= W] out
-    accept_token_num: torch.Tensor,  # [B] out
-) -> None:
-    """Write verify results in SGLang's chain-sampler layout, without a host sync.
-
-    Slot j of row b (j <= accepted[b]) gets ``predicts[retrive_index[b, j]] =
-    tokens[b, j]`` and ``accept_index[b, j] = retrive_index[b, j]``; other
-    entries keep their values.
-    """
-    w = tokens.shape[1]
-    keep = torch.arange(w, device=tokens.device).unsqueeze(0) <= accepted.unsqueeze(1)  # [B, W]
-    flat = retrive_index.reshape(-1).to(torch.int64)
-    current = predicts.gather(0, flat)
-    predicts.scatter_(0, flat, torch.where(keep.reshape(-1), tokens.reshape(-1).to(predicts.dtype), current))
-    cols = min(w, accept_index.shape[1])
-    accept_index[:, :cols] = torch.where(
-        keep[:, :cols], retrive_index[:, :cols].to(accept_index.dtype), accept_index[:, :cols]
-    )
-    accept_token_num.copy_(accepted.to(accept_token_num.dtype))
+    bag = current_config()
+    if bag.coupled:
+        tokens, accepted, path = coupled_chain_outputs(ctx, candidates, bag.kernel)
+    else:
+        tokens, accepted = verify_chain(
+            candidates[:, 1:], draft_probs, target_probs, ctx.seeds, ctx.positions, check=False, kernel=bag.kernel,
+        )
+        path = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    write_verify_outputs(tokens, accepted, path, retrive_index, predicts, accept_index, accept_token_num)

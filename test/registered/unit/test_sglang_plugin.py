@@ -17,12 +17,14 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_detspec import sglang_plugin
 from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
 from sglang_detspec.ops import Stream, exponential_race, verify_chain
-from sglang_detspec.sglang_plugin import draft_hook, resolve, startup, verify_hook
+from sglang_detspec.sglang_plugin import resolve, startup, verify_hook
+from sglang_detspec.sglang_plugin.coupled_verify import VerifyContext
 
 register_cpu_ci(est_time=120, suite="detspec-unit-cpu")
 
+# Rejection mode: the seeded rejection-sampling chain (coupled mode is tested in test_coupled_plugin.py).
 ACTIVE = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4,
-                       rejection_sampling=True, source="server_args")
+                       rejection_sampling=True, verify="rejection", source="server_args")
 INACTIVE = dataclasses.replace(ACTIVE, deterministic=False)
 
 
@@ -77,21 +79,50 @@ def test_sglang_plugins_whitelist_filters_it(monkeypatch):
     assert sglang_plugin.ENTRY_POINT_NAME in load_plugins_by_group(sglang_plugin.ENTRY_POINT_GROUP)
 
 
+HOOKED = {
+    "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
+    "sglang.srt.speculative.spec_utils.fast_sample",
+    "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker._draft_extend_for_prefill",
+    "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker._draft_extend_for_decode",
+    "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner."
+    "MultiLayerEagleDraftExtendCudaGraphRunner._sample_draft_proposal",
+    "sglang.srt.speculative.eagle_utils.eagle_sample",
+    "sglang.kernels.ops.speculative.verify_sampling.chain_speculative_sampling_triton",
+    "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only",
+    "sglang.srt.layers.sampler.sampling_from_probs_torch",
+    "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch",
+    "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob",
+    "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
+    "sglang.srt.sampling.sampling_params.SamplingParams.verify",
+    "sglang.srt.entrypoints.api_contract.generate_contract_error",
+}
+# Names SGLang leaves None where the platform has no kernel (CPU-only builds).
+KERNEL_ONLY = {
+    "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only",
+    "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob",
+    "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
+}
+
+
 def test_every_hook_applied_exactly_once(loaded):
     import pkgutil
 
     per_target = {}
     for target, hook, kind in sglang_plugin.hook_table():
         per_target[target] = per_target.get(target, 0) + 1
-    hooked = 0
+    seed_targets = {target for target, _, _ in getattr(sglang_plugin.seed_hook, "HOOKS", ())}
+    assert set(per_target) == HOOKED | seed_targets  # request seeds: their own module and tests
+    absent = set()
     for target, count in per_target.items():
         obj_path, attr = target.rsplit(".", 1)
         current = getattr(pkgutil.resolve_name(obj_path), attr)
         if current is None:
-            continue  # no kernel on this platform (renorm ops on CPU): left alone
+            absent.add(target)  # no kernel on this platform: left alone
+            continue
         assert unwrap_depth(current) == count, target
-        hooked += 1
-    assert hooked >= 5
+    assert absent <= KERNEL_ONLY
+    if not torch.cuda.is_available():
+        assert absent == KERNEL_ONLY
 
 
 def test_targets_absent_on_this_platform_stay_none(loaded):
@@ -159,7 +190,8 @@ DET = "--enable-deterministic-inference --speculative-use-rejection-sampling"
 BAG_CASES = [
     (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
      f"--speculative-num-draft-tokens 4 {DET}", dict(algorithm="EAGLE", num_steps=3, eagle_topk=1,
-                                                      num_draft_tokens=4, multi_layer_eagle=False), True),
+                                                      num_draft_tokens=4, multi_layer_eagle=False,
+                                                      verify="rejection"), True),
     (f"--speculative-algorithm nextn --speculative-num-steps 2 --speculative-eagle-topk 1 "
      f"--speculative-num-draft-tokens 3 {DET}", dict(algorithm="EAGLE", num_steps=2, num_draft_tokens=3), True),
     (f"--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
@@ -172,8 +204,8 @@ BAG_CASES = [
      dict(deterministic=False, rejection_sampling=True), False),
     ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
      "--speculative-num-draft-tokens 8 --enable-deterministic-inference",
-     dict(deterministic=True, rejection_sampling=False, eagle_topk=4), False),
-    ("--enable-deterministic-inference", dict(deterministic=True, algorithm=None), False),
+     dict(deterministic=True, rejection_sampling=False, eagle_topk=4, verify="coupled"), True),
+    ("--enable-deterministic-inference", dict(deterministic=True, algorithm=None, verify="coupled"), True),
 ]
 
 
@@ -207,9 +239,9 @@ def test_bag_from_published_runtime_context(loaded, model_dir):
     sa = server_args(model_dir, BAG_CASES[3][0])
     reset_config()
     publish(sa, role="test")
-    bag = resolve.active_config()  # what a scheduler process does at the first hook call
+    bag = current_config()  # what a scheduler process does at the first hook call
     assert bag.source == "runtime_context" and bag.active and bag.multi_layer_eagle
-    assert resolve.active_config() is bag  # resolved once
+    assert current_config() is bag  # resolved once
     reset_config()
 
 
@@ -218,13 +250,13 @@ def test_bag_from_published_runtime_context(loaded, model_dir):
 
 @pytest.mark.parametrize("flags, match", [
     (f"--speculative-algorithm EAGLE {DET}", "--speculative-num-steps, --speculative-eagle-topk, "
-     "--speculative-num-draft-tokens not set: give all three"),
+     "--speculative-num-draft-tokens not set: rejection mode verifies chains, so give all three"),
     (f"--speculative-algorithm EAGLE --speculative-eagle-topk 1 {DET}",
      "--speculative-num-steps, --speculative-num-draft-tokens not set"),
     (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
-     f"--speculative-num-draft-tokens 8 {DET}", "set --speculative-eagle-topk 1"),
+     f"--speculative-num-draft-tokens 8 {DET}", "rejection mode verifies chains only: set --speculative-eagle-topk 1"),
     (f"--speculative-algorithm STANDALONE --speculative-num-steps 3 --speculative-eagle-topk 1 "
-     f"--speculative-num-draft-tokens 4 {DET}", "--speculative-algorithm STANDALONE is not supported"),
+     f"--speculative-num-draft-tokens 4 {DET}", "--speculative-algorithm STANDALONE is not supported in rejection mode"),
     (f"--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
      f"--speculative-num-draft-tokens 4 --speculative-use-block-verification {DET}",
      "--speculative-use-block-verification is not supported"),
@@ -247,14 +279,19 @@ def test_disable_setting_lets_sglang_decide(loaded, model_dir, monkeypatch):
 
 
 def test_startup_problems_only_for_our_runs():
-    bad = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True, rl_on_policy=True)
+    bad = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True, rl_on_policy=True, verify="rejection")
     assert startup.startup_problems(DetSpecConfig(deterministic=False, rejection_sampling=True, **bad)) == []
-    assert startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=False, **bad)) == []
+    assert startup.startup_problems(DetSpecConfig(deterministic=True, disabled=True, **bad)) == []
+    # algorithm, tree, rl-on-policy, block verification
     assert len(startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=True, **bad))) == 4
+    # Coupled mode serves NGRAM trees: only the two unsupported flags remain.
+    coupled = DetSpecConfig(deterministic=True, rejection_sampling=True, **{**bad, "verify": "coupled"})
+    assert len(startup.startup_problems(coupled)) == 2
     assert startup.startup_problems(ACTIVE) == []
     # The bag itself refuses to be active for what start-up would refuse.
     for field, value in bad.items():
-        assert not dataclasses.replace(ACTIVE, **{field: value}).active, field
+        if field != "verify":
+            assert not dataclasses.replace(ACTIVE, **{field: value}).active, field
 
 
 # -- SGLang's own entry points, on CPU tensors ---------------------------------------
@@ -353,7 +390,7 @@ def test_sglang_chain_sampler_entry_point_runs_verify_chain(loaded, bag):
     predicts = torch.zeros(b * w, dtype=torch.int32)
     accept_index = torch.full((b, w), -1, dtype=torch.int32)
     accept_num = torch.empty(b, dtype=torch.int32)
-    with verify_hook.verify_keys(seeds, seq_lens + 1):
+    with verify_hook.verify_context(VerifyContext(seeds, seq_lens + 1, None, None)):
         eagle_utils.chain_speculative_sampling_triton(
             predicts, accept_index, accept_num, candidates, ri, None, None,
             torch.rand(b, w - 1), torch.rand(b), p, q, 1.0, 1.0, True,
@@ -375,18 +412,20 @@ def test_eagle_sample_hook_publishes_keys_only_while_active(loaded, bag):
     seen = []
 
     def body(verify_input, batch, logits_output):
-        seen.append(verify_hook._KEYS.get())
+        seen.append(verify_hook.published())
         return "result"
 
-    batch = types.SimpleNamespace(sampling_info=types.SimpleNamespace(sampling_seed=torch.tensor([5, 6])),
-                                  seq_lens=torch.tensor([10, 20]))
+    info = types.SimpleNamespace(sampling_seed=torch.tensor([5, 6]), has_watermark_candidates=False)
+    batch = types.SimpleNamespace(sampling_info=info, seq_lens=torch.tensor([10, 20]))
+    logits_output = object()
     bag(ACTIVE)
-    assert verify_hook.seeded_eagle_sample(body, None, batch, None) == "result"
+    assert verify_hook.seeded_eagle_sample(body, None, batch, logits_output) == "result"
     assert torch.equal(seen[-1].seeds, torch.tensor([5, 6]))
-    assert torch.equal(seen[-1].positions, torch.tensor([11, 21]))
-    assert verify_hook._KEYS.get() is None
+    assert torch.equal(seen[-1].positions, torch.tensor([11, 21]))  # the token after the root at seq_lens
+    assert seen[-1].logits_output is logits_output and seen[-1].sampling_info is info
+    assert verify_hook.published() is None
     bag(INACTIVE)
-    verify_hook.seeded_eagle_sample(body, None, batch, None)
+    verify_hook.seeded_eagle_sample(body, None, batch, logits_output)
     assert seen[-1] is None
 
 
@@ -471,7 +510,7 @@ def test_request_validation_carries_uint64_seeds_as_int64_bits(loaded, bag, seed
     bag(ACTIVE)
     params = sglang_params(seed)
     params.verify(4096)
-    # SGLang's seed tensor is int64 (sampling_batch_info.py:157); our ops read its bits as unsigned.
+    # SGLang's seed tensor is int64; our ops read its bits as unsigned.
     carried = torch.tensor([params.sampling_seed], dtype=torch.int64)
     assert int(carried[0]) % 2**64 == seed
 
@@ -544,33 +583,10 @@ def test_request_validation_is_sglang_own_when_inactive(loaded, bag):
         sglang_params(2**63).verify(4096)
 
 
-def test_serve_command_adds_flags_and_admits_the_plugin():
-    from sglang_detspec.cli import serve
-
-    cmd = serve.server_command(["--model-path", "m", "--speculative-algorithm", "EAGLE"], python="py")
-    assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
-    assert cmd.count("--enable-deterministic-inference") == 1
-    assert "--speculative-use-rejection-sampling" in cmd
-    assert serve.server_command(["--enable-deterministic-inference"], python="py").count(
-        "--enable-deterministic-inference") == 1
-    assert "SGLANG_PLUGINS" not in serve.server_env({})
-    assert serve.server_env({"SGLANG_PLUGINS": "a"})["SGLANG_PLUGINS"] == "a,detspec"
-    assert serve.server_env({"SGLANG_PLUGINS": "detspec"})["SGLANG_PLUGINS"] == "detspec"
-    assert serve.plugin_installed()
-
-
-def test_serve_cli_dry_run(capsys):
-    from sglang_detspec.cli.main import main
-
-    assert main(["serve", "--dry-run", "--", "--model-path", "m"]) == 0
-    assert "sglang.launch_server --model-path m --enable-deterministic-inference" in capsys.readouterr().out
-    assert main(["serve"]) == 2
-
-
 def test_no_wired_site_reads_server_args_or_environment():
     # docs/design.md §5: only config.py reads the environment and only resolve.py reads SGLang's args.
     root = os.path.dirname(sglang_plugin.__file__)
-    for name in ("draft_hook.py", "verify_hook.py"):
+    for name in ("draft_hook.py", "verify_hook.py", "coupled_verify.py", "target_sampler_hook.py"):
         text = open(os.path.join(root, name)).read()
         assert "os.environ" not in text and "server_args" not in text and "get_spec" not in text, name
 

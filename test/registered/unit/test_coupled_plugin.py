@@ -1,0 +1,562 @@
+"""Coupled verify wired into the real SGLang 0.5.23, on CPU.
+
+Real ``ServerArgs`` resolved by SGLang give the bag (coupled / rejection /
+auto, with and without speculative decoding); SGLang's own ``Sampler``
+draws the non-speculative tokens through our hooks; the verify hooks are
+called with SGLang's tensor layouts (a hand-built tree in the layout of
+``build_tree_kernel_efficient``, whose kernel has no CPU build here) and
+SGLang's own ``LogitsProcessorOutput`` / ``SamplingBatchInfo``. The oracle
+for every token is the TARGET race of DESIGN section 5 computed independently
+(``exponential_race`` over ``torch.softmax(logits / T)`` at the absolute
+position), and the spec-on / spec-off check compares the verify's emitted
+tokens with the tokens SGLang's sampler draws for the same logits and positions.
+"""
+
+import argparse
+import json
+import logging
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
+from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
+from sglang_detspec.sglang_plugin import coupled_verify, draft_hook, resolve, verify_hook
+from sglang_detspec.sglang_plugin.coupled_verify import VerifyContext
+
+register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
+
+COUPLED = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
+                        verify="coupled", source="server_args")
+COUPLED_DRAFTS = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4,
+                               rejection_sampling=True, verify="coupled", source="server_args")
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    yield
+    reset_config()
+
+
+@pytest.fixture
+def bag():
+    def use(config):
+        return install_config(config)
+
+    yield use
+    reset_config()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_llama_coupled")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+    }))
+    return str(d)
+
+
+def server_args(model_dir, flags: str):
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    # --device cuda resolves without touching a GPU; triton attention is what
+    # deterministic inference accepts.
+    argv = ["--model-path", model_dir, "--device", "cuda", "--attention-backend", "triton", *flags.split()]
+    sa = ServerArgs.from_cli_args(parser.parse_args(argv))
+    sa.resolve_once()
+    return sa
+
+
+# -- the bag from real ServerArgs ---------------------------------------------------
+
+DET = "--enable-deterministic-inference"
+CHAIN = "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+TREE = "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8"
+
+
+def eagle(model_dir, shape):
+    return f"--speculative-algorithm EAGLE --speculative-draft-model-path {model_dir} {shape}"
+
+
+@pytest.mark.parametrize("flags, env, expect", [
+    (DET, "", dict(algorithm=None, verify="coupled", coupled_drafts=False)),
+    (f"{{eagle_chain}} {DET}", "", dict(algorithm="EAGLE", eagle_topk=1, verify="coupled", coupled_drafts=False)),
+    (f"{{eagle_tree}} {DET}", "", dict(algorithm="EAGLE", eagle_topk=4, num_draft_tokens=8, verify="coupled")),
+    (f"{{eagle_chain}} --speculative-use-rejection-sampling {DET}", "", dict(verify="rejection")),
+    (f"{{eagle_chain}} --speculative-use-rejection-sampling {DET}", "auto", dict(verify="rejection")),
+    (f"{{eagle_chain}} --speculative-use-rejection-sampling {DET}", "coupled",
+     dict(verify="coupled", rejection_sampling=True, coupled_drafts=True)),
+    (f"{{eagle_tree}} {DET}", "coupled", dict(verify="coupled", eagle_topk=4)),
+])
+def test_active_bag_and_verify_mode(loaded, model_dir, monkeypatch, flags, env, expect):
+    if env:
+        monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", env)
+    flags = flags.format(eagle_chain=eagle(model_dir, CHAIN), eagle_tree=eagle(model_dir, TREE))
+    reset_config()
+    bag = resolve.config_from_server_args(server_args(model_dir, flags))
+    assert bag.active, bag.refusals()
+    for field, value in expect.items():
+        assert getattr(bag, field) == value, field
+    assert current_config() == bag  # SGLang's resolution ran our AFTER hook
+    reset_config()
+
+
+def test_not_ours_without_deterministic_inference(loaded, model_dir):
+    bag = resolve.config_from_server_args(server_args(model_dir, eagle(model_dir, TREE)))
+    assert not bag.ours and not bag.active and bag.refusals() == []
+    reset_config()
+
+
+@pytest.mark.parametrize("flags, env, match", [
+    (f"{{eagle_tree}} --speculative-use-rejection-sampling {DET}", "",
+     "--speculative-eagle-topk 4 drafts a tree; rejection mode verifies chains only"),
+    (f"{{eagle_chain}} {DET}", "rejection", "SGLANG_DETSPEC_VERIFY=rejection needs --speculative-use-rejection-sampling"),
+    (f"--speculative-algorithm EAGLE --speculative-draft-model-path {{model}} --speculative-use-rejection-sampling {DET}",
+     "", "not set: rejection mode verifies chains, so give all three"),
+])
+def test_rejection_mode_refusals(loaded, model_dir, monkeypatch, flags, env, match):
+    if env:
+        monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", env)
+    flags = flags.format(eagle_chain=eagle(model_dir, CHAIN), eagle_tree=eagle(model_dir, TREE), model=model_dir)
+    with pytest.raises(ValueError, match="sglang-detspec cannot make this run deterministic") as err:
+        server_args(model_dir, flags)
+    assert match in str(err.value) and "(rejection verify)" in str(err.value)
+    reset_config()
+
+
+def test_bad_verify_setting_names_the_variable(loaded, model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "tree")
+    with pytest.raises(ValueError, match=r"SGLANG_DETSPEC_VERIFY must be one of \('auto', 'coupled', 'rejection'\)"):
+        server_args(model_dir, DET)
+    reset_config()
+
+
+def test_algorithm_coverage_per_mode():
+    for algo in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", None):
+        assert DetSpecConfig(deterministic=True, algorithm=algo, eagle_topk=4).active, algo
+    for algo in ("DFLASH", "UNO", "DSPARK", "FROZEN_KV_MTP", "MY_PLUGIN_ALGO"):
+        coupled = DetSpecConfig(deterministic=True, algorithm=algo)
+        assert not coupled.active and "is not covered" in coupled.refusals()[0], algo
+    for algo in ("STANDALONE", "NGRAM"):
+        rejection = DetSpecConfig(deterministic=True, algorithm=algo, verify="rejection", rejection_sampling=True,
+                                  num_steps=3, eagle_topk=1, num_draft_tokens=4)
+        assert "not supported in rejection mode" in " ".join(rejection.refusals()), algo
+    # Disabled, or deterministic inference off: not ours, nothing refused.
+    assert DetSpecConfig(deterministic=True, disabled=True, algorithm="DFLASH").refusals() == []
+    assert DetSpecConfig(algorithm="DFLASH").refusals() == []
+
+
+def test_startup_line_names_the_verify_mode(loaded, model_dir, caplog):
+    caplog.set_level(logging.WARNING, logger="sglang_detspec")
+    server_args(model_dir, f"{eagle(model_dir, TREE)} {DET}")
+    line = [r.getMessage() for r in caplog.records if "sglang-detspec" in r.getMessage()][-1]
+    assert line.startswith("sglang-detspec active: DetSpecConfig(active=True, ") and "verify='coupled'" in line
+    reset_config()
+
+
+# -- SGLang's sampler: every sampled token on the TARGET stream ----------------------
+
+
+@pytest.fixture(scope="module")
+def runtime(loaded, model_dir):
+    """SGLang's runtime context of a deterministic server without speculative decoding."""
+    from sglang.srt.runtime_context import publish
+
+    publish(server_args(model_dir, DET), role="test")
+    reset_config()
+    yield
+    reset_config()
+
+
+def sampling_info(top_ks, temps, seeds, top_ps=None, min_ps=None, vocab=1000):
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    b = len(top_ks)
+    top_ks = torch.tensor(top_ks, dtype=torch.int32)
+    top_ps = torch.ones(b) if top_ps is None else torch.tensor(top_ps)
+    min_ps = torch.zeros(b) if min_ps is None else torch.tensor(min_ps)
+    return SamplingBatchInfo(
+        temperatures=torch.tensor(temps, dtype=torch.float32).view(-1, 1), top_ps=top_ps, top_ks=top_ks,
+        min_ps=min_ps, is_all_greedy=bool((top_ks <= 1).all()), is_any_greedy=bool((top_ks <= 1).any()),
+        need_top_p_sampling=bool((top_ps < 1).any()), need_top_k_sampling=bool((top_ks < vocab).any()),
+        need_min_p_sampling=bool((min_ps > 0).any()), vocab_size=vocab, sampling_seed=seeds, device="cpu",
+    )
+
+
+def sglang_sample(logits, info, positions):
+    """Tokens from SGLang's own Sampler.forward (the non-speculative path), hooked."""
+    import types
+
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.layers.sampler import Sampler
+    from sglang.srt.runtime_context import get_parallel
+
+    out = LogitsProcessorOutput(next_token_logits=logits.clone())
+    # One process, no tensor parallelism: the sampler only keeps the group's handle
+    # (it syncs token ids across ranks only with grammars or SYNC_TOKEN_IDS_ACROSS_TP).
+    with get_parallel().override(tp_group=types.SimpleNamespace(device_group=None)):
+        sampler = Sampler()
+    return sampler(out, info, False, [], [], positions).long()
+
+
+def target_oracle(logits, temps, seeds, decided, keep=None):
+    """Independent TARGET draws: torch.softmax(logits / T) (optionally masked), raced at ``decided``."""
+    w = torch.softmax(logits / temps.view(-1, 1), dim=-1)
+    if keep is not None:
+        w = torch.where(keep, w, torch.zeros_like(w))
+    return exponential_race(w, seeds, decided, stream=Stream.TARGET)[:, 0]
+
+
+def test_sglang_sampler_draws_the_target_race_at_the_decided_position(runtime):
+    assert current_config().active and current_config().algorithm is None
+    gen = torch.Generator().manual_seed(11)
+    b, v = 6, 1000
+    logits = torch.randn(b, v, generator=gen) * 3
+    seeds = torch.randint(-(1 << 62), 1 << 62, (b,), generator=gen)
+    positions = torch.randint(0, 1 << 20, (b,), generator=gen)
+    temps = [0.7, 1.0, 1.3, 0.9, 1.1, 0.5]
+    # Simple path: no row truncates.
+    info = sampling_info([v] * b, temps, seeds)
+    got = sglang_sample(logits, info, positions)
+    want = target_oracle(logits, torch.tensor(temps), seeds, positions + 1)
+    assert torch.equal(got, want)
+    # Top-k path for the whole batch because one row is greedy and one truncates: untruncated rows
+    # draw exactly the simple path's tokens, the greedy row its argmax, the top-k row within its top 5.
+    info = sampling_info([1, v, v, 5, v, v], temps, seeds)
+    mixed = sglang_sample(logits, info, positions)
+    untruncated = torch.tensor([False, True, True, False, True, True])
+    assert torch.equal(mixed[untruncated], want[untruncated])
+    assert int(mixed[0]) == int(logits[0].argmax())
+    top5 = (logits[3] / temps[3]).topk(5).indices
+    keep = torch.zeros(b, v, dtype=torch.bool)
+    keep[3, top5] = True
+    assert int(mixed[3]) == int(target_oracle(logits[3:4], torch.tensor(temps[3:4]), seeds[3:4],
+                                              positions[3:4] + 1, keep[3:4])[0])
+    # Another position or seed gives another draw: the key is really used.
+    assert not torch.equal(sglang_sample(logits, sampling_info([v] * b, temps, seeds), positions + 1), got)
+
+
+# -- coupled verify on SGLang's tree layout ------------------------------------------
+
+
+def sglang_tree(b, parents):
+    """SGLang's tree tensors for ``parents`` (node -> parent, node 0 the root), as build_tree_kernel_efficient lays them out.
+
+    retrieve_index[b, i] = b * N + i (the flat slot of node i); next_token is the
+    first child, next_sibling the next child of the same parent, -1 when none.
+    """
+    n = len(parents)
+    next_token = torch.full((b, n), -1, dtype=torch.long)
+    next_sibling = torch.full((b, n), -1, dtype=torch.long)
+    last_child = {}
+    for i in range(1, n):
+        p = parents[i]
+        if p in last_child:
+            next_sibling[:, last_child[p]] = i
+        else:
+            next_token[:, p] = i
+        last_child[p] = i
+    retrieve_index = torch.arange(b * n).view(b, n)
+    return retrieve_index, next_token, next_sibling
+
+
+def depths(parents):
+    d = [0] * len(parents)
+    for i in range(1, len(parents)):
+        d[i] = d[parents[i]] + 1
+    return d
+
+
+# topk 2, 3 steps, 7 draft nodes: root -> {1, 2}; 1 -> {3, 4}; 2 -> {5}; 3 -> {6}
+PARENTS = [-1, 0, 0, 1, 1, 2, 3]
+
+
+def verify_case(seed=5, b=4, v=300, top_ks=None, temps=None):
+    """Logits, SGLang sampling info and a tree whose candidates follow the coupled winners on some rows."""
+    gen = torch.Generator().manual_seed(seed)
+    n = len(PARENTS)
+    top_ks = top_ks or [v] * b
+    temps = temps or [1.0, 0.8, 1.2, 1.0][:b]
+    logits = torch.randn(b * n, v, generator=gen) * 2
+    seeds = torch.randint(0, 1 << 62, (b,), generator=gen)
+    seq_lens = torch.randint(5, 2000, (b,), generator=gen)
+    info = sampling_info(top_ks, temps, seeds, vocab=v)
+    candidates = torch.randint(0, v, (b, n), generator=gen)
+    # Put the target's own token (the non-speculative sampler's, at the node's decided
+    # position) on the second child of the root and the first child of node 2 on rows
+    # 0 and 2, so those rows accept two drafts; rows 1 and 3 keep random drafts.
+    d = depths(PARENTS)
+    keep = top_k_mask(logits, torch.tensor(top_ks).repeat_interleave(n), torch.tensor(temps).repeat_interleave(n))
+    rows = torch.arange(b)
+    y = target_oracle(logits, torch.tensor(temps).repeat_interleave(n), seeds.repeat_interleave(n),
+                      (seq_lens.repeat_interleave(n) + 1 + torch.tensor(d).repeat(b)), keep).view(b, n)
+    for r in (0, 2):
+        candidates[r, 2] = y[r, 0]
+        candidates[r, 5] = y[r, 2]
+    return logits, info, seeds, seq_lens, candidates, y, rows
+
+
+def top_k_mask(logits, top_ks, temps):
+    w = torch.softmax(logits / temps.view(-1, 1), dim=-1)
+    order = w.sort(dim=-1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order).scatter_(1, order, torch.arange(w.shape[1]).expand_as(order))
+    return ranks < top_ks.view(-1, 1)
+
+
+def run_tree_hook(logits, info, seeds, seq_lens, candidates, hook=None):
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    b, n = candidates.shape
+    ri, nt, ns = sglang_tree(b, PARENTS)
+    depth = max(depths(PARENTS)) + 1
+    predicts = torch.zeros(b * n, dtype=torch.int32)
+    accept_index = torch.full((b, depth), -1, dtype=torch.int32)
+    accept_num = torch.empty(b, dtype=torch.int32)
+    ctx = VerifyContext(seeds, seq_lens + 1, LogitsProcessorOutput(next_token_logits=logits.clone()), info)
+    hook = hook or verify_hook.coupled_tree_sampling
+    with verify_hook.verify_context(ctx):
+        hook(None, predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
+             candidates=candidates, retrive_index=ri, retrive_next_token=nt, retrive_next_sibling=ns,
+             uniform_samples=None, uniform_samples_for_final_sampling=None,
+             target_probs=torch.empty(0), draft_probs=torch.empty(0), threshold_single=1.0,
+             threshold_acc=1.0, deterministic=True)
+    return predicts, accept_index, accept_num, (ri, nt, ns)
+
+
+def test_tree_hook_writes_coupled_verify_tree_in_sglang_layout(loaded, bag):
+    bag(COUPLED)
+    logits, info, seeds, seq_lens, candidates, _, _ = verify_case()
+    predicts, accept_index, accept_num, (ri, nt, ns) = run_tree_hook(logits, info, seeds, seq_lens, candidates)
+    b, n = candidates.shape
+    weights = torch.softmax(logits / info.temperatures.repeat_interleave(n, 0), dim=-1).view(b, n, -1)
+    tokens, acc, path = coupled_verify_tree(candidates, nt, ns, weights, seeds, seq_lens + 1)
+    assert torch.equal(accept_num.long(), acc)
+    assert acc.tolist()[0] == 2 and acc.tolist()[2] == 2  # the planted paths root -> 2 -> 5
+    for r in range(b):
+        k = int(acc[r])
+        slots = ri[r, path[r, : k + 1]]
+        assert accept_index[r, : k + 1].tolist() == slots.tolist()
+        assert (accept_index[r, k + 1 :] == -1).all()
+        assert predicts[slots].tolist() == tokens[r, : k + 1].tolist()
+        untouched = torch.ones(b * n, dtype=torch.bool)
+        untouched[slots] = False
+        assert (predicts[r * n : (r + 1) * n][untouched[r * n : (r + 1) * n]] == 0).all()
+
+
+def test_verify_emits_what_the_sampler_draws_without_speculative_decoding(runtime):
+    """Spec on vs off: each committed token equals SGLang's sampler token for the same logits row
+    at the same absolute position (the sampler gets the position of the token before it)."""
+    logits, info, seeds, seq_lens, candidates, _, _ = verify_case(seed=9)
+    predicts, accept_index, accept_num, _ = run_tree_hook(logits, info, seeds, seq_lens, candidates)
+    b, n = candidates.shape
+    d = depths(PARENTS)
+    for r in range(b):
+        for j in range(int(accept_num[r]) + 1):
+            slot = int(accept_index[r, j])
+            node = slot - r * n
+            row_info = sampling_info(info.top_ks[r : r + 1].tolist(), info.temperatures[r].tolist(),
+                                     seeds[r : r + 1], vocab=logits.shape[1])
+            off = sglang_sample(logits[slot : slot + 1], row_info, seq_lens[r : r + 1] + d[node])
+            assert int(predicts[slot]) == int(off[0]), (r, j)
+    assert accept_num.sum() >= 4
+
+
+def test_greedy_and_top_k_rows_in_a_mixed_batch(runtime):
+    v = 300
+    logits, info, seeds, seq_lens, candidates, y, _ = verify_case(seed=3, v=v, top_ks=[1, v, 7, v])
+    predicts, accept_index, accept_num, _ = run_tree_hook(logits, info, seeds, seq_lens, candidates)
+    n = candidates.shape[1]
+    for j in range(int(accept_num[0]) + 1):  # row 0 is greedy: every committed token is the argmax
+        slot = int(accept_index[0, j])
+        assert int(predicts[slot]) == int(logits[slot].argmax())
+    assert int(accept_num[0]) == 2  # its planted path (the argmax at each node) is accepted
+    for j in range(int(accept_num[2]) + 1):  # row 2: top-7 cut, as the sampler cuts it
+        slot = int(accept_index[2, j])
+        assert int(predicts[slot]) in (logits[slot] / info.temperatures[2]).topk(7).indices.tolist()
+        assert int(predicts[slot]) == int(y.view(-1)[slot])
+    assert n == len(PARENTS)
+
+
+def test_chain_sampler_in_coupled_mode_equals_the_tree_hook_on_a_chain(loaded, bag):
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    bag(COUPLED_DRAFTS)
+    gen = torch.Generator().manual_seed(2)
+    b, w, v = 5, 4, 200
+    logits = torch.randn(b * w, v, generator=gen)
+    seeds = torch.randint(0, 1 << 62, (b,), generator=gen)
+    seq_lens = torch.randint(5, 500, (b,), generator=gen)
+    info = sampling_info([v] * b, [1.0] * b, seeds, vocab=v)
+    temps = torch.ones(b * w)
+    pos = (seq_lens.view(-1, 1) + 1 + torch.arange(w)).view(-1)
+    y = target_oracle(logits, temps, seeds.repeat_interleave(w), pos).view(b, w)
+    candidates = torch.randint(0, v, (b, w), generator=gen)
+    candidates[:, 1:3] = y[:, 0:2]  # first two drafts are the target's tokens: accept >= 2
+    candidates[1, 2] = (y[1, 1] + 1) % v  # row 1 stops after one
+    ri = torch.arange(b * w).view(b, w)
+    outs = []
+    for hook in ("chain", "tree"):
+        predicts = torch.zeros(b * w, dtype=torch.int32)
+        accept_index = torch.full((b, w), -1, dtype=torch.int32)
+        accept_num = torch.empty(b, dtype=torch.int32)
+        ctx = VerifyContext(seeds, seq_lens + 1, LogitsProcessorOutput(next_token_logits=logits.clone()), info)
+        nt = torch.where(torch.arange(w) < w - 1, torch.arange(w) + 1, -1).expand(b, w)
+        with verify_hook.verify_context(ctx):
+            if hook == "chain":
+                verify_hook.seeded_chain_sampling(
+                    None, predicts, accept_index, accept_num, candidates, ri, None, None, None, None,
+                    torch.empty(0), torch.empty(0), 1.0, 1.0, True)
+            else:
+                verify_hook.coupled_tree_sampling(
+                    None, predicts, accept_index, accept_num, candidates, ri, nt, torch.full((b, w), -1),
+                    None, None, torch.empty(0), torch.empty(0))
+        outs.append((predicts, accept_index, accept_num))
+    for a, c in zip(*outs):
+        assert torch.equal(a, c)
+    acc = outs[0][2]
+    assert acc[1] == 1 and all(int(acc[r]) >= 2 for r in (0, 2, 3, 4))
+    for r in range(b):
+        k = int(acc[r])
+        assert outs[0][0][r * w : r * w + k + 1].tolist() == y[r, : k + 1].tolist()  # accepted drafts, then y
+
+
+# -- coupled draft proposals at the exact drafted position -----------------------------
+
+
+def draft_case(b=5, v=300, seed=4):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, v, generator=gen) * 2
+    temps = torch.rand(b, 1, generator=gen) + 0.5
+    seeds = torch.randint(-(1 << 62), 1 << 62, (b,), generator=gen)
+    key = torch.randint(0, 1 << 20, (b,), generator=gen)
+    return logits, temps, seeds, key
+
+
+def test_eagle_v2_coupled_drafts_race_on_target_at_key_plus_one(loaded, bag):
+    from sglang.srt.speculative import eagle_worker_v2, spec_utils
+
+    bag(COUPLED_DRAFTS)
+    logits, temps, seeds, key = draft_case()
+    for step in (0, 1, 2):  # the draft step does not enter the key: column = token id
+        q, q_x, x = spec_utils.sample_draft_proposal(logits, temps, sampling_seed=seeds, positions=key,
+                                                     draft_step=step)
+        assert torch.equal(x, exponential_race(q, seeds, key + 1, stream=Stream.TARGET))
+        assert torch.equal(q_x, q.gather(1, x))
+    _, x0 = eagle_worker_v2.fast_sample(q, 1, sampling_seed=seeds, positions=key)  # prefill draft extend binding
+    assert torch.equal(x0, x)
+
+
+def test_coupled_draft_equals_the_target_token_when_q_equals_p(runtime, bag):
+    """Gumbel coupling: a drafter with the target's distribution proposes the target's token."""
+    from sglang.srt.speculative import spec_utils
+
+    bag(dataclasses_replace(current_config(), verify="coupled", rejection_sampling=True,
+                            algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4))
+    logits, temps, seeds, key = draft_case(v=1000)
+    _, _, x = spec_utils.sample_draft_proposal(logits, temps, sampling_seed=seeds, positions=key)
+    info = sampling_info([1000] * len(key), temps.view(-1).tolist(), seeds)
+    # The sampler is keyed by the token before the one it decides: the drafted token's is key + 1.
+    y = sglang_sample(logits, info, key)
+    # On CPU tensors SGLang's sampling softmax is torch.softmax(logits / T), the sampler's kernel.
+    assert torch.equal(spec_utils.sampling_softmax(logits, temperatures=temps), torch.softmax(logits / temps, dim=-1))
+    assert torch.equal(x[:, 0], y)
+
+
+def dataclasses_replace(bag, **kw):
+    import dataclasses
+
+    return dataclasses.replace(bag, **kw)
+
+
+def test_multi_layer_draft_positions(loaded, bag):
+    """The multi-layer sites publish their rule; SGLang's own sample_draft_proposal then keys the race.
+
+    The probe bodies stand in for the worker methods (which need a model); they
+    call SGLang's sample_draft_proposal with the key positions those methods pass.
+    """
+    import types
+
+    from sglang.srt.speculative import spec_utils
+
+    bag(COUPLED_DRAFTS)
+    logits, temps, seeds, _ = draft_case()
+    b = len(seeds)
+    s_len = torch.tensor([10, 200, 37, 5, 1000])  # pre-verify length S (prompt length for prefill)
+    accept_lens = torch.tensor([1, 4, 2, 3, 1], dtype=torch.int32)
+    width = 4
+
+    def body(key):
+        def run(*args, **kwargs):
+            return [spec_utils.sample_draft_proposal(logits, temps, sampling_seed=seeds, positions=key,
+                                                     draft_step=s)[2] for s in range(3)]
+        return run
+
+    # Prefill: SGLang keys every MTP layer with the prompt length.
+    xs = draft_hook.ml_prefill_positions(body(s_len), None)
+    for s, x in enumerate(xs):
+        q = spec_utils.sampling_softmax(logits, temperatures=temps)
+        assert torch.equal(x, exponential_race(q, seeds, s_len + 1 + s, stream=Stream.TARGET)), s
+    # Decode, eager / per-step graphs: SGLang keys with S + width; the token is S + accept_lens + 1 + s.
+    batch = types.SimpleNamespace(seq_lens=s_len)
+    result = types.SimpleNamespace(accept_lens=accept_lens)
+    xs = draft_hook.ml_decode_positions(lambda self, bt, br: body(s_len + width)(), None, batch, result)
+    for s, x in enumerate(xs):
+        q = spec_utils.sampling_softmax(logits, temperatures=temps)
+        assert torch.equal(x, exponential_race(q, seeds, s_len + accept_lens + 1 + s, stream=Stream.TARGET)), s
+    # Single-CUDA-graph runner: the same from its input buffers.
+    runner = types.SimpleNamespace(buffers=types.SimpleNamespace(num_accept_tokens=accept_lens),
+                                   speculative_num_draft_tokens=width)
+    xs = draft_hook.ml_graph_sample_positions(lambda self, ret, bs: body(s_len + width)(), runner, None, b)
+    for s, x in enumerate(xs):
+        q = spec_utils.sampling_softmax(logits, temperatures=temps)
+        assert torch.equal(x, exponential_race(q, seeds, s_len + accept_lens + 1 + s, stream=Stream.TARGET)), s
+    # Outside any multi-layer site the EAGLE v2 rule applies again.
+    assert torch.equal(draft_hook.coupled_draft_position(s_len, 2), s_len + 1)
+
+
+def test_rejection_mode_keeps_the_draft_stream(loaded, bag):
+    from sglang.srt.speculative import spec_utils
+
+    bag(dataclasses_replace(COUPLED_DRAFTS, verify="rejection"))
+    logits, temps, seeds, key = draft_case()
+    q, _, x = spec_utils.sample_draft_proposal(logits, temps, sampling_seed=seeds, positions=key, draft_step=2)
+    assert torch.equal(x, exponential_race(q, seeds, key, stream=Stream.DRAFT, draft_step=2))
+
+
+def test_write_verify_outputs_keeps_unaccepted_slots(loaded):
+    b, n = 2, 5
+    tokens = torch.tensor([[7, 8, -1, -1, -1], [9, -1, -1, -1, -1]])
+    accepted = torch.tensor([1, 0])
+    path = torch.tensor([[0, 3, -1, -1, -1], [0, -1, -1, -1, -1]])
+    ri = torch.arange(b * n).view(b, n)
+    predicts = torch.full((b * n,), 42, dtype=torch.int32)
+    accept_index = torch.full((b, 3), -1, dtype=torch.int32)
+    num = torch.empty(b, dtype=torch.int32)
+    coupled_verify.write_verify_outputs(tokens, accepted, path, ri, predicts, accept_index, num)
+    assert predicts.tolist() == [7, 42, 42, 8, 42, 9, 42, 42, 42, 42]
+    assert accept_index.tolist() == [[0, 3, -1], [5, -1, -1]] and num.tolist() == [1, 0]
+
+
+def test_hooked_verify_samplers_bind_where_sglang_calls_them(loaded):
+    from sglang.kernels.ops.speculative import verify_sampling
+    from sglang.srt.speculative import eagle_utils
+
+    assert eagle_utils.chain_speculative_sampling_triton is verify_sampling.chain_speculative_sampling_triton
+    if verify_sampling.tree_speculative_sampling_target_only is None:
+        pytest.skip("SGLang has no target-only tree sampler on this platform (CUDA/MUSA/NPU only)")
+    assert eagle_utils.tree_speculative_sampling_target_only.__wrapped__ is not None
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))
