@@ -16,11 +16,13 @@ Hooked symbols (both AROUND, both in the HTTP server's process):
   ``sampling_seed`` message in front.
 
 Scope: requests that reach ``verify`` through the tokenizer manager of the
-HTTP server's main process: native ``/generate``, the OpenAI-compatible
-endpoints (whose pydantic models turn ``"7"``, ``true`` and ``5.0`` into
-integers before this check sees them) and the offline ``Engine``. Tokenizer
-worker processes (``--tokenizer-worker-num > 1``) load no plugins and SGLang's
-Rust HTTP server bypasses this code: there SGLang's own check applies.
+HTTP server's main process: native ``/generate`` (single, batched, ``n > 1``),
+the OpenAI-compatible endpoints (whose pydantic models turn ``"7"``, ``true``
+and ``5.0`` into integers before this check sees them) and the offline
+``Engine``. Tokenizer worker processes (``--tokenizer-worker-num > 1``) load
+no plugins, so ``seed_hook`` refuses that flag at start-up while the bag is
+active. SGLang's Rust HTTP server bypasses this code: there SGLang's own
+check applies.
 
 Why: every detspec stream is keyed by a seed in [0, 2**64) (docs/design.md
 §1). SGLang itself admits ``sampling_seed`` in [-2**63, 2**63) and keeps it
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 from ..ops.streams import U64
 from ..seed_encoding import sglang_seed
-from .resolve import active_config
+from .seed_hook import plugin_active
 
 TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
@@ -101,7 +103,7 @@ def verify_unsigned_seed(original, self, *args, **kwargs):
     # the scheduler. SGLang verifies each request once; a second verify of a
     # rewritten seed >= 2**63 would refuse it (loudly, never silently).
     seed = self.sampling_seed
-    if seed is not None and active_config().active:
+    if seed is not None and plugin_active():
         self.sampling_seed = check_sampling_seed(seed)
     return original(self, *args, **kwargs)
 
@@ -171,7 +173,7 @@ def name_bad_seed(original, body: object, *args, **kwargs) -> str | None:
         refuses, never refuses one it admits.
     """
     error = original(body, *args, **kwargs)
-    if error is None or not active_config().active:
+    if error is None or not plugin_active():
         return error
     problem = bad_seed_message(body)
     if problem is None or original(_without_bad_seeds(body), *args, **kwargs) is not None:
