@@ -3,26 +3,65 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.detspec-installed
+# The demo needs no SGLang: a light venv with torch, transformers and rich runs it.
+DEMO_VENV := .venv-demo
+DEMO_BIN := $(DEMO_VENV)/bin
+DEMO_STAMP := $(DEMO_VENV)/.detspec-installed
+# The versions SGLang 0.5.23 pins, so the demo runs on the stack the test suite runs on
+# (test_light_install.py checks them against SGLang's metadata).
+DEMO_DEPS := torch==2.14.1 transformers==5.19.0 rich
+# Another package index for torch alone, e.g. PyTorch's CPU wheel index (a CPU-only torch,
+# about 0.2 GB instead of about 3 GB of CUDA wheels). Empty: the default index.
+TORCH_INDEX ?=
+PIP_PROGRESS := --progress-bar on
 
-.PHONY: setup test demo
+.PHONY: setup demo-setup test demo demo-light
 
 setup: $(STAMP)
 
-# Idempotent: the first run installs SGLang (about 11 GB); later runs reuse the venv
-# and only reinstall when pyproject.toml changes.
+# Idempotent: the first run installs SGLang; later runs reuse the venv and only reinstall
+# when pyproject.toml changes.
 $(STAMP): pyproject.toml
+	@echo "== make setup: installing sglang-detspec into $(VENV) with sglang==0.5.23, torch 2.14.1 (CUDA"
+	@echo "   build) and about 150 other packages: about 11 GB on disk, several minutes the first"
+	@echo "   time; pip's progress follows. Later runs reuse $(VENV)."
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
+	$(BIN)/python -m pip install $(PIP_PROGRESS) -e '.[test,bench]'
 	touch $(STAMP)
+
+demo-setup: $(DEMO_STAMP)
+
+# The package without its dependencies (SGLang) plus what the in-process demo imports.
+$(DEMO_STAMP): pyproject.toml Makefile
+	@echo "== make demo: installing the light demo venv $(DEMO_VENV): $(DEMO_DEPS) and"
+	@echo "   sglang-detspec without SGLang: about 3 GB of torch CUDA wheels from the default"
+	@echo "   index (about 0.2 GB with TORCH_INDEX=<a CPU wheel index>), a minute or more the"
+	@echo "   first time; pip's progress follows. Later runs reuse $(DEMO_VENV)."
+	test -x $(DEMO_BIN)/python || $(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
+	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+		$(filter torch==%,$(DEMO_DEPS))
+	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(filter-out torch==%,$(DEMO_DEPS))
+	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) --no-deps -e .
+	touch $(DEMO_STAMP)
 
 test: setup
 	$(BIN)/python -m pytest test/registered/unit -q
 
-demo: setup
-	$(BIN)/detspec audit
+# From the full venv when `make setup` / `make test` built it, else from the light one.
+demo: $(if $(wildcard $(STAMP)),setup,demo-setup)
+	$(if $(wildcard $(STAMP)),$(BIN),$(DEMO_BIN))/detspec audit
+
+# Always from the light venv: what a fresh machine runs.
+demo-light: demo-setup
+	$(DEMO_BIN)/detspec audit
 
 .PHONY: test-gpu bench
+
+# test-gpu and test-e2e on a machine without a CUDA GPU (or torch, or Triton): nothing runs,
+# the closing lines say so and why, and the exit status is 5, pytest's "no tests ran"
+# (test/registered/conftest.py); a run whose tests all skipped ends the same way.
 
 # GPU kernel suite (needs CUDA + Triton); uses the venv's python when there is one.
 test-gpu:
@@ -35,6 +74,17 @@ bench:
 .PHONY: test-e2e
 
 # End-to-end suites against real SGLang servers (test/registered/e2e): needs a CUDA GPU and
-# SGLang's `sglang` command; skipped, with the reason, elsewhere. Results: $DETSPEC_E2E_OUT.
+# SGLang's `sglang` command. Results: $DETSPEC_E2E_OUT.
 test-e2e: setup
 	$(BIN)/python -m pytest test/registered/e2e -v
+
+.PHONY: bench-serving bench-serving-report
+
+# End-to-end serving benchmark at 8B scale on a two-GPU H200 machine after the wheel install
+# (benchmark/serving/README.md): results in $(OUT).
+bench-serving:
+	OUT=$${OUT:-/tmp/detspec-serving} bash benchmark/serving/run_h200.sh
+
+# Tables and plots from a results folder: make bench-serving-report RESULTS=docs/benchmarks/serving/<run>
+bench-serving-report: setup
+	$(BIN)/python benchmark/serving/serving_report.py $(RESULTS)

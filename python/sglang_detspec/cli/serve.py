@@ -1,15 +1,20 @@
 """``detspec serve -- <launch_server args>``: SGLang's server with the plugin on.
 
 Runs ``python -m sglang.launch_server`` with the given arguments, adds
-``--enable-deterministic-inference`` (and ``--speculative-use-rejection-sampling``
-when a speculative algorithm is given) if they are missing, and makes sure
-SGLang's plugin loader picks up this plugin: ``SGLANG_PLUGINS`` is a
-whitelist of entry-point names, so when it is set our name is appended; when
-it is unset every installed plugin loads, ours included.
+``--enable-deterministic-inference`` if it is missing, and makes sure SGLang's
+plugin loader picks up this plugin: ``SGLANG_PLUGINS`` is a whitelist of
+entry-point names, so when it is set our name is appended; when it is unset
+every installed plugin loads, ours included.
 
-SGLang parses its flags with ``argparse``, which also takes any unique prefix
-of a flag (``--speculative-algo EAGLE``), so the flags above are looked for the
-same way, against SGLang's own list of flags.
+Before anything starts, the arguments are read by SGLang's own
+``launch_server`` parser (so abbreviated flags, ``--config`` files and
+argument errors are SGLang's), and the plugin's start-up check
+(:func:`sglang_detspec.sglang_plugin.startup.startup_problems`) runs on the
+config bag built from them, as the server's first check does with the flags
+as typed. A combination the server would refuse stops here with the same
+messages and exit status 2. The server checks again after SGLang resolved
+its flags (which needs the model), so ``--dry-run`` passing is necessary,
+not sufficient.
 """
 
 from __future__ import annotations
@@ -20,105 +25,112 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-ALGORITHM = "--speculative-algorithm"
+if TYPE_CHECKING:
+    from ..config import DetSpecConfig
+
 DETERMINISTIC = "--enable-deterministic-inference"
-REJECTION = "--speculative-use-rejection-sampling"
+HELP_FLAGS = ("-h", "--help")
+SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 
-DESCRIPTION = (
-    "Run SGLang's server (python -m sglang.launch_server) with the arguments given after '--', "
-    f"adding {DETERMINISTIC} and, when a speculative algorithm is set, {REJECTION} if they are "
-    "missing, and with this plugin admitted by SGLang's plugin loader (appended to SGLANG_PLUGINS "
-    "when that whitelist is set)."
-)
-CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
-EXAMPLE = (
-    "detspec serve -- --model-path M --speculative-algorithm EAGLE --speculative-draft-model-path D "
-    "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
-)
+# Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
+EXAMPLE = """\
+  detspec serve -- --model-path M --speculative-algorithm EAGLE \\
+      --speculative-draft-model-path D --speculative-num-steps 3 \\
+      --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"""
+DESCRIPTION = f"""\
+Run SGLang's server (python -m sglang.launch_server) with the arguments given
+after '--', adding {DETERMINISTIC} if it is missing, with this
+plugin admitted by SGLang's plugin loader (appended to SGLANG_PLUGINS when that
+whitelist is set).
+
+First SGLang's own launch_server parser reads the arguments and the plugin's
+start-up check runs on them: a combination the server would refuse stops here
+with the server's message and exit status 2."""
+EPILOG = f"example:\n{EXAMPLE}"
 USAGE_HINT = "put '--' before SGLang's launch_server arguments: detspec serve [--dry-run] -- --model-path M ..."
 
 
+class _Refused(Exception):
+    """SGLang's parser refused the arguments; the message is argparse's."""
+
+
+class _RefusingParser(argparse.ArgumentParser):
+    # argparse prints and exits on bad arguments; serve reports them in its own words instead.
+    def error(self, message):
+        raise _Refused(message)
+
+
 @functools.lru_cache(maxsize=1)
-def sglang_flags() -> frozenset[str]:
-    """Every option string of SGLang's ``launch_server`` parser (imports SGLang)."""
+def sglang_parser() -> argparse.ArgumentParser:
+    """SGLang's ``launch_server`` parser, raising instead of exiting (imports SGLang).
+
+    Built without ``-h``: help is left to SGLang itself (see :func:`_run`).
+    """
     from sglang.srt.server_args import ServerArgs
 
-    parser = argparse.ArgumentParser()
+    parser = _RefusingParser(prog="sglang.launch_server", add_help=False)
     ServerArgs.add_cli_args(parser)
-    # argparse has no public list of a parser's option strings.
-    return frozenset(s for action in parser._actions for s in action.option_strings)
+    return parser
 
 
-def resolve_flag(arg: str, flags: Collection[str]) -> str | None:
-    """The flag of ``flags`` that ``argparse`` reads ``arg`` as, or None.
+def read_launch_args(launch_args: Sequence[str]) -> argparse.Namespace:
+    """``launch_args`` as SGLang's ``launch_server`` reads them.
 
-    ``--name`` or ``--name=value`` names a flag exactly, or by a prefix that
-    starts exactly one flag (argparse's ``allow_abbrev``, on in SGLang's
-    parser). A prefix of several flags is ambiguous and names none.
+    A ``--config`` YAML file is merged in first, as SGLang does.
+
+    Raises:
+        ValueError: SGLang's parser refuses the arguments, or the ``--config``
+            file cannot be read; the message is SGLang's.
     """
-    if not arg.startswith("--") or arg == "--":
-        return None
-    name = arg.split("=", 1)[0]
-    if name in flags:
-        return name
-    matches = [f for f in flags if f.startswith(name)]
-    return matches[0] if len(matches) == 1 else None
+    parser, argv = sglang_parser(), list(launch_args)
+    try:
+        if "--config" in argv:
+            from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+        return parser.parse_args(argv)
+    except (_Refused, OSError, ValueError) as exc:
+        raise ValueError(f"SGLang's launch_server refuses these arguments: {exc}") from None
 
 
-def given_flags(args: Sequence[str], flags: Collection[str]) -> set[str]:
-    """The flags of ``flags`` that ``args`` sets, abbreviations resolved."""
-    given = set()
-    for arg in args:
-        if arg == "--":
-            break  # argparse reads everything after a bare '--' as positional
-        flag = resolve_flag(arg, flags)
-        if flag is not None:
-            given.add(flag)
-    return given
-
-
-def server_command(
-    launch_args: Sequence[str], python: str = sys.executable, flags: Collection[str] | None = None
-) -> list[str]:
-    """The ``launch_server`` command with the deterministic flags added if missing.
+def server_command(launch_args: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The ``launch_server`` command, with ``--enable-deterministic-inference`` added if missing.
 
     Args:
         launch_args: SGLang's arguments, without the leading ``--``.
         python: the interpreter to run SGLang with.
-        flags: SGLang's option strings, against which abbreviated flags are
-            resolved; None asks SGLang (:func:`sglang_flags`).
+
+    Raises:
+        ValueError: SGLang's parser refuses ``launch_args`` (see :func:`read_launch_args`).
     """
     args = list(launch_args)
-    given = given_flags(args, sglang_flags() if flags is None else flags)
-    added = [DETERMINISTIC] if DETERMINISTIC not in given else []
-    if ALGORITHM in given and REJECTION not in given:
-        added.append(REJECTION)
-    # argparse reads everything after a bare '--' as positional: the flags go before it.
-    cut = args.index("--") if "--" in args else len(args)
-    return [python, "-m", "sglang.launch_server", *args[:cut], *added, *args[cut:]]
+    if not read_launch_args(args).enable_deterministic_inference:
+        args.append(DETERMINISTIC)
+    return [python, "-m", "sglang.launch_server", *args]
 
 
-def launch_problems(launch_args: Sequence[str], flags: Collection[str] | None = None) -> tuple[list[str], list[str]]:
-    """``(errors, notes)`` about ``launch_args`` that are known before SGLang starts.
+def startup_check(launch_args: Sequence[str], environ: Mapping[str, str]) -> tuple[DetSpecConfig, list[str]]:
+    """``(bag, problems)``: the plugin's start-up check on ``launch_args`` as typed.
 
-    Errors: a speculative algorithm without all of :data:`CHAIN_FLAGS` (the
-    plugin refuses that at start-up: SGLang would pick them per model, a
-    tree for some). Notes: no speculative algorithm, so the plugin stays
-    inactive. Anything the plugin checks on values (algorithm, top-k) is
-    left to its start-up check, which reads them as SGLang resolves them.
+    The bag is built as the server's first start-up check builds it (from
+    the flags before SGLang resolves them, and the ``SGLANG_DETSPEC_*``
+    settings of ``environ``); ``problems`` is
+    :func:`~sglang_detspec.sglang_plugin.startup.startup_problems` of it, one
+    message per refused flag, empty when the server would start.
+
+    Raises:
+        ValueError: SGLang's parser refuses ``launch_args``, or a bad
+            ``SGLANG_DETSPEC_*`` setting in ``environ``.
     """
-    given = given_flags(launch_args, sglang_flags() if flags is None else flags)
-    errors, notes = [], []
-    if ALGORITHM in given:
-        missing = [f for f in CHAIN_FLAGS if f not in given]
-        if missing:
-            errors.append(f"{', '.join(missing)} not given: set all of {', '.join(CHAIN_FLAGS)} for a chain "
-                          "draft (e.g. 3, 1, 4)")
-    else:
-        notes.append(f"no {ALGORITHM}: sglang-detspec stays inactive (it makes speculative decoding deterministic)")
-    return errors, notes
+    from ..sglang_plugin.resolve import bag_from
+    from ..sglang_plugin.startup import startup_problems
+
+    ns = read_launch_args(launch_args)
+    bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)
+    return bag, startup_problems(bag)
 
 
 def server_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -141,29 +153,60 @@ def plugin_installed() -> bool:
     return any(ep.name == ENTRY_POINT_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
+def _say(message: str) -> None:
+    print(f"detspec serve: {message}", file=sys.stderr)
+
+
 def _run(args) -> int:
     launch = list(args.launch_args)
     if launch and launch[0] == "--":
         launch = launch[1:]
     if not launch:
-        print(f"detspec serve: give SGLang's launch_server arguments after '--', e.g. {EXAMPLE}", file=sys.stderr)
+        _say(f"give SGLang's launch_server arguments after '--', e.g.\n{EXAMPLE}")
         return 2
     if not plugin_installed():
-        print("detspec serve: the 'detspec' entry point of group sglang.srt.plugins is not installed; "
-              "install this package (pip install -e <checkout>) so SGLang's loader can find it", file=sys.stderr)
+        _say("the 'detspec' entry point of group sglang.srt.plugins is not installed; "
+             "install this package (pip install -e <checkout>) so SGLang's loader can find it")
         return 2
-    errors, notes = launch_problems(launch)
-    for note in notes:
-        print(f"detspec serve: note: {note}", file=sys.stderr)
-    if errors:
-        print("detspec serve: " + "; ".join(errors) + f"\n  example: {EXAMPLE}", file=sys.stderr)
-        return 2
-    cmd, env = server_command(launch), server_env(os.environ)
+    env = server_env(os.environ)
+    if any(a in HELP_FLAGS for a in launch):
+        cmd = [sys.executable, "-m", "sglang.launch_server", *launch]  # SGLang prints its own help
+    else:
+        try:
+            cmd = server_command(launch)
+            bag, problems = startup_check(cmd[3:], env)
+        except ValueError as exc:
+            _say(str(exc))
+            return 2
+        if problems:
+            _say("sglang-detspec would stop this server at start-up:\n  - " + "\n  - ".join(problems))
+            return 2
+        if not bag.active:
+            _say(f"note: sglang-detspec stays inactive with these flags (SGLang's own sampling runs): "
+                 f"{bag.describe()}")
+        elif args.dry_run:
+            _say(f"start-up check passed: {bag.describe()}")
     if args.dry_run:
         plugins = env.get("SGLANG_PLUGINS")
         print((f"SGLANG_PLUGINS={shlex.quote(plugins)} " if plugins else "") + shlex.join(cmd))
         return 0
-    return subprocess.call(cmd, env=env)
+    return _serve(cmd, env)
+
+
+def _serve(cmd: list[str], env: Mapping[str, str]) -> int:
+    """Run the server; its exit status, or 130 (128 + SIGINT) after Ctrl-C."""
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # Ctrl-C reached the server too (same process group): give it time to stop its
+        # scheduler processes itself (subprocess.call would SIGKILL it and orphan them).
+        try:
+            proc.wait(timeout=SHUTDOWN_GRACE_S)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.terminate()
+            proc.wait()
+        return 130
 
 
 def register(subparsers) -> None:
@@ -172,9 +215,12 @@ def register(subparsers) -> None:
         "serve",
         help="launch SGLang's server with sglang-detspec on",
         description=DESCRIPTION,
-        epilog=f"example: {EXAMPLE}",
+        epilog=EPILOG,
+        # Keeps the line breaks above: the default formatter would wrap inside the example's flags.
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run the checks and print the command instead of running it")
     p.add_argument("launch_args", nargs=argparse.REMAINDER,
                    help="'--' then the arguments of python -m sglang.launch_server")
     # Without '--', argparse reads SGLang's flags as unknown flags of serve; cli.main adds this hint.

@@ -1,6 +1,8 @@
-"""`detspec serve`: the flags it adds, read the way SGLang's own parser reads them, and its usage errors."""
+"""`detspec serve`: the command it runs, read by SGLang's own parser; its start-up check; its help and usage errors."""
 
 import argparse
+import re
+import shlex
 import sys
 
 import pytest
@@ -9,34 +11,44 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.cli import serve
 from sglang_detspec.cli.main import main
+from sglang_detspec.sglang_plugin import startup
 
-register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
-ALGORITHM, DETERMINISTIC, REJECTION = serve.ALGORITHM, serve.DETERMINISTIC, serve.REJECTION
-DESTS = {
-    ALGORITHM: "speculative_algorithm",
-    DETERMINISTIC: "enable_deterministic_inference",
-    REJECTION: "speculative_use_rejection_sampling",
-}
+DETERMINISTIC = serve.DETERMINISTIC
+REJECTION = "--speculative-use-rejection-sampling"
+CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
 
 
-def sglang_reads(args):
-    """Which of our three flags SGLang's own launch_server parser sees set in ``args``; None if it refuses them."""
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    # The outcome of the start-up check depends on these; each test sets what it needs.
+    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_KERNEL", "SGLANG_DETSPEC_VERIFY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def sglang_parse(args):
+    """``args`` parsed by a fresh copy of SGLang's launch_server parser (as prepare_server_args builds it)."""
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    try:
-        ns, _ = parser.parse_known_args(args)
-    except SystemExit:
-        return None
-    return {flag for flag, dest in DESTS.items() if getattr(ns, dest) not in (None, False)}
+    return parser.parse_args(args)
 
+
+def dry_run(capsys, args):
+    """``(exit status, stdout, stderr)`` of ``detspec serve --dry-run -- args``."""
+    rc = main(["serve", "--dry-run", "--", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# -- the command ---------------------------------------------------------------------------
 
 CASES = [
-    ["--speculative-algorithm", "EAGLE"],
-    ["--speculative-algo", "EAGLE"],
-    ["--speculative-al=EAGLE"],
-    ["--speculative-algorithm=EAGLE", "--enable-det"],
-    ["--speculative-algo", "EAGLE", "--enable-deterministic", "--speculative-use-rej"],
+    ["--speculative-algorithm", "EAGLE", *CHAIN],
+    ["--speculative-algo", "EAGLE", *CHAIN],
+    ["--speculative-al=EAGLE", *CHAIN, "--enable-det"],
+    ["--speculative-algo", "EAGLE", *CHAIN, "--enable-deterministic", "--speculative-use-rej"],
     ["--enable-deterministic-inference"],
     ["--speculative-use-rejection-sampling"],
     [],
@@ -44,77 +56,120 @@ CASES = [
 
 
 @pytest.mark.parametrize("extra", CASES, ids=lambda a: " ".join(a) or "none")
-def test_flags_are_found_as_sglang_parses_them(extra):
-    args = ["--model-path", "m", *extra]
-    seen = sglang_reads(args)
-    assert seen is not None
-    assert serve.given_flags(args, serve.sglang_flags()) & set(DESTS) == seen
-
-
-@pytest.mark.parametrize("extra", CASES, ids=lambda a: " ".join(a) or "none")
-def test_command_turns_on_what_is_missing(extra):
+def test_command_turns_on_deterministic_inference_once(extra):
     args = ["--model-path", "m", *extra]
     cmd = serve.server_command(args, python="py")
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"] and cmd[3 : 3 + len(args)] == args
-    # What SGLang will see once the command runs: deterministic always, rejection
-    # sampling whenever a speculative algorithm is set, each flag at most once.
-    seen = sglang_reads(cmd[3:])
-    assert DETERMINISTIC in seen
-    assert (REJECTION in seen) == (ALGORITHM in seen or REJECTION in sglang_reads(args))
+    before, after = sglang_parse(args), sglang_parse(cmd[3:])
     added = cmd[3 + len(args) :]
-    assert len(added) == len(set(added)) and not set(added) & sglang_reads(args)
+    assert after.enable_deterministic_inference
+    assert added == ([] if before.enable_deterministic_inference else [DETERMINISTIC])
+    # The verify mode is the user's (or SGLANG_DETSPEC_VERIFY's) to pick: rejection sampling is never added.
+    assert after.speculative_use_rejection_sampling == before.speculative_use_rejection_sampling
 
 
-def test_ambiguous_prefix_names_no_flag():
-    # SGLang refuses '--speculative-a' (six flags start with it); nothing is added for it.
-    args = ["--model-path", "m", "--speculative-a", "EAGLE"]
-    assert sglang_reads(args) is None
-    assert serve.resolve_flag("--speculative-a", serve.sglang_flags()) is None
-    assert REJECTION not in serve.server_command(args, python="py")
+def test_deterministic_flag_from_a_config_file_counts(tmp_path):
+    config = tmp_path / "server.yaml"
+    config.write_text("model-path: m\nenable-deterministic-inference: true\n")
+    assert serve.server_command(["--config", str(config)], python="py")[3:] == ["--config", str(config)]
 
 
-def test_resolve_flag_follows_argparse_rules():
-    flags = {"--alpha", "--alphabet", "--beta"}
-    assert serve.resolve_flag("--beta", flags) == "--beta"
-    assert serve.resolve_flag("--b=1", flags) == "--beta"
-    assert serve.resolve_flag("--alpha", flags) == "--alpha"  # exact beats a longer match
-    assert serve.resolve_flag("--alp", flags) is None  # ambiguous
-    assert serve.resolve_flag("--alphab", flags) == "--alphabet"
-    assert serve.resolve_flag("beta", flags) is None and serve.resolve_flag("--", flags) is None
-    # After a bare '--' argparse reads only positionals.
-    assert serve.given_flags(["--beta", "--", "--alphab"], flags) == {"--beta"}
+@pytest.mark.parametrize("args, words", [
+    (["--model-path", "m", "--speculative-a", "EAGLE"], "ambiguous option: --speculative-a"),
+    (["--speculative-algorithm", "EAGLE"], "--model-path"),
+    (["--model-path", "m", "--", "--extra"], "unrecognized arguments"),
+    (["--model-path", "m", "--speculative-eagle-topk", "one"], "invalid int value"),
+], ids=["ambiguous", "no-model", "bare-dashes", "bad-value"])
+def test_arguments_sglang_refuses_stop_serve(capsys, args, words):
+    with pytest.raises(SystemExit):
+        sglang_parse(args)  # SGLang itself refuses them
+    capsys.readouterr()
+    rc, out, err = dry_run(capsys, args)
+    assert rc == 2 and out == ""
+    assert "detspec serve: SGLang's launch_server refuses these arguments:" in err and words in err
 
 
-CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+def test_dry_run_prints_the_completed_command(capsys):
+    rc, out, _ = dry_run(capsys, ["--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN])
+    assert rc == 0
+    words = shlex.split(out)
+    assert words[0] == sys.executable
+    assert words[1:] == ["-m", "sglang.launch_server", "--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN,
+                         DETERMINISTIC]
 
 
-def test_dry_run_prints_the_completed_command(capsys, monkeypatch):
-    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
-    assert main(["serve", "--dry-run", "--", "--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN]) == 0
-    out = capsys.readouterr().out.split()
-    assert out[1:] == ["-m", "sglang.launch_server", "--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN,
-                       DETERMINISTIC, REJECTION]
+def test_plugin_is_admitted_by_sglangs_loader(capsys, monkeypatch):
+    assert serve.plugin_installed()
+    assert "SGLANG_PLUGINS" not in serve.server_env({})  # unset: SGLang loads every installed plugin
+    assert serve.server_env({"SGLANG_PLUGINS": "a"})["SGLANG_PLUGINS"] == "a,detspec"
+    assert serve.server_env({"SGLANG_PLUGINS": " a, detspec"})["SGLANG_PLUGINS"] == " a, detspec"
+    monkeypatch.setenv("SGLANG_PLUGINS", "other")
+    rc, out, _ = dry_run(capsys, ["--model-path", "m"])
+    assert rc == 0 and out.startswith("SGLANG_PLUGINS=other,detspec ")
 
 
-def test_added_flags_go_before_a_bare_double_dash():
-    args = ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN, "--", "--extra"]
-    cmd = serve.server_command(args, python="py")
-    assert cmd[3:] == [*args[:-2], DETERMINISTIC, REJECTION, "--", "--extra"]
-    assert sglang_reads(cmd[3:]) == {ALGORITHM, DETERMINISTIC, REJECTION}
+# -- the start-up check: the server's own, before anything starts --------------------------
+
+CHECK_CASES = {
+    "chain": (["--speculative-algorithm", "EAGLE", *CHAIN], {}),
+    "chain-rejection": (["--speculative-algorithm", "EAGLE", *CHAIN, REJECTION], {}),
+    "chain-rejection-coupled": (["--speculative-algorithm", "EAGLE", *CHAIN, REJECTION],
+                                {"SGLANG_DETSPEC_VERIFY": "coupled"}),
+    "tree": (["--speculative-algorithm", "EAGLE", *TREE], {}),
+    "tree-rejection": (["--speculative-algorithm", "EAGLE", *TREE, REJECTION], {}),
+    "tree-rejection-abbreviated": (["--speculative-algo", "nextn", "--speculative-num-st", "3",
+                                    "--speculative-eagle-top", "4", "--speculative-num-dr", "8",
+                                    "--speculative-use-rej"], {}),
+    "missing-chain-flags-rejection": (["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1",
+                                       REJECTION], {}),
+    "block-verification": (["--speculative-algorithm", "EAGLE", *CHAIN, REJECTION,
+                            "--speculative-use-block-verification"], {}),
+    "rl-on-policy": (["--speculative-algorithm", "EAGLE", *CHAIN, REJECTION, "--rl-on-policy-target", "fsdp"], {}),
+    "ngram-rejection": (["--speculative-algorithm", "NGRAM", *CHAIN, REJECTION], {}),
+    "no-speculation": ([], {}),
+    "disabled-tree-rejection": (["--speculative-algorithm", "EAGLE", *TREE, REJECTION],
+                                {"SGLANG_DETSPEC_DISABLE": "1"}),
+}
 
 
-def test_speculative_run_needs_all_chain_flags(capsys):
-    # Left to SGLang, a Llama target gets steps 5, topk 4, 8 draft tokens: a tree.
-    assert main(["serve", "--dry-run", "--", "--model-path", "m", "--speculative-algorithm", "EAGLE",
-                 "--speculative-eagle-top", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "--speculative-num-steps, --speculative-num-draft-tokens not given" in err and "example:" in err
+def server_refusal(cmd):
+    """The problems the server's BEFORE hook raises for ``cmd`` on a real ServerArgs record; None if it starts."""
+    try:
+        startup.check_raw_flags(ServerArgs.from_cli_args(sglang_parse(cmd[3:])))
+    except ValueError as exc:
+        return str(exc).split("\n  - ")[1:]
+    return None
 
 
-def test_no_speculative_algorithm_is_noted(capsys):
-    assert main(["serve", "--dry-run", "--", "--model-path", "m"]) == 0
-    assert "note: no --speculative-algorithm: sglang-detspec stays inactive" in capsys.readouterr().err
+@pytest.mark.parametrize("name", CHECK_CASES)
+def test_dry_run_refuses_exactly_what_the_server_refuses(capsys, monkeypatch, name):
+    args, env = CHECK_CASES[name]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    args = ["--model-path", "m", *args]
+    refusal = server_refusal(serve.server_command(args))
+    rc, out, err = dry_run(capsys, args)
+    if refusal is None:
+        assert rc == 0 and "sglang.launch_server" in out, err
+    else:
+        assert rc == 2 and out == "" and "would stop this server at start-up" in err
+        assert all(problem in err for problem in refusal), (refusal, err)
 
+
+def test_a_tree_with_rejection_sampling_is_refused_up_front(capsys):
+    # Rejection-mode verification takes chains only; the check above must have refusals to compare.
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *TREE, REJECTION])
+    assert rc == 2 and "--speculative-eagle-topk" in err
+
+
+def test_an_inactive_run_is_noted(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
+    rc, out, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN])
+    assert rc == 0 and "sglang.launch_server" in out
+    assert "note: sglang-detspec stays inactive with these flags" in err and "disabled=True" in err
+
+
+# -- usage ---------------------------------------------------------------------------------
 
 def test_sglang_flags_without_dashes_get_a_hint(capsys):
     with pytest.raises(SystemExit) as exc:
@@ -133,16 +188,42 @@ def test_sglang_flags_without_dashes_get_a_hint(capsys):
 def test_no_launch_arguments(capsys):
     assert main(["serve", "--dry-run"]) == 2
     assert "give SGLang's launch_server arguments after '--'" in capsys.readouterr().err
+    assert main(["serve"]) == 2
 
 
-def test_help_is_plain_text(capsys):
+def test_sglangs_own_help_is_passed_through(capsys):
+    rc, out, _ = dry_run(capsys, ["--help"])
+    assert rc == 0 and shlex.split(out)[1:] == ["-m", "sglang.launch_server", "--help"]
+
+
+def serve_help(capsys, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--help"])
     assert exc.value.code == 0
-    out = capsys.readouterr().out
-    assert "``" not in out
-    assert DETERMINISTIC in out and REJECTION in out and "SGLANG_PLUGINS" in out
-    assert "example: detspec serve -- --model-path M --speculative-algorithm EAGLE" in out
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("columns", [40, 80, 200])
+def test_help_never_breaks_a_flag(capsys, monkeypatch, columns):
+    out = serve_help(capsys, monkeypatch, columns)
+    known = set(serve.sglang_parser()._option_string_actions) | {"--dry-run", "--help"}
+    # A flag wrapped at a line end reads as "--speculative-", which names no flag.
+    flags = set(re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", out))
+    assert DETERMINISTIC in flags and "--speculative-eagle-topk" in flags
+    assert flags <= known, flags - known
+
+
+def test_help_example_can_be_copied_and_passes_the_check(capsys, monkeypatch):
+    out = serve_help(capsys, monkeypatch, 60)
+    assert "``" not in out and DETERMINISTIC in out and "SGLANG_PLUGINS" in out
+    example = out.split("example:\n", 1)[1]
+    # A shell drops each backslash-newline (line continuation) before splitting into words.
+    words = shlex.split(example.replace("\\\n", ""))
+    assert words[:3] == ["detspec", "serve", "--"]
+    rc, cmd, err = dry_run(capsys, words[3:])
+    assert rc == 0, err
+    assert shlex.split(cmd)[3:] == [*words[3:], DETERMINISTIC]
 
 
 if __name__ == "__main__":
