@@ -12,12 +12,18 @@ No download: every weight comes from a fixed-seed generator. Written folders:
   (through the target's shared lm_head) copy the target's bigram: a
   high-acceptance pair, so accept coins, residual draws and bonus tokens are
   all exercised.
-- ``eagle_random/``: the same draft with random weights (accept length near 1).
+- ``eagle_random/``: a second EAGLE draft of the same shapes with independent
+  random weights (accept length near 1): another drafter for the same target.
 - ``mtp/``: a ``Step3p5ForCausalLM`` target with two MTP layers in the same
   checkpoint, for ``--enable-multi-layer-eagle`` (see :func:`write_mtp` for
   why this architecture). Nearly the same bigram as ``target/`` (same
   embedding and lm_head, near-identity layers) and MTP layers that copy it,
   so it is a high-acceptance pair too. About 68 MB.
+
+``target/`` and ``mtp/`` also get a word-level tokenizer (``tokenizer.json``:
+token ``i`` is the word ``t<i>``, ids 0-2 are ``<unk>``, ``<s>``, ``</s>``),
+so servers started without ``--skip-tokenizer-init`` (SGLang's OpenAI
+endpoints need one to build their responses' text) can load them.
 
 Usage: python scripts/make_tiny_models.py OUT_DIR
 """
@@ -199,6 +205,39 @@ def write_mtp(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: 
     write(os.path.join(out_dir, "mtp"), step3p5_config(), target)
 
 
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: unk, and the configs' bos / eos
+
+
+def write_tokenizer(folder: str) -> None:
+    """A word-level tokenizer over the ``VOCAB`` ids: ``tokenizer.json`` and ``tokenizer_config.json``.
+
+    Whitespace-separated words ``t<i>`` map to id ``i``; any other word to
+    ``<unk>`` (id 0). Decoding joins the words with spaces. Written as plain
+    JSON in the ``tokenizers`` library's file format (a WordLevel model, a
+    WhitespaceSplit pre-tokenizer, the three special tokens as added
+    tokens), so writing needs no tokenizer package; transformers'
+    ``AutoTokenizer`` loads it as a fast tokenizer.
+    """
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"t{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB)})
+    added = [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, token in enumerate(SPECIAL_TOKENS)]
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+        "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": SPECIAL_TOKENS[0]},
+    }
+    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer, f)
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": SPECIAL_TOKENS[0], "bos_token": SPECIAL_TOKENS[1], "eos_token": SPECIAL_TOKENS[2],
+        "model_max_length": 4096, "clean_up_tokenization_spaces": False,
+    }
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
 def write(folder: str, config: dict, weights: dict) -> None:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
@@ -233,7 +272,9 @@ def main(out_dir: str) -> None:
 
     # Drawn after the folders above, so adding it changed none of their weights.
     write_mtp(out_dir, gen, embed, target["lm_head.weight"])
-    print(f"wrote target/, eagle/, eagle_random/, mtp/ under {out_dir}")
+    for folder in ("target", "mtp"):
+        write_tokenizer(os.path.join(out_dir, folder))
+    print(f"wrote target/, eagle/, eagle_random/, mtp/ (tokenizers in target/ and mtp/) under {out_dir}")
 
 
 if __name__ == "__main__":

@@ -1,36 +1,49 @@
 #!/usr/bin/env bash
-# On the H200 after the wheel install (README.md here): runs end-to-end suite files of
-# test/registered/e2e against real SGLang servers, the files in parallel (one pytest process
-# each, one server per process at a time: the tiny models share the GPU easily, and the
-# fixed KV pool of the default server flags keeps their memory profiling apart).
+# On an H200 machine after the wheel install (README.md here): runs end-to-end suite files of
+# test/registered/e2e against real SGLang servers, all files at once, one pytest process per
+# file, each pinned to one GPU (CUDA_VISIBLE_DEVICES). The tiny models' servers share a GPU:
+# the default server flags fix each server's KV pool (--max-total-tokens).
 #
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_chain_eagle.py   # about 4 min alone
-#   bash scripts/h200/run_e2e_suite.sh test/registered/e2e/test_*.py              # all three, 5-6 min
+#   bash scripts/h200/run_e2e_suite.sh FILE[@GPU]... [pytest args]
 #
-# Arguments not ending in .py go to every pytest (e.g. -k "not concurrent").
-# With sgl-kernel's FA3 library installed (pack_fa3.py) the multi-layer EAGLE servers use it
-# (test/registered/e2e/_e2e.py); DETSPEC_E2E_MTP_SERVER_ARGS overrides.
-# Results land in $OUT (default /tmp/detspec-out): one JSON per check, server log excerpts,
-# the pytest log per file; with ARCHIVE=PATH also packed into one .tgz there, even when a
-# time limit stops the run (about 30 files: easier to move as one).
-# Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py).
+#   FILE      a test file (or FILE::test); @GPU pins it to that GPU index, otherwise the
+#             files take the GPUs of $GPUS (default: every GPU nvidia-smi lists) in turn.
+#   RESULTS   folder for the results (default /tmp/detspec-e2e-results): one subfolder per
+#             file with one JSON per check, the server logs and pytest's log; summary.json.
+#   ARCHIVE   if set, everything in RESULTS is also packed into this .tgz (outside RESULTS),
+#             even when the time limit stops the run.
+#   DETSPEC_E2E_BUDGET_S  seconds the whole command may take (default 580, for a 600 s
+#             limit): pytest runs get what is left after the set-up, minus 25 s to stop
+#             leftover servers and pack the archive.
+#
+# Arguments not ending in .py (or .py@N, .py::...) go to every pytest (e.g. -k "not concurrent").
+# Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py);
+# with sgl-kernel's FA3 library installed (pack_fa3.py) the multi-layer servers use FA3.
 set -uo pipefail
-# OUT and ARCHIVE are taken relative to the caller's folder, before the cd below.
-out=$(realpath -m "${OUT:-/tmp/detspec-out}"); mkdir -p "$out"
+t0=$(date +%s)
+budget=${DETSPEC_E2E_BUDGET_S:-580}
+# RESULTS and ARCHIVE are taken relative to the caller's folder, before the cd below.
+results=$(realpath -m "${RESULTS:-/tmp/detspec-e2e-results}"); mkdir -p "$results"
 archive=${ARCHIVE:+$(realpath -m "$ARCHIVE")}
-case $archive in "$out"/*) echo "ARCHIVE must lie outside OUT ($out)" >&2; exit 2 ;; esac
-files=(); args=()
-for a in "$@"; do case $a in *.py|*.py::*) files+=("$a") ;; *) args+=("$a") ;; esac; done
+case $archive in "$results"/*) echo "ARCHIVE must lie outside RESULTS ($results)" >&2; exit 2 ;; esac
+files=(); gpus_of=(); args=()
+for a in "$@"; do
+  case $a in
+    *.py@*|*.py::*@*) files+=("${a%@*}"); gpus_of+=("${a##*@}") ;;
+    *.py|*.py::*) files+=("$a"); gpus_of+=("") ;;
+    *) args+=("$a") ;;
+  esac
+done
 cd "$(dirname "$0")/../.."
 . /tmp/e2e/remote/env.sh
 pids=()
 finish() {  # stop pytest runs still going (interrupted), then pack what was written
   for pid in "${pids[@]+"${pids[@]}"}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
-  if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")"; fi
+  if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$results")" "$(basename "$results")"; fi
 }
 trap finish EXIT
-[ ${#files[@]} -gt 0 ] || { echo "usage: $0 TEST_FILE... [pytest args]" >&2; exit 2; }
+[ ${#files[@]} -gt 0 ] || { echo "usage: $0 TEST_FILE[@GPU]... [pytest args]" >&2; exit 2; }
 
 # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
 # working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
@@ -56,43 +69,71 @@ chmod +x /tmp/site/bin/sglang
 # A run that skips everything must not pass as a GPU run.
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || { echo "run_e2e_suite: no CUDA GPU visible to torch" >&2; exit 1; }
-echo "multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_SERVER_ARGS:-$(python3 -c \
+read -r -a gpus <<< "${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | tr '\n' ' ')}"
+echo "GPUs: ${gpus[*]}; multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_SERVER_ARGS:-$(python3 -c \
   'import sys; sys.path.insert(0, "test/registered/e2e"); import _e2e; print(_e2e.default_mtp_server_args())')}"
 
 # The tiny models are written once per machine and reused by the following commands; written
-# here, before the parallel runs, so no two processes write the same folder.
-export DETSPEC_E2E_OUT=$out DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
-[ -f "$DETSPEC_E2E_MODELS/.complete" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" \
-  && touch "$DETSPEC_E2E_MODELS/.complete"; } || exit 1
-# A healthy start takes 70-90 s on an H200. SGLang's helper retries a failed start once with
-# HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start that hangs costs twice this.
+# here, before the parallel runs, so no two processes write the same folder. The marker names
+# the generator's version: an older set (no tokenizer) is written again.
+export DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
+marker="$DETSPEC_E2E_MODELS/.complete-v2"
+[ -f "$marker" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" && touch "$marker"; } || exit 1
+# A healthy start takes 70-150 s on an H200 (more while many servers start at once). SGLang's
+# helper retries a failed start once with HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start
+# that hangs costs twice this.
 export DETSPEC_E2E_LAUNCH_TIMEOUT=${DETSPEC_E2E_LAUNCH_TIMEOUT:-300}
+limit=$(( budget - ($(date +%s) - t0) - 25 ))
+[ $limit -ge 60 ] || { echo "run_e2e_suite: only $limit s left for the tests" >&2; exit 1; }
+echo "set-up took $(( $(date +%s) - t0 )) s; each pytest run may take $limit s"
 start=$(date +%s)
-for f in "${files[@]}"; do
-  name=$(basename "${f%%::*}" .py)
-  # --show-capture=no: the server output is in $out/server_*.log, not repeated in failure reports.
-  # The time limit leaves room, inside a 600 s budget, to stop servers pytest left running.
-  timeout -k 5 "${DETSPEC_E2E_COMMAND_TIMEOUT:-560}" \
-    python3 -m pytest -v -p no:cacheprovider --show-capture=no "$f" ${args[@]+"${args[@]}"} > "$out/pytest_$name.log" 2>&1 &
+names=()
+for i in "${!files[@]}"; do
+  f=${files[$i]}; gpu=${gpus_of[$i]:-${gpus[$(( i % ${#gpus[@]} ))]}}
+  name=$(basename "${f%%::*}" .py); names+=("$name")
+  mkdir -p "$results/$name"
+  echo "$name: GPU $gpu"
+  # --show-capture=no: the server output is in the server_*.log files, not repeated in failure reports.
+  CUDA_VISIBLE_DEVICES=$gpu DETSPEC_E2E_OUT="$results/$name" timeout -k 5 "$limit" \
+    python3 -m pytest -v -p no:cacheprovider --show-capture=no "$f" ${args[@]+"${args[@]}"} \
+    > "$results/$name/pytest.log" 2>&1 &
   pids+=($!)
 done
 rc=0
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"; r=$?
-  echo "${files[$i]}: pytest exit $r (all runs up to this one done after $(( $(date +%s) - start )) s)"
+  echo "${names[$i]}: pytest exit $r (all runs up to this one done after $(( $(date +%s) - start )) s)"
   [ $r -eq 0 ] || rc=$r
 done
 pids=()
-for pid_file in "$out"/server_*.pid; do  # written by the suite while a server it started runs
+for pid_file in "$results"/*/server_*.pid; do  # written by the suite while a server it started runs
   [ -e "$pid_file" ] || continue
-  echo "stopping the server left by pytest: $(basename "$pid_file" .pid)"
+  echo "stopping the server left by pytest: $pid_file"
   python3 -c "import sys; from sglang.srt.utils import kill_process_tree; kill_process_tree(int(sys.argv[1]))" \
     "$(cat "$pid_file")" || true
   rm -f "$pid_file"
 done
-for f in "${files[@]}"; do
-  name=$(basename "${f%%::*}" .py)
-  echo "== $name (log: $out/pytest_$name.log)"
-  grep -E "(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +\[|^=+ .*(passed|failed|error)" "$out/pytest_$name.log" | tail -n 30
+for name in "${names[@]}"; do
+  echo "== $name"
+  grep -E "(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) +\[|^=+ .*(passed|failed|error|skipped)" \
+    "$results/$name/pytest.log" | sed -e 's/^test\/registered\/e2e\///' | tail -n 20
 done
+# One line per check: the JSON results' verdicts and first problems (summary.json has them all).
+python3 - "$results" <<'PY'
+import json, pathlib, sys
+root = pathlib.Path(sys.argv[1]); rows = []
+for path in sorted(root.glob("*/*.json")):
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        continue
+    if "passed" in data:
+        rows.append({"file": f"{path.parent.name}/{path.name}", "passed": data["passed"],
+                     "figure_only": data.get("figure_only", False), "problems": data.get("problems", [])[:3]})
+(root / "summary.json").write_text(json.dumps(rows, indent=1))
+print(f"{sum(r['passed'] for r in rows)} of {len(rows)} result files passed")
+for r in rows:
+    if not r["passed"]:
+        print(f"FAILED {r['file']}: {'; '.join(r['problems'])[:400]}")
+PY
 exit $rc

@@ -4,7 +4,7 @@ The suites launch real SGLang 0.5.23 servers with SGLang's own test helpers
 (``sglang.test.test_utils.popen_launch_server`` runs ``sglang serve``, which
 loads the installed ``detspec`` plugin; ``sglang.srt.utils.kill_process_tree``
 stops it) and talk to them over HTTP with
-:class:`sglang_detspec.http_backend.HttpBackend`. SGLang and torch are imported
+:class:`sglang_detspec.auditing.http_backend.HttpBackend`. SGLang and torch are imported
 inside functions, so the test files collect (and skip) where there is no GPU.
 
 Settings, all read from the environment, all optional:
@@ -14,6 +14,8 @@ Settings, all read from the environment, all optional:
                               ``target/`` of ``scripts/make_tiny_models.py``)
 ``DETSPEC_E2E_EAGLE``         its EAGLE draft (default: the tiny copying draft
                               ``eagle/``, a high-acceptance pair)
+``DETSPEC_E2E_EAGLE_RANDOM``  a second, unrelated EAGLE draft for the same target
+                              (default: the tiny ``eagle_random/``)
 ``DETSPEC_E2E_MTP``           model served with ``--enable-multi-layer-eagle``
                               (default: the tiny Step3p5 ``mtp/``, 2 MTP layers)
 ``DETSPEC_E2E_MTP_DRAFT``     its ``--speculative-draft-model-path`` (default:
@@ -21,7 +23,9 @@ Settings, all read from the environment, all optional:
 ``DETSPEC_E2E_MODELS``        folder for the tiny models: written when missing,
                               reused when present (default: a temporary folder)
 ``DETSPEC_E2E_OUT``           folder for the JSON results and server logs
-                              (default: a temporary folder, printed at the end)
+                              (default: a temporary folder, printed at the end);
+                              give each pytest process its own when several run
+                              at once (server logs are named by configuration)
 ``DETSPEC_E2E_SERVER_ARGS``   flags for every server (default
                               :data:`DEFAULT_SERVER_ARGS`)
 ``DETSPEC_E2E_MTP_SERVER_ARGS`` flags added after those for multi-layer EAGLE
@@ -32,7 +36,12 @@ Settings, all read from the environment, all optional:
 ``DETSPEC_E2E_CONCURRENCY``   concurrent ``/generate`` senders per sub-batch
                               (default 2)
 ``DETSPEC_E2E_LAUNCH_TIMEOUT`` seconds to wait for a server's health (default 480)
+``DETSPEC_E2E_SEEDS_FAMILY``  server family of ``test_request_seeds.py`` (default
+                              ``coupled_chain``; e.g. ``no_spec``)
 ============================ ===================================================
+
+Server configurations come in families (:data:`FAMILIES`): which model, which
+draft, which speculative flags, which verify mode the plugin must log.
 
 A flag given twice reaches SGLang's ``argparse`` twice and the last one wins,
 so the two ``*_SERVER_ARGS`` settings can override the defaults (for example
@@ -41,12 +50,14 @@ so the two ``*_SERVER_ARGS`` settings can override the defaults (for example
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -90,21 +101,65 @@ def default_mtp_server_args() -> str:
     """The multi-layer servers' extra flags when ``DETSPEC_E2E_MTP_SERVER_ARGS`` is unset."""
     return f"{DEFAULT_MTP_SERVER_ARGS} {FA3_SERVER_ARGS}" if fa3_installed() else DEFAULT_MTP_SERVER_ARGS
 
-CHAIN_EAGLE_ARGS = (
-    "--speculative-algorithm", "EAGLE",
-    "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-    "--speculative-use-rejection-sampling",
-)
-MULTI_LAYER_EAGLE_ARGS = (
-    "--speculative-algorithm", "EAGLE", "--enable-multi-layer-eagle",
+EAGLE = ("--speculative-algorithm", "EAGLE")
+CHAIN_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+TREE_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
+MULTI_LAYER_SHAPE = (
+    "--enable-multi-layer-eagle",
     "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3",
-    "--speculative-use-rejection-sampling",
 )
+REJECTION_FLAG = ("--speculative-use-rejection-sampling",)
+CHAIN_EAGLE_ARGS = (*EAGLE, *CHAIN_SHAPE, *REJECTION_FLAG)
+MULTI_LAYER_EAGLE_ARGS = (*EAGLE, *MULTI_LAYER_SHAPE, *REJECTION_FLAG)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What a server family serves and how it decodes.
+
+    Attributes:
+        model: the :class:`Models` field of ``--model-path``.
+        draft: the :class:`Models` field of ``--speculative-draft-model-path``;
+            None for a server without speculative decoding.
+        spec_args: the speculative-decoding flags (empty without it).
+        verify: the verify mode the plugin must log at start-up on a
+            deterministic server (``verify='...'`` in its line); None where
+            there is no verify (no speculative decoding).
+        env: extra environment variables for the server.
+    """
+
+    model: str
+    draft: str | None
+    spec_args: tuple[str, ...]
+    verify: str | None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+# The verify mode comes from SGLANG_DETSPEC_VERIFY=auto (unset) everywhere except the
+# coupled-race chain: auto picks rejection with --speculative-use-rejection-sampling and
+# coupled without it, so these servers also check that rule.
+FAMILIES = {
+    # seeded rejection sampling (DESIGN.md section 4), chain EAGLE and multi-layer EAGLE
+    "chain_eagle": Family("target", "eagle", CHAIN_EAGLE_ARGS, "rejection"),
+    "multi_layer_eagle": Family("mtp", "mtp_draft", MULTI_LAYER_EAGLE_ARGS, "rejection"),
+    # the plugin active without speculative decoding: every token is the TARGET-stream race
+    "no_spec": Family("target", None, (), None),
+    "mtp_no_spec": Family("mtp", None, (), None),
+    # coupled verification (section 5): SGLang's own draft proposals (top-k of the draft)
+    "coupled_chain": Family("target", "eagle", (*EAGLE, *CHAIN_SHAPE), "coupled"),
+    "coupled_tree": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled"),
+    "coupled_chain_random_draft": Family("target", "eagle_random", (*EAGLE, *CHAIN_SHAPE), "coupled"),
+    "mtp_coupled": Family("mtp", "mtp_draft", (*EAGLE, *MULTI_LAYER_SHAPE), "coupled"),
+    # coupled verification with drafts that race q on the TARGET stream (the chain sampler)
+    "coupled_race_chain": Family("target", "eagle", CHAIN_EAGLE_ARGS, "coupled", (("SGLANG_DETSPEC_VERIFY", "coupled"),)),
+}
 
 # The plugin's start-up line (sglang_plugin/resolve.py): "sglang-detspec active: ..."
 # or "sglang-detspec inactive (SGLang's own sampling runs): ...".
 PLUGIN_ACTIVE = "sglang-detspec active"
 PLUGIN_INACTIVE = "sglang-detspec inactive"
+# The verify mode in the active line: "... DetSpecConfig(active=True, ..., verify='coupled', ...)".
+VERIFY_FIELD = re.compile(r"verify='(\w+)'")
 
 # How much of a server log comes back with the results: its start (flags,
 # plugin line, CUDA-graph capture) and its end (the last requests, shutdown).
@@ -145,7 +200,9 @@ def out_dir() -> Path:
 @functools.lru_cache(maxsize=1)
 def machine_facts() -> dict:
     """GPU, versions and date for every result file (nvidia-smi: no CUDA context in the test process)."""
-    facts = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    facts = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             # nvidia-smi lists every GPU; the servers of this process use these.
+             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
         facts["gpu"] = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or None
@@ -179,6 +236,7 @@ class Models:
 
     target: str
     eagle: str
+    eagle_random: str
     mtp: str
     mtp_draft: str
     tiny_dir: str | None  # where the tiny models were written or reused; None when all came from the environment
@@ -187,7 +245,10 @@ class Models:
         return dataclasses.asdict(self)
 
 
-TINY_FOLDERS = ("target", "eagle", "mtp")
+TINY_FOLDERS = ("target", "eagle", "eagle_random", "mtp")
+# Files whose absence means a tiny-model folder is from an older generator (the target's
+# tokenizer serves the OpenAI endpoints of the request-seed suite).
+TINY_FILES = ("target/tokenizer.json", "target/tokenizer_config.json")
 
 
 def write_tiny_models(folder: Path) -> None:
@@ -198,6 +259,12 @@ def write_tiny_models(folder: Path) -> None:
     module.main(str(folder))
 
 
+def tiny_models_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds every tiny model this suite serves."""
+    return all((folder / sub / "model.safetensors").is_file() for sub in TINY_FOLDERS) and all(
+        (folder / name).is_file() for name in TINY_FILES)
+
+
 def resolve_models(make_temp_dir) -> Models:
     """Model paths from the environment, the tiny models filling in what is not set.
 
@@ -205,16 +272,17 @@ def resolve_models(make_temp_dir) -> Models:
         make_temp_dir: called with no argument for a fresh folder when the tiny
             models are needed and ``DETSPEC_E2E_MODELS`` is unset.
     """
-    given = {key: os.environ.get(f"DETSPEC_E2E_{key.upper()}") or None for key in ("target", "eagle", "mtp")}
+    given = {key: os.environ.get(f"DETSPEC_E2E_{key.upper()}") or None for key in TINY_FOLDERS}
     tiny = None
     if not all(given.values()):
         fixed = os.environ.get("DETSPEC_E2E_MODELS")
         tiny = Path(fixed) if fixed else Path(make_temp_dir())
-        if not all((tiny / sub / "model.safetensors").is_file() for sub in TINY_FOLDERS):
+        if not tiny_models_complete(tiny):
             write_tiny_models(tiny)
     paths = {key: value or str(tiny / key) for key, value in given.items()}
     draft = os.environ.get("DETSPEC_E2E_MTP_DRAFT") or paths["mtp"]
-    return Models(paths["target"], paths["eagle"], paths["mtp"], draft, None if tiny is None else str(tiny))
+    return Models(paths["target"], paths["eagle"], paths["eagle_random"], paths["mtp"], draft,
+                  None if tiny is None else str(tiny))
 
 
 def vocab_size(model_path: str) -> int:
@@ -232,49 +300,73 @@ def vocab_size(model_path: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
-    """One server configuration: what the tests compare is keyed by ``name``."""
+    """One server configuration: what the tests compare is keyed by ``name``.
+
+    ``verify`` is the verify mode the plugin must log (None: not checked);
+    ``env`` the extra environment variables of the server process.
+    """
 
     name: str
     model: str
     args: tuple[str, ...]
     deterministic: bool
     cuda_graph: bool
+    env: tuple[tuple[str, str], ...] = ()
+    verify: str | None = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "model": self.model, "args": list(self.args),
-                "deterministic": self.deterministic, "cuda_graph": self.cuda_graph}
+        return {"name": self.name, "model": self.model, "args": list(self.args), "env": dict(self.env),
+                "deterministic": self.deterministic, "cuda_graph": self.cuda_graph, "verify": self.verify}
 
 
-def served_model(family: str, models: Models) -> str:
-    """The model folder a ``family`` serves (its vocabulary bounds the audit's prompts)."""
-    if family == "chain_eagle":
-        return models.target
-    if family == "multi_layer_eagle":
-        return models.mtp
-    raise ValueError(f"unknown server family {family!r}")
+def family(name: str) -> Family:
+    """The :class:`Family` called ``name``.
 
-
-def server_config(family: str, models: Models, *, deterministic: bool, cuda_graph: bool) -> ServerConfig:
-    """The flags of ``family`` (``chain_eagle`` or ``multi_layer_eagle``) with the chosen switches.
-
-    Every server decodes speculatively with rejection sampling; ``deterministic``
-    adds ``--enable-deterministic-inference`` (the plugin is active only then)
-    and ``cuda_graph=False`` adds ``--disable-cuda-graph``.
+    Raises:
+        ValueError: no such family (the message lists them).
     """
-    model = served_model(family, models)
-    if family == "chain_eagle":
-        draft, spec, extra = models.eagle, CHAIN_EAGLE_ARGS, ""
-    else:
-        draft, spec = models.mtp_draft, MULTI_LAYER_EAGLE_ARGS
-        extra = env_str("DETSPEC_E2E_MTP_SERVER_ARGS", default_mtp_server_args())
-    args = [*spec, "--speculative-draft-model-path", draft, "--device", "cuda",
-            *shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS)), *shlex.split(extra)]
+    if name not in FAMILIES:
+        raise ValueError(f"unknown server family {name!r}; known: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def served_model(family_name: str, models: Models) -> str:
+    """The model folder a family serves (its vocabulary bounds the prompts)."""
+    return getattr(models, family(family_name).model)
+
+
+def server_config(family_name: str, models: Models, *, deterministic: bool = True, cuda_graph: bool = True,
+                  extra_args: tuple[str, ...] = (), tag: str = "", tokenizer: bool = False,
+                  extra_env: tuple[tuple[str, str], ...] = ()) -> ServerConfig:
+    """The flags of the family ``family_name`` (see :data:`FAMILIES`) with the chosen switches.
+
+    ``deterministic`` adds ``--enable-deterministic-inference`` (the plugin is
+    active only then); ``cuda_graph=False`` adds ``--disable-cuda-graph``;
+    ``extra_args`` come last (so they override earlier flags, e.g.
+    ``--max-total-tokens``); ``tokenizer=True`` drops ``--skip-tokenizer-init``
+    (SGLang's OpenAI endpoints build their responses' text with the
+    tokenizer); ``tag`` tells apart configurations of one family that differ
+    in ``extra_args``, ``extra_env`` or ``tokenizer``; ``extra_env`` adds
+    environment variables for the server after the family's.
+    """
+    fam = family(family_name)
+    common = shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS))
+    if tokenizer:
+        common = [a for a in common if a != "--skip-tokenizer-init"]
+    args = [*fam.spec_args]
+    if fam.draft is not None:
+        args += ["--speculative-draft-model-path", getattr(models, fam.draft)]
+    args += ["--device", "cuda", *common]
+    if fam.model == "mtp":
+        args += shlex.split(env_str("DETSPEC_E2E_MTP_SERVER_ARGS", default_mtp_server_args()))
+    args += list(extra_args)
     if deterministic:
         args.append("--enable-deterministic-inference")
     if not cuda_graph:
         args.append("--disable-cuda-graph")
-    name = f"{family}_{'det' if deterministic else 'control'}_{'cuda_graph' if cuda_graph else 'no_cuda_graph'}"
-    return ServerConfig(name, model, tuple(args), deterministic, cuda_graph)
+    parts = [family_name, tag, "det" if deterministic else "control", "cuda_graph" if cuda_graph else "no_cuda_graph"]
+    return ServerConfig("_".join(p for p in parts if p), served_model(family_name, models), tuple(args),
+                        deterministic, cuda_graph, env=(*fam.env, *extra_env), verify=fam.verify if deterministic else None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -399,62 +491,95 @@ class RunningServer:
 
 
 class Servers:
-    """At most one SGLang server at a time, and what was measured on each configuration.
+    """The SGLang servers a test module runs, and what was measured on each configuration.
 
-    Each server takes ``--mem-fraction-static`` of the GPU, so a new
-    configuration stops the running server first. Tests of one configuration
-    sit next to each other in a file, so each configuration starts once per
-    module; results are memoised by configuration name so a later test (the
-    CUDA-graph on/off comparison) reuses them instead of restarting a server.
+    :meth:`ensure` keeps one server at a time (a new configuration stops the
+    others); :meth:`ensure_group` starts several at once, in parallel (the tiny
+    models share a GPU: each server's KV pool is fixed by
+    ``--max-total-tokens``). Tests of one configuration sit next to each other
+    in a file, so each configuration starts once per module; results are
+    memoised by key so a later test reuses them instead of restarting a server.
     """
 
-    def __init__(self) -> None:
-        self.current: RunningServer | None = None
+    def __init__(self, label: str = "") -> None:
+        # Prefixes log and pid file names: two modules of one process may start the same configuration.
+        self.label = f"{label}-" if label else ""
+        self.running: dict[str, RunningServer] = {}
         self.memo: dict = {}
         # Configurations that did not start, with the error: every later test of one fails at
         # once with it, instead of spending another launch timeout and overwriting its log.
         self.failed: dict[str, str] = {}
 
     def ensure(self, config: ServerConfig) -> RunningServer:
-        if config.name in self.failed:
-            raise RuntimeError(self.failed[config.name])
-        if self.current is not None and self.current.config == config:
-            if self.current.process.poll() is None:
-                return self.current
-            self.stop()  # it died: start it again, the log shows why
-        self.stop()
-        helpers = sglang_test_helpers()
-        ensure_sglang_command()
+        """The running server of ``config``, started (and every other one stopped) if needed.
+
+        Raises:
+            RuntimeError: the server did not become healthy (now or earlier in the module).
+        """
+        outcome = self.ensure_group([config])[config.name]
+        if isinstance(outcome, str):
+            raise RuntimeError(outcome)
+        return outcome
+
+    def ensure_group(self, configs) -> dict:
+        """Servers of all ``configs`` running at once: name -> :class:`RunningServer`, or the start error (str).
+
+        Servers of other configurations are stopped first; the missing ones start
+        in parallel; one that does not start does not stop the others.
+        """
+        wanted = {c.name: c for c in configs}
+        if len(wanted) != len(configs):
+            raise ValueError("configs must have distinct names")
+        for name, server in list(self.running.items()):
+            # A server that died is started again; its new log shows why it died.
+            if wanted.get(name) != server.config or server.process.poll() is not None:
+                self._stop(name)
+        missing = [c for c in configs if c.name not in self.running and c.name not in self.failed]
+        if missing:
+            # Resolved once here: the lookups write sys.modules and os.environ, not thread-safe.
+            helpers = sglang_test_helpers()
+            ensure_sglang_command()
+            with concurrent.futures.ThreadPoolExecutor(len(missing)) as pool:
+                outcomes = list(pool.map(lambda c: self._launch(c, helpers), missing))
+            for config, outcome in zip(missing, outcomes):
+                if isinstance(outcome, RunningServer):
+                    self.running[config.name] = outcome
+                else:
+                    self.failed[config.name] = outcome
+        return {c.name: self.running.get(c.name) or self.failed[c.name] for c in configs}
+
+    def _launch(self, config: ServerConfig, helpers):
         url = f"http://127.0.0.1:{free_port()}"
-        sink = LogSink(out_dir() / f"server_{config.name}.log")
+        sink = LogSink(out_dir() / f"server_{self.label}{config.name}.log")
         timeout = env_int("DETSPEC_E2E_LAUNCH_TIMEOUT", 480)
         started = time.monotonic()
         try:
             process = helpers.popen_launch_server(
                 config.model, url, timeout=timeout, other_args=list(config.args),
+                env=dict(config.env) or None,  # merged over this process's environment
                 return_stdout_stderr=(sink, sink), device="cuda",  # --device is in the args already
             )
         except Exception as exc:
             self._close_log(sink)
-            message = f"server {config.name} did not become healthy within {timeout} s: {exc} (log: {sink.path})"
-            self.failed[config.name] = message
-            raise RuntimeError(message) from exc
-        self.current = RunningServer(config, url, process, sink, time.monotonic() - started)
+            return f"server {config.name} did not become healthy within {timeout} s: {exc} (log: {sink.path})"
+        server = RunningServer(config, url, process, sink, time.monotonic() - started)
         # Lets a wrapper that had to kill pytest (a per-command time limit) stop this server too.
         self._pid_file(config).write_text(str(process.pid))
-        return self.current
+        return server
 
     def stop(self) -> None:
-        server, self.current = self.current, None
-        if server is None:
-            return
+        """Stop every running server."""
+        for name in list(self.running):
+            self._stop(name)
+
+    def _stop(self, name: str) -> None:
+        server = self.running.pop(name)
         sglang_test_helpers().kill_process_tree(server.process.pid)
         self._pid_file(server.config).unlink(missing_ok=True)
         self._close_log(server.sink)
 
-    @staticmethod
-    def _pid_file(config: ServerConfig) -> Path:
-        return out_dir() / f"server_{config.name}.pid"
+    def _pid_file(self, config: ServerConfig) -> Path:
+        return out_dir() / f"server_{self.label}{config.name}.pid"
 
     @staticmethod
     def _close_log(sink: LogSink) -> None:
@@ -479,6 +604,33 @@ def plugin_state(server: RunningServer) -> tuple[bool, list[str]]:
     return active, lines
 
 
+def verify_modes(lines) -> list[str]:
+    """The ``verify='...'`` values in the plugin's active start-up lines among ``lines``."""
+    return [m for line in lines if PLUGIN_ACTIVE in line for m in VERIFY_FIELD.findall(line)]
+
+
+def plugin_verify_modes(server: RunningServer) -> list[str]:
+    """The verify modes the plugin logged at start-up (one per process that logged its line)."""
+    return verify_modes(server.log_lines(PLUGIN_ACTIVE))
+
+
+def plugin_problems(server: RunningServer) -> list[str]:
+    """What is wrong with the plugin's start-up lines of a deterministic server (empty: nothing).
+
+    The plugin must log itself active (never inactive) and, where the
+    configuration names a verify mode, log that mode and no other.
+    """
+    active, lines = plugin_state(server)
+    if not active:
+        shown = "; ".join(lines[:2]) or "no sglang-detspec line at all"
+        return [f"{server.config.name}: the plugin did not log itself active and only active ({shown})"]
+    want = server.config.verify
+    modes = plugin_verify_modes(server)
+    if want is not None and (not modes or set(modes) != {want}):
+        return [f"{server.config.name}: the plugin logged verify modes {sorted(set(modes))}, expected only {want!r}"]
+    return []
+
+
 # -- audits --------------------------------------------------------------------------
 
 
@@ -487,10 +639,11 @@ class AuditRun:
     """One audit of one server configuration."""
 
     config: ServerConfig
-    plan: object  # sglang_detspec.audit.AuditPlan
-    summary: object  # sglang_detspec.audit.RunSummary
-    report: dict  # sglang_detspec.audit.build_report(...) plus the server facts
+    plan: object  # sglang_detspec.auditing.batch.AuditPlan
+    summary: object  # sglang_detspec.auditing.batch.RunSummary
+    report: dict  # sglang_detspec.auditing.batch.build_report(...) plus the server facts
     plugin_active: bool
+    plugin_problems: tuple[str, ...] = ()  # plugin_problems() of the server (deterministic configs)
 
     def probe_outputs(self) -> set[tuple[int, ...]]:
         return {o.probe.output_ids for o in self.summary.outcomes}
@@ -498,45 +651,65 @@ class AuditRun:
 
 def audit_plan(vocab: int):
     """The trial schedule every server runs: same probe, same fillers, batch sizes 1..32."""
-    from sglang_detspec.audit import build_plan
+    from sglang_detspec.auditing.batch import build_plan
 
     trials = env_int("DETSPEC_E2E_TRIALS", 25, minimum=MIN_TRIALS)
     return build_plan(trials, seed=0, max_new_tokens=env_int("DETSPEC_E2E_MAX_NEW_TOKENS", 32), vocab_size=vocab)
 
 
 def run_audit(servers: Servers, config: ServerConfig, vocab: int) -> AuditRun:
-    """The changing-batch audit on ``config``'s server, once per module (memoised)."""
+    """The changing-batch audit on ``config``'s server, once per module (memoised).
 
-    def compute() -> AuditRun:
-        from sglang_detspec.audit import build_report, judge, run_plan
-        from sglang_detspec.http_backend import HttpBackend, avg_spec_accept_length
+    A server that does not start, or an audit that stops on an error, writes
+    ``<config>_audit_error.json`` with the error, and every test that asks for
+    this audit then fails with it (the error is memoised too).
+    """
 
-        server = servers.ensure(config)
-        plan = audit_plan(vocab)
-        concurrency = env_int("DETSPEC_E2E_CONCURRENCY", 2)
-        # With the plugin active the server admits seeds in [0, 2**64) as they are; a control
-        # server checks them as stock SGLang does and needs the int64 bits of seeds >= 2**63.
-        encoding = "uint64" if config.deterministic else "int64"
-        with HttpBackend(server.url, concurrency=concurrency, seed_encoding=encoding) as backend:
-            info = backend.server_info()
-            summary = run_plan(backend, plan)
-            # Asked after the trials so the server's lifetime counters include them.
-            summary = dataclasses.replace(summary, server_avg_accept_length=avg_spec_accept_length(backend.server_info()))
-        active, _ = plugin_state(server)
-        settings = {
-            "trials": len(plan.trials), "max_new_tokens": plan.probe.max_new_tokens, "seed": 0,
-            "vocab_size": vocab, "concurrency": concurrency, "seed_encoding": encoding,
-            "server_info": {k: info.get(k) for k in (
-                "version", "model_path", "speculative_algorithm", "speculative_num_steps",
-                "speculative_num_draft_tokens", "enable_multi_layer_eagle", "enable_deterministic_inference",
-                "speculative_use_rejection_sampling", "attention_backend", "disable_cuda_graph",
-                "disable_radix_cache", "max_running_requests")},
-        }
-        report = build_report(plan, [summary], judge(summary), settings)
-        report["server"] = server.facts()
-        return AuditRun(config, plan, summary, report, active)
+    def compute():
+        try:
+            return audit(servers, config, vocab)
+        except Exception as exc:  # recorded, then raised again to every caller
+            message = f"{type(exc).__name__}: {exc}"
+            write_result(f"{config.name}_audit_error", {"passed": False, "problems": [message],
+                                                        "config": config.to_json()})
+            return RuntimeError(f"{config.name}: the audit did not complete: {message}")
 
-    return servers.remember(f"audit:{config.name}", compute)
+    outcome = servers.remember(f"audit:{config.name}", compute)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def audit(servers: Servers, config: ServerConfig, vocab: int) -> AuditRun:
+    """Start ``config``'s server if needed and run the audit plan on it (not memoised)."""
+    from sglang_detspec.auditing.batch import build_report, judge, run_plan
+    from sglang_detspec.auditing.http_backend import HttpBackend, avg_spec_accept_length
+
+    server = servers.ensure(config)
+    plan = audit_plan(vocab)
+    concurrency = env_int("DETSPEC_E2E_CONCURRENCY", 2)
+    # With the plugin active the server admits seeds in [0, 2**64) as they are; a control
+    # server checks them as stock SGLang does and needs the int64 bits of seeds >= 2**63.
+    encoding = "uint64" if config.deterministic else "int64"
+    with HttpBackend(server.url, concurrency=concurrency, seed_encoding=encoding) as backend:
+        info = backend.server_info()
+        summary = run_plan(backend, plan)
+        # Asked after the trials so the server's lifetime counters include them.
+        summary = dataclasses.replace(summary, server_avg_accept_length=avg_spec_accept_length(backend.server_info()))
+    active, _ = plugin_state(server)
+    settings = {
+        "trials": len(plan.trials), "max_new_tokens": plan.probe.max_new_tokens, "seed": 0,
+        "vocab_size": vocab, "concurrency": concurrency, "seed_encoding": encoding,
+        "server_info": {k: info.get(k) for k in (
+            "version", "model_path", "speculative_algorithm", "speculative_num_steps",
+            "speculative_num_draft_tokens", "enable_multi_layer_eagle", "enable_deterministic_inference",
+            "speculative_use_rejection_sampling", "attention_backend", "disable_cuda_graph",
+            "disable_radix_cache", "max_running_requests")},
+    }
+    report = build_report(plan, [summary], judge(summary), settings)
+    report["server"] = server.facts()
+    problems = tuple(plugin_problems(server)) if config.deterministic else ()
+    return AuditRun(config, plan, summary, report, active, problems)
 
 
 def audit_numbers(run: AuditRun) -> dict:
@@ -548,19 +721,19 @@ def audit_numbers(run: AuditRun) -> dict:
         "mean_accept_length": s.mean_accept_length, "server_avg_accept_length": s.server_avg_accept_length,
         "varying_requests": s.varying_requests, "num_requests": s.num_requests,
         "plugin_active": run.plugin_active, "wall_time_s": round(s.wall_time_s, 2),
+        "plugin_verify_modes": sorted(set(verify_modes(run.report["server"]["plugin_lines"]))),
     }
 
 
 def check_deterministic_audit(run: AuditRun, result_name: str) -> None:
     """Write ``run``'s result and assert the seeded probe was batch-invariant.
 
-    Pass: the plugin logged itself active, at least :data:`MIN_TRIALS`
-    trials, exactly 1 unique probe output and bitwise-equal probe logprobs.
+    Pass: the plugin logged itself active (in the configuration's verify
+    mode, :func:`plugin_problems`), at least :data:`MIN_TRIALS` trials,
+    exactly 1 unique probe output and bitwise-equal probe logprobs.
     """
     numbers = audit_numbers(run)
-    problems = []
-    if not run.plugin_active:
-        problems.append("the server log has no 'sglang-detspec active' line (plugin not loaded or inactive)")
+    problems = list(run.plugin_problems)
     if numbers["trials"] < MIN_TRIALS:
         problems.append(f"only {numbers['trials']} trials (at least {MIN_TRIALS} required)")
     if numbers["unique_probe_outputs"] != 1:

@@ -35,12 +35,25 @@ import pytest
 import requests
 
 import _e2e
-from _family_checks import test_deterministic_with_cuda_graphs  # noqa: F401  (first: starts the server)
+from _family_checks import (  # noqa: F401  (collected here; TEST_ORDER below)
+    test_deterministic_with_cuda_graphs,
+    test_deterministic_without_cuda_graphs_after_restart,
+    test_same_tokens_with_cuda_graphs_on_and_off,
+)
 from _register import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e-cuda")
 
 FAMILY = "chain_eagle"
+TEST_ORDER = (
+    "test_deterministic_with_cuda_graphs",  # starts the CUDA-graph server
+    "test_probe_identical_under_256_concurrent_requests",
+    "test_bad_sampling_seed_gets_a_clear_4xx",
+    "test_edge_seeds_are_served_and_batch_invariant",
+    "test_server_keeps_serving_after_bad_seeds",
+    "test_deterministic_without_cuda_graphs_after_restart",  # restarts without CUDA graphs
+    "test_same_tokens_with_cuda_graphs_on_and_off",
+)
 LOAD_REQUESTS = 256
 LOAD_SEED = 5
 MIN_LEN, MAX_LEN = 4, 512
@@ -96,7 +109,7 @@ def load_bodies(vocab: int) -> list[dict]:
 
 def reference_probe(servers, config, vocab):
     """The probe request of the audit plan and its output on ``config``'s server, alone."""
-    from sglang_detspec.http_backend import HttpBackend
+    from sglang_detspec.auditing.http_backend import HttpBackend
 
     def compute():
         plan = _e2e.audit_plan(vocab)
@@ -108,7 +121,7 @@ def reference_probe(servers, config, vocab):
 
 
 def test_probe_identical_under_256_concurrent_requests(servers, det_cuda_graph, vocab):
-    from sglang_detspec.http_backend import HttpBackend, HttpBackendError
+    from sglang_detspec.auditing.http_backend import HttpBackend, HttpBackendError
 
     server = servers.ensure(det_cuda_graph)
     probe, reference = reference_probe(servers, det_cuda_graph, vocab)
@@ -268,7 +281,7 @@ def test_edge_seeds_are_served_and_batch_invariant(servers, det_cuda_graph, voca
 
 
 def test_server_keeps_serving_after_bad_seeds(servers, det_cuda_graph, vocab):
-    from sglang_detspec.http_backend import HttpBackend
+    from sglang_detspec.auditing.http_backend import HttpBackend
 
     server = servers.ensure(det_cuda_graph)
     probe, reference = reference_probe(servers, det_cuda_graph, vocab)
@@ -280,13 +293,6 @@ def test_server_keeps_serving_after_bad_seeds(servers, det_cuda_graph, vocab):
         "passed": alive and same, "measured": {"server_alive": alive, "same_probe_tokens": same}})
     assert alive and same, f"after the bad-seed requests: server alive {alive}, same probe tokens {same} ({path})"
 
-
-# -- restart without CUDA graphs (shared checks; after this file's own tests) ---------
-
-from _family_checks import (  # noqa: E402,F401  (collected here, in this position)
-    test_deterministic_without_cuda_graphs_after_restart,
-    test_same_tokens_with_cuda_graphs_on_and_off,
-)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

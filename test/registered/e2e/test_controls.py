@@ -21,6 +21,8 @@ from _register import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e-cuda")
 
+TEST_ORDER = ("test_control_without_deterministic_inference_varies",)
+
 
 @pytest.mark.parametrize("family", ["chain_eagle", "multi_layer_eagle"])
 def test_control_without_deterministic_inference_varies(servers, models, family):

@@ -37,12 +37,24 @@ import pytest
 import requests
 
 import _e2e
-from _family_checks import test_deterministic_with_cuda_graphs  # noqa: F401  (first: starts the server)
+from _family_checks import (  # noqa: F401  (collected here; TEST_ORDER below)
+    test_deterministic_with_cuda_graphs,
+    test_deterministic_without_cuda_graphs_after_restart,
+    test_same_tokens_with_cuda_graphs_on_and_off,
+)
 from _register import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e-cuda")
 
 FAMILY = "multi_layer_eagle"
+TEST_ORDER = (
+    "test_deterministic_with_cuda_graphs",  # starts the CUDA-graph server
+    "test_draft_extend_runs_as_one_cuda_graph",
+    "test_mtp_decode_logprobs_equal_prefill",
+    "test_mtp_decode_logprobs_equal_prefill_after_decode_cache_hit",
+    "test_deterministic_without_cuda_graphs_after_restart",  # restarts without CUDA graphs
+    "test_same_tokens_with_cuda_graphs_on_and_off",
+)
 KL_THRESHOLD = 1e-9  # the bar; any nonzero KL is a state-reuse or numerics bug
 CLASS_PROMPTS = 3
 PROMPT_LEN = (12, 48)
@@ -217,13 +229,6 @@ def test_mtp_decode_logprobs_equal_prefill_after_decode_cache_hit(servers, det_c
              "first_request_vs_prefill": class_summary(first_rows)}
     check_class(f"{FAMILY}_mtp_class_decode_cache_hit", rows, extra, server)
 
-
-# -- restart without CUDA graphs (shared checks; after this file's own tests) ---------
-
-from _family_checks import (  # noqa: E402,F401  (collected here, in this position)
-    test_deterministic_without_cuda_graphs_after_restart,
-    test_same_tokens_with_cuda_graphs_on_and_off,
-)
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
