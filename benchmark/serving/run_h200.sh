@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU machine after the wheel install: the whole serving benchmark in one command
+# (models written, seven servers, bench_serving at concurrency 1/8/32/128, profile, report).
+# Results land in $OUT (default /tmp/detspec-serving); extra arguments go to serving_run.py.
+#   bash benchmark/serving/run_h200.sh                      # about 8-9 minutes on 2 H200s
+set -uo pipefail
+out=$(realpath -m "${OUT:-/tmp/detspec-serving}"); mkdir -p "$out"
+cd "$(dirname "$0")/../.."
+. /tmp/e2e/remote/env.sh
+# SGLang finds the plugin through dist-info metadata: install this tree next to SGLang.
+python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . \
+  > "$out/pip.log" 2>&1 || { tail -n 20 "$out/pip.log"; exit 1; }
+# Budget: the caller's limit minus install time minus a margin for the final report.
+budget=${BUDGET_S:-$(( ${COMMAND_LIMIT_S:-590} - SECONDS - 20 ))}
+timeout -k 10 $(( budget + 15 )) python3 benchmark/serving/serving_run.py --out "$out" --budget-s "$budget" "$@"
+rc=$?
+tail -n 5 "$out/serving.md" 2>/dev/null
+cat "$out"/profile_*.txt 2>/dev/null | head -n 12
+exit $rc

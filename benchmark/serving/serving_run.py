@@ -1,0 +1,456 @@
+"""The end-to-end serving benchmark in one command: models, servers, bench_serving, profile, report.
+
+Schedule (it must fit one command of at most 600 s on one or two GPUs):
+
+1. Write the 8B-shape target and its EAGLE draft (``serving_models.py``,
+   in a child process so its GPU memory is released), unless present.
+2. Start up to ``--max-servers-per-gpu`` (3) servers per GPU at once, each with a
+   fixed KV pool (``--max-total-tokens``), configurations assigned round-robin
+   in priority order (``--configs``, default ``bdcegaf``: the ratios survive a
+   run cut short).
+3. Measure one server at a time (``serving_driver.py``: ``bench_serving`` at
+   each concurrency), so measurements never overlap, and only on a GPU where
+   no server is starting; a measured server is stopped and the next waiting
+   configuration starts in its place.
+4. For the configurations in ``--profile``, one more run at the largest
+   concurrency with SGLang's profiler on (decode steps only), summarised by
+   ``serving_trace.py``.
+5. The report (``serving_report.py``) is rewritten after every server, so
+   whatever was measured before a time limit is on disk.
+
+Every wait has a time limit and the whole run stops at ``--budget-s``: then
+servers are stopped and the report is written from what was measured.
+
+    python benchmark/serving/serving_run.py --out OUT [--models DIR] [--budget-s 560]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import glob
+import importlib.metadata
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from serving_configs import (  # noqa: E402
+    CONFIGS, DEFAULT_CONCURRENCIES, DEFAULT_ORDER, LoadSettings, ServerSettings, parse_int_list, parse_keys,
+    server_command, shell_line,
+)
+
+REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
+
+
+@dataclasses.dataclass
+class Server:
+    key: str
+    gpu: int
+    port: int
+    argv: list
+    env: dict
+    log_path: str
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    ready_s: float | None = None
+    state: str = "waiting"  # waiting -> starting -> ready -> done | failed
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="result folder (created)")
+    p.add_argument("--models", default="/tmp/detspec-serving-models", help="model folder (written when missing)")
+    p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
+    p.add_argument("--configs", default=DEFAULT_ORDER, help="configuration keys in priority order (default bdcegaf)")
+    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
+    p.add_argument("--profile", default="dc", help="configuration keys profiled at the largest concurrency ('' for none)")
+    p.add_argument("--profile-steps", type=int, default=6)
+    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all nvidia-smi lists)")
+    p.add_argument("--max-servers-per-gpu", type=int, default=3,
+                   help="servers held on one GPU at once (default 3: about 30 GB each at 8B)")
+    p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole run")
+    p.add_argument("--server-timeout-s", type=float, default=330.0, help="limit for one server to become healthy")
+    p.add_argument("--driver-timeout-s", type=float, default=150.0, help="limit for one server's measurements")
+    p.add_argument("--port-base", type=int, default=31000)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2, help="waves of requests per concurrency level")
+    p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--mem-fraction-static", type=float, default=0.88)
+    p.add_argument("--dry-run", action="store_true", help="print the plan (commands) and exit")
+    return p
+
+
+def validate(args) -> dict:
+    """Parsed and checked settings; ValueError naming the argument otherwise."""
+    keys = parse_keys(args.configs)
+    concs = parse_int_list(args.concurrency, "concurrency", maximum=1024)
+    profile = parse_keys(args.profile) if args.profile.strip() else []
+    if not set(profile) <= set(keys):
+        raise ValueError(f"profile: keys {sorted(set(profile) - set(keys))} are not in configs {''.join(keys)}")
+    if not 1 <= args.max_servers_per_gpu <= 16:
+        raise ValueError(f"max_servers_per_gpu must lie in [1, 16], got {args.max_servers_per_gpu}")
+    if args.gpus is not None and not 1 <= args.gpus <= 64:
+        raise ValueError(f"gpus must lie in [1, 64], got {args.gpus}")
+    if not 30 <= args.budget_s <= 86400:
+        raise ValueError(f"budget_s must lie in [30, 86400], got {args.budget_s}")
+    if not 1 <= args.profile_steps <= 100:
+        raise ValueError(f"profile_steps must lie in [1, 100], got {args.profile_steps}")
+    for name in ("server_timeout_s", "driver_timeout_s"):
+        if not 1 <= getattr(args, name) <= 3600:
+            raise ValueError(f"{name} must lie in [1, 3600], got {getattr(args, name)}")
+    if not 1024 <= args.port_base <= 65535 - 600:
+        raise ValueError(f"port_base must lie in [1024, 64935], got {args.port_base}")
+    load = LoadSettings(input_len=args.input_len, output_len=args.output_len, rounds=args.rounds)
+    settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
+                              max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
+                              mem_fraction_static=args.mem_fraction_static)
+    needed = max(concs) * (args.input_len + args.output_len + 16)
+    if args.max_total_tokens < needed:
+        raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)), "
+                         f"got {args.max_total_tokens}")
+    return {"keys": keys, "concs": concs, "profile": profile, "load": load, "settings": settings}
+
+
+def plan_servers(keys: list[str], gpus: int, settings: ServerSettings, *, port_base: int, out: str,
+                 profile: list[str], max_conc: int) -> list[Server]:
+    """One :class:`Server` per configuration, GPUs assigned round-robin in priority order.
+
+    The server with priority index i gets GPU ``i % gpus``, port ``port_base + 10 i`` and NCCL
+    port ``port_base + 500 + i`` (explicit, so servers started together never race for one; the
+    gap of 10 leaves room for ports SGLang derives from a server's port).
+    """
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    servers = []
+    for i, key in enumerate(keys):
+        config = CONFIGS[key]
+        port = port_base + 10 * i
+        argv = server_command(config, settings, port=port) + ["--nccl-port", str(port_base + 500 + i)]
+        env = dict(config.env)
+        env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+        if key in profile:
+            # Profile decode steps only once the whole largest-concurrency batch is admitted.
+            env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(max_conc)
+        servers.append(Server(key, i % gpus, port, argv, env, os.path.join(out, "logs", f"server_{config.name}.log")))
+    return servers
+
+
+def gpu_facts() -> tuple[int, str | None]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+        return len(out), "; ".join(out) or None
+    except (OSError, subprocess.SubprocessError):
+        return 0, None
+
+
+def versions() -> dict:
+    facts = {}
+    for dist, field in (("torch", "torch_version"), ("triton", "triton_version"), ("sglang", "sglang_version"),
+                        ("sglang-detspec", "sglang_detspec_version"), ("nvidia-nccl-cu13", "nccl_wheel_version")):
+        try:
+            facts[field] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            facts[field] = None
+    return facts
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def stop(server: Server) -> None:
+    """Stop the server's whole process group (it was started in its own session)."""
+    if server.process is None or server.process.poll() is not None:
+        return
+    try:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        server.process.wait(timeout=15)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(server.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def log_tail(path: str, lines: int = 25) -> str:
+    try:
+        return "\n".join(open(path, errors="replace").read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Run:
+    def __init__(self, args, plan: dict):
+        self.args, self.plan = args, plan
+        self.t0 = time.monotonic()
+        self.out = os.path.abspath(args.out)
+        os.makedirs(os.path.join(self.out, "logs"), exist_ok=True)
+        self.events = open(os.path.join(self.out, "events.log"), "a")
+        self.servers: list[Server] = []
+        self.meta: dict = {}
+        self._driver: subprocess.Popen | None = None
+        self._driver_ready = False
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t0)
+
+    def log(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.t0:6.1f}s] {text}"
+        print(line, flush=True)
+        self.events.write(line + "\n")
+        self.events.flush()
+
+    def write_meta(self) -> None:
+        with open(os.path.join(self.out, "meta.json"), "w") as f:
+            json.dump(self.meta, f, indent=1)
+
+    def report(self, with_plots: bool) -> None:
+        import serving_report
+
+        rows_path = os.path.join(self.out, "results.jsonl")
+        rows = [r for r in serving_report.load_rows(rows_path) if "error" not in r] if os.path.exists(rows_path) else []
+        try:
+            serving_report.write_report(rows, self.meta, self.out, with_plots=with_plots)
+        except Exception as exc:  # the raw rows stay on disk either way
+            self.log(f"report failed: {type(exc).__name__}: {exc}")
+
+    def ensure_models(self) -> None:
+        models = self.args.models
+        if os.path.exists(os.path.join(models, "models.json")):
+            self.meta["models"] = json.load(open(os.path.join(models, "models.json")))
+            return
+        self.log(f"writing models into {models}")
+        cmd = [sys.executable, os.path.join(HERE, "serving_models.py"), models, "--accept", str(self.args.accept)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, min(240.0, self.left() - 60)))
+        if done.returncode != 0:
+            raise RuntimeError(f"model writing failed: {done.stderr[-3000:]}")
+        self.meta["models"] = json.load(open(os.path.join(models, "models.json")))
+        self.log(f"models written: {self.meta['models']}")
+
+    def launch(self, server: Server) -> None:
+        env = {**os.environ, **server.env}
+        server.started = time.monotonic()
+        with open(server.log_path, "w") as log:
+            server.process = subprocess.Popen(server.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True)
+        server.state = "starting"
+        self.log(f"started ({server.key}) {CONFIGS[server.key].name} on GPU {server.gpu}, port {server.port}")
+
+    def fill_slots(self) -> None:
+        """Start waiting servers where a GPU has room, if there is time for a start and a measurement."""
+        for s in self.servers:
+            if s.state != "waiting":
+                continue
+            busy = sum(1 for o in self.servers if o.gpu == s.gpu and o.state in ("starting", "ready"))
+            if busy < self.args.max_servers_per_gpu and self.left() > 150:
+                self.launch(s)
+
+    def poll(self) -> None:
+        for s in self.servers:
+            if s.state != "starting":
+                continue
+            if s.process.poll() is not None:
+                s.state = "failed"
+                self.record_failure(s, f"exited with {s.process.returncode} before becoming healthy")
+            elif healthy(s.port):
+                s.state, s.ready_s = "ready", time.monotonic() - s.started
+                self.log(f"({s.key}) healthy after {s.ready_s:.0f} s")
+            elif time.monotonic() - s.started > self.args.server_timeout_s:
+                stop(s)
+                s.state = "failed"
+                self.record_failure(s, f"not healthy within {self.args.server_timeout_s:.0f} s")
+
+    def record_failure(self, s: Server, why: str) -> None:
+        tail = log_tail(s.log_path)
+        self.log(f"({s.key}) FAILED: {why}; log tail:\n{tail}")
+        self.meta.setdefault("failures", {})[s.key] = {"why": why, "log_tail": tail[-4000:]}
+        self.write_meta()
+
+    def driver(self) -> subprocess.Popen:
+        """The persistent driver process (started at once, so its import overlaps server starts)."""
+        if self._driver is None or self._driver.poll() is not None:
+            self._driver_log = open(os.path.join(self.out, "logs", "driver.log"), "a")
+            self._driver = subprocess.Popen([sys.executable, os.path.join(HERE, "serving_driver.py"), "--serve"],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._driver_log,
+                                            text=True, bufsize=1)
+            self._driver_ready = False
+        return self._driver
+
+    def _read_line(self, proc: subprocess.Popen, timeout: float) -> str | None:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, timeout))
+        return proc.stdout.readline() if ready else None
+
+    def stop_driver(self) -> None:
+        if self._driver is not None and self._driver.poll() is None:
+            self._driver.kill()
+            self._driver.wait()
+        self._driver = None
+
+    def drive(self, s: Server, concs: list[int], profile_dir: str | None = None) -> int:
+        config = CONFIGS[s.key]
+        spec = {"url": f"http://127.0.0.1:{s.port}", "tokenizer": self.plan["settings"].target, "out": self.out,
+                "key": s.key, "name": config.name, "title": config.title, "concurrencies": concs,
+                "load": dataclasses.asdict(self.plan["load"]), "profile_dir": profile_dir,
+                "profile_steps": self.args.profile_steps}
+        limit = min(self.args.driver_timeout_s, self.left() - REPORT_RESERVE_S)
+        if limit < 10:
+            self.log(f"({s.key}) skipped: {self.left():.0f} s left")
+            return -1
+        deadline = time.monotonic() + limit
+        proc = self.driver()
+        while not self._driver_ready:  # the import, when it has not finished yet
+            line = self._read_line(proc, deadline - time.monotonic())
+            if not line:
+                self.log(f"({s.key}) driver not ready within {limit:.0f} s (see logs/driver.log)")
+                self.stop_driver()
+                return -2
+            self._driver_ready = line.strip() == "ready"
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        while True:
+            line = self._read_line(proc, deadline - time.monotonic())
+            if not line:  # time limit or the driver died: a fresh one serves the next server
+                self.log(f"({s.key}) driver stopped after {limit:.0f} s (see logs/driver.log)")
+                self.stop_driver()
+                return -2
+            if line.startswith("done "):
+                return int(line.split()[1])
+
+    def profile(self, s: Server) -> None:
+        conc = max(self.plan["concs"])
+        pdir = os.path.join("/tmp", "detspec-serving-profile", CONFIGS[s.key].name)
+        os.makedirs(pdir, exist_ok=True)
+        rc = self.drive(s, [conc], profile_dir=pdir)
+        # SGLang exports the decode trace when the step count is reached; wait briefly for the file.
+        deadline = time.monotonic() + min(60.0, max(0.0, self.left() - REPORT_RESERVE_S))
+        traces = []
+        while time.monotonic() < deadline:
+            traces = sorted(glob.glob(os.path.join(pdir, "**", "*DECODE*.trace.json.gz"), recursive=True),
+                            key=os.path.getmtime)
+            if traces:
+                break
+            time.sleep(2)
+        if not traces:
+            self.log(f"({s.key}) no decode trace under {pdir} (driver rc {rc})")
+            return
+        time.sleep(2)  # the export may still be flushing
+        import serving_trace
+
+        try:
+            summary = serving_trace.summarize(serving_trace.load_events(traces[-1]), steps=self.args.profile_steps)
+        except Exception as exc:
+            self.log(f"({s.key}) trace summary failed: {type(exc).__name__}: {exc}")
+            return
+        title = (f"({s.key}) {CONFIGS[s.key].title}: {self.args.profile_steps} decode steps at concurrency {conc}, "
+                 f"trace {os.path.basename(traces[-1])}")
+        base = os.path.join(self.out, f"profile_{CONFIGS[s.key].name}")
+        with open(base + ".txt", "w") as f:
+            f.write(serving_trace.render(summary, title))
+        with open(base + ".json", "w") as f:
+            json.dump(summary, f, indent=1)
+        self.log(f"({s.key}) sampler + verify share {100 * summary['share_union']:.2f}% of kernel time")
+
+    def run(self) -> int:
+        gpus_seen, gpu_text = gpu_facts()
+        gpus = self.args.gpus or max(1, gpus_seen)
+        p = self.plan
+        self.meta.update({
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": gpu_text, "gpus_used": gpus, **versions(),
+            "load": dataclasses.asdict(p["load"]), "concurrencies": p["concs"],
+            "configs": {k: CONFIGS[k].to_json() for k in p["keys"]},
+        })
+        self.servers = plan_servers(p["keys"], gpus, p["settings"], port_base=self.args.port_base, out=self.out,
+                                    profile=p["profile"], max_conc=max(p["concs"]))
+        self.meta["server_commands"] = {s.key: {"env": s.env, "argv": shell_line(s.argv)} for s in self.servers}
+        self.write_meta()
+        self.driver()  # imports bench_serving while the models are written and the servers start
+        try:
+            self.ensure_models()
+            self.write_meta()
+            self.loop()
+        finally:
+            self.stop_driver()
+            for s in self.servers:
+                stop(s)
+            self.meta["server_ready_s"] = {s.key: s.ready_s for s in self.servers}
+            self.meta["server_states"] = {s.key: s.state for s in self.servers}
+            self.meta["wall_s"] = round(time.monotonic() - self.t0, 1)
+            self.write_meta()
+            self.report(with_plots=True)
+            self.log("report written")
+        return 0 if all(s.state == "done" for s in self.servers) else 1
+
+    def loop(self) -> None:
+        while self.left() > REPORT_RESERVE_S:
+            self.fill_slots()
+            self.poll()
+            # A server starting on a GPU (weights, CUDA graph capture) would disturb a measurement
+            # there: measure only servers whose GPU has none starting.
+            ready = [s for s in self.servers if s.state == "ready" and not any(
+                o.gpu == s.gpu and o.state == "starting" for o in self.servers)]
+            if ready:
+                s = ready[0]  # priority order: the list is in --configs order
+                self.log(f"({s.key}) measuring")
+                rc = self.drive(s, self.plan["concs"])
+                self.log(f"({s.key}) measured (driver rc {rc})")
+                if s.key in self.plan["profile"] and self.left() > 60:
+                    self.profile(s)
+                stop(s)
+                s.state = "done"
+                self.report(with_plots=False)
+                continue
+            if all(s.state in ("done", "failed") for s in self.servers):
+                return
+            if not any(s.state == "starting" for s in self.servers) and not any(
+                    s.state == "waiting" for s in self.servers):
+                return
+            if not any(s.state == "starting" for s in self.servers) and self.left() <= 150:
+                self.log("no time left to start the waiting configurations")
+                return
+            time.sleep(1.0)
+        self.log(f"budget reached ({self.args.budget_s:.0f} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        plan = validate(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.dry_run:
+        gpus = args.gpus or 2
+        for s in plan_servers(plan["keys"], gpus, plan["settings"], port_base=args.port_base, out=args.out,
+                              profile=plan["profile"], max_conc=max(plan["concs"])):
+            print(f"# ({s.key}) GPU {s.gpu} env {s.env}\n{shell_line(s.argv)}")
+        return 0
+    run = Run(args, plan)
+
+    def on_signal(signum, frame):  # a time limit of the caller: stop servers, write what was measured
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        return run.run()
+    except KeyboardInterrupt as exc:
+        run.log(f"interrupted: {exc}")
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Two GPUs: ``--tp-size 2`` and ``--dp-size 2`` servers keep seeded outputs batch-invariant.
+
+Servers (chain EAGLE on the tiny pair, ``--enable-deterministic-inference``):
+
+- rejection mode (``--speculative-use-rejection-sampling``) with TP = 2, then DP = 2;
+- coupled mode (no rejection flag: the plugin verifies coupled) with TP = 1,
+  TP = 2 and DP = 2.
+
+Checks (each writes ``<DETSPEC_E2E_OUT>/two_gpu_*.json``): per server 1 unique
+probe output over >= 24 changing-batch trials, bitwise-equal probe logprobs and
+0 varying requests (every filler request of the audit gives the same tokens in
+every batch it ran in); in coupled mode the probe's tokens on TP = 2 and
+DP = 2 equal the one-GPU server's. A rejection-mode TP = 2 server may give
+other tokens than TP = 1 for some request: its all-reduce sums partial
+products in another order, so the logits differ in the last bits and an
+accept coin or a residual draw can land on the other side; that is recorded,
+not failed. Coupled mode is compared, because its target draw depends on the
+logits only through an argmax of keyed races and ties at that precision are rare
+(a mismatch there is reported with the logprob difference).
+
+Skipped with the reason when fewer than two GPUs are visible. Six server starts, about 10-12
+minutes in all: within one 600 s command run a part with ``-k`` (e.g. ``-k rejection``).
+"""
+
+import random
+import sys
+
+import pytest
+import requests
+
+import _e2e
+from _register import register_cuda_ci
+
+register_cuda_ci(est_time=720, suite="detspec-e2e-cuda")
+
+FAMILY = "chain_eagle"  # the vocab fixture reads it
+TEST_ORDER = (
+    "test_two_gpu_server_is_batch_invariant",
+    "test_coupled_two_gpu_tokens_equal_one_gpu",
+    "test_rejection_tp2_vs_one_gpu_recorded",
+    "test_dp2_same_tokens_on_either_replica_and_any_cache_state",
+)
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+pytestmark = pytest.mark.skipif(_gpu_count() < 2, reason="needs two CUDA GPUs (TP = 2 and DP = 2 servers)")
+
+
+def two_gpu_config(models, *, mode: str, tp: int = 1, dp: int = 1) -> _e2e.ServerConfig:
+    """Chain EAGLE, deterministic, in ``mode`` ("rejection" or "coupled") on tp x dp GPUs.
+
+    The flags of _e2e's ``chain_eagle`` (rejection) and ``coupled_chain`` families, with
+    ``--tp-size`` / ``--dp-size`` appended; the plugin must log the mode as its verify mode.
+    """
+    families = {"rejection": "chain_eagle", "coupled": "coupled_chain"}
+    if mode not in families:
+        raise ValueError(f"mode must be 'rejection' or 'coupled', got {mode!r}")
+    extra = (*(("--tp-size", str(tp)) if tp > 1 else ()), *(("--dp-size", str(dp)) if dp > 1 else ()))
+    return _e2e.server_config(families[mode], models, extra_args=extra, tag=f"tp{tp}_dp{dp}")
+
+
+def varying_requests_check(run: _e2e.AuditRun, result_name: str) -> None:
+    """1 unique probe output, bitwise logprobs (check_deterministic_audit) and 0 varying requests."""
+    numbers = _e2e.audit_numbers(run)
+    path = _e2e.write_result(result_name + "_varying", {"passed": numbers["varying_requests"] == 0,
+                                                         "measured": numbers})
+    _e2e.check_deterministic_audit(run, result_name)
+    assert numbers["varying_requests"] == 0, (
+        f"{run.config.name}: {numbers['varying_requests']} of {numbers['num_requests']} requests "
+        f"changed output between batches ({path})")
+
+
+CASES = [("rejection", 2, 1), ("rejection", 1, 2), ("coupled", 2, 1), ("coupled", 1, 2)]
+
+
+@pytest.mark.parametrize("mode, tp, dp", CASES, ids=[f"{m}_tp{t}_dp{d}" for m, t, d in CASES])
+def test_two_gpu_server_is_batch_invariant(servers, models, vocab, mode, tp, dp):
+    config = two_gpu_config(models, mode=mode, tp=tp, dp=dp)
+    run = _e2e.run_audit(servers, config, vocab)
+    varying_requests_check(run, config.name)
+
+
+@pytest.mark.parametrize("tp, dp", [(2, 1), (1, 2)], ids=["tp2", "dp2"])
+def test_coupled_two_gpu_tokens_equal_one_gpu(servers, models, vocab, tp, dp):
+    one = _e2e.run_audit(servers, two_gpu_config(models, mode="coupled"), vocab)
+    two = _e2e.run_audit(servers, two_gpu_config(models, mode="coupled", tp=tp, dp=dp), vocab)
+    _e2e.check_same_tokens([one, two], f"two_gpu_coupled_tp{tp}_dp{dp}_vs_one_gpu")
+
+
+def test_rejection_tp2_vs_one_gpu_recorded(servers, models, vocab):
+    """Recorded, not failed: whether TP = 2 changes the rejection-mode probe tokens (reduction order)."""
+    one = _e2e.run_audit(servers, two_gpu_config(models, mode="rejection"), vocab)
+    two = _e2e.run_audit(servers, two_gpu_config(models, mode="rejection", tp=2), vocab)
+    same = one.probe_outputs() == two.probe_outputs()
+    _e2e.write_result("two_gpu_rejection_tp2_vs_one_gpu", {
+        "passed": True, "measured": {"same_probe_tokens": same,
+                                     "tp1": [list(t) for t in one.probe_outputs()],
+                                     "tp2": [list(t) for t in two.probe_outputs()]}})
+
+
+# -- DP = 2: which replica and which radix-cache state a request meets must not matter ---------
+
+
+def _generate(url: str, input_ids: list[int], params: dict, rank: int) -> dict:
+    """One /generate pinned to DP replica ``rank`` (SGLang's ``routed_dp_rank``); tokens, rank, cached tokens."""
+    body = {"input_ids": input_ids, "sampling_params": params, "routed_dp_rank": rank}
+    response = requests.post(f"{url}/generate", json=body, timeout=120)
+    response.raise_for_status()
+    item = response.json()
+    meta = item.get("meta_info", {})
+    return {"rank": meta.get("dp_rank"), "cached_tokens": meta.get("cached_tokens"),
+            "output_ids": list(item.get("output_ids") or [])}
+
+
+def test_dp2_same_tokens_on_either_replica_and_any_cache_state(servers, models, vocab):
+    """Each seeded request gives one output whether it runs on replica 0 or 1, cold or after a prefix of it was cached.
+
+    The audit's DP = 2 run had 1 of 61 requests change output between batches. Round-robin
+    routing sends a request to either replica, and each replica has its own radix cache, so
+    a request meets prefix-cache states (no hit, a hit of its whole prompt, a partial hit on a
+    prefix that another request left there) that a one-GPU run never produces in that
+    order. This pins every request (``routed_dp_rank``) to each replica in each cache state:
+    cold (after ``/flush_cache``), warm (its own prompt cached), and partial (a request whose
+    prompt is a proper prefix of this one ran first on that replica). ``meta_info`` reports
+    the replica and the cached tokens, so a failure shows which of the two the output follows.
+    """
+    config = two_gpu_config(models, mode="rejection", dp=2)
+    server = servers.ensure(config)
+    rng = random.Random(11)
+    cases = []
+    for i in range(12):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 40))]
+        params = {"max_new_tokens": 24, "ignore_eos": True, "temperature": (0.0, 0.7, 1.0, 1.3)[i % 4],
+                  "sampling_seed": rng.getrandbits(63)}
+        cases.append((prompt, params))
+    rows = []
+    for index, (prompt, params) in enumerate(cases):
+        cut = max(1, len(prompt) // 2)
+        outcomes = []
+        for rank in (0, 1):
+            requests.post(f"{server.url}/flush_cache", timeout=60)
+            outcomes.append(("cold", _generate(server.url, prompt, params, rank)))
+            outcomes.append(("warm", _generate(server.url, prompt, params, rank)))
+            requests.post(f"{server.url}/flush_cache", timeout=60)
+            _generate(server.url, prompt[:cut], {**params, "max_new_tokens": 4}, rank)  # leaves a partial prefix
+            outcomes.append(("partial", _generate(server.url, prompt, params, rank)))
+        distinct = {tuple(o["output_ids"]) for _, o in outcomes}
+        rows.append({"case": index, "prompt_len": len(prompt), "temperature": params["temperature"],
+                     "distinct_outputs": len(distinct),
+                     "runs": [{"state": state, **o} for state, o in outcomes]})
+    varying = [r for r in rows if r["distinct_outputs"] != 1]
+    wrong_rank = [r["case"] for r in rows for run in r["runs"] if run["rank"] not in (None, 0, 1)]
+    path = _e2e.write_result("two_gpu_dp2_replica_and_cache_state", {
+        "passed": not varying, "measured": {"cases": len(rows), "varying_cases": len(varying), "rows": rows}})
+    assert not wrong_rank, f"meta_info.dp_rank outside {{0, 1}} for cases {wrong_rank} ({path})"
+    assert not varying, (
+        f"{len(varying)} of {len(rows)} requests gave more than one output across replica x cache state; "
+        f"first: case {varying[0]['case']}: "
+        + "; ".join(f"{r['state']}@rank{r['rank']} cached={r['cached_tokens']} -> {r['output_ids'][:6]}"
+                    for r in varying[0]["runs"]) + f" ({path})")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,479 @@
+"""CPU-side logic of the end-to-end serving benchmark (benchmark/serving): arguments, commands, models, reports."""
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=420, suite="detspec-unit-cpu")
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmark" / "serving"
+sys.path.insert(0, str(BENCH))
+
+import serving_configs as cfg  # noqa: E402
+import serving_models as models  # noqa: E402
+import serving_report as report  # noqa: E402
+import serving_run as run  # noqa: E402
+import serving_trace as trace  # noqa: E402
+
+
+# -- configurations and command lines -------------------------------------------------
+
+
+def _flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_seven_configurations_have_the_issue_flags():
+    assert "".join(sorted(cfg.CONFIGS)) == "abcdefg"
+    s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
+    cmds = {k: cfg.server_command(c, s, port=31000) for k, c in cfg.CONFIGS.items()}
+    det = {k for k, c in cmds.items() if "--enable-deterministic-inference" in c}
+    rej = {k for k, c in cmds.items() if "--speculative-use-rejection-sampling" in c}
+    spec = {k for k, c in cmds.items() if "--speculative-algorithm" in c}
+    assert det == set("bcdef") and rej == set("abc") and spec == set("abcde")
+    assert _flag(cmds["e"], "--speculative-eagle-topk") == "4" and _flag(cmds["e"], "--speculative-num-draft-tokens") == "8"
+    for k in "abcd":
+        assert _flag(cmds[k], "--speculative-num-steps") == "3" and _flag(cmds[k], "--speculative-eagle-topk") == "1"
+        assert _flag(cmds[k], "--speculative-draft-model-path") == "/m/eagle"
+    assert dict(cfg.CONFIGS["b"].env) == {"SGLANG_DETSPEC_DISABLE": "1"}
+    assert dict(cfg.CONFIGS["d"].env)["SGLANG_DETSPEC_VERIFY"] == "coupled"
+    for c in cmds.values():
+        assert c[1:3] == ["-m", "sglang.launch_server"] and _flag(c, "--attention-backend") == "triton"
+        assert _flag(c, "--max-total-tokens") == "65536" and "--skip-tokenizer-init" not in c
+
+
+def test_server_command_parses_with_sglang_own_parser():
+    """The flags exist in SGLang 0.5.23's server argument parser (the real one)."""
+    from sglang.srt.server_args import ServerArgs
+
+    s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
+    for key in ("a", "e", "f"):
+        argv = cfg.server_command(cfg.CONFIGS[key], s, port=31000, tp_size=2)[3:] + ["--nccl-port", "31100"]
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        ns = parser.parse_args(argv)
+        assert ns.max_total_tokens == 65536 and ns.nccl_port == 31100 and ns.tp_size == 2
+        assert ns.cuda_graph_max_bs_decode == 128 and ns.max_running_requests == 128
+
+
+def test_server_command_rejects_bad_arguments():
+    s = cfg.ServerSettings(target="t", draft="d")
+    with pytest.raises(ValueError, match="port"):
+        cfg.server_command(cfg.CONFIGS["a"], s, port=80)
+    with pytest.raises(ValueError, match="tp_size"):
+        cfg.server_command(cfg.CONFIGS["a"], s, port=31000, tp_size=0)
+    with pytest.raises(ValueError, match="mem_fraction_static"):
+        cfg.ServerSettings(target="t", draft="d", mem_fraction_static=1.5)
+    with pytest.raises(ValueError, match="max_total_tokens"):
+        cfg.ServerSettings(target="t", draft="d", max_total_tokens=10)
+
+
+def test_bench_args_parse_with_bench_serving_own_parser(tmp_path):
+    """The bench_serving arguments are accepted by sglang.bench_serving's real CLI parser."""
+    import sglang.benchmark.serving as serving
+
+    load = cfg.LoadSettings()
+    argv = cfg.bench_args("http://127.0.0.1:31000", "/m/target", 32, load, output_file=str(tmp_path / "o.jsonl"),
+                          tag="x", profile_dir=str(tmp_path), profile_steps=6)
+    captured = {}
+
+    def fake_run(ns):
+        captured["ns"] = ns
+
+    saved = sys.argv, serving.run_benchmark
+    sys.argv, serving.run_benchmark = ["bench_serving", *argv], fake_run
+    try:
+        serving.cli_main()
+    finally:
+        sys.argv, serving.run_benchmark = saved
+    ns = captured["ns"]
+    assert ns.model == ns.tokenizer == "/m/target"
+    assert ns.dataset_name == "random-ids" and ns.tokenize_prompt and ns.backend == "sglang"
+    assert ns.max_concurrency == 32 and ns.num_prompts == 64 and ns.random_range_ratio == 1.0
+    assert ns.random_input_len == 128 and ns.random_output_len == 128 and ns.temperature == 1.0
+    assert ns.profile and ns.profile_by_stage and ns.profile_num_steps == 6
+    assert not ns.disable_ignore_eos  # fixed output length
+
+
+def test_load_settings_and_prompt_counts():
+    load = cfg.LoadSettings(rounds=2, min_prompts=4)
+    assert [load.prompts_for(c) for c in (1, 8, 32, 128)] == [4, 16, 64, 256]
+    with pytest.raises(ValueError, match="input_len"):
+        cfg.LoadSettings(input_len=0)
+    with pytest.raises(ValueError, match="temperature"):
+        cfg.LoadSettings(temperature=float("nan"))
+    with pytest.raises(ValueError, match="concurrency"):
+        load.prompts_for(0)
+
+
+def test_parse_keys_and_int_lists():
+    assert cfg.parse_keys("b,d,c") == ["b", "d", "c"]
+    with pytest.raises(ValueError, match="unknown"):
+        cfg.parse_keys("bz")
+    with pytest.raises(ValueError, match="repeated"):
+        cfg.parse_keys("bb")
+    assert cfg.parse_int_list("1,8,32,128", "concurrency") == [1, 8, 32, 128]
+    with pytest.raises(ValueError, match=r"concurrency values must lie in \[1, 4096\]"):
+        cfg.parse_int_list("0,8", "concurrency")
+    with pytest.raises(ValueError, match="integers"):
+        cfg.parse_int_list("1,x", "concurrency")
+
+
+# -- the orchestrator's plan --------------------------------------------------------------
+
+
+def _args(*extra):
+    return run.build_parser().parse_args(["--out", "/tmp/x", *extra])
+
+
+def test_plan_places_servers_round_robin_with_distinct_ports():
+    plan = run.validate(_args())
+    servers = run.plan_servers(plan["keys"], 2, plan["settings"], port_base=31000, out="/tmp/x",
+                               profile=plan["profile"], max_conc=128)
+    assert [s.key for s in servers] == list("bdcegaf")
+    assert [s.gpu for s in servers] == [0, 1, 0, 1, 0, 1, 0]
+    ports = [s.port for s in servers] + [int(_flag(s.argv, "--nccl-port")) for s in servers]
+    assert len(set(ports)) == len(ports)
+    assert {s.env["CUDA_VISIBLE_DEVICES"] for s in servers} == {"0", "1"}
+    profiled = {s.key for s in servers if "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS" in s.env}
+    assert profiled == {"d", "c"}
+    assert dict(servers[0].env)["SGLANG_DETSPEC_DISABLE"] == "1"
+
+
+def test_validate_rejects_bad_run_arguments():
+    with pytest.raises(ValueError, match="profile"):
+        run.validate(_args("--configs", "bd", "--profile", "e"))
+    with pytest.raises(ValueError, match="max_total_tokens"):
+        run.validate(_args("--max-total-tokens", "2048"))
+    with pytest.raises(ValueError, match="budget_s"):
+        run.validate(_args("--budget-s", "5"))
+    with pytest.raises(ValueError, match="max_servers_per_gpu"):
+        run.validate(_args("--max-servers-per-gpu", "0"))
+
+
+def test_dry_run_prints_every_server(capsys):
+    assert run.main(["--out", "/tmp/x", "--dry-run", "--gpus", "2"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("sglang.launch_server") == 7
+
+
+def test_memory_estimate_fits_three_servers_per_h200():
+    """Weights plus the fixed KV pool of three servers stay well under one H200's 141 GB."""
+    shape = models.EIGHT_B
+    weights_gb = 2 * shape.target_params() / 1e9
+    assert 15.5 < weights_gb < 16.5  # the common 8B shape
+    kv_gb = 65536 * (shape.kv_bytes_per_token() + shape.kv_bytes_per_token(layers=1)) / 1e9
+    assert run.build_parser().parse_args(["--out", "x"]).max_servers_per_gpu == 3
+    assert 3 * (weights_gb + 0.5 + kv_gb) < 0.6 * 141
+
+
+# -- models -------------------------------------------------------------------------------
+
+
+SMALL = models.ModelShape(hidden=64, layers=3, heads=4, kv_heads=2, intermediate=128, vocab=512)
+
+
+def test_written_models_have_the_layouts_sglang_loads(tmp_path):
+    """Names and shapes match the tiny pair that served on the H200 (scripts/make_tiny_models.py)."""
+    import importlib.util
+
+    from safetensors import safe_open
+
+    facts = models.write_models(str(tmp_path), shape=SMALL, accept=0.8, device="cpu", layers_per_shard=2,
+                                calibration_tokens=64)
+    target = json.load(open(tmp_path / "target" / "config.json"))
+    assert target["architectures"] == ["LlamaForCausalLM"] and target["num_key_value_heads"] == 2
+    index = json.load(open(tmp_path / "target" / "model.safetensors.index.json"))["weight_map"]
+    names = {}
+    for shard in set(index.values()):
+        with safe_open(str(tmp_path / "target" / shard), "pt") as f:
+            for k in f.keys():
+                names[k] = tuple(f.get_slice(k).get_shape())
+                assert index[k] == shard
+    assert names["model.layers.2.self_attn.k_proj.weight"] == (2 * 16, 64)
+    assert names["lm_head.weight"] == (512, 64)
+    with safe_open(str(tmp_path / "eagle" / "model.safetensors"), "pt") as f:
+        eagle = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert eagle["fc.weight"] == (64, 128)
+
+    spec = importlib.util.spec_from_file_location("tiny", BENCH.parents[1] / "scripts" / "make_tiny_models.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    tiny.main(str(tmp_path / "tiny"))
+    with safe_open(str(tmp_path / "tiny" / "eagle" / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(eagle)
+    with safe_open(str(tmp_path / "tiny" / "target" / "model.safetensors"), "pt") as f:
+        tiny_names = {k.replace("layers.1.", "layers.X.").replace("layers.0.", "layers.X.") for k in f.keys()}
+    ours = {k.replace("layers.2.", "layers.X.").replace("layers.1.", "layers.X.").replace("layers.0.", "layers.X.")
+            for k in names}
+    assert ours == tiny_names
+    assert abs(facts["bigram_accept"] - 0.8) < 0.01
+
+
+def test_acceptance_knob_is_calibrated_and_monotone():
+    """1 - TV from an independent exact computation (float64 numpy) equals the calibrated acceptance."""
+    import numpy as np
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    v, h = 300, 32
+    embed = torch.randn(v, h, generator=gen)
+    embed /= embed.pow(2).mean(1, keepdim=True).sqrt()
+    lm_head = torch.randn(v, h, generator=gen) * (3.0 / h ** 0.5)
+    noise = torch.randn(h, h, generator=gen) / h ** 0.5
+    tokens = torch.arange(v)
+    values = [models.bigram_acceptance(embed, lm_head, noise, e, tokens) for e in (0.0, 0.1, 0.3, 1.0)]
+    assert values[0] == pytest.approx(1.0, abs=1e-6) and values == sorted(values, reverse=True)
+    eps, achieved = models.calibrate_noise(embed, lm_head, noise, 0.7, tokens)
+    assert achieved == pytest.approx(0.7, abs=2e-3)
+    e, l, n = (t.double().numpy() for t in (embed, lm_head, noise))
+    def softmax(x):
+        x = x - x.max(1, keepdims=True)
+        return np.exp(x) / np.exp(x).sum(1, keepdims=True)
+    p, q = softmax(e @ l.T), softmax((e + eps * e @ n.T) @ l.T)
+    assert 1 - 0.5 * np.abs(p - q).sum(1).mean() == pytest.approx(achieved, abs=1e-4)
+    with pytest.raises(ValueError, match="accept"):
+        models.calibrate_noise(embed, lm_head, noise, 0.01, tokens)
+    assert models.chain_accept_length(0.5, 3) == pytest.approx(1.875)
+    with pytest.raises(ValueError, match="alpha"):
+        models.chain_accept_length(1.5, 3)
+
+
+def test_tokenizer_loads_with_transformers_and_round_trips(tmp_path):
+    from transformers import AutoTokenizer
+
+    models.write_tokenizer(str(tmp_path), 1000)
+    (tmp_path / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert tok.vocab_size == 1000 and tok.num_special_tokens_to_add() == 0
+    ids = [5, 999, 0, 42]
+    text = tok.decode(ids)
+    assert tok.encode(text, add_special_tokens=False) == ids
+    assert all(tok.decode([i]) for i in range(0, 1000, 37))  # every id decodes to non-empty text
+
+
+def test_model_shape_rejects_bad_dimensions():
+    with pytest.raises(ValueError, match="kv_heads"):
+        models.ModelShape(heads=32, kv_heads=5)
+    with pytest.raises(ValueError, match="hidden"):
+        models.ModelShape(hidden=-1)
+
+
+# -- report and trace summary -------------------------------------------------------------
+
+
+def _rows():
+    rows = []
+    for key, tput in (("b", 100.0), ("c", 120.0), ("d", 150.0), ("g", 90.0)):
+        for conc in (1, 8):
+            rows.append({"key": key, "name": cfg.CONFIGS[key].name, "title": cfg.CONFIGS[key].title,
+                         "concurrency": conc, "output_throughput": tput * conc, "mean_itl_ms": 10.0 / tput,
+                         "p99_itl_ms": 20.0 / tput, "accept_length": None if key == "g" else 3.2})
+    return rows
+
+
+def test_report_tables_ratios_and_plots(tmp_path):
+    rows = _rows()
+    meta = {"date_utc": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H200", "torch_version": "2.14.1",
+            "triton_version": "3.8.0", "sglang_version": "0.5.23"}
+    written = report.write_report(rows, meta, str(tmp_path))
+    md = Path(written["markdown"]).read_text()
+    assert "NVIDIA H200" in md and "2.14.1" in md and "0.5.23" in md
+    assert "| (d) EAGLE chain, plugin coupled | 1.500 | 1.500 |" in md  # 150/100 at both concurrencies
+    assert "| (c) EAGLE chain, plugin rejection mode | 1.200 | 1.200 |" in md
+    assert "(e) c=1" not in md and "Missing measurements" not in md  # (e) absent: no row, not a missing cell
+    payload = json.loads(Path(written["json"]).read_text())
+    assert payload["ratios_to_b"]["output_throughput"]["d"]["8"] == pytest.approx(1.5)
+    assert payload["ratios_to_b"]["output_throughput"]["e"]["1"] is None
+    assert len(written["plots"]) == 4
+    for p in written["plots"]:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_marks_missing_cells_and_skips_truncated_lines(tmp_path):
+    rows = _rows()[:-1]  # (g) at c=8 missing
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"key": "g", "concurr')
+    loaded = report.load_rows(str(path))
+    assert len(loaded) == len(rows)
+    md = report.markdown(report.index_rows(loaded), {})
+    assert "Missing measurements: (g) c=8" in md
+    with pytest.raises(ValueError, match="concurrency"):
+        report.index_rows([{"key": "b", "concurrency": "8"}])
+
+
+def _trace(tmp_path):
+    """A Chrome trace shaped like torch.profiler's: kernels, their launches, Python frames."""
+    ev = []
+    def kernel(name, ts, dur, corr):
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+                   "args": {"correlation": corr}})
+    def launch(ts, corr):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2, "pid": 1,
+                   "tid": 1, "args": {"correlation": corr}})
+    def frame(name, ts, dur):
+        ev.append({"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1})
+    frame("sglang/srt/speculative/eagle_info.py(200): verify", 100, 100)
+    frame("torch/nn/modules/module.py(1): _call_impl", 110, 20)
+    launch(120, 1)   # inside the verify frame (nested)
+    launch(150, 2)   # inside the verify frame
+    launch(300, 3)   # outside: graph replay
+    kernel("elementwise_kernel", 1000, 30.0, 1)
+    kernel("_race_argmax_kernel", 1040, 10.0, 2)
+    kernel("fused_moe_or_gemm", 1060, 960.0, 3)
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    return str(path)
+
+
+def test_trace_summary_attributes_by_stack_and_name(tmp_path):
+    s = trace.summarize(trace.load_events(_trace(tmp_path)), steps=2)
+    assert s["kernel_us"] == 1000.0
+    assert s["by_stack_us"] == 40.0 and s["by_name_us"] == 10.0 and s["union_us"] == 40.0
+    assert s["share_union"] == pytest.approx(0.04)
+    assert s["span_us"] == 1020.0 and s["step_us"] == 510.0
+    text = trace.render(s, "title")
+    assert "4.00%" in text and "_race_argmax_kernel" in text
+    with pytest.raises(ValueError, match="steps"):
+        trace.summarize([], steps=0)
+    with pytest.raises(ValueError, match="no GPU kernel"):
+        trace.summarize([{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}])
+
+
+# -- the driver against a stand-in server ---------------------------------------------------
+
+
+def _stand_in_server():
+    """A local HTTP server speaking the part of SGLang's protocol bench_serving uses.
+
+    Not SGLang (which needs a GPU): it streams ``/generate`` the way SGLang's HTTP server
+    does (``data: {json}`` lines with the cumulative ``text`` and ``meta_info``, then
+    ``data: [DONE]``) and answers ``/server_info``, so the driver and the real
+    ``sglang.bench_serving`` client code run end to end.
+    """
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _json(self, payload):
+            body = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path.startswith("/server_info"):
+                self._json({"internal_states": [{"avg_spec_accept_length": 3.25}]})
+            else:
+                self._json({"model_path": "stand-in"})
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            n = request["sampling_params"]["max_new_tokens"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for k in range(1, n + 1):
+                chunk = {"text": " ".join(f"w{i}" for i in range(k)), "output_ids": list(range(k)),
+                         "meta_info": {"completion_tokens": k, "prompt_tokens": len(request["input_ids"])}}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_driver_runs_bench_serving_per_level_and_appends_rows(tmp_path):
+    import subprocess
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    models.write_tokenizer(str(tok), 1000)
+    (tok / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
+    server = _stand_in_server()
+    try:
+        spec = {"url": f"http://127.0.0.1:{server.server_address[1]}", "tokenizer": str(tok), "out": str(tmp_path),
+                "key": "d", "name": "plugin_coupled", "title": "(d) test", "concurrencies": [1, 4],
+                "load": {"input_len": 8, "output_len": 6, "rounds": 1, "min_prompts": 2}}
+        done = subprocess.run([sys.executable, str(BENCH / "serving_driver.py"), "--spec", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = report.load_rows(str(tmp_path / "results.jsonl"))
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    for r, prompts in zip(rows, (2, 4)):
+        assert r["key"] == "d" and r["completed"] == prompts == r["num_prompts"]
+        assert r["total_output_tokens"] == 6 * prompts and r["output_throughput"] > 0
+        assert r["accept_length"] == 3.25 and r["mean_itl_ms"] > 0 and r["max_concurrency"] == r["concurrency"]
+        assert 0 < r["measured_concurrency"] <= r["concurrency"]
+        assert "-m sglang.bench_serving" in r["command"] and "--max-concurrency" in r["command"]
+    written = report.write_report(rows, {}, str(tmp_path / "report"), with_plots=False)
+    assert "(d) test" in Path(written["markdown"]).read_text()
+
+
+STAND_IN_SCRIPT = '''
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _json(self, p):
+        b = json.dumps(p).encode(); self.send_response(200); self.send_header("Content-Length", str(len(b)))
+        self.end_headers(); self.wfile.write(b)
+    def do_GET(self):
+        self._json({"internal_states": [{"avg_spec_accept_length": 2.5}]} if self.path.startswith("/server_info") else {})
+    def do_POST(self):
+        r = json.loads(self.rfile.read(int(self.headers["Content-Length"]))); n = r["sampling_params"]["max_new_tokens"]
+        self.send_response(200); self.end_headers()
+        for k in range(1, n + 1):
+            c = {"text": " ".join("w1" for _ in range(k)), "meta_info": {"completion_tokens": k}}
+            self.wfile.write(b"data: " + json.dumps(c).encode() + b"\\n\\n"); self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\\n\\n")
+if sys.argv[2] == "fail":
+    sys.exit("stand-in: failing on purpose")
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def test_orchestrator_measures_ready_servers_one_at_a_time_and_reports(tmp_path, monkeypatch):
+    """serving_run's schedule end to end with stand-in servers: one healthy, one that dies at start."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN_SCRIPT)
+    model_dir = tmp_path / "models"
+    (model_dir / "target").mkdir(parents=True)
+    models.write_tokenizer(str(model_dir / "target"), 1000)
+    (model_dir / "target" / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
+    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+
+    def stand_in_command(config, settings, *, port, **kwargs):
+        return [sys.executable, str(script), str(port), "fail" if config.key == "g" else "ok"]
+
+    monkeypatch.setattr(run, "server_command", stand_in_command)
+    out = tmp_path / "out"
+    rc = run.main(["--out", str(out), "--models", str(model_dir), "--configs", "dg", "--profile", "",
+                   "--concurrency", "1,2", "--input-len", "8", "--output-len", "4", "--rounds", "1",
+                   "--max-total-tokens", "1024", "--gpus", "2", "--budget-s", "400", "--port-base", "34000"])
+    assert rc == 1  # (g) failed
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["server_states"] == {"d": "done", "g": "failed"}
+    assert "failing on purpose" in meta["failures"]["g"]["log_tail"]
+    rows = report.load_rows(str(out / "results.jsonl"))
+    assert [(r["key"], r["concurrency"]) for r in rows] == [("d", 1), ("d", 2)]
+    md = (out / "serving.md").read_text()
+    assert "(d) EAGLE chain, plugin coupled" in md and "2.50" in md
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
