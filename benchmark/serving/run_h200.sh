@@ -12,7 +12,8 @@ python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --
   > "$out/pip.log" 2>&1 || { tail -n 20 "$out/pip.log"; exit 1; }
 # Budget: the caller's limit minus install time minus a margin for the final report.
 budget=${BUDGET_S:-$(( ${COMMAND_LIMIT_S:-590} - SECONDS - 20 ))}
-timeout -k 10 $(( budget + 15 )) python3 benchmark/serving/serving_run.py --out "$out" --budget-s "$budget" "$@"
+timeout -k 10 $(( budget + 15 )) python3 benchmark/serving/serving_run.py --out "$out" --models "${MODELS:-/tmp/detspec-serving-models}" \
+  --budget-s "$budget" "$@"
 rc=$?
 tail -n 5 "$out/serving.md" 2>/dev/null
 cat "$out"/profile_*.txt 2>/dev/null | head -n 12

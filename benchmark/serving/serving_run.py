@@ -67,7 +67,8 @@ class Server:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="result folder (created)")
-    p.add_argument("--models", default="/tmp/detspec-serving-models", help="model folder (written when missing)")
+    p.add_argument("--models", required=True,
+                   help="model folder, written when missing (about 17 GB; keep it outside --out)")
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
     p.add_argument("--configs", default=DEFAULT_ORDER, help="configuration keys in priority order (default bdcegaf)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))

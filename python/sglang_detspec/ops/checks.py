@@ -149,6 +149,9 @@ def as_position_tensor(
         if t.dim() == 0:
             t = _broadcast(t, batch)
     elif _is_ndarray(positions):
+        # Host data: its range costs no device read, so it is checked even with check=False.
+        if positions.size and positions.dtype.kind in "iu" and int(positions.max()) > U32 - span:
+            raise ValueError(f"{name} holds {int(positions.max())}, outside [0, 2**32 - {span}]")
         t = _numpy_to_tensor(name, positions, device, uint64_bits=False)
         if t.dim() == 0:
             t = _broadcast(t, batch)

@@ -3,11 +3,10 @@
 Hooked symbols (both AROUND, both in the HTTP server's process):
 
 - ``sglang.srt.sampling.sampling_params.SamplingParams.verify``: SGLang
-  0.5.23 calls it once per request in the tokenizer manager
-  (``srt/managers/tokenizer_manager.py:1567``) and turns its ``ValueError``
-  into an HTTP 400 whose message is the error text.
+  0.5.23 calls it once per request in the tokenizer manager and turns its
+  ``ValueError`` into an HTTP 400 whose message is the error text.
 - ``sglang.srt.entrypoints.api_contract.generate_contract_error``: the JSON
-  schema gate of ``/generate`` (``http_server.py:937-939``, HTTP 400). It
+  schema gate of ``/generate`` (HTTP 400). It
   checks the type only: it refuses a seed that is not an integer (a float, a
   string, a bool) before ``verify`` runs, in words that name neither the
   field nor, for integers beyond 64 bits, the value sent (SGLang parses

@@ -66,7 +66,7 @@ def stock_sglang():
 K = 3  # reference draft tokens per round = SGLang --speculative-num-draft-tokens K + 1
 VOCAB = 384
 # What FastAPI does with the body of `generate_request(obj: GenerateReqInput, ...)`
-# (sglang/srt/entrypoints/http_server.py:933).
+# (sglang/srt/entrypoints/http_server.py).
 GENERATE_REQ = TypeAdapter(GenerateReqInput)
 
 
@@ -143,7 +143,7 @@ def sglang_item(rid, output_ids, prompt_len, *, verify_ct=None, correct_drafts=0
     """
     n = len(output_ids)
     recv = token_id_output(rid, list(output_ids), prompt_len, verify_ct or 0, correct_drafts)
-    # tokenizer_manager.py:2507-2513
+    # tokenizer_manager.py
     meta = {
         "id": rid,
         "finish_reason": finish if finish is not None else recv.finished_reasons[0],
@@ -152,19 +152,19 @@ def sglang_item(rid, output_ids, prompt_len, *, verify_ct=None, correct_drafts=0
         "num_retractions": 0,
     }
     if logprobs is not None:
-        # tokenizer_manager.py:2859-2870; entries from SGLang's detokenize_logprob_tokens
-        # (tokenizer_manager.py:3098-3108) with return_text_in_logprobs off.
+        # tokenizer_manager.py; entries from SGLang's detokenize_logprob_tokens
+        # (tokenizer_manager.py) with return_text_in_logprobs off.
         meta["input_token_logprobs"] = []
         entries = TokenizerManager.detokenize_logprob_tokens(None, logprobs, list(output_ids), False)
         meta["output_token_logprobs"] = entries
         meta["output_token_logprobs_length"] = n
-    # tokenizer_manager.py:2553-2559
+    # tokenizer_manager.py
     meta.update({"reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": 0})
     meta["e2e_latency"] = 0.01
     if verify_ct is not None:
-        # tokenizer_manager.py:2755-2756: SGLang's own spec metrics on the real output struct.
+        # tokenizer_manager.py: SGLang's own spec metrics on the real output struct.
         TokenizerManager._calculate_spec_decoding_metrics(None, meta, recv, 0)
-    # tokenizer_manager.py:2705-2709 (--skip-tokenizer-init: no "text")
+    # tokenizer_manager.py (--skip-tokenizer-init: no "text")
     return {"output_ids": list(output_ids), "meta_info": meta}
 
 
@@ -211,7 +211,7 @@ def test_payload_passes_sglangs_own_request_parsing():
     rids = [f"r{i}" for i in range(len(reqs))]
     # Stock SGLang's checks: seeds >= 2**63 go as their int64 bits.
     body = json.loads(json.dumps(build_payload(reqs, rids, "int64")))
-    # The schema gate /generate applies first (http_server.py:937-939) ...
+    # The schema gate /generate applies first (http_server.py) ...
     assert generate_contract_error(body) is None
     # ... then FastAPI's parse into the dataclass and SGLang's normalisation.
     obj = GENERATE_REQ.validate_python(body)
@@ -221,7 +221,7 @@ def test_payload_passes_sglangs_own_request_parsing():
         sub = obj[i]
         assert sub.input_ids == list(req.prompt_ids) and sub.rid == rids[i]
         assert sub.return_logprob is True and sub.logprob_start_len == -1 and sub.stream is False
-        # What the tokenizer manager does with them (tokenizer_manager.py:1565-1567).
+        # What the tokenizer manager does with them (tokenizer_manager.py).
         sp = SamplingParams(**sub.sampling_params)
         sp.normalize(None)
         sp.verify(VOCAB)
@@ -273,7 +273,7 @@ def test_parse_reads_sglangs_counters_and_logprobs_bit_for_bit(spec_server_conte
         sglang_item("a", [10, 11, 12, 13, 14], 3, verify_ct=2, correct_drafts=3, logprobs=lp0),
         sglang_item("b", [7, 7, 7], 1, verify_ct=3, correct_drafts=0, logprobs=lp1),
     ]
-    # SGLang's own fields, as its code built them (tokenizer_manager.py:3166-3172).
+    # SGLang's own fields, as its code built them (tokenizer_manager.py).
     assert items[0]["meta_info"]["spec_verify_ct"] == 2 and items[0]["meta_info"]["spec_accept_length"] == 2.5
     results = parse_response(wire(items), reqs, ["a", "b"])
     a, b = results
@@ -288,7 +288,7 @@ def test_parse_reads_sglangs_counters_and_logprobs_bit_for_bit(spec_server_conte
 
 def test_parse_without_speculative_decoding_or_logprobs(spec_server_context):
     # A server without speculative decoding skips _calculate_spec_decoding_metrics
-    # (tokenizer_manager.py:2755), so there is no spec_verify_ct.
+    # (tokenizer_manager.py), so there is no spec_verify_ct.
     item = sglang_item("a", [3, 4], 2)
     assert "spec_verify_ct" not in item["meta_info"] and "output_token_logprobs" not in item["meta_info"]
     (res,) = parse_response(wire([item]), [Request((1, 2), 2, 1.0, 0)], ["a"])
@@ -362,8 +362,8 @@ def test_parse_rejects_answers_that_do_not_fit(spec_server_context, mutate, matc
 
 
 def test_server_info_accept_length():
-    # /server_info: internal_states, one per DP rank (http_server.py:887), with
-    # avg_spec_accept_length when speculative (internal_state.py:118-125).
+    # /server_info: internal_states, one per DP rank (http_server.py), with
+    # avg_spec_accept_length when speculative (internal_state.py).
     assert avg_spec_accept_length({"internal_states": [{"avg_spec_accept_length": 2.75}]}) == 2.75
     two_ranks = {"internal_states": [{"avg_spec_accept_length": 2.0}, {"avg_spec_accept_length": 3.0}]}
     assert avg_spec_accept_length(two_ranks) == 2.5
@@ -537,7 +537,7 @@ class StandInServer:
     def generate(self, body):
         contract_error = generate_contract_error(body)
         if contract_error is not None:
-            return 400, dumps_json({"error": contract_error})  # http_server.py:937-939
+            return 400, dumps_json({"error": contract_error})  # http_server.py
         try:
             obj = GENERATE_REQ.validate_python(body)
             obj.normalize_batch_and_arguments()
@@ -717,12 +717,12 @@ def test_server_refusal_prints_sglangs_message(spec_server_context, models, caps
 @pytest.mark.parametrize(
     "status, content_type, body, message",
     [
-        # The schema gate (http_server.py:937-939).
+        # The schema gate (http_server.py).
         (400, "application/json", dumps_json({"error": generate_contract_error({"input_ids": "x"})}),
          generate_contract_error({"input_ids": "x"})),
-        # A ValueError in generate (http_server.py:2246-2250).
+        # A ValueError in generate (http_server.py).
         (400, "application/json", sglang_error_response(ValueError("bad [thing]"))[1], "bad [thing]"),
-        # Request validation / HTTPException (http_server.py:626-631, 683-692).
+        # Request validation / HTTPException (http_server.py).
         (503, "application/json", dumps_json(ErrorResponse(message="overloaded", type="503", code=503).model_dump()),
          "overloaded"),
         (502, "text/html", b"<html>Bad Gateway</html>", "<html>Bad Gateway</html>"),

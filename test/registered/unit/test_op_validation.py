@@ -4,7 +4,7 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.ops import exponential_race, verify_chain
+from sglang_detspec.ops import Stream, exponential_race, verify_chain
 
 register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
 
@@ -155,6 +155,11 @@ def test_numpy_arrays_are_refused_when_ambiguous():
         race(seeds=np.array([-1, 2]))
     with pytest.raises(ValueError, match=r"positions holds -3, outside \[0, 2\*\*32\)"):
         race(positions=np.array([-3, 2]))
+    # Host arrays are range-checked even with check=False (no device read needed).
+    for dtype in (np.uint64, np.int64):
+        with pytest.raises(ValueError, match=r"positions holds 4294967296, outside \[0, 2\*\*32 - 1\]"):
+            exponential_race(torch.rand(2, 8), [1, 2], np.array([2**32, 0], dtype=dtype),
+                             stream=Stream.TARGET, check=False)
 
 
 def test_equivalent_seed_and_position_forms_give_equal_draws():

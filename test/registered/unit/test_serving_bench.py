@@ -128,7 +128,7 @@ def test_parse_keys_and_int_lists():
 
 
 def _args(*extra):
-    return run.build_parser().parse_args(["--out", "/tmp/x", *extra])
+    return run.build_parser().parse_args(["--out", "/tmp/x", "--models", "/tmp/m", *extra])
 
 
 def test_plan_places_servers_round_robin_with_distinct_ports():
@@ -157,7 +157,7 @@ def test_validate_rejects_bad_run_arguments():
 
 
 def test_dry_run_prints_every_server(capsys):
-    assert run.main(["--out", "/tmp/x", "--dry-run", "--gpus", "2"]) == 0
+    assert run.main(["--out", "/tmp/x", "--models", "/tmp/m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
     assert text.count("sglang.launch_server") == 7
 
@@ -168,7 +168,7 @@ def test_memory_estimate_fits_three_servers_per_h200():
     weights_gb = 2 * shape.target_params() / 1e9
     assert 15.5 < weights_gb < 16.5  # the common 8B shape
     kv_gb = 65536 * (shape.kv_bytes_per_token() + shape.kv_bytes_per_token(layers=1)) / 1e9
-    assert run.build_parser().parse_args(["--out", "x"]).max_servers_per_gpu == 3
+    assert run.build_parser().parse_args(["--out", "x", "--models", "m"]).max_servers_per_gpu == 3
     assert 3 * (weights_gb + 0.5 + kv_gb) < 0.6 * 141
 
 
