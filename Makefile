@@ -9,7 +9,7 @@ DEMO_BIN := $(DEMO_VENV)/bin
 DEMO_STAMP := $(DEMO_VENV)/.detspec-installed
 # The versions SGLang 0.5.23 pins, so the demo runs on the stack the test suite runs on
 # (test_light_install.py checks them against SGLang's metadata).
-DEMO_DEPS := torch==2.14.1 transformers==5.19.0 rich
+DEMO_DEPS := torch==2.14.1 transformers==5.19.0 rich requests
 # Another package index for torch alone, e.g. PyTorch's CPU wheel index (a CPU-only torch,
 # about 0.2 GB instead of about 3 GB of CUDA wheels). Empty: the default index.
 TORCH_INDEX ?=

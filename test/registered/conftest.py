@@ -47,7 +47,7 @@ def _kernel_reason() -> str | None:
 def _server_reason() -> str | None:
     return _cuda_reason(
         "these tests launch real SGLang servers (CUDA graphs, Triton and FA3 attention, "
-        "deterministic rejection sampling run only on CUDA)"
+        "SGLang's deterministic speculative decoding runs only on CUDA)"
     )
 
 

@@ -105,7 +105,8 @@ def print_invariance_section(console: Console, reports: dict, mode: str) -> bool
             # Row names are the point of the table: let the figures' headers wrap instead.
             table.add_column(header, no_wrap=True, min_width=max(len(r.name) for r in report.rows))
         else:
-            table.add_column(header, justify="right")
+            # Fold rather than cut headers on narrow (80-column, piped) output.
+            table.add_column(header, justify="right", overflow="fold")
     other_rows = {m: {row.name: row for row in r.rows} for m, r in others.items()}
     for row in report.rows:
         if row.available:
@@ -123,7 +124,7 @@ def print_invariance_section(console: Console, reports: dict, mode: str) -> bool
     for row in report.rows:
         if not row.available and row.note:
             _plain(console, f"{row.name}: {row.note}")
-    beside = "; ".join(f"{m} verify: {r.unique_outputs}" for m, r in others.items())
+    beside = "; ".join(f"{m} verify: {r.unique_outputs} across the same configurations" for m, r in others.items())
     message = (
         f"{'PASS' if report.passed else 'FAIL'}: {report.unique_outputs} unique output(s) across all "
         f"configurations with {mode} verify" + (f" ({beside})" if beside else "")

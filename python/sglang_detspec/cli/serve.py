@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -163,6 +164,10 @@ def _run(args) -> int:
         launch = launch[1:]
     if not launch:
         _say(f"give SGLang's launch_server arguments after '--', e.g.\n{EXAMPLE}")
+        return 2
+    if importlib.util.find_spec("sglang") is None:
+        _say("SGLang is not installed in this environment (make demo's light venv has none): run "
+             "`make setup` and use .venv/bin/detspec, or pip install sglang==0.5.23")
         return 2
     if not plugin_installed():
         _say("the 'detspec' entry point of group sglang.srt.plugins is not installed; "

@@ -135,7 +135,7 @@ def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
     assert rejection["mode"] == "rejection" and rejection["unique_outputs"] > 1
     names = [row["name"] for row in coupled["rows"]]
     assert names[0] == "off" and len(names) > 3
-    assert f"rejection verify: {rejection['unique_outputs']})" in " ".join(stdout.split())
+    assert f"rejection verify: {rejection['unique_outputs']} across the same configurations)" in " ".join(stdout.split())
     assert report["probe"]["sampling_seed"] == 5
     seeded, control = report["runs"]["seeded"], report["runs"]["control"]
     assert seeded["unique_probe_outputs"] == 1
@@ -167,7 +167,7 @@ def test_cli_rejection_mode_fails_the_invariance_section(tmp_path, capsys):
     assert main(argv) == 1
     stdout = " ".join(capsys.readouterr().out.split())
     assert "PASS: the seeded probe request gave 1 unique output across 3 trials" in stdout
-    assert "FAIL:" in stdout and "with rejection verify (coupled verify: 1)" in stdout
+    assert "FAIL:" in stdout and "with rejection verify (coupled verify: 1 across the same configurations)" in stdout
     assert "audit failed: invariance" in stdout
     report = json.loads(out.read_text())
     assert report["passed"] is False and report["settings"]["mode"] == "rejection"

@@ -25,7 +25,7 @@ def demo_deps() -> dict[str, Requirement]:
 
 def test_demo_pins_what_sglang_pins():
     deps = demo_deps()
-    assert set(deps) == {"torch", "transformers", "rich"}
+    assert set(deps) == {"torch", "transformers", "rich", "requests"}
     pinned = {r.name: r for r in map(Requirement, importlib.metadata.requires("sglang")) if r.name in deps}
     for name in ("torch", "transformers"):
         assert str(deps[name].specifier) == str(pinned[name].specifier), name

@@ -226,5 +226,25 @@ def test_help_example_can_be_copied_and_passes_the_check(capsys, monkeypatch):
     assert shlex.split(cmd)[3:] == [*words[3:], DETERMINISTIC]
 
 
+# The light demo venv has this package but no SGLang: serve must say so, not trace back.
+# `python -S` leaves site-packages (and so SGLang) off the path, as in that venv.
+NO_SGLANG_SERVE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sglang_detspec.cli.main import main
+sys.exit(main(["serve", "--dry-run", "--", "--model-path", "M"]))
+"""
+
+
+def test_serve_without_sglang_says_how_to_get_it():
+    import subprocess
+    from pathlib import Path
+
+    package_root = str(Path(serve.__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-S", "-c", NO_SGLANG_SERVE, package_root],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "SGLang is not installed in this environment" in done.stderr and "Traceback" not in done.stderr
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
