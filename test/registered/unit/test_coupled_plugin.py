@@ -13,14 +13,13 @@ tokens with the tokens SGLang's sampler draws for the same logits and positions.
 """
 
 import argparse
-import json
 import logging
 
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
+from sglang_detspec.config import DetSpecConfig, current_config, reset_config
 from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
 from sglang_detspec.sglang_plugin import coupled_verify, draft_hook, resolve, verify_hook
 from sglang_detspec.sglang_plugin.coupled_verify import VerifyContext
@@ -40,27 +39,6 @@ def loaded():
     load_plugins()
     yield
     reset_config()
-
-
-@pytest.fixture
-def bag():
-    def use(config):
-        return install_config(config)
-
-    yield use
-    reset_config()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_llama_coupled")
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5, "torch_dtype": "float16",
-    }))
-    return str(d)
 
 
 def server_args(model_dir, flags: str):

@@ -15,30 +15,15 @@ from sglang_detspec.reference import (
     ProbsMemo,
     ReferenceEngine,
     Request,
-    build_model_pair,
     next_token_probs,
     with_random_draft,
 )
 from sglang_detspec.reference.engine import coupled_match_probability
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # conftest.py
 
 ROW_NAMES = ["off", *(f"chain K={k}" for k in CHAIN_LENGTHS), "tree 3x2", "chain K=3, random draft"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_intra_op_thread():
-    # The oracles below run forwards outside the engine (which holds one thread itself);
-    # at this model size more threads only contend, badly so on a shared host.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def models():
-    return build_model_pair()
 
 
 @pytest.fixture(scope="module")

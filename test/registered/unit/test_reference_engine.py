@@ -18,23 +18,9 @@ from sglang_detspec.reference import (
 )
 
 register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # conftest.py
 
 K = 3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_intra_op_thread():
-    # The oracles below run forwards outside the engine (which holds one thread itself);
-    # at this model size more threads only contend, badly so on a shared host.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def models():
-    return build_model_pair()
 
 
 @pytest.fixture(scope="module")

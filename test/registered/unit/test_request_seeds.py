@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec import sglang_plugin
-from sglang_detspec.config import DetSpecConfig, install_config, reset_config
+from sglang_detspec.config import DetSpecConfig, reset_config
 from sglang_detspec.seed_encoding import from_int64, to_int64
 from sglang_detspec.seeds import SAMPLE_SALT, derive_sample_seed, fresh_seed, murmur3_x86_32
 from sglang_detspec.sglang_plugin import seed_hook
@@ -148,16 +148,6 @@ def hooked():
     if missing:
         HookRegistry.apply_hooks()
     yield
-    reset_config()
-
-
-@pytest.fixture
-def bag():
-    def use(config):
-        install_config(config)
-        return config
-
-    yield use
     reset_config()
 
 

@@ -15,7 +15,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec import sglang_plugin
-from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
+from sglang_detspec.config import DetSpecConfig, current_config, reset_config
 from sglang_detspec.ops import Stream, exponential_race, verify_chain
 from sglang_detspec.sglang_plugin import resolve, startup, verify_hook
 from sglang_detspec.sglang_plugin.coupled_verify import VerifyContext
@@ -37,17 +37,6 @@ def loaded():
     load_plugins()
     sglang_plugin.register()
     yield
-    reset_config()
-
-
-@pytest.fixture
-def bag():
-    """Install a bag for one test, then forget it."""
-    def use(config):
-        install_config(config)
-        return config
-
-    yield use
     reset_config()
 
 
@@ -156,18 +145,6 @@ def test_call_sites_bound_by_from_import_see_the_hooks(loaded):
 
 
 # -- the config bag from real ServerArgs ------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_llama")
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5, "torch_dtype": "float16",
-    }))
-    return str(d)
 
 
 def server_args(model_dir, flags: str):
