@@ -152,20 +152,13 @@ def hooked():
 
 
 @pytest.fixture(scope="module")
-def server_args(tmp_path_factory):
+def server_args(model_dir):
     from sglang.srt.server_args import ServerArgs
 
-    d = tmp_path_factory.mktemp("tiny_llama")
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5, "torch_dtype": "float16",
-    }))
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     sa = ServerArgs.from_cli_args(parser.parse_args([
-        "--model-path", str(d), "--device", "cuda", "--attention-backend", "triton",
+        "--model-path", model_dir, "--device", "cuda", "--attention-backend", "triton",
         "--enable-deterministic-inference", "--skip-tokenizer-init"]))
     sa.resolve_once()
     return sa
