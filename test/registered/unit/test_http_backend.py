@@ -433,7 +433,25 @@ class _QuietServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-class StandInServer:
+class _LocalServer:
+    """Serve ``handler`` on a free loopback port in a thread while the ``with`` block runs."""
+
+    def _listen(self, handler) -> None:
+        self.httpd = _QuietServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+class StandInServer(_LocalServer):
     """A local HTTP server that answers SGLang's /generate and /server_info with the reference engine.
 
     It exercises our HTTP client plumbing, not SGLang: requests go through
@@ -494,18 +512,7 @@ class StandInServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
+        self._listen(Handler)
 
     def _request_seeds(self, obj, subs):
         """Each expanded request's seed, as a server with (or without) sglang-detspec assigns it.
@@ -844,7 +851,7 @@ def test_seed_checks_reject_bad_arguments(kwargs, match):
 # -- what answers at the URL ----------------------------------------------------------------
 
 
-class _NotFoundServer:
+class _NotFoundServer(_LocalServer):
     """A local HTTP server that answers 404 to everything: some other web service."""
 
     def __init__(self):
@@ -862,18 +869,7 @@ class _NotFoundServer:
 
             do_POST = do_GET
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
+        self._listen(Handler)
 
 
 def test_something_else_at_the_url_is_not_an_sglang_server(capsys):
