@@ -30,6 +30,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -145,16 +146,20 @@ changing-batch table (one row per run):
 
 invariance table (in-process; one row per configuration: speculative decoding off, chains
 of several lengths, a tree, other draft models):
-  unique outputs        per probe request, distinct outputs among this configuration's and the
+  unique                per probe request, distinct outputs among this configuration's and the
                         speculative-decoding-off one (the most over the probes): 1 means the
                         drafter changed no token; coupled verify gives 1
-  mean accept len       as above, out of K+1 for the configuration's K
-  acceptance            share of tested draft tokens accepted
-  (1-TV)/(1+TV), 1-TV   the lower bound coupled verification guarantees per draft token
-                        (Daliri, Musco, Suresh 2024) and the acceptance of rejection sampling,
-                        from the total variation TV between draft and target distributions
-  <other>: unique outputs  the same count with the other verify mode, for comparison (rejection
-                        verify's tokens depend on the drafter, so it is expected above 1)
+  accept len            mean accept length as above, out of K+1 for the configuration's K
+  accept                share of tested draft tokens accepted
+  bound, 1-TV           (1-TV)/(1+TV), 1-TV: the lower bound coupled verification guarantees
+                        per draft token (Daliri, Musco, Suresh 2024) and the acceptance of
+                        rejection sampling, from the total variation TV between draft and target
+                        distributions, averaged over the tested draft tokens (expected rates: a
+                        small sample of measured acceptance can fall on either side)
+  tested                draft tokens tested, over every probe
+  <other> unique        the same count with the other verify mode, for comparison (rejection
+                        verify's tokens depend on the drafter, so it is expected above 1, and
+                        `--mode rejection` fails the invariance section by design, exit 1)
 
 request-seed checks (--url): unseeded requests of one prompt differ; n parallel samples with
 a seed differ, replay, sample 0 is the seed's n = 1 output, sample 1 is not seed + 1's; every
@@ -170,13 +175,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "audit",
         help="check that a seeded request gives the same tokens in every batch and with any drafter",
-        description=(
+        # The raw formatter keeps the epilog's columns; it would print this paragraph as one line.
+        description=textwrap.fill(
             "Decode one probe request in batches of changing size, order and split with the "
             "in-process reference speculative decoding engine, and count its unique outputs: "
             "1 for the seeded sampler, many for the global-RNG control; then check that the same "
             "seeded requests give the same tokens with speculative decoding off, chains, a tree and "
             "other draft models (the invariance section). With --url, run the changing-batch trials "
-            "on a running SGLang server through its /generate endpoint instead, then its request-seed checks."
+            "on a running SGLang server through its /generate endpoint instead, then its request-seed checks.",
+            width=88,
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
