@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine after the wheel install: the whole serving benchmark in one command
-# (models written, seven servers, bench_serving at concurrency 1/8/32/128, profile, report).
+# (models written, eight servers, bench_serving at concurrency 1/8/32/128, profile, report).
 # Results land in $OUT (default /tmp/detspec-serving); extra arguments go to serving_run.py.
 #   bash benchmark/serving/run_h200.sh                      # about 8-9 minutes on 2 H200s
 set -uo pipefail

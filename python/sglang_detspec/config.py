@@ -17,10 +17,11 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 
+from .ops.kernel_choice import KERNELS
+
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
 DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
 VERIFY_ENV = "SGLANG_DETSPEC_VERIFY"
-KERNELS = ("auto", "torch", "triton")
 VERIFY_SETTINGS = ("auto", "coupled", "rejection")
 VERIFY_MODES = ("coupled", "rejection")
 _TRUE = ("1", "true", "yes", "on")

@@ -9,7 +9,7 @@ every installed plugin loads, ours included.
 Before anything starts, the arguments are read by SGLang's own
 ``launch_server`` parser (so abbreviated flags, ``--config`` files and
 argument errors are SGLang's), and the plugin's start-up check
-(:func:`sglang_detspec.sglang_plugin.startup.startup_problems`) runs on the
+(:meth:`sglang_detspec.config.DetSpecConfig.refusals`) runs on the
 config bag built from them, as the server's first check does with the flags
 as typed. A combination the server would refuse stops here with the same
 messages and exit status 2. The server checks again after SGLang resolved
@@ -118,20 +118,19 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str]) -> tup
 
     The bag is built as the server's first start-up check builds it (from
     the flags before SGLang resolves them, and the ``SGLANG_DETSPEC_*``
-    settings of ``environ``); ``problems`` is
-    :func:`~sglang_detspec.sglang_plugin.startup.startup_problems` of it, one
-    message per refused flag, empty when the server would start.
+    settings of ``environ``); ``problems`` is its
+    :meth:`~sglang_detspec.config.DetSpecConfig.refusals`, one message per
+    refused flag, empty when the server would start.
 
     Raises:
         ValueError: SGLang's parser refuses ``launch_args``, or a bad
             ``SGLANG_DETSPEC_*`` setting in ``environ``.
     """
     from ..sglang_plugin.resolve import bag_from
-    from ..sglang_plugin.startup import startup_problems
 
     ns = read_launch_args(launch_args)
     bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)
-    return bag, startup_problems(bag)
+    return bag, bag.refusals()
 
 
 def server_env(environ: Mapping[str, str]) -> dict[str, str]:

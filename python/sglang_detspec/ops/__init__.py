@@ -11,19 +11,32 @@
 Every op takes ``kernel="auto" | "torch" | "triton"`` and reads no plugin state.
 """
 
-from .coupled import coupled_verify_chain, coupled_verify_tree
-from .hashing import hash_uniform, keyed_hash
-from .kernel_choice import KERNELS
-from .sampling import exponential_race, verify_chain
-from .streams import Stream
+import importlib
 
-__all__ = [
-    "KERNELS",
-    "Stream",
-    "keyed_hash",
-    "hash_uniform",
-    "exponential_race",
-    "verify_chain",
-    "coupled_verify_chain",
-    "coupled_verify_tree",
-]
+# Name -> submodule, imported on first use: the config takes KERNELS from
+# .kernel_choice on torch-free paths, and importing this package must not pull
+# torch in for them.
+_EXPORTS = {
+    "KERNELS": ".kernel_choice",
+    "Stream": ".streams",
+    "keyed_hash": ".hashing",
+    "hash_uniform": ".hashing",
+    "exponential_race": ".sampling",
+    "verify_chain": ".sampling",
+    "coupled_verify_chain": ".coupled",
+    "coupled_verify_tree": ".coupled",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .streams import U32, U64
+from ..seed_encoding import to_int64
+from .streams import U32
 
 INT_DTYPES = (torch.int64, torch.int32)
 POSITION_DTYPES = (torch.int64, torch.int32, torch.uint32, torch.uint64)
@@ -91,22 +92,28 @@ def as_seed_tensor(seeds, batch: int | None, device: torch.device) -> torch.Tens
         if t.dim() == 0:
             t = _broadcast(t, batch)
     elif _is_scalar(seeds):
-        s = _as_int("seeds", seeds)
-        if not 0 <= s < U64:
-            raise ValueError(f"seeds = {s} is outside uint64 [0, 2**64)")
-        t = _broadcast(torch.tensor(s - U64 if s >= 1 << 63 else s, dtype=torch.int64, device=device), batch)
+        t = _broadcast(torch.tensor(_seed_bits("seeds", seeds), dtype=torch.int64, device=device), batch)
     elif isinstance(seeds, Sequence) and not isinstance(seeds, (str, bytes)):
-        vals = []
-        for i, s in enumerate(seeds):
-            s = _as_int(f"seeds[{i}]", s)
-            if not 0 <= s < U64:
-                raise ValueError(f"seeds[{i}] = {s} is outside uint64 [0, 2**64)")
-            vals.append(s - U64 if s >= 1 << 63 else s)
+        vals = [_seed_bits(f"seeds[{i}]", s) for i, s in enumerate(seeds)]
         t = torch.tensor(vals, dtype=torch.int64, device=device)
     else:
         raise ValueError(f"seeds must be {SEED_FORMS}; got {type(seeds).__name__}")
     _check_vector("seeds", t, batch, device)
     return t.contiguous()  # kernels index seeds by row
+
+
+def _seed_bits(name: str, value) -> int:
+    """A Python or NumPy integer seed as the int64 with its uint64 bits.
+
+    Raises:
+        ValueError: a bool or float, or an int outside uint64 [0, 2**64).
+    """
+    s = _as_int(name, value)
+    try:
+        return to_int64(s, name)
+    except ValueError:
+        # The range rule is check_seed's; the ops word it as every other bound here.
+        raise ValueError(f"{name} = {s} is outside uint64 [0, 2**64)") from None
 
 
 def _numpy_to_tensor(name: str, arr, device: torch.device, *, uint64_bits: bool) -> torch.Tensor:

@@ -1,18 +1,26 @@
 """Which implementation an op runs: the torch reference or the Triton kernel.
 
 The choice is an argument of every op; nothing here reads plugin state, so a
-caller that holds a configured choice passes it in.
+caller that holds a configured choice passes it in. :data:`KERNELS` is the one
+list of choices; the config bag validates ``SGLANG_DETSPEC_KERNEL`` against it.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    import torch
+
+# The config imports KERNELS on torch-free paths (the CLI's `audit --url`), so
+# this module imports torch only when a choice is resolved.
 KERNELS = ("auto", "torch", "triton")
 
 
 def triton_available() -> bool:
     """True when Triton imports and CUDA is present."""
+    import torch
+
     if not torch.cuda.is_available():
         return False
     try:

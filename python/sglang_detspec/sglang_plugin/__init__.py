@@ -22,7 +22,7 @@ docs/plugin.md lists them with SGLang's file and line):
   drafted position for coupled drafts.
 - ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
   gate: ``sampling_seed`` must be an integer in [0, 2**64).
-- ``seed_hook`` (when present): request seeds.
+- ``seed_hook``: request seeds.
 """
 
 from __future__ import annotations
@@ -31,14 +31,7 @@ import logging
 import threading
 
 from ..config import set_install_listener, set_late_resolver
-from . import draft_hook, request_hook, resolve, startup, target_sampler_hook, verify_hook
-
-try:  # request seeds live in their own module, which may not exist in this tree yet
-    from . import seed_hook
-except ModuleNotFoundError as err:
-    if err.name != f"{__name__}.seed_hook":
-        raise
-    seed_hook = None
+from . import draft_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook, verify_hook
 
 ENTRY_POINT_NAME = "detspec"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -65,7 +58,7 @@ def hook_table():
         (target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND"),
         (request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
         (request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
-        *(seed_hook.HOOKS if seed_hook is not None else ()),
+        *seed_hook.HOOKS,
     ]
 
 

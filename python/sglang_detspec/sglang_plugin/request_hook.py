@@ -40,8 +40,7 @@ With the bag inactive SGLang's validation runs untouched.
 
 from __future__ import annotations
 
-from ..ops.streams import U64
-from ..seed_encoding import sglang_seed
+from ..seed_encoding import to_int64
 from .seed_hook import plugin_active
 
 TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
@@ -71,16 +70,18 @@ def check_sampling_seed(seed: object) -> int:
             f"unsigned 64-bit seed), got {seed!r} (beyond 64-bit integers: SGLang's JSON parser reads "
             "such integers as floats)"
         )
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(
-            f"sampling_seed must be an integer in [0, 2**64 - 1], got {type(seed).__name__} {seed!r}"
-        )
-    if not 0 <= seed < U64:
+    try:
+        return to_int64(seed, "sampling_seed")  # the int64 with the same 64 bits
+    except ValueError:
+        # The rule is check_seed's; an HTTP client gets it worded for the request field.
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(
+                f"sampling_seed must be an integer in [0, 2**64 - 1], got {type(seed).__name__} {seed!r}"
+            ) from None
         raise ValueError(
             f"sampling_seed must be in [0, 2**64 - 1] (sglang-detspec keys its random streams by an "
             f"unsigned 64-bit seed), got {seed}"
-        )
-    return sglang_seed(seed, "int64")  # the int64 with the same 64 bits
+        ) from None
 
 
 def verify_unsigned_seed(original, self, *args, **kwargs):

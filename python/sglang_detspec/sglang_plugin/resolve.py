@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from ..config import DetSpecConfig, current_config, env_settings, resolve_verify
+from ..config import DetSpecConfig, env_settings, resolve_verify
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -100,8 +100,3 @@ def late_bag() -> DetSpecConfig | None:
         return config_from_runtime_context()
     except LookupError:
         return None
-
-
-# The hooks read the bag through the one getter; this name is kept for callers
-# that import it from here.
-active_config = current_config

@@ -44,10 +44,10 @@ import copy
 import threading
 from typing import Optional
 
+from ..config import current_config
 from ..seed_encoding import from_int64, to_int64
 from ..seeds import derive_sample_seed, fresh_seed
 from . import startup
-from .resolve import active_config
 
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 CREATE_TARGET = f"{_TM}._create_tokenized_object"
@@ -69,7 +69,7 @@ REPORT_KEY = "sampling_seed"
 
 def plugin_active() -> bool:
     """Whether the bag is active: the one place the request hooks read it."""
-    return active_config().active
+    return current_config().active
 
 
 def _is_generate(obj) -> bool:

@@ -14,16 +14,8 @@ from .resolve import announce, bag_from, config_from_server_args
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 
 
-def startup_problems(bag: DetSpecConfig) -> list[str]:
-    """What keeps this run from being made deterministic: one message per problem, naming the flag to change.
-
-    Only runs with deterministic inference on (and the plugin not disabled)
-    are ours; anything else gives no problem here.
-    """
-    return bag.refusals()
-
-
-def _raise(problems: list[str], bag: DetSpecConfig) -> None:
+def _raise(bag: DetSpecConfig) -> None:
+    problems = bag.refusals()
     if problems:
         raise ValueError(
             f"sglang-detspec cannot make this run deterministic with --enable-deterministic-inference "
@@ -38,10 +30,10 @@ def check_raw_flags(server_args) -> None:
     what to change) comes first.
 
     Raises:
-        ValueError: see :func:`startup_problems`.
+        ValueError: the bag's :meth:`~DetSpecConfig.refusals`, one line each.
     """
     raw = bag_from(server_args, getattr(server_args, "enable_deterministic_inference", False), "raw_args")
-    _raise(startup_problems(raw), raw)
+    _raise(raw)
 
 
 def resolve_and_announce(result, server_args) -> None:
@@ -53,10 +45,10 @@ def resolve_and_announce(result, server_args) -> None:
     installed.
 
     Raises:
-        ValueError: see :func:`startup_problems`.
+        ValueError: the bag's :meth:`~DetSpecConfig.refusals`, one line each.
     """
     bag = config_from_server_args(server_args)
-    _raise(startup_problems(bag), bag)
+    _raise(bag)
     install_config(bag)
     announce(bag)
     return None

@@ -493,8 +493,8 @@ class RunningServer:
 class Servers:
     """The SGLang servers a test module runs, and what was measured on each configuration.
 
-    :meth:`ensure` keeps one server at a time (a new configuration stops the
-    others); :meth:`ensure_group` starts several at once, in parallel (the tiny
+    :meth:`ensure` keeps one server at a time (a configuration that is not
+    running stops the others); :meth:`ensure_group` starts several at once, in parallel (the tiny
     models share a GPU: each server's KV pool is fixed by
     ``--max-total-tokens``). Tests of one configuration sit next to each other
     in a file, so each configuration starts once per module; results are
@@ -511,11 +511,14 @@ class Servers:
         self.failed: dict[str, str] = {}
 
     def ensure(self, config: ServerConfig) -> RunningServer:
-        """The running server of ``config``, started (and every other one stopped) if needed.
+        """The running server of ``config``; if it is not running, it starts and every other one stops.
 
         Raises:
             RuntimeError: the server did not become healthy (now or earlier in the module).
         """
+        running = self.running.get(config.name)
+        if running is not None and running.config == config and running.process.poll() is None:
+            return running  # started with others by ensure_group: keep them all
         outcome = self.ensure_group([config])[config.name]
         if isinstance(outcome, str):
             raise RuntimeError(outcome)

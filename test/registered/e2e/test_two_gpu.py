@@ -18,8 +18,10 @@ not failed. Coupled mode is compared, because its target draw depends on the
 logits only through an argmax of keyed races and ties at that precision are rare
 (a mismatch there is reported with the logprob difference).
 
-Skipped with the reason when fewer than two GPUs are visible. Six server starts, about 10-12
-minutes in all: within one 600 s command run a part with ``-k`` (e.g. ``-k rejection``).
+Skipped with the reason when fewer than two GPUs are visible. The six servers the
+selected tests need start side by side at the first test (tiny models: the TP = 2 and
+DP = 2 servers share both GPUs with the one-GPU servers), then each check runs on its
+server: about 5-7 minutes in all.
 """
 
 import random
@@ -35,6 +37,7 @@ register_cuda_ci(est_time=720, suite="detspec-e2e-cuda")
 
 FAMILY = "chain_eagle"  # the vocab fixture reads it
 TEST_ORDER = (
+    "test_servers_start",
     "test_two_gpu_server_is_batch_invariant",
     "test_coupled_two_gpu_tokens_equal_one_gpu",
     "test_rejection_tp2_vs_one_gpu_recorded",
@@ -65,6 +68,21 @@ def two_gpu_config(models, *, mode: str, tp: int = 1, dp: int = 1) -> _e2e.Serve
         raise ValueError(f"mode must be 'rejection' or 'coupled', got {mode!r}")
     extra = (*(("--tp-size", str(tp)) if tp > 1 else ()), *(("--dp-size", str(dp)) if dp > 1 else ()))
     return _e2e.server_config(families[mode], models, extra_args=extra, tag=f"tp{tp}_dp{dp}")
+
+
+MODES = ("rejection", "coupled")
+LAYOUTS = ((1, 1), (2, 1), (1, 2))  # (tp, dp): the one-GPU reference, TP = 2, DP = 2
+
+
+def test_servers_start(servers, models):
+    """Every configuration of the module starts side by side (one server start's time, not six)."""
+    configs = [two_gpu_config(models, mode=m, tp=t, dp=d) for m in MODES for t, d in LAYOUTS]
+    started = servers.ensure_group(configs)
+    failed = {name: outcome for name, outcome in started.items() if isinstance(outcome, str)}
+    _e2e.write_result("two_gpu_servers_start", {
+        "passed": not failed, "problems": list(failed.values()),
+        "measured": {"launch_s": {n: o.launch_s for n, o in started.items() if not isinstance(o, str)}}})
+    assert not failed, "; ".join(failed.values())
 
 
 def varying_requests_check(run: _e2e.AuditRun, result_name: str) -> None:
@@ -109,61 +127,101 @@ def test_rejection_tp2_vs_one_gpu_recorded(servers, models, vocab):
 # -- DP = 2: which replica and which radix-cache state a request meets must not matter ---------
 
 
-def _generate(url: str, input_ids: list[int], params: dict, rank: int) -> dict:
-    """One /generate pinned to DP replica ``rank`` (SGLang's ``routed_dp_rank``); tokens, rank, cached tokens."""
-    body = {"input_ids": input_ids, "sampling_params": params, "routed_dp_rank": rank}
+def _generate(url: str, input_ids: list[int], params: dict, rank: int | None) -> dict:
+    """One /generate, pinned to DP replica ``rank`` (SGLang's ``routed_dp_rank``) unless None: tokens, logprobs, rank, cache hit."""
+    body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+    if rank is not None:
+        body["routed_dp_rank"] = rank
     response = requests.post(f"{url}/generate", json=body, timeout=120)
     response.raise_for_status()
     item = response.json()
     meta = item.get("meta_info", {})
+    logprobs = [row[0] for row in meta.get("output_token_logprobs") or []]
     return {"rank": meta.get("dp_rank"), "cached_tokens": meta.get("cached_tokens"),
-            "output_ids": list(item.get("output_ids") or [])}
+            "output_ids": list(item.get("output_ids") or []), "logprobs": logprobs}
 
 
-def test_dp2_same_tokens_on_either_replica_and_any_cache_state(servers, models, vocab):
+def _first_difference(runs: list[dict]) -> dict:
+    """Where the runs' outputs first part, and the largest target-logprob gap on the common prefix.
+
+    Equal logprobs up to the first differing token point at the draft side (the
+    target saw the same logits; only a draft-dependent accept or resample
+    decision differs); unequal logprobs before it point at the target.
+    """
+    ids = [r["output_ids"] for r in runs]
+    n = min(map(len, ids))
+    first = next((k for k in range(n) if len({t[k] for t in ids}) > 1), n)
+    gap = 0.0
+    for k in range(first):
+        values = [r["logprobs"][k] for r in runs if k < len(r["logprobs"]) and r["logprobs"][k] is not None]
+        if values:
+            gap = max(gap, max(values) - min(values))
+    return {"first_differing_token": first, "max_logprob_gap_before_it": gap}
+
+
+DP_CASES = 24
+
+
+DP_LAYOUTS = [("rejection", 2), ("coupled", 2), ("rejection", 1)]
+
+
+@pytest.mark.parametrize("mode, dp", DP_LAYOUTS, ids=[f"{m}_dp{d}" for m, d in DP_LAYOUTS])
+def test_dp2_same_tokens_on_either_replica_and_any_cache_state(servers, models, vocab, mode, dp):
     """Each seeded request gives one output whether it runs on replica 0 or 1, cold or after a prefix of it was cached.
 
-    The audit's DP = 2 run had 1 of 61 requests change output between batches. Round-robin
-    routing sends a request to either replica, and each replica has its own radix cache, so
-    a request meets prefix-cache states (no hit, a hit of its whole prompt, a partial hit on a
-    prefix that another request left there) that a one-GPU run never produces in that
-    order. This pins every request (``routed_dp_rank``) to each replica in each cache state:
-    cold (after ``/flush_cache``), warm (its own prompt cached), and partial (a request whose
-    prompt is a proper prefix of this one ran first on that replica). ``meta_info`` reports
-    the replica and the cached tokens, so a failure shows which of the two the output follows.
+    The audit's DP = 2 run (rejection mode) had 1 of 61 requests change output between
+    batches. Round-robin routing sends a request to either replica, and each replica has
+    its own radix cache, so a request meets prefix-cache states (no hit, a hit of its whole
+    prompt, a hit on a prefix that another request left there) in orders a one-GPU run
+    never produces. This pins every request (``routed_dp_rank``) to each replica in each
+    cache state: cold (after ``/flush_cache``), warm (its own prompt cached), and partial
+    (a request whose prompt is a proper prefix of this one ran first on that replica).
+    ``meta_info`` reports the replica and the cached tokens; the result file records, per
+    request that varied, the first differing token and whether the target logprobs already
+    differed before it (target side) or not (draft side). In coupled mode the drafts cannot
+    change a token, so the two modes side by side tell the sides apart too; the one-GPU
+    rejection server meets the same cache states without replicas.
     """
-    config = two_gpu_config(models, mode="rejection", dp=2)
+    config = two_gpu_config(models, mode=mode, dp=dp)
     server = servers.ensure(config)
     rng = random.Random(11)
     cases = []
-    for i in range(12):
+    for i in range(DP_CASES):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 40))]
-        params = {"max_new_tokens": 24, "ignore_eos": True, "temperature": (0.0, 0.7, 1.0, 1.3)[i % 4],
+        params = {"max_new_tokens": 32, "ignore_eos": True, "temperature": (0.7, 1.0, 1.3)[i % 3],
                   "sampling_seed": rng.getrandbits(63)}
         cases.append((prompt, params))
     rows = []
     for index, (prompt, params) in enumerate(cases):
         cut = max(1, len(prompt) // 2)
         outcomes = []
-        for rank in (0, 1):
+        for rank in ((0, 1) if dp == 2 else (None,)):
             requests.post(f"{server.url}/flush_cache", timeout=60)
             outcomes.append(("cold", _generate(server.url, prompt, params, rank)))
             outcomes.append(("warm", _generate(server.url, prompt, params, rank)))
             requests.post(f"{server.url}/flush_cache", timeout=60)
             _generate(server.url, prompt[:cut], {**params, "max_new_tokens": 4}, rank)  # leaves a partial prefix
             outcomes.append(("partial", _generate(server.url, prompt, params, rank)))
-        distinct = {tuple(o["output_ids"]) for _, o in outcomes}
-        rows.append({"case": index, "prompt_len": len(prompt), "temperature": params["temperature"],
-                     "distinct_outputs": len(distinct),
-                     "runs": [{"state": state, **o} for state, o in outcomes]})
+        runs = [o for _, o in outcomes]
+        distinct = {tuple(o["output_ids"]) for o in runs}
+        row = {"case": index, "prompt_len": len(prompt), "temperature": params["temperature"],
+               "distinct_outputs": len(distinct), "runs": [{"state": state, **o} for state, o in outcomes]}
+        if len(distinct) > 1:
+            row.update(_first_difference(runs))
+        rows.append(row)
     varying = [r for r in rows if r["distinct_outputs"] != 1]
     wrong_rank = [r["case"] for r in rows for run in r["runs"] if run["rank"] not in (None, 0, 1)]
-    path = _e2e.write_result("two_gpu_dp2_replica_and_cache_state", {
-        "passed": not varying, "measured": {"cases": len(rows), "varying_cases": len(varying), "rows": rows}})
+    path = _e2e.write_result(f"two_gpu_dp{dp}_{mode}_replica_and_cache_state", {
+        "passed": not varying and not wrong_rank,
+        "measured": {"mode": mode, "dp": dp, "cases": len(rows), "varying_cases": len(varying),
+                     "where": [{k: r[k] for k in ("case", "first_differing_token", "max_logprob_gap_before_it")}
+                               for r in varying],
+                     "rows": rows}})
     assert not wrong_rank, f"meta_info.dp_rank outside {{0, 1}} for cases {wrong_rank} ({path})"
     assert not varying, (
-        f"{len(varying)} of {len(rows)} requests gave more than one output across replica x cache state; "
-        f"first: case {varying[0]['case']}: "
+        f"{mode}, dp {dp}: {len(varying)} of {len(rows)} requests gave more than one output across replica x cache state; "
+        f"first: case {varying[0]['case']} (first differing token {varying[0]['first_differing_token']}, "
+        f"logprob gap before it {varying[0]['max_logprob_gap_before_it']:.3g}): "
         + "; ".join(f"{r['state']}@rank{r['rank']} cached={r['cached_tokens']} -> {r['output_ids'][:6]}"
                     for r in varying[0]["runs"]) + f" ({path})")
 

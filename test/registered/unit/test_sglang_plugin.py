@@ -17,7 +17,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_detspec import sglang_plugin
 from sglang_detspec.config import DetSpecConfig, current_config, reset_config
 from sglang_detspec.ops import Stream, exponential_race, verify_chain
-from sglang_detspec.sglang_plugin import resolve, startup, verify_hook
+from sglang_detspec.sglang_plugin import resolve, verify_hook
 from sglang_detspec.sglang_plugin.coupled_verify import VerifyContext
 
 register_cpu_ci(est_time=120, suite="detspec-unit-cpu")
@@ -99,7 +99,7 @@ def test_every_hook_applied_exactly_once(loaded):
     per_target = {}
     for target, hook, kind in sglang_plugin.hook_table():
         per_target[target] = per_target.get(target, 0) + 1
-    seed_targets = {target for target, _, _ in getattr(sglang_plugin.seed_hook, "HOOKS", ())}
+    seed_targets = {target for target, _, _ in sglang_plugin.seed_hook.HOOKS}
     assert set(per_target) == HOOKED | seed_targets  # request seeds: their own module and tests
     absent = set()
     for target, count in per_target.items():
@@ -255,16 +255,16 @@ def test_disable_setting_lets_sglang_decide(loaded, model_dir, monkeypatch):
     reset_config()
 
 
-def test_startup_problems_only_for_our_runs():
+def test_refusals_only_for_our_runs():
     bad = dict(algorithm="NGRAM", eagle_topk=8, block_verification=True, rl_on_policy=True, verify="rejection")
-    assert startup.startup_problems(DetSpecConfig(deterministic=False, rejection_sampling=True, **bad)) == []
-    assert startup.startup_problems(DetSpecConfig(deterministic=True, disabled=True, **bad)) == []
+    assert DetSpecConfig(deterministic=False, rejection_sampling=True, **bad).refusals() == []
+    assert DetSpecConfig(deterministic=True, disabled=True, **bad).refusals() == []
     # algorithm, tree, rl-on-policy, block verification
-    assert len(startup.startup_problems(DetSpecConfig(deterministic=True, rejection_sampling=True, **bad))) == 4
+    assert len(DetSpecConfig(deterministic=True, rejection_sampling=True, **bad).refusals()) == 4
     # Coupled mode serves NGRAM trees: only the two unsupported flags remain.
     coupled = DetSpecConfig(deterministic=True, rejection_sampling=True, **{**bad, "verify": "coupled"})
-    assert len(startup.startup_problems(coupled)) == 2
-    assert startup.startup_problems(ACTIVE) == []
+    assert len(coupled.refusals()) == 2
+    assert ACTIVE.refusals() == []
     # The bag itself refuses to be active for what start-up would refuse.
     for field, value in bad.items():
         if field != "verify":
