@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine after the wheel install: the whole serving benchmark in one command
 # (models written, eight servers, bench_serving at concurrency 1/8/32/128, profile, report).
-# Results land in $OUT (default /tmp/detspec-serving); extra arguments go to serving_run.py.
+# Results land in $OUT (default /tmp/detspec-serving), also packed into $ARCHIVE when set;
+# extra arguments go to serving_run.py.
 #   bash benchmark/serving/run_h200.sh                      # about 8-9 minutes on 2 H200s
 set -uo pipefail
 out=$(realpath -m "${OUT:-/tmp/detspec-serving}"); mkdir -p "$out"
@@ -15,6 +16,8 @@ budget=${BUDGET_S:-$(( ${COMMAND_LIMIT_S:-590} - SECONDS - 20 ))}
 timeout -k 10 $(( budget + 15 )) python3 benchmark/serving/serving_run.py --out "$out" --models "${MODELS:-/tmp/detspec-serving-models}" \
   --budget-s "$budget" "$@"
 rc=$?
+# ARCHIVE: everything in the result folder packed into one file (for a caller that fetches few files).
+if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$(dirname "$out")" "$(basename "$out")"; fi
 tail -n 5 "$out/serving.md" 2>/dev/null
 cat "$out"/profile_*.txt 2>/dev/null | head -n 12
 exit $rc

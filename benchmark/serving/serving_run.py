@@ -356,7 +356,7 @@ class Run:
         except Exception as exc:
             self.log(f"({s.key}) trace summary failed: {type(exc).__name__}: {exc}")
             return
-        title = (f"({s.key}) {CONFIGS[s.key].title}: {self.args.profile_steps} decode steps at concurrency {conc}, "
+        title = (f"{CONFIGS[s.key].title}: {self.args.profile_steps} decode steps at concurrency {conc}, "
                  f"trace {os.path.basename(traces[-1])}")
         base = os.path.join(self.out, f"profile_{CONFIGS[s.key].name}")
         with open(base + ".txt", "w") as f:

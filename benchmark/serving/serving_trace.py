@@ -5,10 +5,14 @@ CPU + CUDA activities, Python stacks on by default). A GPU kernel is counted as
 sampler / verify work when either
 
 - its launch (the runtime call with the same ``correlation`` id) happened
-  inside a Python frame of the sampling or verification code (this package's
-  hooks, SGLang's sampler and speculative verify functions), or
+  inside a Python frame of the sampling or verification code (this package,
+  SGLang's sampler, EAGLE's draft sampling and accept/reject functions) with
+  no model-forward frame (model runner, CUDA-graph replay) inside that one:
+  the innermost of the two kinds decides, because SGLang's EAGLE ``verify``
+  method wraps the whole target forward, which is model work; or
 - its name is one of those kernels' (the plugin's Triton kernels, SGLang's
-  sampling kernels): kernels replayed from a CUDA graph have no Python frame.
+  sampling kernels): kernels replayed from a CUDA graph (the draft model's
+  graph holds the draft races) launch from the replay frame, not their own.
 
 Both attributions and their union are reported, with the top kernels, so a
 reader can check the classification. Times are kernel durations (``dur``,
@@ -28,10 +32,16 @@ import json
 import re
 import sys
 
-# Python frames (file or function names in the stack events) of the sampling / verify code.
+# Python frames (file(line): function in the stack events) of the sampling / verify code. Not
+# SGLang's generic ``verify`` / ``forward_batch_generation`` frames: they enclose model forwards.
 FRAME_PATTERN = re.compile(
-    r"sglang_detspec|layers/sampler\.py|sampler\.py\(|speculative/eagle_info|eagle_utils|spec_utils"
-    r"|speculative_sampling|verify_tree|tree_speculative|def verify|\bverify\b|\bsample\b",
+    r"sglang_detspec/|layers/sampler\.py|speculative_sampling|tree_speculative|verify_tree_greedy"
+    r"|eagle_utils\.py\(\d+\): (eagle_sample|_verify_coins|_seeded_verify_coins)\b",
+    re.IGNORECASE,
+)
+# Frames of a model forward: a kernel launched inside one of these, inside a sampler frame, is model work.
+MODEL_FRAME_PATTERN = re.compile(
+    r"model_runner\.py\(\d+\): (forward|_forward_raw)\b|cuda_graph_runner\.py|graphs\.py\(\d+\): replay\b",
     re.IGNORECASE,
 )
 # Kernel names of the sampling / verify code.
@@ -80,31 +90,43 @@ def summarize(events: list[dict], *, steps: int | None = None, top: int = 25) ->
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launches[corr] = (e.get("pid"), e.get("tid"), float(e["ts"]))
-    # Python frames that match, per thread, as sorted (start, end) intervals.
-    frames = collections.defaultdict(list)
+    # Sampler and model-forward frames, per thread, as sorted (start, end) intervals.
+    frames = {"sampler": collections.defaultdict(list), "model": collections.defaultdict(list)}
     for e in events:
-        if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "python_function" and FRAME_PATTERN.search(
-                str(e.get("name", ""))):
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "python_function":
+            continue
+        name = str(e.get("name", ""))
+        kind = "sampler" if FRAME_PATTERN.search(name) else "model" if MODEL_FRAME_PATTERN.search(name) else None
+        if kind:
             ts = float(e["ts"])
-            frames[(e.get("pid"), e.get("tid"))].append((ts, ts + float(e.get("dur", 0.0))))
-    starts = {}
-    for key, spans in frames.items():
-        spans.sort()
-        starts[key] = [s for s, _ in spans]
+            frames[kind][(e.get("pid"), e.get("tid"))].append((ts, ts + float(e.get("dur", 0.0))))
+    starts = {kind: {} for kind in frames}
+    for kind, per_thread in frames.items():
+        for key, spans in per_thread.items():
+            spans.sort()
+            starts[kind][key] = [s for s, _ in spans]
+
+    def innermost_start(kind: str, key, ts: float) -> float | None:
+        """Start of the innermost ``kind`` frame enclosing ``ts`` on thread ``key`` (None: none encloses it)."""
+        spans = frames[kind].get(key)
+        if not spans:
+            return None
+        # Frames nest: scanning back from the last start before ts, the first enclosing one is innermost.
+        for j in range(bisect.bisect_right(starts[kind][key], ts) - 1, -1, -1):
+            if spans[j][1] >= ts:
+                return spans[j][0]
+        return None
 
     def in_matching_frame(corr) -> bool:
         launch = launches.get(corr)
         if launch is None:
             return False
         pid, tid, ts = launch
-        key = (pid, tid)
-        spans = frames.get(key)
-        if not spans:
+        sampler = innermost_start("sampler", (pid, tid), ts)
+        if sampler is None:
             return False
-        # Any matching frame that started before the launch and ends after it (frames nest, so
-        # scanning back from the last start before ts finds the enclosing ones).
-        i = bisect.bisect_right(starts[key], ts)
-        return any(spans[j][1] >= ts for j in range(i - 1, -1, -1))
+        model = innermost_start("model", (pid, tid), ts)
+        return model is None or model < sampler
 
     rows = collections.defaultdict(lambda: {"count": 0, "total_us": 0.0, "by_stack": 0, "by_name": False})
     total = by_stack = by_name = union = 0.0
@@ -132,7 +154,7 @@ def summarize(events: list[dict], *, steps: int | None = None, top: int = 25) ->
         "union_us": union, "share_by_stack": by_stack / total, "share_by_name": by_name / total,
         "share_union": union / total, "span_us": span, "steps": steps,
         "step_us": span / steps if steps else None, "kernel_us_per_step": total / steps if steps else None,
-        "stack_frames_seen": sum(len(v) for v in frames.values()), "top": top_rows,
+        "stack_frames_seen": sum(len(v) for v in frames["sampler"].values()), "top": top_rows,
     }
 
 

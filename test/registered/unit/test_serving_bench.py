@@ -319,14 +319,22 @@ def _trace(tmp_path):
                    "tid": 1, "args": {"correlation": corr}})
     def frame(name, ts, dur):
         ev.append({"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1})
-    frame("sglang/srt/speculative/eagle_info.py(200): verify", 100, 100)
+    frame("sglang/srt/speculative/eagle_utils.py(521): eagle_sample", 100, 100)
     frame("torch/nn/modules/module.py(1): _call_impl", 110, 20)
-    launch(120, 1)   # inside the verify frame (nested)
-    launch(150, 2)   # inside the verify frame
+    launch(120, 1)   # inside the sampling frame (nested)
+    launch(150, 2)   # inside the sampling frame
     launch(300, 3)   # outside: graph replay
+    # SGLang's verify wraps the target forward: the model frame inside it decides.
+    frame("sglang/srt/speculative/eagle_worker_v2.py(1979): verify", 400, 100)
+    frame("sglang_detspec/sglang_plugin/verify_hook.py(122): seeded_chain_sampling", 405, 90)
+    frame("sglang/srt/model_executor/model_runner.py(1813): forward", 410, 30)
+    launch(420, 4)   # model forward inside a sampler frame: model work
+    launch(460, 5)   # the plugin's frame, no model frame inside: sampler work
     kernel("elementwise_kernel", 1000, 30.0, 1)
     kernel("_race_argmax_kernel", 1040, 10.0, 2)
-    kernel("fused_moe_or_gemm", 1060, 960.0, 3)
+    kernel("fused_moe_or_gemm", 1060, 900.0, 3)
+    kernel("attention_kernel", 1960, 40.0, 4)
+    kernel("index_kernel", 2000, 20.0, 5)
     path = tmp_path / "t.trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
@@ -336,11 +344,11 @@ def _trace(tmp_path):
 def test_trace_summary_attributes_by_stack_and_name(tmp_path):
     s = trace.summarize(trace.load_events(_trace(tmp_path)), steps=2)
     assert s["kernel_us"] == 1000.0
-    assert s["by_stack_us"] == 40.0 and s["by_name_us"] == 10.0 and s["union_us"] == 40.0
-    assert s["share_union"] == pytest.approx(0.04)
+    assert s["by_stack_us"] == 60.0 and s["by_name_us"] == 10.0 and s["union_us"] == 60.0
+    assert s["share_union"] == pytest.approx(0.06)
     assert s["span_us"] == 1020.0 and s["step_us"] == 510.0
     text = trace.render(s, "title")
-    assert "4.00%" in text and "_race_argmax_kernel" in text
+    assert "6.00%" in text and "_race_argmax_kernel" in text
     with pytest.raises(ValueError, match="steps"):
         trace.summarize([], steps=0)
     with pytest.raises(ValueError, match="no GPU kernel"):
