@@ -49,7 +49,7 @@ from collections.abc import Sequence
 import requests
 
 from ..request import Request, RequestResult
-from ..seed_encoding import SEED_ENCODINGS, U64, sglang_seed
+from ..seed_encoding import SEED_ENCODINGS, check_seed, sglang_seed
 from . import DEFAULT_TIMEOUT_S
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
@@ -238,8 +238,11 @@ def parse_result(item, request: Request | int, rid: str | None) -> ServerResult:
             values.append(None if value is None else float(value))
         logprobs = tuple(values)
     seed = meta.get("sampling_seed")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < U64):
-        raise ServerResponseError(f"request {rid}: meta_info.sampling_seed must be an int in [0, 2**64), got {seed!r}")
+    if seed is not None:
+        try:
+            check_seed(seed, "meta_info.sampling_seed")
+        except ValueError as exc:
+            raise ServerResponseError(f"request {rid}: {exc}") from None
     return ServerResult(
         output_ids=tuple(ids), accept_lengths=(), verify_rounds=rounds, output_logprobs=logprobs,
         sampling_seed=seed,
