@@ -81,7 +81,7 @@ test-e2e: setup
 .PHONY: bench-serving bench-serving-report
 
 # End-to-end serving benchmark at 8B scale on a two-GPU H200 machine after the wheel install
-# (benchmark/serving/README.md): results in $(OUT).
+# (docs/benchmarks/serving/README.md): results in $(OUT).
 bench-serving:
 	OUT=$${OUT:-/tmp/detspec-serving} bash benchmark/serving/run_h200.sh
 

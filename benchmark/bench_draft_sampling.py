@@ -26,10 +26,13 @@ import json
 import os
 import sys
 
-import torch
-import triton
-import triton.language as tl
-from triton.testing import do_bench, do_bench_cudagraph
+try:
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.testing import do_bench, do_bench_cudagraph
+except ImportError as exc:  # the benchmark needs the GPU stack; say so instead of a traceback
+    sys.exit(f"bench_draft_sampling: needs torch and Triton with a CUDA GPU ({exc}); run `make setup` on a GPU machine")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from sglang_detspec.ops import (  # noqa: E402

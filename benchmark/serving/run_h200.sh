@@ -7,6 +7,8 @@
 set -uo pipefail
 out=$(realpath -m "${OUT:-/tmp/detspec-serving}"); mkdir -p "$out"
 cd "$(dirname "$0")/../.."
+# The wheel kit's environment (scripts/h200/README.md); elsewhere run serving_run.py directly.
+[ -f /tmp/e2e/remote/env.sh ] || { echo "run_h200.sh: needs the H200 wheel kit (/tmp/e2e/remote/env.sh); on a machine with SGLang installed run: python benchmark/serving/serving_run.py --out OUT --models DIR" >&2; exit 2; }
 . /tmp/e2e/remote/env.sh
 # SGLang finds the plugin through dist-info metadata: install this tree next to SGLang.
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . \

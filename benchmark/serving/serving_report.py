@@ -4,7 +4,7 @@ One row per (configuration, concurrency), the fields ``bench_serving`` wrote
 (``output_throughput`` tokens/s, ``mean_itl_ms``, ``p99_itl_ms``,
 ``accept_length``, ``completed``...) plus ``key``, ``name``, ``title`` and
 ``concurrency``. Writes ``serving.md``, ``serving.json`` and one PNG per metric;
-the ratios of (c), (d), (e) to (b) are reported, never asserted.
+the ratios of (c), (d), (e), (h) to (b) are reported, never asserted.
 
     python serving_report.py RESULT_DIR [--out DOCS_DIR]
 """
@@ -64,7 +64,7 @@ def index_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def ratios(table: dict, field: str = "output_throughput") -> dict[str, dict[int, float | None]]:
-    """``{key: {concurrency: row[key][field] / row[b][field]}}`` for (c), (d), (e); None where missing."""
+    """``{key: {concurrency: row[key][field] / row[b][field]}}`` for (c), (d), (e), (h); None where missing."""
     out = {}
     concs = sorted({c for _, c in table})
     for key in RATIO_KEYS:

@@ -21,7 +21,7 @@ Schedule (it must fit one command of at most 600 s on one or two GPUs):
 Every wait has a time limit and the whole run stops at ``--budget-s``: then
 servers are stopped and the report is written from what was measured.
 
-    python benchmark/serving/serving_run.py --out OUT [--models DIR] [--budget-s 560]
+    python benchmark/serving/serving_run.py --out OUT --models DIR [--budget-s 560]
 """
 
 from __future__ import annotations
@@ -68,13 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="result folder (created)")
     p.add_argument("--models", required=True,
-                   help="model folder, written when missing (about 17 GB; keep it outside --out)")
+                   help="model folder, written when missing (about 16 GB; keep it outside --out)")
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
     p.add_argument("--configs", default=DEFAULT_ORDER, help="configuration keys in priority order (default bhdcegaf)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
     p.add_argument("--profile", default="hc", help="configuration keys profiled at the largest concurrency ('' for none)")
     p.add_argument("--profile-steps", type=int, default=6)
-    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all nvidia-smi lists)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
     p.add_argument("--max-servers-per-gpu", type=int, default=3,
                    help="servers held on one GPU at once (default 3: about 30 GB each at 8B)")
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole run")

@@ -162,6 +162,15 @@ def test_a_tree_with_rejection_sampling_is_refused_up_front(capsys):
     assert rc == 2 and "--speculative-eagle-topk" in err
 
 
+def test_tokenizer_workers_are_refused_up_front_like_the_server_does(capsys, monkeypatch):
+    args = ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN, "--tokenizer-worker-num", "2"]
+    rc, out, err = dry_run(capsys, args)
+    assert rc == 2 and out == "" and "--tokenizer-worker-num 2 is not supported" in err
+    monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")  # an inactive plugin refuses nothing
+    rc, out, _ = dry_run(capsys, args)
+    assert rc == 0 and "sglang.launch_server" in out
+
+
 def test_an_inactive_run_is_noted(capsys, monkeypatch):
     monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
     rc, out, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN])
