@@ -86,5 +86,6 @@ bench-serving:
 	OUT=$${OUT:-/tmp/detspec-serving} bash benchmark/serving/run_h200.sh
 
 # Tables and plots from a results folder: make bench-serving-report RESULTS=docs/benchmarks/serving/<run>
-bench-serving-report: setup
-	$(BIN)/python benchmark/serving/serving_report.py $(RESULTS)
+# Needs only Python (matplotlib for the plots, else they are skipped with a note): no set-up.
+bench-serving-report:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmark/serving/serving_report.py $(RESULTS)

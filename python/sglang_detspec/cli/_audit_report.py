@@ -11,6 +11,7 @@ import argparse
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _plain(console: Console, text: str) -> None:
@@ -21,8 +22,8 @@ def _plain(console: Console, text: str) -> None:
 def _verdict_line(console: Console, passed: bool, message: str) -> None:
     colour = "green" if passed else "red"
     status, _, rest = message.partition(":")
-    console.print(f"[bold {colour}]{status}[/]:", end="")
-    _plain(console, rest)
+    # One Text, so the line wraps at the console width counting the status word too.
+    console.print(Text.assemble((f"{status}:", f"bold {colour}"), rest), highlight=False)
 
 
 def _logprob_cell(summary) -> str:
@@ -96,7 +97,8 @@ def print_invariance_section(console: Console, reports: dict, mode: str) -> bool
     """
     report = reports[mode]
     others = {m: r for m, r in reports.items() if m != mode}
-    table = Table(title=f"invariance: {mode} verify, the same seeded requests under every configuration")
+    table = Table(title=f"invariance: {mode} verify, the same seeded requests under every configuration",
+                  pad_edge=False)
     # Short headers so the table fits 80 columns (piped output); `detspec audit --help` explains each.
     headers = ["config", "unique", "accept len", "accept", "bound", "1-TV", "tested"]
     for m in others:

@@ -345,6 +345,31 @@ def test_bad_environment_setting_is_a_usage_error(monkeypatch, capsys):
         capsys.readouterr().err)
 
 
+def test_invariance_section_fits_80_columns_when_piped():
+    """Piped output gets rich's 80 columns: the table and the verdict wrap inside them, nothing is cropped."""
+    import io
+
+    from rich.console import Console
+
+    from sglang_detspec.cli._audit_report import print_invariance_section
+    from sglang_detspec.invariance import InvarianceReport, InvarianceRow
+
+    rows = (InvarianceRow("off", "none", 0, 1, None, True, unique_outputs=1, mean_accept_length=1.0),
+            InvarianceRow("chain K=3, random draft", "chain", 3, 1, "random", True, unique_outputs=1,
+                          mean_accept_length=2.22, acceptance_rate=0.667, coupled_bound=0.53, one_minus_tv=0.69,
+                          tested_positions=1234),
+            InvarianceRow("tree 3x2", "tree", 3, 2, "close", False, note="trees need coupled verify"))
+    reports = {mode: InvarianceReport(mode, (), (), rows, (unique,), unique, unique == 1, 0.1)
+               for mode, unique in (("coupled", 1), ("rejection", 7))}
+    out = io.StringIO()
+    assert print_invariance_section(Console(file=out, width=80), reports, "rejection") is False
+    lines = out.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert table and all(line[-1] in "┓┃┩│┘" for line in table)  # the right border is there on every row
+    assert "coupled" in out.getvalue() and "1234" in out.getvalue() and "FAIL" in out.getvalue()
+
+
 if __name__ == "__main__":
     import sys
 
