@@ -126,8 +126,15 @@ def plots(table: dict, meta: dict, out_dir: str) -> list[str]:
 
     keys = sorted({k for k, _ in table})
     paths = []
-    stamp = " / ".join(str(meta[f]) for f in ("date_utc", "gpu", "torch_version", "triton_version", "sglang_version")
-                       if meta.get(f))
+    # One short line: the date, the first GPU's name (nvidia-smi lists one "name, memory, driver" per GPU)
+    # and the versions; the full facts are in the markdown report.
+    gpus = [g.split(",")[0].strip() for g in str(meta.get("gpu") or "").split(";") if g.strip()]
+    facts = {"date_utc": str(meta.get("date_utc") or "")[:10],
+             "gpu": f"{len(gpus)} x {gpus[0]}" if gpus else "",
+             "torch_version": f"torch {meta['torch_version']}" if meta.get("torch_version") else "",
+             "triton_version": f"Triton {meta['triton_version']}" if meta.get("triton_version") else "",
+             "sglang_version": f"SGLang {meta['sglang_version']}" if meta.get("sglang_version") else ""}
+    stamp = ", ".join(v for v in facts.values() if v)
     for field, label, unit, _ in METRICS:
         fig, ax = plt.subplots(figsize=(8, 5))
         drawn = False
