@@ -6,6 +6,7 @@
 #   bash benchmark/serving/run_h200.sh                      # about 8-9 minutes on 2 H200s
 set -uo pipefail
 out=$(realpath -m "${OUT:-/tmp/detspec-serving}"); mkdir -p "$out"
+archive=${ARCHIVE:+$(realpath -m "$ARCHIVE")}  # taken relative to the caller's folder, before the cd
 cd "$(dirname "$0")/../.."
 # The wheel kit's environment (scripts/h200/README.md); elsewhere run serving_run.py directly.
 [ -f /tmp/e2e/remote/env.sh ] || { echo "run_h200.sh: needs the H200 wheel kit (/tmp/e2e/remote/env.sh); on a machine with SGLang installed run: python benchmark/serving/serving_run.py --out OUT --models DIR" >&2; exit 2; }
@@ -19,7 +20,7 @@ timeout -k 10 $(( budget + 15 )) python3 benchmark/serving/serving_run.py --out 
   --budget-s "$budget" "$@"
 rc=$?
 # ARCHIVE: everything in the result folder packed into one file (for a caller that fetches few files).
-if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$(dirname "$out")" "$(basename "$out")"; fi
+if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")"; fi
 tail -n 5 "$out/serving.md" 2>/dev/null
 cat "$out"/profile_*.txt 2>/dev/null | head -n 12
 exit $rc

@@ -32,6 +32,7 @@ def import_bench_serving():
     dataset only. Where ``datasets`` is missing, a placeholder module stands in
     whose ``load_dataset`` raises ImportError, so only an MMMU run would fail.
     """
+    import importlib.machinery
     import importlib.util
     import types
 
@@ -42,6 +43,8 @@ def import_bench_serving():
             raise ImportError("the Hugging Face datasets package is not installed")
 
         placeholder.load_dataset = load_dataset
+        # A spec, so later availability checks (find_spec) see a module instead of raising.
+        placeholder.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
         sys.modules["datasets"] = placeholder
     import sglang.bench_serving
 

@@ -129,8 +129,9 @@ def plots(table: dict, meta: dict, out_dir: str) -> list[str]:
     # One short line: the date, the first GPU's name (nvidia-smi lists one "name, memory, driver" per GPU)
     # and the versions; the full facts are in the markdown report.
     gpus = [g.split(",")[0].strip() for g in str(meta.get("gpu") or "").split(";") if g.strip()]
+    used = meta.get("gpus_used") or len(gpus)
     facts = {"date_utc": str(meta.get("date_utc") or "")[:10],
-             "gpu": f"{len(gpus)} x {gpus[0]}" if gpus else "",
+             "gpu": f"{used} x {gpus[0]}" if gpus else "",
              "torch_version": f"torch {meta['torch_version']}" if meta.get("torch_version") else "",
              "triton_version": f"Triton {meta['triton_version']}" if meta.get("triton_version") else "",
              "sglang_version": f"SGLang {meta['sglang_version']}" if meta.get("sglang_version") else ""}

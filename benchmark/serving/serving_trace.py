@@ -36,7 +36,8 @@ import sys
 # SGLang's generic ``verify`` / ``forward_batch_generation`` frames: they enclose model forwards.
 FRAME_PATTERN = re.compile(
     r"sglang_detspec/|layers/sampler\.py|speculative_sampling|tree_speculative|verify_tree_greedy"
-    r"|eagle_utils\.py\(\d+\): (eagle_sample|_verify_coins|_seeded_verify_coins)\b",
+    r"|eagle_utils\.py\(\d+\): (eagle_sample|_verify_coins|_seeded_verify_coins)\b"
+    r"|spec_utils\.py\(\d+\): sample_draft_proposal",
     re.IGNORECASE,
 )
 # Frames of a model forward: a kernel launched inside one of these, inside a sampler frame, is model work.
@@ -126,6 +127,7 @@ def summarize(events: list[dict], *, steps: int | None = None, top: int = 25) ->
         if sampler is None:
             return False
         model = innermost_start("model", (pid, tid), ts)
+        # A tie (both frames start at one timestamp) cannot say which is inner: counted as model work.
         return model is None or model < sampler
 
     rows = collections.defaultdict(lambda: {"count": 0, "total_us": 0.0, "by_stack": 0, "by_name": False})

@@ -18,10 +18,11 @@ not failed. Coupled mode is compared, because its target draw depends on the
 logits only through an argmax of keyed races and ties at that precision are rare
 (a mismatch there is reported with the logprob difference).
 
-Skipped with the reason when fewer than two GPUs are visible. The six servers the
-selected tests need start side by side at the first test (tiny models: the TP = 2 and
-DP = 2 servers share both GPUs with the one-GPU servers), then each check runs on its
-server: about 5-7 minutes in all.
+Skipped with the reason when fewer than two GPUs are visible. The first test starts all
+six servers side by side (tiny models: the TP = 2 and DP = 2 servers share both GPUs
+with the one-GPU servers), then each check runs on its server; estimated 5-7 minutes in
+all, not yet measured. A ``-k`` selection without ``test_servers_start`` starts each
+server when a test first needs it, one at a time.
 """
 
 import random
@@ -41,7 +42,7 @@ TEST_ORDER = (
     "test_two_gpu_server_is_batch_invariant",
     "test_coupled_two_gpu_tokens_equal_one_gpu",
     "test_rejection_tp2_vs_one_gpu_recorded",
-    "test_dp2_same_tokens_on_either_replica_and_any_cache_state",
+    "test_same_tokens_on_either_replica_and_any_cache_state",
 )
 
 
@@ -144,9 +145,11 @@ def _generate(url: str, input_ids: list[int], params: dict, rank: int | None) ->
 def _first_difference(runs: list[dict]) -> dict:
     """Where the runs' outputs first part, and the largest target-logprob gap on the common prefix.
 
-    Equal logprobs up to the first differing token point at the draft side (the
-    target saw the same logits; only a draft-dependent accept or resample
-    decision differs); unequal logprobs before it point at the target.
+    A lead, not a verdict: token 0 comes from the prefill's logits with no draft
+    involved, so a difference there is on the target side; unequal logprobs
+    before the first differing token also point at the target. Equal logprobs
+    before it leave both sides open: the logits at the differing position itself
+    are not compared (its tokens, and so their logprobs, differ).
     """
     ids = [r["output_ids"] for r in runs]
     n = min(map(len, ids))
@@ -156,7 +159,8 @@ def _first_difference(runs: list[dict]) -> dict:
         values = [r["logprobs"][k] for r in runs if k < len(r["logprobs"]) and r["logprobs"][k] is not None]
         if values:
             gap = max(gap, max(values) - min(values))
-    return {"first_differing_token": first, "max_logprob_gap_before_it": gap}
+    lead = "target (prefill token)" if first == 0 else "target (logits differ before)" if gap > 0 else "open"
+    return {"first_differing_token": first, "max_logprob_gap_before_it": gap, "lead": lead}
 
 
 DP_CASES = 24
@@ -166,7 +170,7 @@ DP_LAYOUTS = [("rejection", 2), ("coupled", 2), ("rejection", 1)]
 
 
 @pytest.mark.parametrize("mode, dp", DP_LAYOUTS, ids=[f"{m}_dp{d}" for m, d in DP_LAYOUTS])
-def test_dp2_same_tokens_on_either_replica_and_any_cache_state(servers, models, vocab, mode, dp):
+def test_same_tokens_on_either_replica_and_any_cache_state(servers, models, vocab, mode, dp):
     """Each seeded request gives one output whether it runs on replica 0 or 1, cold or after a prefix of it was cached.
 
     The audit's DP = 2 run (rejection mode) had 1 of 61 requests change output between
@@ -178,9 +182,9 @@ def test_dp2_same_tokens_on_either_replica_and_any_cache_state(servers, models, 
     (a request whose prompt is a proper prefix of this one ran first on that replica).
     ``meta_info`` reports the replica and the cached tokens; the result file records, per
     request that varied, the first differing token and whether the target logprobs already
-    differed before it (target side) or not (draft side). In coupled mode the drafts cannot
-    change a token, so the two modes side by side tell the sides apart too; the one-GPU
-    rejection server meets the same cache states without replicas.
+    differed before it (a lead, see ``_first_difference``). In coupled mode the drafts
+    cannot change a token, so the two modes side by side tell the sides apart; the
+    one-GPU rejection server (``dp = 1``) meets the same cache states without replicas.
     """
     config = two_gpu_config(models, mode=mode, dp=dp)
     server = servers.ensure(config)
@@ -214,7 +218,7 @@ def test_dp2_same_tokens_on_either_replica_and_any_cache_state(servers, models, 
     path = _e2e.write_result(f"two_gpu_dp{dp}_{mode}_replica_and_cache_state", {
         "passed": not varying and not wrong_rank,
         "measured": {"mode": mode, "dp": dp, "cases": len(rows), "varying_cases": len(varying),
-                     "where": [{k: r[k] for k in ("case", "first_differing_token", "max_logprob_gap_before_it")}
+                     "where": [{k: r[k] for k in ("case", "first_differing_token", "max_logprob_gap_before_it", "lead")}
                                for r in varying],
                      "rows": rows}})
     assert not wrong_rank, f"meta_info.dp_rank outside {{0, 1}} for cases {wrong_rank} ({path})"

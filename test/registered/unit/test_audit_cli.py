@@ -365,7 +365,7 @@ def test_invariance_section_fits_80_columns_when_piped():
     assert print_invariance_section(Console(file=out, width=80), reports, "rejection") is False
     lines = out.getvalue().splitlines()
     assert max(map(len, lines)) <= 80
-    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    table = [line for line in lines if line and line[0] in "┏┃┡│└"]
     assert table and all(line[-1] in "┓┃┩│┘" for line in table)  # the right border is there on every row
     assert "coupled" in out.getvalue() and "1234" in out.getvalue() and "FAIL" in out.getvalue()
 

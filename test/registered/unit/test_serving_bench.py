@@ -330,11 +330,16 @@ def _trace(tmp_path):
     frame("sglang/srt/model_executor/model_runner.py(1813): forward", 410, 30)
     launch(420, 4)   # model forward inside a sampler frame: model work
     launch(460, 5)   # the plugin's frame, no model frame inside: sampler work
+    # A sampler frame inside a model frame (a sampler called from the forward): sampler work.
+    frame("sglang/srt/model_executor/model_runner.py(1813): forward", 600, 100)
+    frame("sglang/srt/layers/sampler.py(90): forward", 610, 50)
+    launch(620, 6)
     kernel("elementwise_kernel", 1000, 30.0, 1)
     kernel("_race_argmax_kernel", 1040, 10.0, 2)
     kernel("fused_moe_or_gemm", 1060, 900.0, 3)
     kernel("attention_kernel", 1960, 40.0, 4)
-    kernel("index_kernel", 2000, 20.0, 5)
+    kernel("index_kernel", 2000, 10.0, 5)
+    kernel("sort_kernel", 2010, 10.0, 6)
     path = tmp_path / "t.trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
