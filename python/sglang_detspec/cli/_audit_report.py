@@ -22,8 +22,8 @@ def _plain(console: Console, text: str) -> None:
 def _verdict_line(console: Console, passed: bool, message: str) -> None:
     colour = "green" if passed else "red"
     status, _, rest = message.partition(":")
-    # One Text, so the line wraps at the console width counting the status word too.
-    console.print(Text.assemble((f"{status}:", f"bold {colour}"), rest), highlight=False)
+    # One line, never hard-wrapped: a verdict stays whole for grep and copy (a terminal wraps it).
+    console.print(Text.assemble((f"{status}:", f"bold {colour}"), rest), highlight=False, soft_wrap=True)
 
 
 def _logprob_cell(summary) -> str:
