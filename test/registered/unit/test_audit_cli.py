@@ -370,6 +370,7 @@ def test_invariance_section_fits_80_columns_when_piped():
     assert "1234" in out.getvalue()
     assert ("FAIL: 7 unique output(s) across all configurations with rejection verify "
             "(coupled verify: 1 across the same configurations)") in lines
+    assert "expected: rejection sampling's tokens depend on the drafter" in out.getvalue()  # a failure by design
 
 
 if __name__ == "__main__":
