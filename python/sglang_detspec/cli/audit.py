@@ -128,46 +128,73 @@ def _json_path(text: str) -> Path:
 
 
 
-_EPILOG = f"""\
-changing-batch table (one row per run):
-  run                   seeded: the in-process engine with the keyed streams; control: the same
-                        engine drawing from torch's global RNG (it shows the trials can catch a
-                        batch-dependent sampler); server: the server at --url
-  unique probe outputs  distinct token sequences the probe request gave over the trials: 1 means
-                        its output did not depend on the batch it ran in
-  probe logprobs        (--url) whether the probe's output logprobs were bitwise equal in every trial
-  mean accept len       tokens committed per verify round over every request of every trial:
-                        accepted draft tokens + the target's own token, so between 1 and K+1
-                        for K draft tokens per round (the server's
-                        --speculative-num-draft-tokens is K+1)
-  varying requests      requests (probe and fillers) whose output changed between trials, out of
-                        all distinct requests that ran: 0 for a batch-invariant run
-  time                  seconds spent decoding
+# The epilog as data, wrapped by _format_epilog to HELP_WIDTH (argparse's raw formatter,
+# needed to keep the columns, would print it as written).
+HELP_WIDTH = 79
+_TERM_WIDTH = 22
+_EPILOG_SECTIONS = (
+    ("changing-batch table (one row per run):", (
+        ("run", "seeded: the in-process engine with the keyed streams; control: the same engine "
+         "drawing from torch's global RNG (it shows the trials can catch a batch-dependent "
+         "sampler); server: the server at --url"),
+        ("unique probe outputs", "distinct token sequences the probe request gave over the trials: "
+         "1 means its output did not depend on the batch it ran in"),
+        ("probe logprobs", "(--url) whether the probe's output logprobs were bitwise equal in every trial"),
+        ("mean accept len", "tokens committed per verify round over every request of every trial: "
+         "accepted draft tokens + the target's own token, so between 1 and K+1 for K draft tokens "
+         "per round (the server's --speculative-num-draft-tokens is K+1)"),
+        ("varying requests", "requests (probe and fillers) whose output changed between trials, out "
+         "of all distinct requests that ran: 0 for a batch-invariant run"),
+        ("time", "seconds spent decoding"),
+    )),
+    ("invariance table (in-process; one row per configuration: speculative decoding off, chains "
+     "of several lengths, a tree, other draft models):", (
+        ("unique", "per probe request, distinct outputs among this configuration's and the "
+         "speculative-decoding-off one (the most over the probes): 1 means the drafter changed no "
+         "token; coupled verify gives 1"),
+        ("accept len", "mean accept length as above, out of K+1 for the configuration's K"),
+        ("accept", "share of tested draft tokens accepted"),
+        ("bound, 1-TV", "(1-TV)/(1+TV), 1-TV: the lower bound coupled verification guarantees per "
+         "draft token (Daliri, Musco, Suresh 2024) and the acceptance of rejection sampling, from the "
+         "total variation TV between draft and target distributions, averaged over the tested draft "
+         "tokens (expected rates: a small sample of measured acceptance can fall on either side)"),
+        ("tested", "draft tokens tested, over every probe"),
+        ("<other> unique", "the same count with the other verify mode, for comparison (rejection "
+         "verify's tokens depend on the drafter, so it is expected above 1, and `--mode rejection` "
+         "fails the invariance section by design, exit 1)"),
+    )),
+    ("request-seed checks (--url): unseeded requests of one prompt differ; n parallel samples with "
+     "a seed differ, replay, sample 0 is the seed's n = 1 output, sample 1 is not seed + 1's; every "
+     "seed the server reports (meta_info.sampling_seed) replays its output bit for bit.", ()),
+    ("exit status: 0 every section passed, 1 one failed, 2 bad arguments or settings, an "
+     "unreachable server or a server error, 130 interrupted (Ctrl-C).", ()),
+)
 
-invariance table (in-process; one row per configuration: speculative decoding off, chains
-of several lengths, a tree, other draft models):
-  unique                per probe request, distinct outputs among this configuration's and the
-                        speculative-decoding-off one (the most over the probes): 1 means the
-                        drafter changed no token; coupled verify gives 1
-  accept len            mean accept length as above, out of K+1 for the configuration's K
-  accept                share of tested draft tokens accepted
-  bound, 1-TV           (1-TV)/(1+TV), 1-TV: the lower bound coupled verification guarantees
-                        per draft token (Daliri, Musco, Suresh 2024) and the acceptance of
-                        rejection sampling, from the total variation TV between draft and target
-                        distributions, averaged over the tested draft tokens (expected rates: a
-                        small sample of measured acceptance can fall on either side)
-  tested                draft tokens tested, over every probe
-  <other> unique        the same count with the other verify mode, for comparison (rejection
-                        verify's tokens depend on the drafter, so it is expected above 1, and
-                        `--mode rejection` fails the invariance section by design, exit 1)
 
-request-seed checks (--url): unseeded requests of one prompt differ; n parallel samples with
-a seed differ, replay, sample 0 is the seed's n = 1 output, sample 1 is not seed + 1's; every
-seed the server reports (meta_info.sampling_seed) replays its output bit for bit.
+def _format_epilog(sections=_EPILOG_SECTIONS, width: int = HELP_WIDTH) -> str:
+    """The epilog as paragraphs and term/description columns, no line longer than ``width``."""
+    indent = " " * (2 + _TERM_WIDTH)
 
-exit status: 0 every section passed, 1 one failed, 2 bad arguments or settings, an unreachable
-server or a server error, 130 interrupted (Ctrl-C).
-"""
+    def wrap(text: str, **indents) -> list[str]:
+        # A `quoted command` stays on one line, so it can be copied as written.
+        glued = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+        lines = textwrap.wrap(glued, width, break_on_hyphens=False, **indents)
+        return [line.replace("\0", " ") for line in lines]
+
+    blocks = []
+    for heading, terms in sections:
+        lines = wrap(heading)
+        for term, text in terms:
+            first = f"  {term:<{_TERM_WIDTH - 2}}  "
+            if len(first) > len(indent):  # a term too long for its column gets a line of its own
+                lines.append(f"  {term}")
+                first = indent
+            lines += wrap(text, initial_indent=first, subsequent_indent=indent)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+_EPILOG = _format_epilog()
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -183,14 +210,15 @@ def register(subparsers) -> argparse.ArgumentParser:
             "seeded requests give the same tokens with speculative decoding off, chains, a tree and "
             "other draft models (the invariance section). With --url, run the changing-batch trials "
             "on a running SGLang server through its /generate endpoint instead, then its request-seed checks.",
-            width=88,
+            width=HELP_WIDTH,
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--mode", choices=VERIFY_MODES, default=None,
-        help="verify mode of the in-process engine: coupled (default; drafter-invariant) or rejection",
+        help="verify mode of the in-process engine: coupled (drafter-invariant) or rejection "
+        "(default: SGLANG_DETSPEC_VERIFY when it names one of them, else coupled)",
     )
     parser.add_argument(
         "--trials", default=DEFAULT_TRIALS, metavar="N",
@@ -309,6 +337,23 @@ def _kernel_problem() -> str | None:
     )
 
 
+def _in_process_mode(args: argparse.Namespace) -> tuple[str, str]:
+    """The in-process engine's verify mode and where it came from: --mode, else the environment.
+
+    ``SGLANG_DETSPEC_VERIFY=auto`` (or unset) gives coupled: the in-process
+    engine has no rejection-sampling flag for auto to follow.
+
+    Raises:
+        ValueError: ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection.
+    """
+    from ..config import VERIFY_ENV, env_settings, resolve_verify
+
+    if args.mode is not None:
+        return args.mode, "--mode"
+    setting = env_settings()["verify"]
+    return resolve_verify(setting, False), (f"{VERIFY_ENV}={setting}" if setting != "auto" else "default")
+
+
 def _fail(message: str, usage=None) -> int:
     # Plain print, not rich: server messages may hold [brackets] rich would eat.
     if usage is not None:
@@ -355,7 +400,8 @@ def _run_in_process(args: argparse.Namespace) -> int:
 
     models = build_model_pair()
     k = DEFAULT_NUM_DRAFT_TOKENS if args.num_draft_tokens is None else args.num_draft_tokens
-    mode = args.mode or "coupled"
+    mode, mode_source = _in_process_mode(args)
+    mode_label = mode if mode_source == "default" else f"{mode} ({mode_source})"
     control = True if args.control is None else args.control
     plan = build_plan(
         args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
@@ -366,13 +412,14 @@ def _run_in_process(args: argparse.Namespace) -> int:
         engines.append(ReferenceEngine.control(models, k, seed=args.seed, verify=mode))
     summaries = _progress_runs(engines, plan)
     settings = {
-        "mode": mode, "trials": args.trials, "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
+        "mode": mode, "mode_source": mode_source, "trials": args.trials,
+        "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
         "max_batch_size": args.max_batch_size, "seed": args.seed, "control": control,
         "invariance": args.invariance, "vocab_size": models.vocab_size,
     }
     console = Console()
     verdict, report = print_batch_section(
-        console, args, plan, summaries, settings, f"{mode} verify, K={k} draft tokens"
+        console, args, plan, summaries, settings, f"{mode_label} verify, K={k} draft tokens"
     )
     sections = {"changing_batch": verdict.passed}
     if args.invariance:

@@ -127,7 +127,7 @@ def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["passed"] is True and report["sections"] == {"changing_batch": True, "invariance": True}
     assert report["settings"] == {
-        "mode": "coupled", "trials": 7, "max_new_tokens": 6, "num_draft_tokens": 2, "max_batch_size": 6,
+        "mode": "coupled", "mode_source": "default", "trials": 7, "max_new_tokens": 6, "num_draft_tokens": 2, "max_batch_size": 6,
         "seed": 5, "control": True, "invariance": True, "vocab_size": VOCAB,
     }
     coupled, rejection = report["invariance"]["coupled"], report["invariance"]["rejection"]
@@ -158,14 +158,21 @@ def test_cli_audit_without_control(tmp_path):
     assert list(report["runs"]) == ["seeded"] and "invariance" not in report
 
 
-def test_cli_rejection_mode_fails_the_invariance_section(tmp_path, capsys):
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_cli_rejection_mode_fails_the_invariance_section(tmp_path, capsys, monkeypatch, how):
     # Rejection verification is batch-invariant but not drafter-invariant: the
     # changing-batch section passes, the invariance section fails, so the audit does.
+    # SGLANG_DETSPEC_VERIFY, the server's setting, also picks the in-process mode, and the header says so.
     out = tmp_path / "rejection.json"
-    argv = ["audit", "--mode", "rejection", "--trials", "3", "--max-new-tokens", "8", "--max-batch-size", "3",
+    mode_args = ["--mode", "rejection"] if how == "flag" else []
+    if how == "environment":
+        monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "rejection")
+    argv = ["audit", *mode_args, "--trials", "3", "--max-new-tokens", "8", "--max-batch-size", "3",
             "--no-control", "--json", str(out)]
     assert main(argv) == 1
     stdout = " ".join(capsys.readouterr().out.split())
+    source = "--mode" if how == "flag" else "SGLANG_DETSPEC_VERIFY=rejection"
+    assert f"rejection ({source}) verify, K=3 draft tokens" in stdout
     assert "PASS: the seeded probe request gave 1 unique output across 3 trials" in stdout
     assert "FAIL:" in stdout and "with rejection verify (coupled verify: 1 across the same configurations)" in stdout
     assert "audit failed: invariance" in stdout
@@ -249,6 +256,43 @@ def test_cli_help_explains_the_columns_and_the_limit(capsys):
                    "between 1 and K+1 for K draft tokens per round", "(1-TV)/(1+TV), 1-TV",
                    "N + K must be at most 4072", "130 interrupted"):
         assert phrase in out, phrase
+
+
+def test_cli_help_fits_80_columns_and_keeps_quoted_commands_whole(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")  # what argparse sees when the help is piped
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    too_long = [line for line in lines if len(line) > 80]
+    assert not too_long, too_long
+    assert any("`--mode rejection`" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "flag, env, expected",
+    [
+        (None, None, ("coupled", "default")),
+        (None, "auto", ("coupled", "default")),
+        (None, "coupled", ("coupled", "SGLANG_DETSPEC_VERIFY=coupled")),
+        ("coupled", "rejection", ("coupled", "--mode")),  # the flag wins over the environment
+    ],
+)
+def test_in_process_mode_comes_from_the_flag_then_the_environment(monkeypatch, flag, env, expected):
+    from sglang_detspec.cli.audit import _in_process_mode
+
+    if env is None:
+        monkeypatch.delenv("SGLANG_DETSPEC_VERIFY", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", env)
+    args = build_parser().parse_args(["audit", *(["--mode", flag] if flag else [])])
+    assert _in_process_mode(args) == expected
+
+
+def test_bad_verify_setting_is_a_usage_error_before_the_models_are_built(monkeypatch, capsys):
+    monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "tree")
+    monkeypatch.setattr("sglang_detspec.reference.build_model_pair", lambda: pytest.fail("models were built"))
+    assert main(["audit", "--trials", "2"]) == 2
+    assert "SGLANG_DETSPEC_VERIFY must be one of ('auto', 'coupled', 'rejection'), got 'tree'" in capsys.readouterr().err
 
 
 def test_triton_kernel_without_cuda_tensors_is_one_line_and_exit_2(monkeypatch, capsys):
