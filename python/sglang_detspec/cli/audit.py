@@ -160,8 +160,9 @@ _EPILOG_SECTIONS = (
          "tokens (expected rates: a small sample of measured acceptance can fall on either side)"),
         ("tested", "draft tokens tested, over every probe"),
         ("<other> unique", "the same count with the other verify mode, for comparison (rejection "
-         "verify's tokens depend on the drafter, so it is expected above 1, and `--mode rejection` "
-         "fails the invariance section by design, exit 1)"),
+         "verify's tokens depend on the drafter, so it is expected above 1, and rejection mode, "
+         "`--mode rejection` or `SGLANG_DETSPEC_VERIFY=rejection`, fails the invariance section by "
+         "design, exit 1)"),
     )),
     ("request-seed checks (--url): unseeded requests of one prompt differ; n parallel samples with "
      "a seed differ, replay, sample 0 is the seed's n = 1 output, sample 1 is not seed + 1's; every "
@@ -351,7 +352,8 @@ def _in_process_mode(args: argparse.Namespace) -> tuple[str, str]:
     if args.mode is not None:
         return args.mode, "--mode"
     setting = env_settings()["verify"]
-    return resolve_verify(setting, False), (f"{VERIFY_ENV}={setting}" if setting != "auto" else "default")
+    given = os.environ.get(VERIFY_ENV, "").strip() != ""
+    return resolve_verify(setting, False), (f"{VERIFY_ENV}={setting}" if given else "default")
 
 
 def _fail(message: str, usage=None) -> int:

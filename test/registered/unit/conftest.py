@@ -1,11 +1,19 @@
 """Fixtures several unit test files share."""
 
 import json
+import os
 
 import pytest
 import torch
 
 from sglang_detspec.config import install_config, reset_config
+
+
+@pytest.fixture(autouse=True)
+def no_detspec_environment(monkeypatch):
+    """Every test starts without SGLANG_DETSPEC_* settings, whatever the calling shell exports."""
+    for name in [n for n in os.environ if n.startswith("SGLANG_DETSPEC_")]:
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture

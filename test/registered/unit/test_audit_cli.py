@@ -258,21 +258,29 @@ def test_cli_help_explains_the_columns_and_the_limit(capsys):
         assert phrase in out, phrase
 
 
-def test_cli_help_fits_80_columns_and_keeps_quoted_commands_whole(monkeypatch, capsys):
-    monkeypatch.setenv("COLUMNS", "80")  # what argparse sees when the help is piped
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_cli_help_fits_80_columns_and_keeps_quoted_commands_whole(monkeypatch, capsys, columns):
+    # At 80 (piped) all of it fits; on a wider terminal argparse widens the options, not the epilog.
+    from sglang_detspec.cli.audit import _EPILOG
+
+    monkeypatch.setenv("COLUMNS", columns)
     with pytest.raises(SystemExit):
         main(["audit", "--help"])
     lines = capsys.readouterr().out.splitlines()
-    too_long = [line for line in lines if len(line) > 80]
+    checked = lines if columns == "80" else _EPILOG.splitlines()
+    too_long = [line for line in checked if len(line) > 80]
     assert not too_long, too_long
+    assert _EPILOG.strip().splitlines()[0] in lines
     assert any("`--mode rejection`" in line for line in lines)
+    assert any("`SGLANG_DETSPEC_VERIFY=rejection`" in line for line in lines)
 
 
 @pytest.mark.parametrize(
     "flag, env, expected",
     [
         (None, None, ("coupled", "default")),
-        (None, "auto", ("coupled", "default")),
+        (None, "auto", ("coupled", "SGLANG_DETSPEC_VERIFY=auto")),
+        (None, " ", ("coupled", "default")),  # blank counts as unset, as for the server
         (None, "coupled", ("coupled", "SGLANG_DETSPEC_VERIFY=coupled")),
         ("coupled", "rejection", ("coupled", "--mode")),  # the flag wins over the environment
     ],
@@ -288,11 +296,13 @@ def test_in_process_mode_comes_from_the_flag_then_the_environment(monkeypatch, f
     assert _in_process_mode(args) == expected
 
 
-def test_bad_verify_setting_is_a_usage_error_before_the_models_are_built(monkeypatch, capsys):
+def test_in_process_mode_names_a_bad_verify_setting(monkeypatch):
+    from sglang_detspec.cli.audit import _in_process_mode
+
     monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "tree")
-    monkeypatch.setattr("sglang_detspec.reference.build_model_pair", lambda: pytest.fail("models were built"))
-    assert main(["audit", "--trials", "2"]) == 2
-    assert "SGLANG_DETSPEC_VERIFY must be one of ('auto', 'coupled', 'rejection'), got 'tree'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"SGLANG_DETSPEC_VERIFY must be one of \('auto', 'coupled', 'rejection'\), "
+                       "got 'tree'"):
+        _in_process_mode(build_parser().parse_args(["audit"]))
 
 
 def test_triton_kernel_without_cuda_tensors_is_one_line_and_exit_2(monkeypatch, capsys):

@@ -1,5 +1,6 @@
-"""Make targets on a machine without a GPU: they say nothing ran, and install nothing first."""
+"""Make targets that would install 11 GB: they refuse early, say why, and install nothing."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -7,31 +8,70 @@ from pathlib import Path
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
 
 ROOT = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi (maybe a GPU)")
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def make(*args, env_extra=None):
+    """`make -s ARGS` in the repository, outside any calling make, with PYTHON=false.
+
+    PYTHON=false makes a check that wrongly lets the install through fail at its first
+    step (`$(PYTHON) -m venv`) instead of starting an 11 GB pip install.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env.update(env_extra or {})
+    return subprocess.run(["make", "-s", *args, "PYTHON=false"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None or bool(list(Path("/dev").glob("nvidia[0-9]*"))),
+                    reason="this machine may have a CUDA GPU")
 def test_e2e_target_without_a_gpu_stops_before_the_install(tmp_path):
     venv = tmp_path / "venv"  # where `make setup` would install SGLang
-    proc = subprocess.run(["make", "-s", "test-e2e", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = make("test-e2e", f"VENV={venv}")
     assert proc.returncode == 2, proc.stdout + proc.stderr  # make's status for a failed recipe
-    assert "make test-e2e: nothing ran, nothing installed: nvidia-smi lists no CUDA GPU here" in proc.stdout
+    assert "make test-e2e: nothing ran, nothing installed: no CUDA GPU here" in proc.stderr
     assert "Error 5" in proc.stderr  # the recipe's own status: pytest's "no tests ran", as make test-gpu
     assert not venv.exists()
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
-def test_setup_refuses_a_disk_without_room_for_the_install(tmp_path):
-    venv = tmp_path / "venv"
-    proc = subprocess.run(["make", "-s", "setup", f"VENV={venv}", "SETUP_FREE_GB=1000000000"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("venv_exists", [False, True], ids=["fresh", "left-by-a-failed-install"])
+def test_setup_refuses_a_disk_without_room_for_the_install(tmp_path, venv_exists):
+    venv = tmp_path / "deeper" / "venv"
+    if venv_exists:
+        venv.mkdir(parents=True)  # a first install that stopped midway leaves the folder, not the stamp
+    proc = make("setup", f"VENV={venv}", "SETUP_FREE_GB=1000000000")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "GB free on the disk of" in proc.stderr and "the install takes about 1000000000 GB" in proc.stderr
-    assert "nothing was installed" in proc.stderr and not venv.exists()
+    assert f"GiB free on the disk of {venv}, and the install takes about 1000000000 GiB" in proc.stderr
+    assert "SETUP_FREE_GB=N" in proc.stderr and "nothing was installed" in proc.stderr
+    assert "installing sglang-detspec" not in proc.stdout
+    assert venv.exists() == venv_exists and (tmp_path / "deeper").exists() == venv_exists  # nothing created
+
+
+@pytest.mark.parametrize("value", ["abc", "10.5", ""])
+def test_setup_names_a_bad_free_space_limit(tmp_path, value):
+    proc = make("setup", f"VENV={tmp_path / 'venv'}", f"SETUP_FREE_GB={value}")
+    assert proc.returncode == 2
+    assert f"make setup: SETUP_FREE_GB must be a whole number of GiB, got '{value}'" in proc.stderr
+
+
+def test_setup_warns_when_the_free_space_cannot_be_read(tmp_path):
+    # A df that fails, first on PATH: the check says so and lets the install go on (here PYTHON=false stops it).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "df").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "df").chmod(0o755)
+    proc = make("setup", f"VENV={tmp_path / 'venv'}",
+                env_extra={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert "make setup: warning: could not read the free space of" in proc.stderr
+    assert "installing sglang-detspec" in proc.stdout and proc.returncode == 2  # `false -m venv` failed
+
+
+def test_venv_path_with_spaces_is_refused(tmp_path):
+    proc = make("setup", f"VENV={tmp_path / 'my venv'}")
+    assert proc.returncode == 2 and "VENV must be a path without spaces" in proc.stderr
 
 
 if __name__ == "__main__":
