@@ -26,10 +26,16 @@ the batch carries no seeds):
   asks for no truncation draws what the simple path draws.
 - ``sglang.kernels.ops.sampling.renorm.top_k_renorm_prob`` and
   ``top_p_renorm_prob`` (rejection-mode verify): rows with ``top_k >= V`` or
-  ``top_p >= 1`` keep their probabilities bit for bit.
+  ``top_p >= 1`` keep their probabilities bit for bit, and the others are
+  renormalised by flashinfer in its deterministic mode (by default it sums a
+  row across thread blocks with float atomics, in arrival order, so a
+  truncated row's last bits could change from run to run).
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 
@@ -153,17 +159,42 @@ def _keep_neutral_rows(probs, renormed, neutral):
     return torch.where(neutral.view(-1, 1), probs, renormed)
 
 
+@functools.cache
+def _takes_is_deterministic(kernel) -> bool:
+    try:
+        return "is_deterministic" in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def _reproducible(original, args: tuple, kwargs: dict) -> dict:
+    """``kwargs`` plus ``is_deterministic=True`` where the renorm kernel takes it (flashinfer's on CUDA).
+
+    SGLang binds the name to a lazy loader on CUDA (flashinfer's function
+    behind it) and to kernels without the flag elsewhere; a flag already
+    given positionally is left as it is.
+    """
+    kernel = original._load() if hasattr(original, "_load") else original  # sglang.utils.LazyImport
+    if args or not _takes_is_deterministic(kernel):
+        return kwargs
+    return {**kwargs, "is_deterministic": True}
+
+
 def top_k_renorm_keep_neutral(original, probs, top_ks, *args, **kwargs):
     """AROUND hook for SGLang's ``top_k_renorm_prob(probs [B, V], top_ks [B])``."""
-    out = original(probs, top_ks, *args, **kwargs)
-    if not current_config().active or not isinstance(top_ks, torch.Tensor):
+    if not current_config().active:
+        return original(probs, top_ks, *args, **kwargs)
+    out = original(probs, top_ks, *args, **_reproducible(original, args, kwargs))
+    if not isinstance(top_ks, torch.Tensor):
         return out
     return _keep_neutral_rows(probs, out, top_ks >= probs.shape[-1])
 
 
 def top_p_renorm_keep_neutral(original, probs, top_ps, *args, **kwargs):
     """AROUND hook for SGLang's ``top_p_renorm_prob(probs [B, V], top_ps [B])``."""
-    out = original(probs, top_ps, *args, **kwargs)
-    if not current_config().active or not isinstance(top_ps, torch.Tensor):
+    if not current_config().active:
+        return original(probs, top_ps, *args, **kwargs)
+    out = original(probs, top_ps, *args, **_reproducible(original, args, kwargs))
+    if not isinstance(top_ps, torch.Tensor):
         return out
     return _keep_neutral_rows(probs, out, top_ps >= 1.0)

@@ -8,6 +8,7 @@ own draft-proposal and verify entry points are called on CPU tensors.
 import dataclasses
 import json
 import os
+import sys
 import types
 
 import pytest
@@ -458,6 +459,59 @@ def test_renorm_hooks_keep_rows_that_ask_for_no_truncation(loaded, bag):
     assert torch.equal(out[0], probs[0]) and torch.equal(out[1], renorm(probs, None)[1])
     bag(INACTIVE)
     assert torch.equal(top_k_renorm_keep_neutral(renorm, probs, torch.tensor([1 << 30] * 4)), renorm(probs, None))
+
+
+def test_renorm_hooks_ask_flashinfer_for_its_deterministic_mode(loaded, bag):
+    """flashinfer's renorm sums a row with float atomics unless ``is_deterministic``; the hooks set it when active.
+
+    The kernels run only on CUDA, so a function with flashinfer 0.7.2's signature
+    (checked against the installed flashinfer below) records what it is passed;
+    SGLang's lazy loader wraps it as on CUDA. Kernels without the flag (ROCm's
+    Triton renorm) are called as SGLang calls them.
+    """
+    import inspect
+
+    import flashinfer.sampling
+    from sglang.utils import LazyImport
+
+    from sglang_detspec.sglang_plugin.target_sampler_hook import (
+        top_k_renorm_keep_neutral,
+        top_p_renorm_keep_neutral,
+    )
+
+    for name in ("top_k_renorm_probs", "top_p_renorm_probs"):
+        parameters = inspect.signature(getattr(flashinfer.sampling, name)).parameters
+        assert list(parameters)[2] == "is_deterministic" and parameters["is_deterministic"].default is False
+
+    calls = []
+
+    def flashinfer_like(probs, top, is_deterministic=False):
+        calls.append(is_deterministic)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+    def without_the_flag(probs, top):
+        calls.append(None)
+        return probs
+
+    module = types.ModuleType("detspec_test_renorm")
+    module.renorm = flashinfer_like
+    sys.modules[module.__name__] = module
+    try:
+        lazy = LazyImport(module.__name__, "renorm")
+        probs = torch.softmax(torch.randn(3, 20), dim=-1)
+        bag(ACTIVE)
+        top_k_renorm_keep_neutral(lazy, probs, torch.tensor([5, 20, 3]))
+        top_p_renorm_keep_neutral(flashinfer_like, probs, torch.tensor([0.5, 1.0, 0.9]))
+        top_k_renorm_keep_neutral(flashinfer_like, probs, torch.tensor([5, 20, 3]), False)  # given positionally
+        top_k_renorm_keep_neutral(without_the_flag, probs, torch.tensor([5, 20, 3]))
+        assert calls == [True, True, False, None]
+        calls.clear()
+        bag(INACTIVE)
+        top_k_renorm_keep_neutral(lazy, probs, torch.tensor([5, 20, 3]))
+        top_p_renorm_keep_neutral(flashinfer_like, probs, torch.tensor([0.5, 1.0, 0.9]))
+        assert calls == [False, False]  # SGLang's own call, untouched
+    finally:
+        del sys.modules[module.__name__]
 
 
 def sglang_params(seed):
