@@ -157,7 +157,9 @@ _EPILOG_SECTIONS = (
         ("bound, 1-TV", "(1-TV)/(1+TV), 1-TV: the lower bound coupled verification guarantees per "
          "draft token (Daliri, Musco, Suresh 2024) and the acceptance of rejection sampling, from the "
          "total variation TV between draft and target distributions, averaged over the tested draft "
-         "tokens (expected rates: a small sample of measured acceptance can fall on either side)"),
+         "tokens (expected rates: a small sample of measured acceptance can fall on either side; "
+         "both are per single draft token, and a tree, which offers several children per position, "
+         "can accept more)"),
         ("tested", "draft tokens tested, over every probe"),
         ("<other> unique", "the same count with the other verify mode, for comparison (rejection "
          "verify's tokens depend on the drafter, so it is expected above 1, and rejection mode, "
@@ -252,7 +254,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="also run the global-RNG control engine (default: on; in-process only)",
     )
     parser.add_argument(
-        "--invariance", action=argparse.BooleanOptionalAction, default=True,
+        "--invariance", action=argparse.BooleanOptionalAction, default=None,
         help="after the changing-batch section, run the invariance section (default: on; in-process only)",
     )
     server = parser.add_argument_group("auditing a running SGLang server")
@@ -314,8 +316,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         )
     if args.mode is not None:
         return "--mode sets the in-process engine; with --url the server's SGLANG_DETSPEC_VERIFY applies"
-    if not args.invariance:
-        return "--no-invariance applies to the in-process engine; with --url there is no invariance section"
+    if args.invariance:
+        return "--invariance is not available with --url: the invariance section runs the in-process engine only"
     if args.vocab_size is None:
         return (
             "--url needs --vocab-size: SGLang's /server_info and /model_info do not report the model's "
@@ -405,6 +407,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
     mode, mode_source = _in_process_mode(args)
     mode_label = mode if mode_source == "default" else f"{mode} ({mode_source})"
     control = True if args.control is None else args.control
+    invariance = True if args.invariance is None else args.invariance
     plan = build_plan(
         args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
         vocab_size=models.vocab_size, max_batch=args.max_batch_size,
@@ -417,17 +420,17 @@ def _run_in_process(args: argparse.Namespace) -> int:
         "mode": mode, "mode_source": mode_source, "trials": args.trials,
         "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
         "max_batch_size": args.max_batch_size, "seed": args.seed, "control": control,
-        "invariance": args.invariance, "vocab_size": models.vocab_size,
+        "invariance": invariance, "vocab_size": models.vocab_size,
     }
     console = Console()
     verdict, report = print_batch_section(
         console, args, plan, summaries, settings, f"{mode_label} verify, K={k} draft tokens"
     )
     sections = {"changing_batch": verdict.passed}
-    if args.invariance:
-        invariance = _run_invariance(models, mode, args)
-        sections["invariance"] = print_invariance_section(console, invariance, mode)
-        report["invariance"] = {m: r.to_json() for m, r in invariance.items()}
+    if invariance:
+        reports = _run_invariance(models, mode, args)
+        sections["invariance"] = print_invariance_section(console, reports, mode)
+        report["invariance"] = {m: r.to_json() for m, r in reports.items()}
     return _finish(console, args, report, sections)
 
 

@@ -173,21 +173,24 @@ def _say(message: str) -> None:
     print(f"detspec serve: {message}", file=sys.stderr)
 
 
+def _fail(message: str) -> int:
+    """Print ``message`` as an error, as argparse and ``detspec audit`` print theirs; exit status 2."""
+    _say(f"error: {message}")
+    return 2
+
+
 def _run(args) -> int:
     launch = list(args.launch_args)
     if launch and launch[0] == "--":
         launch = launch[1:]
     if not launch:
-        _say(f"give SGLang's launch_server arguments after '--', e.g.\n{EXAMPLE}")
-        return 2
+        return _fail(f"give SGLang's launch_server arguments after '--', e.g.\n{EXAMPLE}")
     if importlib.util.find_spec("sglang") is None:
-        _say("SGLang is not installed in this environment (make demo's light venv has none): run "
-             "`make setup` and use .venv/bin/detspec, or pip install sglang==0.5.23")
-        return 2
+        return _fail("SGLang is not installed in this environment (make demo's light venv has none): run "
+                     "`make setup` and use .venv/bin/detspec, or pip install sglang==0.5.23")
     if not plugin_installed():
-        _say("the 'detspec' entry point of group sglang.srt.plugins is not installed; "
-             "install this package (pip install -e <checkout>) so SGLang's loader can find it")
-        return 2
+        return _fail("the 'detspec' entry point of group sglang.srt.plugins is not installed; "
+                     "install this package (pip install -e <checkout>) so SGLang's loader can find it")
     env = server_env(os.environ)
     if any(a in HELP_FLAGS for a in launch):
         cmd = [sys.executable, "-m", "sglang.launch_server", *launch]  # SGLang prints its own help
@@ -196,11 +199,9 @@ def _run(args) -> int:
             cmd = server_command(launch)
             bag, problems = startup_check(cmd[3:], env)
         except ValueError as exc:
-            _say(str(exc))
-            return 2
+            return _fail(str(exc))
         if problems:
-            _say("sglang-detspec would stop this server at start-up:\n  - " + "\n  - ".join(problems))
-            return 2
+            return _fail("sglang-detspec would stop this server at start-up:\n  - " + "\n  - ".join(problems))
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive with these flags (SGLang's own sampling runs): "
                  f"{bag.describe()}")

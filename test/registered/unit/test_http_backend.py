@@ -696,9 +696,11 @@ def _closed_port_url():
     return f"http://127.0.0.1:{port}"
 
 
-def test_unreachable_server_exits_2(capsys):
+@pytest.mark.parametrize("extra", [[], ["--no-invariance", "--no-control"]], ids=["plain", "in-process-sections-off"])
+def test_unreachable_server_exits_2(capsys, extra):
+    # Turning off what only the in-process engine runs is harmless with --url: the audit gets as far as the server.
     url = _closed_port_url()
-    assert main([*AUDIT, "--url", url]) == 2
+    assert main([*AUDIT, "--url", url, *extra]) == 2
     err = capsys.readouterr().err
     assert err == f"detspec audit: error: no SGLang server answers at {url} (start one with `detspec serve ...`)\n"
 
@@ -907,7 +909,7 @@ def test_server_path_imports_neither_torch_nor_transformers():
         (["--vocab-size", "10", "--timeout", "5"], "--vocab-size, --timeout can only be used with --url"),
         (["--no-seed-checks"], "--seed-checks can only be used with --url"),
         (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--mode", "coupled"], "--mode sets the in-process"),
-        (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--no-invariance"], "--no-invariance applies to the"),
+        (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--invariance"], "--invariance is not available with"),
     ],
 )
 def test_cli_rejects_flag_combinations(args, message, capsys):

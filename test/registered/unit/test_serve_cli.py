@@ -86,7 +86,7 @@ def test_arguments_sglang_refuses_stop_serve(capsys, args, words):
     capsys.readouterr()
     rc, out, err = dry_run(capsys, args)
     assert rc == 2 and out == ""
-    assert "detspec serve: SGLang's launch_server refuses these arguments:" in err and words in err
+    assert "detspec serve: error: SGLang's launch_server refuses these arguments:" in err and words in err
 
 
 def test_dry_run_prints_the_completed_command(capsys):
