@@ -27,9 +27,10 @@ the batch carries no seeds):
 - ``sglang.kernels.ops.sampling.renorm.top_k_renorm_prob`` and
   ``top_p_renorm_prob`` (rejection-mode verify): rows with ``top_k >= V`` or
   ``top_p >= 1`` keep their probabilities bit for bit, and the others are
-  renormalised by flashinfer in its deterministic mode (by default it sums a
-  row across thread blocks with float atomics, in arrival order, so a
-  truncated row's last bits could change from run to run).
+  renormalised by flashinfer in its deterministic mode: by default top-k
+  sums a row split over thread blocks with float atomics in arrival order,
+  and top-p places its cut from histograms built the same way, so a
+  truncated row could change from run to run.
 """
 
 from __future__ import annotations
@@ -172,7 +173,8 @@ def _reproducible(original, args: tuple, kwargs: dict) -> dict:
 
     SGLang binds the name to a lazy loader on CUDA (flashinfer's function
     behind it) and to kernels without the flag elsewhere; a flag already
-    given positionally is left as it is.
+    given positionally is left as it is, one given by keyword is set to True
+    (SGLang 0.5.23's callers pass neither).
     """
     kernel = original._load() if hasattr(original, "_load") else original  # sglang.utils.LazyImport
     if args or not _takes_is_deterministic(kernel):
