@@ -156,8 +156,32 @@ class DetSpecConfig:
 
     @property
     def coupled_drafts(self) -> bool:
-        """Draft proposals race q on the TARGET stream (coupled verify with SGLang's sampled drafts)."""
+        """Chain draft proposals race q on the TARGET stream (SGLang's sampled-draft path in coupled mode).
+
+        In coupled mode start-up turns that path on for EAGLE-family chains
+        (:meth:`wants_sampled_drafts`), so this holds for them with or without
+        the user's ``--speculative-use-rejection-sampling``.
+        """
         return self.active and self.coupled and self.rejection_sampling
+
+    @property
+    def tree_drafts(self) -> bool:
+        """Tree children are q's Gumbel-top-k on the TARGET stream (coupled mode, ``topk > 1``)."""
+        return self.active and self.coupled and self.algorithm is not None and (self.eagle_topk or 1) > 1
+
+    def wants_sampled_drafts(self, reduced_draft_vocab: bool = False) -> bool:
+        """Whether start-up should turn on SGLang's sampled-draft path for this coupled chain.
+
+        SGLang draws chain drafts by sampling (and hands the draft sites seeds
+        and positions, also inside draft CUDA graphs) only under its
+        rejection-sampling flag; without it a chain drafts q's argmax, which a
+        coupled verify at temperature 1 rarely accepts. The flag's verify
+        then still runs coupled (the plugin hooks it). Only EAGLE / EAGLE3 /
+        NEXTN chains with a full draft vocabulary: SGLang refuses the flag
+        for trees and for a reduced draft vocabulary.
+        """
+        return (self.active and self.coupled and not self.rejection_sampling
+                and self.algorithm in REJECTION_ALGORITHMS and self.eagle_topk == 1 and not reduced_draft_vocab)
 
     def describe(self) -> str:
         """One line with every field, for the start-up log."""

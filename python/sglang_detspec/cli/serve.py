@@ -134,6 +134,8 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str]) -> tup
     ns = read_launch_args(launch_args)
     bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)
     problems = bag.refusals()
+    if bag.ours:
+        problems += _hooks_not_in_place()
     # The seed hook refuses at the server's argument resolution, reading the bag in force:
     # run that same hook here with this bag in force, then put the previous one back.
     previous = config._current
@@ -147,6 +149,17 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str]) -> tup
         if previous is not None:
             config.install_config(previous)
     return bag, problems
+
+
+def _hooks_not_in_place() -> list[str]:
+    """The server's start-up check that every required SGLang symbol is hooked, run in this process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from ..sglang_plugin import hook_problems, register
+
+    register()
+    HookRegistry.apply_hooks()
+    return hook_problems()
 
 
 def server_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -3,10 +3,14 @@
 - :class:`Stream`: the keyed streams (DRAFT, ACCEPT, RESAMPLE, BONUS, TARGET, SAMPLE).
 - :func:`keyed_hash`, :func:`hash_uniform`: the MurmurHash3 stream and its
   midpoint uniforms.
-- :func:`exponential_race`: seeded categorical draw (Gumbel-max), top-k too.
+- :func:`exponential_race`: seeded categorical draw (Gumbel-max), top-k too;
+  :func:`race_keys`: the scores it compares, for given tokens;
+  :func:`coupled_children`: a coupled tree node's children and their scores.
 - :func:`verify_chain`: seeded chain verification with rejection sampling.
 - :func:`coupled_verify_chain`, :func:`coupled_verify_tree`: drafter-invariant
   verification (the committed tokens are the TARGET-stream races).
+- :func:`target_weights`, :func:`id_ordered_filtered_probs`: the weights a
+  TARGET race runs over (temperature, then top-k / top-p / min-p by token id).
 
 Every op takes ``kernel="auto" | "torch" | "triton"`` and reads no plugin state.
 """
@@ -22,9 +26,13 @@ _EXPORTS = {
     "keyed_hash": ".hashing",
     "hash_uniform": ".hashing",
     "exponential_race": ".sampling",
+    "race_keys": ".race_keys",
+    "coupled_children": ".coupled_children",
     "verify_chain": ".sampling",
     "coupled_verify_chain": ".coupled",
     "coupled_verify_tree": ".coupled",
+    "id_ordered_filtered_probs": ".weights",
+    "target_weights": ".weights",
 }
 
 __all__ = list(_EXPORTS)

@@ -12,53 +12,94 @@ Hooks (each module's docstring names the SGLang symbols it hooks and why;
 docs/plugin.md lists them with SGLang's file and line):
 
 - ``startup``: ``handle_speculative_decoding`` (BEFORE and AFTER): refuses
-  what cannot be made deterministic, installs and logs the bag.
+  what cannot be made deterministic, turns SGLang's sampled-draft path on for
+  coupled chains, installs and logs the bag.
 - ``target_sampler_hook``: the sampler's simple and top-k/top-p/min-p paths
   and the verify's renorm ops: every sampled token on the TARGET stream.
 - ``verify_hook``: ``eagle_sample`` and its two samplers: coupled verify
   (chain and tree) or seeded rejection sampling (chain).
 - ``draft_hook``: ``fast_sample`` and the multi-layer draft-extend sites:
   draft proposals on the DRAFT stream, or on the TARGET stream at the exact
-  drafted position for coupled drafts.
+  drafted position for coupled chain drafts.
+- ``tree_draft_hook``: EAGLE v2 tree drafts (topk > 1) in coupled mode: the
+  children of each node are q's Gumbel-top-k on the TARGET stream, eager and
+  in the draft CUDA graphs.
 - ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
   gate: ``sampling_seed`` must be an integer in [0, 2**64).
 - ``seed_hook``: request seeds.
+- ``input_hook``: token ids inside the vocabulary and ``n >= 1`` before a
+  request reaches the scheduler.
+
+:func:`hook_table` is the one list of what is hooked: registration, the
+start-up check that every required hook is in place (:func:`hook_problems`),
+the tests and ``docs/plugin.md`` all follow it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
-from ..config import set_install_listener, set_late_resolver
-from . import draft_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook, verify_hook
+from ..config import current_config, set_install_listener, set_late_resolver
+from . import (
+    draft_hook, input_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook, tree_draft_hook,
+    verify_hook,
+)
 
 ENTRY_POINT_NAME = "detspec"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 
+_KERNEL_ONLY = "None in SGLang builds without the CUDA kernel (CPU-only): nothing to hook there"
+
 _registered = False
 _lock = threading.Lock()
+_unregistered: list[str] = []  # required targets that did not resolve at registration
 
 
-def hook_table():
-    """``[(target, hook, HookType name)]``: every SGLang symbol the plugin touches."""
+class Hook(NamedTuple):
+    """One row of the hook table.
+
+    Attributes:
+        target: dotted path of the SGLang symbol.
+        hook: our function (SGLang's ``HookRegistry`` calling convention for ``kind``).
+        kind: ``BEFORE``, ``AFTER`` or ``AROUND``.
+        absent_ok: why the target may be missing, or None: it must be hooked
+            for the plugin's promise to hold, and start-up stops without it.
+    """
+
+    target: str
+    hook: Callable
+    kind: str
+    absent_ok: str | None = None
+
+
+def hook_table() -> list[Hook]:
+    """Every SGLang symbol the plugin touches, in registration order."""
     return [
-        (startup.TARGET, startup.check_raw_flags, "BEFORE"),
-        (startup.TARGET, startup.resolve_and_announce, "AFTER"),
-        (draft_hook.TARGET, draft_hook.seeded_fast_sample, "AROUND"),
-        (draft_hook.ML_PREFILL, draft_hook.ml_prefill_positions, "AROUND"),
-        (draft_hook.ML_DECODE, draft_hook.ml_decode_positions, "AROUND"),
-        (draft_hook.ML_GRAPH_SAMPLE, draft_hook.ml_graph_sample_positions, "AROUND"),
-        (verify_hook.EAGLE_SAMPLE, verify_hook.seeded_eagle_sample, "AROUND"),
-        (verify_hook.CHAIN_SAMPLER, verify_hook.seeded_chain_sampling, "AROUND"),
-        (verify_hook.TREE_SAMPLER, verify_hook.coupled_tree_sampling, "AROUND"),
-        (target_sampler_hook.SIMPLE_SAMPLER, target_sampler_hook.seeded_sampling_from_probs, "AROUND"),
-        (target_sampler_hook.SAMPLER, target_sampler_hook.seeded_top_k_top_p_sampling, "AROUND"),
-        (target_sampler_hook.TOP_K_RENORM, target_sampler_hook.top_k_renorm_keep_neutral, "AROUND"),
-        (target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND"),
-        (request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
-        (request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
-        *seed_hook.HOOKS,
+        Hook(startup.TARGET, startup.check_raw_flags, "BEFORE"),
+        Hook(startup.TARGET, startup.resolve_and_announce, "AFTER"),
+        Hook(startup.TARGET, check_hooks_in_place, "AFTER"),
+        Hook(draft_hook.TARGET, draft_hook.seeded_fast_sample, "AROUND"),
+        Hook(draft_hook.ML_PREFILL, draft_hook.ml_prefill_positions, "AROUND"),
+        Hook(draft_hook.ML_DECODE, draft_hook.ml_decode_positions, "AROUND"),
+        Hook(draft_hook.ML_GRAPH_SAMPLE, draft_hook.ml_graph_sample_positions, "AROUND"),
+        *(Hook(*row) for row in tree_draft_hook.HOOKS),
+        Hook(verify_hook.EAGLE_SAMPLE, verify_hook.seeded_eagle_sample, "AROUND"),
+        Hook(verify_hook.CHAIN_SAMPLER, verify_hook.seeded_chain_sampling, "AROUND"),
+        Hook(verify_hook.TREE_SAMPLER, verify_hook.coupled_tree_sampling, "AROUND", _KERNEL_ONLY),
+        Hook(target_sampler_hook.SIMPLE_SAMPLER, target_sampler_hook.seeded_sampling_from_probs, "AROUND"),
+        Hook(target_sampler_hook.SAMPLER, target_sampler_hook.seeded_top_k_top_p_sampling, "AROUND"),
+        Hook(target_sampler_hook.TOP_K_RENORM, target_sampler_hook.top_k_renorm_keep_neutral, "AROUND",
+             _KERNEL_ONLY),
+        Hook(target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND",
+             _KERNEL_ONLY),
+        Hook(request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
+        Hook(request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
+        Hook(input_hook.TARGET, input_hook.validate_request, "AROUND"),
+        Hook(input_hook.N_TARGET, input_hook.validate_n, "BEFORE"),
+        *(Hook(*row) for row in seed_hook.HOOKS),
     ]
 
 
@@ -66,7 +107,10 @@ def register() -> None:
     """SGLang plugin entry point: register the hooks with SGLang's HookRegistry.
 
     Idempotent: a second call in the same process registers nothing more.
-    SGLang applies the hooks itself after every plugin's entry point ran.
+    SGLang applies the hooks itself after every plugin's entry point ran. A
+    required target that does not resolve is logged as an error here and
+    stops start-up in :func:`check_hooks_in_place` (SGLang's loader only logs
+    what an entry point raises).
     """
     global _registered
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -78,14 +122,66 @@ def register() -> None:
         # reads one resolves it from SGLang's runtime context and logs it.
         set_late_resolver(resolve.late_bag)
         set_install_listener(resolve.announce)
-        for target, hook, kind in hook_table():
-            if callable(_resolve(target)):
-                HookRegistry.register(target, hook, HookType[kind])
+        log = logging.getLogger("sglang_detspec")
+        for row in hook_table():
+            if callable(_resolve(row.target)):
+                HookRegistry.register(row.target, row.hook, HookType[row.kind])
+            elif row.absent_ok:
+                log.info("sglang-detspec: %s is not hooked: %s", row.target, row.absent_ok)
             else:
-                logging.getLogger("sglang_detspec").info(
-                    "sglang-detspec: %s is not available on this platform; not hooked", target
-                )
+                _unregistered.append(row.target)
+                log.error("sglang-detspec: required hook target %s not found in SGLang %s", row.target,
+                          _sglang_version())
         _registered = True
+
+
+def hook_problems() -> list[str]:
+    """Required hooks that are not in place in this process: one message each, empty when all are.
+
+    A required target is missing (it does not resolve: a renamed symbol, a
+    missing module, another SGLang build), or SGLang's registry did not wrap
+    it. Call after SGLang applied the hooks (``load_plugins``).
+    """
+    problems = []
+    for row in hook_table():
+        if row.absent_ok:
+            continue
+        obj = _resolve(row.target)
+        if obj is None:
+            problems.append(f"{row.target} is not found in SGLang {_sglang_version()}")
+        elif not hasattr(obj, "__wrapped__"):
+            problems.append(f"{row.target} (SGLang {_sglang_version()}) was not patched by SGLang's hook registry")
+    return problems
+
+
+def check_hooks_in_place(result, server_args) -> None:
+    """AFTER hook for ``handle_speculative_decoding``: stop start-up when a required hook is not in place.
+
+    Only for runs that are ours (deterministic inference on, plugin not
+    disabled): elsewhere SGLang's own code runs anyway.
+
+    Raises:
+        RuntimeError: naming each missing symbol and the SGLang version.
+    """
+    if not current_config().ours:
+        return None
+    problems = hook_problems()
+    if problems:
+        raise RuntimeError(
+            "sglang-detspec cannot keep its determinism promise: a required SGLang symbol is not hooked "
+            "(this plugin is pinned to sglang==0.5.23; set SGLANG_DETSPEC_DISABLE=1 to run SGLang's own "
+            "sampling):\n  - " + "\n  - ".join(problems)
+        )
+    return None
+
+
+def _sglang_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _resolve(target: str):

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from ..ops import coupled_verify_chain, coupled_verify_tree
-from .target_sampler_hook import target_weights
+from ..ops import target_weights
 
 
 class VerifyContext(NamedTuple):

@@ -16,35 +16,22 @@ Rejection mode: the DRAFT stream at SGLang's own key position and
 ``draft_step`` (DESIGN section 2): the same tokens as SGLang's definition,
 drawn in one fused pass with no [B, V] hash or float64 matrix.
 
-Coupled drafts (rejection flag with coupled verify): the TARGET stream at the
-absolute position ``t`` of the drafted token, column = token id (DESIGN
-section 5), so a draft token uses the same uniforms as the target token of
-its position. ``t`` from SGLang's key position ``key`` and ``draft_step`` ``s``:
-
-- EAGLE v2 (``draft_forward`` steps, draft extend for prefill and decode):
-  SGLang keys a drafted token with the position of the token before it, so
-  ``t = key + 1``.
-- multi-layer EAGLE, draft extend for prefill: ``key`` is the prompt length
-  (the position of the first sampled token); MTP layer ``s`` drafts
-  ``t = key + 1 + s``.
-- multi-layer EAGLE, draft extend for decode (eager and per-step graphs):
-  ``key`` is the pre-verify length plus the verify width for every row, so
-  ``t = seq_lens + accept_lens + 1 + s`` from the verify result instead.
-- multi-layer single-CUDA-graph runner: the same, read from the graph's
-  input buffers (``seq_lens - num_draft_tokens + num_accept_tokens + 1 + s``),
-  which every replay refills.
+Coupled chain drafts (coupled mode; start-up turns SGLang's sampled-draft
+path on for chains): the TARGET stream at the absolute position ``t`` of the
+drafted token, column = token id (docs/design.md, coupled drafts), so a
+draft token uses the same uniforms as the target token of its position. How
+``t`` follows from SGLang's key position and ``draft_step`` at each call
+site is written in :mod:`.positions`; the multi-layer hooks below publish
+their site's rule there.
 """
 
 from __future__ import annotations
-
-import contextlib
-import contextvars
-from collections.abc import Callable
 
 import torch
 
 from ..config import current_config
 from ..ops import Stream, exponential_race
+from .positions import coupled_draft_position, draft_positions, multi_layer_prefill_rule
 
 TARGET = "sglang.srt.speculative.spec_utils.fast_sample"
 _ML_WORKER = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
@@ -54,32 +41,6 @@ ML_GRAPH_SAMPLE = (
     "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner."
     "MultiLayerEagleDraftExtendCudaGraphRunner._sample_draft_proposal"
 )
-
-# (key positions [B], draft_step) -> absolute positions [B] of the drafted tokens.
-PositionRule = Callable[[torch.Tensor, int], torch.Tensor]
-_RULE: contextvars.ContextVar[PositionRule | None] = contextvars.ContextVar("detspec_draft_rule", default=None)
-
-
-def eagle_v2_positions(key: torch.Tensor, draft_step: int) -> torch.Tensor:
-    """EAGLE v2: SGLang's key is the position before the drafted token's."""
-    return key + 1
-
-
-@contextlib.contextmanager
-def draft_positions(rule: PositionRule):
-    """Use ``rule`` for the coupled draft positions of the proposals drawn while the block runs."""
-    token = _RULE.set(rule)
-    try:
-        yield
-    finally:
-        _RULE.reset(token)
-
-
-def coupled_draft_position(key: torch.Tensor, draft_step: int) -> torch.Tensor:
-    """Absolute position of the drafted token at the call site in progress (EAGLE v2 unless one published)."""
-    rule = _RULE.get() or eagle_v2_positions
-    return rule(key, draft_step)
-
 
 def seeded_fast_sample(
     original, probs, num_samples: int = 1, *, sampling_seed=None, positions=None, draft_step: int = 0
@@ -125,7 +86,7 @@ def ml_prefill_positions(original, *args, **kwargs):
     """AROUND hook for multi-layer ``_draft_extend_for_prefill``: MTP layer s drafts ``key + 1 + s``."""
     if not current_config().coupled_drafts:
         return original(*args, **kwargs)
-    with draft_positions(lambda key, step: key + 1 + step):
+    with draft_positions(multi_layer_prefill_rule):
         return original(*args, **kwargs)
 
 

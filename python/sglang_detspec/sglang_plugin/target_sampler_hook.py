@@ -41,61 +41,13 @@ import inspect
 import torch
 
 from ..config import current_config
-from ..ops import Stream, exponential_race
+from ..ops import Stream, exponential_race, id_ordered_filtered_probs
+from .positions import next_token
 
 SIMPLE_SAMPLER = "sglang.srt.layers.sampler.sampling_from_probs_torch"
 SAMPLER = "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch"
 TOP_K_RENORM = "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob"
 TOP_P_RENORM = "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob"
-
-
-def id_ordered_filtered_probs(
-    probs: torch.Tensor,  # [B, V] float, rows of a softmax
-    top_ks: torch.Tensor,  # [B] int: keep the top_k most likely tokens
-    top_ps: torch.Tensor,  # [B] float: keep the smallest prefix of mass >= top_p
-    min_ps: torch.Tensor | None = None,  # [B] float: drop tokens below min_p * max prob
-) -> torch.Tensor:
-    """SGLang's top-k / top-p / min-p cut, in token-id order: float [B, V], not renormalised.
-
-    The cut follows SGLang's sorted rule (rank >= top_k, or the mass before a
-    token > top_p, is zeroed; then, with ``min_ps``, entries below
-    ``min_p * max`` of what is left); the stable sort makes the cut among
-    equal probabilities depend on token ids only. Rows with ``top_k >= V``,
-    ``top_p >= 1`` and ``min_p == 0`` are returned bit for bit.
-    """
-    v = probs.shape[-1]
-    probs_sort, probs_idx = probs.sort(dim=-1, descending=True, stable=True)
-    mass_before = torch.cumsum(probs_sort, dim=-1) - probs_sort
-    ranks = torch.arange(v, device=probs.device).view(1, -1)
-    cut = (ranks >= top_ks.view(-1, 1)) | (mass_before > top_ps.view(-1, 1))
-    filtered = torch.empty_like(probs).scatter_(1, probs_idx, probs_sort.masked_fill(cut, 0.0))
-    neutral = (top_ks >= v) & (top_ps >= 1.0)
-    if min_ps is not None:
-        threshold = filtered.amax(dim=-1, keepdim=True) * min_ps.view(-1, 1)
-        filtered = filtered.masked_fill(filtered < threshold, 0.0)
-        neutral = neutral & (min_ps <= 0)
-    return torch.where(neutral.view(-1, 1), probs, filtered)
-
-
-def target_weights(
-    logits: torch.Tensor,  # [R, V] float, target logits after penalties / bias / grammar mask
-    temperatures: torch.Tensor,  # [R, 1] float
-    top_ks: torch.Tensor | None = None,  # [R] int, or None: no row truncates
-    top_ps: torch.Tensor | None = None,  # [R] float
-    min_ps: torch.Tensor | None = None,  # [R] float, or None: no min-p cut
-) -> torch.Tensor:
-    """The weights the TARGET race runs over: float [R, V], not renormalised.
-
-    ``torch.softmax(logits / T)``, the kernel SGLang's sampler uses under
-    deterministic inference, then the id-ordered cut of
-    :func:`id_ordered_filtered_probs` when ``top_ks`` is given. The sampler
-    hooks and coupled verify both reach their weights this way, so equal
-    logits give bitwise-equal weights on either path.
-    """
-    probs = torch.softmax(logits / temperatures, dim=-1)
-    if top_ks is None:
-        return probs
-    return id_ordered_filtered_probs(probs, top_ks, top_ps, min_ps)
 
 
 def target_draw(
@@ -122,7 +74,7 @@ def seeded_sampling_from_probs(original, probs, sampling_seed=None, positions=No
     bag = current_config()
     if sampling_seed is None or not bag.active:
         return original(probs, sampling_seed=sampling_seed, positions=positions)
-    return target_draw(probs, sampling_seed, positions + 1, bag.kernel).to(torch.int32)
+    return target_draw(probs, sampling_seed, next_token(positions), bag.kernel).to(torch.int32)
 
 
 def seeded_top_k_top_p_sampling(
@@ -148,7 +100,7 @@ def seeded_top_k_top_p_sampling(
         return original(probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions,
                         return_filtered_probs=return_filtered_probs, max_top_k=max_top_k)
     filtered = id_ordered_filtered_probs(probs, top_ks, top_ps, min_ps if need_min_p_sampling else None)
-    index = target_draw(filtered, sampling_seed, positions + 1, bag.kernel).view(-1, 1)
+    index = target_draw(filtered, sampling_seed, next_token(positions), bag.kernel).view(-1, 1)
     ids = index.view(-1).to(torch.int32)
     if not return_filtered_probs:
         return ids

@@ -26,35 +26,25 @@ streams at absolute positions (DESIGN section 4). Both write SGLang's outputs
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import torch
 
 from ..config import current_config
 from ..ops import verify_chain
+from .positions import VERIFY, after_root, publish
 from .coupled_verify import VerifyContext, coupled_chain_outputs, coupled_tree_outputs, write_verify_outputs
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 CHAIN_SAMPLER = "sglang.kernels.ops.speculative.verify_sampling.chain_speculative_sampling_triton"
 TREE_SAMPLER = "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only"
 
-_CONTEXT: contextvars.ContextVar[VerifyContext | None] = contextvars.ContextVar("detspec_verify", default=None)
-
-
-@contextlib.contextmanager
 def verify_context(ctx: VerifyContext):
     """Publish ``ctx`` for the verify sampler while the block runs."""
-    token = _CONTEXT.set(ctx)
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
+    return publish(VERIFY, ctx)
 
 
 def published() -> VerifyContext | None:
     """The context of the ``eagle_sample`` call in progress, or None."""
-    return _CONTEXT.get()
+    return VERIFY.get()
 
 
 def seeded_eagle_sample(original, *args, **kwargs):
@@ -79,7 +69,7 @@ def seeded_eagle_sample(original, *args, **kwargs):
     if info.sampling_seed is None or (watermark is not None and info.has_watermark_candidates):
         # Watermarking rewrites a copy of the logits that the sampler never sees here.
         return original(*args, **kwargs)
-    ctx = VerifyContext(info.sampling_seed, batch.seq_lens + 1, logits_output, info)
+    ctx = VerifyContext(info.sampling_seed, after_root(batch.seq_lens), logits_output, info)
     with verify_context(ctx):
         return original(*args, **kwargs)
 

@@ -104,6 +104,7 @@ def default_mtp_server_args() -> str:
 EAGLE = ("--speculative-algorithm", "EAGLE")
 CHAIN_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 TREE_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
+WIDE_TREE_SHAPE = ("--speculative-num-steps", "5", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16")
 MULTI_LAYER_SHAPE = (
     "--enable-multi-layer-eagle",
     "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3",
@@ -145,9 +146,11 @@ FAMILIES = {
     # the plugin active without speculative decoding: every token is the TARGET-stream race
     "no_spec": Family("target", None, (), None),
     "mtp_no_spec": Family("mtp", None, (), None),
-    # coupled verification (section 5): SGLang's own draft proposals (top-k of the draft)
+    # coupled verification (section 5) with its default coupled drafts: a chain races q on the
+    # TARGET stream (start-up turns SGLang's sampled-draft path on), a tree takes q's Gumbel-top-k
     "coupled_chain": Family("target", "eagle", (*EAGLE, *CHAIN_SHAPE), "coupled"),
     "coupled_tree": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled"),
+    "coupled_tree_16": Family("target", "eagle", (*EAGLE, *WIDE_TREE_SHAPE), "coupled"),
     "coupled_chain_random_draft": Family("target", "eagle_random", (*EAGLE, *CHAIN_SHAPE), "coupled"),
     "mtp_coupled": Family("mtp", "mtp_draft", (*EAGLE, *MULTI_LAYER_SHAPE), "coupled"),
     # coupled verification with drafts that race q on the TARGET stream (the chain sampler)

@@ -28,18 +28,22 @@ NUM_REQUESTS = len(SEEDS)
 PROMPT_SEED = 909
 
 
-def request_set(vocab: int) -> tuple[list[list[int]], list[dict]]:
-    """The prompts (4..40 random token ids, fixed seed) and sampling params of the 8 requests."""
+def request_set(vocab: int, temperature: float | None = None) -> tuple[list[list[int]], list[dict]]:
+    """The prompts (4..40 random token ids, fixed seed) and sampling params of the 8 requests.
+
+    ``temperature``: every request at this temperature instead of :data:`TEMPERATURES`.
+    """
     rng = random.Random(PROMPT_SEED)
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(4, 40))] for _ in range(NUM_REQUESTS)]
+    temps = TEMPERATURES if temperature is None else [temperature] * NUM_REQUESTS
     params = [{"max_new_tokens": NEW_TOKENS, "temperature": t, "ignore_eos": True, "sampling_seed": s, **f}
-              for s, t, f in zip(SEEDS, TEMPERATURES, FILTERS)]
+              for s, t, f in zip(SEEDS, temps, FILTERS)]
     return prompts, params
 
 
-def query(server: _e2e.RunningServer, vocab: int) -> list:
+def query(server: _e2e.RunningServer, vocab: int, temperature: float | None = None) -> list:
     """The 8 requests on ``server``: the plain rows as one batch, then the filtered rows; 8 results in order."""
-    prompts, params = request_set(vocab)
+    prompts, params = request_set(vocab, temperature)
     results = []
     for lo, hi in ((0, PLAIN_ROWS), (PLAIN_ROWS, NUM_REQUESTS)):
         got = _requests.generate(server.url, prompts[lo:hi], params[lo:hi], return_logprob=True,
@@ -59,7 +63,8 @@ def accept_length(results: list) -> float | None:
     return sum(len(r.output_ids) for r in done) / rounds if rounds else None
 
 
-def run_group(servers: _e2e.Servers, configs, vocab: int, result_name: str) -> dict:
+def run_group(servers: _e2e.Servers, configs, vocab: int, result_name: str,
+              temperature: float | None = None) -> dict:
     """Start ``configs`` side by side, query each, write ``<result_name>.json`` with every output.
 
     Returns name -> ``{"config", "error" (str or None), "results", "plugin_problems",
@@ -68,7 +73,7 @@ def run_group(servers: _e2e.Servers, configs, vocab: int, result_name: str) -> d
     started = servers.ensure_group(configs)
     live = {name: s for name, s in started.items() if not isinstance(s, str)}
     with concurrent.futures.ThreadPoolExecutor(max(1, len(live))) as pool:
-        answers = dict(zip(live, pool.map(lambda s: query(s, vocab), live.values())))
+        answers = dict(zip(live, pool.map(lambda s: query(s, vocab, temperature), live.values())))
     group = {}
     for config in configs:
         server = started[config.name]
@@ -82,7 +87,7 @@ def run_group(servers: _e2e.Servers, configs, vocab: int, result_name: str) -> d
             "plugin_problems": _e2e.plugin_problems(server),
             "accept_length": accept_length(results), "server": server.facts(),
         }
-    prompts, params = request_set(vocab)
+    prompts, params = request_set(vocab, temperature)
     _e2e.write_result(result_name, {
         "requests": [{"input_ids": p, "sampling_params": {**q, "sampling_seed": str(q["sampling_seed"])}}
                      for p, q in zip(prompts, params)],

@@ -4,8 +4,10 @@ Six servers on the tiny Llama target, started side by side, all with
 ``--enable-deterministic-inference`` and CUDA graphs (``_e2e.FAMILIES``):
 
 * ``no_spec``: no speculative decoding (the reference);
-* ``coupled_chain``: chain EAGLE (steps 3, top-k 1, 4 draft tokens), coupled verify;
-* ``coupled_tree``: tree EAGLE (steps 3, top-k 4, 8 draft tokens), coupled verify;
+* ``coupled_chain``: chain EAGLE (steps 3, top-k 1, 4 draft tokens), coupled verify and
+  its default coupled drafts (q raced on the TARGET stream);
+* ``coupled_tree``: tree EAGLE (steps 3, top-k 4, 8 draft tokens), coupled verify, children
+  = q's Gumbel-top-k on the TARGET stream;
 * ``coupled_chain_random_draft``: the coupled chain with an unrelated random EAGLE draft;
 * ``coupled_race_chain``: the chain with ``--speculative-use-rejection-sampling``
   and ``SGLANG_DETSPEC_VERIFY=coupled`` (drafts race q on the TARGET stream);
@@ -22,8 +24,8 @@ Checks (``<DETSPEC_E2E_OUT>/invariance_*.json``; all outputs in
    recorded per request.
 2. The rejection chain: how many of the 8 differ from ``no_spec`` (a figure;
    fails only when it could not be measured).
-3. Accept lengths of every speculative server on these requests; the
-   coupled-race chain with the copying draft must accept most drafts (mean
+3. Accept lengths of every speculative server on these requests; the default
+   coupled chain and the coupled-race chain with the copying draft must accept most drafts (mean
    accept length >= 2 of 4): its drafts race the draft distribution with the
    target's own uniforms, so a draft that copies the target is almost always
    accepted; a lower figure means the drafts race at other positions or on
@@ -85,12 +87,13 @@ def test_accept_lengths(group):
     figures = {family_name: group[name_of(family_name)]["accept_length"] for family_name in (*COUPLED, REJECTION)}
     problems = [f"{family_name}: no accept length (no verify counts, or the server failed)"
                 for family_name, value in figures.items() if value is None]
-    race = figures["coupled_race_chain"]
-    if race is not None and race < MIN_RACE_ACCEPT_LENGTH:
-        problems.append(
-            f"coupled_race_chain: mean accept length {race:.3f} < {MIN_RACE_ACCEPT_LENGTH} with the copying draft "
-            "(its drafts should race q with the verify's own TARGET uniforms at the drafted positions)"
-        )
+    for raced in ("coupled_chain", "coupled_race_chain"):  # the default chain and the one with the user's flag
+        race = figures[raced]
+        if race is not None and race < MIN_RACE_ACCEPT_LENGTH:
+            problems.append(
+                f"{raced}: mean accept length {race:.3f} < {MIN_RACE_ACCEPT_LENGTH} with the copying draft "
+                "(its drafts should race q with the verify's own TARGET uniforms at the drafted positions)"
+            )
     path = _e2e.write_result("invariance_accept_lengths", {
         "passed": not problems, "problems": problems, "accept_length_of_max": 4,
         "requests": _invariance.NUM_REQUESTS, "new_tokens_per_request": _invariance.NEW_TOKENS,

@@ -67,7 +67,7 @@ def eagle(model_dir, shape):
 
 @pytest.mark.parametrize("flags, env, expect", [
     (DET, "", dict(algorithm=None, verify="coupled", coupled_drafts=False)),
-    (f"{{eagle_chain}} {DET}", "", dict(algorithm="EAGLE", eagle_topk=1, verify="coupled", coupled_drafts=False)),
+    (f"{{eagle_chain}} {DET}", "", dict(algorithm="EAGLE", eagle_topk=1, verify="coupled", coupled_drafts=True)),
     (f"{{eagle_tree}} {DET}", "", dict(algorithm="EAGLE", eagle_topk=4, num_draft_tokens=8, verify="coupled")),
     (f"{{eagle_chain}} --speculative-use-rejection-sampling {DET}", "", dict(verify="rejection")),
     (f"{{eagle_chain}} --speculative-use-rejection-sampling {DET}", "auto", dict(verify="rejection")),

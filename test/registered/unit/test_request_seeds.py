@@ -141,7 +141,7 @@ def hooked():
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     load_plugins()
-    listed = {hook for _, hook, _ in sglang_plugin.hook_table()}
+    listed = {row.hook for row in sglang_plugin.hook_table()}
     missing = [(t, h, k) for t, h, k in seed_hook.HOOKS if h not in listed]
     for target, hook, kind in missing:
         HookRegistry.register(target, hook, HookType[kind])

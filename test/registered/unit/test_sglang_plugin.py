@@ -85,6 +85,14 @@ HOOKED = {
     "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
     "sglang.srt.sampling.sampling_params.SamplingParams.verify",
     "sglang.srt.entrypoints.api_contract.generate_contract_error",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
+    "sglang.srt.speculative.spec_utils.renorm_draft_probs",
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.capture_one_shape",
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+    "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
 }
 # Names SGLang leaves None where the platform has no kernel (CPU-only builds).
 KERNEL_ONLY = {
@@ -98,7 +106,7 @@ def test_every_hook_applied_exactly_once(loaded):
     import pkgutil
 
     per_target = {}
-    for target, hook, kind in sglang_plugin.hook_table():
+    for target, hook, kind, _ in sglang_plugin.hook_table():
         per_target[target] = per_target.get(target, 0) + 1
     seed_targets = {target for target, _, _ in sglang_plugin.seed_hook.HOOKS}
     assert set(per_target) == HOOKED | seed_targets  # request seeds: their own module and tests
@@ -410,7 +418,7 @@ def test_eagle_sample_hook_publishes_keys_only_while_active(loaded, bag):
 def test_target_filter_matches_sglang_cut_in_token_id_order(loaded):
     from sglang.srt.layers import sampler
 
-    from sglang_detspec.sglang_plugin.target_sampler_hook import id_ordered_filtered_probs
+    from sglang_detspec.ops import id_ordered_filtered_probs
 
     gen = torch.Generator().manual_seed(4)
     b, v = 6, 50

@@ -1,0 +1,38 @@
+"""Coupled tree children: q's Gumbel-top-k on the TARGET stream, scored against the race winner."""
+
+from __future__ import annotations
+
+import torch
+
+from .race_keys import race_keys
+from .sampling import exponential_race
+from .streams import Stream
+
+
+def coupled_children(
+    weights: torch.Tensor,  # [R, V] float: q of each expanded node (any scale, cut rows zeroed)
+    seeds: torch.Tensor,  # [R] int64, uint64 bits: the node's request seed
+    positions: torch.Tensor,  # [R] int: absolute position of the children
+    k: int,
+    *,
+    kernel: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k children of each node and their scores: ``(int64 [R, k], float64 [R, k])``.
+
+    Children: ``exponential_race(weights, seeds, positions, TARGET,
+    num_samples=k)``, the k largest race keys ``q_i / E_i`` on the uniforms
+    the target's own race uses at that position (Gumbel-top-k: k draws
+    without replacement from q, coupled to the target's race; Vieira 2014,
+    Kool et al. 2019), in key order, so the first child is the coupled
+    chain's draft. Scores: each child's key over the first child's, in
+    (0, 1], the first exactly 1 (0 for a zero-weight child of a row with
+    fewer than k positive weights). A path's product is then 1 along the
+    chain of first children, and the other children rank by how close they
+    came to winning the race, i.e. how small a difference between p and q
+    would make them the target's winner. Unchecked, no host sync
+    (CUDA-graph capturable); callers pass valid weights, seeds, positions.
+    """
+    children = exponential_race(weights, seeds, positions, stream=Stream.TARGET, num_samples=k, check=False,
+                                kernel=kernel)
+    keys = race_keys(weights.gather(1, children), seeds, positions, children, Stream.TARGET)
+    return children, keys / keys[:, :1].clamp(min=torch.finfo(torch.float64).tiny)

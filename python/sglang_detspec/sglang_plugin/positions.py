@@ -1,0 +1,111 @@
+"""Where the token a hooked call decides sits, and how a hook publishes that to the sampler it calls.
+
+Every TARGET-stream draw is keyed by the absolute position ``t`` of the
+token it decides (docs/design.md). SGLang's call sites key their draws
+differently; the rules that turn what a site has into ``t`` are written here
+and nowhere else:
+
+- target sampler (prefill's first token, plain decode): SGLang passes the
+  position of the last input token, so ``t = positions + 1``;
+- verify: the tree root (the last committed token) sits at ``seq_lens``, so
+  the token after the root is at ``seq_lens + 1`` and the one after node i at
+  ``seq_lens + 1 + depth(i)``;
+- EAGLE v2 draft proposals: SGLang keys a drafted token with the position of
+  the token before it, so ``t = key + 1`` (:func:`eagle_v2_positions`). The
+  EAGLE draft model runs one position behind the token it reads, so in
+  ``draft_forward`` step i the drafted token is at ``forward_batch.positions
+  + 2``; draft extend after prefill drafts ``seq_lens + 1``, after verify
+  ``new_seq_lens + 1``;
+- multi-layer EAGLE, MTP layer s: after prefill ``t = key + 1 + s`` (key the
+  prompt length); after verify ``t = seq_lens + accept_lens + 1 + s``; in
+  the single-CUDA-graph runner the same from the graph's input buffers
+  (``seq_lens - num_draft_tokens + num_accept_tokens + 1 + s``).
+
+A hook that knows ``t`` publishes it for the duration of one SGLang call
+(:func:`publish`), and the hook of the sampler that call reaches reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+# (key positions [B], draft_step) -> absolute positions [B] of the drafted tokens.
+PositionRule = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+class DraftSite(NamedTuple):
+    """A tree-draft call in progress: children per node and the positions of the tokens it drafts.
+
+    Attributes:
+        k: children per expanded node (``--speculative-eagle-topk``).
+        positions: called when the choice is made; int [R], one per logits row.
+    """
+
+    k: int
+    positions: Callable[[], torch.Tensor]
+
+
+DRAFT_RULE: contextvars.ContextVar[PositionRule | None] = contextvars.ContextVar("detspec_draft_rule", default=None)
+TREE_SITE: contextvars.ContextVar[DraftSite | None] = contextvars.ContextVar("detspec_tree_site", default=None)
+VERIFY: contextvars.ContextVar = contextvars.ContextVar("detspec_verify", default=None)
+
+
+@contextlib.contextmanager
+def publish(var: contextvars.ContextVar, value):
+    """Set ``var`` to ``value`` while the block runs (restored afterwards, also on error)."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def eagle_v2_positions(key: torch.Tensor, draft_step: int) -> torch.Tensor:
+    """EAGLE v2 sampled drafts: SGLang's key is the position before the drafted token's."""
+    return key + 1
+
+
+def multi_layer_prefill_rule(key: torch.Tensor, draft_step: int) -> torch.Tensor:
+    """Multi-layer EAGLE after prefill: ``key`` is the prompt length; MTP layer s drafts ``key + 1 + s``."""
+    return key + 1 + draft_step
+
+
+def coupled_draft_position(key: torch.Tensor, draft_step: int) -> torch.Tensor:
+    """Absolute position of the drafted token at the call site in progress (EAGLE v2 unless one published)."""
+    rule = DRAFT_RULE.get() or eagle_v2_positions
+    return rule(key, draft_step)
+
+
+def draft_positions(rule: PositionRule):
+    """Use ``rule`` for the coupled draft positions of the proposals drawn while the block runs."""
+    return publish(DRAFT_RULE, rule)
+
+
+def draft_site(site: DraftSite):
+    """Publish a tree-draft site while the block runs."""
+    return publish(TREE_SITE, site)
+
+
+def published_site() -> DraftSite | None:
+    """The tree-draft site in progress, or None."""
+    return TREE_SITE.get()
+
+
+def draft_forward_positions(positions: torch.Tensor) -> torch.Tensor:
+    """EAGLE v2 ``draft_forward``: the token a step drafts, from the positions the step ran at."""
+    return eagle_v2_positions(positions + 1, 0)
+
+
+def after_root(seq_lens: torch.Tensor) -> torch.Tensor:
+    """Verify and draft extend: the position of the token after the last committed one."""
+    return seq_lens + 1
+
+
+def next_token(positions: torch.Tensor) -> torch.Tensor:
+    """Target sampler: the token decided after the last input token."""
+    return positions + 1

@@ -1,0 +1,291 @@
+"""Coupled drafts are the default in coupled mode: chains race q, trees take q's Gumbel-top-k, on TARGET.
+
+Real ``ServerArgs`` resolved by SGLang: a coupled chain turns SGLang's
+sampled-draft path on (its rejection-sampling flag) and keeps coupled verify;
+a tree keeps the flag off and drafts through the tree hooks. The tree hook
+runs on SGLang's own ``SamplingBatchInfo``, ``renorm_draft_probs`` and
+``fast_topk``; its oracle is the op layer's Gumbel-top-k (``exponential_race``
+with ``num_samples = k`` on ``Stream.TARGET``) at the drafted position. Tree
+acceptance is checked against the chain of first children (never fewer) and
+against a Monte Carlo of the same coupling on an independent RNG.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_detspec.config import DetSpecConfig, current_config, reset_config
+from sglang_detspec.ops import (
+    Stream, coupled_verify_chain, coupled_verify_tree, exponential_race, race_keys, target_weights,
+)
+from sglang_detspec.sglang_plugin import positions, resolve, tree_draft_hook
+from test_coupled_plugin import CHAIN, DET, TREE, eagle, loaded, sampling_info, server_args  # noqa: F401
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
+
+TREE_BAG = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
+                         verify="coupled", source="server_args")
+
+
+# -- start-up: which draft path a coupled server takes ----------------------------------
+
+
+def test_coupled_chain_turns_on_sampled_drafts_and_keeps_coupled_verify(loaded, model_dir):
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    reset_config()
+    sa = server_args(model_dir, f"{eagle(model_dir, CHAIN)} {DET}")
+    assert resolved_view(sa).speculative_use_rejection_sampling  # SGLang's sampled-draft path
+    assert os.environ["SGLANG_DETSPEC_VERIFY"] == "coupled"  # what the scheduler processes resolve
+    bag = current_config()
+    assert bag.active and bag.coupled and bag.coupled_drafts and not bag.tree_drafts
+    # A scheduler process resolves the same bag from the resolved record and the exported setting.
+    assert resolve.config_from_server_args(sa) == bag
+    reset_config()
+
+
+def test_coupled_tree_keeps_the_flag_off_and_uses_tree_drafts(loaded, model_dir):
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    reset_config()
+    sa = server_args(model_dir, f"{eagle(model_dir, TREE)} {DET}")
+    assert not resolved_view(sa).speculative_use_rejection_sampling
+    bag = current_config()
+    assert bag.active and bag.tree_drafts and not bag.coupled_drafts
+    reset_config()
+
+
+def test_rejection_mode_and_reduced_vocab_keep_the_users_flags(loaded, model_dir, monkeypatch, tmp_path):
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "rejection")
+    sa = server_args(model_dir, f"{eagle(model_dir, CHAIN)} --speculative-use-rejection-sampling {DET}")
+    assert current_config().verify == "rejection"
+    monkeypatch.delenv("SGLANG_DETSPEC_VERIFY")
+    reset_config()
+    # An EAGLE3 draft over a reduced vocabulary: SGLang refuses its flag, so the chain keeps argmax drafts.
+    draft = tmp_path / "eagle3"
+    draft.mkdir()
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 500}))
+    flags = (f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {draft} {CHAIN} {DET}")
+    sa = server_args(model_dir, flags)
+    assert not resolved_view(sa).speculative_use_rejection_sampling
+    assert current_config().coupled and not current_config().coupled_drafts
+    reset_config()
+
+
+def test_draft_path_properties():
+    chain = dataclasses.replace(TREE_BAG, eagle_topk=1, num_draft_tokens=4)
+    assert chain.wants_sampled_drafts() and not chain.wants_sampled_drafts(reduced_draft_vocab=True)
+    assert not TREE_BAG.wants_sampled_drafts() and TREE_BAG.tree_drafts
+    assert not dataclasses.replace(chain, algorithm="NGRAM").wants_sampled_drafts()
+    assert not dataclasses.replace(TREE_BAG, verify="rejection").tree_drafts
+    assert not dataclasses.replace(TREE_BAG, deterministic=False).tree_drafts
+
+
+# -- the tree hook: Gumbel-top-k children on SGLang's own tensors --------------------
+
+
+def tree_case(b=3, topk=4, v=400, seed=11):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b * topk, v, generator=gen) * 2  # draft_forward: one row per expanded node
+    seeds = torch.randint(-(1 << 62), 1 << 62, (b,), generator=gen)
+    pos = torch.randint(10, 1 << 20, (b,), generator=gen).repeat_interleave(topk)  # forward_batch.positions
+    return logits, seeds, pos
+
+
+def run_renorm(logits, info, site_positions, k):
+    from sglang.srt.speculative import eagle_worker_v2
+
+    with positions.draft_site(positions.DraftSite(k, lambda: site_positions)):
+        probs = eagle_worker_v2.renorm_draft_probs(logits, info, False)  # the binding draft_forward calls
+    return probs, eagle_worker_v2.fast_topk(probs, k, dim=-1)
+
+
+def test_children_are_the_gumbel_top_k_of_q_on_target_at_the_drafted_position(loaded, bag):
+    bag(TREE_BAG)
+    topk = 4
+    logits, seeds, pos = tree_case(topk=topk)
+    temps = [1.0, 0.7, 1.3]
+    info = sampling_info([400] * 3, temps, seeds, vocab=400)
+    drafted = positions.draft_forward_positions(pos)
+    probs, (topk_p, topk_index) = run_renorm(logits, info, drafted, topk)
+    rows_t = torch.tensor(temps).repeat_interleave(topk).view(-1, 1)
+    w = target_weights(logits, rows_t)
+    want = exponential_race(w, seeds.repeat_interleave(topk), pos + 2, stream=Stream.TARGET, num_samples=topk)
+    assert torch.equal(torch.sort(topk_index, dim=1).values, torch.sort(want, dim=1).values)
+    # Path scores: each child's race key over the winner's; the winner (the coupled chain's draft) scores 1.
+    keys = race_keys(w.gather(1, want), seeds.repeat_interleave(topk), pos + 2, want, Stream.TARGET)
+    assert bool((keys[:, :1] >= keys).all())  # exponential_race returns its winners in key order
+    assert torch.allclose(topk_p.double(), torch.sort(keys / keys[:, :1], dim=1, descending=True).values)
+    assert bool((topk_p[:, 0] == 1.0).all()) and bool((topk_p <= 1.0).all())
+    # The first child by race order is the coupled chain's draft: race(q, TARGET, t).
+    first = exponential_race(w, seeds.repeat_interleave(topk), pos + 2, stream=Stream.TARGET)
+    assert bool((topk_index == first).any(dim=1).all())
+
+
+def test_greedy_rows_keep_sglangs_top_k_and_cut_rows_race_the_cut(loaded, bag):
+    from sglang.srt.speculative import spec_utils
+
+    bag(TREE_BAG)
+    topk = 2
+    logits, seeds, pos = tree_case(b=3, topk=topk, v=300)
+    info = sampling_info([1, 5, 300], [1.0, 1.0, 0.9], seeds, top_ps=[1.0, 1.0, 0.8], vocab=300)
+    probs, (_, idx) = run_renorm(logits, info, pos + 2, topk)
+    plain = spec_utils.renorm_draft_probs(logits, info, False)  # outside a site: SGLang's own
+    assert torch.equal(probs[:topk], plain[:topk].float())  # greedy request: SGLang's top-k of q
+    assert torch.equal(idx[:topk], spec_utils.fast_topk(plain[:topk], topk, dim=-1)[1])
+    # top_k = 5 and top_p = 0.8 rows race the id-ordered cut, as the target does.
+    from sglang_detspec.ops import id_ordered_filtered_probs
+
+    rows = slice(topk, None)
+    sm = torch.softmax(logits[rows] / torch.tensor([1.0, 1.0, 0.9, 0.9]).view(-1, 1), dim=-1)
+    cut = id_ordered_filtered_probs(sm, torch.tensor([5, 5, 300, 300]), torch.tensor([1.0, 1.0, 0.8, 0.8]))
+    want = exponential_race(cut, seeds[1:].repeat_interleave(topk), pos[rows] + 2, stream=Stream.TARGET,
+                            num_samples=topk)
+    assert torch.equal(torch.sort(idx[rows], 1).values, torch.sort(want, 1).values)
+    assert bool((cut.gather(1, idx[rows]) > 0).all())
+
+
+def test_outside_a_site_or_without_seeds_sglang_runs(loaded, bag):
+    from sglang.srt.speculative import eagle_worker_v2
+
+    bag(TREE_BAG)
+    logits, seeds, pos = tree_case()
+    plain = torch.softmax(logits, dim=-1)  # SGLang's renorm_draft_probs on CPU without the flag
+    info = sampling_info([400] * 3, [1.0] * 3, seeds, vocab=400)
+    assert torch.equal(eagle_worker_v2.renorm_draft_probs(logits, info, False), plain)
+    unseeded = sampling_info([400] * 3, [1.0] * 3, None, vocab=400)
+    with positions.draft_site(positions.DraftSite(4, lambda: pos)):
+        assert torch.equal(eagle_worker_v2.renorm_draft_probs(logits, unseeded, False), plain)
+        assert not torch.equal(eagle_worker_v2.renorm_draft_probs(logits, info, False), plain)
+
+
+def test_sites_publish_the_drafted_positions(loaded, bag):
+    """The three worker sites publish t: draft_forward positions + 2, extends seq_lens + 1 / new_seq_lens + 1."""
+    bag(TREE_BAG)
+    seen = []
+
+    class Worker:  # only the attribute the hooks read
+        topk = 4
+
+    def original(self, *args, **kwargs):
+        seen.append(positions.published_site().positions().clone())
+
+    fb = type("ForwardBatch", (), {"positions": torch.tensor([5, 5, 5, 5])})()
+    tree_draft_hook.draft_forward_site(original, Worker(), fb)
+    batch = type("Batch", (), {"seq_lens": torch.tensor([7])})()
+    tree_draft_hook.extend_prefill_site(original, Worker(), batch, None, None)
+    result = type("Result", (), {"new_seq_lens": torch.tensor([12])})()
+    tree_draft_hook.extend_decode_site(original, Worker(), batch, result)
+    assert [s.tolist() for s in seen] == [[7, 7, 7, 7], [8], [13]]
+    assert positions.published_site() is None
+
+
+def test_graph_refill_copies_seeds_temperatures_and_top_k(loaded, bag):
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    bag(TREE_BAG)
+    runner = object.__new__(EAGLEDraftCudaGraphRunner)
+    runner.eagle_worker = type("Worker", (), {"topk": 4})()
+    runner.buffers = type("Buffers", (), {"sampling_seed": None, "seq_lens": torch.zeros(8, dtype=torch.int64)})()
+    runner.temperatures = torch.ones(8, 1)
+    runner.top_ks = torch.full((8,), 1 << 30, dtype=torch.int32)
+    tree_draft_hook.graph_seed_buffer(lambda self, *a: None, runner, 4, None)
+    assert runner.buffers.sampling_seed.shape == (8,) and runner.buffers.sampling_seed.dtype == torch.int64
+    info = sampling_info([1, 7, 400], [1.0, 0.5, 2.0], torch.tensor([3, -4, 5]), vocab=400)
+    fb = type("ForwardBatch", (), {"sampling_info": info, "batch_size": 3})()
+    calls = []
+    tree_draft_hook.graph_refill(lambda self, f: calls.append(f), runner, fb)
+    assert calls == [fb]
+    assert runner.buffers.sampling_seed[:3].tolist() == [3, -4, 5]
+    assert runner.temperatures[:3].view(-1).tolist() == [1.0, 0.5, 2.0]
+    assert runner.top_ks[:3].tolist() == [1, 7, 400] and runner.top_ks[3] == 1 << 30
+
+
+# -- acceptance: trees never accept fewer than their chain; Monte Carlo agreement -----
+
+
+def gumbel_tree(q_rows, seeds, t, k, depth):
+    """Full k-ary tree of depth ``depth`` over position-indexed q rows: SGLang's layout (node 0 the root)."""
+    b = seeds.shape[0]
+    tokens, parent, level = [[0] for _ in range(b)], [[-1] for _ in range(b)], [[0] for _ in range(b)]
+    for row in range(b):
+        frontier = [0]
+        for d in range(depth):
+            nxt = []
+            for node in frontier:
+                kids = exponential_race(q_rows[row, d:d + 1], seeds[row:row + 1], t[row] + d, stream=Stream.TARGET,
+                                        num_samples=k)[0].tolist()
+                for tok in kids:
+                    tokens[row].append(tok)
+                    parent[row].append(node)
+                    level[row].append(d + 1)
+                    nxt.append(len(tokens[row]) - 1)
+            frontier = nxt
+    n = len(tokens[0])
+    nxt_tok = torch.full((b, n), -1, dtype=torch.int64)
+    sib = torch.full((b, n), -1, dtype=torch.int64)
+    for row in range(b):
+        last = {}
+        for node in range(1, n):
+            p = parent[row][node]
+            if p in last:
+                sib[row, last[p]] = node
+            else:
+                nxt_tok[row, p] = node
+            last[p] = node
+    lev = torch.tensor(level)
+    return torch.tensor(tokens), nxt_tok, sib, lev
+
+
+def test_a_tree_never_accepts_fewer_than_its_chain_of_first_children():
+    gen = torch.Generator().manual_seed(3)
+    b, v, depth, k = 64, 12, 3, 3
+    # q depends only on the depth here, so every node at one depth has the same q and the same p.
+    p_rows = torch.softmax(torch.randn(b, depth + 1, v, generator=gen), dim=-1)
+    q_rows = torch.softmax(torch.log(p_rows[:, :depth]) + 0.8 * torch.randn(b, depth, v, generator=gen), dim=-1)
+    seeds = torch.randint(0, 1 << 62, (b,), generator=gen)
+    t = torch.randint(0, 1000, (b,), generator=gen)
+    tokens, nxt, sib, lev = gumbel_tree(q_rows, seeds, t, k, depth)
+    p_nodes = p_rows.gather(1, lev.unsqueeze(-1).expand(-1, -1, v).clamp(max=depth))
+    _, tree_acc, _ = coupled_verify_tree(tokens, nxt, sib, p_nodes, seeds, t)
+    chain = torch.cat([exponential_race(q_rows[:, d], seeds, t + d, stream=Stream.TARGET) for d in range(depth)], 1)
+    _, chain_acc = coupled_verify_chain(chain, p_rows, seeds, t)
+    assert bool((tree_acc >= chain_acc).all())
+    assert tree_acc.float().mean() > chain_acc.float().mean()  # and strictly more on average
+
+
+def test_per_position_match_agrees_with_an_independent_monte_carlo():
+    """Pr[target race winner among q's Gumbel-top-k]: hash uniforms vs NumPy's RNG, same coupling."""
+    v, n = 8, 4000
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(v))
+    q = 0.6 * p + 0.4 * rng.dirichlet(np.ones(v))
+    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 13
+    pt = torch.tensor(p, dtype=torch.float64).expand(n, v).contiguous()
+    qt = torch.tensor(q, dtype=torch.float64).expand(n, v).contiguous()
+    for k in (1, 2, 4):
+        y = exponential_race(pt, seeds, 5, stream=Stream.TARGET)
+        kids = exponential_race(qt, seeds, 5, stream=Stream.TARGET, num_samples=k)
+        ours = float((kids == y).any(dim=1).double().mean())
+        e = rng.exponential(size=(200_000, v))
+        y_ref = np.argmax(p / e, axis=1)
+        top = np.argsort(-(q / e), axis=1)[:, :k]
+        ref = float((top == y_ref[:, None]).any(axis=1).mean())
+        sd = np.sqrt(ref * (1 - ref) / n) + np.sqrt(ref * (1 - ref) / 200_000)
+        assert abs(ours - ref) < 4.5 * sd + 1e-9, (k, ours, ref)
+    tv = 0.5 * np.abs(p - q).sum()
+    assert ref > 1 - tv  # k = 4 children beat a rejection-sampling chain's 1 - TV per position
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
