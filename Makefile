@@ -20,7 +20,24 @@ ifneq ($(word 2,$(VENV)),)
 $(error VENV must be a path without spaces, got '$(VENV)')
 endif
 
-.PHONY: setup demo-setup test demo demo-light
+.PHONY: help setup demo-setup test demo demo-light
+
+# A bare `make` explains the targets instead of starting the 11 GB install.
+.DEFAULT_GOAL := help
+help:
+	@echo "sglang-detspec targets (PYTHON=$(PYTHON) builds the venvs; make PYTHON=python3.x picks another):"
+	@echo "  make demo        the main job: detspec audit on the embedded tiny models (light venv, no SGLang)"
+	@echo "  make test        the CPU test suite (installs SGLang 0.5.23 into .venv, about 11 GB)"
+	@echo "  make setup       only the full install (.venv: this package, SGLang 0.5.23, test extras)"
+	@echo "  make demo-light  the demo from the light venv even when .venv exists"
+	@echo "  make test-gpu    the Triton kernel suite (CUDA GPU)"
+	@echo "  make test-e2e    the suites that launch real SGLang servers (CUDA GPU)"
+	@echo "  make bench       the kernel benchmark (CUDA GPU)"
+	@echo "  make bench-serving-report RESULTS=<folder>   tables and plots of a serving run"
+
+# The interpreter the venvs are built from: a clear error instead of make's "Error 127".
+PYTHON_CHECK = command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found: install Python 3.11, or \
+	pass another interpreter, e.g. make $(MAKECMDGOALS) PYTHON=python3" >&2; exit 2; }
 
 setup: $(STAMP)
 
@@ -31,6 +48,7 @@ $(STAMP): pyproject.toml
 	@echo "== make setup: installing sglang-detspec into $(VENV) with sglang==0.5.23, torch 2.14.1 (CUDA"
 	@echo "   build) and about 150 other packages: about 11 GB on disk, several minutes the first"
 	@echo "   time; pip's progress follows. Later runs reuse $(VENV)."
+	@test -x $(BIN)/python || { $(PYTHON_CHECK); }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
 	$(BIN)/python -m pip install $(PIP_PROGRESS) -e '.[test,bench]'
@@ -44,6 +62,7 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	@echo "   sglang-detspec without SGLang: about 3 GB of torch CUDA wheels from the default"
 	@echo "   index (about 0.2 GB with TORCH_INDEX=<a CPU wheel index>), a minute or more the"
 	@echo "   first time; pip's progress follows. Later runs reuse $(DEMO_VENV)."
+	@test -x $(DEMO_BIN)/python || { $(PYTHON_CHECK); }
 	test -x $(DEMO_BIN)/python || $(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
@@ -100,4 +119,6 @@ bench-serving:
 # Tables and plots from a results folder: make bench-serving-report RESULTS=docs/benchmarks/serving/<run>
 # Needs only Python (matplotlib for the plots, else they are skipped with a note): no set-up.
 bench-serving-report:
+	@[ -n "$(RESULTS)" ] || { echo "make bench-serving-report: set RESULTS to a results folder, e.g." \
+		"make bench-serving-report RESULTS=docs/benchmarks/serving/2026-12-01-h200-x2" >&2; exit 2; }
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmark/serving/serving_report.py $(RESULTS)

@@ -169,7 +169,7 @@ class DetSpecConfig:
         """Tree children are q's Gumbel-top-k on the TARGET stream (coupled mode, ``topk > 1``)."""
         return self.active and self.coupled and self.algorithm is not None and (self.eagle_topk or 1) > 1
 
-    def wants_sampled_drafts(self, reduced_draft_vocab: bool = False) -> bool:
+    def wants_sampled_drafts(self) -> bool:
         """Whether start-up should turn on SGLang's sampled-draft path for this coupled chain.
 
         SGLang draws chain drafts by sampling (and hands the draft sites seeds
@@ -177,11 +177,12 @@ class DetSpecConfig:
         rejection-sampling flag; without it a chain drafts q's argmax, which a
         coupled verify at temperature 1 rarely accepts. The flag's verify
         then still runs coupled (the plugin hooks it). Only EAGLE / EAGLE3 /
-        NEXTN chains with a full draft vocabulary: SGLang refuses the flag
-        for trees and for a reduced draft vocabulary.
+        NEXTN chains: SGLang refuses the flag for trees (start-up also
+        checks what SGLang refuses it for beyond the bag's fields, e.g. a
+        reduced draft vocabulary).
         """
         return (self.active and self.coupled and not self.rejection_sampling
-                and self.algorithm in REJECTION_ALGORITHMS and self.eagle_topk == 1 and not reduced_draft_vocab)
+                and self.algorithm in REJECTION_ALGORITHMS and self.eagle_topk == 1)
 
     def describe(self) -> str:
         """One line with every field, for the start-up log."""

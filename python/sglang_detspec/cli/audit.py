@@ -113,7 +113,12 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
-def _json_path(text: str) -> Path:
+STDOUT = "-"  # --json -: the JSON goes to standard output, the human report to standard error
+
+
+def _json_path(text: str) -> Path | str:
+    if text == STDOUT:
+        return STDOUT
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file path, got an empty string")
     path = Path(text)
@@ -248,7 +253,9 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--seed", type=_seed, default=0,
         help="probe sampling_seed, schedule seed and control RNG seed, in [0, 2**64) (default 0)",
     )
-    parser.add_argument("--json", type=_json_path, metavar="PATH", help="write the full result as JSON to PATH")
+    parser.add_argument("--json", type=_json_path, metavar="PATH",
+                        help="write the full result as JSON to PATH ('-': standard output, the report then "
+                             "goes to standard error)")
     parser.add_argument(
         "--control", action=argparse.BooleanOptionalAction, default=None,
         help="also run the global-RNG control engine (default: on; in-process only)",
@@ -326,6 +333,22 @@ def _usage_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _notes(args: argparse.Namespace) -> list[str]:
+    """Flags and settings that are accepted but change nothing in this run, said before it starts."""
+    from ..config import DISABLE_ENV, env_settings
+
+    notes = []
+    if args.url is not None:
+        notes += [f"{flag} changes nothing with --url (the {what} runs the in-process engine only)"
+                  for flag, what, value in (("--no-control", "control", args.control),
+                                            ("--no-invariance", "invariance section", args.invariance))
+                  if value is False]
+    elif env_settings()["disabled"]:
+        notes.append(f"{DISABLE_ENV}=1 applies to SGLang servers with the plugin; the in-process engine always "
+                     "runs the keyed streams")
+    return notes
+
+
 def _kernel_problem() -> str | None:
     """Why the ``SGLANG_DETSPEC_KERNEL`` setting cannot run the in-process audit, or None."""
     from ..config import KERNEL_ENV, env_settings
@@ -371,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
     problem = _usage_error(args)
     if problem is not None:
         return _fail(problem, getattr(args, "usage", None))
+    for note in _notes(args):
+        print(f"detspec audit: note: {note}", file=sys.stderr)
     if args.url is not None:
         return _run_server(args)
     problem = _kernel_problem()
@@ -422,7 +447,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
         "max_batch_size": args.max_batch_size, "seed": args.seed, "control": control,
         "invariance": invariance, "vocab_size": models.vocab_size,
     }
-    console = Console()
+    console = Console(stderr=args.json == STDOUT)
     verdict, report = print_batch_section(
         console, args, plan, summaries, settings, f"{mode_label} verify, K={k} draft tokens"
     )
@@ -457,7 +482,10 @@ def _finish(console, args: argparse.Namespace, report: dict, sections: dict) -> 
     passed = all(sections.values())
     report["passed"] = passed
     report["sections"] = dict(sections)
-    if args.json is not None:
+    if args.json == STDOUT:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        sys.stdout.flush()
+    elif args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {args.json}", markup=False, highlight=False)
     if passed:
@@ -532,7 +560,7 @@ def _run_server(args: argparse.Namespace) -> int:
     spec = f"{facts.get('speculative_algorithm') or 'no speculative decoding'}" + (
         f" (speculative_num_draft_tokens={draft})" if draft is not None else ""
     )
-    console = Console()
+    console = Console(stderr=args.json == STDOUT)
     verdict, report = print_batch_section(console, args, plan, [summary], settings, f"server {args.url}, {spec}")
     sections = {"changing_batch": verdict.passed}
     if seeds is not None:

@@ -56,6 +56,13 @@ def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None) -> arg
     return parser
 
 
+def _subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``detspec`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
 
@@ -83,6 +90,8 @@ def _main(argv: Sequence[str] | None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
+        commands = ", ".join(_subcommand_names(parser))
+        print(f"detspec: error: give a command ({commands}), e.g. detspec audit", file=sys.stderr)
         return 2
     from ..config import env_settings
 

@@ -182,6 +182,16 @@ def plugin_installed() -> bool:
     return any(ep.name == ENTRY_POINT_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
+def _why_inactive(bag: DetSpecConfig) -> str:
+    from ..config import DISABLE_ENV
+
+    if bag.disabled:
+        return f"{DISABLE_ENV}=1 is set"
+    if not bag.deterministic:
+        return "--enable-deterministic-inference is off"
+    return "; ".join(bag.refusals())
+
+
 def _say(message: str) -> None:
     print(f"detspec serve: {message}", file=sys.stderr)
 
@@ -216,8 +226,7 @@ def _run(args) -> int:
         if problems:
             return _fail("sglang-detspec would stop this server at start-up:\n  - " + "\n  - ".join(problems))
         if not bag.active:
-            _say(f"note: sglang-detspec stays inactive with these flags (SGLang's own sampling runs): "
-                 f"{bag.describe()}")
+            _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
         elif args.dry_run:
             _say(f"start-up check passed: {bag.describe()}")
     if args.dry_run:

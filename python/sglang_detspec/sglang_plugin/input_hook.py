@@ -18,10 +18,12 @@ model, or ``[-1, 7]``) trips a device-side assert that aborts the scheduler
 and loses every request in flight. ``n: 0`` and ``n: -1`` are accepted and
 answered with one completion, while the plugin derives one seed per sample.
 
-Active whenever the plugin is loaded and ``SGLANG_DETSPEC_DISABLE`` is not
-set, with or without ``--enable-deterministic-inference``: the crash is
-SGLang's, any server can be emptied by it, and the check is one pass over
-the ids already in host memory.
+Active for the runs that are the plugin's (``--enable-deterministic-inference``
+on, ``SGLANG_DETSPEC_DISABLE`` unset), like every other hook: an environment
+with the plugin installed runs SGLang untouched otherwise, and the crash is
+SGLang's own there. The check is one pass over ids already in host memory.
+Requests with multimodal data or input embeddings are left to SGLang (their
+processors use placeholder ids beyond the text vocabulary).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def check_input_ids(input_ids, vocab_size: int) -> None:
 
 
 def check_n(sampling_params) -> None:
-    """``n`` (samples per prompt) of each parameter set, when given, an integer >= 1.
+    """``n`` (samples per prompt) of each parameter set, when given, an integer >= 1 (``null`` is refused too).
 
     Args:
         sampling_params: a request's sampling parameters: a dict, a list of
@@ -80,18 +82,36 @@ def check_n(sampling_params) -> None:
     sets = sampling_params if isinstance(sampling_params, list) else [sampling_params]
     for params in sets:
         n = params.get("n", 1) if isinstance(params, dict) else 1
-        if n is not None and (not _is_int(n) or n < 1):
+        if not _is_int(n) or n < 1:
             raise ValueError(f"n must be an integer >= 1 (samples per prompt), got {n!r}")
 
 
+_MULTIMODAL = ("image_data", "video_data", "audio_data", "input_embeds")
+
+
+def embedding_rows(model_config) -> int:
+    """The token ids a text prompt may hold: the larger of the model's and its text model's vocabulary.
+
+    Some multimodal configurations report a vision vocabulary as
+    ``vocab_size`` and embed text with the text model's larger one.
+    """
+    text = getattr(model_config, "hf_text_config", None)
+    return max(int(model_config.vocab_size), int(getattr(text, "vocab_size", 0) or 0))
+
+
 def validate_request(original, self, obj, input_ids, *args, **kwargs):
-    """AROUND hook for ``_validate_one_request(obj, input_ids)``: the ids, then SGLang's checks."""
-    if input_ids is not None and not current_config().disabled:
-        check_input_ids(input_ids, self.model_config.vocab_size)
+    """AROUND hook for ``_validate_one_request(obj, input_ids)``: the ids, then SGLang's checks.
+
+    Requests with image, video or audio data or input embeddings are left to
+    SGLang: their processors put placeholder ids beyond the text vocabulary.
+    """
+    multimodal = any(getattr(obj, field, None) is not None for field in _MULTIMODAL)
+    if input_ids is not None and not multimodal and current_config().ours:
+        check_input_ids(input_ids, embedding_rows(self.model_config))
     return original(self, obj, input_ids, *args, **kwargs)
 
 
 def validate_n(self, *args, **kwargs) -> None:
     """BEFORE hook for ``GenerateReqInput._handle_parallel_sampling()``: ``n >= 1`` before SGLang reads it."""
-    if not current_config().disabled:
+    if current_config().ours:
         check_n(self.sampling_params)

@@ -31,9 +31,24 @@ SPEC_FIELDS = {
     "rl_on_policy": "rl_on_policy_target",  # in the "exec.deterministic" namespace once published
 }
 _FLAGS = ("rejection_sampling", "multi_layer_eagle", "block_verification", "rl_on_policy")
+# The source name of the plugin's own declaration on SGLang's resolution stash (startup.py):
+# it turned the rejection-sampling flag on for a coupled chain's sampled drafts.
+SAMPLED_DRAFTS_SOURCE = "sglang_detspec.coupled_drafts"
 
 
-def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None = None) -> DetSpecConfig:
+def declared_sampled_drafts(server_args) -> bool:
+    """Whether the plugin's start-up turned SGLang's sampled-draft path on for this server.
+
+    Read from SGLang's resolution stash on the ``ServerArgs`` record, which
+    SGLang pickles to the scheduler processes with the record (its own
+    declared resolutions travel the same way).
+    """
+    stash = getattr(server_args, "_resolved_overrides", None) or ()
+    return any(source == SAMPLED_DRAFTS_SOURCE for source, _ in stash)
+
+
+def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None = None, *,
+             sampled_drafts: bool = False) -> DetSpecConfig:
     """A bag from any object carrying SGLang's speculative argument names.
 
     Args:
@@ -41,6 +56,8 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
             ``get_spec()``; attributes named as in :data:`SPEC_FIELDS`.
         deterministic: ``enable_deterministic_inference``.
         source: where the values came from (``server_args``, ``runtime_context``, ``raw_args``).
+        sampled_drafts: the plugin turned the rejection-sampling flag on for
+            coupled drafts (:func:`declared_sampled_drafts`): the verify stays coupled.
 
     Raises:
         ValueError: a bad ``SGLANG_DETSPEC_*`` setting.
@@ -51,7 +68,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     settings = env_settings(environ)
-    settings["verify"] = resolve_verify(settings["verify"], values["rejection_sampling"])
+    settings["verify"] = "coupled" if sampled_drafts else resolve_verify(settings["verify"], values["rejection_sampling"])
     return DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values)
 
 
@@ -67,7 +84,8 @@ def config_from_server_args(server_args, environ: Mapping[str, str] | None = Non
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
-    return bag_from(view, view.enable_deterministic_inference, "server_args", environ)
+    return bag_from(view, view.enable_deterministic_inference, "server_args", environ,
+                    sampled_drafts=declared_sampled_drafts(server_args))
 
 
 def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> DetSpecConfig:
@@ -77,14 +95,15 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
         LookupError: the context is not published in this process yet.
         ValueError: a bad ``SGLANG_DETSPEC_*`` setting.
     """
-    from sglang.srt.runtime_context import get_exec, get_spec
+    from sglang.srt.runtime_context import get_context, get_exec, get_spec
 
     try:
-        exec_bag, spec = get_exec(), get_spec()
+        exec_bag, spec, record = get_exec(), get_spec(), get_context().server_args
     except ValueError as err:  # SGLang raises ValueError("... not published")
         raise LookupError(str(err)) from err
     det = exec_bag.deterministic
-    bag = bag_from(spec, det.enable_deterministic_inference, "runtime_context", environ)
+    bag = bag_from(spec, det.enable_deterministic_inference, "runtime_context", environ,
+                   sampled_drafts=declared_sampled_drafts(record))
     return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)))
 
 

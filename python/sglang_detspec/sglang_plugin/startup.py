@@ -9,11 +9,11 @@ rules themselves live in the config bag (:meth:`DetSpecConfig.refusals`).
 from __future__ import annotations
 
 import json
-import os
+import logging
 from pathlib import Path
 
-from ..config import VERIFY_ENV, DetSpecConfig, install_config
-from .resolve import announce, bag_from, config_from_server_args
+from ..config import DetSpecConfig, install_config
+from .resolve import SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 
@@ -53,30 +53,62 @@ def resolve_and_announce(result, server_args) -> None:
     """
     bag = config_from_server_args(server_args)
     _raise(bag)
-    if bag.wants_sampled_drafts(reduced_draft_vocab(server_args)):
-        bag = turn_on_sampled_drafts(server_args)
+    if bag.wants_sampled_drafts():
+        blockers = sampled_draft_blockers(server_args)
+        if blockers:
+            logging.getLogger("sglang_detspec").warning(
+                "sglang-detspec: coupled chain drafts stay SGLang's argmax drafts (lower acceptance, same "
+                "tokens): %s", "; ".join(blockers))
+        else:
+            bag = turn_on_sampled_drafts(server_args)
     install_config(bag)
     announce(bag)
     return None
 
 
-def reduced_draft_vocab(server_args) -> bool:
-    """Whether the draft proposes over a reduced (hot-token) vocabulary.
+def sampled_draft_blockers(server_args) -> list[str]:
+    """Why SGLang's sampled-draft path cannot be turned on for this coupled chain: one reason each.
 
-    A ``--speculative-token-map``, or a local draft ``config.json`` whose
-    ``draft_vocab_size`` differs from its ``vocab_size`` (EAGLE3 checkpoints
-    with a ``d2t`` map). A draft path that cannot be read counts as full.
+    SGLang refuses its rejection-sampling flag (which opens that path) with a
+    reduced draft vocabulary, watermarking, accept thresholds and devices
+    other than CUDA; these checks run before the plugin's, so they are
+    mirrored here. An EAGLE3 draft whose ``config.json`` cannot be read
+    locally (e.g. a hub repository id) counts as reduced: most EAGLE3
+    checkpoints draft over a hot-token vocabulary.
     """
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
+    reasons = []
     if getattr(view, "speculative_token_map", None):
-        return True
-    path = getattr(view, "speculative_draft_model_path", None)
+        reasons.append("--speculative-token-map gives the draft a reduced vocabulary")
+    elif reduced_draft_vocab(getattr(view, "speculative_draft_model_path", None), view.speculative_algorithm):
+        reasons.append("the draft proposes over a reduced vocabulary (draft_vocab_size), or its config.json "
+                       "is not a local file")
+    if getattr(view, "enable_watermark", False):
+        reasons.append("--enable-watermark")
+    if (getattr(view, "speculative_accept_threshold_single", 1.0) != 1.0
+            or getattr(view, "speculative_accept_threshold_acc", 1.0) != 1.0):
+        reasons.append("--speculative-accept-threshold-single / -acc")
+    if not str(getattr(view, "device", "cuda") or "cuda").startswith("cuda"):
+        reasons.append(f"--device {view.device}")
+    return reasons
+
+
+def reduced_draft_vocab(path, algorithm) -> bool:
+    """Whether the draft at ``path`` proposes over a reduced (hot-token) vocabulary.
+
+    A local ``config.json`` with a ``draft_vocab_size`` other than its
+    ``vocab_size`` (EAGLE3 checkpoints with a ``d2t`` map) is reduced. When
+    the file cannot be read, an EAGLE3 draft counts as reduced and any other
+    (EAGLE drafts share the target's head) as full.
+    """
     try:
-        config = json.loads((Path(path) / "config.json").read_text()) if path else {}
+        config = json.loads((Path(path) / "config.json").read_text()) if path else None
     except (OSError, ValueError):
-        return False
+        config = None
+    if config is None:
+        return algorithm == "EAGLE3"
     draft_vocab = config.get("draft_vocab_size")
     return draft_vocab is not None and draft_vocab != config.get("vocab_size")
 
@@ -87,11 +119,11 @@ def turn_on_sampled_drafts(server_args) -> DetSpecConfig:
     The flag routes SGLang's chain drafts through its seeded sampled-draft
     path (``draft_hook`` races them on the TARGET stream) and its verify
     through the chain sampler (``verify_hook`` runs coupled verify there).
-    ``SGLANG_DETSPEC_VERIFY=coupled`` is exported so the scheduler processes,
-    which see the flag on, resolve coupled rather than ``auto``'s rejection.
+    The declaration carries the plugin's source name, so every process that
+    resolves the bag from this record (the schedulers get it pickled) keeps
+    the verify coupled where ``auto`` would pick rejection for the flag.
     """
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    declare_resolution(server_args, "sglang_detspec.coupled_drafts", speculative_use_rejection_sampling=True)
-    os.environ[VERIFY_ENV] = "coupled"
+    declare_resolution(server_args, SAMPLED_DRAFTS_SOURCE, speculative_use_rejection_sampling=True)
     return config_from_server_args(server_args)

@@ -32,6 +32,10 @@ Hooked symbols (AROUND):
   graphs a seed buffer before capture, the second refills all three before
   every replay.
 
+A draft over a reduced vocabulary (EAGLE3 hot tokens, ``--speculative-token-map``)
+keeps SGLang's top-k of q: its columns are draft indices, not the target
+token ids the TARGET stream is keyed by.
+
 Chains (``topk == 1``) do not come here: in coupled mode they draft through
 SGLang's sampled-draft path (``draft_hook``; start-up turns it on).
 """
@@ -41,7 +45,7 @@ from __future__ import annotations
 import torch
 
 from ..config import current_config
-from ..ops import coupled_children, target_weights
+from ..ops import coupled_children, id_ordered_filtered_probs
 from .positions import DraftSite, after_root, draft_forward_positions, draft_site, published_site
 
 _WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
@@ -55,7 +59,10 @@ GRAPH_EXECUTE = f"{_RUNNER}.execute"
 
 
 def _tree_drafts(worker) -> bool:
-    return current_config().tree_drafts and getattr(worker, "topk", 1) > 1
+    # A reduced draft vocabulary (EAGLE3 hot tokens, --speculative-token-map) keeps SGLang's top-k of
+    # q: its logits columns are draft indices, and the TARGET stream's columns are target token ids.
+    return (current_config().tree_drafts and getattr(worker, "topk", 1) > 1
+            and getattr(worker, "hot_token_id", None) is None)
 
 
 def draft_forward_site(original, self, forward_batch, *args, **kwargs):
@@ -88,7 +95,6 @@ def extend_decode_site(original, self, batch, batch_result, *args, **kwargs):
 
 def children_tensor(
     logits: torch.Tensor,  # [R, V] float: draft logits, R = B * rows_per_request
-    probs: torch.Tensor,  # [R, V] float: SGLang's draft probabilities (kept for greedy rows)
     sampling_info,  # SGLang SamplingBatchInfo of the B requests
     positions: torch.Tensor,  # [R] int: absolute position of the token each row drafts
     k: int,
@@ -96,13 +102,14 @@ def children_tensor(
 ) -> torch.Tensor:
     """The tensor whose top-k are each sampled row's coupled children: float32 [R, V].
 
-    Row r of request b = r // (R / B): ``w = target_weights(logits[r], T_b, cut_b)``
-    (the request's temperature, and its top-k / top-p / min-p where the batch
-    asks for a cut), children = ``exponential_race(w, seed_b, positions[r],
-    TARGET, num_samples=k)`` (Gumbel-top-k), each at its score of
-    :func:`~sglang_detspec.ops.coupled_children` (the winner at 1), zero elsewhere. Greedy rows
-    (``top_k <= 1``) return ``probs`` as it is.
-    No host sync: safe inside CUDA-graph capture.
+    Row r of request b = r // (R / B): ``q = softmax(logits[r] / T_b)``, ``w``
+    = q cut by the request's top-k / top-p / min-p in token-id order where the
+    batch asks for a cut (:func:`~sglang_detspec.ops.id_ordered_filtered_probs`,
+    the target's rule), children = ``coupled_children(w, seed_b, positions[r],
+    k)`` (q's Gumbel-top-k on the TARGET stream), each at its score (the race
+    winner at 1), zero elsewhere. Greedy rows (``top_k <= 1``, which SGLang
+    runs at T = 1) return q itself, so SGLang's top-k of q drafts them, as
+    without the plugin. No host sync: safe inside CUDA-graph capture.
     """
     rows, v = logits.shape
     seeds = sampling_info.sampling_seed
@@ -111,34 +118,31 @@ def children_tensor(
     def per_row(values):
         return torch.repeat_interleave(values, per, dim=0) if per > 1 else values
 
-    cut = bool(sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling
-               or sampling_info.need_min_p_sampling)
     top_ks = per_row(sampling_info.top_ks)
-    weights = target_weights(
-        logits.float(), per_row(sampling_info.temperatures),
-        top_ks if cut else None,
-        per_row(sampling_info.top_ps) if cut else None,
-        per_row(sampling_info.min_ps) if cut and sampling_info.need_min_p_sampling else None,
-    )
+    q = torch.softmax(logits.float() / per_row(sampling_info.temperatures), dim=-1)
+    weights = q
+    if sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling or sampling_info.need_min_p_sampling:
+        min_ps = per_row(sampling_info.min_ps) if sampling_info.need_min_p_sampling else None
+        weights = id_ordered_filtered_probs(q, top_ks, per_row(sampling_info.top_ps), min_ps)
     children, score = coupled_children(weights, per_row(seeds), positions, min(k, v), kernel=kernel)
     sparse = torch.zeros(rows, v, dtype=torch.float32, device=logits.device)
     sparse.scatter_(1, children, score.float())
-    greedy = (top_ks <= 1).view(-1, 1)
-    return torch.where(greedy, probs.float(), sparse)
+    return torch.where((top_ks <= 1).view(-1, 1), q, sparse)
 
 
 def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs):
     """AROUND hook for ``renorm_draft_probs(next_token_logits [R, V], sampling_info, use_rejection_sampling)``.
 
     Outside a published tree-draft site, or for a batch without seeds, SGLang's
-    probabilities are returned; inside one, :func:`coupled_children`.
+    own probabilities; inside one, :func:`children_tensor` (which computes q
+    itself, so SGLang's softmax is not run there).
     """
-    probs = original(next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs)
     site = published_site()
-    if site is None or sampling_info is None or sampling_info.sampling_seed is None or not probs.numel():
-        return probs
+    if (site is None or sampling_info is None or sampling_info.sampling_seed is None
+            or not next_token_logits.numel()):
+        return original(next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs)
     return children_tensor(
-        next_token_logits, probs, sampling_info, site.positions().view(-1), site.k, current_config().kernel,
+        next_token_logits, sampling_info, site.positions().view(-1), site.k, current_config().kernel,
     )
 
 

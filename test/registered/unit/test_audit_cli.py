@@ -1,6 +1,7 @@
 """The audit schedule, its verdict, and the `detspec audit` command end to end."""
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -385,7 +386,8 @@ def test_cli_lists_audit_and_needs_a_command(capsys):
     assert "Deterministic speculative decoding for SGLang: audit and serve." in out
     assert "benchmark" not in out
     assert main([]) == 2
-    assert "usage: detspec" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage: detspec" in err and "detspec: error: give a command (audit, serve), e.g. detspec audit" in err
     with pytest.raises(SystemExit) as exc:
         main(["frobnicate"])
     assert exc.value.code == 2
@@ -425,6 +427,33 @@ def test_invariance_section_fits_80_columns_when_piped():
     assert ("FAIL: 7 unique output(s) across all configurations with rejection verify "
             "(coupled verify: 1 across the same configurations)") in lines
     assert "expected: rejection sampling's tokens depend on the drafter" in out.getvalue()  # a failure by design
+
+
+def test_cli_audit_json_dash_writes_standard_output(capsys):
+    argv = ["audit", "--trials", "3", "--max-new-tokens", "3", "--max-batch-size", "3", "-k", "2", "--seed", "5",
+            "--no-invariance", "--json", "-"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # standard output holds the JSON alone
+    assert report["passed"] is True and report["settings"]["trials"] == 3
+    assert "audit passed" in captured.err and "unique probe outputs" in captured.err
+    assert not Path("-").exists()
+
+
+def test_cli_audit_says_what_changes_nothing(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
+    argv = ["audit", "--trials", "2", "--max-new-tokens", "2", "--max-batch-size", "2", "--no-invariance"]
+    assert main(argv) == 0
+    assert "note: SGLANG_DETSPEC_DISABLE=1 applies to SGLang servers with the plugin" in capsys.readouterr().err
+    monkeypatch.delenv("SGLANG_DETSPEC_DISABLE")
+    from sglang_detspec.cli import audit
+
+    args = build_parser().parse_args(["audit", "--url", "http://127.0.0.1:9", "--vocab-size", "10", "--no-control",
+                                      "--no-invariance"])
+    assert audit._notes(args) == [
+        "--no-control changes nothing with --url (the control runs the in-process engine only)",
+        "--no-invariance changes nothing with --url (the invariance section runs the in-process engine only)",
+    ]
 
 
 if __name__ == "__main__":

@@ -38,16 +38,28 @@ TREE_BAG = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eag
 
 
 def test_coupled_chain_turns_on_sampled_drafts_and_keeps_coupled_verify(loaded, model_dir):
+    import pickle
+
     from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.runtime_context import publish, reset_context
 
     reset_config()
     sa = server_args(model_dir, f"{eagle(model_dir, CHAIN)} {DET}")
     assert resolved_view(sa).speculative_use_rejection_sampling  # SGLang's sampled-draft path
-    assert os.environ["SGLANG_DETSPEC_VERIFY"] == "coupled"  # what the scheduler processes resolve
+    assert "SGLANG_DETSPEC_VERIFY" not in os.environ  # nothing leaks into later servers of this process
     bag = current_config()
     assert bag.active and bag.coupled and bag.coupled_drafts and not bag.tree_drafts
-    # A scheduler process resolves the same bag from the resolved record and the exported setting.
-    assert resolve.config_from_server_args(sa) == bag
+    # A scheduler process gets the record pickled and resolves the same mode from SGLang's runtime context.
+    publish(pickle.loads(pickle.dumps(sa)), role="test")
+    try:
+        scheduler_bag = resolve.config_from_runtime_context()
+    finally:
+        reset_context()
+    assert scheduler_bag.coupled and scheduler_bag.rejection_sampling and scheduler_bag.coupled_drafts
+    # With the user's own flag and SGLANG_DETSPEC_VERIFY unset, auto still means rejection.
+    reset_config()
+    own = server_args(model_dir, f"{eagle(model_dir, CHAIN)} --speculative-use-rejection-sampling {DET}")
+    assert current_config().verify == "rejection" and resolve.config_from_server_args(own).verify == "rejection"
     reset_config()
 
 
@@ -62,29 +74,52 @@ def test_coupled_tree_keeps_the_flag_off_and_uses_tree_drafts(loaded, model_dir)
     reset_config()
 
 
-def test_rejection_mode_and_reduced_vocab_keep_the_users_flags(loaded, model_dir, monkeypatch, tmp_path):
+def eagle3_draft(folder, model_dir, **fields):
+    folder.mkdir(parents=True)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return str(folder)
+
+
+def test_an_eagle3_draft_over_a_reduced_vocabulary_keeps_argmax_drafts(loaded, model_dir, tmp_path):
     from sglang.srt.arg_groups.overrides import resolved_view
 
-    monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "rejection")
-    sa = server_args(model_dir, f"{eagle(model_dir, CHAIN)} --speculative-use-rejection-sampling {DET}")
-    assert current_config().verify == "rejection"
-    monkeypatch.delenv("SGLANG_DETSPEC_VERIFY")
+    draft = eagle3_draft(tmp_path / "eagle3", model_dir, draft_vocab_size=500)
     reset_config()
-    # An EAGLE3 draft over a reduced vocabulary: SGLang refuses its flag, so the chain keeps argmax drafts.
-    draft = tmp_path / "eagle3"
-    draft.mkdir()
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    (draft / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 500}))
-    flags = (f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {draft} {CHAIN} {DET}")
-    sa = server_args(model_dir, flags)
-    assert not resolved_view(sa).speculative_use_rejection_sampling
+    sa = server_args(model_dir, f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {draft} {CHAIN} {DET}")
+    assert not resolved_view(sa).speculative_use_rejection_sampling  # SGLang would refuse the flag
     assert current_config().coupled and not current_config().coupled_drafts
     reset_config()
 
 
+def test_sampled_draft_blockers_mirror_sglangs_refusals(loaded, model_dir, tmp_path):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_detspec.sglang_plugin import startup
+
+    def record(flags):
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        argv = ["--model-path", model_dir, "--device", "cuda", *f"{flags} {CHAIN} {DET}".split()]
+        return ServerArgs.from_cli_args(parser.parse_args(argv))
+
+    assert startup.sampled_draft_blockers(record(eagle(model_dir, ""))) == []
+    assert startup.sampled_draft_blockers(record(f"{eagle(model_dir, '')} --enable-watermark")) == [
+        "--enable-watermark"]
+    assert startup.sampled_draft_blockers(
+        record(f"{eagle(model_dir, '')} --speculative-accept-threshold-single 0.5")) == [
+        "--speculative-accept-threshold-single / -acc"]
+    full = eagle3_draft(tmp_path / "full", model_dir)
+    assert not startup.reduced_draft_vocab(full, "EAGLE3")
+    assert startup.reduced_draft_vocab("org/hub-id", "EAGLE3")  # unreadable: most EAGLE3 drafts are reduced
+    assert not startup.reduced_draft_vocab("org/hub-id", "EAGLE")  # EAGLE drafts share the target's head
+
+
 def test_draft_path_properties():
     chain = dataclasses.replace(TREE_BAG, eagle_topk=1, num_draft_tokens=4)
-    assert chain.wants_sampled_drafts() and not chain.wants_sampled_drafts(reduced_draft_vocab=True)
+    assert chain.wants_sampled_drafts()
     assert not TREE_BAG.wants_sampled_drafts() and TREE_BAG.tree_drafts
     assert not dataclasses.replace(chain, algorithm="NGRAM").wants_sampled_drafts()
     assert not dataclasses.replace(TREE_BAG, verify="rejection").tree_drafts
@@ -209,6 +244,50 @@ def test_graph_refill_copies_seeds_temperatures_and_top_k(loaded, bag):
     assert runner.buffers.sampling_seed[:3].tolist() == [3, -4, 5]
     assert runner.temperatures[:3].view(-1).tolist() == [1.0, 0.5, 2.0]
     assert runner.top_ks[:3].tolist() == [1, 7, 400] and runner.top_ks[3] == 1 << 30
+
+
+def test_sglangs_own_beam_search_and_pruning_keep_the_coupled_chain(loaded, bag):
+    """children_tensor through SGLang's select_top_k_tokens and organize_draft_results (steps 3, topk 4, 8 tokens)."""
+    from sglang.srt.speculative import eagle_utils, spec_utils
+
+    bag(TREE_BAG)
+    b, k, steps, n_tokens, v = 3, 4, 3, 8, 50
+    gen = torch.Generator().manual_seed(7)
+    bigram = torch.randn(v, v, generator=gen) * 2  # draft logits after each token
+    seeds = torch.randint(0, 1 << 62, (b,), generator=gen)
+    roots = torch.randint(0, v, (b,), generator=gen)
+    t = torch.randint(0, 1 << 20, (b,), generator=gen)  # the first drafted token's position
+    info = sampling_info([v] * b, [1.0] * b, seeds, vocab=v)
+    later = spec_utils._select_top_k_tokens_later._torchdynamo_orig_callable  # SGLang's code, not compiled
+
+    def choose(tokens, positions):
+        probs = tree_draft_hook.children_tensor(bigram[tokens], info, positions, k, "torch")
+        return spec_utils.fast_topk(probs, k, dim=-1)
+
+    topk_p, topk_index = choose(roots, t)
+    scores, score_list, token_list, parents_list = None, [], [], []
+    for i in range(steps):
+        if i == 0:
+            input_ids, _, scores, tree_info = spec_utils.select_top_k_tokens(i, topk_p, topk_index, None, scores, k)
+        else:
+            input_ids, _, scores, tree_info = later(i, topk_p, topk_index, None, scores, k)
+        score_list.append(tree_info[0]); token_list.append(tree_info[1]); parents_list.append(tree_info[2])
+        if i < steps - 1:
+            topk_p, topk_index = choose(input_ids, (t + 1 + i).repeat_interleave(k))
+    _, kept, draft_tokens = eagle_utils.organize_draft_results(score_list, token_list, parents_list, n_tokens)
+    flat_scores = torch.cat(score_list, dim=1).flatten(1)
+    flat_tokens = torch.cat(token_list, dim=1)
+    chain, prev = [], roots
+    for d in range(steps):  # the coupled chain, drawn independently: race(q, TARGET, t + d)
+        q = torch.softmax(bigram[prev], dim=-1)
+        prev = exponential_race(q, seeds, t + d, stream=Stream.TARGET)[:, 0]
+        chain.append(prev)
+    chain = torch.stack(chain, 1)
+    for row in range(b):
+        ones = (flat_scores[row] == 1.0).nonzero().view(-1)
+        assert ones.numel() == steps  # exactly the chain scores 1 at each depth
+        assert torch.equal(flat_tokens[row, ones], chain[row])  # and it is the coupled chain
+        assert set(ones.tolist()) <= set(kept[row].tolist())  # SGLang's pruning keeps it
 
 
 # -- acceptance: trees never accept fewer than their chain; Monte Carlo agreement -----

@@ -702,7 +702,10 @@ def test_unreachable_server_exits_2(capsys, extra):
     url = _closed_port_url()
     assert main([*AUDIT, "--url", url, *extra]) == 2
     err = capsys.readouterr().err
-    assert err == f"detspec audit: error: no SGLang server answers at {url} (start one with `detspec serve ...`)\n"
+    assert err.endswith(f"detspec audit: error: no SGLang server answers at {url} (start one with `detspec serve ...`)\n")
+    notes = [line for line in err.splitlines()[:-1]]
+    assert all(line.startswith("detspec audit: note: ") and "changes nothing with --url" in line for line in notes)
+    assert len(notes) == len(extra)
 
 
 def test_in_process_position_bound_does_not_apply_to_a_server(capsys):

@@ -74,6 +74,28 @@ def test_venv_path_with_spaces_is_refused(tmp_path):
     assert proc.returncode == 2 and "VENV must be a path without spaces" in proc.stderr
 
 
+def test_bare_make_lists_the_targets_and_installs_nothing(tmp_path):
+    proc = make(f"VENV={tmp_path / 'venv'}")
+    assert proc.returncode == 0, proc.stderr
+    assert "make demo" in proc.stdout and "make test" in proc.stdout
+    assert not (tmp_path / "venv").exists()
+
+
+def test_a_missing_interpreter_is_named_with_the_way_out(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    proc = subprocess.run(["make", "-s", "demo-setup", f"DEMO_VENV={tmp_path / 'demo'}", "PYTHON=python3.no-such"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2
+    assert "make: python3.no-such not found: install Python 3.11, or pass another interpreter, e.g. " \
+           "make demo-setup PYTHON=python3" in proc.stderr
+    assert not (tmp_path / "demo").exists()
+
+
+def test_serving_report_without_results_names_results():
+    proc = make("bench-serving-report")
+    assert proc.returncode == 2 and "set RESULTS to a results folder" in proc.stderr
+
+
 if __name__ == "__main__":
     import sys
 

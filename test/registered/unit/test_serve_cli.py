@@ -175,7 +175,9 @@ def test_an_inactive_run_is_noted(capsys, monkeypatch):
     monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
     rc, out, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN])
     assert rc == 0 and "sglang.launch_server" in out
-    assert "note: sglang-detspec stays inactive with these flags" in err and "disabled=True" in err
+    assert ("note: sglang-detspec stays inactive (SGLANG_DETSPEC_DISABLE=1 is set): SGLang's own sampling runs"
+            in err)
+    assert "DetSpecConfig(" not in err and "flags" not in err
 
 
 # -- usage ---------------------------------------------------------------------------------
