@@ -25,15 +25,15 @@ endif
 # A bare `make` explains the targets instead of starting the 11 GB install.
 .DEFAULT_GOAL := help
 help:
-	@echo "sglang-detspec targets (PYTHON=$(PYTHON) builds the venvs; make PYTHON=python3.x picks another):"
-	@echo "  make demo        the main job: detspec audit on the embedded tiny models (light venv, no SGLang)"
-	@echo "  make test        the CPU test suite (installs SGLang 0.5.23 into .venv, about 11 GB)"
-	@echo "  make setup       only the full install (.venv: this package, SGLang 0.5.23, test extras)"
+	@echo "sglang-detspec targets (venvs from $(PYTHON); PYTHON=python3.x picks another):"
+	@echo "  make demo        the main job: detspec audit on embedded tiny models"
+	@echo "  make test        the CPU test suite (installs SGLang 0.5.23, about 11 GB)"
+	@echo "  make setup       only the full install (.venv: package, SGLang, tests)"
 	@echo "  make demo-light  the demo from the light venv even when .venv exists"
 	@echo "  make test-gpu    the Triton kernel suite (CUDA GPU)"
 	@echo "  make test-e2e    the suites that launch real SGLang servers (CUDA GPU)"
 	@echo "  make bench       the kernel benchmark (CUDA GPU)"
-	@echo "  make bench-serving-report RESULTS=<folder>   tables and plots of a serving run"
+	@echo "  make bench-serving-report RESULTS=<folder>  tables and plots of a serving run"
 
 # The interpreter the venvs are built from: a clear error instead of make's "Error 127".
 PYTHON_CHECK = command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found: install Python 3.11, or \

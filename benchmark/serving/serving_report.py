@@ -23,7 +23,7 @@ METRICS = (  # (field, label, unit, higher is better)
     ("p99_itl_ms", "p99 inter-token latency", "ms", False),
     ("accept_length", "accept length (server average)", "tokens/round", True),
 )
-RATIO_KEYS = ("c", "d", "e", "h")
+RATIO_KEYS = ("c", "d", "e", "i", "h")
 REFERENCE_KEY = "b"
 
 

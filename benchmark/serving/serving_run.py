@@ -6,7 +6,7 @@ Schedule (it must fit one command of at most 600 s on one or two GPUs):
    in a child process so its GPU memory is released), unless present.
 2. Start up to ``--max-servers-per-gpu`` (3) servers per GPU at once, each with a
    fixed KV pool (``--max-total-tokens``), configurations assigned round-robin
-   in priority order (``--configs``, default ``bhdcegaf``: the ratios survive a
+   in priority order (``--configs``, default ``bdeicagfh``: the ratios survive a
    run cut short).
 3. Measure one server at a time (``serving_driver.py``: ``bench_serving`` at
    each concurrency), so measurements never overlap, and only on a GPU where
@@ -70,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", required=True,
                    help="model folder, written when missing (about 16 GB; keep it outside --out)")
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
-    p.add_argument("--configs", default=DEFAULT_ORDER, help="configuration keys in priority order (default bhdcegaf)")
+    p.add_argument("--configs", default=DEFAULT_ORDER, help="configuration keys in priority order (default bdeicagfh)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
-    p.add_argument("--profile", default="hc", help="configuration keys profiled at the largest concurrency ('' for none)")
+    p.add_argument("--profile", default="dc", help="configuration keys profiled at the largest concurrency ('' for none)")
     p.add_argument("--profile-steps", type=int, default=6)
     p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
     p.add_argument("--max-servers-per-gpu", type=int, default=3,

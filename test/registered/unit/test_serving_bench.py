@@ -28,15 +28,16 @@ def _flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
-def test_eight_configurations_have_the_issue_flags():
-    assert "".join(sorted(cfg.CONFIGS)) == "abcdefgh"
+def test_nine_configurations_have_the_issue_flags():
+    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghi"
     s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
     cmds = {k: cfg.server_command(c, s, port=31000) for k, c in cfg.CONFIGS.items()}
     det = {k for k, c in cmds.items() if "--enable-deterministic-inference" in c}
     rej = {k for k, c in cmds.items() if "--speculative-use-rejection-sampling" in c}
     spec = {k for k, c in cmds.items() if "--speculative-algorithm" in c}
-    assert det == set("bcdefh") and rej == set("abch") and spec == set("abcdeh")
+    assert det == set("bcdefhi") and rej == set("abch") and spec == set("abcdehi")
     assert _flag(cmds["e"], "--speculative-eagle-topk") == "4" and _flag(cmds["e"], "--speculative-num-draft-tokens") == "8"
+    assert _flag(cmds["i"], "--speculative-num-steps") == "5" and _flag(cmds["i"], "--speculative-num-draft-tokens") == "16"
     for k in "abcdh":
         assert _flag(cmds[k], "--speculative-num-steps") == "3" and _flag(cmds[k], "--speculative-eagle-topk") == "1"
         assert _flag(cmds[k], "--speculative-draft-model-path") == "/m/eagle"
@@ -136,13 +137,13 @@ def test_plan_places_servers_round_robin_with_distinct_ports():
     plan = run.validate(_args())
     servers = run.plan_servers(plan["keys"], 2, plan["settings"], port_base=31000, out="/tmp/x",
                                profile=plan["profile"], max_conc=128)
-    assert [s.key for s in servers] == list("bhdcegaf")
-    assert [s.gpu for s in servers] == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert [s.key for s in servers] == list("bdeicagfh")
+    assert [s.gpu for s in servers] == [0, 1, 0, 1, 0, 1, 0, 1, 0]
     ports = [s.port for s in servers] + [int(_flag(s.argv, "--nccl-port")) for s in servers]
     assert len(set(ports)) == len(ports)
     assert {s.env["CUDA_VISIBLE_DEVICES"] for s in servers} == {"0", "1"}
     profiled = {s.key for s in servers if "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS" in s.env}
-    assert profiled == {"h", "c"}
+    assert profiled == {"d", "c"}
     assert dict(servers[0].env)["SGLANG_DETSPEC_DISABLE"] == "1"
 
 
@@ -160,7 +161,7 @@ def test_validate_rejects_bad_run_arguments():
 def test_dry_run_prints_every_server(capsys):
     assert run.main(["--out", "/tmp/x", "--models", "/tmp/m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
-    assert text.count("sglang.launch_server") == len(cfg.CONFIGS) == 8
+    assert text.count("sglang.launch_server") == len(cfg.CONFIGS) == 9
 
 
 def test_memory_estimate_fits_three_servers_per_h200():
