@@ -42,13 +42,13 @@ from ..auditing.batch import (
     MAX_PROMPT_LEN,
     MIN_TRIALS_TO_JUDGE,
 )
+from ..config import VERIFY_MODES
 from ..seed_encoding import SEED_ENCODINGS, U64
 
 DEFAULT_NUM_DRAFT_TOKENS = 3
 # Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
 MAX_BATCH = 1024
 DEFAULT_CONCURRENCY = 1
-VERIFY_MODES = ("coupled", "rejection")
 # max_position_embeddings of the reference models (reference.models.build_model_pair;
 # a unit test holds the two equal), here so the bound is known before torch loads.
 REFERENCE_MAX_POSITIONS = 4096
