@@ -60,6 +60,8 @@ class DetSpecConfig:
         block_verification: SGLang's block-verification flag (not supported).
         rl_on_policy: SGLang's ``rl_on_policy_target`` is set (not supported: its
             bf16 log-softmax sampling path bypasses the target-sampler hook).
+        tokenizer_workers: ``--tokenizer-worker-num`` (more than 1 is not
+            supported: SGLang's tokenizer worker processes load no plugins).
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
     """
@@ -76,6 +78,7 @@ class DetSpecConfig:
     multi_layer_eagle: bool = False
     block_verification: bool = False
     rl_on_policy: bool = False
+    tokenizer_workers: int = 1
     source: str = "env"
 
     @property
@@ -109,6 +112,13 @@ class DetSpecConfig:
             problems.append(
                 "--rl-on-policy-target is not supported (its bf16 log-softmax sampling path makes a seeded "
                 "request's first token depend on its batch): drop the flag"
+            )
+        if self.tokenizer_workers > 1:
+            problems.append(
+                f"--tokenizer-worker-num {self.tokenizer_workers} is not supported: SGLang's tokenizer worker "
+                "processes load no plugins, so requests they admit would get no seed checks, no fresh seeds "
+                "(every unseeded request would draw with seed 42), identical parallel samples and no "
+                "sampling_seed in responses; use --tokenizer-worker-num 1"
             )
         if self.block_verification:
             problems.append(

@@ -119,35 +119,22 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str]) -> tup
     The bag is built as the server's first start-up check builds it (from
     the flags before SGLang resolves them, and the ``SGLANG_DETSPEC_*``
     settings of ``environ``); ``problems`` is its
-    :meth:`~sglang_detspec.config.DetSpecConfig.refusals` plus the request-seed
-    hook's refusal (``--tokenizer-worker-num`` above 1 on an active bag), one
-    message per refused flag, empty when the server would start.
+    :meth:`~sglang_detspec.config.DetSpecConfig.refusals` (``--tokenizer-worker-num``
+    above 1 among them) and, for a run that is ours, the required SGLang
+    symbols that are not hooked: one message per problem, empty when the
+    server would start.
 
     Raises:
         ValueError: SGLang's parser refuses ``launch_args``, or a bad
             ``SGLANG_DETSPEC_*`` setting in ``environ``.
     """
-    from .. import config
     from ..sglang_plugin.resolve import bag_from
-    from ..sglang_plugin.seed_hook import refuse_tokenizer_workers
 
     ns = read_launch_args(launch_args)
     bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)
     problems = bag.refusals()
     if bag.ours:
         problems += _hooks_not_in_place()
-    # The seed hook refuses at the server's argument resolution, reading the bag in force:
-    # run that same hook here with this bag in force, then put the previous one back.
-    previous = config._current
-    config.install_config(bag)
-    try:
-        refuse_tokenizer_workers(None, ns)
-    except ValueError as exc:
-        problems.append(str(exc))
-    finally:
-        config.reset_config()
-        if previous is not None:
-            config.install_config(previous)
     return bag, problems
 
 

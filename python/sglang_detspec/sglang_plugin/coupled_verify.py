@@ -21,8 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..ops import coupled_verify_chain, coupled_verify_tree
-from ..ops import target_weights
+from ..ops import coupled_verify_chain, coupled_verify_tree, target_weights
 
 
 class VerifyContext(NamedTuple):

@@ -40,8 +40,8 @@ With the bag inactive SGLang's validation runs untouched.
 
 from __future__ import annotations
 
+from ..config import current_config
 from ..seed_encoding import to_int64
-from .seed_hook import plugin_active
 
 TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
@@ -103,7 +103,7 @@ def verify_unsigned_seed(original, self, *args, **kwargs):
     # the scheduler. SGLang verifies each request once; a second verify of a
     # rewritten seed >= 2**63 would refuse it (loudly, never silently).
     seed = self.sampling_seed
-    if seed is not None and plugin_active():
+    if seed is not None and current_config().active:
         self.sampling_seed = check_sampling_seed(seed)
     return original(self, *args, **kwargs)
 
@@ -173,7 +173,7 @@ def name_bad_seed(original, body: object, *args, **kwargs) -> str | None:
         refuses, never refuses one it admits.
     """
     error = original(body, *args, **kwargs)
-    if error is None or not plugin_active():
+    if error is None or not current_config().active:
         return error
     problem = bad_seed_message(body)
     if problem is None or original(_without_bad_seeds(body), *args, **kwargs) is not None:

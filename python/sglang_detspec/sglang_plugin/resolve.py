@@ -65,6 +65,8 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values = {field: getattr(spec, name, None) for field, name in SPEC_FIELDS.items()}
     for flag in _FLAGS:
         values[flag] = bool(values[flag])
+    # Launcher-side only (the scheduler's runtime context has no such field; its launcher refused it).
+    values["tokenizer_workers"] = int(getattr(spec, "tokenizer_worker_num", 1) or 1)
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     settings = env_settings(environ)

@@ -47,7 +47,6 @@ from typing import Optional
 from ..config import current_config
 from ..seed_encoding import from_int64, to_int64
 from ..seeds import derive_sample_seed, fresh_seed
-from . import startup
 
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 CREATE_TARGET = f"{_TM}._create_tokenized_object"
@@ -59,7 +58,6 @@ COMPLETION_TARGET = (
     "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._build_completion_response"
 )
 CHAT_TARGET = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._build_chat_response"
-STARTUP_TARGET = startup.TARGET
 
 # Attribute set on SGLang's ReqState: the uint64 seed the request was sent with (None: greedy).
 STATE_ATTR = "detspec_sampling_seed"
@@ -287,26 +285,6 @@ def report_chat_choices(original, self, request, ret, *args, **kwargs):
     return response
 
 
-# -- start-up ----------------------------------------------------------------
-
-
-def refuse_tokenizer_workers(result, server_args) -> None:
-    """AFTER hook for ``handle_speculative_decoding``, after the start-up hook installed the bag.
-
-    Raises:
-        ValueError: the bag is active and ``--tokenizer-worker-num`` > 1.
-    """
-    workers = getattr(server_args, "tokenizer_worker_num", 1) or 1
-    if workers > 1 and plugin_active():
-        raise ValueError(
-            f"sglang-detspec: --tokenizer-worker-num {workers} is not supported with "
-            "--enable-deterministic-inference: SGLang's tokenizer worker processes load no plugins, so "
-            "requests they admit would get no seed checks, no fresh seeds (every unseeded request would "
-            "draw with seed 42), identical parallel samples and no sampling_seed in responses; "
-            "use --tokenizer-worker-num 1"
-        )
-
-
 HOOKS = [
     (CREATE_TARGET, assign_fresh_seed, "AROUND"),
     (BATCH_TARGET, scope_parallel_samples, "AROUND"),
@@ -315,5 +293,4 @@ HOOKS = [
     (WAIT_TARGET, report_seed, "AROUND"),
     (COMPLETION_TARGET, report_completion_choices, "AROUND"),
     (CHAT_TARGET, report_chat_choices, "AROUND"),
-    (STARTUP_TARGET, refuse_tokenizer_workers, "AFTER"),
 ]

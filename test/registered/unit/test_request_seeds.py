@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import re
 import struct
 
 import mmh3
@@ -403,17 +404,19 @@ def test_openai_request_models_admit_uint64_seeds():
 # -- start-up --------------------------------------------------------------------------
 
 
-def test_tokenizer_workers_refused_while_active(bag, server_args):
+def test_tokenizer_workers_refused_while_ours(bag, server_args):
     import copy
+
+    from sglang_detspec.sglang_plugin import resolve
 
     workers = copy.copy(server_args)
     workers.tokenizer_worker_num = 2
-    bag(ACTIVE)
-    with pytest.raises(ValueError, match=r"--tokenizer-worker-num 2 is not supported.*use --tokenizer-worker-num 1"):
-        seed_hook.refuse_tokenizer_workers(None, workers)
-    assert seed_hook.refuse_tokenizer_workers(None, server_args) is None
-    bag(INACTIVE)
-    assert seed_hook.refuse_tokenizer_workers(None, workers) is None
+    bag_2 = resolve.config_from_server_args(workers)
+    assert bag_2.tokenizer_workers == 2 and not bag_2.active
+    assert any(re.search(r"--tokenizer-worker-num 2 is not supported.*use --tokenizer-worker-num 1", p)
+               for p in bag_2.refusals())
+    assert resolve.config_from_server_args(server_args).refusals() == []
+    assert dataclasses.replace(bag_2, deterministic=False).refusals() == []  # not ours: nothing refused
 
 
 def test_hook_table_entries_are_real_targets():
