@@ -90,11 +90,22 @@ FA3_SERVER_ARGS = "--attention-backend fa3"
 
 
 def fa3_installed() -> bool:
-    """Whether sgl-kernel's FlashAttention-3 library is installed (it is a separate shared object)."""
+    """Whether sgl-kernel's FlashAttention-3 library is installed and loads (it is a separate shared object).
+
+    A kit that cut the library can leave a file of that name behind that does
+    not import ("cannot import name 'flash_ops' from 'sgl_kernel'"), so the
+    import itself is the test.
+    """
     spec = importlib.util.find_spec("sgl_kernel")
     if spec is None or not spec.submodule_search_locations:
         return False
-    return any(Path(folder).glob("flash_ops*.so") for folder in spec.submodule_search_locations)
+    if not any(any(Path(folder).glob("flash_ops*.so")) for folder in spec.submodule_search_locations):
+        return False
+    try:
+        from sgl_kernel import flash_ops  # noqa: F401
+    except Exception:  # an ImportError, or a loader error of the shared object
+        return False
+    return True
 
 
 def default_mtp_server_args() -> str:
