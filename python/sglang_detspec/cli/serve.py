@@ -113,16 +113,17 @@ def server_command(launch_args: Sequence[str], python: str = sys.executable) -> 
     return [python, "-m", "sglang.launch_server", *args]
 
 
-def startup_check(launch_args: Sequence[str], environ: Mapping[str, str]) -> tuple[DetSpecConfig, list[str]]:
+def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
+                  check_hooks: bool = True) -> tuple[DetSpecConfig, list[str]]:
     """``(bag, problems)``: the plugin's start-up check on ``launch_args`` as typed.
 
     The bag is built as the server's first start-up check builds it (from
     the flags before SGLang resolves them, and the ``SGLANG_DETSPEC_*``
     settings of ``environ``); ``problems`` is its
     :meth:`~sglang_detspec.config.DetSpecConfig.refusals` (``--tokenizer-worker-num``
-    above 1 among them) and, for a run that is ours, the required SGLang
-    symbols that are not hooked: one message per problem, empty when the
-    server would start.
+    above 1 among them) and, with ``check_hooks`` for a run that is ours, the
+    required SGLang symbols the plugin would not find: one message per
+    problem, empty when the server would start.
 
     Raises:
         ValueError: SGLang's parser refuses ``launch_args``, or a bad
@@ -133,20 +134,16 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str]) -> tup
     ns = read_launch_args(launch_args)
     bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)
     problems = bag.refusals()
-    if bag.ours:
+    if bag.ours and check_hooks:
         problems += _hooks_not_in_place()
     return bag, problems
 
 
 def _hooks_not_in_place() -> list[str]:
-    """The server's start-up check that every required SGLang symbol is hooked, run in this process."""
-    from sglang.srt.plugins.hook_registry import HookRegistry
+    """The required SGLang symbols the plugin would not find (the server's own check also sees unpatched ones)."""
+    from ..sglang_plugin import hook_problems
 
-    from ..sglang_plugin import hook_problems, register
-
-    register()
-    HookRegistry.apply_hooks()
-    return hook_problems()
+    return hook_problems(applied=False)
 
 
 def server_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -207,7 +204,9 @@ def _run(args) -> int:
     else:
         try:
             cmd = server_command(launch)
-            bag, problems = startup_check(cmd[3:], env)
+            # The symbol check imports every hooked SGLang module (about half a minute on a CPU):
+            # --dry-run runs it; a real start leaves it to the server's own start-up check.
+            bag, problems = startup_check(cmd[3:], env, check_hooks=args.dry_run)
         except ValueError as exc:
             return _fail(str(exc))
         if problems:

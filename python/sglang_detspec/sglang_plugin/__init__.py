@@ -135,12 +135,12 @@ def register() -> None:
         _registered = True
 
 
-def hook_problems() -> list[str]:
+def hook_problems(*, applied: bool = True) -> list[str]:
     """Required hooks that are not in place in this process: one message each, empty when all are.
 
     A required target is missing (it does not resolve: a renamed symbol, a
-    missing module, another SGLang build), or SGLang's registry did not wrap
-    it. Call after SGLang applied the hooks (``load_plugins``).
+    missing module, another SGLang build), or, with ``applied`` (after SGLang
+    applied the hooks, ``load_plugins``), SGLang's registry did not wrap it.
     """
     problems = []
     for row in hook_table():
@@ -149,7 +149,7 @@ def hook_problems() -> list[str]:
         obj = _resolve(row.target)
         if obj is None:
             problems.append(f"{row.target} is not found in SGLang {_sglang_version()}")
-        elif not hasattr(obj, "__wrapped__"):
+        elif applied and not hasattr(obj, "__wrapped__"):
             problems.append(f"{row.target} (SGLang {_sglang_version()}) was not patched by SGLang's hook registry")
     return problems
 

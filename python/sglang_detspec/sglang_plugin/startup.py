@@ -80,7 +80,8 @@ def sampled_draft_blockers(server_args) -> list[str]:
 
     view = resolved_view(server_args)
     reasons = []
-    if getattr(view, "speculative_token_map", None):
+    if getattr(view, "speculative_token_map", None) and view.speculative_algorithm != "EAGLE3":
+        # SGLang ignores the map for EAGLE3 drafts, whose checkpoint carries its own.
         reasons.append("--speculative-token-map gives the draft a reduced vocabulary")
     elif reduced_draft_vocab(getattr(view, "speculative_draft_model_path", None), view.speculative_algorithm):
         reasons.append("the draft proposes over a reduced vocabulary (draft_vocab_size), or its config.json "
@@ -98,19 +99,34 @@ def sampled_draft_blockers(server_args) -> list[str]:
 def reduced_draft_vocab(path, algorithm) -> bool:
     """Whether the draft at ``path`` proposes over a reduced (hot-token) vocabulary.
 
-    A local ``config.json`` with a ``draft_vocab_size`` other than its
-    ``vocab_size`` (EAGLE3 checkpoints with a ``d2t`` map) is reduced. When
-    the file cannot be read, an EAGLE3 draft counts as reduced and any other
-    (EAGLE drafts share the target's head) as full.
+    A ``config.json`` (local, or in the Hugging Face cache for a repository
+    id) with a ``draft_vocab_size`` other than its ``vocab_size`` (EAGLE3
+    checkpoints with a ``d2t`` map) is reduced. When it cannot be read, an
+    EAGLE3 draft counts as reduced and any other (EAGLE drafts share the
+    target's head) as full.
     """
     try:
-        config = json.loads((Path(path) / "config.json").read_text()) if path else None
-    except (OSError, ValueError):
+        config = json.loads(Path(_config_file(path)).read_text()) if path else None
+    except (OSError, ValueError, TypeError):
         config = None
     if config is None:
         return algorithm == "EAGLE3"
     draft_vocab = config.get("draft_vocab_size")
     return draft_vocab is not None and draft_vocab != config.get("vocab_size")
+
+
+def _config_file(path: str):
+    """The draft's ``config.json``: in a local folder, else in the Hugging Face cache (None if absent)."""
+    local = Path(path) / "config.json"
+    if local.is_file():
+        return local
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json")
+    except Exception:  # not a repository id, or no hub client
+        return None
+    return cached if isinstance(cached, str) else None
 
 
 def turn_on_sampled_drafts(server_args) -> DetSpecConfig:

@@ -107,9 +107,10 @@ def children_tensor(
     batch asks for a cut (:func:`~sglang_detspec.ops.id_ordered_filtered_probs`,
     the target's rule), children = ``coupled_children(w, seed_b, positions[r],
     k)`` (q's Gumbel-top-k on the TARGET stream), each at its score (the race
-    winner at 1), zero elsewhere. Greedy rows (``top_k <= 1``, which SGLang
-    runs at T = 1) return q itself, so SGLang's top-k of q drafts them, as
-    without the plugin. No host sync: safe inside CUDA-graph capture.
+    winner at 1), zero elsewhere. Greedy rows (``top_k <= 1``) return q
+    itself, so SGLang's top-k of q drafts them (at T = 1, which SGLang gives
+    temperature-0 requests, that is SGLang's own q). No host sync: safe
+    inside CUDA-graph capture.
     """
     rows, v = logits.shape
     seeds = sampling_info.sampling_seed

@@ -89,6 +89,7 @@ DEFAULT_MTP_SERVER_ARGS = "--disable-hybrid-swa-memory"
 FA3_SERVER_ARGS = "--attention-backend fa3"
 
 
+@functools.lru_cache(maxsize=1)
 def fa3_installed() -> bool:
     """Whether sgl-kernel's FlashAttention-3 library is installed and loads (it is a separate shared object).
 

@@ -102,6 +102,23 @@ def test_verify_output_structure(case):
         assert t1[0].tolist() == tok[r].tolist() and int(a1) == n
 
 
+def test_every_ops_export_is_the_function_not_a_submodule_of_the_same_name():
+    """Importing every ops submodule first must not let a module shadow an exported name."""
+    import importlib
+    import pkgutil
+    import types
+
+    import sglang_detspec.ops as ops
+
+    for info in pkgutil.iter_modules(ops.__path__):
+        if not info.name.endswith("_triton") and info.name not in ("triton_blocks", "triton_hash", "triton_config"):
+            importlib.import_module(f"sglang_detspec.ops.{info.name}")
+    for name in ops.__all__:
+        value = getattr(ops, name)
+        assert not isinstance(value, types.ModuleType), name
+        assert value is getattr(importlib.import_module(ops._EXPORTS[name], "sglang_detspec.ops"), name), name
+
+
 if __name__ == "__main__":
     import sys
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .race_keys import race_keys
+from .keys import race_keys
 from .sampling import exponential_race
 from .streams import Stream
 
