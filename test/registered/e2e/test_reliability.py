@@ -156,12 +156,17 @@ def healthy(url: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_bad_requests_are_refused_and_change_nothing(group, models, mode):
+def on_idle_server(group, models, mode: str, count: int, seed: int):
+    """``(server, vocab, requests, their tokens on the idle server)`` for one mode's server."""
     server = group[_e2e.server_config(mode, models).name]
     vocab = _e2e.vocab_size(models.target)
-    reqs = good_requests(vocab, 32, seed=1)
-    idle = tokens(run_all(server.url, reqs))
+    reqs = good_requests(vocab, count, seed=seed)
+    return server, vocab, reqs, tokens(run_all(server.url, reqs))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_requests_are_refused_and_change_nothing(group, models, mode):
+    server, vocab, reqs, idle = on_idle_server(group, models, mode, 32, seed=1)
     problems = [f"idle run: request {i}: {t}" for i, t in enumerate(idle) if isinstance(t, str)]
     rows = []
     done = threading.Event()
@@ -237,10 +242,7 @@ def stream_prefix(url: str, prompt, params, chunks: int) -> list[int]:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_dropped_streams_and_aborts_change_nothing(group, models, mode):
-    server = group[_e2e.server_config(mode, models).name]
-    vocab = _e2e.vocab_size(models.target)
-    reqs = good_requests(vocab, 24, seed=3)
-    idle = tokens(run_all(server.url, reqs))
+    server, vocab, reqs, idle = on_idle_server(group, models, mode, 24, seed=3)
     dropped = good_requests(vocab, 8, seed=4)
     long_tokens = min(1500, context_length(models.target) - 64)  # long enough to be running when aborted
     aborted = [(p, {**q, "max_new_tokens": long_tokens}) for p, q in good_requests(vocab, 4, seed=5)]
