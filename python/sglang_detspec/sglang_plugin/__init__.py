@@ -55,7 +55,6 @@ _KERNEL_ONLY = "None in SGLang builds without the CUDA kernel (CPU-only): nothin
 
 _registered = False
 _lock = threading.Lock()
-_unregistered: list[str] = []  # required targets that did not resolve at registration
 
 
 class Hook(NamedTuple):
@@ -129,7 +128,6 @@ def register() -> None:
             elif row.absent_ok:
                 log.info("sglang-detspec: %s is not hooked: %s", row.target, row.absent_ok)
             else:
-                _unregistered.append(row.target)
                 log.error("sglang-detspec: required hook target %s not found in SGLang %s", row.target,
                           _sglang_version())
         _registered = True

@@ -27,8 +27,6 @@ their site's rule there.
 
 from __future__ import annotations
 
-import torch
-
 from ..config import current_config
 from ..ops import Stream, exponential_race
 from .positions import coupled_draft_position, draft_positions, multi_layer_prefill_rule
