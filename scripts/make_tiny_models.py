@@ -19,8 +19,17 @@ No download: every weight comes from a fixed-seed generator. Written folders:
   why this architecture). Nearly the same bigram as ``target/`` (same
   embedding and lm_head, near-identity layers) and MTP layers that copy it,
   so it is a high-acceptance pair too. About 68 MB.
+- ``eagle3/`` and ``eagle3_full/``: EAGLE3 drafts for ``target/`` (SGLang's
+  ``LlamaForCausalLMEagle3``, see :func:`write_eagle3`). ``eagle3/`` drafts
+  over a reduced vocabulary: ``EAGLE3_DRAFT_VOCAB`` target tokens in shuffled
+  order, with the ``d2t`` / ``t2d`` token map EAGLE3 checkpoints carry, so a
+  draft index is not the target token id it stands for. ``eagle3_full/``
+  drafts over the whole vocabulary (no map, the target's lm_head).
+- ``mimo/``: a ``MiMoForCausalLM`` target with one MTP layer in its own
+  checkpoint, served with ``--speculative-algorithm NEXTN`` (see
+  :func:`write_mimo` for why this architecture).
 
-``target/`` and ``mtp/`` also get a word-level tokenizer (``tokenizer.json``:
+``target/``, ``mtp/`` and ``mimo/`` also get a word-level tokenizer (``tokenizer.json``:
 token ``i`` is the word ``t<i>``, ids 0-2 are ``<unk>``, ``<s>``, ``</s>``),
 so servers started without ``--skip-tokenizer-init`` (SGLang's OpenAI
 endpoints need one to build their responses' text) can load them.
@@ -45,6 +54,12 @@ LOGIT_STD = 3.0  # spread of the bigram logits: sampled, not near-greedy
 # must have exactly 45 layers for that index to be 0.
 MTP_TRUNK_LAYERS = 45
 MTP_LAYERS = 2  # --speculative-num-steps 2: one MTP layer per draft step
+# The reduced EAGLE3 vocabulary: three quarters of the target's, so about a quarter of the
+# target's mass at each position is out of the draft's reach (acceptance below the full draft's).
+EAGLE3_DRAFT_VOCAB = 3072
+# EAGLE3's attention carries the embedding of the token read (see write_eagle3): query and
+# key are this multiple of it, so each position attends to itself.
+EAGLE3_SELF_ATTENTION_GAIN = 2.0
 
 
 def llama_config(architecture: str, layers: int) -> dict:
@@ -205,6 +220,110 @@ def write_mtp(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: 
     write(os.path.join(out_dir, "mtp"), step3p5_config(), target)
 
 
+def eagle3_config(draft_vocab: int | None) -> dict:
+    """``config.json`` of a one-layer ``LlamaForCausalLMEagle3`` draft for ``target/``.
+
+    One auxiliary hidden state (the output of the target's layer 0,
+    ``eagle_aux_hidden_state_layer_ids``), so the draft reads a hidden state of
+    the target's own width. ``draft_vocab_size`` None: the full vocabulary, and
+    SGLang loads the lm_head from the target.
+    """
+    config = llama_config("LlamaForCausalLMEagle3", 1)
+    config["draft_vocab_size"] = draft_vocab
+    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0]}
+    return config
+
+
+def eagle3_weights(embed: torch.Tensor, lm_head: torch.Tensor | None, gen: torch.Generator) -> dict:
+    """One EAGLE3 decoder layer that predicts the target's bigram of the token it reads.
+
+    SGLang's EAGLE3 layer feeds ``[norm(embedding), norm(hidden)]`` (2H wide)
+    to q/k/v and carries ``hidden`` as the residual. Here q = k = gain x the
+    normalised embedding (each head its slice), so a position attends to
+    itself (or to earlier copies of the same token), and v = embedding minus
+    the normalised hidden state, with ``o_proj = I``: the residual sum after
+    attention is the embedding of the token read, whatever hidden state came
+    in (the target's after the first draft, the draft's own after that). The
+    MLP's ``down_proj`` is zero, so the final norm sees that embedding and the
+    lm_head gives the target's bigram logits. ``fc`` is unused (the one
+    auxiliary hidden state has the draft's width) and written as zeros.
+    """
+    del embed  # EAGLE3 takes the target's embedding (set_embed); only the head may be the draft's
+    eye, zero = torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)
+    w = layer_weights("midlayer", gen, out_scale=0.0, with_input_norm=True)
+    w["midlayer.self_attn.q_proj.weight"] = torch.cat([EAGLE3_SELF_ATTENTION_GAIN * eye, zero], dim=1)
+    w["midlayer.self_attn.k_proj.weight"] = torch.cat([EAGLE3_SELF_ATTENTION_GAIN * eye, zero], dim=1)
+    w["midlayer.self_attn.v_proj.weight"] = torch.cat([eye, -eye], dim=1)
+    w["midlayer.self_attn.o_proj.weight"] = eye.clone()
+    w["midlayer.hidden_norm.weight"] = torch.ones(HIDDEN)
+    w["fc.weight"] = torch.zeros(HIDDEN, HIDDEN)
+    w["norm.weight"] = torch.ones(HIDDEN)
+    if lm_head is not None:
+        w["lm_head.weight"] = lm_head
+    return w
+
+
+def write_eagle3(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    """``eagle3/`` (reduced vocabulary with its token map) and ``eagle3_full/`` (whole vocabulary).
+
+    The reduced draft's vocabulary is ``EAGLE3_DRAFT_VOCAB`` target ids in a
+    fixed random order (``hot``): draft index j stands for target id
+    ``hot[j]``. Its lm_head is the target's rows in that order, and the
+    checkpoint carries EAGLE3's map tensors: ``d2t[j] = hot[j] - j`` (SGLang
+    adds ``arange`` back) and ``t2d`` (a bool mask over the target vocabulary,
+    which SGLang ignores).
+    """
+    order = torch.randperm(VOCAB, generator=gen)
+    hot = order[:EAGLE3_DRAFT_VOCAB]
+    reduced = eagle3_weights(embed, lm_head[hot], gen)
+    reduced["d2t"] = (hot - torch.arange(EAGLE3_DRAFT_VOCAB)).to(torch.int64)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[hot] = True
+    reduced["t2d"] = t2d
+    write(os.path.join(out_dir, "eagle3"), eagle3_config(EAGLE3_DRAFT_VOCAB), reduced)
+    write(os.path.join(out_dir, "eagle3_full"), eagle3_config(None), eagle3_weights(embed, None, gen))
+
+
+def write_mimo(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    """``mimo/``: tiny ``MiMoForCausalLM`` (Qwen2 layers) with one MTP layer, for ``--speculative-algorithm NEXTN``.
+
+    Why MiMo: SGLang serves NEXTN as EAGLE with the target's own MTP head as
+    the draft, one draft class per architecture. Qwen3.5's MTP sits on a
+    hybrid gated-delta-net trunk (recurrent state, its own cache), DeepSeek's
+    and GLM's on MLA and MoE, and ``Step3p5MTP`` (``mtp/``) needs the
+    ``draft_model_idx`` only the multi-layer worker passes. ``MiMoMTP`` is a
+    dense Qwen2 decoder layer behind two norms and an input projection, which
+    SGLang loads from the target's own checkpoint (it rewrites a draft
+    ``MiMoForCausalLM`` to ``MiMoMTP``, ``configs/model_config.py``) and runs
+    one step at a time, as NEXTN models are served.
+
+    Weights: the trunk as in ``target/`` (near-identity Qwen2 layers, with the
+    q/k/v biases Qwen2 has, zero), ``model.mtp_layers.0.*``: ``input_proj =
+    [0 | I]`` over ``[norm(hidden), norm(embedding)]`` keeps the token read,
+    zero ``o_proj`` / ``down_proj`` make the block the identity, so the MTP
+    layer predicts the target's bigram of its input token.
+    """
+    config = llama_config("MiMoForCausalLM", LAYERS)
+    config.update({"model_type": "qwen2", "num_nextn_predict_layers": 1, "use_sliding_window": False,
+                   "sliding_window": None, "max_window_layers": LAYERS})
+
+    def qwen2_layer(prefix: str, out_scale: float) -> dict:
+        w = layer_weights(prefix, gen, out_scale=out_scale, with_input_norm=True)
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            w[f"{prefix}.self_attn.{proj}.bias"] = torch.zeros(HIDDEN)
+        return w
+
+    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN), "lm_head.weight": lm_head}
+    for i in range(LAYERS):
+        weights.update(qwen2_layer(f"model.layers.{i}", out_scale=1e-3))
+    mtp = "model.mtp_layers.0"
+    weights.update(qwen2_layer(mtp, out_scale=0.0))
+    weights[f"{mtp}.input_proj.weight"] = torch.cat([torch.zeros(HIDDEN, HIDDEN), torch.eye(HIDDEN)], dim=1)
+    for norm in ("token_layernorm", "hidden_layernorm", "final_layernorm"):
+        weights[f"{mtp}.{norm}.weight"] = torch.ones(HIDDEN)
+    write(os.path.join(out_dir, "mimo"), config, weights)
+
+
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: unk, and the configs' bos / eos
 
 
@@ -242,7 +361,8 @@ def write(folder: str, config: dict, weights: dict) -> None:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()},
+    # Floating weights in bf16; the EAGLE3 token map keeps its integer / bool dtype.
+    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
               os.path.join(folder, "model.safetensors"))
 
 
@@ -272,9 +392,13 @@ def main(out_dir: str) -> None:
 
     # Drawn after the folders above, so adding it changed none of their weights.
     write_mtp(out_dir, gen, embed, target["lm_head.weight"])
-    for folder in ("target", "mtp"):
+    # Drawn after mtp/, for the same reason.
+    write_eagle3(out_dir, gen, embed, target["lm_head.weight"])
+    write_mimo(out_dir, gen, embed, target["lm_head.weight"])
+    for folder in ("target", "mtp", "mimo"):
         write_tokenizer(os.path.join(out_dir, folder))
-    print(f"wrote target/, eagle/, eagle_random/, mtp/ (tokenizers in target/ and mtp/) under {out_dir}")
+    print(f"wrote target/, eagle/, eagle_random/, mtp/, eagle3/, eagle3_full/, mimo/ (tokenizers in target/, "
+          f"mtp/ and mimo/) under {out_dir}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ class DetSpecConfig:
             bf16 log-softmax sampling path bypasses the target-sampler hook).
         tokenizer_workers: ``--tokenizer-worker-num`` (more than 1 is not
             supported: SGLang's tokenizer worker processes load no plugins).
+        reduced_draft_vocab: the draft proposes over a reduced (hot-token)
+            vocabulary (EAGLE3 ``draft_vocab_size``, ``--speculative-token-map``);
+            rejection mode cannot serve it.
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
     """
@@ -79,6 +82,7 @@ class DetSpecConfig:
     block_verification: bool = False
     rl_on_policy: bool = False
     tokenizer_workers: int = 1
+    reduced_draft_vocab: bool = False
     source: str = "env"
 
     @property
@@ -132,6 +136,13 @@ class DetSpecConfig:
         if algo is None:
             return []
         problems = []
+        if self.reduced_draft_vocab:
+            problems.append(
+                "the draft proposes over a reduced vocabulary (EAGLE3 draft_vocab_size or "
+                "--speculative-token-map): rejection mode needs q over the target's whole vocabulary (SGLang "
+                "refuses --speculative-use-rejection-sampling for such drafts); use coupled mode: drop "
+                f"--speculative-use-rejection-sampling, or set {VERIFY_ENV}=coupled"
+            )
         if not self.rejection_sampling:
             problems.append(
                 f"{VERIFY_ENV}=rejection needs --speculative-use-rejection-sampling (SGLang hands the draft "
@@ -175,9 +186,16 @@ class DetSpecConfig:
         return self.active and self.coupled and self.rejection_sampling
 
     @property
-    def tree_drafts(self) -> bool:
-        """Tree children are q's Gumbel-top-k on the TARGET stream (coupled mode, ``topk > 1``)."""
-        return self.active and self.coupled and self.algorithm is not None and (self.eagle_topk or 1) > 1
+    def topk_drafts(self) -> bool:
+        """The plugin draws coupled drafts where SGLang's draft worker picks them by top-k.
+
+        Trees (``topk > 1``: each node's children are q's Gumbel-top-k on the
+        TARGET stream), and coupled chains that SGLang's sampled-draft path does
+        not serve (its flag stays off, e.g. for a reduced draft vocabulary: the
+        chain's draft is then the race winner instead of q's argmax).
+        """
+        return (self.active and self.coupled and self.algorithm is not None
+                and ((self.eagle_topk or 1) > 1 or not self.rejection_sampling))
 
     def wants_sampled_drafts(self) -> bool:
         """Whether start-up should turn on SGLang's sampled-draft path for this coupled chain.

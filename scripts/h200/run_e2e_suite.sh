@@ -66,6 +66,22 @@ if __name__ == "__main__":
 PY
 chmod +x /tmp/site/bin/sglang
 
+# py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
+# stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed.
+if ! command -v py-spy >/dev/null; then
+  for w in /tmp/e2e/tools/py_spy-*.whl; do
+    [ -e "$w" ] || continue
+    python3 - "$w" <<'PY'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith("/scripts/py-spy"))
+    with open("/tmp/site/bin/py-spy", "wb") as f:
+        f.write(z.read(name))
+os.chmod("/tmp/site/bin/py-spy", 0o755)
+PY
+  done
+fi
+
 # A run that skips everything must not pass as a GPU run.
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
   || { echo "run_e2e_suite: no CUDA GPU visible to torch" >&2; exit 1; }
@@ -75,9 +91,9 @@ echo "GPUs: ${gpus[*]}; multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_
 
 # The tiny models are written once per machine and reused by the following commands; written
 # here, before the parallel runs, so no two processes write the same folder. The marker names
-# the generator's version: an older set (no tokenizer) is written again.
+# the generator's version: an older set (no tokenizer, no EAGLE3 or MiMo folders) is written again.
 export DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
-marker="$DETSPEC_E2E_MODELS/.complete-v2"
+marker="$DETSPEC_E2E_MODELS/.complete-v3"
 [ -f "$marker" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" && touch "$marker"; } || exit 1
 # A healthy start takes 70-150 s on an H200 (more while many servers start at once). SGLang's
 # helper retries a failed start once with HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start

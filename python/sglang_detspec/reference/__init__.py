@@ -10,7 +10,10 @@ not.
 """
 
 from .engine import DraftShape, DraftStats, ReferenceEngine
-from .models import ModelPair, ProbsMemo, TinyLlamaSpec, build_model_pair, next_token_probs, with_random_draft
+from .models import (
+    ModelPair, ProbsMemo, TinyLlamaSpec, build_model_pair, draft_probs, next_token_probs, with_random_draft,
+    with_reduced_draft_vocab,
+)
 from .request import Request, RequestResult
 from .samplers import GlobalRngSampler, KeyedSampler, RoundSampler
 
@@ -25,6 +28,8 @@ __all__ = [
     "TinyLlamaSpec",
     "build_model_pair",
     "with_random_draft",
+    "with_reduced_draft_vocab",
+    "draft_probs",
     "next_token_probs",
     "RoundSampler",
     "KeyedSampler",

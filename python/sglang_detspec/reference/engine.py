@@ -49,7 +49,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..config import VERIFY_MODES
-from .models import ModelPair, ProbsMemo, build_model_pair
+from .models import ModelPair, ProbsMemo, build_model_pair, draft_probs
 from .request import Request, RequestResult
 from .samplers import GlobalRngSampler, KeyedSampler, RoundSampler
 
@@ -385,6 +385,10 @@ class ReferenceEngine:
     def _probs(self, model, sequence: list[int], temperature: float) -> torch.Tensor:
         return self.memo(model, sequence, temperature)
 
+    def _draft_probs(self, sequence: list[int], temperature: float) -> torch.Tensor:
+        """q over target ids (zero off a reduced draft vocabulary): float32 [V]."""
+        return draft_probs(self.models, self._probs(self.models.draft, sequence, temperature))
+
     def _target_rows(self, rows: list[_Row], seqs, drafts) -> torch.Tensor:
         """p at positions t..t+K of each row: float32 [B, K+1, V], one forward per prefix."""
         target = self.models.target
@@ -403,7 +407,7 @@ class ReferenceEngine:
         for j in range(self.num_draft_tokens):
             q = torch.stack(
                 [
-                    self._probs(self.models.draft, s + d, row.request.temperature)
+                    self._draft_probs(s + d, row.request.temperature)
                     for row, s, d in zip(rows, seqs, drafts)
                 ]
             )
@@ -455,7 +459,7 @@ class ReferenceEngine:
         """Give every node at depth ``level`` its children: q's Gumbel-top-k on the TARGET stream."""
         frontier = [(b, n) for b, tree in enumerate(trees) for n in range(len(tree.tokens)) if tree.depth[n] == level]
         for b, n in frontier:
-            trees[b].draft_probs[n] = self._probs(self.models.draft, trees[b].prefixes[n], rows[b].request.temperature)
+            trees[b].draft_probs[n] = self._draft_probs(trees[b].prefixes[n], rows[b].request.temperature)
         # Top-k draws without replacement need k positive weights: a greedy row's
         # one-hot q has one, so rows are grouped by how many children they can have.
         groups: dict[int, list[tuple[int, int]]] = {}

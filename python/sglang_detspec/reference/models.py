@@ -77,14 +77,19 @@ class ModelPair:
 
     Attributes:
         draft_kind: ``"close"`` (the target plus a small perturbation, from
-            :func:`build_model_pair`) or ``"random"`` (independent weights,
-            from :func:`with_random_draft`).
+            :func:`build_model_pair`), ``"random"`` (independent weights,
+            from :func:`with_random_draft`) or ``"reduced"`` (a reduced draft
+            vocabulary, from :func:`with_reduced_draft_vocab`).
+        hot_token_ids: the target id of each draft column when the draft
+            proposes over a reduced vocabulary (EAGLE3's ``d2t`` map); None
+            when draft columns are target ids.
     """
 
     target: LlamaForCausalLM
     draft: LlamaForCausalLM
     spec: TinyLlamaSpec
     draft_kind: str = "close"
+    hot_token_ids: tuple[int, ...] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -199,6 +204,44 @@ def with_random_draft(pair: ModelPair) -> ModelPair:
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
     return ModelPair(target=pair.target, draft=draft, spec=spec, draft_kind="random")
+
+
+def with_reduced_draft_vocab(pair: ModelPair, hot_token_ids: Sequence[int]) -> ModelPair:
+    """The same pair with a draft that proposes over a reduced vocabulary (an EAGLE3 hot-token draft).
+
+    Draft column j stands for target id ``hot_token_ids[j]``: the draft's
+    logits are its model's logits at those ids (the lm_head rows of the hot
+    tokens), so its q over draft columns is the softmax of those, and no
+    other target id can be drafted. The engine spreads q back onto target
+    ids (:func:`draft_probs`) before it proposes, as the plugin's draft hooks
+    do, so every draft races on the uniform of the target id it proposes.
+
+    Raises:
+        ValueError: ``pair`` is not a :class:`ModelPair`, or the ids are empty,
+            repeated or outside [0, V).
+    """
+    if not isinstance(pair, ModelPair):
+        raise ValueError(f"pair must be a ModelPair, got {type(pair).__name__}")
+    ids = tuple(int(i) for i in hot_token_ids)
+    v = pair.vocab_size
+    if not ids or len(set(ids)) != len(ids) or not all(0 <= i < v for i in ids):
+        raise ValueError(f"hot_token_ids must be distinct target ids in [0, {v}), at least one, got {len(ids)} ids")
+    return dataclasses.replace(pair, draft_kind="reduced", hot_token_ids=ids)
+
+
+def draft_probs(pair: ModelPair, full_draft_probs: torch.Tensor) -> torch.Tensor:
+    """q over target ids, float32 [..., V]: the draft model's probabilities as its vocabulary allows.
+
+    Full vocabulary: ``full_draft_probs`` itself. Reduced: renormalised over
+    the hot ids (the softmax of the draft's logits at those ids) and zero
+    elsewhere.
+    """
+    if pair.hot_token_ids is None:
+        return full_draft_probs
+    hot = torch.tensor(pair.hot_token_ids, dtype=torch.int64)
+    kept = full_draft_probs.index_select(-1, hot)
+    out = torch.zeros_like(full_draft_probs)
+    return out.index_copy_(-1, hot, kept / kept.sum(dim=-1, keepdim=True))
 
 
 def next_token_probs(

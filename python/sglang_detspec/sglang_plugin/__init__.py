@@ -21,7 +21,7 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``draft_hook``: ``fast_sample`` and the multi-layer draft-extend sites:
   draft proposals on the DRAFT stream, or on the TARGET stream at the exact
   drafted position for coupled chain drafts.
-- ``tree_draft_hook``: EAGLE v2 tree drafts (topk > 1) in coupled mode: the
+- ``topk_draft_hook``: EAGLE v2 tree drafts (topk > 1) in coupled mode: the
   children of each node are q's Gumbel-top-k on the TARGET stream, eager and
   in the draft CUDA graphs.
 - ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 from ..config import current_config, set_install_listener, set_late_resolver
 from . import (
-    draft_hook, input_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook, tree_draft_hook,
+    draft_hook, input_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook, topk_draft_hook,
     verify_hook,
 )
 
@@ -84,7 +84,7 @@ def hook_table() -> list[Hook]:
         Hook(draft_hook.ML_PREFILL, draft_hook.ml_prefill_positions, "AROUND"),
         Hook(draft_hook.ML_DECODE, draft_hook.ml_decode_positions, "AROUND"),
         Hook(draft_hook.ML_GRAPH_SAMPLE, draft_hook.ml_graph_sample_positions, "AROUND"),
-        *(Hook(*row) for row in tree_draft_hook.HOOKS),
+        *(Hook(*row) for row in topk_draft_hook.HOOKS),
         Hook(verify_hook.EAGLE_SAMPLE, verify_hook.seeded_eagle_sample, "AROUND"),
         Hook(verify_hook.CHAIN_SAMPLER, verify_hook.seeded_chain_sampling, "AROUND"),
         Hook(verify_hook.TREE_SAMPLER, verify_hook.coupled_tree_sampling, "AROUND", _KERNEL_ONLY),

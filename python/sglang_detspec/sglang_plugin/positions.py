@@ -39,19 +39,27 @@ PositionRule = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 class DraftSite(NamedTuple):
-    """A tree-draft call in progress: children per node and the positions of the tokens it drafts.
+    """A draft-worker call in progress whose top-k drafts the plugin draws (``topk_draft_hook``).
 
     Attributes:
-        k: children per expanded node (``--speculative-eagle-topk``).
+        k: children per expanded node (``--speculative-eagle-topk``; 1 for a chain).
         positions: called when the choice is made; int [R], one per logits row.
+        hot_token_id: int64 [V_draft], the target id of each draft column over
+            a reduced draft vocabulary; None when draft columns are target ids.
+        target_vocab: the target's vocabulary size (read with ``hot_token_id``).
+        sampling_info: SGLang's ``SamplingBatchInfo`` of the batch, for the
+            sites SGLang calls without it (a chain's draft step).
     """
 
     k: int
     positions: Callable[[], torch.Tensor]
+    hot_token_id: torch.Tensor | None = None
+    target_vocab: int | None = None
+    sampling_info: object = None
 
 
 DRAFT_RULE: contextvars.ContextVar[PositionRule | None] = contextvars.ContextVar("detspec_draft_rule", default=None)
-TREE_SITE: contextvars.ContextVar[DraftSite | None] = contextvars.ContextVar("detspec_tree_site", default=None)
+DRAFT_SITE: contextvars.ContextVar[DraftSite | None] = contextvars.ContextVar("detspec_draft_site", default=None)
 VERIFY: contextvars.ContextVar = contextvars.ContextVar("detspec_verify", default=None)
 
 
@@ -88,12 +96,12 @@ def draft_positions(rule: PositionRule):
 
 def draft_site(site: DraftSite):
     """Publish a tree-draft site while the block runs."""
-    return publish(TREE_SITE, site)
+    return publish(DRAFT_SITE, site)
 
 
 def published_site() -> DraftSite | None:
     """The tree-draft site in progress, or None."""
-    return TREE_SITE.get()
+    return DRAFT_SITE.get()
 
 
 def draft_forward_positions(positions: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,10 @@ bag (:func:`late_bag`, registered with the config getter by ``register()``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 
 from ..config import DetSpecConfig, env_settings, resolve_verify
 
@@ -67,6 +69,8 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
         values[flag] = bool(values[flag])
     # Launcher-side only (the scheduler's runtime context has no such field; its launcher refused it).
     values["tokenizer_workers"] = int(getattr(spec, "tokenizer_worker_num", 1) or 1)
+    # Read from the draft's config.json; only a known reduced vocabulary counts (for the refusal).
+    values["reduced_draft_vocab"] = reduced_draft_vocab(spec) is True
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     settings = env_settings(environ)
@@ -121,3 +125,44 @@ def late_bag() -> DetSpecConfig | None:
         return config_from_runtime_context()
     except LookupError:
         return None
+
+
+def reduced_draft_vocab(spec) -> bool | None:
+    """Whether the draft of ``spec`` (SGLang's argument names) proposes over a reduced vocabulary.
+
+    True with ``--speculative-token-map`` (SGLang ignores the map for EAGLE3,
+    whose checkpoint carries its own), or when the draft's ``config.json``
+    (local, or in the Hugging Face cache for a repository id) has a
+    ``draft_vocab_size`` other than its ``vocab_size`` (EAGLE3 checkpoints
+    with a ``d2t`` map). None when an EAGLE3 draft's ``config.json`` cannot be
+    read (most EAGLE3 checkpoints are reduced); False otherwise (EAGLE drafts
+    share the target's head).
+    """
+    algorithm = str(getattr(spec, "speculative_algorithm", None) or "").upper()
+    if not algorithm or algorithm == "NONE":
+        return False
+    if getattr(spec, "speculative_token_map", None) and algorithm != "EAGLE3":
+        return True
+    path = getattr(spec, "speculative_draft_model_path", None)
+    try:
+        config = json.loads(Path(_config_file(path)).read_text()) if path else None
+    except (OSError, ValueError, TypeError):
+        config = None
+    if config is None:
+        return None if algorithm == "EAGLE3" else False
+    draft_vocab = config.get("draft_vocab_size")
+    return draft_vocab is not None and draft_vocab != config.get("vocab_size")
+
+
+def _config_file(path: str):
+    """The draft's ``config.json``: in a local folder, else in the Hugging Face cache (None if absent)."""
+    local = Path(path) / "config.json"
+    if local.is_file():
+        return local
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json")
+    except Exception:  # not a repository id, or no hub client
+        return None
+    return cached if isinstance(cached, str) else None

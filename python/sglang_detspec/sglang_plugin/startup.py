@@ -8,12 +8,10 @@ rules themselves live in the config bag (:meth:`DetSpecConfig.refusals`).
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 from ..config import DetSpecConfig, install_config
-from .resolve import SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args
+from .resolve import SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args, reduced_draft_vocab
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 
@@ -56,9 +54,9 @@ def resolve_and_announce(result, server_args) -> None:
     if bag.wants_sampled_drafts():
         blockers = sampled_draft_blockers(server_args)
         if blockers:
-            logging.getLogger("sglang_detspec").warning(
-                "sglang-detspec: coupled chain drafts stay SGLang's argmax drafts (lower acceptance, same "
-                "tokens): %s", "; ".join(blockers))
+            logging.getLogger("sglang_detspec").info(
+                "sglang-detspec: SGLang's sampled-draft path is not available for this chain (%s); the "
+                "plugin's draft-worker hooks draw its coupled drafts instead", "; ".join(blockers))
         else:
             bag = turn_on_sampled_drafts(server_args)
     install_config(bag)
@@ -80,12 +78,10 @@ def sampled_draft_blockers(server_args) -> list[str]:
 
     view = resolved_view(server_args)
     reasons = []
-    if getattr(view, "speculative_token_map", None) and view.speculative_algorithm != "EAGLE3":
-        # SGLang ignores the map for EAGLE3 drafts, whose checkpoint carries its own.
-        reasons.append("--speculative-token-map gives the draft a reduced vocabulary")
-    elif reduced_draft_vocab(getattr(view, "speculative_draft_model_path", None), view.speculative_algorithm):
-        reasons.append("the draft proposes over a reduced vocabulary (draft_vocab_size), or its config.json "
-                       "is not a local file")
+    if reduced_draft_vocab(view) is not False:
+        reasons.append("the draft proposes over a reduced vocabulary (--speculative-token-map, or "
+                       "draft_vocab_size in its config.json), or it is an EAGLE3 draft whose config.json is "
+                       "not a local file")
     if getattr(view, "enable_watermark", False):
         reasons.append("--enable-watermark")
     if (getattr(view, "speculative_accept_threshold_single", 1.0) != 1.0
@@ -94,39 +90,6 @@ def sampled_draft_blockers(server_args) -> list[str]:
     if not str(getattr(view, "device", "cuda") or "cuda").startswith("cuda"):
         reasons.append(f"--device {view.device}")
     return reasons
-
-
-def reduced_draft_vocab(path, algorithm) -> bool:
-    """Whether the draft at ``path`` proposes over a reduced (hot-token) vocabulary.
-
-    A ``config.json`` (local, or in the Hugging Face cache for a repository
-    id) with a ``draft_vocab_size`` other than its ``vocab_size`` (EAGLE3
-    checkpoints with a ``d2t`` map) is reduced. When it cannot be read, an
-    EAGLE3 draft counts as reduced and any other (EAGLE drafts share the
-    target's head) as full.
-    """
-    try:
-        config = json.loads(Path(_config_file(path)).read_text()) if path else None
-    except (OSError, ValueError, TypeError):
-        config = None
-    if config is None:
-        return algorithm == "EAGLE3"
-    draft_vocab = config.get("draft_vocab_size")
-    return draft_vocab is not None and draft_vocab != config.get("vocab_size")
-
-
-def _config_file(path: str):
-    """The draft's ``config.json``: in a local folder, else in the Hugging Face cache (None if absent)."""
-    local = Path(path) / "config.json"
-    if local.is_file():
-        return local
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(path, "config.json")
-    except Exception:  # not a repository id, or no hub client
-        return None
-    return cached if isinstance(cached, str) else None
 
 
 def turn_on_sampled_drafts(server_args) -> DetSpecConfig:

@@ -20,6 +20,13 @@ Settings, all read from the environment, all optional:
                               (default: the tiny Step3p5 ``mtp/``, 2 MTP layers)
 ``DETSPEC_E2E_MTP_DRAFT``     its ``--speculative-draft-model-path`` (default:
                               ``DETSPEC_E2E_MTP``: the MTP layers are in it)
+``DETSPEC_E2E_EAGLE3``        EAGLE3 draft of the target over a reduced vocabulary
+                              (default: the tiny ``eagle3/``, with its token map)
+``DETSPEC_E2E_EAGLE3_FULL``   EAGLE3 draft over the whole vocabulary (default:
+                              the tiny ``eagle3_full/``)
+``DETSPEC_E2E_MIMO``          model served with ``--speculative-algorithm NEXTN``,
+                              its own MTP layer the draft (default: the tiny
+                              MiMo ``mimo/``)
 ``DETSPEC_E2E_MODELS``        folder for the tiny models: written when missing,
                               reused when present (default: a temporary folder)
 ``DETSPEC_E2E_OUT``           folder for the JSON results and server logs
@@ -114,6 +121,8 @@ def default_mtp_server_args() -> str:
     return f"{DEFAULT_MTP_SERVER_ARGS} {FA3_SERVER_ARGS}" if fa3_installed() else DEFAULT_MTP_SERVER_ARGS
 
 EAGLE = ("--speculative-algorithm", "EAGLE")
+EAGLE3 = ("--speculative-algorithm", "EAGLE3")
+NEXTN = ("--speculative-algorithm", "NEXTN")
 CHAIN_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 TREE_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
 WIDE_TREE_SHAPE = ("--speculative-num-steps", "5", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16")
@@ -167,6 +176,17 @@ FAMILIES = {
     "mtp_coupled": Family("mtp", "mtp_draft", (*EAGLE, *MULTI_LAYER_SHAPE), "coupled"),
     # coupled verification with drafts that race q on the TARGET stream (the chain sampler)
     "coupled_race_chain": Family("target", "eagle", CHAIN_EAGLE_ARGS, "coupled", (("SGLANG_DETSPEC_VERIFY", "coupled"),)),
+    # the drafts users deploy: EAGLE3 over a reduced vocabulary (coupled only: rejection mode
+    # refuses it) and over the whole vocabulary, and a model's own MTP layer as NEXTN
+    "eagle3_chain": Family("target", "eagle3", (*EAGLE3, *CHAIN_SHAPE), "coupled"),
+    "eagle3_tree": Family("target", "eagle3", (*EAGLE3, *TREE_SHAPE), "coupled"),
+    "eagle3_full_chain": Family("target", "eagle3_full", (*EAGLE3, *CHAIN_SHAPE), "coupled"),
+    "eagle3_full_tree": Family("target", "eagle3_full", (*EAGLE3, *TREE_SHAPE), "coupled"),
+    "eagle3_full_rejection": Family("target", "eagle3_full", (*EAGLE3, *CHAIN_SHAPE, *REJECTION_FLAG), "rejection"),
+    "mimo_no_spec": Family("mimo", None, (), None),
+    "nextn_chain": Family("mimo", "mimo", (*NEXTN, *CHAIN_SHAPE), "coupled"),
+    "nextn_tree": Family("mimo", "mimo", (*NEXTN, *TREE_SHAPE), "coupled"),
+    "nextn_rejection": Family("mimo", "mimo", (*NEXTN, *CHAIN_SHAPE, *REJECTION_FLAG), "rejection"),
 }
 
 # The plugin's start-up line (sglang_plugin/resolve.py): "sglang-detspec active: ..."
@@ -254,13 +274,16 @@ class Models:
     eagle_random: str
     mtp: str
     mtp_draft: str
+    eagle3: str
+    eagle3_full: str
+    mimo: str
     tiny_dir: str | None  # where the tiny models were written or reused; None when all came from the environment
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
-TINY_FOLDERS = ("target", "eagle", "eagle_random", "mtp")
+TINY_FOLDERS = ("target", "eagle", "eagle_random", "mtp", "eagle3", "eagle3_full", "mimo")
 # Files whose absence means a tiny-model folder is from an older generator (the target's
 # tokenizer serves the OpenAI endpoints of the request-seed suite).
 TINY_FILES = ("target/tokenizer.json", "target/tokenizer_config.json")
@@ -296,8 +319,8 @@ def resolve_models(make_temp_dir) -> Models:
             write_tiny_models(tiny)
     paths = {key: value or str(tiny / key) for key, value in given.items()}
     draft = os.environ.get("DETSPEC_E2E_MTP_DRAFT") or paths["mtp"]
-    return Models(paths["target"], paths["eagle"], paths["eagle_random"], paths["mtp"], draft,
-                  None if tiny is None else str(tiny))
+    return Models(paths["target"], paths["eagle"], paths["eagle_random"], paths["mtp"], draft, paths["eagle3"],
+                  paths["eagle3_full"], paths["mimo"], None if tiny is None else str(tiny))
 
 
 def vocab_size(model_path: str) -> int:
@@ -498,6 +521,35 @@ class RunningServer:
 
     def log_lines(self, needle: str) -> list[str]:
         return [line.strip() for line in self.log_text().splitlines() if needle in line]
+
+    def dump_stacks(self, reason: str) -> Path:
+        """Every Python thread's stack in the server's processes, via ``py-spy dump``: the file written.
+
+        For a request that hangs: the file says where each process of the
+        server (launcher, tokenizer, scheduler, detokenizer) waits. Without
+        ``py-spy`` on PATH the file says so.
+        """
+        import psutil
+
+        path = out_dir() / f"stacks_{self.config.name}_{reason}.txt"
+        spy = shutil.which("py-spy")
+        parts = []
+        try:
+            procs = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+        except psutil.Error as exc:
+            procs, parts = [], [f"server process gone: {exc}"]
+        for proc in procs:
+            if spy is None:
+                parts.append("py-spy is not on PATH: no stacks")
+                break
+            try:
+                name = " ".join(proc.cmdline())[:120]
+            except psutil.Error:
+                name = "?"
+            run = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60)
+            parts.append(f"== pid {proc.pid} {name}\n{run.stdout}{run.stderr}")
+        path.write_text("\n".join(parts))
+        return path
 
     def facts(self) -> dict:
         """What a result file records about the server."""

@@ -16,6 +16,9 @@ import random
 import _e2e
 import _requests
 
+# A batch of 8 x 64 tokens takes well under a second on the tiny models: a request still open
+# after this long hangs, and the server's stacks are written before the test goes on.
+QUERY_TIMEOUT_S = 90.0
 NEW_TOKENS = 64  # long enough for a few dozen verify rounds per request: the accept lengths
 # Seeds across the uint64 range; temperatures around 1; the last two rows go through
 # SGLang's top-k / top-p target-sampling path (sent as their own batch: one such row sends
@@ -46,8 +49,14 @@ def query(server: _e2e.RunningServer, vocab: int, temperature: float | None = No
     prompts, params = request_set(vocab, temperature)
     results = []
     for lo, hi in ((0, PLAIN_ROWS), (PLAIN_ROWS, NUM_REQUESTS)):
+        if results and any(isinstance(r, str) and "stacks:" in r for r in results):
+            results += [results[-1]] * (hi - lo)  # the server hung: no second wait
+            continue
         got = _requests.generate(server.url, prompts[lo:hi], params[lo:hi], return_logprob=True,
-                                 want_tokens=NEW_TOKENS)
+                                 want_tokens=NEW_TOKENS, timeout=QUERY_TIMEOUT_S)
+        if isinstance(got, list) and any(isinstance(g, str) and "Timeout" in g for g in got):
+            got = [f"{g} (stacks: {server.dump_stacks('query_timeout').name})" if isinstance(g, str) else g
+                   for g in got]
         if len(got) != hi - lo:  # an HTTP error: one message for the whole batch
             got = [got[0] if _requests.errors(got) else f"{len(got)} results for {hi - lo} requests"] * (hi - lo)
         results += got

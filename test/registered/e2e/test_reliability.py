@@ -211,6 +211,7 @@ def test_512_concurrent_mixed_requests(group, models, mode):
         figures["differ_from_no_spec"] = len(differ)
         if differ:
             problems.append(f"{len(differ)} of 512 differ from {REFERENCE}: {differ[:8]}")
+            figures["differences"] = [explain(reqs[i], i, reference.url, server.url) for i in differ[:8]]
     else:  # rejection: batch-invariant, so equal to its own replay of a sample, sent one at a time
         sample = list(range(0, 512, 16))
         replay = tokens(run_all(server.url, [reqs[i] for i in sample], workers=1))
@@ -221,6 +222,23 @@ def test_512_concurrent_mixed_requests(group, models, mode):
     path = _e2e.write_result(f"reliability_concurrent_{mode}", {
         "passed": not problems, "problems": problems, "requests": 512, **figures, "server": server.facts()})
     assert not problems, "; ".join(problems[:6]) + f" ({path})"
+
+
+def explain(req, index: int, reference_url: str, url: str) -> dict:
+    """A differing request sent again alone to both servers with logprobs: where the two part, and whether
+    the target's logprobs already differed before that (a forward-mode difference of the target logits
+    that flipped a near-tie, rather than a different draw from the same distribution)."""
+    ref, got = (_requests.generate(u, req[0], req[1], return_logprob=True, want_tokens=NEW_TOKENS)[0]
+                for u in (reference_url, url))
+    if isinstance(ref, str) or isinstance(got, str):
+        return {"request": index, "error": ref if isinstance(ref, str) else got}
+    first = _requests.first_difference(ref.output_ids, got.output_ids)
+    upto = len(ref.output_ids) if first is None else first
+    before = [j for j in range(upto) if ref.logprobs[j] != got.logprobs[j]]
+    return {"request": index, "sampling_params": req[1], "first_different_token": first,
+            "logprob_positions_differing_before_it": before[:16], "reference_output_ids": list(ref.output_ids),
+            "output_ids": list(got.output_ids), "reference_logprobs": list(ref.logprobs),
+            "logprobs": list(got.logprobs)}
 
 
 def stream_prefix(url: str, prompt, params, chunks: int) -> list[int]:

@@ -24,7 +24,7 @@ from sglang_detspec.config import DetSpecConfig, current_config, reset_config
 from sglang_detspec.ops import (
     Stream, coupled_verify_chain, coupled_verify_tree, exponential_race, race_keys, target_weights,
 )
-from sglang_detspec.sglang_plugin import positions, resolve, tree_draft_hook
+from sglang_detspec.sglang_plugin import positions, resolve, topk_draft_hook
 from test_coupled_plugin import CHAIN, DET, TREE, eagle, loaded, sampling_info, server_args  # noqa: F401
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -48,7 +48,7 @@ def test_coupled_chain_turns_on_sampled_drafts_and_keeps_coupled_verify(loaded, 
     assert resolved_view(sa).speculative_use_rejection_sampling  # SGLang's sampled-draft path
     assert "SGLANG_DETSPEC_VERIFY" not in os.environ  # nothing leaks into later servers of this process
     bag = current_config()
-    assert bag.active and bag.coupled and bag.coupled_drafts and not bag.tree_drafts
+    assert bag.active and bag.coupled and bag.coupled_drafts and not bag.topk_drafts
     # A scheduler process gets the record pickled and resolves the same mode from SGLang's runtime context.
     publish(pickle.loads(pickle.dumps(sa)), role="test")
     try:
@@ -70,7 +70,7 @@ def test_coupled_tree_keeps_the_flag_off_and_uses_tree_drafts(loaded, model_dir)
     sa = server_args(model_dir, f"{eagle(model_dir, TREE)} {DET}")
     assert not resolved_view(sa).speculative_use_rejection_sampling
     bag = current_config()
-    assert bag.active and bag.tree_drafts and not bag.coupled_drafts
+    assert bag.active and bag.topk_drafts and not bag.coupled_drafts
     reset_config()
 
 
@@ -81,14 +81,29 @@ def eagle3_draft(folder, model_dir, **fields):
     return str(folder)
 
 
-def test_an_eagle3_draft_over_a_reduced_vocabulary_keeps_argmax_drafts(loaded, model_dir, tmp_path):
+def test_an_eagle3_draft_over_a_reduced_vocabulary_drafts_through_the_topk_hooks(loaded, model_dir, tmp_path):
     from sglang.srt.arg_groups.overrides import resolved_view
 
     draft = eagle3_draft(tmp_path / "eagle3", model_dir, draft_vocab_size=500)
     reset_config()
     sa = server_args(model_dir, f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {draft} {CHAIN} {DET}")
     assert not resolved_view(sa).speculative_use_rejection_sampling  # SGLang would refuse the flag
-    assert current_config().coupled and not current_config().coupled_drafts
+    bag = current_config()
+    assert bag.coupled and not bag.coupled_drafts and bag.topk_drafts and bag.reduced_draft_vocab
+    reset_config()
+
+
+def test_rejection_mode_refuses_a_reduced_draft_vocabulary_and_names_coupled_mode(loaded, model_dir, tmp_path):
+    draft = eagle3_draft(tmp_path / "eagle3", model_dir, draft_vocab_size=500)
+    reset_config()
+    with pytest.raises(ValueError, match="reduced vocabulary.*use coupled mode"):
+        server_args(model_dir, f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {draft} {CHAIN} "
+                               f"--speculative-use-rejection-sampling {DET}")
+    reset_config()
+    full = eagle3_draft(tmp_path / "full", model_dir)  # the same flags with a full-vocabulary draft start
+    server_args(model_dir, f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {full} {CHAIN} "
+                           f"--speculative-use-rejection-sampling {DET}")
+    assert current_config().verify == "rejection" and not current_config().reduced_draft_vocab
     reset_config()
 
 
@@ -111,19 +126,28 @@ def test_sampled_draft_blockers_mirror_sglangs_refusals(loaded, model_dir, tmp_p
     assert startup.sampled_draft_blockers(
         record(f"{eagle(model_dir, '')} --speculative-accept-threshold-single 0.5")) == [
         "--speculative-accept-threshold-single / -acc"]
+    from types import SimpleNamespace as Spec  # any object with SGLang's argument names
+
     full = eagle3_draft(tmp_path / "full", model_dir)
-    assert not startup.reduced_draft_vocab(full, "EAGLE3")
-    assert startup.reduced_draft_vocab("org/hub-id", "EAGLE3")  # unreadable: most EAGLE3 drafts are reduced
-    assert not startup.reduced_draft_vocab("org/hub-id", "EAGLE")  # EAGLE drafts share the target's head
+    reduced = eagle3_draft(tmp_path / "reduced", model_dir, draft_vocab_size=500)
+    assert resolve.reduced_draft_vocab(Spec(speculative_algorithm="EAGLE3", speculative_draft_model_path=full)) is False
+    assert resolve.reduced_draft_vocab(Spec(speculative_algorithm="EAGLE3", speculative_draft_model_path=reduced))
+    # unreadable: unknown for EAGLE3 (most are reduced: the blockers count it), EAGLE drafts share the target's head
+    assert resolve.reduced_draft_vocab(Spec(speculative_algorithm="EAGLE3", speculative_draft_model_path="org/x")) is None
+    assert resolve.reduced_draft_vocab(Spec(speculative_algorithm="EAGLE", speculative_draft_model_path="org/x")) is False
+    assert resolve.reduced_draft_vocab(Spec(speculative_algorithm="EAGLE", speculative_draft_model_path=full,
+                                            speculative_token_map="map.pt"))
+    assert startup.sampled_draft_blockers(record(f"--speculative-algorithm EAGLE3 --speculative-draft-model-path "
+                                                 f"{reduced}"))[0].startswith("the draft proposes over a reduced")
 
 
 def test_draft_path_properties():
     chain = dataclasses.replace(TREE_BAG, eagle_topk=1, num_draft_tokens=4)
     assert chain.wants_sampled_drafts()
-    assert not TREE_BAG.wants_sampled_drafts() and TREE_BAG.tree_drafts
+    assert not TREE_BAG.wants_sampled_drafts() and TREE_BAG.topk_drafts
     assert not dataclasses.replace(chain, algorithm="NGRAM").wants_sampled_drafts()
-    assert not dataclasses.replace(TREE_BAG, verify="rejection").tree_drafts
-    assert not dataclasses.replace(TREE_BAG, deterministic=False).tree_drafts
+    assert not dataclasses.replace(TREE_BAG, verify="rejection").topk_drafts
+    assert not dataclasses.replace(TREE_BAG, deterministic=False).topk_drafts
 
 
 # -- the tree hook: Gumbel-top-k children on SGLang's own tensors --------------------
@@ -215,12 +239,12 @@ def test_sites_publish_the_drafted_positions(loaded, bag):
     def original(self, *args, **kwargs):
         seen.append(positions.published_site().positions().clone())
 
-    fb = type("ForwardBatch", (), {"positions": torch.tensor([5, 5, 5, 5])})()
-    tree_draft_hook.draft_forward_site(original, Worker(), fb)
+    fb = type("ForwardBatch", (), {"positions": torch.tensor([5, 5, 5, 5]), "sampling_info": None})()
+    topk_draft_hook.draft_forward_site(original, Worker(), fb)
     batch = type("Batch", (), {"seq_lens": torch.tensor([7])})()
-    tree_draft_hook.extend_prefill_site(original, Worker(), batch, None, None)
+    topk_draft_hook.extend_prefill_site(original, Worker(), batch, None, None)
     result = type("Result", (), {"new_seq_lens": torch.tensor([12])})()
-    tree_draft_hook.extend_decode_site(original, Worker(), batch, result)
+    topk_draft_hook.extend_decode_site(original, Worker(), batch, result)
     assert [s.tolist() for s in seen] == [[7, 7, 7, 7], [8], [13]]
     assert positions.published_site() is None
 
@@ -234,12 +258,12 @@ def test_graph_refill_copies_seeds_temperatures_and_top_k(loaded, bag):
     runner.buffers = type("Buffers", (), {"sampling_seed": None, "seq_lens": torch.zeros(8, dtype=torch.int64)})()
     runner.temperatures = torch.ones(8, 1)
     runner.top_ks = torch.full((8,), 1 << 30, dtype=torch.int32)
-    tree_draft_hook.graph_seed_buffer(lambda self, *a: None, runner, 4, None)
+    topk_draft_hook.graph_seed_buffer(lambda self, *a: None, runner, 4, None)
     assert runner.buffers.sampling_seed.shape == (8,) and runner.buffers.sampling_seed.dtype == torch.int64
     info = sampling_info([1, 7, 400], [1.0, 0.5, 2.0], torch.tensor([3, -4, 5]), vocab=400)
     fb = type("ForwardBatch", (), {"sampling_info": info, "batch_size": 3})()
     calls = []
-    tree_draft_hook.graph_refill(lambda self, f: calls.append(f), runner, fb)
+    topk_draft_hook.graph_refill(lambda self, f: calls.append(f), runner, fb)
     assert calls == [fb]
     assert runner.buffers.sampling_seed[:3].tolist() == [3, -4, 5]
     assert runner.temperatures[:3].view(-1).tolist() == [1.0, 0.5, 2.0]
@@ -261,7 +285,7 @@ def test_sglangs_own_beam_search_and_pruning_keep_the_coupled_chain(loaded, bag)
     later = spec_utils._select_top_k_tokens_later._torchdynamo_orig_callable  # SGLang's code, not compiled
 
     def choose(tokens, positions):
-        probs = tree_draft_hook.children_tensor(bigram[tokens], info, positions, k, "torch")
+        probs = topk_draft_hook.children_tensor(bigram[tokens], info, positions, k, "torch")
         return spec_utils.fast_topk(probs, k, dim=-1)
 
     topk_p, topk_index = choose(roots, t)

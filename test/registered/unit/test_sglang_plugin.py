@@ -89,6 +89,7 @@ HOOKED = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
     "sglang.srt.speculative.spec_utils.renorm_draft_probs",
+    "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess",
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.capture_one_shape",
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",

@@ -1,0 +1,304 @@
+"""Coupled drafts where SGLang's EAGLE v2 draft worker picks drafts by top-k: trees, and argmax chains.
+
+With ``--speculative-eagle-topk k > 1`` SGLang's draft worker picks each
+node's k children as ``fast_topk(renorm_draft_probs(logits), k)``: the k most
+likely tokens of q, the same for every seed. A chain whose sampled-draft path
+is off (SGLang refuses its rejection-sampling flag for a reduced draft
+vocabulary, ``--speculative-token-map``, ...) drafts q's argmax
+(``draft_topk1_postprocess`` in the draft steps, ``fast_topk(..., 1)`` in
+draft extend). In coupled mode a draft helps only if it equals the target's
+race winner ``y_t = race(p_t, TARGET, t)``, so here:
+
+- a tree node's children are the k largest race keys ``q_i / E_i`` on the
+  TARGET uniforms of the child's position (Gumbel-top-k: k draws without
+  replacement from q, coupled to the target's race; docs/design.md, coupled
+  drafts). The first child is the coupled chain's draft, so the tree contains
+  the coupled chain;
+- a chain's draft is that first child, the race winner.
+
+Over a reduced draft vocabulary (EAGLE3 ``d2t``, ``--speculative-token-map``)
+the draft's column j stands for target id ``hot_token_id[j]``: q is spread
+onto those target ids before the race, so every draft races on the uniform
+of the target id it proposes (ties and race order on target ids), and the
+winners are mapped back to draft columns for SGLang, which maps them to
+target ids again.
+
+Hooked symbols (AROUND):
+
+- ``EagleDraftWorker.draft_forward``, ``_draft_extend_for_prefill``,
+  ``_draft_extend_for_decode``: publish where the tokens they draft sit and
+  the worker's draft-to-target map (:mod:`.positions`) while they run.
+- ``sglang.srt.speculative.spec_utils.renorm_draft_probs`` (bound in
+  ``eagle_worker_v2``): inside a published site, returns a [R, V_draft]
+  tensor that is zero except at each sampled row's k race winners, so
+  SGLang's own ``fast_topk`` that follows picks exactly those children. Their
+  values, which SGLang multiplies along a path to choose the nodes it keeps,
+  are each child's race key relative to the winner's: the coupled chain
+  scores 1 at every depth and is always kept (so a tree never accepts fewer
+  tokens than the coupled chain of its depth), and the other children rank
+  by how close they came to winning. (q's path probability, SGLang's own
+  score, kept shallow bushy trees: measured in
+  docs/e2e/2026-12-01-h200-coupled-drafts.) Greedy rows (``top_k <= 1``)
+  keep SGLang's probabilities: top-k of q.
+- ``sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess`` (bound in
+  ``eagle_worker_v2``): a chain's draft step; inside a published site the
+  sampled rows get the race winner instead of the argmax (SGLang's kernel
+  still runs for the greedy rows and advances the positions).
+- ``EAGLEDraftCudaGraphRunner.capture_one_shape`` and ``execute``: without
+  ``--speculative-use-rejection-sampling`` SGLang's draft CUDA graphs carry no
+  seed buffer and do not refill temperatures and top-k; the first gives the
+  graphs a seed buffer before capture, the second refills all three before
+  every replay.
+
+Chains with SGLang's sampled-draft path on (start-up turns it on wherever
+SGLang admits it) do not come here: they draft through ``draft_hook``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..config import current_config
+from ..ops import coupled_children, id_ordered_filtered_probs
+from .positions import DraftSite, after_root, draft_forward_positions, draft_site, published_site
+
+_WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
+DRAFT_FORWARD = f"{_WORKER}.draft_forward"
+EXTEND_PREFILL = f"{_WORKER}._draft_extend_for_prefill"
+EXTEND_DECODE = f"{_WORKER}._draft_extend_for_decode"
+RENORM = "sglang.srt.speculative.spec_utils.renorm_draft_probs"
+_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner"
+GRAPH_CAPTURE = f"{_RUNNER}.capture_one_shape"
+GRAPH_EXECUTE = f"{_RUNNER}.execute"
+TOPK1 = "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess"
+
+
+def _hooked(worker) -> bool:
+    return current_config().topk_drafts
+
+
+def _site(worker, positions, sampling_info=None) -> DraftSite:
+    """The site a worker publishes: its top-k, the positions, its draft-to-target map (None: same ids)."""
+    hot = getattr(worker, "hot_token_id", None)
+    target_vocab = worker.target_worker.model_runner.model_config.vocab_size if hot is not None else None
+    return DraftSite(getattr(worker, "topk", 1), positions, hot, target_vocab, sampling_info)
+
+
+def draft_forward_site(original, self, forward_batch, *args, **kwargs):
+    """AROUND hook for ``draft_forward(forward_batch)``: step i drafts at ``forward_batch.positions + 2``.
+
+    SGLang advances ``forward_batch.positions`` by one after each step's
+    choice; the site reads it when the choice is made.
+    """
+    if not _hooked(self):
+        return original(self, forward_batch, *args, **kwargs)
+    site = _site(self, lambda: draft_forward_positions(forward_batch.positions), forward_batch.sampling_info)
+    with draft_site(site):
+        return original(self, forward_batch, *args, **kwargs)
+
+
+def extend_prefill_site(original, self, batch, *args, **kwargs):
+    """AROUND hook for ``_draft_extend_for_prefill(batch, ...)``: the first draft sits at ``seq_lens + 1``."""
+    if not _hooked(self):
+        return original(self, batch, *args, **kwargs)
+    with draft_site(_site(self, lambda: after_root(batch.seq_lens))):
+        return original(self, batch, *args, **kwargs)
+
+
+def extend_decode_site(original, self, batch, batch_result, *args, **kwargs):
+    """AROUND hook for ``_draft_extend_for_decode(batch, batch_result, ...)``: drafts at ``new_seq_lens + 1``.
+
+    A tree's first children come through ``renorm_draft_probs`` inside the
+    published site. A chain's first draft SGLang takes with a plain
+    ``torch.argmax`` of the draft logits (no symbol to hook), so for chains
+    the draft forward's logits are kept while the original runs and the
+    sampled rows' ``next_draft_input.topk_index`` is replaced by the race
+    winner afterwards.
+    """
+    if not _hooked(self):
+        return original(self, batch, batch_result, *args, **kwargs)
+    drafted_at = lambda: after_root(batch_result.new_seq_lens)  # noqa: E731
+    with draft_site(_site(self, drafted_at)):
+        if self.topk > 1:
+            return original(self, batch, batch_result, *args, **kwargs)
+        with _kept_draft_logits(self) as kept:
+            result = original(self, batch, batch_result, *args, **kwargs)
+    info, draft = batch.sampling_info, batch_result.next_draft_input
+    if kept and info is not None and info.sampling_seed is not None and draft.topk_index.numel():
+        site = _site(self, drafted_at)
+        winners = children_tensor(kept[-1].next_token_logits, info, drafted_at().view(-1), 1,
+                                  current_config().kernel, site.hot_token_id, site.target_vocab)
+        sampled = (info.top_ks > 1).view(-1, 1)
+        draft.topk_index = torch.where(sampled, winners.argmax(dim=-1, keepdim=True), draft.topk_index)
+    return result
+
+
+@contextlib.contextmanager
+def _kept_draft_logits(worker):
+    """Keep the ``LogitsProcessorOutput`` of the worker's draft-extend forward (eager or CUDA-graph replay).
+
+    Patches the two bound methods on this worker's own objects for the
+    duration of one call (SGLang's scheduler drives a worker from one
+    thread). After the original returns, the kept output's
+    ``next_token_logits`` holds the rows SGLang chose its drafts from
+    (the eager path reassigns them to the selected rows in place).
+    """
+    kept = []
+    patched = []
+
+    def keep(obj, name, pick):
+        if obj is None:
+            return
+        bound, own = getattr(obj, name), name in vars(obj)
+
+        def wrapper(*args, **kwargs):
+            out = bound(*args, **kwargs)
+            kept.append(pick(out))
+            return out
+
+        setattr(obj, name, wrapper)
+        patched.append((obj, name, bound if own else None))
+
+    keep(worker.draft_runner, "forward", lambda out: out.logits_output)
+    keep(getattr(worker, "cuda_graph_runner_for_draft_extend", None), "execute", lambda out: out)
+    try:
+        yield kept
+    finally:
+        for obj, name, own in patched:
+            if own is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
+
+
+def children_tensor(
+    logits: torch.Tensor,  # [R, V_draft] float: draft logits, R = B * rows_per_request
+    sampling_info,  # SGLang SamplingBatchInfo of the B requests
+    positions: torch.Tensor,  # [R] int: absolute position of the token each row drafts
+    k: int,
+    kernel: str,
+    hot_token_id: torch.Tensor | None = None,  # [V_draft] int64: target id of each draft column
+    target_vocab: int | None = None,  # the target's vocabulary size, with hot_token_id
+) -> torch.Tensor:
+    """The tensor whose top-k are each sampled row's coupled children: float32 [R, V_draft].
+
+    Row r of request b = r // (R / B): ``q = softmax(logits[r] / T_b)``, ``w``
+    = q cut by the request's top-k / top-p / min-p in draft-column order where
+    the batch asks for a cut (:func:`~sglang_detspec.ops.id_ordered_filtered_probs`,
+    the target's rule; over a full vocabulary that is token-id order), spread
+    onto target ids through ``hot_token_id`` when given (zero elsewhere), then
+    children = ``coupled_children(w, seed_b, positions[r], k)`` (q's
+    Gumbel-top-k on the TARGET stream, keyed by target id), each at its score
+    (the race winner at 1), zero elsewhere, back in draft columns. Greedy rows
+    (``top_k <= 1``) return q itself, so SGLang's top-k of q drafts them (at
+    T = 1, which SGLang gives temperature-0 requests, that is SGLang's own q).
+    No host sync: safe inside CUDA-graph capture.
+    """
+    rows, v = logits.shape
+    seeds = sampling_info.sampling_seed
+    per = rows // max(seeds.numel(), 1)
+
+    def per_row(values):
+        return torch.repeat_interleave(values, per, dim=0) if per > 1 else values
+
+    top_ks = per_row(sampling_info.top_ks)
+    q = torch.softmax(logits.float() / per_row(sampling_info.temperatures), dim=-1)
+    weights = q
+    if sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling or sampling_info.need_min_p_sampling:
+        min_ps = per_row(sampling_info.min_ps) if sampling_info.need_min_p_sampling else None
+        weights = id_ordered_filtered_probs(q, top_ks, per_row(sampling_info.top_ps), min_ps)
+    if hot_token_id is not None:
+        spread = torch.zeros(rows, target_vocab, dtype=weights.dtype, device=weights.device)
+        weights = spread.index_copy_(1, hot_token_id, weights)
+    children, score = coupled_children(weights, per_row(seeds), positions, min(k, v), kernel=kernel)
+    sparse = torch.zeros(rows, weights.shape[1], dtype=torch.float32, device=logits.device)
+    sparse.scatter_(1, children, score.float())
+    if hot_token_id is not None:
+        sparse = sparse.index_select(1, hot_token_id)  # a zero-weight child off the draft vocabulary drops out
+    return torch.where((top_ks <= 1).view(-1, 1), q, sparse)
+
+
+def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs):
+    """AROUND hook for ``renorm_draft_probs(next_token_logits [R, V], sampling_info, use_rejection_sampling)``.
+
+    Outside a published tree-draft site, or for a batch without seeds, SGLang's
+    own probabilities; inside one, :func:`children_tensor` (which computes q
+    itself, so SGLang's softmax is not run there).
+    """
+    site = published_site()
+    if (site is None or sampling_info is None or sampling_info.sampling_seed is None
+            or not next_token_logits.numel()):
+        return original(next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs)
+    return children_tensor(next_token_logits, sampling_info, site.positions().view(-1), site.k,
+                           current_config().kernel, site.hot_token_id, site.target_vocab)
+
+
+def coupled_chain_step(original, next_token_logits, positions, draft_tokens=None, draft_token_column=0,
+                       *args, **kwargs):
+    """AROUND hook for ``draft_topk1_postprocess(logits [R, V_draft], positions [R], draft_tokens, column)``.
+
+    Outside a published site SGLang's argmax. Inside one (a coupled chain
+    whose sampled-draft path is off), sampled rows draft the race winner of
+    :func:`children_tensor` with k = 1 at the published positions, read
+    before SGLang's kernel advances them; greedy rows keep the kernel's
+    argmax. Returns SGLang's ``(topk_p float32 [R, 1] of ones, topk_index
+    int64 [R, 1])`` and writes ``draft_tokens[:, column]`` when given, as the
+    kernel does.
+    """
+    site = published_site()
+    info = site.sampling_info if site is not None else None
+    if site is None or info is None or info.sampling_seed is None or not next_token_logits.numel():
+        return original(next_token_logits, positions, draft_tokens, draft_token_column, *args, **kwargs)
+    drafted_at = site.positions().view(-1).clone()
+    winners = children_tensor(next_token_logits, info, drafted_at, 1, current_config().kernel,
+                              site.hot_token_id, site.target_vocab).argmax(dim=-1, keepdim=True)
+    topk_p, topk_index = original(next_token_logits, positions, draft_tokens, draft_token_column, *args, **kwargs)
+    sampled = (info.top_ks > 1).view(-1, 1)
+    topk_index = torch.where(sampled, winners, topk_index)
+    if draft_tokens is not None:
+        draft_tokens[:, draft_token_column].copy_(topk_index.view(-1))
+    return topk_p, topk_index
+
+
+def graph_seed_buffer(original, self, *args, **kwargs):
+    """AROUND hook for the EAGLE draft graph runner's ``capture_one_shape``: a seed buffer before capture.
+
+    The captured ``SamplingBatchInfo`` reads ``buffers.sampling_seed[:bs]``;
+    SGLang allocates it only with the rejection-sampling flag.
+    """
+    buffers = self.buffers
+    if _hooked(self.eagle_worker) and buffers.sampling_seed is None:
+        buffers.sampling_seed = torch.zeros(buffers.seq_lens.shape[0], dtype=torch.int64,
+                                            device=buffers.seq_lens.device)
+    return original(self, *args, **kwargs)
+
+
+def graph_refill(original, self, forward_batch, *args, **kwargs):
+    """AROUND hook for the EAGLE draft graph runner's ``execute(forward_batch)``.
+
+    Copies the batch's seeds, temperatures and top-k into the graph's input
+    buffers before SGLang replays (padded rows keep earlier, valid values;
+    their drafts are discarded).
+    """
+    info = forward_batch.sampling_info
+    seed_buffer = self.buffers.sampling_seed
+    if (_hooked(self.eagle_worker) and seed_buffer is not None and info is not None
+            and info.sampling_seed is not None):
+        n = forward_batch.batch_size
+        seed_buffer[:n].copy_(info.sampling_seed[:n])
+        self.temperatures[:n].copy_(info.temperatures[:n])
+        self.top_ks[:n].copy_(info.top_ks[:n])
+    return original(self, forward_batch, *args, **kwargs)
+
+
+HOOKS = (
+    (DRAFT_FORWARD, draft_forward_site, "AROUND"),
+    (EXTEND_PREFILL, extend_prefill_site, "AROUND"),
+    (EXTEND_DECODE, extend_decode_site, "AROUND"),
+    (RENORM, coupled_renorm_draft_probs, "AROUND"),
+    (TOPK1, coupled_chain_step, "AROUND"),
+    (GRAPH_CAPTURE, graph_seed_buffer, "AROUND"),
+    (GRAPH_EXECUTE, graph_refill, "AROUND"),
+)
