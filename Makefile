@@ -56,6 +56,12 @@ $(STAMP): pyproject.toml
 
 demo-setup: $(DEMO_STAMP)
 
+# With TORCH_INDEX set, the index must answer before pip runs: pip would otherwise retry it for
+# minutes and then blame a missing dependency.
+TORCH_INDEX_CHECK = $(DEMO_BIN)/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
+	'$(TORCH_INDEX)/torch/' >/dev/null 2>&1 || { echo "make demo: TORCH_INDEX=$(TORCH_INDEX) cannot be reached from this machine;" >&2; \
+	echo "   run make demo without TORCH_INDEX (torch from the default index: about 3 GB of CUDA wheels)" >&2; exit 2; }
+
 # The package without its dependencies (SGLang) plus what the in-process demo imports.
 $(DEMO_STAMP): pyproject.toml Makefile
 	@echo "== make demo: installing the light demo venv $(DEMO_VENV): $(DEMO_DEPS) and"
@@ -65,6 +71,7 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(DEMO_BIN)/python || { $(PYTHON_CHECK); }
 	test -x $(DEMO_BIN)/python || $(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
+	@$(if $(TORCH_INDEX),$(TORCH_INDEX_CHECK))
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
 		$(filter torch==%,$(DEMO_DEPS))
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(filter-out torch==%,$(DEMO_DEPS))

@@ -112,6 +112,10 @@ class DetSpecConfig:
             )
         if not self.coupled:
             problems.extend(self._rejection_refusals())
+        elif self.reduced_draft_vocab and self.rejection_sampling:
+            # The user's own flag (start-up never declares it for such drafts): SGLang would refuse it
+            # only after loading the weights.
+            problems.append(REDUCED_VOCAB_REFUSAL)
         if self.rl_on_policy:
             problems.append(
                 "--rl-on-policy-target is not supported (its bf16 log-softmax sampling path makes a seeded "
@@ -137,12 +141,7 @@ class DetSpecConfig:
             return []
         problems = []
         if self.reduced_draft_vocab:
-            problems.append(
-                "the draft proposes over a reduced vocabulary (EAGLE3 draft_vocab_size or "
-                "--speculative-token-map): rejection mode needs q over the target's whole vocabulary (SGLang "
-                "refuses --speculative-use-rejection-sampling for such drafts); use coupled mode: drop "
-                f"--speculative-use-rejection-sampling, or set {VERIFY_ENV}=coupled"
-            )
+            return [REDUCED_VOCAB_REFUSAL]  # the flag it would otherwise ask for is refused for such drafts
         if not self.rejection_sampling:
             problems.append(
                 f"{VERIFY_ENV}=rejection needs --speculative-use-rejection-sampling (SGLang hands the draft "
@@ -180,8 +179,9 @@ class DetSpecConfig:
         """Chain draft proposals race q on the TARGET stream (SGLang's sampled-draft path in coupled mode).
 
         In coupled mode start-up turns that path on for EAGLE-family chains
-        (:meth:`wants_sampled_drafts`), so this holds for them with or without
-        the user's ``--speculative-use-rejection-sampling``.
+        (:meth:`wants_sampled_drafts`) wherever SGLang admits it, so this holds
+        for them with or without the user's ``--speculative-use-rejection-sampling``;
+        where SGLang refuses it, :attr:`topk_drafts` covers the chain instead.
         """
         return self.active and self.coupled and self.rejection_sampling
 
@@ -216,6 +216,14 @@ class DetSpecConfig:
         """One line with every field, for the start-up log."""
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
         return f"DetSpecConfig(active={self.active}, {fields})"
+
+
+REDUCED_VOCAB_REFUSAL = (
+    "the draft proposes over a reduced vocabulary (EAGLE3 draft_vocab_size or --speculative-token-map): "
+    "rejection sampling needs q over the target's whole vocabulary, and SGLang refuses "
+    "--speculative-use-rejection-sampling for such drafts; use coupled mode (the default), which serves "
+    f"them: drop --speculative-use-rejection-sampling and leave {VERIFY_ENV} unset (or set it to coupled)"
+)
 
 
 def resolve_verify(setting: str, rejection_sampling: bool) -> str:

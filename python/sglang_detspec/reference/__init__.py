@@ -11,7 +11,7 @@ not.
 
 from .engine import DraftShape, DraftStats, ReferenceEngine
 from .models import (
-    ModelPair, ProbsMemo, TinyLlamaSpec, build_model_pair, draft_probs, next_token_probs, with_random_draft,
+    ModelPair, ProbsMemo, TinyLlamaSpec, build_model_pair, next_token_probs, reduced_draft_probs, with_random_draft,
     with_reduced_draft_vocab,
 )
 from .request import Request, RequestResult
@@ -29,7 +29,7 @@ __all__ = [
     "build_model_pair",
     "with_random_draft",
     "with_reduced_draft_vocab",
-    "draft_probs",
+    "reduced_draft_probs",
     "next_token_probs",
     "RoundSampler",
     "KeyedSampler",

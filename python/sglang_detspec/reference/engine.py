@@ -49,7 +49,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..config import VERIFY_MODES
-from .models import ModelPair, ProbsMemo, build_model_pair, draft_probs
+from .models import ModelPair, ProbsMemo, build_model_pair, reduced_draft_probs
 from .request import Request, RequestResult
 from .samplers import GlobalRngSampler, KeyedSampler, RoundSampler
 
@@ -387,7 +387,9 @@ class ReferenceEngine:
 
     def _draft_probs(self, sequence: list[int], temperature: float) -> torch.Tensor:
         """q over target ids (zero off a reduced draft vocabulary): float32 [V]."""
-        return draft_probs(self.models, self._probs(self.models.draft, sequence, temperature))
+        if self.models.hot_token_ids is None:
+            return self._probs(self.models.draft, sequence, temperature)
+        return reduced_draft_probs(self.models, self._probs(self.models.draft, sequence, 1.0).log(), temperature)
 
     def _target_rows(self, rows: list[_Row], seqs, drafts) -> torch.Tensor:
         """p at positions t..t+K of each row: float32 [B, K+1, V], one forward per prefix."""

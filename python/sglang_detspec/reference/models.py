@@ -214,7 +214,8 @@ def with_reduced_draft_vocab(pair: ModelPair, hot_token_ids: Sequence[int]) -> M
     tokens), so its q over draft columns is the softmax of those, and no
     other target id can be drafted. The engine spreads q back onto target
     ids (:func:`draft_probs`) before it proposes, as the plugin's draft hooks
-    do, so every draft races on the uniform of the target id it proposes.
+    do, so every draft races on the uniform of the target id it proposes
+    (:func:`reduced_draft_probs`).
 
     Raises:
         ValueError: ``pair`` is not a :class:`ModelPair`, or the ids are empty,
@@ -229,19 +230,29 @@ def with_reduced_draft_vocab(pair: ModelPair, hot_token_ids: Sequence[int]) -> M
     return dataclasses.replace(pair, draft_kind="reduced", hot_token_ids=ids)
 
 
-def draft_probs(pair: ModelPair, full_draft_probs: torch.Tensor) -> torch.Tensor:
-    """q over target ids, float32 [..., V]: the draft model's probabilities as its vocabulary allows.
+def reduced_draft_probs(pair: ModelPair, draft_log_probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """q over target ids of a reduced-vocabulary draft, float32 [V]: zero off ``pair.hot_token_ids``.
 
-    Full vocabulary: ``full_draft_probs`` itself. Reduced: renormalised over
-    the hot ids (the softmax of the draft's logits at those ids) and zero
-    elsewhere.
+    The draft's own distribution over its columns: ``softmax(l / T)`` of its
+    logits ``l`` at the hot ids, or at temperature 0 the one-hot of their
+    argmax (ties: the first draft column, as SGLang's argmax), spread back
+    onto target ids. Computed from the draft model's log-probabilities at
+    temperature 1 (equal to its logits up to a constant, which the softmax
+    drops), so a low temperature or a greedy row whose full-vocabulary argmax
+    is not a hot id still gives a distribution.
+
+    Args:
+        pair: from :func:`with_reduced_draft_vocab`.
+        draft_log_probs: float [V], ``log softmax`` of the draft model's logits.
+        temperature: >= 0.
     """
-    if pair.hot_token_ids is None:
-        return full_draft_probs
     hot = torch.tensor(pair.hot_token_ids, dtype=torch.int64)
-    kept = full_draft_probs.index_select(-1, hot)
-    out = torch.zeros_like(full_draft_probs)
-    return out.index_copy_(-1, hot, kept / kept.sum(dim=-1, keepdim=True))
+    kept = draft_log_probs.index_select(-1, hot).to(torch.float32)
+    if temperature == 0:
+        q = torch.nn.functional.one_hot(kept.argmax(dim=-1), kept.shape[-1]).to(torch.float32)
+    else:
+        q = torch.softmax(kept / temperature, dim=-1)
+    return torch.zeros(draft_log_probs.shape[-1], dtype=torch.float32).index_copy_(-1, hot, q)
 
 
 def next_token_probs(

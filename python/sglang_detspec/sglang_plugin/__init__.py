@@ -21,9 +21,11 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``draft_hook``: ``fast_sample`` and the multi-layer draft-extend sites:
   draft proposals on the DRAFT stream, or on the TARGET stream at the exact
   drafted position for coupled chain drafts.
-- ``topk_draft_hook``: EAGLE v2 tree drafts (topk > 1) in coupled mode: the
-  children of each node are q's Gumbel-top-k on the TARGET stream, eager and
-  in the draft CUDA graphs.
+- ``topk_draft_hook``: coupled drafts SGLang's EAGLE v2 draft worker picks by
+  top-k: tree children are q's Gumbel-top-k on the TARGET stream, and chains
+  without SGLang's sampled-draft path draft the race winner (also over a
+  reduced draft vocabulary, through its id map), eager and in the draft CUDA
+  graphs.
 - ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
   gate: ``sampling_seed`` must be an integer in [0, 2**64).
 - ``seed_hook``: request seeds.

@@ -95,12 +95,12 @@ def draft_positions(rule: PositionRule):
 
 
 def draft_site(site: DraftSite):
-    """Publish a tree-draft site while the block runs."""
+    """Publish a top-k draft site (``topk_draft_hook``) while the block runs."""
     return publish(DRAFT_SITE, site)
 
 
 def published_site() -> DraftSite | None:
-    """The tree-draft site in progress, or None."""
+    """The top-k draft site in progress, or None."""
     return DRAFT_SITE.get()
 
 

@@ -56,7 +56,8 @@ def resolve_and_announce(result, server_args) -> None:
         if blockers:
             logging.getLogger("sglang_detspec").info(
                 "sglang-detspec: SGLang's sampled-draft path is not available for this chain (%s); the "
-                "plugin's draft-worker hooks draw its coupled drafts instead", "; ".join(blockers))
+                "plugin's draft-worker hooks draw its coupled drafts instead (on CUDA; multi-layer EAGLE "
+                "chains keep argmax drafts: the same tokens, fewer accepted)", "; ".join(blockers))
         else:
             bag = turn_on_sampled_drafts(server_args)
     install_config(bag)

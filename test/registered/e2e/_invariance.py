@@ -16,9 +16,9 @@ import random
 import _e2e
 import _requests
 
-# A batch of 8 x 64 tokens takes well under a second on the tiny models: a request still open
-# after this long hangs, and the server's stacks are written before the test goes on.
-QUERY_TIMEOUT_S = 90.0
+# A batch of 8 x 64 tokens takes well under a second on the tiny models (a few seconds with a
+# first Triton compilation): a request still open after this long hangs, and the server's stacks are written before the test goes on.
+QUERY_TIMEOUT_S = 120.0
 NEW_TOKENS = 64  # long enough for a few dozen verify rounds per request: the accept lengths
 # Seeds across the uint64 range; temperatures around 1; the last two rows go through
 # SGLang's top-k / top-p target-sampling path (sent as their own batch: one such row sends
@@ -148,6 +148,29 @@ def compare(group: dict, reference: str, other: str) -> dict:
         "problems": problems, "rows": rows,
         "servers": {reference: ref["server"], other: got["server"]},
     }
+
+
+def accept_rows(group: dict, rows: dict, reference_of) -> tuple[list[dict], list[str]]:
+    """One row per configuration of ``rows`` (name -> (verify, draft, steps, topk, draft tokens, rejection flag)).
+
+    ``reference_of(name)`` names the server without speculative decoding of
+    that configuration's model (the group's names end in ``_det_cuda_graph``).
+    A row: ``{"config", "verify", "draft", "steps", "topk", "draft_tokens",
+    "rejection_flag", "accept_length", "equal_to_no_spec"}`` (the layout of
+    ``docs/e2e/README.md``). Problems: every server problem, and differing
+    tokens for coupled configurations only (rejection mode promises the
+    target's distribution, not the reference's tokens), and a missing accept
+    length.
+    """
+    out, problems = [], []
+    for name, (verify, draft, steps, topk, tokens, flag) in rows.items():
+        outcome = compare(group, f"{reference_of(name)}_det_cuda_graph", f"{name}_det_cuda_graph")
+        problems += [p for p in outcome["problems"] if verify == "coupled" or "gave other tokens" not in p]
+        out.append({"config": name, "verify": verify, "draft": draft, "steps": steps, "topk": topk,
+                    "draft_tokens": tokens, "rejection_flag": flag, "accept_length": outcome["accept_length"],
+                    "equal_to_no_spec": outcome["requests_compared"] - outcome["requests_with_other_tokens"]})
+    problems += [f"{r['config']}: no accept length" for r in out if r["accept_length"] is None]
+    return out, problems
 
 
 def check_same_tokens(group: dict, reference: str, other: str, result_name: str) -> None:

@@ -56,10 +56,6 @@ def chosen_models() -> tuple[str, ...]:
     return names
 
 
-def name_of(family_name: str) -> str:
-    return f"{family_name}_det_cuda_graph"
-
-
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_accept_lengths(servers, models, temperature):
     chosen = chosen_models()
@@ -69,21 +65,8 @@ def test_accept_lengths(servers, models, temperature):
     # inside every chosen model's vocabulary; the second temperature reuses the servers.
     vocab = min(_e2e.vocab_size(getattr(models, m)) for m in chosen)
     group = _invariance.run_group(servers, configs, vocab, f"accept_outputs_T{temperature}", temperature)
-    rows, problems = [], []
-    for family_name, (verify, draft, steps, topk, tokens, flag) in rows_run.items():
-        model = _e2e.family(family_name).model
-        outcome = _invariance.compare(group, name_of(REFERENCE[model]), name_of(family_name))
-        differ = outcome["requests_with_other_tokens"]
-        if verify == "coupled":
-            problems += outcome["problems"]
-        elif any("gave other tokens" not in p for p in outcome["problems"]):
-            problems += [p for p in outcome["problems"] if "gave other tokens" not in p]
-        rows.append({"config": family_name, "verify": verify, "draft": draft, "steps": steps, "topk": topk,
-                     "draft_tokens": tokens, "rejection_flag": flag, "accept_length": outcome["accept_length"],
-                     "equal_to_no_spec": outcome["requests_compared"] - differ})
+    rows, problems = _invariance.accept_rows(group, rows_run, lambda name: REFERENCE[_e2e.family(name).model])
     by = {r["config"]: r["accept_length"] for r in rows}
-    missing = [name for name, value in by.items() if value is None]
-    problems += [f"{name}: no accept length" for name in missing]
 
     def ratio(a, b):
         return None if by.get(a) is None or not by.get(b) else by[a] / by[b]

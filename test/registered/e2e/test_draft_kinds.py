@@ -16,7 +16,9 @@ Checks:
 1. ``test_outputs_and_accept_lengths`` (temperature 1, then 0.7): the 8
    seeded requests of ``_invariance.py`` on every server at once; every
    coupled server gives the tokens of the server without speculative decoding
-   of its model (0 differ). Writes ``accept_lengths_T<T>.json`` (one row per
+   of its model (0 differ), and accepts at least 2 tokens per round (coupled
+   drafts race on the target ids' uniforms; argmax drafts would accept about
+   1.1-1.3). Writes ``accept_lengths_T<T>.json`` (one row per
    configuration, ``config`` naming the draft kind; the layout of
    ``docs/e2e/README.md``).
 2. ``test_deterministic_with_cuda_graphs``: on each coupled server (CUDA
@@ -55,16 +57,13 @@ ROWS = {
 REFERENCE = {"target": "no_spec", "mimo": "mimo_no_spec"}
 COUPLED = tuple(name for name, row in ROWS.items() if row[0] == "coupled")
 TEMPERATURES = (1.0, 0.7)
+MIN_COUPLED_ACCEPT = 2.0
 TEST_ORDER = (
     "test_outputs_and_accept_lengths",
     "test_deterministic_with_cuda_graphs",
     "test_deterministic_without_cuda_graphs",
     "test_same_tokens_with_cuda_graphs_on_and_off",
 )
-
-
-def name_of(family_name: str) -> str:
-    return f"{family_name}_det_cuda_graph"
 
 
 def vocab(models) -> int:
@@ -75,17 +74,11 @@ def vocab(models) -> int:
 def test_outputs_and_accept_lengths(servers, models, temperature):
     configs = [_e2e.server_config(name, models) for name in (*REFERENCE.values(), *ROWS)]
     group = _invariance.run_group(servers, configs, vocab(models), f"draft_kind_outputs_T{temperature}", temperature)
-    rows, problems = [], []
-    for family_name, (verify, draft, steps, topk, tokens, flag) in ROWS.items():
-        reference = REFERENCE[_e2e.family(family_name).model]
-        outcome = _invariance.compare(group, name_of(reference), name_of(family_name))
-        differ = outcome["requests_with_other_tokens"]
-        # Rejection mode promises the target's distribution, not the reference's tokens.
-        problems += [p for p in outcome["problems"] if verify == "coupled" or "gave other tokens" not in p]
-        rows.append({"config": family_name, "verify": verify, "draft": draft, "steps": steps, "topk": topk,
-                     "draft_tokens": tokens, "rejection_flag": flag, "accept_length": outcome["accept_length"],
-                     "equal_to_no_spec": outcome["requests_compared"] - differ})
-    problems += [f"{r['config']}: no accept length" for r in rows if r["accept_length"] is None]
+    rows, problems = _invariance.accept_rows(group, ROWS, lambda name: REFERENCE[_e2e.family(name).model])
+    # Coupled drafts are the point: the copying drafts accept at least 2 of 4 when they race on the
+    # target ids' uniforms (2.5-3.9 measured), argmax drafts about 1.1-1.3 (docs/e2e, earlier rounds).
+    problems += [f"{r['config']}: accept length {r['accept_length']:.2f} < {MIN_COUPLED_ACCEPT} (drafts not coupled?)"
+                 for r in rows if r["verify"] == "coupled" and (r["accept_length"] or 0) < MIN_COUPLED_ACCEPT]
     path = _e2e.write_result(f"accept_lengths_T{temperature}", {
         "passed": not problems, "problems": problems, "temperature": temperature,
         "requests": _invariance.NUM_REQUESTS, "new_tokens_per_request": _invariance.NEW_TOKENS, "rows": rows,

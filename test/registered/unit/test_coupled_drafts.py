@@ -107,6 +107,18 @@ def test_rejection_mode_refuses_a_reduced_draft_vocabulary_and_names_coupled_mod
     reset_config()
 
 
+def test_a_reduced_draft_vocabulary_is_refused_with_the_flag_in_either_mode_with_one_message():
+    from sglang_detspec.config import REDUCED_VOCAB_REFUSAL
+
+    chain = dataclasses.replace(TREE_BAG, eagle_topk=1, num_draft_tokens=4, reduced_draft_vocab=True)
+    assert chain.refusals() == [] and chain.active  # coupled, no flag: served
+    assert dataclasses.replace(chain, rejection_sampling=True).refusals() == [REDUCED_VOCAB_REFUSAL]
+    for flag in (True, False):  # rejection mode: the one message, not also "add the flag"
+        assert dataclasses.replace(chain, verify="rejection", rejection_sampling=flag).refusals() == [
+            REDUCED_VOCAB_REFUSAL]
+    assert "drop --speculative-use-rejection-sampling" in REDUCED_VOCAB_REFUSAL
+
+
 def test_sampled_draft_blockers_mirror_sglangs_refusals(loaded, model_dir, tmp_path):
     import argparse
 

@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_detspec.auditing import build_plan
 from sglang_detspec.ops import Stream, exponential_race
 from sglang_detspec.reference import (
-    DraftShape, ReferenceEngine, draft_probs, with_reduced_draft_vocab,
+    DraftShape, ReferenceEngine, Request, reduced_draft_probs, with_reduced_draft_vocab,
 )
 from sglang_detspec.sglang_plugin import topk_draft_hook
 from test_coupled_plugin import loaded, sampling_info  # noqa: F401
@@ -68,11 +68,16 @@ def test_reduced_vocab_gives_the_full_vocabulary_coupling_on_the_same_q(loaded):
 def test_reference_engine_reduced_draft_keeps_the_tokens_and_matches_the_exact_acceptance(models):
     hot = torch.randperm(models.vocab_size, generator=torch.Generator().manual_seed(3))[: models.vocab_size // 2]
     reduced = with_reduced_draft_vocab(models, hot.tolist())
-    q = draft_probs(reduced, torch.full((models.vocab_size,), 1.0 / models.vocab_size))
-    assert float(q.sum()) == pytest.approx(1.0) and int((q > 0).sum()) == len(hot)
+    log_q = torch.log_softmax(torch.randn(models.vocab_size, generator=torch.Generator().manual_seed(4)), dim=-1)
+    for temperature in (1.0, 0.05, 0.0):
+        q = reduced_draft_probs(reduced, log_q, temperature)
+        assert float(q.sum()) == pytest.approx(1.0) and not bool(q[~torch.isin(torch.arange(len(q)), hot)].any())
+    assert int(reduced_draft_probs(reduced, log_q, 0.0).argmax()) == int(hot[log_q[hot].argmax()])
     plan = build_plan(6, seed=11, max_new_tokens=12, vocab_size=models.vocab_size, max_batch=6)
     requests = [r for trial in plan.trials for batch in trial.batches for r in batch][:6]
     assert any(r.temperature > 0 for r in requests)  # sampled rows: the reduced draft races them
+    # A greedy row and a cold one: their draft distribution must stay finite over the hot ids alone.
+    requests += [Request((5, 6, 7), 12, 0.0, 1), Request((8, 9), 12, 0.05, 2)]
     plain = ReferenceEngine(models, DraftShape.none(), verify="coupled").generate(requests)
     for draft in (DraftShape.chain(3), DraftShape.tree(2, 2)):
         stats = []
@@ -92,6 +97,55 @@ def test_the_draft_worker_calls_the_hooked_top_k_sites(loaded):
 
     for name in ("renorm_draft_probs", "draft_topk1_postprocess"):
         assert hasattr(getattr(eagle_worker_v2, name), "__wrapped__"), f"eagle_worker_v2 calls {name} unhooked"
+
+
+def test_chain_first_draft_after_verify_is_the_race_winner_eager_and_graph(loaded, monkeypatch):
+    """The chain branch of the decode-extend hook, on both ways SGLang runs the draft forward.
+
+    SGLang's ``_draft_extend_for_decode`` cannot run without a GPU worker; the
+    stand-in does what the hook relies on (eagle_worker_v2.py:1207-1262): one
+    draft forward, eager through ``draft_runner.forward`` (logits reassigned to
+    the selected rows) or replayed through ``cuda_graph_runner_for_draft_extend
+    .execute``, then a plain argmax into ``next_draft_input.topk_index``.
+    """
+    from types import SimpleNamespace as NS
+
+    from sglang_detspec.config import DetSpecConfig
+
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE3", num_steps=3, eagle_topk=1, num_draft_tokens=4,
+                        verify="coupled", source="server_args", kernel="torch")
+    monkeypatch.setattr(topk_draft_hook, "current_config", lambda: bag)
+    hot, logits, seeds, positions = reduced_case(rows=4)
+    info = sampling_info([V_DRAFT, V_DRAFT, 1, V_DRAFT], [1.0] * 4, seeds, vocab=V_DRAFT)
+    new_seq_lens = positions - 1  # the first draft after verify sits at new_seq_lens + 1
+
+    class Runner:
+        def forward(self, forward_batch):
+            return NS(logits_output=NS(next_token_logits=logits.clone()))
+
+    class Graphs:
+        def execute(self, forward_batch, select_index):
+            return NS(next_token_logits=logits.clone())
+
+    def sglang_like(self, batch, batch_result, use_graph):
+        out = (self.cuda_graph_runner_for_draft_extend.execute(None, None) if use_graph
+               else self.draft_runner.forward(None).logits_output)
+        batch_result.next_draft_input.topk_index = torch.argmax(out.next_token_logits, dim=-1, keepdim=True)
+
+    spread = torch.zeros(4, V).index_copy_(1, hot, torch.softmax(logits, dim=-1))
+    race = exponential_race(spread, seeds, positions, stream=Stream.TARGET, kernel="torch")[:, 0]
+    column = {int(t): j for j, t in enumerate(hot.tolist())}
+    want = [column[int(t)] for t in race]
+    want[2] = int(logits[2].argmax())  # the greedy row keeps SGLang's argmax
+    for use_graph in (False, True):
+        runner, graphs = Runner(), Graphs()
+        worker = NS(topk=1, hot_token_id=hot, draft_runner=runner, cuda_graph_runner_for_draft_extend=graphs,
+                    target_worker=NS(model_runner=NS(model_config=NS(vocab_size=V))))
+        result = NS(new_seq_lens=new_seq_lens, next_draft_input=NS(topk_index=None))
+        topk_draft_hook.extend_decode_site(lambda s, b, r: sglang_like(s, b, r, use_graph), worker,
+                                           NS(sampling_info=info), result)
+        assert result.next_draft_input.topk_index.view(-1).tolist() == want
+        assert "forward" not in vars(runner) and "execute" not in vars(graphs)  # the patches are gone
 
 
 def test_reduced_draft_vocab_arguments_are_checked(models):
