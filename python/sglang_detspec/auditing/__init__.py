@@ -8,8 +8,12 @@
   backend.
 - :mod:`.server_seeds`: the request-seed checks of a running server
   (unseeded requests, parallel samples, reported seeds replayed).
+- :mod:`.invariance`: drafter invariance on the reference engine (the same
+  seeded requests with speculative decoding off, other chains, a tree, other
+  draft models). It runs the engine, so it imports torch and transformers;
+  this package does not import it.
 
-Nothing here imports torch or transformers: auditing a server needs neither.
+Nothing else here imports torch or transformers: auditing a server needs neither.
 """
 
 from .batch import AuditPlan, RunSummary, Verdict, build_plan, build_report, judge, run_plan

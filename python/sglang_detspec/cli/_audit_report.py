@@ -1,17 +1,22 @@
-"""The tables and verdict lines ``detspec audit`` prints, one function per section.
+"""What ``detspec audit`` shows: the tables and verdict lines, the progress bar, the JSON and the last line.
 
 Each ``print_*`` function prints its section with rich on ``console`` and
 returns whether the section passed; ``detspec audit --help`` explains every
-column.
+column. :func:`progress_runs` and :func:`finish` serve both runners
+(:mod:`._audit_local`, :mod:`._audit_server`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from .audit import STDOUT
 
 
 def _plain(console: Console, text: str) -> None:
@@ -88,7 +93,7 @@ def print_invariance_section(console: Console, reports: dict, mode: str) -> bool
     """The invariance table of ``reports[mode]``, with the other mode's unique-output count beside it.
 
     Args:
-        reports: verify mode -> :class:`~sglang_detspec.invariance.InvarianceReport`,
+        reports: verify mode -> :class:`~sglang_detspec.auditing.invariance.InvarianceReport`,
             ``mode`` included.
         mode: the audited mode.
 
@@ -167,3 +172,42 @@ def print_seed_section(console: Console, report) -> bool:
     )
     _verdict_line(console, report.passed, message)
     return report.passed
+
+
+def progress_runs(backends, plan) -> list:
+    """Run ``plan`` on each backend behind a progress bar on stderr (stdout carries only the result)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..auditing.batch import run_plan
+
+    summaries = []
+    columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        for backend in backends:
+            task = progress.add_task(backend.name, total=len(plan.trials))
+            summaries.append(run_plan(backend, plan, on_trial=lambda _outcome, t=task: progress.advance(t)))
+    return summaries
+
+
+def finish(console, args: argparse.Namespace, report: dict, sections: dict) -> int:
+    """Record each section's outcome, write ``--json``, print the overall line; returns the exit code.
+
+    ``report["passed"]`` is the whole audit's outcome, ``report["sections"]``
+    each section's (``message`` and ``notes`` stay the changing-batch verdict's).
+    """
+    passed = all(sections.values())
+    report["passed"] = passed
+    report["sections"] = dict(sections)
+    if args.json == STDOUT:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        sys.stdout.flush()
+    elif args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {args.json}", markup=False, highlight=False)
+    if passed:
+        console.print(f"[bold green]audit passed[/]: {', '.join(sections).replace('_', ' ')}")
+    else:
+        failed = ", ".join(name.replace("_", " ") for name, ok in sections.items() if not ok)
+        console.print(f"[bold red]audit failed[/]: {failed}")
+    return 0 if passed else 1

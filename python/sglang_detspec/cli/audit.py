@@ -1,5 +1,8 @@
 """``detspec audit``: does a seeded request give the same tokens in every batch, and with any drafter?
 
+Arguments, help and dispatch; the in-process run is in :mod:`._audit_local`,
+the server run in :mod:`._audit_server`, the report in :mod:`._audit_report`.
+
 In-process (the default), two sections on the reference engine:
 
 1. changing batch: the probe request of
@@ -7,7 +10,7 @@ In-process (the default), two sections on the reference engine:
    size, order and split, once with the keyed sampler and (unless
    ``--no-control``) once with the global-RNG control: unique probe outputs
    and mean accept length of each;
-2. invariance (:func:`sglang_detspec.invariance.run_invariance`): the same
+2. invariance (:func:`sglang_detspec.auditing.invariance.run_invariance`): the same
    seeded requests with speculative decoding off, chains of several lengths, a
    tree and other draft models, in the ``--mode`` verify mode, with the other
    mode's unique-output count beside it.
@@ -25,7 +28,6 @@ or settings, an unreachable server or a server error, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -349,38 +351,6 @@ def _notes(args: argparse.Namespace) -> list[str]:
     return notes
 
 
-def _kernel_problem() -> str | None:
-    """Why the ``SGLANG_DETSPEC_KERNEL`` setting cannot run the in-process audit, or None."""
-    from ..config import KERNEL_ENV, env_settings
-
-    if env_settings()["kernel"] != "triton":
-        return None
-    # The reference engine keeps its tensors on the CPU, and the Triton kernels take CUDA tensors only.
-    return (
-        f"{KERNEL_ENV}=triton cannot run the in-process audit: the reference engine decodes on the CPU and "
-        f"the Triton kernels need CUDA tensors; unset it or set it to torch (the Triton kernels run inside an "
-        f"SGLang server: audit one with --url)"
-    )
-
-
-def _in_process_mode(args: argparse.Namespace) -> tuple[str, str]:
-    """The in-process engine's verify mode and where it came from: --mode, else the environment.
-
-    ``SGLANG_DETSPEC_VERIFY=auto`` (or unset) gives coupled: the in-process
-    engine has no rejection-sampling flag for auto to follow.
-
-    Raises:
-        ValueError: ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection.
-    """
-    from ..config import VERIFY_ENV, env_settings, resolve_verify
-
-    if args.mode is not None:
-        return args.mode, "--mode"
-    setting = env_settings()["verify"]
-    given = os.environ.get(VERIFY_ENV, "").strip() != ""
-    return resolve_verify(setting, False), (f"{VERIFY_ENV}={setting}" if given else "default")
-
-
 def _fail(message: str, usage=None) -> int:
     # Plain print, not rich: server messages may hold [brackets] rich would eat.
     if usage is not None:
@@ -397,173 +367,12 @@ def run(args: argparse.Namespace) -> int:
     for note in _notes(args):
         print(f"detspec audit: note: {note}", file=sys.stderr)
     if args.url is not None:
-        return _run_server(args)
-    problem = _kernel_problem()
+        from ._audit_server import run_server
+
+        return run_server(args)
+    from ._audit_local import kernel_problem, run_in_process
+
+    problem = kernel_problem()
     if problem is not None:
         return _fail(problem)
-    return _run_in_process(args)
-
-
-def _progress_runs(backends, plan) -> list:
-    """Run ``plan`` on each backend behind a progress bar on stderr (stdout carries only the result)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ..auditing.batch import run_plan
-
-    summaries = []
-    columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True)) as progress:
-        for backend in backends:
-            task = progress.add_task(backend.name, total=len(plan.trials))
-            summaries.append(run_plan(backend, plan, on_trial=lambda _outcome, t=task: progress.advance(t)))
-    return summaries
-
-
-def _run_in_process(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from ..auditing.batch import build_plan
-    from ..reference import ReferenceEngine, build_model_pair
-    from ._audit_report import print_batch_section, print_invariance_section
-
-    models = build_model_pair()
-    k = DEFAULT_NUM_DRAFT_TOKENS if args.num_draft_tokens is None else args.num_draft_tokens
-    mode, mode_source = _in_process_mode(args)
-    mode_label = mode if mode_source == "default" else f"{mode} ({mode_source})"
-    control = True if args.control is None else args.control
-    invariance = True if args.invariance is None else args.invariance
-    plan = build_plan(
-        args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
-        vocab_size=models.vocab_size, max_batch=args.max_batch_size,
-    )
-    engines = [ReferenceEngine(models, k, verify=mode)]
-    if control:
-        engines.append(ReferenceEngine.control(models, k, seed=args.seed, verify=mode))
-    summaries = _progress_runs(engines, plan)
-    settings = {
-        "mode": mode, "mode_source": mode_source, "trials": args.trials,
-        "max_new_tokens": args.max_new_tokens, "num_draft_tokens": k,
-        "max_batch_size": args.max_batch_size, "seed": args.seed, "control": control,
-        "invariance": invariance, "vocab_size": models.vocab_size,
-    }
-    console = Console(stderr=args.json == STDOUT)
-    verdict, report = print_batch_section(
-        console, args, plan, summaries, settings, f"{mode_label} verify, K={k} draft tokens"
-    )
-    sections = {"changing_batch": verdict.passed}
-    if invariance:
-        reports = _run_invariance(models, mode, args)
-        sections["invariance"] = print_invariance_section(console, reports, mode)
-        report["invariance"] = {m: r.to_json() for m, r in reports.items()}
-    return _finish(console, args, report, sections)
-
-
-def _run_invariance(models, mode: str, args: argparse.Namespace) -> dict:
-    """The invariance reports: ``mode`` first, then the other mode for comparison (behind a spinner on stderr)."""
-    from rich.console import Console
-
-    from ..invariance import run_invariance
-
-    other = "rejection" if mode == "coupled" else "coupled"
-    reports = {}
-    with Console(stderr=True).status("invariance: decoding the probes with every drafter"):
-        for m in (mode, other):
-            reports[m] = run_invariance(models, mode=m, seed=args.seed, max_new_tokens=args.max_new_tokens)
-    return reports
-
-
-def _finish(console, args: argparse.Namespace, report: dict, sections: dict) -> int:
-    """Record each section's outcome, write ``--json``, print the overall line; returns the exit code.
-
-    ``report["passed"]`` is the whole audit's outcome, ``report["sections"]``
-    each section's (``message`` and ``notes`` stay the changing-batch verdict's).
-    """
-    passed = all(sections.values())
-    report["passed"] = passed
-    report["sections"] = dict(sections)
-    if args.json == STDOUT:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
-        sys.stdout.flush()
-    elif args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        console.print(f"wrote {args.json}", markup=False, highlight=False)
-    if passed:
-        console.print(f"[bold green]audit passed[/]: {', '.join(sections).replace('_', ' ')}")
-    else:
-        failed = ", ".join(name.replace("_", " ") for name, ok in sections.items() if not ok)
-        console.print(f"[bold red]audit failed[/]: {failed}")
-    return 0 if passed else 1
-
-
-# Resolved server arguments worth keeping with a server audit (top-level keys of /server_info).
-_SERVER_FACTS = (
-    "version", "model_path", "speculative_algorithm", "speculative_num_steps",
-    "speculative_num_draft_tokens", "enable_deterministic_inference", "skip_tokenizer_init",
-)
-
-
-def _run_server(args: argparse.Namespace) -> int:
-    # Only what talking to a server needs: no torch, no transformers on this path.
-    import dataclasses
-
-    from ..auditing.http_backend import HttpBackend, HttpBackendError, avg_spec_accept_length
-
-    timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
-    concurrency = DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency
-    encoding = args.seed_encoding or "uint64"
-    seed_checks = True if args.seed_checks is None else args.seed_checks
-    with HttpBackend(args.url, timeout=timeout, concurrency=concurrency, seed_encoding=encoding) as backend:
-        try:
-            # Asked first so an unreachable server, or something that is not SGLang, fails at once.
-            info = backend.server_info()
-        except HttpBackendError as exc:
-            return _fail(str(exc))
-        from rich.console import Console
-
-        from ..auditing.batch import build_plan
-        from ..auditing.server_seeds import run_seed_checks
-        from ._audit_report import print_batch_section, print_seed_section
-
-        plan = build_plan(
-            args.trials, seed=args.seed, max_new_tokens=args.max_new_tokens,
-            vocab_size=args.vocab_size, max_batch=args.max_batch_size,
-        )
-        try:
-            (summary,) = _progress_runs([backend], plan)
-        except HttpBackendError as exc:
-            return _fail(str(exc))
-        try:
-            # Asked after the trials (so the server's counters include them) and before the seed checks.
-            server_accept = avg_spec_accept_length(backend.server_info())
-        except HttpBackendError as exc:
-            # The trials are done; report them without the server's figure.
-            print(f"detspec audit: warning: no average accept length from the server: {exc}", file=sys.stderr)
-            server_accept = None
-        seeds = None
-        if seed_checks:
-            try:
-                seeds = run_seed_checks(
-                    backend, plan.probe.prompt_ids, seed=args.seed, max_new_tokens=args.max_new_tokens
-                )
-            except HttpBackendError as exc:
-                return _fail(f"request-seed checks: {exc}")
-    facts = {key: info.get(key) for key in _SERVER_FACTS}
-    summary = dataclasses.replace(summary, server_avg_accept_length=server_accept)
-    settings = {
-        "url": args.url, "trials": args.trials, "max_new_tokens": args.max_new_tokens,
-        "max_batch_size": args.max_batch_size, "seed": args.seed, "control": False,
-        "vocab_size": args.vocab_size, "concurrency": concurrency, "timeout_s": timeout,
-        "seed_encoding": encoding, "seed_checks": seed_checks, "server": facts,
-    }
-    draft = facts.get("speculative_num_draft_tokens")
-    spec = f"{facts.get('speculative_algorithm') or 'no speculative decoding'}" + (
-        f" (speculative_num_draft_tokens={draft})" if draft is not None else ""
-    )
-    console = Console(stderr=args.json == STDOUT)
-    verdict, report = print_batch_section(console, args, plan, [summary], settings, f"server {args.url}, {spec}")
-    sections = {"changing_batch": verdict.passed}
-    if seeds is not None:
-        sections["request_seeds"] = print_seed_section(console, seeds)
-        report["request_seeds"] = seeds.to_json()
-    return _finish(console, args, report, sections)
+    return run_in_process(args)

@@ -287,7 +287,7 @@ def test_cli_help_fits_80_columns_and_keeps_quoted_commands_whole(monkeypatch, c
     ],
 )
 def test_in_process_mode_comes_from_the_flag_then_the_environment(monkeypatch, flag, env, expected):
-    from sglang_detspec.cli.audit import _in_process_mode
+    from sglang_detspec.cli._audit_local import in_process_mode as _in_process_mode
 
     if env is None:
         monkeypatch.delenv("SGLANG_DETSPEC_VERIFY", raising=False)
@@ -298,7 +298,7 @@ def test_in_process_mode_comes_from_the_flag_then_the_environment(monkeypatch, f
 
 
 def test_in_process_mode_names_a_bad_verify_setting(monkeypatch):
-    from sglang_detspec.cli.audit import _in_process_mode
+    from sglang_detspec.cli._audit_local import in_process_mode as _in_process_mode
 
     monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "tree")
     with pytest.raises(ValueError, match=r"SGLANG_DETSPEC_VERIFY must be one of \('auto', 'coupled', 'rejection'\), "
@@ -408,7 +408,7 @@ def test_invariance_section_fits_80_columns_when_piped():
     from rich.console import Console
 
     from sglang_detspec.cli._audit_report import print_invariance_section
-    from sglang_detspec.invariance import InvarianceReport, InvarianceRow
+    from sglang_detspec.auditing.invariance import InvarianceReport, InvarianceRow
 
     rows = (InvarianceRow("off", "none", 0, 1, None, True, unique_outputs=1, mean_accept_length=1.0),
             InvarianceRow("chain K=3, random draft", "chain", 3, 1, "random", True, unique_outputs=1,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.invariance import CHAIN_LENGTHS, InvarianceReport, run_invariance
+from sglang_detspec.auditing.invariance import CHAIN_LENGTHS, InvarianceReport, run_invariance
 from sglang_detspec.ops import Stream, exponential_race
 from sglang_detspec.reference import (
     DraftShape,

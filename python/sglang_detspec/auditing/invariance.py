@@ -25,14 +25,14 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from .auditing.batch import PROBE_PROMPT_LEN, build_plan
-from .config import KERNELS, VERIFY_MODES
-from .ops.streams import U64
-from .reference.engine import DraftShape, DraftStats, ReferenceEngine
-from .reference.models import ModelPair, ProbsMemo, build_model_pair, with_random_draft
-from .reference.request import Request
-from .reference.samplers import KeyedSampler, RoundSampler
-from .seed_encoding import check_seed
+from .batch import PROBE_PROMPT_LEN, build_plan
+from ..config import KERNELS, VERIFY_MODES
+from ..ops.streams import U64
+from ..reference.engine import DraftShape, DraftStats, ReferenceEngine
+from ..reference.models import ModelPair, ProbsMemo, build_model_pair, with_random_draft
+from ..reference.request import Request
+from ..reference.samplers import KeyedSampler, RoundSampler
+from ..seed_encoding import check_seed
 
 CHAIN_LENGTHS = (1, 2, 3, 4, 5)
 TREE = DraftShape.tree(3, 2)
