@@ -58,7 +58,8 @@ demo-setup: $(DEMO_STAMP)
 
 # With TORCH_INDEX set, the index must answer before pip runs: pip would otherwise retry it for
 # minutes and then blame a missing dependency.
-TORCH_INDEX_CHECK = $(DEMO_BIN)/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
+INDEX_CHECK_PYTHON ?= python3
+TORCH_INDEX_CHECK = $(INDEX_CHECK_PYTHON) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
 	'$(TORCH_INDEX)/torch/' >/dev/null 2>&1 || { echo "make demo: TORCH_INDEX=$(TORCH_INDEX) cannot be reached from this machine;" >&2; \
 	echo "   run make demo without TORCH_INDEX (torch from the default index: about 3 GB of CUDA wheels)" >&2; exit 2; }
 
@@ -69,9 +70,9 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	@echo "   index (about 0.2 GB with TORCH_INDEX=<a CPU wheel index>), a minute or more the"
 	@echo "   first time; pip's progress follows. Later runs reuse $(DEMO_VENV)."
 	@test -x $(DEMO_BIN)/python || { $(PYTHON_CHECK); }
+	@$(if $(TORCH_INDEX),$(TORCH_INDEX_CHECK))
 	test -x $(DEMO_BIN)/python || $(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
-	@$(if $(TORCH_INDEX),$(TORCH_INDEX_CHECK))
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
 		$(filter torch==%,$(DEMO_DEPS))
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(filter-out torch==%,$(DEMO_DEPS))

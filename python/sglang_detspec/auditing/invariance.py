@@ -30,7 +30,7 @@ from ..config import KERNELS, VERIFY_MODES
 from ..ops.streams import U64
 from ..reference.engine import DraftShape, DraftStats, ReferenceEngine
 from ..reference.models import ModelPair, ProbsMemo, build_model_pair, with_random_draft
-from ..reference.request import Request
+from ..request import Request
 from ..reference.samplers import KeyedSampler, RoundSampler
 from ..seed_encoding import check_seed
 

@@ -14,7 +14,7 @@ from .models import (
     ModelPair, ProbsMemo, TinyLlamaSpec, build_model_pair, next_token_probs, reduced_draft_probs, with_random_draft,
     with_reduced_draft_vocab,
 )
-from .request import Request, RequestResult
+from ..request import Request, RequestResult
 from .samplers import GlobalRngSampler, KeyedSampler, RoundSampler
 
 __all__ = [

@@ -50,7 +50,7 @@ import torch
 
 from ..config import VERIFY_MODES
 from .models import ModelPair, ProbsMemo, build_model_pair, reduced_draft_probs
-from .request import Request, RequestResult
+from ..request import Request, RequestResult
 from .samplers import GlobalRngSampler, KeyedSampler, RoundSampler
 
 # A full tree of depth D and branching b has b + b**2 + ... + b**D draft nodes,

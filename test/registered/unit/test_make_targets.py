@@ -91,6 +91,29 @@ def test_a_missing_interpreter_is_named_with_the_way_out(tmp_path):
     assert not (tmp_path / "demo").exists()
 
 
+def test_an_unreachable_torch_index_is_named_before_anything_is_installed(tmp_path):
+    import http.server
+    import threading
+
+    venv = tmp_path / "demo"
+    proc = make("demo-setup", f"DEMO_VENV={venv}", "TORCH_INDEX=http://127.0.0.1:9/simple")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "TORCH_INDEX=http://127.0.0.1:9/simple cannot be reached from this machine" in proc.stderr
+    assert "run make demo without TORCH_INDEX" in proc.stderr
+    assert not venv.exists()
+    # An index that answers passes the check; the install then stops at PYTHON=false's venv step.
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    (tmp_path / "index" / "torch" / "index.html").write_text("<html></html>")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "index"))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = make("demo-setup", f"DEMO_VENV={venv}", f"TORCH_INDEX=http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+    assert "cannot be reached" not in proc.stderr and proc.returncode == 2 and not venv.exists()
+
+
 def test_serving_report_without_results_names_results():
     proc = make("bench-serving-report")
     assert proc.returncode == 2 and "set RESULTS to a results folder" in proc.stderr

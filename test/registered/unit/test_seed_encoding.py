@@ -59,9 +59,9 @@ def test_request_types_and_audits_import_without_torch():
     assert out.strip() == "[]"
 
 
-def test_reference_request_is_the_same_type():
+def test_the_reference_engine_speaks_the_torch_free_request_types():
     from sglang_detspec.reference import Request as EngineRequest
-    from sglang_detspec.reference.request import RequestResult
+    from sglang_detspec.reference import RequestResult
 
     import sglang_detspec.request as plain
 
