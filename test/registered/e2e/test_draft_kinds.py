@@ -107,12 +107,18 @@ def check_all(runs: dict, suffix: str) -> None:
     for name, run in runs.items():
         if isinstance(run, Exception):
             failures.append(str(run))
-            continue
-        try:
-            _e2e.check_deterministic_audit(run, f"{name}_{suffix}_audit")
-        except AssertionError as exc:
-            failures.append(str(exc))
+        else:
+            failures += _failure(_e2e.check_deterministic_audit, run, f"{name}_{suffix}_audit")
     assert not failures, "\n".join(failures)
+
+
+def _failure(check, *args) -> list[str]:
+    """``check(*args)``'s assertion message as a one-item list, or [] when it passes (every check runs)."""
+    try:
+        check(*args)
+    except AssertionError as exc:
+        return [str(exc)]
+    return []
 
 
 def test_deterministic_with_cuda_graphs(servers, models):
@@ -130,10 +136,7 @@ def test_same_tokens_with_cuda_graphs_on_and_off(servers, models):
         if any(r is None or isinstance(r, Exception) for r in runs):
             failures.append(f"{name}: an audit is missing or failed (see the audits above)")
             continue
-        try:
-            _e2e.check_same_tokens(runs, f"{name}_same_tokens_cuda_graph_on_off_restart")
-        except AssertionError as exc:
-            failures.append(str(exc))
+        failures += _failure(_e2e.check_same_tokens, runs, f"{name}_same_tokens_cuda_graph_on_off_restart")
     assert not failures, "\n".join(failures)
 
 
