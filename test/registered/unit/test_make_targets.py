@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,12 +94,18 @@ def test_a_missing_interpreter_is_named_with_the_way_out(tmp_path):
 
 def test_an_unreachable_torch_index_is_named_before_anything_is_installed(tmp_path):
     import http.server
+    import socket
     import threading
 
-    venv = tmp_path / "demo"
-    proc = make("demo-setup", f"DEMO_VENV={venv}", "TORCH_INDEX=http://127.0.0.1:9/simple")
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    venv, python = tmp_path / "demo", f"INDEX_CHECK_PYTHON={sys.executable}"
+    no_proxy = {"NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    proc = make("demo-setup", f"DEMO_VENV={venv}", python, f"TORCH_INDEX=http://127.0.0.1:{closed}/simple",
+                env_extra=no_proxy)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "TORCH_INDEX=http://127.0.0.1:9/simple cannot be reached from this machine" in proc.stderr
+    assert f"TORCH_INDEX=http://127.0.0.1:{closed}/simple cannot be reached from this machine" in proc.stderr
     assert "run make demo without TORCH_INDEX" in proc.stderr
     assert not venv.exists()
     # An index that answers passes the check; the install then stops at PYTHON=false's venv step.
@@ -108,10 +115,13 @@ def test_an_unreachable_torch_index_is_named_before_anything_is_installed(tmp_pa
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        proc = make("demo-setup", f"DEMO_VENV={venv}", f"TORCH_INDEX=http://127.0.0.1:{server.server_port}")
+        proc = make("demo-setup", f"DEMO_VENV={venv}", python, f"TORCH_INDEX=http://127.0.0.1:{server.server_port}/",
+                    env_extra=no_proxy)
     finally:
         server.shutdown()
-    assert "cannot be reached" not in proc.stderr and proc.returncode == 2 and not venv.exists()
+        server.server_close()
+    assert "cannot be reached" not in proc.stderr and proc.returncode == 2, proc.stdout + proc.stderr
+    assert not venv.exists()
 
 
 def test_serving_report_without_results_names_results():

@@ -53,6 +53,7 @@ def test_request_types_and_audits_import_without_torch():
         "import sys\n"
         "import sglang_detspec.request, sglang_detspec.seed_encoding, sglang_detspec.auditing\n"
         "import sglang_detspec.auditing.http_backend, sglang_detspec.auditing.server_seeds\n"
+        "import sglang_detspec.cli.audit, sglang_detspec.cli._audit_server, sglang_detspec.cli._audit_report\n"
         "print(sorted(m for m in ('torch', 'transformers', 'sglang', 'numpy') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
