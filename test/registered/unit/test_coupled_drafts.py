@@ -160,6 +160,21 @@ def test_draft_path_properties():
     assert not dataclasses.replace(chain, algorithm="NGRAM").wants_sampled_drafts()
     assert not dataclasses.replace(TREE_BAG, verify="rejection").topk_drafts
     assert not dataclasses.replace(TREE_BAG, deterministic=False).topk_drafts
+    # Chains whose sampled-draft path stays off draft through the top-k hooks: STANDALONE (SGLang
+    # refuses the flag for it; its worker subclasses EAGLE v2's), and a chain start-up could not turn
+    # the flag on for; a chain with the flag on does not.
+    standalone = dataclasses.replace(chain, algorithm="STANDALONE")
+    assert not standalone.wants_sampled_drafts() and standalone.topk_drafts
+    assert chain.topk_drafts and not dataclasses.replace(chain, rejection_sampling=True).topk_drafts
+
+
+def test_standalone_drafts_go_through_the_hooked_eagle_worker(loaded):
+    """SGLang's STANDALONE draft worker is an EagleDraftWorker: the top-k draft hooks cover it."""
+    from sglang.srt.speculative import eagle_worker_v2, standalone_worker_v2
+
+    assert issubclass(standalone_worker_v2.StandaloneDraftWorker, eagle_worker_v2.EagleDraftWorker)
+    for name in ("draft_forward", "_draft_extend_for_prefill", "_draft_extend_for_decode"):
+        assert hasattr(getattr(standalone_worker_v2.StandaloneDraftWorker, name), "__wrapped__"), name
 
 
 # -- the tree hook: Gumbel-top-k children on SGLang's own tensors --------------------
