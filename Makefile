@@ -67,12 +67,12 @@ TORCH_INDEX_CHECK = $(INDEX_CHECK_PYTHON) -c "import sys, urllib.error as e, url
 
 # The package without its dependencies (SGLang) plus what the in-process demo imports.
 $(DEMO_STAMP): pyproject.toml Makefile
-	@echo "== make demo: installing the light demo venv $(DEMO_VENV): $(DEMO_DEPS) and"
-	@echo "   sglang-detspec without SGLang: about 3 GB of torch CUDA wheels from the default"
-	@echo "   index (about 0.2 GB with TORCH_INDEX=<a CPU wheel index>), a minute or more the"
-	@echo "   first time; pip's progress follows. Later runs reuse $(DEMO_VENV)."
 	@test -x $(DEMO_BIN)/python || { $(PYTHON_CHECK); }
 	@$(if $(TORCH_INDEX),$(TORCH_INDEX_CHECK))
+	@echo "== make demo: installing the light demo venv $(DEMO_VENV): $(DEMO_DEPS) and"
+	@echo "   sglang-detspec without SGLang: torch from $(if $(TORCH_INDEX),$(TORCH_INDEX),the default index) (about"
+	@echo "   3 GB of CUDA wheels from the default index, about 0.2 GB from a CPU wheel index), about 2 minutes"
+	@echo "   or more the first time; pip's progress follows. Later runs reuse $(DEMO_VENV)."
 	test -x $(DEMO_BIN)/python || $(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
