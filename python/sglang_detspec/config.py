@@ -1,9 +1,11 @@
 """The resolved runtime config bag: resolve once, read everywhere.
 
 Every wired site reads :func:`current_config`; none reads SGLang's server
-arguments or the environment on its own. Until the plugin resolves the bag
-from SGLang's server arguments, the bag holds the ``SGLANG_DETSPEC_*``
-environment settings and says deterministic sampling is off.
+arguments or the environment on its own. The plugin resolves the bag from
+SGLang and pushes it here with :func:`install_config` at definite points of
+each process (``sglang_plugin/resolve.py`` says which); this module calls
+nothing back. Until then the bag holds the ``SGLANG_DETSPEC_*`` environment
+settings and says deterministic sampling is off.
 
 Which runs are ours, and what is refused in them, is decided here and
 nowhere else: :attr:`DetSpecConfig.ours`, :meth:`DetSpecConfig.refusals`,
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from .ops.kernel_choice import KERNELS
 
@@ -65,6 +67,8 @@ class DetSpecConfig:
         reduced_draft_vocab: the draft proposes over a reduced (hot-token)
             vocabulary (EAGLE3 ``draft_vocab_size``, ``--speculative-token-map``);
             rejection mode cannot serve it.
+        attention_backend: the target's decode attention backend as SGLang
+            resolved it (``triton``, ``fa3``, ...; None when unknown).
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
     """
@@ -83,6 +87,7 @@ class DetSpecConfig:
     rl_on_policy: bool = False
     tokenizer_workers: int = 1
     reduced_draft_vocab: bool = False
+    attention_backend: str | None = None
     source: str = "env"
 
     @property
@@ -212,10 +217,45 @@ class DetSpecConfig:
         return (self.active and self.coupled and not self.rejection_sampling
                 and self.algorithm in REJECTION_ALGORITHMS and self.eagle_topk == 1)
 
+    @property
+    def logits(self) -> str:
+        """What "spec on = spec off" holds down to here: :func:`logits_guarantee` for this server."""
+        return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None)
+
     def describe(self) -> str:
         """One line with every field, for the start-up log."""
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
-        return f"DetSpecConfig(active={self.active}, {fields})"
+        claim = f"logits={self.logits!r}, " if self.active else ""  # an inactive run promises nothing
+        return f"DetSpecConfig(active={self.active}, {claim}{fields})"
+
+
+# Attention backends whose target decode, chain verify and prefill forwards give bitwise-equal
+# logits in deterministic mode: triton through the plugin's decode hook (attention_hook.py),
+# fa3 as SGLang ships it (one causal call over the same key tiles in all three). Measured:
+# docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
+BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
+
+
+def logits_guarantee(attention_backend: str | None, eagle_topk: int | None) -> str:
+    """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
+
+    ``bitwise``: the target's logits, hence the logprobs and the tokens, are
+    the same bits in decode, verify, prefill, re-prefill after a retraction
+    and extend after a radix-cache hit. ``tokens``: the forwards may round one
+    logit apart (about one bf16 step), so a token equals the other mode's
+    unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
+    are ``tokens`` on every backend (their verify masks interleave other
+    branches' keys, or, on fa3, merge two partial attentions in bf16). The
+    rule assumes full attention without MLA; on Triton the decode hook logs
+    where a model falls outside it (``sglang_plugin/attention_hook.py``).
+
+    Args:
+        attention_backend: SGLang's resolved decode attention backend, or None (unknown).
+        eagle_topk: ``speculative_eagle_topk``, or None without speculative decoding.
+    """
+    if attention_backend not in BITWISE_CHAIN_BACKENDS:
+        return "tokens"
+    return "bitwise" if (eagle_topk or 1) == 1 else "tokens"
 
 
 REDUCED_VOCAB_REFUSAL = (
@@ -269,39 +309,23 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
 
 _lock = threading.Lock()
 _current: DetSpecConfig | None = None
-_late_resolver: Callable[[], DetSpecConfig | None] | None = None
-
-
-def set_late_resolver(resolver: Callable[[], DetSpecConfig | None] | None) -> None:
-    """Register how a process that was not handed a bag finds one (the plugin's runtime-context reader).
-
-    ``resolver()`` returns a resolved bag, or None while there is nothing to
-    resolve from yet; :func:`current_config` installs the first bag it returns.
-    """
-    global _late_resolver
-    _late_resolver = resolver
 
 
 def current_config() -> DetSpecConfig:
     """The bag in force; the one getter every wired site reads.
 
-    A bag resolved from SGLang is returned as is. Before that, the late
-    resolver (if registered) is asked once per call until it gives a bag,
-    which is then installed; otherwise the environment-only bag (inactive).
+    The bag the plugin installed with :func:`install_config`, else the
+    environment-only bag (inactive), built from the ``SGLANG_DETSPEC_*``
+    settings on first read and kept until a bag is installed.
+
+    Raises:
+        ValueError: no bag is installed and a ``SGLANG_DETSPEC_*`` setting is bad.
     """
     global _current
     bag = _current
-    if bag is not None and bag.source != "env":
+    if bag is not None:
         return bag
     with _lock:
-        if _current is not None and _current.source != "env":
-            return _current
-        resolved = _late_resolver() if _late_resolver is not None else None
-        if resolved is not None:
-            _current = resolved
-            if _on_install is not None:
-                _on_install(resolved)
-            return resolved
         if _current is None:
             settings = env_settings()
             settings["verify"] = resolve_verify(settings["verify"], False)
@@ -309,17 +333,12 @@ def current_config() -> DetSpecConfig:
         return _current
 
 
-_on_install: Callable[[DetSpecConfig], None] | None = None
-
-
-def set_install_listener(listener: Callable[[DetSpecConfig], None] | None) -> None:
-    """Called with each bag the late resolver installs (the plugin logs its start-up line there)."""
-    global _on_install
-    _on_install = listener
-
-
 def install_config(config: DetSpecConfig) -> DetSpecConfig:
-    """Make ``config`` the bag in force (the plugin calls this once per process).
+    """Make ``config`` the bag in force, replacing any before it.
+
+    The plugin calls this where it resolves the bag: in the launcher after
+    SGLang resolves its arguments, and in every process when SGLang publishes
+    its runtime context.
 
     Raises:
         ValueError: ``config`` is not a :class:`DetSpecConfig`.
@@ -333,7 +352,7 @@ def install_config(config: DetSpecConfig) -> DetSpecConfig:
 
 
 def reset_config() -> None:
-    """Forget the bag in force, so the next read resolves again."""
+    """Forget the bag in force: the next read gives the environment-only bag until one is installed."""
     global _current
     with _lock:
         _current = None

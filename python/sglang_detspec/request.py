@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .seed_encoding import check_seed
+from .ops.seed_encoding import check_seed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..request import Request, RequestResult
-from ..seed_encoding import check_seed
+from ..ops.seed_encoding import check_seed
 
 PROBE_PROMPT_LEN = 8
 FILLER_TEMPERATURES = (0.0, 0.7, 1.0, 1.3)

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 import requests
 
 from ..request import Request, RequestResult
-from ..seed_encoding import SEED_ENCODINGS, check_seed, sglang_seed
+from ..ops.seed_encoding import HTTP_SEED_RANGE, SEED_ENCODINGS, check_seed, sglang_seed
 from . import DEFAULT_TIMEOUT_S
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
@@ -313,7 +313,7 @@ def _seed_encoding_hint(encoding: str, exc: "ServerHttpError") -> str | None:
     if encoding == "uint64" and "sampling_seed must be in [-2**63" in exc.server_message:
         return ("this server checks seeds as stock SGLang does, so sglang-detspec is not active there: "
                 "send seeds as int64 bits with --seed-encoding int64")
-    if encoding == "int64" and "sampling_seed must be in [0, 2**64 - 1]" in exc.server_message:
+    if encoding == "int64" and f"sampling_seed must be in {HTTP_SEED_RANGE}" in exc.server_message:
         return ("this server runs sglang-detspec, which takes seeds as unsigned integers: "
                 "drop --seed-encoding int64")
     return None

@@ -28,11 +28,12 @@ import time
 from .batch import PROBE_PROMPT_LEN, build_plan
 from ..config import KERNELS, VERIFY_MODES
 from ..ops.streams import U64
-from ..reference.engine import DraftShape, DraftStats, ReferenceEngine
+from ..reference.engine import DraftShape, ReferenceEngine
+from ..reference.stats import DraftStats
 from ..reference.models import ModelPair, ProbsMemo, build_model_pair, with_random_draft
 from ..request import Request
 from ..reference.samplers import KeyedSampler, RoundSampler
-from ..seed_encoding import check_seed
+from ..ops.seed_encoding import check_seed
 
 CHAIN_LENGTHS = (1, 2, 3, 4, 5)
 TREE = DraftShape.tree(3, 2)
@@ -62,12 +63,12 @@ class InvarianceRow:
         mean_accept_length: committed tokens per verify round over all
             probes (SGLang's ``spec_accept_length``; 1.0 with no draft).
         acceptance_rate: accepted / tested draft positions (see
-            :class:`~sglang_detspec.reference.engine.DraftStats`); None
+            :class:`~sglang_detspec.reference.stats.DraftStats`); None
             without a draft.
         expected_rate: the acceptance rate the verifier should give at the
             tested positions, from the exact p and q there: the mean of
             1 - TV for rejection chains, of
-            :func:`~sglang_detspec.reference.engine.coupled_match_probability`
+            :func:`~sglang_detspec.reference.stats.coupled_match_probability`
             for coupled chains; None for trees (more children accept more
             than the first child's race alone) and without a draft.
         coupled_bound: mean of (1 - TV) / (1 + TV) over the tested positions.

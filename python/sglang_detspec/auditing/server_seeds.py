@@ -31,7 +31,8 @@ import dataclasses
 import struct
 from collections.abc import Sequence
 
-from ..seed_encoding import U64, check_seed, sglang_seed
+from ..ops.streams import U64
+from ..ops.seed_encoding import check_seed, sglang_seed
 from .http_backend import HttpBackend, ServerResponseError, ServerResult, parse_result
 
 DEFAULT_UNSEEDED_REQUESTS = 4

@@ -45,7 +45,8 @@ from ..auditing.batch import (
     MIN_TRIALS_TO_JUDGE,
 )
 from ..config import VERIFY_MODES
-from ..seed_encoding import SEED_ENCODINGS, U64
+from ..ops.streams import U64
+from ..ops.seed_encoding import SEED_ENCODINGS, SEED_RANGE
 
 DEFAULT_NUM_DRAFT_TOKENS = 3
 # Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
@@ -87,7 +88,7 @@ def _int_in(low: int, high: int | None = None, *, bound: str | None = None, why:
 
 
 def _seed(text: str) -> int:
-    return _int_in(0, U64 - 1, bound="in [0, 2**64)")(text)
+    return _int_in(0, U64 - 1, bound=f"in {SEED_RANGE}")(text)
 
 
 def _positive_seconds(text: str) -> float:

@@ -13,37 +13,59 @@
   TARGET race runs over (temperature, then top-k / top-p / min-p by token id).
 
 Every op takes ``kernel="auto" | "torch" | "triton"`` and reads no plugin state.
+
+Why the torch ops are imported on first use rather than at the top: Python
+runs this file before any submodule, and torch-free code imports submodules
+of this package: the config and the CLI (``kernel_choice``), the request
+seeds (``murmur``, ``streams``) and the seed encoding (``streams``). A torch
+import here would load torch on every one of those paths, and the ``detspec
+audit --url`` client, its argument errors and the seed modules are kept
+torch-free (their tests check it). So the torch-free names are plain imports,
+and each torch op is a plain ``from .x import y`` line too, in
+:func:`_import_torch_ops`, which the first access to any of them runs. This
+face is for users; the package's own modules import each op from the module
+that defines it (``from ..ops.race import exponential_race``), so every
+hook -> op edge is written out for readers and import-graph tools.
 """
 
-import importlib
+from .kernel_choice import KERNELS
+from .streams import Stream
 
-# Name -> submodule, imported on first use: the config takes KERNELS from
-# .kernel_choice on torch-free paths, and importing this package must not pull
-# torch in for them.
-_EXPORTS = {
-    "KERNELS": ".kernel_choice",
-    "Stream": ".streams",
-    "keyed_hash": ".hashing",
-    "hash_uniform": ".hashing",
-    "exponential_race": ".sampling",
-    "race_keys": ".keys",
-    "coupled_children": ".tree_children",
-    "verify_chain": ".sampling",
-    "coupled_verify_chain": ".coupled",
-    "coupled_verify_tree": ".coupled",
-    "id_ordered_filtered_probs": ".weights",
-    "target_weights": ".weights",
-}
+__all__ = [
+    "KERNELS",
+    "Stream",
+    "keyed_hash",
+    "hash_uniform",
+    "exponential_race",
+    "race_keys",
+    "coupled_children",
+    "verify_chain",
+    "coupled_verify_chain",
+    "coupled_verify_tree",
+    "id_ordered_filtered_probs",
+    "target_weights",
+]
 
-__all__ = list(_EXPORTS)
+
+def _import_torch_ops() -> None:
+    """Bind every torch op of :data:`__all__` in this namespace (imports torch)."""
+    # Declared global so the imports below bind module names, as top-level imports would.
+    global coupled_verify_chain, coupled_verify_tree, hash_uniform, keyed_hash, race_keys, exponential_race
+    global coupled_children, verify_chain, id_ordered_filtered_probs, target_weights
+    from .coupled import coupled_verify_chain, coupled_verify_tree
+    from .hashing import hash_uniform, keyed_hash
+    from .keys import race_keys
+    from .race import exponential_race
+    from .tree_children import coupled_children
+    from .verify import verify_chain
+    from .weights import id_ordered_filtered_probs, target_weights
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+    _import_torch_ops()
+    return globals()[name]
 
 
 def __dir__() -> list[str]:

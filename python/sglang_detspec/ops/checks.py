@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..seed_encoding import to_int64
+from .seed_encoding import SEED_RANGE, to_int64
 from .streams import U32
 
 INT_DTYPES = (torch.int64, torch.int32)
@@ -23,7 +23,7 @@ PROB_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 SEED_FORMS = (
     "an int64 tensor [B] (uint64 bits, SGLang's carrier), a torch.uint64 tensor [B], "
-    "a NumPy integer array [B], a sequence of ints in [0, 2**64), or one int for every row"
+    f"a NumPy integer array [B], a sequence of ints in {SEED_RANGE}, or one int for every row"
 )
 POSITION_FORMS = (
     "an integer tensor [B], a NumPy integer array [B], a sequence of ints, or one int for every row"
@@ -113,7 +113,7 @@ def _seed_bits(name: str, value) -> int:
         return to_int64(s, name)
     except ValueError:
         # The range rule is check_seed's; the ops word it as every other bound here.
-        raise ValueError(f"{name} = {s} is outside uint64 [0, 2**64)") from None
+        raise ValueError(f"{name} = {s} is outside uint64 {SEED_RANGE}") from None
 
 
 def _numpy_to_tensor(name: str, arr, device: torch.device, *, uint64_bits: bool) -> torch.Tensor:
@@ -128,7 +128,7 @@ def _numpy_to_tensor(name: str, arr, device: torch.device, *, uint64_bits: bool)
         if arr.size and int(arr.max()) >= 1 << 63:
             raise ValueError(f"{name} holds {int(arr.max())}, outside [0, 2**32)")
     elif np.issubdtype(arr.dtype, np.signedinteger) and arr.size and int(arr.min()) < 0:
-        bound = "uint64 [0, 2**64)" if uint64_bits else "[0, 2**32)"
+        bound = f"uint64 {SEED_RANGE}" if uint64_bits else "[0, 2**32)"
         raise ValueError(f"{name} holds {int(arr.min())}, outside {bound}")
     return torch.from_numpy(np.ascontiguousarray(arr).astype(np.int64)).to(device)
 

@@ -9,7 +9,9 @@ x86 32-bit variant), mapped to a float64 uniform by midpoint binning
 
 torch has no general uint32 arithmetic, so words live in int64 and every
 product is reduced mod 2**32 by splitting one factor into 16-bit halves: no
-intermediate exceeds 2**49, so nothing overflows int64 on any device.
+intermediate exceeds 2**49, so nothing overflows int64 on any device. The
+constants are ``murmur.py``'s; ``murmur.keyed_hash_int`` is the same function
+on Python ints.
 """
 
 from __future__ import annotations
@@ -17,14 +19,8 @@ from __future__ import annotations
 import torch
 
 from .checks import as_column_tensor, as_position_tensor, as_seed_tensor, batch_of
-from .streams import MASK32, U32, U64, Stream
-
-C1 = 0xCC9E2D51
-C2 = 0x1B873593
-M5_ADD = 0xE6546B64
-FMIX1 = 0x85EBCA6B
-FMIX2 = 0xC2B2AE35
-MESSAGE_BYTES = 16
+from .murmur import C1, C2, FMIX1, FMIX2, MESSAGE_BYTES, MIX_ADD, MIX_MUL, R1, R2
+from .streams import MASK32, U32, Stream, salt_value
 
 
 def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
@@ -39,12 +35,12 @@ def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
 
 
 def _scramble(k: torch.Tensor) -> torch.Tensor:
-    return _mul32(_rotl32(_mul32(k, C1), 15), C2)
+    return _mul32(_rotl32(_mul32(k, C1), R1), C2)
 
 
 def _mix_block(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    h = _rotl32(h ^ _scramble(k), 13)
-    return (_mul32(h, 5) + M5_ADD) & MASK32
+    h = _rotl32(h ^ _scramble(k), R2)
+    return (_mul32(h, MIX_MUL) + MIX_ADD) & MASK32
 
 
 def _finalize(h: torch.Tensor) -> torch.Tensor:
@@ -95,22 +91,14 @@ def hash_with_prefix(prefix: torch.Tensor, columns: torch.Tensor) -> torch.Tenso
     k = _scramble(columns)
     if k.dim() == 1:
         k = k.unsqueeze(0)
-    h = _rotl32(prefix.unsqueeze(1) ^ k, 13)
-    h = (_mul32(h, 5) + M5_ADD) & MASK32
+    h = _rotl32(prefix.unsqueeze(1) ^ k, R2)
+    h = (_mul32(h, MIX_MUL) + MIX_ADD) & MASK32
     return _finalize(h)
 
 
 def uniform_from_hash(h: torch.Tensor) -> torch.Tensor:
     """Midpoint binning ``(h + 0.5) / 2**32`` in float64: strictly inside (0, 1)."""
     return (h.to(torch.float64) + 0.5) * (1.0 / U32)
-
-
-def _salt_int(salt: int | Stream) -> int:
-    if isinstance(salt, Stream):
-        return salt.salt
-    if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < U64:
-        raise ValueError(f"salt must be a Stream or an int in [0, 2**64), got {salt!r}")
-    return salt
 
 
 def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Tensor:
@@ -138,7 +126,7 @@ def keyed_hash(seeds, positions, columns, *, salt: int | Stream = 0) -> torch.Te
     seeds_t = as_seed_tensor(seeds, batch, device)
     pos_t = as_position_tensor(positions, seeds_t.shape[0], device, True)
     cols = as_column_tensor(columns, device)
-    lo, hi = key_words(seeds_t, _salt_int(salt))
+    lo, hi = key_words(seeds_t, salt_value(salt))
     return hash_with_prefix(row_prefix(lo, hi, pos_t), cols)
 
 

@@ -4,14 +4,18 @@ Domain separation: each use of randomness (draft proposal, accept coin,
 residual resample, bonus token, target token, parallel-sample seeds) hashes
 under its own 64-bit salt, so no two uses ever read the same uniform for a
 request.
+
+The salts and the word bounds and masks are written only here. Pure Python,
+no torch: the request-seed derivation (``seeds.py``) and the config's
+torch-free paths read them too.
 """
 
 from __future__ import annotations
 
 import enum
 
-U32 = 1 << 32
-U64 = 1 << 64
+U32 = 1 << 32  # hash words (position, column, the hash itself) are uint32
+U64 = 1 << 64  # seeds, salts and keys are uint64
 MASK32 = U32 - 1
 
 
@@ -61,6 +65,19 @@ class Stream(enum.Enum):
         raise ValueError(
             f"stream must be one of {[s.name for s in cls]}, got {stream!r}"
         )
+
+
+def salt_value(salt: int | Stream) -> int:
+    """The 64-bit salt of ``salt``: a :class:`Stream`'s, or ``salt`` itself.
+
+    Raises:
+        ValueError: ``salt`` is neither a :class:`Stream` nor an int in [0, 2**64).
+    """
+    if isinstance(salt, Stream):
+        return salt.salt
+    if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < U64:
+        raise ValueError(f"salt must be a Stream or an int in [0, 2**64), got {salt!r}")
+    return salt
 
 
 def salt_words(salt: int) -> tuple[int, int]:

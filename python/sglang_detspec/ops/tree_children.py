@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .keys import race_keys
-from .sampling import exponential_race
+from .race import exponential_race
 from .streams import Stream
 
 

@@ -8,28 +8,43 @@ row (``row_prefix``), the column word per element (``hash_column``).
 import triton
 import triton.language as tl
 
-INV_2_32 = tl.constexpr(2.3283064365386963e-10)  # 2**-32, exact in float64
+from . import murmur, streams
+
+# A @triton.jit function may read a module global only if it is a tl.constexpr,
+# so the constants of murmur.py and streams.py are wrapped here, once; a
+# constexpr compiles exactly as the same literal would.
+C1 = tl.constexpr(murmur.C1)
+C2 = tl.constexpr(murmur.C2)
+R1 = tl.constexpr(murmur.R1)
+R2 = tl.constexpr(murmur.R2)
+MIX_MUL = tl.constexpr(murmur.MIX_MUL)
+MIX_ADD = tl.constexpr(murmur.MIX_ADD)
+FMIX1 = tl.constexpr(murmur.FMIX1)
+FMIX2 = tl.constexpr(murmur.FMIX2)
+MESSAGE_BYTES = tl.constexpr(murmur.MESSAGE_BYTES)
+MASK32 = tl.constexpr(streams.MASK32)
+INV_2_32 = tl.constexpr(1.0 / streams.U32)  # 2**-32, exact in float64
 
 
 @triton.jit
 def _scramble(k):  # k: uint32, any shape
-    k = k * 0xCC9E2D51
-    k = (k << 15) | (k >> 17)
-    return k * 0x1B873593
+    k = k * C1
+    k = (k << R1) | (k >> (32 - R1))
+    return k * C2
 
 
 @triton.jit
 def _mix(h, k):  # h, k: uint32, broadcastable
     h = h ^ _scramble(k)
-    h = (h << 13) | (h >> 19)
-    return h * 5 + 0xE6546B64
+    h = (h << R2) | (h >> (32 - R2))
+    return h * MIX_MUL + MIX_ADD
 
 
 @triton.jit
 def _mix_first(k):  # the first block of a seed-0 hash: h starts at 0
     h = _scramble(k)
-    h = (h << 13) | (h >> 19)
-    return h * 5 + 0xE6546B64
+    h = (h << R2) | (h >> (32 - R2))
+    return h * MIX_MUL + MIX_ADD
 
 
 @triton.jit
@@ -39,11 +54,11 @@ def row_prefix(seed, position, salt_lo, salt_hi):
     seed: int64 scalar (uint64 bits); position: int64 scalar in [0, 2**32);
     salt_lo, salt_hi: int scalars in [0, 2**32). Returns a uint32 scalar.
     """
-    s_lo = seed & 0xFFFFFFFF
-    s_hi = (seed >> 32) & 0xFFFFFFFF  # arithmetic shift, masked: the uint64 high word
+    s_lo = seed & MASK32
+    s_hi = (seed >> 32) & MASK32  # arithmetic shift, masked: the uint64 high word
     lo = s_lo + salt_lo
-    hi = (s_hi + salt_hi + (lo >> 32)) & 0xFFFFFFFF
-    lo = lo & 0xFFFFFFFF
+    hi = (s_hi + salt_hi + (lo >> 32)) & MASK32
+    lo = lo & MASK32
     h = _mix_first(lo.to(tl.uint32))
     h = _mix(h, hi.to(tl.uint32))
     return _mix(h, position.to(tl.uint32))
@@ -53,11 +68,11 @@ def row_prefix(seed, position, salt_lo, salt_hi):
 def hash_column(prefix, column):
     """Finish the hash: prefix uint32 scalar, column uint32 [BLOCK] -> uint32 [BLOCK]."""
     h = _mix(prefix, column)
-    h = h ^ 16  # message length in bytes
+    h = h ^ MESSAGE_BYTES
     h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
+    h = h * FMIX1
     h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
+    h = h * FMIX2
     return h ^ (h >> 16)
 
 
@@ -92,7 +107,7 @@ def may_reach(weight, h, best):
     that underflow float32) every lane passes.
     """
     scale = (4294967296.0 / tl.maximum(best, 1e-20)).to(tl.float32) * 1.0009765625  # 2**32 / T * (1 + 2**-10)
-    d = (0xFFFFFFFF - h).to(tl.float32)
+    d = (MASK32 - h).to(tl.float32)
     return tl.where(best < 1e-20, d == d, d <= weight.to(tl.float32) * scale + 1.0)
 
 

@@ -34,7 +34,11 @@ from typing import Protocol
 import torch
 
 from ..config import KERNELS
-from ..ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race, verify_chain
+from ..ops.coupled import coupled_verify_chain, coupled_verify_tree
+from ..ops.race import exponential_race
+from ..ops.streams import Stream
+from ..ops.verify import verify_chain
+from ..ops.streams import U32
 
 
 class RoundSampler(Protocol):
@@ -212,7 +216,7 @@ class GlobalRngSampler(KeyedSampler):
     def global_rng_seeds(batch: int) -> list[int]:
         """``batch`` seeds in [0, 2**64) from torch's global CPU RNG, row after row."""
         # Two 32-bit halves per row: torch.randint's exclusive int64 bound cannot cover all 2**64 values.
-        halves = torch.randint(0, 1 << 32, (batch, 2), dtype=torch.int64).tolist()
+        halves = torch.randint(0, U32, (batch, 2), dtype=torch.int64).tolist()
         return [(hi << 32) | lo for lo, hi in halves]
 
     def draft(self, probs, seeds, positions, draft_step):

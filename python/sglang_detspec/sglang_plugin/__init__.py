@@ -13,7 +13,10 @@ docs/plugin.md lists them with SGLang's file and line):
 
 - ``startup``: ``handle_speculative_decoding`` (BEFORE and AFTER): refuses
   what cannot be made deterministic, turns SGLang's sampled-draft path on for
-  coupled chains, installs and logs the bag.
+  coupled chains, installs and logs the bag (in the launcher).
+- ``resolve``: ``runtime_context.publish`` (AFTER): installs and logs the
+  bag of the published context at the entry of every process (scheduler
+  processes get theirs there, before any hooked site reads it).
 - ``target_sampler_hook``: the sampler's simple and top-k/top-p/min-p paths
   and the verify's renorm ops: every sampled token on the TARGET stream.
 - ``verify_hook``: ``eagle_sample`` and its two samplers: coupled verify
@@ -31,6 +34,8 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``seed_hook``: request seeds.
 - ``input_hook``: token ids inside the vocabulary and ``n >= 1`` before a
   request reaches the scheduler.
+- ``attention_hook``: the target's Triton decode attention runs the kernel
+  its verify and prefill run, so their logits are bitwise equal.
 
 :func:`hook_table` is the one list of what is hooked: registration, the
 start-up check that every required hook is in place (:func:`hook_problems`),
@@ -44,10 +49,10 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..config import current_config, set_install_listener, set_late_resolver
+from ..config import current_config
 from . import (
-    draft_hook, input_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook, topk_draft_hook,
-    verify_hook,
+    attention_hook, draft_hook, input_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook,
+    topk_draft_hook, verify_hook,
 )
 
 ENTRY_POINT_NAME = "detspec"
@@ -82,6 +87,7 @@ def hook_table() -> list[Hook]:
         Hook(startup.TARGET, startup.check_raw_flags, "BEFORE"),
         Hook(startup.TARGET, startup.resolve_and_announce, "AFTER"),
         Hook(startup.TARGET, check_hooks_in_place, "AFTER"),
+        Hook(resolve.PUBLISH, resolve.install_published_bag, "AFTER"),
         Hook(draft_hook.TARGET, draft_hook.seeded_fast_sample, "AROUND"),
         Hook(draft_hook.ML_PREFILL, draft_hook.ml_prefill_positions, "AROUND"),
         Hook(draft_hook.ML_DECODE, draft_hook.ml_decode_positions, "AROUND"),
@@ -100,6 +106,7 @@ def hook_table() -> list[Hook]:
         Hook(request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
         Hook(input_hook.TARGET, input_hook.validate_request, "AROUND"),
         Hook(input_hook.N_TARGET, input_hook.validate_n, "BEFORE"),
+        Hook(attention_hook.TARGET, attention_hook.use_one_pass_decode, "AFTER"),
         *(Hook(*row) for row in seed_hook.HOOKS),
     ]
 
@@ -119,10 +126,6 @@ def register() -> None:
     with _lock:
         if _registered:
             return
-        # Scheduler processes get no bag from the launcher: the first hook that
-        # reads one resolves it from SGLang's runtime context and logs it.
-        set_late_resolver(resolve.late_bag)
-        set_install_listener(resolve.announce)
         log = logging.getLogger("sglang_detspec")
         for row in hook_table():
             if callable(_resolve(row.target)):

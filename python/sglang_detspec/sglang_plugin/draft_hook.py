@@ -28,7 +28,8 @@ their site's rule there.
 from __future__ import annotations
 
 from ..config import current_config
-from ..ops import Stream, exponential_race
+from ..ops.race import exponential_race
+from ..ops.streams import Stream
 from .positions import coupled_draft_position, draft_positions, multi_layer_prefill_rule
 
 TARGET = "sglang.srt.speculative.spec_utils.fast_sample"

@@ -117,3 +117,44 @@ def after_root(seq_lens: torch.Tensor) -> torch.Tensor:
 def next_token(positions: torch.Tensor) -> torch.Tensor:
     """Target sampler: the token decided after the last input token."""
     return positions + 1
+
+
+class SamplingRows(NamedTuple):
+    """A batch's sampling settings, one row per logits row (``SamplingBatchInfo`` rows repeated).
+
+    Attributes:
+        temperatures: float [R, 1].
+        top_ks: int [R] (also read without a cut: ``top_k <= 1`` marks a greedy row).
+        top_ps: float [R].
+        min_ps: float [R] where the batch asks for a min-p cut, else None.
+        cut: some row of the batch truncates (SGLang's ``need_top_k/top_p/min_p_sampling``).
+        seeds: int64 [R] request seeds (uint64 bits), or None for a batch without them.
+    """
+
+    temperatures: torch.Tensor
+    top_ks: torch.Tensor
+    top_ps: torch.Tensor
+    min_ps: torch.Tensor | None
+    cut: bool
+    seeds: torch.Tensor | None
+
+    def cut_args(self) -> tuple:
+        """``(top_ks, top_ps, min_ps)`` for ``ops.target_weights``, all None when no row truncates."""
+        return (self.top_ks, self.top_ps, self.min_ps) if self.cut else (None, None, None)
+
+
+def sampling_rows(sampling_info, repeat: int) -> SamplingRows:
+    """SGLang's ``SamplingBatchInfo`` of B requests as the rows of a [B * repeat, V] logits tensor.
+
+    A request's ``repeat`` rows (its verify nodes, or the nodes a draft step
+    expands) are consecutive. No host sync (CUDA-graph capturable).
+    """
+    def rows(values):
+        return torch.repeat_interleave(values, repeat, dim=0) if repeat > 1 else values
+
+    info = sampling_info
+    cut = bool(info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling)
+    seeds = info.sampling_seed
+    return SamplingRows(rows(info.temperatures), rows(info.top_ks), rows(info.top_ps),
+                        rows(info.min_ps) if cut and info.need_min_p_sampling else None, cut,
+                        None if seeds is None else rows(seeds))

@@ -41,7 +41,7 @@ With the bag inactive SGLang's validation runs untouched.
 from __future__ import annotations
 
 from ..config import current_config
-from ..seed_encoding import to_int64
+from ..ops.seed_encoding import HTTP_SEED_RANGE, to_int64
 
 TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
@@ -66,7 +66,7 @@ def check_sampling_seed(seed: object) -> int:
         # SGLang parses request bodies with orjson, which turns JSON integers outside
         # [-2**63, 2**64) into floats: this was most likely an integer out of range.
         raise ValueError(
-            f"sampling_seed must be in [0, 2**64 - 1] (sglang-detspec keys its random streams by an "
+            f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
             f"unsigned 64-bit seed), got {seed!r} (beyond 64-bit integers: SGLang's JSON parser reads "
             "such integers as floats)"
         )
@@ -76,10 +76,10 @@ def check_sampling_seed(seed: object) -> int:
         # The rule is check_seed's; an HTTP client gets it worded for the request field.
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(
-                f"sampling_seed must be an integer in [0, 2**64 - 1], got {type(seed).__name__} {seed!r}"
+                f"sampling_seed must be an integer in {HTTP_SEED_RANGE}, got {type(seed).__name__} {seed!r}"
             ) from None
         raise ValueError(
-            f"sampling_seed must be in [0, 2**64 - 1] (sglang-detspec keys its random streams by an "
+            f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
             f"unsigned 64-bit seed), got {seed}"
         ) from None
 

@@ -1,10 +1,14 @@
-"""Resolve the config bag from SGLang's resolved server arguments, once per process.
+"""Resolve the config bag from SGLang's resolved server arguments and install it, at definite points.
 
 The launcher resolves it from the ``ServerArgs`` record during SGLang's own
-argument resolution; scheduler processes (where the speculative worker runs)
-receive an already-resolved record and resolve the bag from SGLang's runtime
-context (``get_exec()`` / ``get_spec()``) the first time a hook reads the
-bag (:func:`late_bag`, registered with the config getter by ``register()``).
+argument resolution (``startup.resolve_and_announce``). Every process that
+loads the plugin then resolves it from SGLang's runtime context
+(``get_exec()`` / ``get_spec()`` / ``get_serving()``) right after SGLang
+publishes that context at the process entry (:func:`install_published_bag`,
+an AFTER hook of ``runtime_context.publish``): that is where scheduler
+processes, which receive an already-resolved record, get their bag, before
+any hooked site runs. Each resolution is pushed into the config module with
+``install_config``; the config getter never calls back here.
 """
 
 from __future__ import annotations
@@ -15,9 +19,14 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import DetSpecConfig, env_settings, resolve_verify
+from ..config import DetSpecConfig, current_config, env_settings, install_config, resolve_verify
 
 logger = logging.getLogger("sglang_detspec")
+
+# Called at the entry of every SGLang process (scheduler.py:6327, http_server.py:256, engine.py:1175 and
+# :1434, detokenizer_manager.py:554, data_parallel_controller.py:962), each through its module's
+# ``from sglang.srt.runtime_context import publish`` binding, which SGLang's hook registry rebinds.
+PUBLISH = "sglang.srt.runtime_context.publish"
 
 
 # Bag field -> SGLang's server-argument name (the same on the raw ServerArgs
@@ -67,10 +76,11 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values = {field: getattr(spec, name, None) for field, name in SPEC_FIELDS.items()}
     for flag in _FLAGS:
         values[flag] = bool(values[flag])
-    # Launcher-side only (the scheduler's runtime context has no such field; its launcher refused it).
+    # On the record; the runtime context carries it in "serving" (config_from_runtime_context).
     values["tokenizer_workers"] = int(getattr(spec, "tokenizer_worker_num", 1) or 1)
     # Read from the draft's config.json; only a known reduced vocabulary counts (for the refusal).
     values["reduced_draft_vocab"] = reduced_draft_vocab(spec) is True
+    values["attention_backend"] = attention_backend_of(spec)
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     settings = env_settings(environ)
@@ -98,19 +108,25 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
     """The bag from SGLang's published runtime context.
 
     Raises:
-        LookupError: the context is not published in this process yet.
+        LookupError: the context is not published in this process yet, or the
+            publish role may not read a namespace the bag needs
+            (``SGLANG_ROLE_NAMESPACES=enforce``).
         ValueError: a bad ``SGLANG_DETSPEC_*`` setting.
     """
-    from sglang.srt.runtime_context import get_context, get_exec, get_spec
+    from sglang.srt.runtime_context import get_context, get_exec, get_serving, get_spec
 
     try:
         exec_bag, spec, record = get_exec(), get_spec(), get_context().server_args
+        serving = get_serving()
     except ValueError as err:  # SGLang raises ValueError("... not published")
         raise LookupError(str(err)) from err
     det = exec_bag.deterministic
     bag = bag_from(spec, det.enable_deterministic_inference, "runtime_context", environ,
                    sampled_drafts=declared_sampled_drafts(record))
-    return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)))
+    # The published "spec" namespace carries no attention fields; "exec.kernel" does.
+    return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)),
+                               attention_backend=attention_backend_of(exec_bag.kernel),
+                               tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1))
 
 
 def announce(config: DetSpecConfig) -> None:
@@ -119,12 +135,49 @@ def announce(config: DetSpecConfig) -> None:
     logger.warning("sglang-detspec %s: %s", state, config.describe())
 
 
-def late_bag() -> DetSpecConfig | None:
-    """The bag of a scheduler process, from SGLang's runtime context; None until it is published."""
+def install_published_bag(result, *args, **kwargs) -> None:
+    """AFTER hook for SGLang's ``runtime_context.publish``: install the bag of the context just published.
+
+    Runs at the entry of every process that loads the plugin, before any
+    hooked site reads the bag. The bag is installed and its start-up line
+    logged unless the bag in force is already the same one (equal in every
+    field but ``source``). Returns None, so ``publish`` returns its context.
+
+    Raises:
+        ValueError: a bad ``SGLANG_DETSPEC_*`` setting (the process stops at its entry).
+    """
     try:
-        return config_from_runtime_context()
-    except LookupError:
+        bag = config_from_runtime_context()
+    except LookupError as err:
+        # Only a role whose declared namespaces leave out the bag's (SGLANG_ROLE_NAMESPACES=enforce: the
+        # DP controller reads no "spec") gets here; such a process runs none of the hooked sites.
+        logger.info("sglang-detspec: no config bag for publish role %r: %s", kwargs.get("role"), err)
         return None
+    before = current_config()
+    # SGLang's re-publish is last-publish-wins (a process that rebuilds an engine, possibly from a record
+    # resolved before, so without a new resolve_and_announce): a different bag replaces the one in force.
+    # The launcher's own publish comes after resolve_and_announce installed the bag of the same record;
+    # this resolution then agrees in every field (tokenizer_workers included, which the launcher's
+    # refusals read), so that bag stays, with its "server_args" source and its one start-up line.
+    if before.source != "env" and dataclasses.replace(bag, source=before.source) == before:
+        return None
+    install_config(bag)
+    announce(bag)
+    return None
+
+
+def attention_backend_of(cfg) -> str | None:
+    """The attention backend of SGLang's argument names on ``cfg``, as ``config.logits_guarantee`` takes it.
+
+    One name where prefill and decode use the same backend (split fields fall
+    back to ``attention_backend``, as in SGLang's ``attention_backends_of``),
+    ``"prefill/decode"`` where they differ (their forwards cannot agree bit
+    for bit), None where nothing is set.
+    """
+    base = getattr(cfg, "attention_backend", None)
+    prefill = getattr(cfg, "prefill_attention_backend", None) or base
+    decode = getattr(cfg, "decode_attention_backend", None) or base
+    return decode if prefill == decode else f"{prefill}/{decode}"
 
 
 def reduced_draft_vocab(spec) -> bool | None:

@@ -45,7 +45,7 @@ import threading
 from typing import Optional
 
 from ..config import current_config
-from ..seed_encoding import from_int64, to_int64
+from ..ops.seed_encoding import from_int64, to_int64
 from ..seeds import derive_sample_seed, fresh_seed
 
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"

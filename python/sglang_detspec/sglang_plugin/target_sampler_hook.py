@@ -41,7 +41,9 @@ import inspect
 import torch
 
 from ..config import current_config
-from ..ops import Stream, exponential_race, id_ordered_filtered_probs
+from ..ops.race import exponential_race
+from ..ops.streams import Stream
+from ..ops.weights import id_ordered_filtered_probs
 from .positions import next_token
 
 SIMPLE_SAMPLER = "sglang.srt.layers.sampler.sampling_from_probs_torch"

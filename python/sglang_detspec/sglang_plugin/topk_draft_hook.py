@@ -61,8 +61,9 @@ import contextlib
 import torch
 
 from ..config import current_config
-from ..ops import coupled_children, id_ordered_filtered_probs
-from .positions import DraftSite, after_root, draft_forward_positions, draft_site, published_site
+from ..ops.tree_children import coupled_children
+from ..ops.weights import id_ordered_filtered_probs, target_weights
+from .positions import DraftSite, after_root, draft_forward_positions, draft_site, published_site, sampling_rows
 
 _WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
 DRAFT_FORWARD = f"{_WORKER}.draft_forward"
@@ -120,14 +121,14 @@ def extend_decode_site(original, self, batch, batch_result, *args, **kwargs):
     if not _hooked(self):
         return original(self, batch, batch_result, *args, **kwargs)
     drafted_at = lambda: after_root(batch_result.new_seq_lens)  # noqa: E731
-    with draft_site(_site(self, drafted_at)):
+    site = _site(self, drafted_at)
+    with draft_site(site):
         if self.topk > 1:
             return original(self, batch, batch_result, *args, **kwargs)
         with _kept_draft_logits(self) as kept:
             result = original(self, batch, batch_result, *args, **kwargs)
     info, draft = batch.sampling_info, batch_result.next_draft_input
     if kept and info is not None and info.sampling_seed is not None and draft.topk_index.numel():
-        site = _site(self, drafted_at)
         winners = children_tensor(kept[-1].next_token_logits, info, drafted_at().view(-1), 1,
                                   current_config().kernel, site.hot_token_id, site.target_vocab)
         sampled = (info.top_ks > 1).view(-1, 1)
@@ -194,30 +195,26 @@ def children_tensor(
     (the race winner at 1), zero elsewhere, back in draft columns. Greedy rows
     (``top_k <= 1``) return q itself, so SGLang's top-k of q drafts them (at
     T = 1, which SGLang gives temperature-0 requests, that is SGLang's own q).
-    No host sync: safe inside CUDA-graph capture.
+    No host sync: safe inside CUDA-graph capture (so greedy rows are raced
+    too and their children thrown away: picking rows out would need one).
     """
     rows, v = logits.shape
-    seeds = sampling_info.sampling_seed
-    per = rows // max(seeds.numel(), 1)
-
-    def per_row(values):
-        return torch.repeat_interleave(values, per, dim=0) if per > 1 else values
-
-    top_ks = per_row(sampling_info.top_ks)
-    q = torch.softmax(logits.float() / per_row(sampling_info.temperatures), dim=-1)
-    weights = q
-    if sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling or sampling_info.need_min_p_sampling:
-        min_ps = per_row(sampling_info.min_ps) if sampling_info.need_min_p_sampling else None
-        weights = id_ordered_filtered_probs(q, top_ks, per_row(sampling_info.top_ps), min_ps)
+    batch = sampling_rows(sampling_info, rows // max(sampling_info.sampling_seed.numel(), 1))
+    q = target_weights(logits.float(), batch.temperatures)
+    weights = id_ordered_filtered_probs(q, *batch.cut_args()) if batch.cut else q
     if hot_token_id is not None:
         spread = torch.zeros(rows, target_vocab, dtype=weights.dtype, device=weights.device)
         weights = spread.index_copy_(1, hot_token_id, weights)
-    children, score = coupled_children(weights, per_row(seeds), positions, min(k, v), kernel=kernel)
-    sparse = torch.zeros(rows, weights.shape[1], dtype=torch.float32, device=logits.device)
-    sparse.scatter_(1, children, score.float())
+    children, score = coupled_children(weights, batch.seeds, positions, min(k, v), kernel=kernel)
     if hot_token_id is not None:
-        sparse = sparse.index_select(1, hot_token_id)  # a zero-weight child off the draft vocabulary drops out
-    return torch.where((top_ks <= 1).view(-1, 1), q, sparse)
+        # Target ids back to draft columns; a zero-weight child off the draft vocabulary lands in
+        # a spare last column and drops out.
+        column = torch.full((target_vocab,), v, dtype=torch.int64, device=logits.device)
+        column[hot_token_id] = torch.arange(v, device=logits.device)
+        children = column[children]
+    sparse = torch.zeros(rows, v + 1, dtype=torch.float32, device=logits.device)
+    sparse.scatter_(1, children, score.float())
+    return torch.where((batch.top_ks <= 1).view(-1, 1), q, sparse[:, :v])
 
 
 def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs):

@@ -49,12 +49,15 @@ def test_coupled_chain_turns_on_sampled_drafts_and_keeps_coupled_verify(loaded, 
     assert "SGLANG_DETSPEC_VERIFY" not in os.environ  # nothing leaks into later servers of this process
     bag = current_config()
     assert bag.active and bag.coupled and bag.coupled_drafts and not bag.topk_drafts
-    # A scheduler process gets the record pickled and resolves the same mode from SGLang's runtime context.
+    # A scheduler process gets the record pickled; its publish installs the same mode, resolved from
+    # SGLang's runtime context.
+    reset_config()
     publish(pickle.loads(pickle.dumps(sa)), role="test")
     try:
-        scheduler_bag = resolve.config_from_runtime_context()
+        scheduler_bag = current_config()
     finally:
         reset_context()
+    assert scheduler_bag.source == "runtime_context"
     assert scheduler_bag.coupled and scheduler_bag.rejection_sampling and scheduler_bag.coupled_drafts
     # With the user's own flag and SGLANG_DETSPEC_VERIFY unset, auto still means rejection.
     reset_config()

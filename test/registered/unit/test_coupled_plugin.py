@@ -19,10 +19,10 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.config import DetSpecConfig, current_config, reset_config
+from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
 from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
-from sglang_detspec.sglang_plugin import coupled_verify, draft_hook, resolve, verify_hook
-from sglang_detspec.sglang_plugin.coupled_verify import VerifyContext
+from sglang_detspec.sglang_plugin import draft_hook, resolve, verify_hook
+from sglang_detspec.sglang_plugin.verify_hook import VerifyContext
 
 register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
 
@@ -145,12 +145,27 @@ def test_startup_line_names_the_verify_mode(loaded, model_dir, caplog):
 
 
 @pytest.fixture(scope="module")
-def runtime(loaded, model_dir):
-    """SGLang's runtime context of a deterministic server without speculative decoding."""
+def published(loaded, model_dir):
+    """SGLang's runtime context of a deterministic server without speculative decoding, and its bag.
+
+    The bag is the one the plugin's publish hook installs, as in a scheduler
+    process (nothing installed before the publish).
+    """
     from sglang.srt.runtime_context import publish
 
-    publish(server_args(model_dir, DET), role="test")
+    sa = server_args(model_dir, DET)
     reset_config()
+    publish(sa, role="test")
+    bag = current_config()
+    assert bag.source == "runtime_context"
+    yield bag
+    reset_config()
+
+
+@pytest.fixture
+def runtime(published):
+    """The published context's bag in force for one test (other tests install and forget their own)."""
+    install_config(published)
     yield
     reset_config()
 
@@ -172,8 +187,7 @@ def sampling_info(top_ks, temps, seeds, top_ps=None, min_ps=None, vocab=1000):
 
 def sglang_sample(logits, info, positions):
     """Tokens from SGLang's own Sampler.forward (the non-speculative path), hooked."""
-    import types
-
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.layers.sampler import Sampler
     from sglang.srt.runtime_context import get_parallel
@@ -181,7 +195,9 @@ def sglang_sample(logits, info, positions):
     out = LogitsProcessorOutput(next_token_logits=logits.clone())
     # One process, no tensor parallelism: the sampler only keeps the group's handle
     # (it syncs token ids across ranks only with grammars or SYNC_TOKEN_IDS_ACROSS_TP).
-    with get_parallel().override(tp_group=types.SimpleNamespace(device_group=None)):
+    tp_group = object.__new__(GroupCoordinator)
+    tp_group.device_group = None  # sampler.py, Sampler.__init__: get_parallel().tp_group.device_group
+    with get_parallel().override(tp_group=tp_group):
         sampler = Sampler()
     return sampler(out, info, False, [], [], positions).long()
 
@@ -455,15 +471,25 @@ def dataclasses_replace(bag, **kw):
     return dataclasses.replace(bag, **kw)
 
 
-def test_multi_layer_draft_positions(loaded, bag):
+def test_multi_layer_draft_positions(loaded, bag, monkeypatch):
     """The multi-layer sites publish their rule; SGLang's own sample_draft_proposal then keys the race.
 
-    The probe bodies stand in for the worker methods (which need a model); they
-    call SGLang's sample_draft_proposal with the key positions those methods pass.
+    Single-CUDA-graph runner: SGLang's own ``_sample_draft_proposal``, hooked by SGLang's
+    registry, runs on a real runner object that has only the attributes SGLang's code
+    and the plugin's hook read. The worker methods run a draft model, so for them the
+    probe bodies stand in, calling SGLang's sample_draft_proposal with the key positions
+    those methods pass; the hooks get SGLang's own ScheduleBatch and GenerationBatchResult,
+    and SGLang's signatures are checked to pass them where the hooks read them.
     """
-    import types
+    import dataclasses
+    import inspect
 
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.speculative import multi_layer_eagle_draft_extend_cuda_graph_runner as ml_graph
     from sglang.srt.speculative import spec_utils
+    from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleDraftWorker
 
     bag(COUPLED_DRAFTS)
     logits, temps, seeds, _ = draft_case()
@@ -478,25 +504,64 @@ def test_multi_layer_draft_positions(loaded, bag):
                                                      draft_step=s)[2] for s in range(3)]
         return run
 
+    def unhooked(method):
+        while hasattr(method, "__wrapped__"):
+            method = method.__wrapped__
+        return method
+
+    worker = object.__new__(MultiLayerEagleDraftWorker)  # the hooks read nothing of the worker
     # Prefill: SGLang keys every MTP layer with the prompt length.
-    xs = draft_hook.ml_prefill_positions(body(s_len), None)
+    prefill = list(inspect.signature(unhooked(MultiLayerEagleDraftWorker._draft_extend_for_prefill)).parameters)
+    assert prefill[:4] == ["self", "batch", "target_hidden_states", "next_token_ids"], prefill
+    xs = draft_hook.ml_prefill_positions(body(s_len), worker, ScheduleBatch(reqs=[], seq_lens=s_len), None, None)
     for s, x in enumerate(xs):
         q = spec_utils.sampling_softmax(logits, temperatures=temps)
         assert torch.equal(x, exponential_race(q, seeds, s_len + 1 + s, stream=Stream.TARGET)), s
     # Decode, eager / per-step graphs: SGLang keys with S + width; the token is S + accept_lens + 1 + s.
-    batch = types.SimpleNamespace(seq_lens=s_len)
-    result = types.SimpleNamespace(accept_lens=accept_lens)
-    xs = draft_hook.ml_decode_positions(lambda self, bt, br: body(s_len + width)(), None, batch, result)
+    # multi_layer_eagle_worker_v2.py MultiLayerEagleDraftWorker._draft_extend_for_decode(self, batch, batch_result,
+    # ...), called by MultiLayerEagleWorkerV2.forward_batch_generation with the ScheduleBatch and the verify's
+    # GenerationBatchResult; the hook reads batch.seq_lens and batch_result.accept_lens, SGLang's field names
+    # (the constructors below refuse any other).
+    decode = list(inspect.signature(unhooked(MultiLayerEagleDraftWorker._draft_extend_for_decode)).parameters)
+    assert decode[:3] == ["self", "batch", "batch_result"], decode
+    batch = ScheduleBatch(reqs=[], seq_lens=s_len)
+    result = GenerationBatchResult(accept_lens=accept_lens)
+    xs = draft_hook.ml_decode_positions(lambda self, bt, br: body(s_len + width)(), worker, batch, result)
     for s, x in enumerate(xs):
         q = spec_utils.sampling_softmax(logits, temperatures=temps)
         assert torch.equal(x, exponential_race(q, seeds, s_len + accept_lens + 1 + s, stream=Stream.TARGET)), s
-    # Single-CUDA-graph runner: the same from its input buffers.
-    runner = types.SimpleNamespace(buffers=types.SimpleNamespace(num_accept_tokens=accept_lens),
-                                   speculative_num_draft_tokens=width)
-    xs = draft_hook.ml_graph_sample_positions(lambda self, ret, bs: body(s_len + width)(), runner, None, b)
-    for s, x in enumerate(xs):
+    # Single-CUDA-graph runner: the same from its input buffers, through SGLang's hooked method.
+    runner_cls = ml_graph.MultiLayerEagleDraftExtendCudaGraphRunner
+    assert hasattr(runner_cls._sample_draft_proposal, "__wrapped__"), "the graph runner's sampler is not hooked"
+    # The plugin's hook reads speculative_num_draft_tokens, which SGLang's own method does not:
+    # its name is checked in SGLang's __init__ (multi_layer_eagle_draft_extend_cuda_graph_runner.py).
+    assert "self.speculative_num_draft_tokens = " in inspect.getsource(runner_cls.__init__)
+    runner = object.__new__(runner_cls)
+    runner.speculative_num_draft_tokens = width  # __init__: get_spec().speculative_num_draft_tokens
+    runner.prune_draft_extend_logits = True  # __init__; _select_step_logits then takes ret.next_token_logits as is
+    # init_buffers_and_capture: self.buffers = buffers, the shared set (every field required; those
+    # _sample_draft_proposal and the hook read are given, by SGLang's names, the rest left None; a
+    # name the dataclass no longer has is refused by its constructor).
+    fields = dict.fromkeys(f.name for f in dataclasses.fields(ml_graph.MultiLayerEagleDraftExtendInputBuffers))
+    runner.buffers = ml_graph.MultiLayerEagleDraftExtendInputBuffers(**{
+        **fields,
+        "seq_lens": (s_len + width).to(torch.int32),  # SGLang's graph key: pre-verify length + num_draft_tokens
+        "num_accept_tokens": accept_lens,  # the verify's committed count
+        "temperatures": temps,
+        "draft_probs": torch.empty(b, 3, logits.shape[1]),
+        "sampling_seed": seeds,
+    })
+    # wide_row_softmax_triton has no CPU build: SGLang's CPU sampling softmax, written into the
+    # same draft_probs slot, in its place.
+    monkeypatch.setattr(ml_graph, "wide_row_softmax_triton",
+                        lambda lg, t, out: out.copy_(spec_utils.sampling_softmax(lg, temperatures=t)))
+    ret = LogitsProcessorOutput(next_token_logits=logits)
+    for s in range(3):
+        runner.step = s  # __init__: self.step = step (the MTP layer)
+        runner._sample_draft_proposal(ret, b)  # writes ret.topk_p, ret.topk_index
         q = spec_utils.sampling_softmax(logits, temperatures=temps)
-        assert torch.equal(x, exponential_race(q, seeds, s_len + accept_lens + 1 + s, stream=Stream.TARGET)), s
+        want = exponential_race(q, seeds, s_len + accept_lens + 1 + s, stream=Stream.TARGET)
+        assert torch.equal(ret.topk_index, want), s
     # Outside any multi-layer site the EAGLE v2 rule applies again.
     assert torch.equal(draft_hook.coupled_draft_position(s_len, 2), s_len + 1)
 
@@ -519,7 +584,7 @@ def test_write_verify_outputs_keeps_unaccepted_slots(loaded):
     predicts = torch.full((b * n,), 42, dtype=torch.int32)
     accept_index = torch.full((b, 3), -1, dtype=torch.int32)
     num = torch.empty(b, dtype=torch.int32)
-    coupled_verify.write_verify_outputs(tokens, accepted, path, ri, predicts, accept_index, num)
+    verify_hook.write_verify_outputs(tokens, accepted, path, ri, predicts, accept_index, num)
     assert predicts.tolist() == [7, 42, 42, 8, 42, 9, 42, 42, 42, 42]
     assert accept_index.tolist() == [[0, 3, -1], [5, -1, -1]] and num.tolist() == [1, 0]
 

@@ -10,6 +10,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.ops import Stream, hash_uniform, keyed_hash
 from sglang_detspec.ops.hashing import uniform_from_hash
+from sglang_detspec.ops.murmur import keyed_hash_int
 
 register_cpu_ci(est_time=20, suite="detspec-unit-cpu")
 
@@ -74,6 +75,50 @@ def test_new_streams_match_mmh3_over_random_keys(name):
     got = keyed_hash(seeds, positions, columns, salt=Stream[name])
     want = torch.tensor([[oracle(s, salt, p, c) for c in columns] for s, p in zip(seeds, positions)])
     assert torch.equal(got, want)
+
+
+def random_cases(rng: random.Random, count: int):
+    """(seed, position, column, stream) draws with the word edges mixed in."""
+    seed_edges = [0, 1, (1 << 63) - 1, 1 << 63, U64 - 1]
+    word_edges = [0, 1, (1 << 31) - 1, 1 << 31, U32 - 1]
+    for i in range(count):
+        stream = rng.choice(list(Stream))
+        seed = rng.choice(seed_edges + [U64 - stream.salt, U64 - stream.salt - 1]) if i % 4 == 0 else rng.getrandbits(64)
+        position = rng.choice(word_edges) if i % 5 == 0 else rng.getrandbits(32)
+        column = rng.choice(word_edges) if i % 7 == 0 else rng.getrandbits(rng.choice([1, 18, 32]))
+        yield seed, position, column, stream
+
+
+def test_pure_python_stream_hash_matches_mmh3():
+    rng = random.Random("pure python")
+    for seed, position, column, stream in random_cases(rng, 2000):
+        want = oracle(seed, stream.salt, position, column)
+        assert keyed_hash_int(seed, position, column, salt=stream) == want
+        assert keyed_hash_int(seed, position, column, salt=stream.salt) == want
+
+
+def test_torch_keyed_hash_equals_the_pure_python_hash():
+    rng = random.Random("torch vs python")
+    for seed, position, column, stream in random_cases(rng, 300):
+        got = keyed_hash([seed], [position], [column], salt=stream)
+        assert int(got[0, 0]) == keyed_hash_int(seed, position, column, salt=stream), (seed, position, column, stream)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((U64, 0, 0), r"^seed must be an int in \[0, 2\*\*64\)"),
+    ((-1, 0, 0), r"^seed must be an int in \[0, 2\*\*64\)"),
+    ((0, U32, 0), r"^position must be an int in \[0, 2\*\*32\)"),
+    ((0, 0, -1), r"^column must be an int in \[0, 2\*\*32\)"),
+    ((0, True, 0), r"^position must be an int"),
+])
+def test_pure_python_stream_hash_refuses_out_of_range_words(args, match):
+    with pytest.raises(ValueError, match=match):
+        keyed_hash_int(*args, salt=Stream.TARGET)
+
+
+def test_pure_python_stream_hash_refuses_a_bad_salt():
+    with pytest.raises(ValueError, match=r"^salt must be a Stream or an int in \[0, 2\*\*64\)"):
+        keyed_hash_int(0, 0, 0, salt=U64)
 
 
 def test_int64_seed_tensor_is_read_as_uint64_bits():

@@ -46,7 +46,7 @@ from sglang_detspec.auditing.server_seeds import run_seed_checks
 from sglang_detspec.cli.main import main
 from sglang_detspec.reference import ReferenceEngine, build_model_pair
 from sglang_detspec.request import Request
-from sglang_detspec.seed_encoding import U64, sglang_seed
+from sglang_detspec.ops.seed_encoding import U64, sglang_seed
 from sglang_detspec.seeds import derive_sample_seed, fresh_seed
 from sglang_detspec.sglang_plugin.request_hook import check_sampling_seed
 

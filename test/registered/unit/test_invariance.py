@@ -18,7 +18,7 @@ from sglang_detspec.reference import (
     next_token_probs,
     with_random_draft,
 )
-from sglang_detspec.reference.engine import coupled_match_probability
+from sglang_detspec.reference.stats import coupled_match_probability
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # conftest.py

@@ -110,13 +110,33 @@ def test_every_ops_export_is_the_function_not_a_submodule_of_the_same_name():
 
     import sglang_detspec.ops as ops
 
-    for info in pkgutil.iter_modules(ops.__path__):
-        if not info.name.endswith("_triton") and info.name not in ("triton_blocks", "triton_hash", "triton_config"):
-            importlib.import_module(f"sglang_detspec.ops.{info.name}")
+    submodules = [
+        importlib.import_module(f"sglang_detspec.ops.{info.name}")
+        for info in pkgutil.iter_modules(ops.__path__)
+        if not info.name.endswith("_triton") and info.name not in ("triton_blocks", "triton_hash", "triton_config")
+    ]
     for name in ops.__all__:
         value = getattr(ops, name)
         assert not isinstance(value, types.ModuleType), name
-        assert value is getattr(importlib.import_module(ops._EXPORTS[name], "sglang_detspec.ops"), name), name
+        # The export is the object its defining submodule holds (ops/__init__ imports it, no copy).
+        holders = [m for m in submodules if name in vars(m)]
+        assert holders and all(vars(m)[name] is value for m in holders), name
+
+
+def test_the_ops_package_and_its_torch_free_modules_load_no_torch():
+    """ops/__init__ imports the torch ops on first use, so these paths stay torch-free."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import sglang_detspec.config, sglang_detspec.ops, sglang_detspec.ops.kernel_choice\n"
+        "import sglang_detspec.ops.murmur, sglang_detspec.ops.streams, sglang_detspec.seeds\n"
+        "from sglang_detspec.ops import KERNELS, Stream\n"
+        "print(sorted(m for m in ('torch', 'triton', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 if __name__ == "__main__":

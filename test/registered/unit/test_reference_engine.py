@@ -5,6 +5,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.auditing import build_plan
+from sglang_detspec.config import DetSpecConfig
 from sglang_detspec.ops import Stream, coupled_verify_chain, exponential_race, verify_chain
 from sglang_detspec.reference import (
     DraftShape,
@@ -25,7 +26,14 @@ K = 3
 
 @pytest.fixture(scope="module")
 def engine(models):
+    """The default engine (coupled verify, the config bag's default) for mode-agnostic tests."""
     return ReferenceEngine(models, K)
+
+
+@pytest.fixture(scope="module")
+def rejection_engine(models):
+    """Rejection verify, for the tests of rejection mode (the coupled ones name verify="coupled")."""
+    return ReferenceEngine(models, K, verify="rejection")
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +62,13 @@ def test_models_are_reproducible_and_leave_global_rng_alone(models):
     assert models.target.lm_head.weight.dtype == torch.float32
 
 
-def test_same_seed_same_tokens_in_every_batch_shape(engine, plan):
+def test_same_seed_same_tokens_in_every_batch_shape(rejection_engine, plan):
+    # Rejection mode; test_coupled_mode_same_seed_same_tokens_in_every_batch_shape is coupled mode's.
     kinds = {t.kind for t in plan.trials}
     assert kinds == {"solo", "batch", "permuted", "split"}
     outputs = {}
     for trial in plan.trials:
-        for req, outs in run_trial(engine, trial).items():
+        for req, outs in run_trial(rejection_engine, trial).items():
             outputs.setdefault(req, set()).update(outs)
     assert len(outputs[plan.probe]) == 1
     # Every filler met other batches too; none may change either.
@@ -83,7 +92,8 @@ def test_different_seeds_give_different_tokens(engine):
 
 
 def test_control_depends_on_the_batch(models, plan):
-    control = ReferenceEngine.control(models, K, seed=7)
+    # Rejection mode; test_coupled_mode_same_seed_same_tokens_in_every_batch_shape checks coupled mode's control.
+    control = ReferenceEngine.control(models, K, seed=7, verify="rejection")
     probe_outputs = set()
     for trial in plan.trials:
         probe_outputs.update(run_trial(control, trial)[plan.probe])
@@ -234,7 +244,9 @@ class RecordingSampler(KeyedSampler):
 
 def test_sampler_runs_once_per_step_on_the_whole_batch(models):
     sampler = RecordingSampler()
-    eng = ReferenceEngine(models, K, sampler)
+    # RecordingSampler records rejection mode's calls (draft, verify); coupled mode's are
+    # test_coupled_sampler_calls_per_round's.
+    eng = ReferenceEngine(models, K, sampler, verify="rejection")
     prompts = [(1,), (2, 3, 4), (5, 6)]
     reqs = [Request(p, 6, 1.0, i) for i, p in enumerate(prompts)]
     results = eng.generate(reqs)
@@ -260,7 +272,8 @@ def test_greedy_request_equals_plain_target_greedy(models, engine):
 
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_exact_length_and_accept_lengths(models, k):
-    eng = ReferenceEngine(models, k)
+    # Rejection mode (the 1.3 tokens per round is its acceptance); test_coupled_lengths_and_stats is coupled mode's.
+    eng = ReferenceEngine(models, k, verify="rejection")
     reqs = [Request((7, 8, 9), n, 1.0, 100 + n) for n in (1, 2, 3, 5, 8, 13)]
     results = eng.generate(reqs)
     rounds = tokens = 0
@@ -326,7 +339,10 @@ def test_engine_rejects_bad_input(models, engine):
     with pytest.raises(ValueError, match="verify must be one of"):
         ReferenceEngine(models, 2, verify="greedy")
     with pytest.raises(ValueError, match=r"tree 2x2 needs verify='coupled'"):
-        ReferenceEngine(models, DraftShape.tree(2, 2))
+        ReferenceEngine(models, DraftShape.tree(2, 2), verify="rejection")
+    # The default verify is the runtime config bag's, which serves trees.
+    assert ReferenceEngine(models, DraftShape.tree(2, 2)).verify == DetSpecConfig().verify == "coupled"
+    assert ReferenceEngine.control(models, 2).verify == DetSpecConfig().verify
     with pytest.raises(ValueError, match="memo must be a ProbsMemo"):
         ReferenceEngine(models, 2, memo={})
     with pytest.raises(ValueError, match="kernel must be one of"):

@@ -1,7 +1,7 @@
 """Bad requests get a clear error before the scheduler; a missing hook target stops start-up.
 
 Request validation goes through SGLang's own ``TokenizerManager.generate_request``
-(the ``manager`` of ``test_request_seeds.py``, model vocabulary 1000): token
+(the ``served`` of ``test_request_seeds.py``, model vocabulary 1000): token
 ids outside the vocabulary, non-integer ids and ``n < 1`` are refused with a
 ``ValueError`` naming the field, index, value and bound (SGLang's HTTP server
 answers it with 400), and never reach the scheduler. The hook table: every
@@ -20,7 +20,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_detspec import sglang_plugin
 from sglang_detspec.config import DetSpecConfig
 from sglang_detspec.sglang_plugin import input_hook
-from test_request_seeds import ACTIVE, generate, hooked, manager, server_args  # noqa: F401
+from test_request_seeds import ACTIVE, generate, hooked, model_with_tokenizer, served, server_args  # noqa: F401
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
@@ -34,40 +34,40 @@ SAMPLED = {"temperature": 1.0, "max_new_tokens": 4, "sampling_seed": 3}
     ([1, 2.0], "input_ids[1] must be an integer token id in [0, 1000), got 2.0"),
     ([True, 2], "input_ids[0] must be an integer token id in [0, 1000), got True"),
 ])
-def test_out_of_vocabulary_and_non_integer_ids_are_refused(manager, bag, input_ids, message):
+def test_out_of_vocabulary_and_non_integer_ids_are_refused(served, bag, input_ids, message):
     bag(ACTIVE)
     with pytest.raises(ValueError, match=re.escape(message)):
-        generate(manager, input_ids=input_ids, sampling_params=dict(SAMPLED))
-    assert manager.sent == []  # nothing reached the scheduler
+        generate(served, input_ids=input_ids, sampling_params=dict(SAMPLED))
+    assert served.sent == []  # nothing reached the scheduler
 
 
-def test_batched_and_parallel_requests_are_checked_per_request(manager, bag):
+def test_batched_and_parallel_requests_are_checked_per_request(served, bag):
     bag(ACTIVE)
     with pytest.raises(ValueError, match=re.escape("input_ids[1] = 4096 is outside")):
-        generate(manager, input_ids=[[1, 2], [3, 4096]], sampling_params=[dict(SAMPLED), dict(SAMPLED)])
+        generate(served, input_ids=[[1, 2], [3, 4096]], sampling_params=[dict(SAMPLED), dict(SAMPLED)])
     with pytest.raises(ValueError, match=re.escape("input_ids[0] = -5 is outside")):
-        generate(manager, input_ids=[-5, 2], sampling_params={**SAMPLED, "n": 3})
-    outs = generate(manager, input_ids=[[1, 2], [3, 999]], sampling_params=[dict(SAMPLED), dict(SAMPLED)])
+        generate(served, input_ids=[-5, 2], sampling_params={**SAMPLED, "n": 3})
+    outs = generate(served, input_ids=[[1, 2], [3, 999]], sampling_params=[dict(SAMPLED), dict(SAMPLED)])
     assert len(outs) == 2  # ids at the bounds pass
 
 
 @pytest.mark.parametrize("n", [0, -1, 1.5, "2", True, None])
-def test_n_below_one_or_not_an_integer_is_refused(manager, bag, n):
+def test_n_below_one_or_not_an_integer_is_refused(served, bag, n):
     bag(ACTIVE)
     with pytest.raises(ValueError, match=re.escape(f"n must be an integer >= 1 (samples per prompt), got {n!r}")):
-        generate(manager, input_ids=[1, 2], sampling_params={**SAMPLED, "n": n})
+        generate(served, input_ids=[1, 2], sampling_params={**SAMPLED, "n": n})
 
 
-def test_only_runs_that_are_ours_are_checked(manager, bag):
+def test_only_runs_that_are_ours_are_checked(served, bag):
     for inactive in (DetSpecConfig(source="server_args"),  # no --enable-deterministic-inference
                      DetSpecConfig(deterministic=True, disabled=True, source="server_args")):  # DISABLE=1
         bag(inactive)  # SGLang's own path, untouched
-        manager.sent.clear()
-        generate(manager, input_ids=[1000], sampling_params=dict(SAMPLED))
-        assert len(manager.sent) == 1
+        served.sent.clear()
+        generate(served, input_ids=[1000], sampling_params=dict(SAMPLED))
+        assert len(served.sent) == 1
 
 
-def test_multimodal_requests_and_text_vocabularies_are_left_to_sglang(manager):
+def test_multimodal_requests_and_text_vocabularies_are_left_to_sglang(served):
     from types import SimpleNamespace
 
     calls = []

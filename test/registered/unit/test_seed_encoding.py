@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.request import Request
-from sglang_detspec.seed_encoding import I64_MAX, I64_MIN, U64, check_seed, from_int64, sglang_seed, to_int64
+from sglang_detspec.ops.seed_encoding import I64_MAX, I64_MIN, U64, check_seed, from_int64, sglang_seed, to_int64
 
 register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
 
@@ -51,7 +51,7 @@ def test_bad_seeds_name_the_argument_and_bound(call, match):
 def test_request_types_and_audits_import_without_torch():
     code = (
         "import sys\n"
-        "import sglang_detspec.request, sglang_detspec.seed_encoding, sglang_detspec.auditing\n"
+        "import sglang_detspec.request, sglang_detspec.ops.seed_encoding, sglang_detspec.auditing\n"
         "import sglang_detspec.auditing.http_backend, sglang_detspec.auditing.server_seeds\n"
         "import sglang_detspec.cli.audit, sglang_detspec.cli._audit_server, sglang_detspec.cli._audit_report\n"
         "print(sorted(m for m in ('torch', 'transformers', 'sglang', 'numpy') if m in sys.modules))\n"

@@ -7,6 +7,7 @@ own draft-proposal and verify entry points are called on CPU tensors.
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import types
@@ -19,7 +20,7 @@ from sglang_detspec import sglang_plugin
 from sglang_detspec.config import DetSpecConfig, current_config, reset_config
 from sglang_detspec.ops import Stream, exponential_race, verify_chain
 from sglang_detspec.sglang_plugin import resolve, verify_hook
-from sglang_detspec.sglang_plugin.coupled_verify import VerifyContext
+from sglang_detspec.sglang_plugin.verify_hook import VerifyContext
 
 register_cpu_ci(est_time=120, suite="detspec-unit-cpu")
 
@@ -71,6 +72,7 @@ def test_sglang_plugins_whitelist_filters_it(monkeypatch):
 
 HOOKED = {
     "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
+    "sglang.srt.runtime_context.publish",
     "sglang.srt.speculative.spec_utils.fast_sample",
     "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker._draft_extend_for_prefill",
     "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker._draft_extend_for_decode",
@@ -94,6 +96,7 @@ HOOKED = {
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
     "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
+    "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
 }
 # Names SGLang leaves None where the platform has no kernel (CPU-only builds).
 KERNEL_ONLY = {
@@ -220,16 +223,138 @@ def test_env_settings_reach_the_bag(loaded, model_dir, monkeypatch):
     reset_config()
 
 
-def test_bag_from_published_runtime_context(loaded, model_dir):
+# -- the bag of every process: installed when SGLang publishes its runtime context ----------------
+
+
+@pytest.fixture
+def context():
+    """SGLang's runtime context put back after the test (its publishes would outlive it), the bag forgotten."""
+    from sglang.srt.runtime_context import restore_context, snapshot_context
+
+    saved = snapshot_context()
+    yield
+    restore_context(saved)
+    reset_config()
+
+
+def startup_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("sglang-detspec ")
+            and "DetSpecConfig(" in r.getMessage()]
+
+
+def test_publish_installs_the_bag_of_the_published_context(loaded, model_dir, context, caplog):
     from sglang.srt.runtime_context import publish
 
     sa = server_args(model_dir, BAG_CASES[3][0])
+    reset_config()  # a process that was handed a resolved record: nothing installed yet
+    caplog.set_level(logging.WARNING, logger="sglang_detspec")
+    caplog.clear()  # the resolution's own line
+    assert current_config().source == "env" and not current_config().active
+    assert publish(sa, role="test") is not None  # the hook leaves publish's own result alone
+    bag = current_config()
+    assert bag.source == "runtime_context" and bag.active and bag.multi_layer_eagle and bag.verify == "rejection"
+    assert current_config() is bag  # a plain getter: the installed bag as is
+    assert startup_lines(caplog) == [f"sglang-detspec active: {bag.describe()}"]
+    publish(sa, role="test")  # re-publishing the same record changes nothing and logs nothing
+    assert current_config() is bag and len(startup_lines(caplog)) == 1
+
+
+@pytest.mark.parametrize("flags", [flags for flags, _, _ in BAG_CASES] + ["--tokenizer-worker-num 2"])
+def test_the_launchers_publish_keeps_the_bag_its_resolution_installed(loaded, model_dir, context, caplog, flags):
+    """The launcher publishes the record it resolved: the runtime context gives the same bag (tokenizer workers
+    included), so the one from resolution stays, with its one start-up line."""
+    from sglang.srt.runtime_context import publish
+
+    caplog.set_level(logging.WARNING, logger="sglang_detspec")
     reset_config()
-    publish(sa, role="test")
-    bag = current_config()  # what a scheduler process does at the first hook call
-    assert bag.source == "runtime_context" and bag.active and bag.multi_layer_eagle
-    assert current_config() is bag  # resolved once
+    sa = server_args(model_dir, flags)
+    resolved = current_config()
+    assert resolved.source == "server_args" and len(startup_lines(caplog)) == 1
+    publish(sa, role="tokenizer")
+    assert current_config() is resolved and len(startup_lines(caplog)) == 1
+    assert dataclasses.replace(resolve.config_from_runtime_context(), source="server_args") == resolved
+    if "--tokenizer-worker-num 2" in flags:
+        assert resolved.tokenizer_workers == 2
+
+
+def test_republishing_another_record_replaces_the_bag(loaded, model_dir, context, caplog):
+    """SGLang's re-publish is last-publish-wins (a process that rebuilds an engine): so is the bag."""
+    from sglang.srt.runtime_context import publish
+
+    first = server_args(model_dir, BAG_CASES[0][0])
+    second = server_args(model_dir, BAG_CASES[4][0])  # resolved before: its publish brings no new resolution
     reset_config()
+    caplog.set_level(logging.WARNING, logger="sglang_detspec")
+    publish(first, role="tokenizer")
+    assert current_config().active and current_config().source == "runtime_context"
+    publish(second, role="tokenizer")
+    bag = current_config()
+    assert bag.source == "runtime_context" and not bag.deterministic and not bag.active
+    assert startup_lines(caplog)[-1] == f"sglang-detspec inactive (SGLang's own sampling runs): {bag.describe()}"
+
+
+def test_a_role_that_may_not_read_the_bags_namespaces_keeps_its_bag(loaded, model_dir, context, monkeypatch):
+    """Under SGLANG_ROLE_NAMESPACES=enforce the DP controller may not read "spec"; it runs no hooked site."""
+    from sglang.srt import runtime_context
+
+    sa = server_args(model_dir, BAG_CASES[0][0])
+    reset_config()
+    monkeypatch.setattr(runtime_context, "_ROLE_NS_MODE", "enforce")  # what the variable sets at import
+    runtime_context.publish(sa, role="dp_controller")
+    assert current_config().source == "env"
+    with pytest.raises(LookupError, match="outside the declared set"):
+        resolve.config_from_runtime_context()
+
+
+# What a scheduler process does (scheduler.py, run_scheduler_process): its module is imported (to unpickle the
+# entry point), load_plugins() applies the hooks, then the entry calls ``publish`` through the module's own
+# ``from sglang.srt.runtime_context import publish`` binding with the record the launcher pickled.
+SCHEDULER_ENTRY = """
+import dataclasses, json, logging, pickle, sys
+from sglang.srt.managers import scheduler
+from sglang.srt import runtime_context
+from sglang.srt.plugins import load_plugins
+from sglang_detspec.config import current_config
+
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+logging.getLogger("sglang_detspec").addHandler(handler)
+before = current_config().source
+load_plugins()
+with open(sys.argv[1], "rb") as f:
+    record = pickle.load(f)
+scheduler.publish(record, role="scheduler")
+bag = current_config()
+print(json.dumps({
+    "before": before, "bag": dataclasses.asdict(bag), "active": bag.active, "coupled_drafts": bag.coupled_drafts,
+    "lines": [line for line in lines if "DetSpecConfig(" in line],
+    "rebound": scheduler.publish is runtime_context.publish and hasattr(scheduler.publish, "__wrapped__"),
+}))
+"""
+
+
+def test_a_fresh_scheduler_process_gets_its_bag_when_it_publishes(loaded, model_dir, tmp_path):
+    import pickle
+    import subprocess
+
+    flags = ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+             "--speculative-num-draft-tokens 4 --enable-deterministic-inference")
+    sa = server_args(model_dir, flags)  # the launcher: coupled chain, sampled drafts declared on the record
+    reset_config()
+    (tmp_path / "record.pkl").write_bytes(pickle.dumps(sa))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DETSPEC_") and k != "SGLANG_PLUGINS"}
+    done = subprocess.run([sys.executable, "-c", SCHEDULER_ENTRY, str(tmp_path / "record.pkl")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["before"] == "env" and got["rebound"]
+    bag = got["bag"]
+    assert bag["source"] == "runtime_context" and got["active"]
+    # coupled verify kept although the declared rejection-sampling flag is on (auto would pick rejection)
+    assert bag["verify"] == "coupled" and bag["rejection_sampling"] and got["coupled_drafts"]
+    assert (bag["algorithm"], bag["num_steps"], bag["eagle_topk"], bag["num_draft_tokens"]) == ("EAGLE", 3, 1, 4)
+    assert len(got["lines"]) == 1 and got["lines"][0].startswith("sglang-detspec active: DetSpecConfig(active=True")
 
 
 # -- start-up validation through SGLang's real resolution ---------------------------
@@ -626,7 +751,8 @@ def test_request_validation_is_sglang_own_when_inactive(loaded, bag):
 def test_no_wired_site_reads_server_args_or_environment():
     # docs/design.md §5: only config.py reads the environment and only resolve.py reads SGLang's args.
     root = os.path.dirname(sglang_plugin.__file__)
-    for name in ("draft_hook.py", "verify_hook.py", "coupled_verify.py", "target_sampler_hook.py"):
+    for name in ("draft_hook.py", "verify_hook.py", "topk_draft_hook.py", "target_sampler_hook.py", "attention_hook.py",
+                 "positions.py"):
         text = open(os.path.join(root, name)).read()
         assert "os.environ" not in text and "server_args" not in text and "get_spec" not in text, name
 

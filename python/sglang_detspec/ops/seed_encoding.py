@@ -10,7 +10,15 @@ it. :func:`check_seed` is the one range check; :func:`to_int64` and
 
 from __future__ import annotations
 
-U64 = 1 << 64
+from .streams import U64
+
+# The seed bound as every seed-range message writes it: this check's, the ops'
+# and the CLI's in the half-open form; the HTTP request hook's in the closed
+# form, which JSON clients read without knowing the interval notation, and
+# which the audit client matches to recognise a detspec server's refusal.
+SEED_RANGE = "[0, 2**64)"
+HTTP_SEED_RANGE = "[0, 2**64 - 1]"
+
 I64_MIN = -(1 << 63)
 I64_MAX = (1 << 63) - 1
 
@@ -32,9 +40,9 @@ def check_seed(value: object, name: str = "seed") -> int:
             the message names ``name`` and the bound.
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int in [0, 2**64), got {type(value).__name__} {value!r}")
+        raise ValueError(f"{name} must be an int in {SEED_RANGE}, got {type(value).__name__} {value!r}")
     if not 0 <= value < U64:
-        raise ValueError(f"{name} must be an int in [0, 2**64), got {value}")
+        raise ValueError(f"{name} must be an int in {SEED_RANGE}, got {value}")
     return value
 
 

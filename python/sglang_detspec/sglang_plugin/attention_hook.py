@@ -1,0 +1,122 @@
+"""Triton attention: the target's decode runs the kernel its verify and prefill run.
+
+Hooked symbol:
+
+- ``sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__``
+  (AFTER): on the target model's backend, the instance's
+  ``decode_attention_fwd`` (the one name ``forward_decode`` calls for a
+  decode step) is replaced by :func:`decode_as_extend`.
+
+Why: in deterministic mode SGLang 0.5.23's Triton backend runs prefill and
+target verify through one single-pass kernel (``extend_attention_fwd_unified``:
+one online softmax over key tiles aligned at key 0), but decode through the
+two-stage split-KV kernel (splits of 256 keys, merged by log-sum-exp). The two
+round differently, so the logits of a token decoded by a server without
+speculative decoding and of the same token checked by a verify differ by about
+one bf16 step, and a near-tie can flip a sampled token. With the decode step
+going through the verify's kernel, one query per request, each row of a chain
+verify (and of a prefill, a re-prefill after retraction, an extend after a
+radix-cache hit) sees the same keys in the same tiles and the same rounding
+as the decode of that token: the logits are bitwise equal. The kernel's
+per-row result does not depend on the row's place in its query tile (block
+sizes depend on the head dimensions only; rows do not mix in the tile's
+matrix products; key tiles past a row's last key are fully masked and leave
+its running max, sum and accumulator unchanged).
+
+Not covered, and why (``docs/forward_modes.md``): tree verify (its custom mask
+interleaves other branches' keys between a node's ancestors, so the tiles
+differ from the decode's), the draft model's backends (their numerics decide
+only how much a step commits), MLA and decode-context-parallel backends and
+layers with Grok's attention temperature (they keep SGLang's kernel: the
+single-pass kernel scales that temperature by another formula), and
+sliding-window layers (deterministic extend pads the window to whole key
+tiles, decode does not). Where the hook skips the target, or the model has a
+sliding window, it logs that the server's logits are ``tokens``, not
+``bitwise``. With an fp8 KV cache the single-pass kernel multiplies in fp8,
+as verify and prefill already do. Cost: decode loses split-KV and the
+shared K/V reads of a query-head group (one useful row in a 128-row tile per
+program), so long contexts at small batch run fewer, longer programs; not
+yet measured at 8B (``docs/forward_modes.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..config import current_config
+
+TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
+
+logger = logging.getLogger("sglang_detspec")
+
+
+def use_one_pass_decode(result, backend, *args, **kwargs):
+    """AFTER hook of ``TritonAttnBackend.__init__``: route the target's decode through the verify kernel.
+
+    Only where the run is the plugin's (:attr:`DetSpecConfig.active`), SGLang's
+    deterministic mode is on for this backend, and the backend belongs to the
+    target model (``is_draft_runner`` false) without MLA or decode context
+    parallelism. Returns None (the constructor's result is kept).
+    """
+    if not (current_config().active and getattr(backend, "enable_deterministic", False)) or backend.is_draft_runner:
+        return None
+    if backend.use_mla or getattr(backend, "dcp_size", 1) > 1:
+        logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel (MLA or decode context "
+                       "parallelism): this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
+        return None
+    if (getattr(backend, "sliding_window_size", None) or -1) > 0:
+        logger.warning("sglang-detspec: the model has sliding-window layers, whose decode and extend tile the window "
+                       "differently: this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
+    rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
+    unified, sglangs = backend.extend_attention_fwd_unified, backend.decode_attention_fwd
+
+    @torch.compiler.disable  # as SGLang wraps its own decode: dynamo must not trace into the kernel launch
+    def decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
+               max_kv_splits, sm_scale, k_scale, v_scale, logit_cap=0.0, sinks=None, xai_temperature_len=-1,
+               *args, page_size=1, score_mod=None, aux_tensors=None, **kwargs):
+        if xai_temperature_len > 0:  # the single-pass kernel's temperature formula is not the decode's
+            return sglangs(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
+                           max_kv_splits, sm_scale, k_scale, v_scale, logit_cap, sinks, xai_temperature_len, *args,
+                           page_size=page_size, score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
+        return decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
+                                v_scale, logit_cap=logit_cap, sinks=sinks, page_size=page_size, score_mod=score_mod,
+                                aux_tensors=aux_tensors)
+
+    backend.decode_attention_fwd = decode
+    logger.info("sglang-detspec: target decode attention runs the verify's single-pass Triton kernel")
+    return None
+
+
+def decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale, v_scale, *,
+                     logit_cap=0.0, sinks=None, page_size=1, score_mod=None, aux_tensors=None):
+    """One decode step's attention as an extend of one token per request, through ``unified``.
+
+    Args:
+        unified: SGLang's ``extend_attention_fwd_unified``.
+        rows: int64 ``arange`` on the device, at least ``n + 1`` long (``n = q.shape[0]``);
+            sliced, so a CUDA graph captures no allocation for it.
+        q: ``[n, heads, head_dim]`` queries, one per request (bf16 / fp16).
+        k_buffer, v_buffer: the layer's KV cache (the current token already written).
+        o: ``[n, heads, v_head_dim]`` output, written in place.
+        kv_indptr: int ``[>= n + 1]`` (int32 or int64); request i's keys are
+            ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``, its own token last.
+        kv_indices: int cache slots (int32 or int64).
+        sm_scale, k_scale, v_scale: softmax scale and KV dequantisation scales (floats).
+        logit_cap, sinks, page_size, score_mod, aux_tensors: as SGLang's decode.
+
+    Every key is visible to the request's query: it is the last token of an
+    extend whose prefix is all keys before it (``prefix_len = len - 1``).
+
+    Returns:
+        ``o``.
+    """
+    n = q.shape[0]
+    if rows.numel() < n + 1:  # not reached from SGLang: q never has more rows than kv_indptr has requests
+        rows = torch.arange(n + 1, dtype=torch.int64, device=q.device)
+    prefix_lens = (kv_indptr[1:n + 1] - kv_indptr[:n] - 1).to(torch.int32)
+    unified(q, o, k_buffer, v_buffer, k_scale, v_scale, rows[:n + 1], kv_indptr, kv_indices, prefix_lens, 1,
+            sm_scale=sm_scale, logit_cap=logit_cap, is_causal=True, sinks=sinks, page_size=page_size,
+            score_mod=score_mod, aux_tensors=aux_tensors)
+    return o

@@ -1,0 +1,164 @@
+"""Decode attention through the verify's kernel: bitwise equal to every row of a chain verify and a prefill.
+
+``attention_hook.decode_as_extend`` runs a decode step through SGLang's
+``extend_attention_fwd_unified`` (the single-pass kernel deterministic mode
+runs for prefill and target verify), one query per request. Oracle: SGLang's
+own kernel called the way its Triton backend calls it for a chain verify
+(prefix from the cache, K + 1 draft tokens, causal) and for a prefill without
+prefix: the decode of the token at each row's position must give that row's
+output bit for bit, whatever the batch around it. SGLang's split-KV decode
+kernel is run beside it to record (not assert) how far it lands.
+"""
+
+import pytest
+import torch
+
+from _register import register_cuda_ci
+
+register_cuda_ci(est_time=30, suite="detspec-kernels-cuda")
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (SGLang's attention kernels are Triton)", allow_module_level=True)
+extend_mod = pytest.importorskip("sglang.kernels.ops.attention.extend_attention",
+                                 reason="needs SGLang's Triton attention kernels")
+decode_mod = pytest.importorskip("sglang.kernels.ops.attention.decode_attention",
+                                 reason="needs SGLang's Triton attention kernels")
+
+from sglang_detspec.sglang_plugin.attention_hook import decode_as_extend  # noqa: E402
+
+DEV = "cuda"
+UNIFIED = extend_mod.extend_attention_fwd_unified
+PREFIXES = [1, 37, 63, 64, 255, 256, 700]
+DRAFT = 4  # K + 1 verify rows per request
+SLOTS = 8192
+
+
+def cache(heads, kv_heads, dim, seed):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    k = torch.randn(SLOTS, kv_heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    v = torch.randn(SLOTS, kv_heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    # Each request's keys sit in scattered cache slots, as in a paged pool.
+    order = torch.randperm(SLOTS - 1, generator=gen, device=DEV).to(torch.int32) + 1
+    q = torch.randn(len(PREFIXES) * DRAFT, heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    return k, v, order, q
+
+
+def slots_of(order):
+    """Per request: its prefix slots and its DRAFT extend slots (disjoint ranges of ``order``)."""
+    out, at = [], 0
+    for p in PREFIXES:
+        out.append((order[at:at + p], order[at + p:at + p + DRAFT]))
+        at += p + DRAFT
+    return out
+
+
+def indptr(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+
+
+def verify_rows(k, v, q, slots, dim, masked=False):
+    """SGLang's chain verify: prefix + DRAFT new tokens per request, one call.
+
+    ``masked``: as SGLang's target verify calls it with the draft tree's mask
+    (a chain's: causal), uint8 and flattened per request, int64 indices.
+    """
+    o = torch.empty_like(q)
+    kv = torch.cat([torch.cat([pre, ext]) for pre, ext in slots])
+    kv_indptr = indptr([len(p) + DRAFT for p, _ in slots])
+    extra = {}
+    if masked:
+        masks = []
+        for pre, _ in slots:
+            rows = torch.ones(DRAFT, len(pre) + DRAFT, dtype=torch.uint8, device=DEV)
+            rows[:, len(pre):] = torch.tril(torch.ones(DRAFT, DRAFT, dtype=torch.uint8, device=DEV))
+            masks.append(rows.flatten())
+        extra = dict(custom_mask=torch.cat(masks),
+                     mask_indptr=torch.tensor([0, *torch.tensor([m.numel() for m in masks]).cumsum(0).tolist()],
+                                              dtype=torch.int64, device=DEV))
+        kv, kv_indptr = kv.long(), kv_indptr.long()
+    UNIFIED(q, o, k, v, 1.0, 1.0, indptr([DRAFT] * len(slots)).long(), kv_indptr,
+            kv, torch.tensor([len(p) for p, _ in slots], dtype=torch.int32, device=DEV), DRAFT,
+            sm_scale=dim ** -0.5, is_causal=True, **extra)
+    return o
+
+
+def decode_rows(k, v, q, slots, dim, pick):
+    """Our decode for the (request, row) pairs in ``pick``: keys = prefix + extend tokens up to the row."""
+    lists = [torch.cat([slots[i][0], slots[i][1][:j + 1]]) for i, j in pick]
+    rows_q = torch.stack([q[i * DRAFT + j] for i, j in pick])
+    o = torch.empty_like(rows_q)
+    rows = torch.arange(len(pick) + 1, dtype=torch.int64, device=DEV)
+    decode_as_extend(UNIFIED, rows, rows_q, k, v, o, indptr([len(x) for x in lists]), torch.cat(lists),
+                     dim ** -0.5, 1.0, 1.0)
+    return o, lists, rows_q
+
+
+SHAPES = [(4, 4, 64), (32, 8, 128)]  # the tiny E2E models; an 8B Llama's attention
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "tree_mask"])
+@pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
+def test_decode_equals_every_chain_verify_row_bitwise(heads, kv_heads, dim, masked):
+    k, v, order, q = cache(heads, kv_heads, dim, seed=heads)
+    slots = slots_of(order)
+    verify = verify_rows(k, v, q, slots, dim, masked)
+    pick = [(i, j) for i in range(len(PREFIXES)) for j in range(DRAFT)]
+    decoded, _, _ = decode_rows(k, v, q, slots, dim, pick)
+    want = torch.stack([verify[i * DRAFT + j] for i, j in pick])
+    assert torch.equal(decoded, want)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
+def test_decode_row_does_not_depend_on_its_batch(heads, kv_heads, dim):
+    k, v, order, q = cache(heads, kv_heads, dim, seed=7)
+    slots = slots_of(order)
+    pick = [(i, DRAFT - 1) for i in range(len(PREFIXES))]
+    alone = torch.cat([decode_rows(k, v, q, slots, dim, [p])[0] for p in pick])
+    together, _, _ = decode_rows(k, v, q, slots, dim, list(reversed(pick)))
+    assert torch.equal(alone, together.flip(0))
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
+def test_decode_equals_the_last_row_of_a_prefill_bitwise(heads, kv_heads, dim):
+    """A re-prefill after retraction (no cached prefix): its last row is the decode of that token."""
+    k, v, order, q = cache(heads, kv_heads, dim, seed=3)
+    slots = slots_of(order)
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    for i, (pre, ext) in enumerate(slots):
+        keys = torch.cat([pre, ext])
+        n = len(keys)
+        q_all = torch.randn(n, heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+        o = torch.empty_like(q_all)
+        UNIFIED(q_all, o, k, v, 1.0, 1.0, indptr([n]).long(), indptr([n]), keys,
+                torch.zeros(1, dtype=torch.int32, device=DEV), n, sm_scale=dim ** -0.5, is_causal=True)
+        last = torch.empty_like(q_all[-1:])
+        decode_as_extend(UNIFIED, torch.arange(2, device=DEV), q_all[-1:], k, v, last, indptr([n]), keys,
+                         dim ** -0.5, 1.0, 1.0)
+        assert torch.equal(last[0], o[-1]), f"request {i} (prefix {len(pre)})"
+
+
+def test_sglang_split_kv_decode_differs_in_the_last_bits(record_property):
+    """What the hook replaces: SGLang's two-stage decode on the same rows (recorded, not asserted)."""
+    heads, kv_heads, dim = 32, 8, 128
+    k, v, order, q = cache(heads, kv_heads, dim, seed=5)
+    slots = slots_of(order)
+    pick = [(i, DRAFT - 1) for i in range(len(PREFIXES))]
+    ours, lists, rows_q = decode_rows(k, v, q, slots, dim, pick)
+    split_tile = 256  # SGLang's deterministic split tile (SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE)
+    max_splits = (max(len(x) for x in lists) + split_tile - 1) // split_tile
+    splits = torch.tensor([(len(x) + split_tile - 1) // split_tile for x in lists], dtype=torch.int32, device=DEV)
+    logits = torch.empty(len(pick), heads, max_splits, dim, dtype=torch.float32, device=DEV)
+    lse = torch.empty(len(pick), heads, max_splits, dtype=torch.float32, device=DEV)
+    theirs = torch.empty_like(rows_q)
+    decode_mod.decode_attention_fwd(rows_q, k, v, theirs, indptr([len(x) for x in lists]), torch.cat(lists), logits,
+                                    lse, splits, max_splits, dim ** -0.5, 1.0, 1.0)
+    diff = (ours.float() - theirs.float()).abs()
+    record_property("rows_differing", int((diff.flatten(1).amax(1) > 0).sum()))
+    record_property("max_abs", float(diff.max()))
+    assert torch.allclose(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)  # the same attention, rounded apart
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))

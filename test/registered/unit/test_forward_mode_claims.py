@@ -1,0 +1,199 @@
+"""What "speculative decoding on = off" holds down to, per server, and the Triton decode hook that makes chains bitwise.
+
+The rule (``config.logits_guarantee``) is read from SGLang's real resolved
+server arguments and published runtime context; the hook is installed on
+SGLang's real ``TritonAttnBackend`` class (its constructor needs a GPU model
+runner, so the instance carries only the attributes the hook reads, named as
+SGLang's constructor names them). The kernel itself runs on the GPU
+(``test/registered/cuda/test_decode_attention_cuda.py``); here the decode's
+argument mapping is checked against a direct softmax attention with a torch
+implementation of the extend kernel's contract standing in for the kernel.
+"""
+
+import sys
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+import torch
+
+from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
+from sglang_detspec.sglang_plugin import attention_hook, resolve
+
+register_cpu_ci(est_time=45, suite="detspec-unit-cpu")
+
+CHAIN = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+TREE = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8"
+
+
+@pytest.mark.parametrize("backend, topk, want", [
+    ("triton", None, "bitwise"), ("triton", 1, "bitwise"), ("triton", 4, "tokens"),
+    ("fa3", 1, "bitwise"), ("fa3", 4, "tokens"), ("flashinfer", 1, "tokens"), ("fa4", 1, "tokens"),
+    ("fa3/triton", 1, "tokens"), (None, 1, "tokens"),
+])
+def test_logits_guarantee(backend, topk, want):
+    assert logits_guarantee(backend, topk) == want
+
+
+def test_the_start_up_line_says_the_guarantee():
+    line = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton").describe()
+    assert "logits='bitwise'" in line and "attention_backend='triton'" in line
+    tree = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=4, attention_backend="triton")
+    assert tree.logits == "tokens"
+    # Without speculative decoding a stale top-k flag does not matter.
+    assert DetSpecConfig(deterministic=True, eagle_topk=4, attention_backend="fa3").logits == "bitwise"
+
+
+def _server_args(model_dir, flags):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = ["--model-path", model_dir, "--device", "cuda", "--speculative-draft-model-path", model_dir,
+            "--enable-deterministic-inference", *flags.split()]
+    sa = ServerArgs.from_cli_args(parser.parse_args(argv))
+    sa.resolve_once()
+    return sa
+
+
+@pytest.mark.parametrize("flags, backend, logits", [
+    (f"{CHAIN} --attention-backend triton", "triton", "bitwise"),
+    (f"{TREE} --attention-backend triton", "triton", "tokens"),
+    (f"{CHAIN} --attention-backend fa3", "fa3", "bitwise"),
+    (f"{CHAIN} --attention-backend triton --prefill-attention-backend fa3", "fa3/triton", "tokens"),
+])
+def test_the_bag_reads_the_resolved_attention_backend(model_dir, flags, backend, logits):
+    reset_config()
+    bag = resolve.config_from_server_args(_server_args(model_dir, flags))
+    assert (bag.attention_backend, bag.logits) == (backend, logits)
+    reset_config()
+
+
+def test_the_runtime_context_bag_reads_the_attention_backend(model_dir):
+    from sglang.srt.runtime_context import publish
+
+    reset_config()
+    publish(_server_args(model_dir, f"{CHAIN} --attention-backend triton"), role="test")
+    bag = resolve.config_from_runtime_context()
+    assert (bag.source, bag.attention_backend, bag.logits) == ("runtime_context", "triton", "bitwise")
+    reset_config()
+
+
+# -- the decode hook ----------------------------------------------------------------
+
+
+def extend_contract(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+                    max_len_extend, custom_mask=None, mask_indptr=None, sm_scale=None, logit_cap=0.0, is_causal=True,
+                    **kwargs):
+    """The unified extend kernel's contract in torch: query j of request b sees keys < prefix_len + j + 1."""
+    for b in range(qo_indptr.numel() - 1):
+        keys = kv_indices[kv_indptr[b]:kv_indptr[b + 1]].long()
+        for j in range(int(qo_indptr[b + 1] - qo_indptr[b])):
+            row = int(qo_indptr[b]) + j
+            visible = keys[:int(prefix_lens[b]) + j + 1] if is_causal else keys
+            group = q.shape[1] // k_buffer.shape[1]
+            k = k_buffer[visible].float().repeat_interleave(group, dim=1)
+            v = v_buffer[visible].float().repeat_interleave(group, dim=1)
+            scores = torch.einsum("hd,nhd->hn", q[row].float(), k) * sm_scale * k_scale
+            o[row] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v * v_scale).to(o.dtype)
+    return o
+
+
+def test_decode_as_extend_attends_to_every_key_of_each_request():
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, slots = 4, 2, 16, 64
+    k = torch.randn(slots, kv_heads, dim, generator=gen)
+    v = torch.randn(slots, kv_heads, dim, generator=gen)
+    lengths = [1, 5, 17]
+    order = torch.randperm(slots, generator=gen).to(torch.int32)
+    indptr = torch.tensor([0, 1, 6, 23, 23], dtype=torch.int32)  # one spare entry, like SGLang's max-size buffer
+    q = torch.randn(len(lengths), heads, dim, generator=gen)
+    o = torch.empty_like(q)
+    rows = torch.arange(8)
+    attention_hook.decode_as_extend(extend_contract, rows, q, k, v, o, indptr, order, 0.25, 1.0, 1.0)
+    for b, n in enumerate(lengths):
+        keys = order[indptr[b]:indptr[b] + n].long()
+        kk, vv = k[keys].repeat_interleave(2, dim=1), v[keys].repeat_interleave(2, dim=1)
+        want = torch.einsum("hn,nhd->hd", (torch.einsum("hd,nhd->hn", q[b], kk) * 0.25).softmax(-1), vv)
+        torch.testing.assert_close(o[b], want)
+
+
+def _backend(**attrs):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    backend = object.__new__(TritonAttnBackend)
+    # The attributes TritonAttnBackend.__init__ sets and the hook reads (triton_backend.py:188-411).
+    values = dict(enable_deterministic=True, is_draft_runner=False, use_mla=False, dcp_size=1,
+                  kv_indptr=torch.zeros(9, dtype=torch.int32), decode_attention_fwd="sglang's decode",
+                  extend_attention_fwd_unified=extend_contract)
+    values.update(attrs)
+    for name, value in values.items():
+        setattr(backend, name, value)
+    return backend
+
+
+@pytest.mark.parametrize("attrs, replaced", [
+    ({}, True),
+    ({"is_draft_runner": True}, False),
+    ({"use_mla": True}, False),
+    ({"dcp_size": 2}, False),
+    ({"enable_deterministic": False}, False),
+])
+def test_the_hook_replaces_only_the_target_backends_decode(monkeypatch, attrs, replaced):
+    from sglang_detspec import config
+
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    backend = _backend(**attrs)
+    attention_hook.use_one_pass_decode(None, backend)
+    assert (backend.decode_attention_fwd != "sglang's decode") is replaced
+
+
+def test_the_replaced_decode_hands_grok_temperature_layers_to_sglang(monkeypatch):
+    from sglang_detspec import config
+
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    calls = []
+    backend = _backend(decode_attention_fwd=lambda *a, **k: calls.append((a, k)))
+    attention_hook.use_one_pass_decode(None, backend)
+    q = torch.zeros(1, 2, 4)
+    args = (q, torch.zeros(4, 2, 4), torch.zeros(4, 2, 4), torch.empty_like(q), torch.tensor([0, 1]),
+            torch.tensor([0]), None, None, None, 1, 0.5, 1.0, 1.0)
+    backend.decode_attention_fwd(*args, logit_cap=0.0, sinks=None, xai_temperature_len=8, has_mla=False, page_size=1)
+    assert len(calls) == 1 and calls[0][1]["has_mla"] is False
+    backend.decode_attention_fwd(*args, logit_cap=0.0, sinks=None, xai_temperature_len=-1, has_mla=False, page_size=1)
+    assert len(calls) == 1  # the single-pass kernel ran (the torch contract above), not SGLang's decode
+
+
+def test_the_hook_says_when_a_model_is_only_tokens(monkeypatch, caplog):
+    from sglang_detspec import config
+
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    with caplog.at_level("WARNING", logger="sglang_detspec"):
+        attention_hook.use_one_pass_decode(None, _backend(use_mla=True))
+        attention_hook.use_one_pass_decode(None, _backend(sliding_window_size=4096))
+    assert sum("'tokens', not 'bitwise'" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_an_inactive_line_claims_nothing():
+    assert "logits=" not in DetSpecConfig(deterministic=False, attention_backend="triton").describe()
+
+
+def test_the_hook_keeps_sglangs_decode_when_the_run_is_not_ours(monkeypatch):
+    from sglang_detspec import config
+
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, disabled=True))
+    backend = _backend()
+    attention_hook.use_one_pass_decode(None, backend)
+    assert backend.decode_attention_fwd == "sglang's decode"
+
+
+def test_the_hook_is_in_the_table_and_required():
+    from sglang_detspec import sglang_plugin
+
+    rows = [r for r in sglang_plugin.hook_table() if r.target == attention_hook.TARGET]
+    assert len(rows) == 1 and rows[0].kind == "AFTER" and rows[0].absent_ok is None
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,125 @@
+"""The package's layers, read from its import statements.
+
+- ``ops/`` imports nothing of the package outside ``ops/`` and never SGLang;
+- the bag (``config.py``) imports only the torch-free kernel choice;
+- the plugin's hook modules import only ``ops``, the bag, the plugin's
+  ``positions`` module and the request-seed rules (``seeds``), and
+  SGLang; ``positions`` imports only ``ops``; the bag's resolution from
+  SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag;
+- no module imports a hook module except the registration (``sglang_plugin/__init__.py``).
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
+
+PACKAGE = Path(__file__).resolve().parents[3] / "python" / "sglang_detspec"
+PLUGIN = PACKAGE / "sglang_plugin"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names; ``from x import y`` also as ``x.y``)."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module
+            out.add(target)
+            out.update(f"{target}.{alias.name}" for alias in node.names)
+    return out
+
+
+def own(names: set[str]) -> set[str]:
+    """The package's own modules among ``names`` (names that are functions or classes dropped)."""
+    found = set()
+    for name in names:
+        if not name.startswith("sglang_detspec"):
+            continue
+        rel = Path(*name.split(".")[1:])
+        if (PACKAGE / rel).with_suffix(".py").exists() or (PACKAGE / rel / "__init__.py").exists():
+            found.add(name)
+    return found
+
+
+def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+ALL = sorted(PACKAGE.rglob("*.py"))
+HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
+                                                                      "positions.py"))
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
+def test_ops_import_only_ops(path):
+    names = imports(path)
+    assert not any(n == "sglang" or n.startswith("sglang.") for n in names)
+    bad = {n for n in own(names) if not allowed(n, ("sglang_detspec.ops",))}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_the_bag_imports_only_the_kernel_choice():
+    assert own(imports(PACKAGE / "config.py")) <= {"sglang_detspec.ops", "sglang_detspec.ops.kernel_choice"}
+
+
+@pytest.mark.parametrize("path", HOOK_MODULES, ids=lambda p: p.name)
+def test_hook_modules_import_ops_the_bag_positions_and_the_seed_rules(path):
+    keep = ("sglang_detspec.ops", "sglang_detspec.config", "sglang_detspec.sglang_plugin.positions",
+            "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding")
+    bad = {n for n in own(imports(path)) if not allowed(n, keep)}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("name, keep", [
+    ("positions.py", ("sglang_detspec.ops",)),
+    ("resolve.py", ("sglang_detspec.config",)),
+    ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
+])
+def test_shared_plugin_modules(name, keep):
+    bad = {n for n in own(imports(PLUGIN / name)) if not allowed(n, keep)}
+    assert not bad, f"{name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_registration_imports_hook_modules(path):
+    if path == PLUGIN / "__init__.py":
+        return
+    hooks = {module_name(p) for p in HOOK_MODULES} | {"sglang_detspec.sglang_plugin.startup"}
+    bad = own(imports(path)) & hooks
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", [p for p in ALL if p.parent != PACKAGE / "ops"], ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_package_imports_each_op_from_its_module(path):
+    """``ops/__init__`` is the users' face; inside the package every hook -> op edge names its module."""
+    lazy = [n for n in imports(path) if n.startswith("sglang_detspec.ops.") and n.count(".") == 2
+            and not own({n})]
+    assert not lazy, f"{path.relative_to(PACKAGE)} imports {lazy} through ops/__init__"
+
+
+def test_the_reader_sees_relative_and_absolute_imports():
+    names = own(imports(PLUGIN / "topk_draft_hook.py"))
+    assert "sglang_detspec.ops.tree_children" in names and "sglang_detspec.sglang_plugin.positions" in names
+    # A name bound by ops/__init__ is not a module: the check above would see it.
+    assert not own({"sglang_detspec.ops.exponential_race"}) and own({"sglang_detspec.ops.race"})
+    assert "sglang_detspec.sglang_plugin.resolve" in own(imports(PLUGIN / "startup.py"))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
