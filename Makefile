@@ -34,6 +34,7 @@ help:
 	@echo "  make test-e2e    the suites that launch real SGLang servers (CUDA GPU)"
 	@echo "  make bench       the kernel benchmark (CUDA GPU)"
 	@echo "  make bench-serving-report RESULTS=<folder>  tables and plots of a serving run"
+	@echo "  make bench-serving-report RESULTS=\"<f1> <f2>\" REPORT_OUT=<folder>  one report of several commands"
 
 # The interpreter the venvs are built from: a clear error instead of make's "Error 127".
 PYTHON_CHECK = command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found: install Python 3.11, or \
@@ -127,8 +128,10 @@ bench-serving:
 	OUT=$${OUT:-/tmp/detspec-serving} bash benchmark/serving/run_h200.sh
 
 # Tables and plots from a results folder: make bench-serving-report RESULTS=docs/benchmarks/serving/<run>
+# Several folders (one per command) make one report in REPORT_OUT: RESULTS="<f1> <f2>" REPORT_OUT=<folder>.
 # Needs only Python (matplotlib for the plots, else they are skipped with a note): no set-up.
 bench-serving-report:
 	@[ -n "$(RESULTS)" ] || { echo "make bench-serving-report: set RESULTS to a results folder, e.g." \
 		"make bench-serving-report RESULTS=docs/benchmarks/serving/2026-12-01-h200-x2" >&2; exit 2; }
-	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmark/serving/serving_report.py $(RESULTS)
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmark/serving/serving_report.py $(RESULTS) \
+		$(if $(REPORT_OUT),--out $(REPORT_OUT))

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# On the GPU machine after the wheel install: the whole serving benchmark in one command
-# (models written, eight servers, bench_serving at concurrency 1/8/32/128, profile, report).
-# Results land in $OUT (default /tmp/detspec-serving), also packed into $ARCHIVE when set;
-# extra arguments go to serving_run.py.
-#   bash benchmark/serving/run_h200.sh                      # about 8-9 minutes on 2 H200s
+# On the GPU machine after the wheel install: one command of the serving benchmark (models
+# written unless present, servers, bench_serving at concurrency 1/8/32/128 with repetitions,
+# profile, report). Results land in $OUT (default /tmp/detspec-serving), also packed into
+# $ARCHIVE when set; extra arguments go to serving_run.py, e.g. --configs bd --profile d.
+# A 600 s command holds (b) and one or two more configurations (scripts/h200/README.md);
+# serving_report.py OUT1 OUT2 ... --out DIR merges several commands into one report.
+#   COMMAND_LIMIT_S=590 bash benchmark/serving/run_h200.sh --configs bd --profile d
 set -uo pipefail
 out=$(realpath -m "${OUT:-/tmp/detspec-serving}"); mkdir -p "$out"
 archive=${ARCHIVE:+$(realpath -m "$ARCHIVE")}  # taken relative to the caller's folder, before the cd

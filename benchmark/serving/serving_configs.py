@@ -98,6 +98,9 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
 # Measured first: the ratios against (b) of the plugin's configurations survive a run cut short.
 DEFAULT_ORDER = "bdeicagfh"
 DEFAULT_CONCURRENCIES = (1, 8, 32, 128)
+# fa3 first: what --enable-deterministic-inference picks on Hopper when no backend is given,
+# so what a user gets; triton for a machine (or wheel kit) without SGLang's FA3 library.
+ATTENTION_BACKENDS = ("fa3", "triton")
 
 
 def parse_keys(text: str) -> list[str]:
@@ -129,16 +132,23 @@ def parse_int_list(text: str, name: str, *, minimum: int = 1, maximum: int = 409
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    """Flags every server shares (see :func:`server_command`)."""
+    """Flags every server shares (see :func:`server_command`).
+
+    ``attention_backend`` is one of ``ATTENTION_BACKENDS`` (ValueError otherwise).
+    """
 
     target: str
     draft: str
     max_total_tokens: int = 65536
     max_running_requests: int = 128
     mem_fraction_static: float = 0.88
+    attention_backend: str = "fa3"
     extra: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
         if not 1024 <= self.max_total_tokens <= 10_000_000:
             raise ValueError(f"max_total_tokens must lie in [1024, 1e7], got {self.max_total_tokens}")
         if not 1 <= self.max_running_requests <= 4096:
@@ -151,8 +161,11 @@ def server_command(config: BenchConfig, settings: ServerSettings, *, port: int, 
                    tp_size: int = 1, dp_size: int = 1) -> list[str]:
     """The ``python -m sglang.launch_server`` command line of ``config``.
 
-    Why these shared flags: ``--attention-backend triton`` (the GPU kit has no
-    FA3, and deterministic mode would pick it on Hopper);
+    Why these shared flags: ``--attention-backend`` explicit and the same for
+    every configuration (``settings.attention_backend``: ``fa3`` by default,
+    which deterministic mode would pick on Hopper anyway, so (a) and (g)
+    run the same attention kernels as the deterministic configurations;
+    ``triton`` where SGLang's FA3 library is missing);
     ``--cuda-graph-backend-prefill disabled`` (prefill graphs cost minutes of
     Triton compilation at start); a fixed KV pool (``--max-total-tokens``)
     so several servers share one GPU whatever order they profile memory in;
@@ -169,7 +182,7 @@ def server_command(config: BenchConfig, settings: ServerSettings, *, port: int, 
         raise ValueError(f"tp_size and dp_size must be >= 1, got {tp_size}, {dp_size}")
     cmd = [python, "-m", "sglang.launch_server", "--model-path", settings.target,
            "--host", "127.0.0.1", "--port", str(port),
-           "--attention-backend", "triton", "--cuda-graph-backend-prefill", "disabled",
+           "--attention-backend", settings.attention_backend, "--cuda-graph-backend-prefill", "disabled",
            "--mem-fraction-static", f"{settings.mem_fraction_static:g}",
            "--max-total-tokens", str(settings.max_total_tokens),
            "--max-running-requests", str(settings.max_running_requests),
@@ -218,8 +231,150 @@ class LoadSettings:
         return max(self.min_prompts, self.rounds * concurrency)
 
 
+@dataclasses.dataclass(frozen=True)
+class RepeatSettings:
+    """How many ``bench_serving`` runs measure one (server, concurrency) cell, and how long each must last.
+
+    A run counts (``valid``) when its ``duration`` (bench_serving's field:
+    seconds from the first measured request sent to the last answer, its
+    warm-up requests excluded) is at least ``min_seconds``. A shorter run is
+    kept in the results as a warm-up, never counted, and the next run's
+    prompt count is scaled from it (:meth:`next_prompts`). A cell stops at
+    ``repeats`` valid runs, after ``max_attempts`` runs, or before a run
+    predicted to end past ``max_cell_s`` seconds of the cell or past the
+    server's time limit (:meth:`next_attempt`), so one slow server cannot
+    eat the command's budget.
+
+    Attributes:
+        repeats: valid runs wanted per cell.
+        min_seconds: shortest ``duration`` (s) that counts; 0 counts every run.
+        max_attempts: runs per cell at most, warm-ups included.
+        max_cell_s: wall-clock seconds per cell at most (predicted before each run).
+        batched_prompts: prompts of a first run at least, from concurrency
+            ``batched_from`` up (one prompt count of 64 at c = 8 is 8 waves).
+        batched_from: the concurrency from which ``batched_prompts`` applies.
+        margin: a scaled run aims at ``margin x min_seconds``, so a little
+            noise does not make it short again.
+        max_prompts: prompts per run at most (rounded down to full waves).
+    """
+
+    repeats: int = 2
+    min_seconds: float = 8.0
+    max_attempts: int = 4
+    max_cell_s: float = 60.0
+    batched_prompts: int = 64
+    batched_from: int = 8
+    margin: float = 1.25
+    max_prompts: int = 20000
+
+    def __post_init__(self):
+        if not 1 <= self.repeats <= 50:
+            raise ValueError(f"repeats must lie in [1, 50], got {self.repeats}")
+        if not (math.isfinite(self.min_seconds) and 0.0 <= self.min_seconds <= 600.0):
+            raise ValueError(f"min_seconds must lie in [0, 600], got {self.min_seconds}")
+        if not self.repeats <= self.max_attempts <= 100:
+            raise ValueError(f"max_attempts must lie in [repeats={self.repeats}, 100], got {self.max_attempts}")
+        if not (math.isfinite(self.max_cell_s) and 1.0 <= self.max_cell_s <= 3600.0):
+            raise ValueError(f"max_cell_s must lie in [1, 3600], got {self.max_cell_s}")
+        if not 1 <= self.batched_prompts <= 100000 or not 1 <= self.batched_from <= 4096:
+            raise ValueError(f"batched_prompts and batched_from must lie in [1, 100000] and [1, 4096], "
+                             f"got {self.batched_prompts}, {self.batched_from}")
+        if not (math.isfinite(self.margin) and 1.0 <= self.margin <= 4.0):
+            raise ValueError(f"margin must lie in [1, 4], got {self.margin}")
+        if not 1 <= self.max_prompts <= 1_000_000:
+            raise ValueError(f"max_prompts must lie in [1, 1e6], got {self.max_prompts}")
+
+    @classmethod
+    def single(cls) -> "RepeatSettings":
+        """One run per cell, every run valid: the driver's behaviour for a spec without ``repeat``."""
+        return cls(repeats=1, min_seconds=0.0, max_attempts=1, batched_prompts=1)
+
+    def is_valid(self, duration_s: float | None) -> bool:
+        """Whether a run of ``duration_s`` seconds counts (False for a missing or non-finite duration)."""
+        if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not math.isfinite(duration_s):
+            return False
+        return duration_s >= self.min_seconds
+
+    def _full_waves(self, prompts: float, concurrency: int) -> int:
+        waves = max(1, math.ceil(prompts / concurrency - 1e-9))
+        cap = max(1, self.max_prompts // concurrency)
+        return min(waves, cap) * concurrency
+
+    def start_prompts(self, load: LoadSettings, concurrency: int) -> int:
+        """Prompts of a cell's first run: ``max(rounds x c, min_prompts, batched_prompts when c >= batched_from)``.
+
+        Raised to full waves of ``concurrency`` when the floor is not one already.
+
+        Raises:
+            ValueError: concurrency below 1.
+        """
+        n = load.prompts_for(concurrency)
+        if concurrency >= self.batched_from and n < self.batched_prompts:
+            n = self._full_waves(self.batched_prompts, concurrency)
+        return n
+
+    def next_prompts(self, prompts: int, duration_s: float, concurrency: int) -> int:
+        """Prompts of the run after a short one: ``prompts x margin x min_seconds / duration_s``, up to full waves.
+
+        Always more than ``prompts`` (at least one more wave), at most ``max_prompts``.
+
+        Raises:
+            ValueError: ``duration_s`` not a positive finite number, ``prompts`` or ``concurrency`` below 1.
+        """
+        if prompts < 1 or concurrency < 1:
+            raise ValueError(f"prompts and concurrency must be >= 1, got {prompts}, {concurrency}")
+        if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not (
+                math.isfinite(duration_s) and duration_s > 0):
+            raise ValueError(f"duration_s must be a positive number of seconds, got {duration_s!r}")
+        scaled = prompts * self.margin * max(self.min_seconds, 1e-3) / duration_s
+        return self._full_waves(max(scaled, prompts + concurrency), concurrency)
+
+    def next_attempt(self, runs: list[dict], start: int, concurrency: int, *, cell_elapsed_s: float,
+                     time_left_s: float) -> tuple[int | None, str]:
+        """The prompt count of a cell's next run, or ``(None, why the cell stops)``.
+
+        Args:
+            runs: the cell's finished runs in order, each with ``num_prompts``,
+                ``duration_s`` (bench_serving's duration), ``wall_s`` (the whole
+                bench_serving call, warm-up requests and tokenizer load included)
+                and ``valid``.
+            start: the first run's prompt count (:meth:`start_prompts`).
+            concurrency: the cell's concurrency.
+            cell_elapsed_s: wall-clock seconds spent on the cell so far.
+            time_left_s: seconds left to this server's measurements.
+
+        The next run repeats the last count after a valid run and scales it
+        after a short one; its wall time is predicted from the last run
+        (duration per prompt times prompts, plus the last run's overhead).
+        """
+        valid = sum(1 for r in runs if r.get("valid"))
+        if valid >= self.repeats:
+            return None, "done"
+        if len(runs) >= self.max_attempts:
+            return None, f"{len(runs)} runs, the most per cell (max_attempts)"
+        if not runs:
+            if time_left_s < max(self.min_seconds, 1.0):
+                return None, f"{time_left_s:.0f} s left to this server, less than one run"
+            return start, ""
+        last = runs[-1]
+        if last["valid"]:
+            prompts = int(last["num_prompts"])
+        else:
+            prompts = self.next_prompts(int(last["num_prompts"]), last["duration_s"], concurrency)
+        overhead = max(0.0, float(last["wall_s"]) - float(last["duration_s"]))
+        predicted = float(last["duration_s"]) * prompts / int(last["num_prompts"]) + overhead
+        if cell_elapsed_s + predicted > self.max_cell_s:
+            return None, (f"next run of {prompts} prompts predicted to take {predicted:.0f} s, past the cell's "
+                          f"{self.max_cell_s:.0f} s (max_cell_s; {cell_elapsed_s:.0f} s spent)")
+        if predicted > time_left_s:
+            return None, (f"next run of {prompts} prompts predicted to take {predicted:.0f} s, "
+                          f"{time_left_s:.0f} s left to this server")
+        return prompts, ""
+
+
 def bench_args(url: str, tokenizer: str, concurrency: int, load: LoadSettings, *, output_file: str,
-               tag: str, profile_dir: str | None = None, profile_steps: int = 6) -> list[str]:
+               tag: str, profile_dir: str | None = None, profile_steps: int = 6, num_prompts: int | None = None,
+               warmup_requests: int | None = None) -> list[str]:
     """Arguments of ``python -m sglang.bench_serving`` for one concurrency level.
 
     ``random-ids`` with ``--tokenize-prompt`` sends token ids (no ShareGPT
@@ -231,24 +386,34 @@ def bench_args(url: str, tokenizer: str, concurrency: int, load: LoadSettings, *
     ``range_ratio 1`` every request has exactly ``input_len`` / ``output_len``
     tokens and ``ignore_eos`` (bench_serving's default) keeps them that long.
 
+    ``num_prompts`` defaults to ``load.prompts_for(concurrency)``;
+    ``warmup_requests`` (bench_serving's unmeasured requests before the run) to
+    ``min(concurrency, 8)``: a repetition right after another run at the same
+    concurrency passes 0, the server being warm already.
+
     With ``profile_dir``, SGLang's profiler records ``profile_steps`` decode
     steps once the decode batch holds ``concurrency`` requests (``--profile
     --profile-by-stage``; the server needs
     ``SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS``, see ``serving_run.py``).
 
     Raises:
-        ValueError: concurrency below 1, profile_steps outside [1, 100].
+        ValueError: concurrency or num_prompts below 1, warmup_requests below 0,
+            profile_steps outside [1, 100].
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    num_prompts = load.prompts_for(concurrency) if num_prompts is None else num_prompts
+    warmup_requests = min(concurrency, 8) if warmup_requests is None else warmup_requests
+    if num_prompts < 1 or warmup_requests < 0:
+        raise ValueError(f"num_prompts must be >= 1 and warmup_requests >= 0, got {num_prompts}, {warmup_requests}")
     # --model: without it bench_serving asks /v1/models; the served name is the model path.
     args = ["--backend", "sglang", "--base-url", url, "--model", tokenizer, "--tokenizer", tokenizer,
             "--dataset-name", "random-ids", "--tokenize-prompt",
             "--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len),
-            "--random-range-ratio", "1.0", "--num-prompts", str(load.prompts_for(concurrency)),
+            "--random-range-ratio", "1.0", "--num-prompts", str(num_prompts),
             "--max-concurrency", str(concurrency), "--request-rate", "inf",
             "--temperature", f"{load.temperature:g}", "--seed", str(load.seed),
-            "--warmup-requests", str(min(concurrency, 8)), "--ready-check-timeout-sec", "0",
+            "--warmup-requests", str(warmup_requests), "--ready-check-timeout-sec", "0",
             "--disable-tqdm", "--output-file", output_file, "--tag", tag]
     if profile_dir is not None:
         if not 1 <= profile_steps <= 100:

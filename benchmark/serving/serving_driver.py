@@ -1,11 +1,23 @@
-"""Run ``sglang.bench_serving`` once per concurrency level against one server, in one process.
+"""Run ``sglang.bench_serving`` against one server: repeated runs per concurrency level, in one process.
 
-Each level is exactly ``python -m sglang.bench_serving <args>`` (its own
+Each run is exactly ``python -m sglang.bench_serving <args>`` (its own
 ``cli_main`` with that argument vector; the equivalent command line is recorded
 in every row); running them in one process pays SGLang's import time once per
-server instead of once per level. Every finished level is appended at once to
-``<out>/results.jsonl`` (bench_serving's result plus ``key``, ``name``,
-``title``, ``concurrency``, ``command``), so a run cut short keeps what it measured.
+server instead of once per run.
+
+Per concurrency level (a cell), runs follow ``RepeatSettings`` of
+``serving_configs.py``: until ``repeats`` runs lasted at least ``min_seconds``
+(bench_serving's ``duration``); a shorter run is kept as a warm-up
+(``valid: false, warmup: true``) and the next one gets more prompts; a cell
+stops early at ``max_attempts`` runs, at ``max_cell_s`` or at the server's
+time limit (``time_left_s`` of the spec), with a ``note`` row saying why. A
+spec without ``repeat`` runs each level once (every run valid).
+
+Every finished run is appended at once to ``<out>/results.jsonl``
+(bench_serving's result plus ``key``, ``name``, ``title``, ``concurrency``,
+``rep`` (the run's number in its cell, from 1, warm-ups included),
+``num_prompts``, ``duration_s``, ``wall_s``, ``valid``, ``warmup`` and
+``command``), so a run cut short keeps what it measured.
 
     python serving_driver.py --spec JSON      # one server
     python serving_driver.py --serve          # one spec per stdin line (serving_run.py)
@@ -21,7 +33,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving_configs import LoadSettings, bench_args, shell_line  # noqa: E402
+from serving_configs import LoadSettings, RepeatSettings, bench_args, shell_line  # noqa: E402
 
 
 def import_bench_serving():
@@ -100,8 +112,8 @@ def serve() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spec", help="JSON: url, tokenizer, out, key, name, title, "
-                        "concurrencies, load, profile_dir (optional), profile_steps")
+    parser.add_argument("--spec", help="JSON: url, tokenizer, out, key, name, title, concurrencies, load; "
+                        "optional: repeat, time_left_s, profile_dir, profile_steps (see run_spec)")
     parser.add_argument("--serve", action="store_true", help="read one spec per stdin line (see serve())")
     args = parser.parse_args(argv)
     if args.serve:
@@ -111,43 +123,132 @@ def main(argv: list[str] | None = None) -> int:
     return run_spec(json.loads(args.spec))
 
 
-def run_spec(spec: dict) -> int:
-    """Every concurrency level of ``spec``; 1 when some level failed, else 0."""
-    load = LoadSettings(**spec["load"])
+def run_bench(argv: list[str], raw_file: str) -> dict:
+    """One bench_serving run; its result line without ``server_info`` (RuntimeError when it wrote none)."""
+    run_level(argv)
+    result = last_json_line(raw_file)
+    if result is None:
+        raise RuntimeError("bench_serving wrote no result line")
+    result.pop("server_info", None)  # the full server arguments: in meta.json once, not per row
+    return result
+
+
+def _append(path: str, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def measure_cell(spec: dict, conc: int, load: LoadSettings, repeat: RepeatSettings, *, deadline: float,
+                 run=run_bench, clock=time.monotonic) -> tuple[int, int]:
+    """The runs of one concurrency level, rows appended to ``<out>/results.jsonl``; returns (valid, failed).
+
+    ``run(argv, raw_file) -> result`` and ``clock`` are bench_serving and
+    ``time.monotonic`` except in tests. A failed run ends the cell (a server
+    that answers with errors would fail the next run too); when the cell ends
+    with fewer than ``repeat.repeats`` valid runs, a row with ``note`` (and
+    ``valid: false``, no metrics) says why.
+    """
     out = spec["out"]
     raw = os.path.join(out, "raw")
     os.makedirs(raw, exist_ok=True)
-    failures = 0
-    for conc in spec["concurrencies"]:
-        suffix = "_profile" if spec.get("profile_dir") else ""
-        raw_file = os.path.join(raw, f"{spec['name']}_c{conc}{suffix}.jsonl")
-        args = bench_args(spec["url"], spec["tokenizer"], conc, load, output_file=raw_file,
-                          tag=f"{spec['name']}_c{conc}{suffix}", profile_dir=spec.get("profile_dir"),
-                          profile_steps=spec.get("profile_steps", 6))
-        row = {"key": spec["key"], "name": spec["name"], "title": spec["title"], "concurrency": conc,
-               "num_prompts": load.prompts_for(conc),
+    results = os.path.join(out, "results.jsonl")
+    base = {"key": spec["key"], "name": spec["name"], "title": spec["title"], "concurrency": conc}
+    start = repeat.start_prompts(load, conc)
+    runs: list[dict] = []
+    failed = 0
+    cell_started = clock()
+    while True:
+        prompts, why = repeat.next_attempt(runs, start, conc, cell_elapsed_s=clock() - cell_started,
+                                           time_left_s=deadline - clock())
+        if prompts is None:
+            break
+        rep = len(runs) + 1
+        tag = f"{spec['name']}_c{conc}_r{rep}"
+        raw_file = os.path.join(raw, f"{tag}.jsonl")
+        # The runs after the first follow one at the same concurrency: the server is warm.
+        args = bench_args(spec["url"], spec["tokenizer"], conc, load, output_file=raw_file, tag=tag,
+                          num_prompts=prompts, warmup_requests=None if rep == 1 else 0)
+        row = {**base, "rep": rep, "num_prompts": prompts,
                "command": shell_line([sys.executable, "-m", "sglang.bench_serving", *args])}
-        started = time.monotonic()
+        started = clock()
         try:
-            run_level(args)
-            result = last_json_line(raw_file)
-            if result is None:
-                raise RuntimeError("bench_serving wrote no result line")
-            result.pop("server_info", None)  # the full server arguments: in meta.json once, not per row
+            result = run(args, raw_file)
             # bench_serving's "concurrency" is the measured mean of requests in flight; ours is the limit.
             result["measured_concurrency"] = result.pop("concurrency", None)
             row.update({k: v for k, v in result.items() if k not in row})
-        except Exception as exc:  # keep going: the other levels are still worth measuring
-            failures += 1
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            duration = result.get("duration")
+            if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
+                raise RuntimeError(f"bench_serving reported no positive duration: {duration!r}")
+            row["duration_s"] = round(float(duration), 3)
+            row["valid"] = repeat.is_valid(duration)
+            row["warmup"] = not row["valid"]
+        except Exception as exc:  # the other levels are still worth measuring
+            failed += 1
+            row.update({"error": f"{type(exc).__name__}: {exc}", "valid": False, "warmup": False,
+                        "duration_s": None})
             traceback.print_exc()
-        row["wall_s"] = round(time.monotonic() - started, 2)
-        target = os.path.join(out, "profile_runs.jsonl" if suffix else "results.jsonl")
-        with open(target, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(f"[driver] {spec['name']} c={conc}: "
-              + (row.get("error") or f"{row.get('output_throughput', 0):.1f} tok/s, "
-                 f"mean ITL {row.get('mean_itl_ms', 0):.2f} ms, accept {row.get('accept_length')}"), flush=True)
+        row["wall_s"] = round(clock() - started, 2)
+        _append(results, row)
+        print(f"[driver] {spec['name']} c={conc} run {rep} ({prompts} prompts): "
+              + (row.get("error") or f"{row.get('duration_s')} s{'' if row['valid'] else ' (warm-up, short)'}, "
+                 f"{row.get('output_throughput', 0):.1f} tok/s, mean ITL {row.get('mean_itl_ms', 0):.2f} ms, "
+                 f"accept {row.get('accept_length')}"), flush=True)
+        if "error" in row:
+            why = f"run {rep} failed ({row['error'][:200]})"
+            break
+        runs.append({"num_prompts": prompts, "duration_s": row["duration_s"], "wall_s": row["wall_s"],
+                     "valid": row["valid"]})
+    valid = sum(1 for r in runs if r["valid"])
+    if valid < repeat.repeats:
+        _append(results, {**base, "valid": False, "note": f"{valid} valid run(s) of {repeat.repeats}: {why}"})
+        print(f"[driver] {spec['name']} c={conc}: {valid} valid run(s) of {repeat.repeats}: {why}", flush=True)
+    return valid, failed
+
+
+def run_profile(spec: dict, conc: int, load: LoadSettings) -> int:
+    """One run at ``conc`` with SGLang's profiler on, its row in ``<out>/profile_runs.jsonl``; 1 if it failed."""
+    out = spec["out"]
+    raw = os.path.join(out, "raw")
+    os.makedirs(raw, exist_ok=True)
+    tag = f"{spec['name']}_c{conc}_profile"
+    raw_file = os.path.join(raw, f"{tag}.jsonl")
+    args = bench_args(spec["url"], spec["tokenizer"], conc, load, output_file=raw_file, tag=tag,
+                      profile_dir=spec["profile_dir"], profile_steps=spec.get("profile_steps", 6))
+    row = {"key": spec["key"], "name": spec["name"], "title": spec["title"], "concurrency": conc,
+           "num_prompts": load.prompts_for(conc),
+           "command": shell_line([sys.executable, "-m", "sglang.bench_serving", *args])}
+    started = time.monotonic()
+    try:
+        result = run_bench(args, raw_file)
+        result["measured_concurrency"] = result.pop("concurrency", None)
+        row.update({k: v for k, v in result.items() if k not in row})
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    row["wall_s"] = round(time.monotonic() - started, 2)
+    _append(os.path.join(out, "profile_runs.jsonl"), row)
+    return 1 if "error" in row else 0
+
+
+def run_spec(spec: dict) -> int:
+    """Every concurrency level of ``spec``; 1 when some run failed, else 0.
+
+    ``spec``: ``url``, ``tokenizer``, ``out``, ``key``, ``name``, ``title``,
+    ``concurrencies``, ``load`` (LoadSettings fields), optionally ``repeat``
+    (RepeatSettings fields; without it one run per level), ``time_left_s``
+    (seconds this server may take; no run starts that is predicted to end
+    later), ``profile_dir`` and ``profile_steps`` (one profiled run per level
+    instead, in ``profile_runs.jsonl``).
+    """
+    load = LoadSettings(**spec["load"])
+    if spec.get("profile_dir"):
+        return 1 if sum(run_profile(spec, conc, load) for conc in spec["concurrencies"]) else 0
+    repeat = RepeatSettings(**spec["repeat"]) if spec.get("repeat") else RepeatSettings.single()
+    deadline = time.monotonic() + float(spec.get("time_left_s", float("inf")))
+    failures = 0
+    for conc in spec["concurrencies"]:
+        _, failed = measure_cell(spec, conc, load, repeat, deadline=deadline)
+        failures += failed
     return 1 if failures else 0
 
 

@@ -1,20 +1,43 @@
-"""Tables and plots of the serving benchmark from its result rows (``results.jsonl``).
+"""Tables and plots of the serving benchmark from the result rows of one command or several.
 
-One row per (configuration, concurrency), the fields ``bench_serving`` wrote
-(``output_throughput`` tokens/s, ``mean_itl_ms``, ``p99_itl_ms``,
-``accept_length``, ``completed``...) plus ``key``, ``name``, ``title`` and
-``concurrency``. Writes ``serving.md``, ``serving.json`` and one PNG per metric;
-the ratios of (c), (d), (e), (h) to (b) are reported, never asserted.
+Input: one result folder per command (``serving_run.py --out``), each with
+``results.jsonl`` and ``meta.json``. A row is one ``bench_serving`` run: the
+fields bench_serving wrote (``output_throughput`` tokens/s, ``mean_itl_ms``,
+``p99_itl_ms``, ``accept_length``, ``completed``...) plus ``key``, ``name``,
+``title``, ``concurrency``, ``rep``, ``num_prompts``, ``duration_s``,
+``valid`` (the run lasted at least the command's ``min_seconds`` and counts)
+and ``warmup`` (a shorter run: recorded, never counted). A row with ``error``
+is a failed run; one with ``note`` says why a cell ended with fewer valid runs
+than wanted. Rows without ``valid`` (results written before repetitions
+existed) count unless they carry an ``error``.
+
+Per (command, configuration, concurrency) cell, over its valid runs: the
+median of every numeric field, its min and max and the number of runs n.
+Ratios to (b) are computed within one command only (each command measures
+its own (b), so a ratio never mixes two machines' states): the ratio of the
+medians, median(X) / median(b), and its range, the min and max of
+X_i / b_j over every pair of a valid run i of X and a valid run j of (b) in
+that command (min X / max b .. max X / min b). They are reported, never
+asserted. Listed beside the tables: the cells with fewer valid runs than the
+command's ``repeats`` (2 when its meta.json does not say) and the missing
+cells (planned in meta.json, configurations x concurrencies, or else seen in
+the rows, without any valid run), each with the reason recorded.
+
+Writes ``serving.md``, ``serving.json`` and one PNG per metric (medians, bars
+from min to max).
 
     python serving_report.py RESULT_DIR [--out DOCS_DIR]
+    python serving_report.py DIR1 DIR2 ... --out MERGED_DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
+import statistics
 import sys
 
 METRICS = (  # (field, label, unit, higher is better)
@@ -23,8 +46,23 @@ METRICS = (  # (field, label, unit, higher is better)
     ("p99_itl_ms", "p99 inter-token latency", "ms", False),
     ("accept_length", "accept length (server average)", "tokens/round", True),
 )
-RATIO_KEYS = ("c", "d", "e", "i", "h")
+# The plugin's configurations (SGLANG_DETSPEC active), each compared with SGLang's own deterministic path.
+RATIO_KEYS = ("c", "d", "e", "i", "f", "h")
 REFERENCE_KEY = "b"
+RATIO_FIELDS = ("output_throughput", "mean_itl_ms", "p99_itl_ms")
+DEFAULT_REPEATS = 2
+# Numeric row fields that are settings of the run, not measurements: no median for them.
+SETTING_FIELDS = frozenset({"concurrency", "rep", "max_concurrency", "random_input_len", "random_output_len",
+                            "random_range_ratio", "request_rate", "sharegpt_output_len"})
+
+
+@dataclasses.dataclass
+class Command:
+    """One command's results: its label (the name the report gives it), rows and meta.json."""
+
+    label: str
+    rows: list
+    meta: dict
 
 
 def load_rows(path: str) -> list[dict]:
@@ -42,38 +80,185 @@ def load_rows(path: str) -> list[dict]:
     return rows
 
 
+def load_command(folder: str, label: str | None = None) -> Command:
+    """A result folder: ``results.jsonl`` (required) and ``meta.json`` (optional).
+
+    The label is ``label``, else meta.json's ``label``, else the folder's name.
+
+    Raises:
+        FileNotFoundError: no results.jsonl in ``folder``.
+    """
+    rows_path = os.path.join(folder, "results.jsonl")
+    if not os.path.exists(rows_path):
+        raise FileNotFoundError(f"no results.jsonl in {folder}")
+    meta_path = os.path.join(folder, "meta.json")
+    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    label = label or meta.get("label") or os.path.basename(os.path.normpath(folder)) or "run"
+    return Command(label, load_rows(rows_path), meta)
+
+
 def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
 
 
-def index_rows(rows: list[dict]) -> dict[tuple[str, int], dict]:
-    """``{(key, concurrency): row}``; the last row wins when a pair repeats.
+def counts(row: dict) -> bool:
+    """Whether a row is a valid run: ``valid`` true (absent: no ``error`` and no ``note``)."""
+    if "error" in row or "note" in row:
+        return False
+    return row.get("valid", True) is True
+
+
+def index_rows(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """``{(key, concurrency): [rows of that cell, in file order]}``.
 
     Raises:
         ValueError: a row without ``key`` or an integer ``concurrency``.
     """
-    table = {}
+    table: dict[tuple[str, int], list[dict]] = {}
     for i, row in enumerate(rows):
         key, conc = row.get("key"), row.get("concurrency")
         if not isinstance(key, str) or not isinstance(conc, int) or isinstance(conc, bool):
             raise ValueError(f"row {i}: needs a string 'key' and an integer 'concurrency', got {key!r}, {conc!r}")
-        table[(key, conc)] = row
+        table.setdefault((key, conc), []).append(row)
     return table
 
 
-def ratios(table: dict, field: str = "output_throughput") -> dict[str, dict[int, float | None]]:
-    """``{key: {concurrency: row[key][field] / row[b][field]}}`` for (c), (d), (e), (h); None where missing."""
-    out = {}
-    concs = sorted({c for _, c in table})
-    for key in RATIO_KEYS:
-        out[key] = {}
-        for c in concs:
-            num = _number((table.get((key, c)) or {}).get(field))
-            den = _number((table.get((REFERENCE_KEY, c)) or {}).get(field))
-            out[key][c] = num / den if num is not None and den not in (None, 0.0) else None
-    return out
+def aggregate(rows: list[dict]) -> dict:
+    """One cell from its rows: ``n`` valid runs, ``median`` / ``min`` / ``max`` / ``values`` per numeric field.
+
+    Also ``warmups`` (short runs), ``errors`` and ``notes`` (texts), ``title``.
+    Fields in ``SETTING_FIELDS`` and non-numeric ones are left out; a field
+    missing from some valid runs is aggregated over the runs that have it.
+    """
+    valid = [r for r in rows if counts(r)]
+    values: dict[str, list[float]] = {}
+    for r in valid:
+        for field, value in r.items():
+            v = _number(value)
+            if v is not None and field not in SETTING_FIELDS:
+                values.setdefault(field, []).append(v)
+    return {
+        "title": next((r["title"] for r in rows if r.get("title")), None),
+        "n": len(valid),
+        "median": {f: statistics.median(v) for f, v in values.items()},
+        "min": {f: min(v) for f, v in values.items()},
+        "max": {f: max(v) for f, v in values.items()},
+        "values": values,
+        "warmups": sum(1 for r in rows if r.get("warmup") and "error" not in r),
+        "errors": [r["error"] for r in rows if r.get("error")],
+        "notes": [r["note"] for r in rows if r.get("note")],
+    }
+
+
+def ratio(cell: dict | None, reference: dict | None, field: str) -> dict | None:
+    """``cell`` relative to ``reference`` (two cells of one command) for ``field``; None without data.
+
+    Returns ``{"ratio": median / median, "min": min over run pairs, "max": max over run pairs,
+    "n": runs of cell, "n_b": runs of reference}``; None when either has no value or a value <= 0.
+    """
+    if not cell or not reference:
+        return None
+    xs, bs = cell["values"].get(field, []), reference["values"].get(field, [])
+    if not xs or not bs or min(bs) <= 0 or min(xs) <= 0:
+        return None
+    pairs = [x / b for x in xs for b in bs]
+    return {"ratio": statistics.median(xs) / statistics.median(bs), "min": min(pairs), "max": max(pairs),
+            "n": len(xs), "n_b": len(bs)}
+
+
+def _unique_labels(commands: list[Command]) -> list[str]:
+    seen: dict[str, int] = {}
+    labels = []
+    for c in commands:
+        seen[c.label] = seen.get(c.label, 0) + 1
+        labels.append(c.label if seen[c.label] == 1 else f"{c.label}#{seen[c.label]}")
+    return labels
+
+
+def _planned(command: Command, table: dict) -> tuple[list[str], list[int]]:
+    keys = list(command.meta.get("configs") or []) or sorted({k for k, _ in table})
+    concs = [c for c in command.meta.get("concurrencies") or [] if isinstance(c, int)] or sorted(
+        {c for _, c in table})
+    return keys, concs
+
+
+def _absent_reason(meta: dict, key: str) -> str:
+    failure = (meta.get("failures") or {}).get(key)
+    if failure:
+        return f"server failed: {failure.get('why', '?')}"
+    state = (meta.get("server_states") or {}).get(key)
+    if state == "waiting":
+        return "server never started (time budget)"
+    return "not measured"
+
+
+def summarize(commands: list[Command]) -> dict:
+    """Everything the report shows, from one or several commands.
+
+    Returns a dict: ``labels`` (one per command, unique), ``metas`` (label ->
+    meta), ``concs`` (all concurrencies, sorted), ``cells`` ((label, key,
+    concurrency) -> :func:`aggregate` of its rows), ``titles`` (key -> title),
+    ``ratios`` (label -> field -> key -> concurrency -> :func:`ratio` or None,
+    for the keys of ``RATIO_KEYS`` that command measured), ``no_reference``
+    ((label, key, concurrency) where that command measured the key but not
+    (b)), ``fewer`` ((label, key, concurrency, n, repeats, reasons) with
+    0 < n < repeats) and ``missing`` ((label, key, concurrency, reasons)
+    planned without a valid run).
+
+    Raises:
+        ValueError: a row without a string ``key`` or an integer ``concurrency``.
+    """
+    labels = _unique_labels(commands)
+    summary = {"labels": labels, "metas": {}, "concs": set(), "cells": {}, "titles": {}, "ratios": {},
+               "no_reference": [], "fewer": [], "missing": [], "repeats": {}}
+    for label, command in zip(labels, commands):
+        meta = command.meta
+        summary["metas"][label] = meta
+        table = index_rows(command.rows)
+        for k, c in (meta.get("configs") or {}).items():
+            if isinstance(c, dict) and c.get("title"):
+                summary["titles"].setdefault(k, c["title"])
+        repeats = meta.get("repeats") if isinstance(meta.get("repeats"), int) else DEFAULT_REPEATS
+        summary["repeats"][label] = repeats
+        for (key, conc), rows in table.items():
+            cell = aggregate(rows)
+            summary["cells"][(label, key, conc)] = cell
+            if cell["title"]:
+                summary["titles"][key] = cell["title"]
+        keys, concs = _planned(command, table)
+        summary["concs"].update(concs)
+        summary["concs"].update(c for _, c in table)
+        for key in keys:
+            for conc in concs:
+                cell = summary["cells"].get((label, key, conc))
+                if cell is None:
+                    summary["missing"].append((label, key, conc, [_absent_reason(meta, key)]))
+                    continue
+                reasons = cell["errors"] + cell["notes"]
+                if cell["warmups"]:
+                    reasons.append(f"{cell['warmups']} warm-up run(s) shorter than "
+                                   f"{meta.get('min_seconds', '?')} s")
+                if cell["n"] == 0:
+                    summary["missing"].append((label, key, conc, reasons or ["no valid run"]))
+                elif cell["n"] < repeats:
+                    summary["fewer"].append((label, key, conc, cell["n"], repeats, cell["errors"] + cell["notes"]))
+        measured = {(k, c) for (lab, k, c), cell in summary["cells"].items() if lab == label and cell["n"]}
+        per_field = {}
+        for field in RATIO_FIELDS:
+            per_key = {}
+            for key in RATIO_KEYS:
+                per_key[key] = {}
+                for conc in sorted({c for _, c in table} | set(concs)):
+                    per_key[key][conc] = ratio(summary["cells"].get((label, key, conc)),
+                                               summary["cells"].get((label, REFERENCE_KEY, conc)), field)
+                    if field == RATIO_FIELDS[0] and (key, conc) in measured and (REFERENCE_KEY, conc) not in measured:
+                        summary["no_reference"].append((label, key, conc))
+            per_field[field] = per_key
+        summary["ratios"][label] = per_field
+    summary["concs"] = sorted(summary["concs"])
+    return summary
 
 
 def _fmt(value, digits=1) -> str:
@@ -81,50 +266,136 @@ def _fmt(value, digits=1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def markdown(table: dict, meta: dict) -> str:
-    """The results as a markdown document: metadata, one table per metric, the ratio tables."""
-    keys = sorted({k for k, _ in table})
-    concs = sorted({c for _, c in table})
-    titles = {k: (table[(k, c)].get("title") or k) for k, c in table}
-    lines = ["# End-to-end serving benchmark", ""]
+def _cell_text(cell: dict | None, field: str, digits: int) -> str:
+    if not cell or field not in cell["median"]:
+        return "-"
+    med = _fmt(cell["median"][field], digits)
+    n = len(cell["values"][field])
+    if n < 2:
+        return f"{med} (n={n})"
+    return f"{med} ({_fmt(cell['min'][field], digits)}–{_fmt(cell['max'][field], digits)}, n={n})"
+
+
+def _where(summary: dict, label: str, key: str, conc: int) -> str:
+    text = f"({key}) c={conc}"
+    return text if len(summary["labels"]) == 1 else f"{text} [{label}]"
+
+
+def _row_name(summary: dict, label: str, key: str) -> str:
+    title = summary["titles"].get(key) or key
+    return title if len(summary["labels"]) == 1 else f"{title} [{label}]"
+
+
+def _meta_lines(meta: dict, indent: str = "") -> list[str]:
+    lines = []
     for label, field in (("date (UTC)", "date_utc"), ("machine", "gpu"), ("torch", "torch_version"),
                          ("Triton", "triton_version"), ("SGLang", "sglang_version"),
-                         ("sglang-detspec", "sglang_detspec_version"), ("models", "models"),
-                         ("load", "load"), ("shared server flags", "server_flags")):
+                         ("sglang-detspec", "sglang_detspec_version"), ("attention backend", "attention_backend"),
+                         ("models", "models"), ("load", "load"), ("repetitions", "repeat"),
+                         ("shared server flags", "server_flags"), ("wall time (s)", "wall_s")):
         if meta.get(field) is not None:
             value = meta[field]
-            lines.append(f"- {label}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
-    lines.append("")
-    for field, label, unit, _ in METRICS:
+            lines.append(f"{indent}- {label}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+    return lines
+
+
+def _protocol_line(summary: dict) -> str:
+    parts = []
+    for label in summary["labels"]:
+        meta = summary["metas"][label]
+        who = "" if len(summary["labels"]) == 1 else f"`{label}`: "
+        if isinstance(meta.get("min_seconds"), (int, float)):
+            parts.append(f"{who}{summary['repeats'][label]} valid runs wanted per cell, each with bench_serving's "
+                         f"duration >= {meta['min_seconds']:g} s (shorter runs are warm-ups, not counted)")
+        else:
+            parts.append(f"{who}no repetition settings recorded (results from before repetitions: "
+                         f"every run counts, {summary['repeats'][label]} wanted)")
+    return ("Each cell: median of its valid runs (min–max, n = valid runs). " + "; ".join(parts) + ".")
+
+
+def render_markdown(summary: dict) -> str:
+    """The report of :func:`summarize` as a markdown document."""
+    labels, concs, cells = summary["labels"], summary["concs"], summary["cells"]
+    multi = len(labels) > 1
+    lines = ["# End-to-end serving benchmark", ""]
+    if multi:
+        lines += [f"Merged from {len(labels)} commands; each row names the command that measured it, and ratios "
+                  "to (b) use the (b) of the same command.", ""]
+        for label in labels:
+            meta = summary["metas"][label]
+            keys = "".join(sorted({k for (lab, k, _), c in cells.items() if lab == label and c["n"]}))
+            lines.append(f"- command `{label}` (configurations measured: {keys or 'none'})")
+            lines += _meta_lines(meta, indent="  ")
+    else:
+        lines += _meta_lines(summary["metas"][labels[0]]) if labels else []
+        if labels and summary["metas"][labels[0]].get("label"):
+            lines.append(f"- command: `{labels[0]}`")
+    lines += ["", _protocol_line(summary), ""]
+    names = []  # (label, key) with at least one valid cell, by key then command
+    for key in sorted({k for (_, k, _) in cells}):
+        for label in labels:
+            if any(cells.get((label, key, c), {}).get("n") for c in concs):
+                names.append((label, key))
+    header = ["| configuration | " + " | ".join(f"c={c}" for c in concs) + " |", "|---|" + "---|" * len(concs)]
+    for field, label_text, unit, _ in METRICS:
         digits = 2 if field == "accept_length" else 1
-        lines += [f"## {label} ({unit})", "", "| configuration | " + " | ".join(f"c={c}" for c in concs) + " |",
-                  "|---|" + "---|" * len(concs)]
-        for k in keys:
-            cells = [_fmt((table.get((k, c)) or {}).get(field), digits) for c in concs]
-            lines.append(f"| {titles[k]} | " + " | ".join(cells) + " |")
+        lines += [f"## {label_text} ({unit})", "", *header]
+        for label, key in names:
+            texts = [_cell_text(cells.get((label, key, c)), field, digits) for c in concs]
+            lines.append(f"| {_row_name(summary, label, key)} | " + " | ".join(texts) + " |")
         lines.append("")
-    for field, label in (("output_throughput", "output tokens/s"), ("mean_itl_ms", "mean inter-token latency")):
-        r = ratios(table, field)
-        lines += [f"## ratio to (b), {label} (measured, not asserted)", "",
-                  "| configuration | " + " | ".join(f"c={c}" for c in concs) + " |", "|---|" + "---|" * len(concs)]
-        for k in RATIO_KEYS:
-            if any((k, c) in table for c in concs):
-                lines.append(f"| {titles.get(k, k)} | " + " | ".join(_fmt(r[k][c], 3) for c in concs) + " |")
+    for field, label_text in (("output_throughput", "output tokens/s"), ("mean_itl_ms", "mean inter-token latency")):
+        rows = [(label, key) for label in labels for key in RATIO_KEYS
+                if any(cells.get((label, key, c), {}).get("n") for c in concs)]
+        lines += [f"## ratio to (b), {label_text} (measured, not asserted)", "",
+                  "Ratio of the medians, median(X) / median(b), both measured by the same command.", "", *header]
+        for label, key in rows:
+            r = summary["ratios"][label][field][key]
+            lines.append(f"| {_row_name(summary, label, key)} | "
+                         + " | ".join(_fmt((r.get(c) or {}).get("ratio"), 3) for c in concs) + " |")
+        lines += ["", "Range of the ratio: min and max of X_i / b_j over every pair of valid runs "
+                  "(min X / max b .. max X / min b), with the runs n of X and n of (b).", "", *header]
+        for label, key in rows:
+            r = summary["ratios"][label][field][key]
+            texts = []
+            for c in concs:
+                v = r.get(c)
+                texts.append("-" if v is None else
+                             f"{_fmt(v['min'], 3)}–{_fmt(v['max'], 3)} (n={v['n']}/{v['n_b']})")
+            lines.append(f"| {_row_name(summary, label, key)} | " + " | ".join(texts) + " |")
         lines.append("")
-    missing = [f"({k}) c={c}" for k in keys for c in concs if (k, c) not in table]
-    if missing:
-        lines += ["Missing measurements: " + ", ".join(missing), ""]
+    if summary["no_reference"]:
+        lines += ["No ratio where the command did not measure (b) at that concurrency: "
+                  + ", ".join(_where(summary, *item) for item in summary["no_reference"]), ""]
+    if summary["fewer"]:
+        items = []
+        for label, key, conc, n, repeats, reasons in summary["fewer"]:
+            why = f"; {'; '.join(reasons)}" if reasons else ""
+            items.append(f"{_where(summary, label, key, conc)} (n={n} of {repeats}{why})")
+        wanted = sorted({item[4] for item in summary["fewer"]})
+        lines += [f"Cells with fewer than {'/'.join(map(str, wanted))} valid repetitions: " + ", ".join(items), ""]
+    if summary["missing"]:
+        items = [f"{_where(summary, label, key, conc)}" + (f" ({'; '.join(reasons)})" if reasons else "")
+                 for label, key, conc, reasons in summary["missing"]]
+        lines += ["Missing measurements: " + ", ".join(items), ""]
     return "\n".join(lines)
 
 
-def plots(table: dict, meta: dict, out_dir: str) -> list[str]:
-    """One PNG per metric (x: concurrency, log scale; one line per configuration); returns the paths."""
+def markdown(table: dict, meta: dict) -> str:
+    """The markdown report of one command from :func:`index_rows`'s table (or ``{(key, conc): row}``)."""
+    rows = [r for v in table.values() for r in (v if isinstance(v, list) else [v])]
+    return render_markdown(summarize([Command(meta.get("label") or "run", rows, meta)]))
+
+
+def plots(summary: dict, out_dir: str) -> list[str]:
+    """One PNG per metric (x: concurrency, log scale; one line per configuration and command, bars min–max)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({k for k, _ in table})
+    cells, labels = summary["cells"], summary["labels"]
+    meta = summary["metas"][labels[0]] if labels else {}
     paths = []
     # One short line: the date, the first GPU's name (nvidia-smi lists one "name, memory, driver" per GPU)
     # and the versions; the full facts are in the markdown report.
@@ -134,23 +405,28 @@ def plots(table: dict, meta: dict, out_dir: str) -> list[str]:
              "gpu": f"{used} x {gpus[0]}" if gpus else "",
              "torch_version": f"torch {meta['torch_version']}" if meta.get("torch_version") else "",
              "triton_version": f"Triton {meta['triton_version']}" if meta.get("triton_version") else "",
-             "sglang_version": f"SGLang {meta['sglang_version']}" if meta.get("sglang_version") else ""}
+             "sglang_version": f"SGLang {meta['sglang_version']}" if meta.get("sglang_version") else "",
+             "attention_backend": f"attention {meta['attention_backend']}" if meta.get("attention_backend") else ""}
     stamp = ", ".join(v for v in facts.values() if v)
-    for field, label, unit, _ in METRICS:
+    lines = sorted({(k, lab) for (lab, k, _) in cells}, key=lambda kl: (kl[0], labels.index(kl[1])))
+    for field, label_text, unit, _ in METRICS:
         fig, ax = plt.subplots(figsize=(8, 5))
         drawn = False
-        for k in keys:
-            points = sorted((c, _number(r.get(field))) for (kk, c), r in table.items() if kk == k)
-            points = [(c, v) for c, v in points if v is not None]
+        for key, label in lines:
+            points = sorted((c, cell) for (lab, k, c), cell in cells.items()
+                            if lab == label and k == key and field in cell["median"])
             if not points:
                 continue
-            title = next(r.get("title") for (kk, _), r in table.items() if kk == k) or k
-            ax.plot([c for c, _ in points], [v for _, v in points], marker="o", label=title)
+            xs = [c for c, _ in points]
+            med = [cell["median"][field] for _, cell in points]
+            low = [cell["median"][field] - cell["min"][field] for _, cell in points]
+            high = [cell["max"][field] - cell["median"][field] for _, cell in points]
+            ax.errorbar(xs, med, yerr=[low, high], marker="o", capsize=3, label=_row_name(summary, label, key))
             drawn = True
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency (requests in flight)")
-        ax.set_ylabel(f"{label} ({unit})")
-        ax.set_title(f"{label}\n{stamp}", fontsize=9)
+        ax.set_ylabel(f"{label_text} ({unit})")
+        ax.set_title(f"{label_text}: median of valid runs, bars min–max\n{stamp}", fontsize=9)
         ax.grid(True, alpha=0.3)
         if drawn:
             ax.legend(fontsize=7)
@@ -162,41 +438,79 @@ def plots(table: dict, meta: dict, out_dir: str) -> list[str]:
     return paths
 
 
-def write_report(rows: list[dict], meta: dict, out_dir: str, *, with_plots: bool = True) -> dict:
-    """Write ``serving.md``, ``serving.json`` (and the PNGs) into ``out_dir``; returns what was written."""
+def _json_summary(summary: dict, commands: list[Command]) -> dict:
+    labels = summary["labels"]
+    legacy = {}  # ratios_to_b[field][key][str(c)]: the ratio of medians from the first command that has one
+    for field in RATIO_FIELDS:
+        legacy[field] = {}
+        for key in RATIO_KEYS:
+            legacy[field][key] = {}
+            for c in summary["concs"]:
+                found = [summary["ratios"][lab][field][key].get(c) for lab in labels]
+                found = [f for f in found if f]
+                legacy[field][key][str(c)] = found[0]["ratio"] if found else None
+    rows = [{**r, "measured_by": label} for label, command in zip(labels, commands) for r in command.rows]
+    return {
+        "meta": summary["metas"][labels[0]] if len(labels) == 1 else {},
+        "commands": summary["metas"],
+        "rows": rows,
+        "cells": [{"measured_by": lab, "key": k, "concurrency": c,
+                   **{f: v for f, v in cell.items() if f != "values"}}
+                  for (lab, k, c), cell in sorted(summary["cells"].items(),
+                                                  key=lambda item: (item[0][1], labels.index(item[0][0]), item[0][2]))],
+        "ratios_to_b": legacy,
+        "ratio_ranges_to_b": {lab: {f: {k: {str(c): v for c, v in per_c.items()} for k, per_c in per_key.items()}
+                                    for f, per_key in per_field.items()}
+                              for lab, per_field in summary["ratios"].items()},
+        "fewer_repetitions": [{"measured_by": lab, "key": k, "concurrency": c, "n": n, "repeats": r, "why": why}
+                              for lab, k, c, n, r, why in summary["fewer"]],
+        "missing": [{"measured_by": lab, "key": k, "concurrency": c, "why": why}
+                    for lab, k, c, why in summary["missing"]],
+    }
+
+
+def write_commands(commands: list[Command], out_dir: str, *, with_plots: bool = True) -> dict:
+    """Write ``serving.md``, ``serving.json`` (and the PNGs) of ``commands`` into ``out_dir``; returns the paths.
+
+    Raises:
+        ValueError: a row without a string ``key`` or an integer ``concurrency``.
+    """
     os.makedirs(out_dir, exist_ok=True)
-    table = index_rows(rows)
+    summary = summarize(commands)
     md_path = os.path.join(out_dir, "serving.md")
     with open(md_path, "w") as f:
-        f.write(markdown(table, meta))
-    payload = {"meta": meta, "rows": [table[k] for k in sorted(table)],
-               "ratios_to_b": {f: {k: {str(c): v for c, v in d.items()} for k, d in ratios(table, f).items()}
-                               for f in ("output_throughput", "mean_itl_ms", "p99_itl_ms")}}
+        f.write(render_markdown(summary))
     json_path = os.path.join(out_dir, "serving.json")
     with open(json_path, "w") as f:
-        json.dump(payload, f, indent=1)
+        json.dump(_json_summary(summary, commands), f, indent=1)
     written = {"markdown": md_path, "json": json_path, "plots": []}
-    if with_plots and table:
+    if with_plots and any(cell["n"] for cell in summary["cells"].values()):
         try:
-            written["plots"] = plots(table, meta, out_dir)
+            written["plots"] = plots(summary, out_dir)
         except ImportError as exc:  # the report stands without plots; they can be drawn later from the JSON
             written["plot_error"] = str(exc)
     return written
 
 
+def write_report(rows: list[dict], meta: dict, out_dir: str, *, with_plots: bool = True) -> dict:
+    """The report of one command (label: meta's ``label`` or ``run``); see :func:`write_commands`."""
+    return write_commands([Command(meta.get("label") or "run", rows, meta)], out_dir, with_plots=with_plots)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("result_dir", help="folder with results.jsonl and meta.json")
-    parser.add_argument("--out", default=None, help="where to write (default: result_dir)")
+    parser.add_argument("result_dir", nargs="+", help="result folders (results.jsonl, meta.json), one per command")
+    parser.add_argument("--out", default=None, help="where to write (default: the result folder; required for several)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    rows_path = os.path.join(args.result_dir, "results.jsonl")
-    if not os.path.exists(rows_path):
-        parser.error(f"result_dir: no results.jsonl in {args.result_dir}")
-    meta_path = os.path.join(args.result_dir, "meta.json")
-    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    if len(args.result_dir) > 1 and not args.out:
+        parser.error("out: required when merging several result folders")
     try:
-        written = write_report(load_rows(rows_path), meta, args.out or args.result_dir, with_plots=not args.no_plots)
+        commands = [load_command(d) for d in args.result_dir]
+    except FileNotFoundError as exc:
+        parser.error(f"result_dir: {exc}")
+    try:
+        written = write_commands(commands, args.out or args.result_dir[0], with_plots=not args.no_plots)
     except ValueError as exc:
         parser.error(str(exc))
     print(json.dumps(written))

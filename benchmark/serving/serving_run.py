@@ -9,9 +9,11 @@ Schedule (it must fit one command of at most 600 s on one or two GPUs):
    in priority order (``--configs``, default ``bdeicagfh``: the ratios survive a
    run cut short).
 3. Measure one server at a time (``serving_driver.py``: ``bench_serving`` at
-   each concurrency), so measurements never overlap, and only on a GPU where
-   no server is starting; a measured server is stopped and the next waiting
-   configuration starts in its place.
+   each concurrency until ``--repeats`` runs of at least ``--min-seconds``
+   each, shorter runs kept as warm-ups; see ``RepeatSettings``), so
+   measurements never overlap, and only on a GPU where no server is starting;
+   a measured server is stopped and the next waiting configuration starts in
+   its place.
 4. For the configurations in ``--profile``, one more run at the largest
    concurrency with SGLang's profiler on (decode steps only), summarised by
    ``serving_trace.py``.
@@ -21,7 +23,11 @@ Schedule (it must fit one command of at most 600 s on one or two GPUs):
 Every wait has a time limit and the whole run stops at ``--budget-s``: then
 servers are stopped and the report is written from what was measured.
 
-    python benchmark/serving/serving_run.py --out OUT --models DIR [--budget-s 560]
+    python benchmark/serving/serving_run.py --out OUT --models DIR [--budget-s 560] [--configs bdei]
+
+Several commands, each measuring (b) beside its own configurations, make one
+report with ``serving_report.py OUT1 OUT2 --out MERGED`` (ratios to (b)
+within each command).
 """
 
 from __future__ import annotations
@@ -43,11 +49,15 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from serving_configs import (  # noqa: E402
-    CONFIGS, DEFAULT_CONCURRENCIES, DEFAULT_ORDER, LoadSettings, ServerSettings, parse_int_list, parse_keys,
-    server_command, shell_line,
+    ATTENTION_BACKENDS, CONFIGS, DEFAULT_CONCURRENCIES, DEFAULT_ORDER, LoadSettings, RepeatSettings, ServerSettings,
+    parse_int_list, parse_keys, server_command, shell_line,
 )
 
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
+DRIVER_WRAP_UP_S = 5  # the driver starts no run predicted to end later than this before its limit
+DEFAULT_PROFILE = "dc"  # profiled unless --profile says otherwise, where --configs has them
+# No server starts with less left: it needs 80-200 s to become healthy, so it would only delay the report.
+START_RESERVE_S = 150
 
 
 @dataclasses.dataclass
@@ -72,18 +82,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
     p.add_argument("--configs", default=DEFAULT_ORDER, help="configuration keys in priority order (default bdeicagfh)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
-    p.add_argument("--profile", default="dc", help="configuration keys profiled at the largest concurrency ('' for none)")
+    p.add_argument("--profile", default=None,
+                   help="configuration keys profiled at the largest concurrency ('' for none; "
+                        f"default: those of {DEFAULT_PROFILE} in --configs)")
     p.add_argument("--profile-steps", type=int, default=6)
     p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
     p.add_argument("--max-servers-per-gpu", type=int, default=3,
                    help="servers held on one GPU at once (default 3: about 30 GB each at 8B)")
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole run")
     p.add_argument("--server-timeout-s", type=float, default=330.0, help="limit for one server to become healthy")
-    p.add_argument("--driver-timeout-s", type=float, default=150.0, help="limit for one server's measurements")
+    p.add_argument("--driver-timeout-s", type=float, default=300.0,
+                   help="limit for one server's measurements, all concurrencies and repetitions (default 300)")
     p.add_argument("--port-base", type=int, default=31000)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=2, help="waves of requests per concurrency level")
+    p.add_argument("--rounds", type=int, default=2, help="waves of requests of a cell's first run")
+    p.add_argument("--min-prompts", type=int, default=4, help="prompts of a cell's first run at least")
+    p.add_argument("--repeats", type=int, default=2, help="valid runs per (configuration, concurrency) cell")
+    p.add_argument("--min-seconds", type=float, default=8.0,
+                   help="a run counts when bench_serving's duration is at least this (s); shorter: a warm-up")
+    p.add_argument("--max-attempts", type=int, default=4, help="runs per cell at most, warm-ups included")
+    p.add_argument("--cell-timeout-s", type=float, default=60.0,
+                   help="wall-clock limit of one cell: no run starts that is predicted to end later")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="fa3",
+                   help="every server's --attention-backend (default fa3, deterministic mode's choice on Hopper; "
+                        "triton where SGLang's FA3 library is missing)")
+    p.add_argument("--label", default=None,
+                   help="this command's name in merged reports (default: the --out folder's name)")
     p.add_argument("--max-total-tokens", type=int, default=65536)
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands) and exit")
@@ -94,7 +119,10 @@ def validate(args) -> dict:
     """Parsed and checked settings; ValueError naming the argument otherwise."""
     keys = parse_keys(args.configs)
     concs = parse_int_list(args.concurrency, "concurrency", maximum=1024)
-    profile = parse_keys(args.profile) if args.profile.strip() else []
+    if args.profile is None:
+        profile = [k for k in DEFAULT_PROFILE if k in keys]
+    else:
+        profile = parse_keys(args.profile) if args.profile.strip() else []
     if not set(profile) <= set(keys):
         raise ValueError(f"profile: keys {sorted(set(profile) - set(keys))} are not in configs {''.join(keys)}")
     if not 1 <= args.max_servers_per_gpu <= 16:
@@ -105,20 +133,27 @@ def validate(args) -> dict:
         raise ValueError(f"budget_s must lie in [30, 86400], got {args.budget_s}")
     if not 1 <= args.profile_steps <= 100:
         raise ValueError(f"profile_steps must lie in [1, 100], got {args.profile_steps}")
-    for name in ("server_timeout_s", "driver_timeout_s"):
+    for name in ("server_timeout_s", "driver_timeout_s", "cell_timeout_s"):
         if not 1 <= getattr(args, name) <= 3600:
             raise ValueError(f"{name} must lie in [1, 3600], got {getattr(args, name)}")
     if not 1024 <= args.port_base <= 65535 - 600:
         raise ValueError(f"port_base must lie in [1024, 64935], got {args.port_base}")
-    load = LoadSettings(input_len=args.input_len, output_len=args.output_len, rounds=args.rounds)
+    load = LoadSettings(input_len=args.input_len, output_len=args.output_len, rounds=args.rounds,
+                        min_prompts=args.min_prompts)
+    repeat = RepeatSettings(repeats=args.repeats, min_seconds=args.min_seconds, max_attempts=args.max_attempts,
+                            max_cell_s=args.cell_timeout_s)
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
-                              mem_fraction_static=args.mem_fraction_static)
+                              mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend)
     needed = max(concs) * (args.input_len + args.output_len + 16)
     if args.max_total_tokens < needed:
         raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)), "
                          f"got {args.max_total_tokens}")
-    return {"keys": keys, "concs": concs, "profile": profile, "load": load, "settings": settings}
+    if args.label is not None and not args.label.strip():
+        raise ValueError("label must not be empty")
+    label = args.label or os.path.basename(os.path.normpath(args.out)) or "run"
+    return {"keys": keys, "concs": concs, "profile": profile, "load": load, "repeat": repeat, "settings": settings,
+            "label": label}
 
 
 def plan_servers(keys: list[str], gpus: int, settings: ServerSettings, *, port_base: int, out: str,
@@ -223,7 +258,8 @@ class Run:
         import serving_report
 
         rows_path = os.path.join(self.out, "results.jsonl")
-        rows = [r for r in serving_report.load_rows(rows_path) if "error" not in r] if os.path.exists(rows_path) else []
+        # Failed runs and cell notes stay in: the report names them beside the missing cells.
+        rows = serving_report.load_rows(rows_path) if os.path.exists(rows_path) else []
         try:
             serving_report.write_report(rows, self.meta, self.out, with_plots=with_plots)
         except Exception as exc:  # the raw rows stay on disk either way
@@ -257,7 +293,7 @@ class Run:
             if s.state != "waiting":
                 continue
             busy = sum(1 for o in self.servers if o.gpu == s.gpu and o.state in ("starting", "ready"))
-            if busy < self.args.max_servers_per_gpu and self.left() > 150:
+            if busy < self.args.max_servers_per_gpu and self.left() > START_RESERVE_S:
                 self.launch(s)
 
     def poll(self) -> None:
@@ -303,14 +339,14 @@ class Run:
 
     def drive(self, s: Server, concs: list[int], profile_dir: str | None = None) -> int:
         config = CONFIGS[s.key]
-        spec = {"url": f"http://127.0.0.1:{s.port}", "tokenizer": self.plan["settings"].target, "out": self.out,
-                "key": s.key, "name": config.name, "title": config.title, "concurrencies": concs,
-                "load": dataclasses.asdict(self.plan["load"]), "profile_dir": profile_dir,
-                "profile_steps": self.args.profile_steps}
         limit = min(self.args.driver_timeout_s, self.left() - REPORT_RESERVE_S)
         if limit < 10:
             self.log(f"({s.key}) skipped: {self.left():.0f} s left")
             return -1
+        spec = {"url": f"http://127.0.0.1:{s.port}", "tokenizer": self.plan["settings"].target, "out": self.out,
+                "key": s.key, "name": config.name, "title": config.title, "concurrencies": concs,
+                "load": dataclasses.asdict(self.plan["load"]), "repeat": dataclasses.asdict(self.plan["repeat"]),
+                "profile_dir": profile_dir, "profile_steps": self.args.profile_steps}
         deadline = time.monotonic() + limit
         proc = self.driver()
         while not self._driver_ready:  # the import, when it has not finished yet
@@ -320,6 +356,8 @@ class Run:
                 self.stop_driver()
                 return -2
             self._driver_ready = line.strip() == "ready"
+        # Taken now, after any wait for the import: the driver counts it from when it reads the spec.
+        spec["time_left_s"] = max(1.0, deadline - time.monotonic() - DRIVER_WRAP_UP_S)
         proc.stdin.write(json.dumps(spec) + "\n")
         proc.stdin.flush()
         while True:
@@ -372,7 +410,9 @@ class Run:
         self.meta.update({
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": gpu_text, "gpus_used": gpus, **versions(),
-            "load": dataclasses.asdict(p["load"]), "concurrencies": p["concs"],
+            "label": p["label"], "attention_backend": p["settings"].attention_backend,
+            "load": dataclasses.asdict(p["load"]), "repeat": dataclasses.asdict(p["repeat"]),
+            "repeats": p["repeat"].repeats, "min_seconds": p["repeat"].min_seconds, "concurrencies": p["concs"],
             "configs": {k: CONFIGS[k].to_json() for k in p["keys"]},
         })
         self.servers = plan_servers(p["keys"], gpus, p["settings"], port_base=self.args.port_base, out=self.out,
@@ -420,7 +460,7 @@ class Run:
             if not any(s.state == "starting" for s in self.servers) and not any(
                     s.state == "waiting" for s in self.servers):
                 return
-            if not any(s.state == "starting" for s in self.servers) and self.left() <= 150:
+            if not any(s.state == "starting" for s in self.servers) and self.left() <= START_RESERVE_S:
                 self.log("no time left to start the waiting configurations")
                 return
             time.sleep(1.0)

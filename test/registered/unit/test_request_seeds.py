@@ -275,6 +275,10 @@ class Served:
         self.run(cancel_all())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        # The manager's sockets share one ZMQ context (tokenizer_manager.py:677-689). Left to the
+        # garbage collector, its __del__ waits without end for a socket's unsent messages, at
+        # whatever later moment the collector runs: close them all now, dropping what is unsent.
+        self.manager.recv_from_detokenizer.context.destroy(linger=0)
         self.loop.close()
         for name in (self.port_args.tokenizer_ipc_name, self.port_args.scheduler_input_ipc_name,
                      self.port_args.detokenizer_ipc_name, self.port_args.rpc_ipc_name,

@@ -45,7 +45,8 @@ def test_nine_configurations_have_the_issue_flags():
     assert dict(cfg.CONFIGS["d"].env)["SGLANG_DETSPEC_VERIFY"] == "coupled"
     assert dict(cfg.CONFIGS["h"].env)["SGLANG_DETSPEC_VERIFY"] == "coupled"
     for c in cmds.values():
-        assert c[1:3] == ["-m", "sglang.launch_server"] and _flag(c, "--attention-backend") == "triton"
+        # fa3 by default (was triton before the GPU kit carried SGLang's FA3): what deterministic mode picks on Hopper.
+        assert c[1:3] == ["-m", "sglang.launch_server"] and _flag(c, "--attention-backend") == "fa3"
         assert _flag(c, "--max-total-tokens") == "65536" and "--skip-tokenizer-init" not in c
 
 
@@ -126,6 +127,147 @@ def test_parse_keys_and_int_lists():
         cfg.parse_int_list("1,x", "concurrency")
 
 
+def test_attention_backend_flag_defaults_to_fa3_and_takes_triton(capsys):
+    s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
+    assert _flag(cfg.server_command(cfg.CONFIGS["d"], s, port=31000), "--attention-backend") == "fa3"
+    triton = cfg.ServerSettings(target="/m/target", draft="/m/eagle", attention_backend="triton")
+    argv = cfg.server_command(cfg.CONFIGS["g"], triton, port=31000)
+    assert _flag(argv, "--attention-backend") == "triton" and argv.count("--attention-backend") == 1
+    with pytest.raises(ValueError, match="attention_backend"):
+        cfg.ServerSettings(target="t", draft="d", attention_backend="flashinfer")
+    plan = run.validate(_args("--attention-backend", "triton"))
+    assert plan["settings"].attention_backend == "triton"
+    with pytest.raises(SystemExit):
+        run.build_parser().parse_args(["--out", "x", "--models", "m", "--attention-backend", "fa4"])
+    assert run.main(["--out", "/tmp/x", "--models", "/tmp/m", "--dry-run", "--gpus", "1", "--configs", "bd",
+                     "--profile", "", "--attention-backend", "triton"]) == 0
+    assert capsys.readouterr().out.count("--attention-backend triton") == 2
+
+
+def test_both_attention_backends_parse_with_sglang_own_parser():
+    from sglang.srt.server_args import ServerArgs
+
+    for backend in cfg.ATTENTION_BACKENDS:
+        s = cfg.ServerSettings(target="/m/target", draft="/m/eagle", attention_backend=backend)
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        assert parser.parse_args(cfg.server_command(cfg.CONFIGS["e"], s, port=31000)[3:]).attention_backend == backend
+
+
+# -- repetitions: prompt counts, valid runs, warm-ups ------------------------------------
+
+
+def test_first_run_prompt_counts_follow_the_rule():
+    """max(rounds x c, min_prompts, 64 from c = 8 up), in full waves of c."""
+    rep, load = cfg.RepeatSettings(), cfg.LoadSettings()
+    assert [rep.start_prompts(load, c) for c in (1, 8, 32, 128)] == [4, 64, 64, 256]
+    assert rep.start_prompts(load, 12) == 72  # 64 raised to full waves of 12
+    assert rep.start_prompts(cfg.LoadSettings(min_prompts=20), 1) == 20
+    assert rep.start_prompts(cfg.LoadSettings(rounds=3), 32) == 96
+    assert cfg.RepeatSettings.single().start_prompts(load, 8) == load.prompts_for(8) == 16
+
+
+def test_short_run_scales_the_prompt_count_to_full_waves():
+    rep = cfg.RepeatSettings()  # min_seconds 8, margin 1.25: aim at 10 s
+    assert rep.next_prompts(4, 1.8, 1) == 23  # 4 x 10 / 1.8 = 22.2 -> 23
+    assert rep.next_prompts(64, 7.35, 8) == 88  # 87.1 -> 11 waves of 8
+    assert rep.next_prompts(256, 7.9, 128) == 384  # 324 -> 3 waves of 128
+    assert rep.next_prompts(64, 9.9, 32) == 96  # at least one more wave
+    assert rep.next_prompts(72, 1e-6, 24) == 19992  # max_prompts 20000, in full waves of 24
+    for bad in (0.0, -1.0, float("nan"), None, True):
+        with pytest.raises(ValueError, match="duration_s"):
+            rep.next_prompts(64, bad, 32)
+    with pytest.raises(ValueError, match="concurrency"):
+        rep.next_prompts(64, 2.0, 0)
+    assert rep.is_valid(8.0) and not rep.is_valid(7.99) and not rep.is_valid(None) and not rep.is_valid(float("inf"))
+    assert cfg.RepeatSettings(min_seconds=0).is_valid(0.01)
+    for kwargs, name in (({"repeats": 0}, "repeats"), ({"min_seconds": -1}, "min_seconds"),
+                         ({"repeats": 3, "max_attempts": 2}, "max_attempts"), ({"max_cell_s": 0}, "max_cell_s"),
+                         ({"margin": 0.5}, "margin")):
+        with pytest.raises(ValueError, match=name):
+            cfg.RepeatSettings(**kwargs)
+
+
+def _run(prompts, duration, wall, valid):
+    return {"num_prompts": prompts, "duration_s": duration, "wall_s": wall, "valid": valid}
+
+
+def test_next_attempt_repeats_scales_and_stops():
+    rep = cfg.RepeatSettings()  # 2 valid, 4 attempts, 60 s per cell
+    nxt = lambda runs, elapsed=0.0, left=500.0: rep.next_attempt(runs, 4, 1, cell_elapsed_s=elapsed, time_left_s=left)
+    assert nxt([]) == (4, "")
+    short = _run(4, 1.8, 5.3, False)
+    assert nxt([short]) == (23, "")  # scaled after a warm-up
+    ok = _run(23, 10.3, 12.8, True)
+    assert nxt([short, ok]) == (23, "")  # the same count after a valid run
+    assert nxt([short, ok, ok]) == (None, "done")
+    prompts, why = nxt([short, _run(23, 7.0, 9.0, False), _run(23, 7.5, 9.5, False), ok])
+    assert prompts is None and "max_attempts" in why
+    # 23 prompts at 0.45 s each plus 3.5 s of overhead: about 14 s, past 60 s after 50 s in the cell.
+    prompts, why = nxt([short], elapsed=50.0)
+    assert prompts is None and "max_cell_s" in why
+    prompts, why = nxt([short], left=10.0)
+    assert prompts is None and "left to this server" in why
+    assert nxt([], left=3.0)[0] is None
+
+
+def test_driver_cell_keeps_short_runs_as_warmups_and_counts_valid_ones(tmp_path):
+    """measure_cell with a stand-in bench_serving whose duration is 0.45 s per prompt at c = 1."""
+    import serving_driver as driver
+
+    clock = {"t": 0.0}
+    seen = []
+
+    def fake_run(argv, raw_file):
+        n = int(_flag(argv, "--num-prompts"))
+        seen.append((n, _flag(argv, "--warmup-requests")))
+        clock["t"] += 0.45 * n + 3.0  # duration plus bench_serving's own overhead
+        return {"duration": 0.45 * n, "completed": n, "output_throughput": 128 * n / (0.45 * n),
+                "concurrency": 0.99, "max_concurrency": 1}
+
+    spec = {"out": str(tmp_path), "key": "b", "name": "spec_sglang_det", "title": "(b) t", "url": "http://x",
+            "tokenizer": "/m/target"}
+    valid, failed = driver.measure_cell(spec, 1, cfg.LoadSettings(), cfg.RepeatSettings(), deadline=1e9,
+                                        run=fake_run, clock=lambda: clock["t"])
+    assert (valid, failed) == (2, 0)
+    assert seen == [(4, "1"), (23, "0"), (23, "0")]  # bench_serving's warm-up requests on the first run only
+    rows = report.load_rows(str(tmp_path / "results.jsonl"))
+    assert [(r["rep"], r["num_prompts"], r["valid"], r["warmup"]) for r in rows] == [
+        (1, 4, False, True), (2, 23, True, False), (3, 23, True, False)]
+    assert rows[0]["duration_s"] == 1.8 and rows[1]["duration_s"] == pytest.approx(10.35)
+    assert rows[1]["wall_s"] == pytest.approx(13.35) and rows[1]["measured_concurrency"] == 0.99
+    assert report.aggregate(rows)["n"] == 2 and report.aggregate(rows)["warmups"] == 1
+
+    def failing(argv, raw_file):
+        raise RuntimeError("connection refused")
+
+    out2 = tmp_path / "failing"
+    assert driver.measure_cell({**spec, "out": str(out2)}, 8, cfg.LoadSettings(), cfg.RepeatSettings(),
+                               deadline=1e9, run=failing, clock=lambda: 0.0) == (0, 1)
+    rows = report.load_rows(str(out2 / "results.jsonl"))
+    assert rows[0]["error"] == "RuntimeError: connection refused" and rows[0]["valid"] is False
+    assert rows[0]["num_prompts"] == 64 and "run 1 failed" in rows[1]["note"] and rows[1]["valid"] is False
+
+
+def test_driver_cell_stops_at_the_cell_time_cap(tmp_path):
+    import serving_driver as driver
+
+    clock = {"t": 0.0}
+
+    def slow_first(argv, raw_file):  # 64 prompts in 7 s: short, and the scaled run would not fit 20 s
+        n = int(_flag(argv, "--num-prompts"))
+        clock["t"] += 7.0 * n / 64 + 3.0
+        return {"duration": 7.0 * n / 64, "output_throughput": 1000.0}
+
+    spec = {"out": str(tmp_path), "key": "e", "name": "plugin_tree", "title": "(e) t", "url": "http://x",
+            "tokenizer": "/m/target"}
+    repeat = cfg.RepeatSettings(max_cell_s=20.0)
+    assert driver.measure_cell(spec, 8, cfg.LoadSettings(), repeat, deadline=1e9, run=slow_first,
+                               clock=lambda: clock["t"]) == (0, 0)
+    rows = report.load_rows(str(tmp_path / "results.jsonl"))
+    assert len(rows) == 2 and rows[0]["warmup"] and "max_cell_s" in rows[1]["note"]
+
+
 # -- the orchestrator's plan --------------------------------------------------------------
 
 
@@ -156,6 +298,21 @@ def test_validate_rejects_bad_run_arguments():
         run.validate(_args("--budget-s", "5"))
     with pytest.raises(ValueError, match="max_servers_per_gpu"):
         run.validate(_args("--max-servers-per-gpu", "0"))
+
+
+def test_repetition_and_profile_options_reach_the_plan():
+    plan = run.validate(_args("--repeats", "3", "--min-seconds", "9.5", "--max-attempts", "5",
+                              "--cell-timeout-s", "90", "--min-prompts", "20"))
+    assert plan["repeat"] == cfg.RepeatSettings(repeats=3, min_seconds=9.5, max_attempts=5, max_cell_s=90.0)
+    assert plan["load"].min_prompts == 20 and plan["label"] == "x"
+    assert run.validate(_args())["repeat"] == cfg.RepeatSettings()  # 2 runs of >= 8 s by default
+    assert run.validate(_args("--configs", "bd"))["profile"] == ["d"]  # the default profile, where configured
+    assert run.validate(_args("--configs", "be"))["profile"] == []
+    assert run.validate(_args("--configs", "bd", "--profile", ""))["profile"] == []
+    with pytest.raises(ValueError, match="max_attempts"):
+        run.validate(_args("--repeats", "3", "--max-attempts", "2"))
+    with pytest.raises(ValueError, match="cell_timeout_s"):
+        run.validate(_args("--cell-timeout-s", "0"))
 
 
 def test_dry_run_prints_every_server(capsys):
@@ -309,6 +466,122 @@ def test_report_marks_missing_cells_and_skips_truncated_lines(tmp_path):
         report.index_rows([{"key": "b", "concurrency": "8"}])
 
 
+def _rep_rows(key, conc, values, *, warmup=None, itl=None):
+    """Hand-made rows of one cell: a valid run per value of output_throughput, an optional short warm-up first."""
+    rows = []
+    if warmup is not None:
+        rows.append({"key": key, "title": cfg.CONFIGS[key].title, "concurrency": conc, "rep": 1, "valid": False,
+                     "warmup": True, "duration_s": 3.0, "output_throughput": warmup})
+    for i, v in enumerate(values):
+        rows.append({"key": key, "title": cfg.CONFIGS[key].title, "concurrency": conc, "rep": len(rows) + 1,
+                     "valid": True, "warmup": False, "duration_s": 9.0 + i, "num_prompts": 64,
+                     "output_throughput": v, "mean_itl_ms": (itl or {}).get(i, 1000.0 / v), "max_concurrency": conc})
+    return rows
+
+
+def test_aggregation_takes_median_spread_and_count_of_valid_runs_only():
+    rows = _rep_rows("d", 8, [100.0, 130.0, 120.0], warmup=5.0)
+    rows.append({"key": "d", "concurrency": 8, "rep": 5, "valid": False, "warmup": False, "error": "boom"})
+    cell = report.aggregate(rows)
+    assert cell["n"] == 3 and cell["warmups"] == 1 and cell["errors"] == ["boom"]
+    assert cell["median"]["output_throughput"] == 120.0  # the warm-up's 5.0 is not counted
+    assert (cell["min"]["output_throughput"], cell["max"]["output_throughput"]) == (100.0, 130.0)
+    assert cell["median"]["duration_s"] == 10.0 and cell["median"]["num_prompts"] == 64
+    assert "max_concurrency" not in cell["median"] and "rep" not in cell["median"]  # settings, not metrics
+    two = report.aggregate(_rep_rows("d", 8, [100.0, 130.0]))
+    assert two["median"]["output_throughput"] == 115.0  # the mean of the two middle values
+    legacy = report.aggregate([{"key": "b", "concurrency": 1, "output_throughput": 7.0}])
+    assert legacy["n"] == 1 and legacy["median"]["output_throughput"] == 7.0  # rows from before repetitions
+
+
+def _two_commands(tmp_path):
+    """Folders of two commands: (b) in each, (d) only in the first, (e) and (c) only in the second."""
+    first = {"label": "cmd1", "configs": {"b": {}, "d": {}}, "concurrencies": [1, 8], "repeats": 2,
+             "min_seconds": 8.0, "attention_backend": "fa3", "gpu": "NVIDIA H200"}
+    second = {"label": "cmd2", "configs": {"b": {}, "e": {}, "c": {}, "g": {}}, "concurrencies": [1, 8],
+              "repeats": 2, "min_seconds": 8.0, "attention_backend": "fa3", "gpu": "NVIDIA H200",
+              "failures": {"g": {"why": "not healthy within 330 s"}}}
+    rows1 = (_rep_rows("b", 1, [100.0, 110.0]) + _rep_rows("b", 8, [400.0, 440.0])
+             + _rep_rows("d", 1, [150.0, 160.0], warmup=9.0) + _rep_rows("d", 8, [600.0, 660.0]))
+    rows2 = (_rep_rows("b", 1, [200.0, 220.0]) + _rep_rows("e", 1, [300.0, 330.0]) + _rep_rows("e", 8, [900.0])
+             + [{"key": "e", "concurrency": 8, "valid": False, "note": "1 valid run(s) of 2: max_cell_s"}]
+             + _rep_rows("c", 1, [210.0, 231.0]) + _rep_rows("c", 8, [500.0, 520.0])
+             + _rep_rows("b", 8, [], warmup=50.0)
+             + [{"key": "b", "concurrency": 8, "valid": False, "note": "0 valid run(s) of 2: 3 s left"}])
+    dirs = []
+    for name, meta, rows in (("one", first, rows1), ("two", second, rows2)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps(meta))
+        (d / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        dirs.append(d)
+    return dirs
+
+
+def test_ratios_are_taken_within_the_command_that_measured_both(tmp_path):
+    one, two = _two_commands(tmp_path)
+    summary = report.summarize([report.load_command(str(one)), report.load_command(str(two))])
+    assert summary["labels"] == ["cmd1", "cmd2"]
+    d1 = summary["ratios"]["cmd1"]["output_throughput"]["d"][1]
+    assert d1["ratio"] == pytest.approx(155.0 / 105.0)  # against cmd1's (b), never cmd2's
+    assert (d1["min"], d1["max"]) == (pytest.approx(150.0 / 110.0), pytest.approx(160.0 / 100.0))
+    assert (d1["n"], d1["n_b"]) == (2, 2)
+    e1 = summary["ratios"]["cmd2"]["output_throughput"]["e"][1]
+    assert e1["ratio"] == pytest.approx(1.5) and e1["min"] == pytest.approx(300.0 / 220.0)
+    assert summary["ratios"]["cmd2"]["output_throughput"]["e"][8] is None  # cmd2's (b) at c=8: warm-up only
+    assert summary["ratios"]["cmd2"]["output_throughput"]["d"][1] is None  # (d) not in cmd2
+    itl = summary["ratios"]["cmd1"]["mean_itl_ms"]["d"][8]
+    assert itl["ratio"] == pytest.approx((1000 / 600 + 1000 / 660) / (1000 / 400 + 1000 / 440))
+    assert ("cmd2", "e", 8) in summary["no_reference"] and ("cmd2", "c", 8) in summary["no_reference"]
+    md = report.render_markdown(summary)
+    assert "| (d) EAGLE chain, plugin coupled [cmd1] | 1.476 | 1.500 |" in md
+    assert "| (e) EAGLE tree topk 4 / 8 tokens, plugin coupled [cmd2] | 1.500 | - |" in md
+    assert "1.364–1.600 (n=2/2)" in md  # the range of (d)'s ratio at c=1
+    assert "(d) EAGLE chain, plugin coupled [cmd2]" not in md
+
+
+def test_fewer_repetitions_and_missing_cells_are_listed_with_reasons(tmp_path):
+    one, two = _two_commands(tmp_path)
+    summary = report.summarize([report.load_command(str(one)), report.load_command(str(two))])
+    fewer = [(lab, k, c, n) for lab, k, c, n, _, _ in summary["fewer"]]
+    assert fewer == [("cmd2", "e", 8, 1)]
+    missing = {(lab, k, c): why for lab, k, c, why in summary["missing"]}
+    assert set(missing) == {("cmd2", "b", 8), ("cmd2", "g", 1), ("cmd2", "g", 8)}
+    assert "0 valid run(s) of 2: 3 s left" in missing[("cmd2", "b", 8)]
+    assert any("warm-up" in why for why in missing[("cmd2", "b", 8)])
+    assert missing[("cmd2", "g", 1)] == ["server failed: not healthy within 330 s"]
+    md = report.render_markdown(summary)
+    assert "Cells with fewer than 2 valid repetitions: (e) c=8 [cmd2] (n=1 of 2; 1 valid run(s) of 2: max_cell_s)" in md
+    assert "Missing measurements: (b) c=8 [cmd2] (0 valid run(s) of 2: 3 s left;" in md
+    assert "(g) c=1 [cmd2] (server failed: not healthy within 330 s)" in md
+    assert "(d) c=1 [cmd1]" not in md.split("Cells with fewer")[1]  # a warm-up and two valid runs: complete
+
+
+def test_report_merges_two_result_folders(tmp_path, capsys):
+    one, two = _two_commands(tmp_path)
+    merged = tmp_path / "merged"
+    assert report.main([str(one), str(two), "--out", str(merged), "--no-plots"]) == 0
+    md = (merged / "serving.md").read_text()
+    assert "Merged from 2 commands" in md and "command `cmd1` (configurations measured: bd)" in md
+    assert "command `cmd2` (configurations measured: bce)" in md and md.count("attention backend: fa3") == 2
+    assert "| (b) EAGLE chain, rejection, SGLang deterministic (plugin off) [cmd1] | 105.0 (100.0–110.0, n=2) |" in md
+    assert "| (b) EAGLE chain, rejection, SGLang deterministic (plugin off) [cmd2] | 210.0 (200.0–220.0, n=2) |" in md
+    payload = json.loads((merged / "serving.json").read_text())
+    assert set(payload["commands"]) == {"cmd1", "cmd2"}
+    assert {r["measured_by"] for r in payload["rows"]} == {"cmd1", "cmd2"}
+    assert payload["ratios_to_b"]["output_throughput"]["d"]["1"] == pytest.approx(155.0 / 105.0)
+    assert payload["ratio_ranges_to_b"]["cmd2"]["output_throughput"]["e"]["1"]["ratio"] == pytest.approx(1.5)
+    cell = next(c for c in payload["cells"] if (c["measured_by"], c["key"], c["concurrency"]) == ("cmd1", "d", 1))
+    assert cell["n"] == 2 and cell["warmups"] == 1 and cell["median"]["output_throughput"] == 155.0
+    assert {(m["measured_by"], m["key"], m["concurrency"]) for m in payload["missing"]} == {
+        ("cmd2", "b", 8), ("cmd2", "g", 1), ("cmd2", "g", 8)}
+    with pytest.raises(SystemExit):
+        report.main([str(one), str(two)])  # merging needs --out: no command's own report is overwritten
+    assert "out: required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "nothing-here")])
+
+
 def _trace(tmp_path):
     """A Chrome trace shaped like torch.profiler's: kernels, their launches, Python frames."""
     ev = []
@@ -436,6 +709,7 @@ def test_driver_runs_bench_serving_per_level_and_appends_rows(tmp_path):
         assert r["accept_length"] == 3.25 and r["mean_itl_ms"] > 0 and r["max_concurrency"] == r["concurrency"]
         assert 0 < r["measured_concurrency"] <= r["concurrency"]
         assert "-m sglang.bench_serving" in r["command"] and "--max-concurrency" in r["command"]
+        assert r["rep"] == 1 and r["valid"] is True and r["warmup"] is False and r["duration_s"] > 0
     written = report.write_report(rows, {}, str(tmp_path / "report"), with_plots=False)
     assert "(d) test" in Path(written["markdown"]).read_text()
 
@@ -477,17 +751,23 @@ def test_orchestrator_measures_ready_servers_one_at_a_time_and_reports(tmp_path,
 
     monkeypatch.setattr(run, "server_command", stand_in_command)
     out = tmp_path / "out"
+    # One run per cell, every run valid: the stand-in answers in milliseconds, so a minimum duration would
+    # only make the runs long (repetitions are tested with a fake bench_serving below).
     rc = run.main(["--out", str(out), "--models", str(model_dir), "--configs", "dg", "--profile", "",
                    "--concurrency", "1,2", "--input-len", "8", "--output-len", "4", "--rounds", "1",
-                   "--max-total-tokens", "1024", "--gpus", "2", "--budget-s", "400", "--port-base", "34000"])
+                   "--max-total-tokens", "1024", "--gpus", "2", "--budget-s", "400", "--port-base", "34000",
+                   "--repeats", "1", "--min-seconds", "0"])
     assert rc == 1  # (g) failed
     meta = json.loads((out / "meta.json").read_text())
     assert meta["server_states"] == {"d": "done", "g": "failed"}
     assert "failing on purpose" in meta["failures"]["g"]["log_tail"]
     rows = report.load_rows(str(out / "results.jsonl"))
     assert [(r["key"], r["concurrency"]) for r in rows] == [("d", 1), ("d", 2)]
+    assert all(r["rep"] == 1 and r["valid"] is True and r["duration_s"] > 0 for r in rows)
+    assert meta["attention_backend"] == "fa3" and meta["repeat"]["repeats"] == 1 and meta["label"] == "out"
     md = (out / "serving.md").read_text()
     assert "(d) EAGLE chain, plugin coupled" in md and "2.50" in md
+    assert "(g) c=1 (server failed: exited" in md  # the missing cells say why
 
 
 if __name__ == "__main__":
