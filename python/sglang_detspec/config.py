@@ -97,7 +97,7 @@ class DetSpecConfig:
 
     @property
     def coupled(self) -> bool:
-        """The verify mode is coupled (section 5 of the design)."""
+        """The verify mode is coupled (docs/design.md, "Coupled verification")."""
         return self.verify == "coupled"
 
     def refusals(self) -> list[str]:

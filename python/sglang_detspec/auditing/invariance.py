@@ -1,6 +1,6 @@
 """Drafter invariance: one seeded request, many drafters, how many outputs?
 
-Coupled verification (docs/design.md §5; Daliri, Musco and Suresh 2024,
+Coupled verification (docs/design.md, "Coupled verification"; Daliri, Musco and Suresh 2024,
 "Coupling without Communication and Drafter-Invariant Speculative Decoding")
 promises that a seeded request's tokens are plain autoregressive sampling on
 the TARGET stream, whatever the drafter. :func:`run_invariance` decodes the

@@ -21,7 +21,7 @@ sequence (prompt + output so far) has length t at the start of a round:
 
 In coupled mode every committed token at position t is the target's race
 winner y_t, so the output equals plain decoding's whatever the draft model,
-K or tree: docs/design.md §5. That needs bitwise-equal p_t, so the
+K or tree: docs/design.md, "Coupled verification". That needs bitwise-equal p_t, so the
 distribution of a position is always one forward over exactly its prefix
 (:class:`~sglang_detspec.reference.models.ProbsMemo`), never a row of a
 longer forward.

@@ -144,7 +144,7 @@ class KeyedSampler:
         ``probs`` float32 [B, V] is the draft distribution q of the token at
         absolute position ``positions`` (int64 [B]); the result int64
         [B, num_samples] is q's Gumbel-top-k on the target's own uniforms
-        (docs/design.md §5), so column 0 is the coupled draft token.
+        (docs/design.md, "Coupled verification"), so column 0 is the coupled draft token.
         """
         return exponential_race(
             probs, list(seeds), positions, stream=Stream.TARGET, num_samples=num_samples, kernel=self.kernel
@@ -159,7 +159,7 @@ class KeyedSampler:
         return exponential_race(probs, list(seeds), positions, stream=Stream.TARGET, kernel=self.kernel)[:, 0]
 
     def coupled_verify(self, draft_tokens, target_probs, seeds, positions):
-        """``coupled_verify_chain`` on the batch (docs/design.md §5).
+        """``coupled_verify_chain`` on the batch (docs/design.md, "Coupled verification").
 
         ``draft_tokens`` int64 [B, K], ``target_probs`` float32 [B, K+1, V],
         ``positions`` int64 [B] the position of the first draft token.
@@ -168,7 +168,7 @@ class KeyedSampler:
         return coupled_verify_chain(draft_tokens, target_probs, list(seeds), positions, kernel=self.kernel)
 
     def coupled_verify_tree(self, candidates, next_token, next_sibling, target_probs, seeds, positions):
-        """``coupled_verify_tree`` on the batch (docs/design.md §5), SGLang's tree layout.
+        """``coupled_verify_tree`` on the batch (docs/design.md, "Coupled verification"), SGLang's tree layout.
 
         ``candidates``, ``next_token``, ``next_sibling`` int64 [B, N] (node 0
         the root), ``target_probs`` float32 [B, N, V], ``positions`` int64

@@ -3,7 +3,7 @@
 Under deterministic inference, every sampled token a request is given outside
 speculative verify (the first token after prefill, every plain decode step,
 the first token after a retraction) is ``y_t = race(w_t, TARGET, t)``
-(DESIGN section 5), where ``t`` is the absolute position of the token being
+(docs/design.md, "Coupled verification"), where ``t`` is the absolute position of the token being
 decided and ``w_t`` the target weights: ``torch.softmax(logits / T)`` cut by
 the request's top-k / top-p / min-p in token-id order (:func:`target_weights`).
 Coupled verify emits the same ``y_t`` for the same logits, so a request's

@@ -23,7 +23,7 @@ position (the non-speculative sampler's token), rejection mode uses separate
 streams at absolute positions (DESIGN section 4). Both write SGLang's outputs
 (``predicts``, ``accept_index``, ``accept_token_num``) without a host sync.
 
-Coupled verify (DESIGN section 5): at each accepted node the target token of
+Coupled verify (docs/design.md, "Coupled verification"): at each accepted node the target token of
 the next position is ``y = race(w, TARGET, t)``; a child whose token equals
 ``y`` is accepted, else ``y`` is emitted and the walk stops. The weights ``w``
 are computed from the target logits exactly as the non-speculative sampler

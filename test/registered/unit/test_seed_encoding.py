@@ -48,13 +48,17 @@ def test_bad_seeds_name_the_argument_and_bound(call, match):
         call()
 
 
-def test_request_types_and_audits_import_without_torch():
+def test_request_types_audits_config_and_seed_rules_import_without_torch():
+    # ops/__init__ imports the torch ops on first use, so its torch-free modules stay so.
     code = (
         "import sys\n"
         "import sglang_detspec.request, sglang_detspec.ops.seed_encoding, sglang_detspec.auditing\n"
         "import sglang_detspec.auditing.http_backend, sglang_detspec.auditing.server_seeds\n"
         "import sglang_detspec.cli.audit, sglang_detspec.cli._audit_server, sglang_detspec.cli._audit_report\n"
-        "print(sorted(m for m in ('torch', 'transformers', 'sglang', 'numpy') if m in sys.modules))\n"
+        "import sglang_detspec.config, sglang_detspec.ops, sglang_detspec.ops.kernel_choice\n"
+        "import sglang_detspec.ops.murmur, sglang_detspec.ops.streams, sglang_detspec.seeds\n"
+        "from sglang_detspec.ops import KERNELS, Stream\n"
+        "print(sorted(m for m in ('torch', 'triton', 'transformers', 'sglang', 'numpy') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
