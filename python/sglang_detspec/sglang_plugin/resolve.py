@@ -80,7 +80,8 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["tokenizer_workers"] = int(getattr(spec, "tokenizer_worker_num", 1) or 1)
     # Read from the draft's config.json; only a known reduced vocabulary counts (for the refusal).
     values["reduced_draft_vocab"] = reduced_draft_vocab(spec) is True
-    values["attention_backend"] = attention_backend_of(spec)
+    # The "spec" namespace of the runtime context has no attention fields: its caller reads "exec.kernel".
+    values["attention_backend"] = attention_backend_of(spec) if hasattr(spec, "attention_backend") else None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     settings = env_settings(environ)
@@ -167,16 +168,15 @@ def install_published_bag(result, *args, **kwargs) -> None:
 
 
 def attention_backend_of(cfg) -> str | None:
-    """The attention backend of SGLang's argument names on ``cfg``, as ``config.logits_guarantee`` takes it.
+    """The attention backend of ``cfg`` (SGLang's argument names), as ``config.logits_guarantee`` takes it.
 
-    One name where prefill and decode use the same backend (split fields fall
-    back to ``attention_backend``, as in SGLang's ``attention_backends_of``),
-    ``"prefill/decode"`` where they differ (their forwards cannot agree bit
-    for bit), None where nothing is set.
+    SGLang's own ``attention_backends_of`` splits it into prefill and decode;
+    one name where both use the same backend, ``"prefill/decode"`` where they
+    differ (their forwards cannot agree bit for bit), None where nothing is set.
     """
-    base = getattr(cfg, "attention_backend", None)
-    prefill = getattr(cfg, "prefill_attention_backend", None) or base
-    decode = getattr(cfg, "decode_attention_backend", None) or base
+    from sglang.srt.arg_groups.model_override_base import attention_backends_of
+
+    prefill, decode = attention_backends_of(cfg)
     return decode if prefill == decode else f"{prefill}/{decode}"
 
 
