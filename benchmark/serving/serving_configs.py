@@ -1,6 +1,6 @@
 """The server configurations of the end-to-end serving benchmark and the command lines that run them.
 
-Nine configurations, one SGLang 0.5.23 server each, on the same target and
+Ten configurations, one SGLang 0.5.23 server each, on the same target and
 EAGLE draft (``serving_models.py``):
 
 ==== ================= ============================================================
@@ -17,6 +17,8 @@ i    plugin_tree_16     EAGLE tree (5 steps, top-k 4, 16 draft tokens), coupled,
 h    plugin_coupled_race (d) with the user's own rejection flag and
                         ``SGLANG_DETSPEC_VERIFY=coupled`` (what (d) needed before coupled
                         drafts became the default; now the same path as (d))
+j    plugin_tree_nodes  (e) with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``: the FA3 tree verify
+                        as one decode query per node (bitwise logits; its cost against (e))
 f    plugin_no_spec     deterministic inference without speculative decoding
 g    baseline           no speculative decoding, no deterministic inference
 ==== ================= ============================================================
@@ -46,7 +48,7 @@ class BenchConfig:
     """One server configuration.
 
     Attributes:
-        key: one letter, ``a``..``i``.
+        key: one letter, ``a``..``j``.
         name: file-name-safe identifier.
         title: one line for tables and plots.
         spec_args: speculative-decoding flags (without the draft path).
@@ -89,6 +91,9 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
                 (), True, (), True),
     BenchConfig("g", "baseline", "(g) no speculation, not deterministic",
                 (), False, (), False),
+    # Not in the default order: the node path's cost, measured beside (e) (--configs bej).
+    BenchConfig("j", "plugin_tree_nodes", "(j) (e) with FA3 tree verify as decode queries per node",
+                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")), True),
     # Not one of (a)-(g): before coupled drafts became the default, the coupled chain with
     # raced drafts needed the user's rejection flag; it now takes the same path as (d).
     BenchConfig("h", "plugin_coupled_race", "(h) EAGLE chain, plugin coupled, coupled-race drafts",

@@ -47,7 +47,7 @@ METRICS = (  # (field, label, unit, higher is better)
     ("accept_length", "accept length (server average)", "tokens/round", True),
 )
 # The plugin's configurations (SGLANG_DETSPEC active), each compared with SGLang's own deterministic path.
-RATIO_KEYS = ("c", "d", "e", "i", "f", "h")
+RATIO_KEYS = ("c", "d", "e", "i", "j", "f", "h")
 REFERENCE_KEY = "b"
 RATIO_FIELDS = ("output_throughput", "mean_itl_ms", "p99_itl_ms")
 DEFAULT_REPEATS = 2

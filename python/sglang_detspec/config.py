@@ -26,6 +26,10 @@ DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
 VERIFY_ENV = "SGLANG_DETSPEC_VERIFY"
 VERIFY_SETTINGS = ("auto", "coupled", "rejection")
 VERIFY_MODES = ("coupled", "rejection")
+TREE_ATTENTION_ENV = "SGLANG_DETSPEC_TREE_ATTENTION"
+# cascade: SGLang's tree verify attention (FA3: prefix and draft parts merged in bf16);
+# nodes: one decode query per tree node over its own key list (sglang_plugin/tree_attention_hook.py).
+TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -67,6 +71,10 @@ class DetSpecConfig:
         reduced_draft_vocab: the draft proposes over a reduced (hot-token)
             vocabulary (EAGLE3 ``draft_vocab_size``, ``--speculative-token-map``);
             rejection mode cannot serve it.
+        tree_attention: ``SGLANG_DETSPEC_TREE_ATTENTION``: ``cascade`` (SGLang's
+            tree verify attention) or ``nodes`` (on FA3, each tree node's
+            verify runs as the decode query of that token, so tree verify
+            logits equal decode logits bit for bit).
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
@@ -76,6 +84,7 @@ class DetSpecConfig:
     kernel: str = "auto"
     disabled: bool = False
     verify: str = "coupled"
+    tree_attention: str = "cascade"
     deterministic: bool = False
     algorithm: str | None = None
     num_steps: int | None = None
@@ -220,7 +229,8 @@ class DetSpecConfig:
     @property
     def logits(self) -> str:
         """What "spec on = spec off" holds down to here: :func:`logits_guarantee` for this server."""
-        return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None)
+        return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
+                                self.tree_attention)
 
     def describe(self) -> str:
         """One line with every field, for the start-up log."""
@@ -234,9 +244,11 @@ class DetSpecConfig:
 # fa3 as SGLang ships it (one causal call over the same key tiles in all three). Measured:
 # docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
 BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
+# ... and whose tree verify does too, with SGLANG_DETSPEC_TREE_ATTENTION=nodes (tree_attention_hook.py).
+BITWISE_NODE_TREE_BACKENDS = ("fa3",)
 
 
-def logits_guarantee(attention_backend: str | None, eagle_topk: int | None) -> str:
+def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade") -> str:
     """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
@@ -244,18 +256,23 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None) -> s
     and extend after a radix-cache hit. ``tokens``: the forwards may round one
     logit apart (about one bf16 step), so a token equals the other mode's
     unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
-    are ``tokens`` on every backend (their verify masks interleave other
-    branches' keys, or, on fa3, merge two partial attentions in bf16). The
-    rule assumes full attention without MLA; on Triton the decode hook logs
-    where a model falls outside it (``sglang_plugin/attention_hook.py``).
+    are ``tokens`` (their verify masks interleave other branches' keys, or, on
+    fa3, merge two partial attentions in bf16) except on fa3 with
+    ``tree_attention="nodes"``, where each node's verify is the decode query
+    of its token. The rule assumes full attention without MLA at page size 1;
+    the hooks log where a model falls outside it
+    (``sglang_plugin/attention_hook.py``, ``tree_attention_hook.py``).
 
     Args:
         attention_backend: SGLang's resolved decode attention backend, or None (unknown).
         eagle_topk: ``speculative_eagle_topk``, or None without speculative decoding.
+        tree_attention: ``cascade`` or ``nodes`` (:data:`TREE_ATTENTION_SETTINGS`).
     """
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
         return "tokens"
-    return "bitwise" if (eagle_topk or 1) == 1 else "tokens"
+    if (eagle_topk or 1) == 1:
+        return "bitwise"
+    return "bitwise" if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS else "tokens"
 
 
 REDUCED_VOCAB_REFUSAL = (
@@ -292,19 +309,21 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
-    Returns ``{"kernel", "disabled", "verify"}`` with ``verify`` as set
-    (``auto`` unresolved; see :func:`resolve_verify`).
+    Returns ``{"kernel", "disabled", "verify", "tree_attention"}`` with
+    ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
 
     Raises:
         ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton,
-            ``SGLANG_DETSPEC_DISABLE`` not a boolean word, or
-            ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection.
+            ``SGLANG_DETSPEC_DISABLE`` not a boolean word,
+            ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection, or
+            ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes.
     """
     env = os.environ if environ is None else environ
     kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
     verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
-    return {"kernel": kernel, "disabled": disabled, "verify": verify}
+    tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
+    return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention}
 
 
 _lock = threading.Lock()

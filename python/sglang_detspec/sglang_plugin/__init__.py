@@ -17,8 +17,10 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``resolve``: ``runtime_context.publish`` (AFTER): installs and logs the
   bag of the published context at the entry of every process (scheduler
   processes get theirs there, before any hooked site reads it).
-- ``target_sampler_hook``: the sampler's simple and top-k/top-p/min-p paths
-  and the verify's renorm ops: every sampled token on the TARGET stream.
+- ``target_sampler_hook``: the sampler's simple and top-k/top-p/min-p paths:
+  every sampled token on the TARGET stream.
+- ``probs_hook``: the verify's softmax, top-k / top-p renorm and coins: not
+  computed in a coupled verify (unread); renorm reproducible in rejection mode.
 - ``verify_hook``: ``eagle_sample`` and its two samplers: coupled verify
   (chain and tree) or seeded rejection sampling (chain).
 - ``draft_hook``: ``fast_sample`` and the multi-layer draft-extend sites:
@@ -36,6 +38,9 @@ docs/plugin.md lists them with SGLang's file and line):
   request reaches the scheduler.
 - ``attention_hook``: the target's Triton decode attention runs the kernel
   its verify and prefill run, so their logits are bitwise equal.
+- ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
+  tree verify runs one decode query per tree node, so tree verify logits
+  equal decode logits bit for bit.
 
 :func:`hook_table` is the one list of what is hooked: registration, the
 start-up check that every required hook is in place (:func:`hook_problems`),
@@ -51,14 +56,17 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, draft_hook, input_hook, request_hook, resolve, seed_hook, startup, target_sampler_hook,
-    topk_draft_hook, verify_hook,
+    attention_hook, draft_hook, input_hook, probs_hook, request_hook, resolve, seed_hook, startup,
+    target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook,
 )
 
 ENTRY_POINT_NAME = "detspec"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 
 _KERNEL_ONLY = "None in SGLang builds without the CUDA kernel (CPU-only): nothing to hook there"
+_CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel's CUDA library): no FA3 "
+              "backend to hook there")
+_SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
 
 _registered = False
 _lock = threading.Lock()
@@ -98,15 +106,20 @@ def hook_table() -> list[Hook]:
         Hook(verify_hook.TREE_SAMPLER, verify_hook.coupled_tree_sampling, "AROUND", _KERNEL_ONLY),
         Hook(target_sampler_hook.SIMPLE_SAMPLER, target_sampler_hook.seeded_sampling_from_probs, "AROUND"),
         Hook(target_sampler_hook.SAMPLER, target_sampler_hook.seeded_top_k_top_p_sampling, "AROUND"),
-        Hook(target_sampler_hook.TOP_K_RENORM, target_sampler_hook.top_k_renorm_keep_neutral, "AROUND",
-             _KERNEL_ONLY),
-        Hook(target_sampler_hook.TOP_P_RENORM, target_sampler_hook.top_p_renorm_keep_neutral, "AROUND",
-             _KERNEL_ONLY),
+        Hook(probs_hook.SOFTMAX, probs_hook.skip_in_coupled_verify, "AROUND", _SPEED_ONLY),
+        Hook(probs_hook.COINS, probs_hook.skip_coins_in_coupled_verify, "AROUND", _SPEED_ONLY),
+        Hook(probs_hook.TOP_K_RENORM, probs_hook.top_k_renorm_keep_neutral, "AROUND", _KERNEL_ONLY),
+        Hook(probs_hook.TOP_P_RENORM, probs_hook.top_p_renorm_keep_neutral, "AROUND", _KERNEL_ONLY),
         Hook(request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
         Hook(request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
         Hook(input_hook.TARGET, input_hook.validate_request, "AROUND"),
         Hook(input_hook.N_TARGET, input_hook.validate_n, "BEFORE"),
         Hook(attention_hook.TARGET, attention_hook.use_one_pass_decode, "AFTER"),
+        Hook(tree_attention_hook.INIT, tree_attention_hook.check_backend, "AFTER", _CUDA_ONLY),
+        Hook(tree_attention_hook.GRAPH_STATE, tree_attention_hook.allocate_graph_buffers, "AFTER", _CUDA_ONLY),
+        Hook(tree_attention_hook.INIT_EAGER, tree_attention_hook.build_after_eager_metadata, "AFTER", _CUDA_ONLY),
+        Hook(tree_attention_hook.INIT_GRAPH, tree_attention_hook.build_after_graph_metadata, "AFTER", _CUDA_ONLY),
+        Hook(tree_attention_hook.FORWARD_EXTEND, tree_attention_hook.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
         *(Hook(*row) for row in seed_hook.HOOKS),
     ]
 
@@ -138,16 +151,19 @@ def register() -> None:
         _registered = True
 
 
-def hook_problems(*, applied: bool = True) -> list[str]:
+def hook_problems(*, applied: bool = True, config=None) -> list[str]:
     """Required hooks that are not in place in this process: one message each, empty when all are.
 
     A required target is missing (it does not resolve: a renamed symbol, a
     missing module, another SGLang build), or, with ``applied`` (after SGLang
     applied the hooks, ``load_plugins``), SGLang's registry did not wrap it.
+    With ``config`` (the bag), the rows its promise rests on are required too
+    (:func:`required_by`).
     """
+    extra = required_by(config) if config is not None else set()
     problems = []
     for row in hook_table():
-        if row.absent_ok:
+        if row.absent_ok and row.target not in extra:
             continue
         obj = _resolve(row.target)
         if obj is None:
@@ -155,6 +171,14 @@ def hook_problems(*, applied: bool = True) -> list[str]:
         elif applied and not hasattr(obj, "__wrapped__"):
             problems.append(f"{row.target} (SGLang {_sglang_version()}) was not patched by SGLang's hook registry")
     return problems
+
+
+def required_by(config) -> set[str]:
+    """Optional targets a bag's claim rests on: the FA3 node path's, where the bag claims bitwise trees with it."""
+    tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
+    if tree and config.tree_attention == "nodes" and config.logits == "bitwise":
+        return {row.target for row in hook_table() if row.target.startswith(tree_attention_hook.FA + ".")}
+    return set()
 
 
 def check_hooks_in_place(result, server_args) -> None:
@@ -166,9 +190,10 @@ def check_hooks_in_place(result, server_args) -> None:
     Raises:
         RuntimeError: naming each missing symbol and the SGLang version.
     """
-    if not current_config().ours:
+    bag = current_config()
+    if not bag.ours:
         return None
-    problems = hook_problems()
+    problems = hook_problems(config=bag)
     if problems:
         raise RuntimeError(
             "sglang-detspec cannot keep its determinism promise: a required SGLang symbol is not hooked "

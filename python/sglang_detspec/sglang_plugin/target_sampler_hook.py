@@ -24,19 +24,12 @@ the batch carries no seeds):
   row truncates (a greedy row has top_k = 1) and its seeded branch hashes by
   sorted column; the hook cuts in token-id order and races, so a row that
   asks for no truncation draws what the simple path draws.
-- ``sglang.kernels.ops.sampling.renorm.top_k_renorm_prob`` and
-  ``top_p_renorm_prob`` (rejection-mode verify): rows with ``top_k >= V`` or
-  ``top_p >= 1`` keep their probabilities bit for bit, and the others are
-  renormalised by flashinfer in its deterministic mode: by default top-k
-  sums a row split over thread blocks with float atomics in arrival order,
-  and top-p places its cut from histograms built the same way, so a
-  truncated row could change from run to run.
+
+The verify's own probability ops (softmax, top-k / top-p renorm) are
+``probs_hook``'s.
 """
 
 from __future__ import annotations
-
-import functools
-import inspect
 
 import torch
 
@@ -48,8 +41,6 @@ from .positions import next_token
 
 SIMPLE_SAMPLER = "sglang.srt.layers.sampler.sampling_from_probs_torch"
 SAMPLER = "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch"
-TOP_K_RENORM = "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob"
-TOP_P_RENORM = "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob"
 
 
 def target_draw(
@@ -108,49 +99,3 @@ def seeded_top_k_top_p_sampling(
         return ids
     token_ids = torch.arange(probs.shape[-1], device=probs.device, dtype=torch.int32).expand_as(filtered)
     return ids, filtered, token_ids, filtered.gather(1, index).view(-1)
-
-
-def _keep_neutral_rows(probs, renormed, neutral):
-    return torch.where(neutral.view(-1, 1), probs, renormed)
-
-
-@functools.cache
-def _takes_is_deterministic(kernel) -> bool:
-    try:
-        return "is_deterministic" in inspect.signature(kernel).parameters
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False
-
-
-def _reproducible(original, args: tuple, kwargs: dict) -> dict:
-    """``kwargs`` plus ``is_deterministic=True`` where the renorm kernel takes it (flashinfer's on CUDA).
-
-    SGLang binds the name to a lazy loader on CUDA (flashinfer's function
-    behind it) and to kernels without the flag elsewhere; a flag already
-    given positionally is left as it is, one given by keyword is set to True
-    (SGLang 0.5.23's callers pass neither).
-    """
-    kernel = original._load() if hasattr(original, "_load") else original  # sglang.utils.LazyImport
-    if args or not _takes_is_deterministic(kernel):
-        return kwargs
-    return {**kwargs, "is_deterministic": True}
-
-
-def top_k_renorm_keep_neutral(original, probs, top_ks, *args, **kwargs):
-    """AROUND hook for SGLang's ``top_k_renorm_prob(probs [B, V], top_ks [B])``."""
-    if not current_config().active:
-        return original(probs, top_ks, *args, **kwargs)
-    out = original(probs, top_ks, *args, **_reproducible(original, args, kwargs))
-    if not isinstance(top_ks, torch.Tensor):
-        return out
-    return _keep_neutral_rows(probs, out, top_ks >= probs.shape[-1])
-
-
-def top_p_renorm_keep_neutral(original, probs, top_ps, *args, **kwargs):
-    """AROUND hook for SGLang's ``top_p_renorm_prob(probs [B, V], top_ps [B])``."""
-    if not current_config().active:
-        return original(probs, top_ps, *args, **kwargs)
-    out = original(probs, top_ps, *args, **_reproducible(original, args, kwargs))
-    if not isinstance(top_ps, torch.Tensor):
-        return out
-    return _keep_neutral_rows(probs, out, top_ps >= 1.0)

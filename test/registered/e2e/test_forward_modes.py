@@ -10,7 +10,9 @@ requests x 64 tokens (temperatures 0.8-1.2, two filtered rows), with
 ``return_logprob``:
 
 * ``chain``: coupled chain EAGLE (3 steps);
-* ``tree``: coupled tree EAGLE (3 steps, top-k 4, 8 tokens);
+* ``tree``: coupled tree EAGLE (3 steps, top-k 4, 8 tokens), SGLang's tree
+  verify attention; on fa3 also with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
+  (one decode query per tree node; the row's ``tree_attention`` is ``nodes``);
 * ``multi_layer``: multi-layer EAGLE on the MTP model, against that model's
   server without speculative decoding;
 * ``retraction``: the coupled chain with SGLang's retraction test switch
@@ -57,14 +59,18 @@ register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 NUM_REQUESTS, NEW_TOKENS, CACHED_TOKENS = 16, 64, 32
 PROMPT_SEED = 4242
 FORCE_RETRACT = (("SGLANG_TEST_RETRACT", "1"),)
+TREE_NODES = (("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),)
 BACKENDS = ("triton", "fa3") if _e2e.fa3_installed() else ("triton",)
-# row -> (family, reference family, extra environment, eagle top-k for the claim)
+# row -> (drafting, family, reference family, extra environment, eagle top-k for the claim)
 ROWS = {
-    "chain": ("coupled_chain", "no_spec", (), 1),
-    "tree": ("coupled_tree", "no_spec", (), 4),
-    "multi_layer": ("mtp_coupled", "mtp_no_spec", (), 1),
-    "retraction": ("coupled_chain", "no_spec", FORCE_RETRACT, 1),
+    "chain": ("chain", "coupled_chain", "no_spec", (), 1),
+    "tree": ("tree", "coupled_tree", "no_spec", (), 4),
+    "multi_layer": ("multi_layer", "mtp_coupled", "mtp_no_spec", (), 1),
+    "retraction": ("retraction", "coupled_chain", "no_spec", FORCE_RETRACT, 1),
 }
+# The node path is FA3's (sglang_plugin/tree_attention_hook.py).
+BACKEND_ROWS = {"fa3": {"tree_nodes": ("tree", "coupled_tree", "no_spec", TREE_NODES, 4)}}
+ENV_TAGS = {FORCE_RETRACT: "_retract", TREE_NODES: "_nodes"}
 LOGITS_FIELD = re.compile(r"logits='(\w+)'")
 TEST_ORDER = ("test_forward_modes",)
 
@@ -113,11 +119,11 @@ def claimed_by(server) -> list[str]:
 
 def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
     backend_args = ("--attention-backend", backend)
-    names = {row: (family, ref, env) for row, (family, ref, env, _) in ROWS.items()}
+    rows = {**ROWS, **BACKEND_ROWS.get(backend, {})}
     configs = {}
-    for family, ref, env in names.values():
+    for _, family, ref, env, _ in rows.values():
         for fam, extra in ((family, env), (ref, ())):
-            tag = backend + ("_retract" if extra else "")
+            tag = backend + ENV_TAGS.get(extra, "")
             configs[(fam, extra)] = _e2e.server_config(fam, models, extra_args=backend_args, tag=tag, extra_env=extra)
     started = servers.ensure_group(list(configs.values()))
     vocab = {"target": _e2e.vocab_size(models.target), "mtp": _e2e.vocab_size(models.mtp)}
@@ -133,16 +139,17 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
     with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:
         results = dict(zip(configs, pool.map(answers, configs.values())))
     out, problems = [], []
-    for row, (family, ref, env, topk) in ROWS.items():
+    for row, (drafting, family, ref, env, topk) in rows.items():
         spec, base = configs[(family, env)], configs[(ref, ())]
         outcome = compare(results[(ref, ())], results[(family, env)])
         server = started[spec.name]
         claims = [] if isinstance(server, str) else claimed_by(server)
-        expected = logits_guarantee(backend, topk)
+        tree_attention = "nodes" if env == TREE_NODES else "cascade"
+        expected = logits_guarantee(backend, topk, tree_attention)
         if claims != [expected]:
             problems.append(f"{backend} {row}: the plugin logged logits={claims}, expected [{expected!r}]")
-        out.append({"backend": backend, "drafting": row, "claimed": expected, "server": spec.name,
-                    "reference": base.name, **outcome})
+        out.append({"backend": backend, "drafting": drafting, "tree_attention": tree_attention, "claimed": expected,
+                    "server": spec.name, "reference": base.name, **outcome})
     retract_config = configs[("coupled_chain", FORCE_RETRACT)]
     retracted = sum(r.retractions or 0 for r in results[("coupled_chain", FORCE_RETRACT)] if not isinstance(r, str))
     if not retracted:
@@ -163,7 +170,8 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         if flushed["status"] != 200:
             problems.append(f"{backend} cache_hit: /flush_cache answered {flushed['status']}: {flushed['text']}")
         problems += [f"{backend} cache_hit warm-up: {w}" for w in warm if isinstance(w, str)][:2]
-    out.append({"backend": backend, "drafting": "cache_hit", "claimed": logits_guarantee(backend, None),
+    out.append({"backend": backend, "drafting": "cache_hit", "tree_attention": "cascade",
+                "claimed": logits_guarantee(backend, None),
                 "server": ref_config.name, "reference": ref_config.name,
                 **compare(first, again, offset=CACHED_TOKENS)})
     out[[r["drafting"] for r in out].index("retraction")]["retracted_requests"] = retracted
@@ -173,9 +181,10 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         else:
             problems += _e2e.plugin_problems(started[config.name])
     for row in out:
-        problems += [f"{backend} {row['drafting']}: {e}" for e in row["errors"][:3]]
+        label = f"{backend} {row['drafting']}" + (" (nodes)" if row["tree_attention"] == "nodes" else "")
+        problems += [f"{label}: {e}" for e in row["errors"][:3]]
         if row["claimed"] == "bitwise" and (row["differing_positions"] or row["token_sequences_differing"]):
-            problems.append(f"{backend} {row['drafting']}: {row['differing_positions']} of {row['positions']} "
+            problems.append(f"{label}: {row['differing_positions']} of {row['positions']} "
                             f"logprobs differ (max {row['max_abs']:.3g}) and {row['token_sequences_differing']} "
                             f"of {NUM_REQUESTS} token sequences, claimed bitwise")
     return out, problems

@@ -14,6 +14,7 @@ tokens with the tokens SGLang's sampler draws for the same logits and positions.
 
 import argparse
 import logging
+import types
 
 import pytest
 import torch
@@ -421,6 +422,92 @@ def test_chain_sampler_in_coupled_mode_equals_the_tree_hook_on_a_chain(loaded, b
     for r in range(b):
         k = int(acc[r])
         assert outs[0][0][r * w : r * w + k + 1].tolist() == y[r, : k + 1].tolist()  # accepted drafts, then y
+
+
+# -- SGLang's own eagle_sample: coupled verify computes no target probabilities -------------
+
+
+def softmaxes_of(shape, run):
+    """How many softmaxes over a tensor of ``shape`` ``run()`` computes (torch's CPU profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        run()
+    return sum(1 for e in prof.events() if e.name == "aten::_softmax" and e.input_shapes[:1] == [list(shape)])
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "sglang_softmax"])
+def test_sglang_eagle_sample_verifies_a_coupled_chain_without_its_target_probs(loaded, model_dir, monkeypatch,
+                                                                              hooked):
+    """SGLang's eagle_sample, sampling branch, on a coupled chain server's runtime context.
+
+    On CPU eagle_sample always takes its greedy branch (``_is_cpu``); with that
+    flag lowered its sampling branch runs as on CUDA, through the hooked chain
+    sampler (start-up declares the rejection flag for coupled chains). Its
+    softmax of the target logits and its temperature division are then left
+    out: one softmax over [B*W, V] remains, the coupled
+    verify's own. With the softmax hook taken out (``sglang_softmax``) SGLang's
+    runs as well, and the emitted tokens are the same.
+    """
+    from sglang.kernels.ops import sampling as sampling_ops
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.runtime_context import get_parallel, publish, restore_context, snapshot_context
+    from sglang.srt.speculative import eagle_utils
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    sa = server_args(model_dir, f"{eagle(model_dir, CHAIN)} {DET}")
+    saved = snapshot_context()  # the module's published context (fixture ``published``) comes back afterwards
+    reset_config()
+    publish(sa, role="test")
+    monkeypatch.setattr(eagle_utils, "_is_cpu", False)
+    if not hooked:
+        monkeypatch.setattr(eagle_utils, "sampling_softmax", sampling_ops.softmax.__wrapped__)
+    try:
+        bag = current_config()
+        assert bag.coupled and bag.rejection_sampling
+        gen = torch.Generator().manual_seed(21)
+        b, w, v = 4, 4, 1000
+        logits = torch.randn(b * w, v, generator=gen) * 2
+        seeds = torch.randint(0, 1 << 62, (b,), generator=gen)
+        seq_lens = torch.randint(5, 500, (b,), generator=gen)
+        temps = [1.0, 0.7, 1.3, 1.0]
+        # No row truncates: SGLang's renorm ops have no CPU build (test_sglang_plugin covers their hooks).
+        info = sampling_info([v] * b, temps, seeds, vocab=v)
+        pos = (seq_lens.view(-1, 1) + 1 + torch.arange(w)).view(-1)
+        y = target_oracle(logits, info.temperatures.view(-1).repeat_interleave(w), seeds.repeat_interleave(w),
+                          pos).view(b, w)
+        candidates = torch.randint(0, v, (b, w), generator=gen)
+        candidates[0, 1:] = y[0, :3]  # row 0 accepts all three drafts; row 3 its first
+        candidates[3, 1] = y[3, 0]
+        chain_next = torch.where(torch.arange(w) < w - 1, torch.arange(w) + 1, -1).expand(b, w).contiguous()
+        verify_input = EagleVerifyInput(
+            draft_token=candidates.reshape(-1), custom_mask=None, positions=pos,
+            retrieve_index=torch.arange(b * w).view(b, w),
+            retrieve_next_token=chain_next, retrieve_next_sibling=torch.full((b, w), -1), retrieve_cum_len=None,
+            spec_steps=w - 1, topk=1, draft_token_num=w, capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens,
+            draft_probs=torch.softmax(torch.randn(b, w - 1, v, generator=gen), dim=-1),
+        )
+        batch = types.SimpleNamespace(device="cpu", forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=seq_lens,
+                                      sampling_info=info, return_logprob=False)
+        tp_group = object.__new__(GroupCoordinator)
+        tp_group.world_size = 1
+        out = []
+        with get_parallel().override(tp_group=tp_group):
+            count = softmaxes_of((b * w, v), lambda: out.append(eagle_utils.eagle_sample(
+                verify_input, batch, LogitsProcessorOutput(next_token_logits=logits.clone()))))
+    finally:
+        restore_context(saved)
+        reset_config()
+    assert count == (1 if hooked else 2)
+    predict, accept_lens, accept_index = out[0]
+    assert accept_lens.tolist()[0] == 4 and accept_lens.tolist()[3] >= 2
+    for r in range(b):
+        n = int(accept_lens[r])  # accepted drafts + the token after them
+        assert predict[r * w : r * w + n].tolist() == y[r, :n].tolist(), r
+        assert accept_index[r, :n].tolist() == list(range(r * w, r * w + n))
 
 
 # -- coupled draft proposals at the exact drafted position -----------------------------

@@ -83,6 +83,8 @@ HOOKED = {
     "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only",
     "sglang.srt.layers.sampler.sampling_from_probs_torch",
     "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch",
+    "sglang.kernels.ops.sampling.softmax",
+    "sglang.srt.speculative.eagle_utils._verify_coins",
     "sglang.kernels.ops.sampling.renorm.top_k_renorm_prob",
     "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob",
     "sglang.srt.sampling.sampling_params.SamplingParams.verify",
@@ -97,7 +99,12 @@ HOOKED = {
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
     "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
+    *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (
+        "__init__", "init_cuda_graph_state", "init_forward_metadata", "init_forward_metadata_out_graph",
+        "forward_extend")),
 }
+# SGLang's FA3 backend module loads sgl_kernel's CUDA library when imported: CUDA builds only.
+CUDA_MODULES = ("sglang.srt.layers.attention.flashattention_backend",)
 # Names SGLang leaves None where the platform has no kernel (CPU-only builds).
 KERNEL_ONLY = {
     "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only",
@@ -114,17 +121,25 @@ def test_every_hook_applied_exactly_once(loaded):
         per_target[target] = per_target.get(target, 0) + 1
     seed_targets = {target for target, _, _ in sglang_plugin.seed_hook.HOOKS}
     assert set(per_target) == HOOKED | seed_targets  # request seeds: their own module and tests
-    absent = set()
+    absent, unimportable = set(), set()
     for target, count in per_target.items():
         obj_path, attr = target.rsplit(".", 1)
-        current = getattr(pkgutil.resolve_name(obj_path), attr)
+        try:
+            current = getattr(pkgutil.resolve_name(obj_path), attr)
+        except (ImportError, AttributeError):  # pkgutil reports a module that failed to import as a missing attribute
+            unimportable.add(target)
+            continue
         if current is None:
             absent.add(target)  # no kernel on this platform: left alone
             continue
         assert unwrap_depth(current) == count, target
     assert absent <= KERNEL_ONLY
+    assert all(t.startswith(CUDA_MODULES) for t in unimportable), unimportable
+    for target in unimportable:  # optional rows: registration skipped them, start-up does not ask for them
+        assert next(row for row in sglang_plugin.hook_table() if row.target == target).absent_ok
     if not torch.cuda.is_available():
         assert absent == KERNEL_ONLY
+        assert {t.rsplit(".", 2)[0] for t in unimportable} == set(CUDA_MODULES)
 
 
 def test_targets_absent_on_this_platform_stay_none(loaded):
@@ -574,7 +589,7 @@ def test_target_filter_matches_sglang_cut_in_token_id_order(loaded):
 
 
 def test_renorm_hooks_keep_rows_that_ask_for_no_truncation(loaded, bag):
-    from sglang_detspec.sglang_plugin.target_sampler_hook import (
+    from sglang_detspec.sglang_plugin.probs_hook import (
         top_k_renorm_keep_neutral,
         top_p_renorm_keep_neutral,
     )
@@ -595,6 +610,44 @@ def test_renorm_hooks_keep_rows_that_ask_for_no_truncation(loaded, bag):
     assert torch.equal(top_k_renorm_keep_neutral(renorm, probs, torch.tensor([1 << 30] * 4)), renorm(probs, None))
 
 
+def test_a_coupled_verify_computes_none_of_sglangs_target_probabilities(loaded, bag):
+    """Inside a coupled verify the softmax, renorm and coins hooks hand back stand-ins and never call SGLang's op.
+
+    The stand-ins have the shapes SGLang's eagle_sample goes on with (V wide
+    with the rejection flag, whose check compares widths with the draft
+    distributions; one column without it) and no memory per row. Outside a
+    verify, and in rejection mode, SGLang's ops run.
+    """
+    from sglang.kernels.ops import sampling as sampling_ops
+
+    from sglang_detspec.sglang_plugin import probs_hook
+
+    def never(*args, **kwargs):
+        raise AssertionError("SGLang's op ran inside a coupled verify")
+
+    logits = torch.randn(6, 50)
+    temps = torch.full((6, 1), 0.5)
+    ctx = VerifyContext(torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), None, None)
+    softmax = sampling_ops.softmax.__wrapped__
+    chain = dataclasses.replace(ACTIVE, verify="coupled")  # start-up declares the rejection flag for chains
+    tree = dataclasses.replace(chain, eagle_topk=4, num_draft_tokens=8, rejection_sampling=False)
+    for config, width in ((chain, 50), (tree, 1)):
+        bag(config)
+        with verify_hook.verify_context(ctx):
+            probs = probs_hook.skip_in_coupled_verify(never, logits, temperatures=temps)
+            assert probs.shape == (6, width) and probs.stride() == (0, 0) and not probs.any()
+            assert probs_hook.top_k_renorm_keep_neutral(never, probs, torch.full((6,), 5)) is probs
+            assert probs_hook.top_p_renorm_keep_neutral(never, probs, torch.full((6,), 0.5)) is probs
+            coins, final = probs_hook.skip_coins_in_coupled_verify(
+                never, sampling_info=None, seq_lens=None, draft_token_num=3, candidates=torch.zeros(2, 3), device="cpu")
+            assert coins.shape == (2, 3) and final.shape == (2,) and not coins.any() and not final.any()
+        # Outside a verify (the sampler's and the drafts' softmax): SGLang's.
+        assert torch.equal(probs_hook.skip_in_coupled_verify(softmax, logits, temps), softmax(logits, temps))
+    bag(ACTIVE)  # rejection mode reads SGLang's probabilities
+    with verify_hook.verify_context(ctx):
+        assert torch.equal(probs_hook.skip_in_coupled_verify(softmax, logits, temps), torch.softmax(logits / temps, -1))
+
+
 def test_renorm_hooks_ask_flashinfer_for_its_deterministic_mode(loaded, bag):
     """flashinfer's renorm sums a row with float atomics unless ``is_deterministic``; the hooks set it when active.
 
@@ -608,7 +661,7 @@ def test_renorm_hooks_ask_flashinfer_for_its_deterministic_mode(loaded, bag):
     import flashinfer.sampling
     from sglang.utils import LazyImport
 
-    from sglang_detspec.sglang_plugin.target_sampler_hook import (
+    from sglang_detspec.sglang_plugin.probs_hook import (
         top_k_renorm_keep_neutral,
         top_p_renorm_keep_neutral,
     )
@@ -752,7 +805,7 @@ def test_no_wired_site_reads_server_args_or_environment():
     # docs/design.md §5: only config.py reads the environment and only resolve.py reads SGLang's args.
     root = os.path.dirname(sglang_plugin.__file__)
     for name in ("draft_hook.py", "verify_hook.py", "topk_draft_hook.py", "target_sampler_hook.py", "attention_hook.py",
-                 "positions.py"):
+                 "probs_hook.py", "tree_attention_hook.py", "positions.py"):
         text = open(os.path.join(root, name)).read()
         assert "os.environ" not in text and "server_args" not in text and "get_spec" not in text, name
 
