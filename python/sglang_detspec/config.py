@@ -259,8 +259,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
     are ``tokens`` (their verify masks interleave other branches' keys, or, on
     fa3, merge two partial attentions in bf16) except on fa3 with
     ``tree_attention="nodes"``, where each node's verify is the decode query
-    of its token. The rule assumes full attention without MLA at page size 1;
-    the hooks log where a model falls outside it
+    of its token. The rule assumes full attention without MLA at SGLang's
+    default page size; the hooks log where a model falls outside it
     (``sglang_plugin/attention_hook.py``, ``tree_attention_hook.py``).
 
     Args:

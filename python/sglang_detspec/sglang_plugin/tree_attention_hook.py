@@ -62,6 +62,9 @@ _BUFFERS = "_detspec_tree_buffers"  # CUDA-graph buffers (dict of tensors), or N
 _GRAPH_META = "_detspec_tree_graph_metadata"  # per graph batch size: metadata over views of the buffers
 
 logger = logging.getLogger("sglang_detspec")
+# Start-up lines (the E2E suite reads them from a server's log).
+NODE_PATH_ON = "FA3 tree verify runs one decode query per tree node"
+NODE_PATH_OFF = "FA3 tree verify keeps SGLang's cascade attention"
 
 
 def node_key_lists(
@@ -85,11 +88,12 @@ def node_key_lists(
     the result is written into their leading ``[bs * n, W + n]`` / ``[bs * n]``
     part and views of it are returned.
 
-    ``kernel``: ``torch`` copies whole rows (``bs * n * W`` entries);
-    ``triton`` (``auto`` on CUDA) copies each row up to its length only, so
-    its cost follows the prefixes, not the table's width (under CUDA graphs
-    the width is the context length). Both write the same entries up to
-    ``lens[r]``; the GPU suite pins them.
+    ``kernel``: ``torch`` copies whole rows (``bs * n * W`` entries: under
+    CUDA graphs, where ``W`` is the context length, hundreds of MB per verify
+    step at high concurrency); ``triton`` (``auto`` on CUDA) copies each row
+    up to its length only, so its cost follows the prefixes. Both write the
+    same entries up to ``lens[r]``; the GPU suite pins them. All tables are
+    row-major with unit column stride.
 
     Requires ``prefix_lens[b] <= W`` (the prefix table covers the prefix).
     SGLang's cascade metadata has this layout: its prefix page table and its
@@ -99,7 +103,9 @@ def node_key_lists(
     bs, width = prefix_table.shape
     rows = bs * n
     if out_table is None:
-        out_table = torch.empty(rows, width + n, dtype=torch.int32, device=prefix_table.device)
+        # Zeros, not empty: an entry past a row's length, should a kernel fetch one for a masked key, is a
+        # valid slot id, as in SGLang's own tables.
+        out_table = torch.zeros(rows, width + n, dtype=torch.int32, device=prefix_table.device)
     if out_lens is None:
         out_lens = torch.empty(rows, dtype=torch.int32, device=prefix_table.device)
     table, lens = out_table[:rows, : width + n], out_lens[:rows]
@@ -119,10 +125,13 @@ def node_key_lists(
 def _node_rows_triton(prefix_table, prefix_lens, ancestor_table, ancestor_lens, n, table, lens):
     import triton
 
+    for name, t in (("prefix_table", prefix_table), ("ancestor_table", ancestor_table), ("out_table", table)):
+        if t.stride(1) != 1:
+            raise ValueError(f"{name} must have unit column stride, got strides {t.stride()}")
     kernel = _node_rows_kernel()
     kernel[(table.shape[0],)](
         prefix_table, prefix_table.stride(0), prefix_lens, ancestor_table, ancestor_table.stride(0), ancestor_lens,
-        table, table.stride(0), lens, N=n, N_POW2=triton.next_power_of_2(n), BLOCK=1024,
+        table, table.stride(0), lens, prefix_table.shape[1], N=n, N_POW2=triton.next_power_of_2(n), BLOCK=1024,
     )
 
 
@@ -134,10 +143,11 @@ def _node_rows_kernel():
 
     @triton.jit
     def node_rows(prefix_ptr, prefix_stride, prefix_lens_ptr, anc_ptr, anc_stride, anc_lens_ptr, out_ptr,
-                  out_stride, out_lens_ptr, N: tl.constexpr, N_POW2: tl.constexpr, BLOCK: tl.constexpr):
+                  out_stride, out_lens_ptr, width, N: tl.constexpr, N_POW2: tl.constexpr, BLOCK: tl.constexpr):
         r = tl.program_id(0)
         b = r // N
-        plen = tl.load(prefix_lens_ptr + b).to(tl.int64)
+        # A prefix longer than the table (never from SGLang) is cut to it, so no write leaves the row.
+        plen = tl.minimum(tl.load(prefix_lens_ptr + b).to(tl.int64), width)
         src = prefix_ptr + b.to(tl.int64) * prefix_stride
         dst = out_ptr + r.to(tl.int64) * out_stride
         for start in range(0, plen, BLOCK):  # one program per node row, looping over its prefix only
@@ -242,11 +252,11 @@ def check_backend(result, backend, *args, **kwargs):
         return None
     why = _why_not(backend)
     if why:
-        logger.warning("sglang-detspec: FA3 tree verify keeps SGLang's cascade attention (%s): this server's "
-                       "tree logits are 'tokens', not 'bitwise' (docs/forward_modes.md)", why)
+        logger.warning("sglang-detspec: %s (%s): this server's tree logits are 'tokens', not 'bitwise' "
+                       "(docs/forward_modes.md)", NODE_PATH_OFF, why)
         return None
     setattr(backend, _NODES + "_ok", True)
-    logger.info("sglang-detspec: FA3 tree verify runs one decode query per tree node")
+    logger.info("sglang-detspec: %s", NODE_PATH_ON)
     return None
 
 

@@ -8,7 +8,9 @@ causal, ``num_splits=1``, page size 1), over the page table a server without
 speculative decoding would have when it decodes that token: the prefix, then
 the path from the root to the node. The node call must give every node's
 output bit for bit. SGLang's cascade (prefix and ancestors in two calls, merged
-by ``merge_state_v2``) is run beside it to record, not assert, how far it lands.
+by ``merge_state_v2``) is run beside it to record how far it lands (its
+properties in the JUnit report; asserted only to be the same attention up to
+rounding).
 """
 
 import pytest
@@ -122,8 +124,9 @@ def test_node_queries_equal_the_decode_step_of_each_node(heads, kv_heads, dim, k
         assert torch.equal(got, want), (i, (got.float() - want.float()).abs().max().item())
 
 
-def test_sglang_cascade_is_recorded_beside_it():
-    """Not asserted: how far SGLang's cascade (two calls merged in bf16) lands from the decode step."""
+def test_sglang_cascade_is_recorded_beside_it(record_property):
+    """How far SGLang's cascade (two calls merged in bf16) lands from the decode step: recorded, only
+    loosely asserted (the same attention up to rounding)."""
     from sgl_kernel import merge_state_v2
 
     heads, kv_heads, dim = 32, 8, 128
@@ -142,8 +145,9 @@ def test_sglang_cascade_is_recorded_beside_it():
         max_seqlen_q=1, softmax_scale=scale, causal=False, return_softmax_lse=True, num_splits=1, ver=3)
     cascade, _ = merge_state_v2(o, lse.T.contiguous(), o2, lse2.T.contiguous())
     apart = (cascade.float() - nodes.float()).abs()
-    print(f"cascade vs decode: {(apart > 0).float().mean().item():.3%} of outputs apart, max {apart.max().item():.3g}")
-    assert torch.allclose(cascade.float(), nodes.float(), atol=2e-2)  # the same attention up to rounding
+    record_property("outputs_apart", float((apart > 0).float().mean()))
+    record_property("max_abs", float(apart.max()))
+    assert torch.allclose(cascade.float(), nodes.float(), atol=2e-2)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ requests x 64 tokens (temperatures 0.8-1.2, two filtered rows), with
 * ``chain``: coupled chain EAGLE (3 steps);
 * ``tree``: coupled tree EAGLE (3 steps, top-k 4, 8 tokens), SGLang's tree
   verify attention; on fa3 also with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
-  (one decode query per tree node; the row's ``tree_attention`` is ``nodes``);
+  (one decode query per tree node; the row's ``tree_attention`` is ``nodes``,
+  and the server must log that the node path serves its target);
 * ``multi_layer``: multi-layer EAGLE on the MTP model, against that model's
   server without speculative decoding;
 * ``retraction``: the coupled chain with SGLang's retraction test switch
@@ -53,6 +54,7 @@ import _requests
 from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
+from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE_PATH_ON
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
@@ -148,6 +150,10 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         expected = logits_guarantee(backend, topk, tree_attention)
         if claims != [expected]:
             problems.append(f"{backend} {row}: the plugin logged logits={claims}, expected [{expected!r}]")
+        if tree_attention == "nodes" and not isinstance(server, str) and (
+                not server.log_lines(NODE_PATH_ON) or server.log_lines(NODE_PATH_OFF)):
+            problems.append(f"{backend} {row}: the node path did not run (its start-up lines: "
+                            f"{server.log_lines('FA3 tree verify')[:2]})")
         out.append({"backend": backend, "drafting": drafting, "tree_attention": tree_attention, "claimed": expected,
                     "server": spec.name, "reference": base.name, **outcome})
     retract_config = configs[("coupled_chain", FORCE_RETRACT)]

@@ -86,6 +86,43 @@ def test_each_node_row_is_its_decode_page_table():
             assert table[r, : len(want)].tolist() == want, (b, i)
 
 
+INTERPRETED = """
+import torch
+from sglang_detspec.sglang_plugin import tree_attention_hook as tah
+gen = torch.Generator().manual_seed(0)
+bs, n, w = 3, 8, 2100  # a prefix longer than one 1024-entry block; an empty one; one as wide as the table
+prefix_lens = torch.tensor([0, 1500, 2100], dtype=torch.int32)
+prefix = torch.randint(0, 1 << 20, (bs, w), generator=gen, dtype=torch.int32)
+anc = torch.randint(0, 1 << 20, (bs * n, n), generator=gen, dtype=torch.int32)
+anc_lens = torch.randint(1, n + 1, (bs * n,), generator=gen, dtype=torch.int32)
+want, want_lens = tah.node_key_lists(prefix, prefix_lens, anc, anc_lens, n, kernel="torch")
+out = torch.full((bs * n + 2, w + n + 1), -1, dtype=torch.int32)
+out_lens = torch.full((bs * n + 2,), -1, dtype=torch.int32)
+table, lens = out[: bs * n, : w + n], out_lens[: bs * n]
+tah._node_rows_triton(prefix, prefix_lens, anc, anc_lens, n, table, lens)
+assert torch.equal(lens, want_lens), (lens, want_lens)
+for r in range(bs * n):
+    k = int(lens[r])
+    assert torch.equal(table[r, :k], want[r, :k]), r
+    assert (out[r, k + n:] == -1).all(), r  # nothing written past the ancestors
+assert (out[bs * n:] == -1).all() and (out_lens[bs * n:] == -1).all()
+print("equal")
+"""
+
+
+def test_the_triton_row_builder_under_tritons_interpreter_equals_the_torch_one():
+    """The Triton kernel's logic on CPU (``TRITON_INTERPRET=1``, in a child process so no other kernel is
+    interpreted); the GPU suite runs it compiled."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernel on CPU)")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("equal"), done.stderr[-2000:]
+
+
 def test_graph_buffers_are_filled_in_place_and_rows_past_the_batch_kept():
     gen = torch.Generator().manual_seed(5)
     prefix_lens = torch.tensor([3, 9], dtype=torch.int32)
@@ -178,6 +215,8 @@ NODES_BAG = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, ea
     ({"has_swa": True}, "sliding-window"),
     ({"kv_cache_dtype_str": "fp8_e4m3"}, "fp8_e4m3 KV cache"),
     ({"attn_cp_size": 2}, "context parallelism"),
+    ({"local_attn_builder": object()}, "local attention"),
+    ({"fa_skip_kv_cache": True}, "skips the KV cache"),
 ])
 def test_the_backend_check_logs_why_a_tree_keeps_the_cascade(bag, caplog, overrides, why):
     bag(NODES_BAG)
@@ -291,6 +330,13 @@ def test_forward_extend_hook_routes_only_a_tree_verify_with_node_metadata():
                         types.SimpleNamespace(sliding_window_size=-1, is_cross_attention=True)):
         assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, covered_not, verify) == "extended"
     assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify, return_lse=True) == "extended"
+    for name in ("q_rope", "k_rope", "score_mod", "rel_bias"):
+        assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify, **{name: "x"}) == "extended"
+    assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify, True, "positional") == "extended"
+    for other in (dict(encoder_lens="lens"), dict(spec_algorithm=types.SimpleNamespace(is_uno=lambda: True))):
+        batch = types.SimpleNamespace(**{**vars(verify), **other})
+        assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, batch) == "extended"
+    assert seen[-1][0] == "extend" and sum(1 for x in seen if x[0] == "decode") == 2
 
 
 def test_the_setting_and_the_claim():
@@ -328,6 +374,26 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks():
         problems = sglang_plugin.hook_problems(applied=False, config=bag)
         assert sorted(problems) == sorted(f"{t} is not found in SGLang 0.5.23" for t in fa_rows)
         assert sglang_plugin.hook_problems(applied=False, config=dataclasses.replace(bag, tree_attention="cascade")) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CPU-only SGLang build, where FA3 does not import")
+def test_start_up_stops_where_nothing_backs_a_bitwise_tree_claim(bag):
+    """SGLang's start-up hook (``check_hooks_in_place``) names the missing FA3 hooks for a nodes bag, not for others."""
+    from sglang_detspec import sglang_plugin
+
+    nodes = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
+                          attention_backend="fa3", tree_attention="nodes", source="server_args")
+
+    def message(config):
+        bag(config)
+        try:
+            sglang_plugin.check_hooks_in_place(None, None)
+        except RuntimeError as err:
+            return str(err)
+        return ""
+
+    assert f"{tah.FORWARD_EXTEND} is not found in SGLang 0.5.23" in message(nodes)
+    assert tah.FA not in message(dataclasses.replace(nodes, tree_attention="cascade"))
 
 
 if __name__ == "__main__":
