@@ -17,6 +17,7 @@ from array import array
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from _sglang_outputs import NO_PER_TOKEN_EXTRAS
 from fastapi.exceptions import FastAPIDeprecationWarning
 from pydantic import TypeAdapter
 from sglang.srt.entrypoints.api_contract import generate_contract_error
@@ -122,14 +123,7 @@ def token_id_output(rid, output_ids, prompt_len, verify_ct, correct_drafts):
         decode_ids=[array("q", output_ids)], read_offsets=[0], output_ids=[array("q", output_ids)],
         skip_special_tokens=[True], spaces_between_special_tokens=[True], no_stop_trim=[False],
         prompt_tokens=[prompt_len], reasoning_tokens=[0], completion_tokens=[n], cached_tokens=[0],
-        input_token_logprobs_val=None, input_token_logprobs_idx=None,
-        output_token_logprobs_val=None, output_token_logprobs_idx=None,
-        input_top_logprobs_val=None, input_top_logprobs_idx=None,
-        output_top_logprobs_val=None, output_top_logprobs_idx=None,
-        input_token_ids_logprobs_val=None, input_token_ids_logprobs_idx=None,
-        output_token_ids_logprobs_val=None, output_token_ids_logprobs_idx=None,
-        output_token_entropy_val=None, output_token_sampling_mask=None, output_hidden_states=None,
-        routed_experts=None, indexer_topk=None, placeholder_tokens_idx=None, placeholder_tokens_val=None,
+        **NO_PER_TOKEN_EXTRAS,
         retraction_counts=[0], spec_verify_ct=[verify_ct], spec_num_correct_drafts=[correct_drafts],
         spec_correct_drafts_histogram=[[]],
     )

@@ -22,6 +22,7 @@ import struct
 
 import mmh3
 import pytest
+from _sglang_outputs import NO_PER_TOKEN_EXTRAS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -198,14 +199,7 @@ def finished_output(tokenized, output_ids):
         rids=[tokenized.rid], finished_reasons=[FINISH_LENGTH(1).to_json()], output_strs=[""],
         output_ids=[array("q", output_ids)], prompt_tokens=[len(tokenized.input_ids)], completion_tokens=[1],
         reasoning_tokens=[0], cached_tokens=[0],
-        input_token_logprobs_val=None, input_token_logprobs_idx=None,
-        output_token_logprobs_val=None, output_token_logprobs_idx=None,
-        input_top_logprobs_val=None, input_top_logprobs_idx=None,
-        output_top_logprobs_val=None, output_top_logprobs_idx=None,
-        input_token_ids_logprobs_val=None, input_token_ids_logprobs_idx=None,
-        output_token_ids_logprobs_val=None, output_token_ids_logprobs_idx=None,
-        output_token_entropy_val=None, output_token_sampling_mask=None, output_hidden_states=None,
-        routed_experts=None, indexer_topk=None, placeholder_tokens_idx=None, placeholder_tokens_val=None,
+        **NO_PER_TOKEN_EXTRAS,
         retraction_counts=[0],
     )
 
