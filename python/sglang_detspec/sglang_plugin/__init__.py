@@ -34,8 +34,9 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
   gate: ``sampling_seed`` must be an integer in [0, 2**64).
 - ``seed_hook``: request seeds.
-- ``input_hook``: token ids inside the vocabulary and ``n >= 1`` before a
-  request reaches the scheduler.
+- ``input_hook``: the rules of ``request_rules`` (token ids inside the
+  vocabulary, ``n``, logprob fields, ``top_k``, ``min_new_tokens``, stop ids,
+  logit bias, grammars) before a request reaches the scheduler.
 - ``attention_hook``: the target's Triton decode attention runs the kernel
   its verify and prefill run, so their logits are bitwise equal.
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3

@@ -1,0 +1,380 @@
+"""The request-field rules: one table, applied in one place, before a request reaches the scheduler.
+
+Each :class:`Rule` names a request field that SGLang 0.5.23 turns into a
+tensor index, a tensor size, a loop bound or a compiled grammar, the bound
+that keeps the scheduler alive, and whether a value outside it is refused
+(``ValueError``: HTTP 400 on every endpoint, raised in the caller's process
+by ``Engine.generate``) or clamped to a value of the same meaning.
+docs/request_fields.md is the inventory behind the table: every such field,
+who checks it, and what a bad value does.
+
+Applied by :func:`check_request` (per request, after tokenization, with the
+prompt's ids at hand) and :func:`check_parallel` (the ``n`` of every
+parameter set, before SGLang expands a request into its samples); the hooks
+that call them are in ``input_hook``. Rules apply only while the config bag
+is ours (``--enable-deterministic-inference`` on, plugin not disabled), like
+every other hook.
+
+Every refusal is a :class:`RequestRuleError`: a ``ValueError`` whose message
+names the field, the value sent and the bound, and ends with the rule's
+stable machine-readable ``code`` (also an attribute), e.g.
+``"... got 1000000 (error code: top_logprobs_num_out_of_range)"``.
+
+``sampling_seed`` keeps its own check in ``request_hook`` (it also rewrites
+seeds >= 2**63 into SGLang's int64 carrier).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import NamedTuple
+
+# SGLang's "whole vocabulary" top_k (sampling_params.TOP_K_ALL); SGLang packs top_k into an int32
+# tensor (SamplingBatchInfo.from_schedule_batch), so anything at or above it means the same.
+TOP_K_ALL = 1 << 30
+# Samples per prompt: SGLang expands a request into n objects in the tokenizer manager's event
+# loop before anything is sent, so n of a million stalls every request in flight.
+MAX_N = 1024
+# Largest json_schema / regex / ebnf / structural_tag string, in UTF-8 bytes.
+MAX_GRAMMAR_BYTES = 1 << 20
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+REAL_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
+class RequestRuleError(ValueError):
+    """A request field outside its rule.
+
+    Attributes:
+        code: the stable machine-readable code (one of ``Rule.codes``).
+        field: the field as the request names it (``"sampling_params.top_k"``).
+    """
+
+    def __init__(self, code: str, field: str, message: str) -> None:
+        super().__init__(f"{message} (error code: {code})")
+        self.code = code
+        self.field = field
+
+
+class Limits(NamedTuple):
+    """What the rules are measured against, from the served model.
+
+    Attributes:
+        vocab_size: width of the logits (SGLang's ``model_config.vocab_size``):
+            ids that index logits or logprobs lie in ``[0, vocab_size)``.
+        embedding_rows: ids a text prompt may hold (:func:`embedding_rows`).
+        context_len: the model's context length in tokens.
+    """
+
+    vocab_size: int
+    embedding_rows: int
+    context_len: int
+
+
+class Request(NamedTuple):
+    """One request as the rules see it: the tokenizer manager's object and the prompt's ids."""
+
+    obj: object  # SGLang's GenerateReqInput (one request of a batch)
+    input_ids: object  # list / tensor of ids, or None
+    limits: Limits
+
+
+class Rule(NamedTuple):
+    """One row of the table.
+
+    Attributes:
+        field: the request field (``sampling_params.<name>`` for a sampling parameter).
+        codes: the stable machine-readable error codes it raises (a clamp's code names the clamp).
+        bound: the admitted values, in words (docs/request_fields.md shows it).
+        action: ``"refuse"`` (``RequestRuleError``) or ``"clamp"`` (value rewritten).
+        protects: the SGLang symbol a bad value breaks.
+        check: ``check(value, request) -> value`` (the value to keep: itself, or its
+            clamp); raises :class:`RequestRuleError`. Called only for values that are
+            present and not None.
+        stage: ``"request"`` (:func:`check_request`) or ``"parallel"`` (:func:`check_parallel`).
+    """
+
+    field: str
+    codes: tuple[str, ...]
+    bound: str
+    action: str
+    protects: str
+    check: Callable[[object, Request], object]
+    stage: str = "request"
+
+
+def is_int(value: object) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_in(field: str, code: str, value: object, lo: int, hi: int, why: str) -> int:
+    if not is_int(value) or not lo <= value <= hi:
+        raise RequestRuleError(code, field, f"{field} must be an integer in [{lo}, {hi}] ({why}), got {value!r}")
+    return value
+
+
+def _ids_list(value: object, field: str, code: str) -> list:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise RequestRuleError(code, field, f"{field} must be a list of integer token ids, got {value!r:.80}")
+    return list(value)
+
+
+# -- the checks ---------------------------------------------------------------------
+
+
+def check_input_ids(input_ids, vocab_size: int) -> None:
+    """Every id an integer in ``[0, vocab_size)``.
+
+    Args:
+        input_ids: the request's token ids (list, tuple or 1-D tensor / array).
+        vocab_size: the ids the model embeds.
+
+    Raises:
+        RequestRuleError: naming ``input_ids``, the first offending index and value, and the bound.
+    """
+    input_ids = _ids_list(input_ids, "input_ids", "input_ids_not_integer")
+    if not input_ids:
+        return
+    # The common case in C-level passes: plain ints, all in range. Otherwise find the first bad one.
+    if all(type(t) is int for t in input_ids) and 0 <= min(input_ids) and max(input_ids) < vocab_size:
+        return
+    for index, token in enumerate(input_ids):
+        if not is_int(token):
+            raise RequestRuleError("input_ids_not_integer", "input_ids",
+                                   f"input_ids[{index}] must be an integer token id in [0, {vocab_size}), got {token!r}")
+        if not 0 <= token < vocab_size:
+            raise RequestRuleError(
+                "input_ids_out_of_vocabulary", "input_ids",
+                f"input_ids[{index}] = {token} is outside the model's vocabulary: token ids must be in "
+                f"[0, {vocab_size})")
+
+
+_MULTIMODAL = ("image_data", "video_data", "audio_data", "input_embeds")
+
+
+def _input_ids(value, req: Request):
+    # Processors of image, video or audio data put placeholder ids beyond the text vocabulary.
+    if not any(getattr(req.obj, name, None) is not None for name in _MULTIMODAL):
+        check_input_ids(value, req.limits.embedding_rows)
+    return value
+
+
+def check_n(n: object) -> int:
+    """``n`` (samples per prompt) an integer in ``[1, MAX_N]``; ``null`` is refused too.
+
+    Raises:
+        RequestRuleError: naming ``n``, the value and the bound.
+    """
+    return _int_in("n", "n_out_of_range", n, 1, MAX_N, "samples per prompt")
+
+
+def _top_logprobs_num(value, req: Request):
+    vocab = req.limits.vocab_size
+    if not is_int(value) or not 0 <= value <= vocab:
+        raise RequestRuleError(
+            "top_logprobs_num_out_of_range", "top_logprobs_num",
+            f"top_logprobs_num (/v1/completions: logprobs, /v1/chat/completions: top_logprobs) must be an "
+            f"integer in [0, {vocab}] (the model's vocabulary size), got {value!r}")
+    return value
+
+
+def _token_ids_logprob(value, req: Request):
+    vocab = req.limits.vocab_size
+    for index, token in enumerate(_ids_list(value, "token_ids_logprob", "token_ids_logprob_out_of_vocabulary")):
+        if not is_int(token) or not 0 <= token < vocab:
+            raise RequestRuleError(
+                "token_ids_logprob_out_of_vocabulary", "token_ids_logprob",
+                f"token_ids_logprob[{index}] must be a token id in [0, {vocab}), got {token!r}")
+    return value
+
+
+def _logprob_start_len(value, req: Request):
+    if not getattr(req.obj, "return_logprob", False):
+        return value  # SGLang's scheduler sets it to -1 without return_logprob
+    prompt = len(_ids_list(req.input_ids, "input_ids", "input_ids_not_integer")) if req.input_ids is not None else None
+    if prompt is None:
+        return value
+    return _int_in("logprob_start_len", "logprob_start_len_out_of_range", value, -1, prompt,
+                   "-1: output tokens only; else a position in the prompt")
+
+
+def _top_k(value, req: Request):
+    if not is_int(value):
+        raise RequestRuleError("top_k_not_integer", "sampling_params.top_k",
+                               f"sampling_params.top_k must be an integer (-1 or >= 1), got {value!r}")
+    return TOP_K_ALL if value > TOP_K_ALL else value  # SGLang refuses 0 and values below -1 itself
+
+
+def _min_new_tokens(value, req: Request):
+    return _int_in("sampling_params.min_new_tokens", "min_new_tokens_out_of_range", value, 0,
+                   req.limits.context_len, "the model's context length")
+
+
+def _stop_token_ids(value, req: Request):
+    vocab = req.limits.vocab_size
+    if not isinstance(value, (list, tuple, set)):
+        raise RequestRuleError("stop_token_ids_out_of_vocabulary", "sampling_params.stop_token_ids",
+                               f"sampling_params.stop_token_ids must be a list of token ids, got {value!r:.80}")
+    for token in value:
+        if token is not None and (not is_int(token) or not 0 <= token < vocab):
+            raise RequestRuleError(
+                "stop_token_ids_out_of_vocabulary", "sampling_params.stop_token_ids",
+                f"sampling_params.stop_token_ids must hold token ids in [0, {vocab}), got {token!r}")
+    return value
+
+
+def _logit_bias(value, req: Request):
+    vocab = req.limits.vocab_size
+    field, code = "sampling_params.logit_bias", "logit_bias_invalid"
+    if not isinstance(value, dict):
+        raise RequestRuleError(code, field, f"{field} must be an object of token id -> bias, got {value!r:.80}")
+    for key, bias in value.items():
+        try:
+            token = int(key) if not isinstance(key, (bool, float)) else None
+        except (TypeError, ValueError):
+            token = None
+        if token is None or not 0 <= token < vocab:
+            raise RequestRuleError(code, field, f"{field} keys must be token ids in [0, {vocab}), got {key!r}")
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias):
+            raise RequestRuleError(code, field, f"{field}[{key!r}] must be a finite number, got {bias!r}")
+    return value
+
+
+def _real(name: str):
+    field = f"sampling_params.{name}"
+
+    def check(value, req: Request):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise RequestRuleError("sampling_param_not_a_number", field,
+                                   f"{field} must be a number, got {value!r:.80}")
+        return value
+
+    return check
+
+
+def _grammar(name: str):
+    field = f"sampling_params.{name}"
+
+    def check(value, req: Request):
+        if not isinstance(value, str):
+            raise RequestRuleError("grammar_invalid", field, f"{field} must be a string, got {type(value).__name__}")
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_GRAMMAR_BYTES:
+            raise RequestRuleError("grammar_too_large", field,
+                                   f"{field} must be at most {MAX_GRAMMAR_BYTES} bytes, got {size}")
+        return value
+
+    return check
+
+
+_LOGPROBS = "layers.logprob_processor.get_top_logprobs_raw (logprobs.topk(max(top_logprobs_nums)))"
+
+RULES: tuple[Rule, ...] = (
+    Rule("input_ids", ("input_ids_out_of_vocabulary", "input_ids_not_integer"), "integers in [0, V) (V: the embedding's rows)", "refuse",
+         "the embedding lookup (device-side assert)", _input_ids),
+    Rule("sampling_params.n", ("n_out_of_range",), f"integer in [1, {MAX_N}]", "refuse",
+         "io_struct.GenerateReqInput._handle_parallel_sampling (n copies in the tokenizer manager)",
+         lambda value, req: check_n(value), stage="parallel"),
+    Rule("top_logprobs_num", ("top_logprobs_num_out_of_range",), "integer in [0, V]", "refuse", _LOGPROBS,
+         _top_logprobs_num),
+    Rule("token_ids_logprob", ("token_ids_logprob_out_of_vocabulary",), "token ids in [0, V)", "refuse",
+         "layers.logprob_processor.get_token_ids_logprobs_raw (logprobs[..., ids])", _token_ids_logprob),
+    Rule("logprob_start_len", ("logprob_start_len_out_of_range",), "integer in [-1, prompt length] (with return_logprob)",
+         "refuse", "managers.schedule_batch.compute_extend_logprob_start_len", _logprob_start_len),
+    Rule("sampling_params.top_k", ("top_k_clamped", "top_k_not_integer"), "an integer; values above 2**30 clamped to 2**30 (whole vocabulary)",
+         "clamp", "sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch (int32 top_ks)", _top_k),
+    Rule("sampling_params.min_new_tokens", ("min_new_tokens_out_of_range",), "integer in [0, context length]", "refuse",
+         "sampling.penaltylib.min_new_tokens (int32 min_new_tokens)", _min_new_tokens),
+    Rule("sampling_params.stop_token_ids", ("stop_token_ids_out_of_vocabulary",), "token ids in [0, V)", "refuse",
+         "sampling.penaltylib.min_new_tokens (scatter_add_ of stop ids into a [bs, V + 1] row)", _stop_token_ids),
+    Rule("sampling_params.logit_bias", ("logit_bias_invalid",), "keys token ids in [0, V), values finite numbers",
+         "refuse", "sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch (logit_bias tensor)",
+         _logit_bias),
+    *(Rule(f"sampling_params.{name}", ("sampling_param_not_a_number",), "a number (range: SGLang's verify)", "refuse",
+           "sampling.sampling_params.SamplingParams.verify and the sampling tensors", _real(name))
+      for name in REAL_FIELDS),
+    *(Rule(f"sampling_params.{name}", ("grammar_too_large", "grammar_invalid"), f"a string of at most {MAX_GRAMMAR_BYTES} bytes",
+           "refuse", "constrained grammar backend (compiled per request)", _grammar(name))
+      for name in GRAMMAR_FIELDS),
+)
+
+
+# -- applying the table -----------------------------------------------------------------
+
+
+def _lookup(obj, req_input_ids, field: str):
+    """``(container, key, value)`` of ``field`` in one request; container None: nothing to write back."""
+    if field == "input_ids":
+        return None, None, req_input_ids
+    if field.startswith("sampling_params."):
+        params = getattr(obj, "sampling_params", None)
+        key = field.split(".", 1)[1]
+        return (params, key, params.get(key)) if isinstance(params, dict) else (None, None, None)
+    return obj, field, getattr(obj, field, None)
+
+
+def check_request(obj, input_ids, limits: Limits) -> None:
+    """Apply every ``"request"`` rule to one request, in table order; clamps are written back.
+
+    Args:
+        obj: SGLang's ``GenerateReqInput`` for one request (a batch element,
+            after SGLang's normalisation: scalar fields, one ``sampling_params`` dict).
+        input_ids: the prompt's token ids (as tokenized, or as sent), or None.
+        limits: the served model's :class:`Limits`.
+
+    Raises:
+        RequestRuleError: the first rule a field breaks.
+    """
+    req = Request(obj, input_ids, limits)
+    for rule in RULES:
+        if rule.stage != "request":
+            continue
+        container, key, value = _lookup(obj, input_ids, rule.field)
+        if value is None:
+            continue
+        kept = rule.check(value, req)
+        if kept is not value and container is not None:
+            if isinstance(container, dict):
+                container[key] = kept
+            else:
+                setattr(container, key, kept)
+
+
+def check_parallel(sampling_params) -> None:
+    """Apply the ``"parallel"`` rules (``n``) to a request's parameter sets, before SGLang reads ``n``.
+
+    Args:
+        sampling_params: a dict, a list of dicts (a batch), or None. A set that
+            does not give ``n`` has SGLang's default (1).
+
+    Raises:
+        RequestRuleError: naming ``n``, the value and the bound.
+    """
+    sets = sampling_params if isinstance(sampling_params, list) else [sampling_params]
+    for rule in RULES:
+        if rule.stage != "parallel":
+            continue
+        key = rule.field.split(".", 1)[1]
+        for params in sets:
+            if isinstance(params, dict) and key in params:
+                rule.check(params[key], None)
+
+
+def embedding_rows(model_config) -> int:
+    """The token ids a text prompt may hold: the larger of the model's and its text model's vocabulary.
+
+    Some multimodal configurations report a vision vocabulary as
+    ``vocab_size`` and embed text with the text model's larger one.
+    """
+    text = getattr(model_config, "hf_text_config", None)
+    return max(int(model_config.vocab_size), int(getattr(text, "vocab_size", 0) or 0))
+
+
+def limits_of(tokenizer_manager) -> Limits:
+    """The :class:`Limits` of SGLang's ``TokenizerManager`` (its model config and context length)."""
+    config = tokenizer_manager.model_config
+    return Limits(int(config.vocab_size), embedding_rows(config), int(tokenizer_manager.context_len))
