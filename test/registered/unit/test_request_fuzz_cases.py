@@ -1,0 +1,98 @@
+"""The request fuzzer's cases (``sglang_detspec.auditing.request_fuzz``): seeded, covering, known crashes first.
+
+The end-to-end suite ``test_request_fuzz.py`` sends these cases to real
+servers; here the list itself is checked: the same seed gives the same cases
+and another seed others, 1,100 cases (one server's share) touch at least 25
+fields and the three endpoints, every known crash input leads the list with
+the status it must get, every body is what its case says (JSON where not
+raw, at most a few MB), and the known inputs meet the plugin's rules through
+SGLang's real request path (``served``: SGLang's TokenizerManager).
+"""
+
+import json
+import sys
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.auditing import request_fuzz
+from sglang_detspec.sglang_plugin import request_rules
+from test_request_seeds import ACTIVE, generate, hooked, model_with_tokenizer, served, server_args  # noqa: F401
+
+register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
+
+MODEL = request_fuzz.Model(vocab=4096, context_len=4096, name="m")
+
+
+def test_the_same_seed_gives_the_same_cases():
+    a, b = (request_fuzz.fuzz_cases(7, 400, MODEL) for _ in range(2))
+    assert [c.payload() for c in a] == [c.payload() for c in b]
+    other = request_fuzz.fuzz_cases(8, 400, MODEL)
+    drawn = len(request_fuzz.KNOWN_CRASHES)
+    assert sum(x.payload() != y.payload() for x, y in zip(a[drawn:], other[drawn:])) > 300
+
+
+def test_one_servers_share_covers_25_fields_and_three_endpoints():
+    cases = request_fuzz.fuzz_cases(2026, 1100, MODEL)
+    covered = request_fuzz.coverage(cases)
+    assert covered["endpoints"] == sorted(request_fuzz.ENDPOINTS)
+    assert len(covered["fields"]) >= 25, covered["fields"]
+    for endpoint in request_fuzz.ENDPOINTS:
+        assert sum(c.endpoint == endpoint for c in cases) >= 350
+    mutations = {c.mutation.split(":")[0] for c in cases}
+    assert {"value", "unknown_field", "nested", "missing", "null", "malformed_json", "one_bad_of_2"} <= mutations
+    # Every rule of the plugin's table is exercised by some /generate case.
+    fields = {c.field.removeprefix("batch:") for c in cases if c.endpoint == "/generate"}
+    assert {rule.field for rule in request_rules.RULES} <= fields
+
+
+def test_known_crash_inputs_lead_every_list_with_their_status():
+    names = request_fuzz.KNOWN_CRASHES
+    assert "top_logprobs_num_1e6" in names and len(set(names)) == len(names)
+    for seed in (0, 1):
+        cases = request_fuzz.fuzz_cases(seed, len(names) + 5, MODEL)
+        assert [c.known for c in cases[:len(names)]] == list(names)
+        assert all(c.known is None for c in cases[len(names):])
+    first = request_fuzz.fuzz_cases(0, len(names), MODEL)[0]
+    assert first.endpoint == "/generate" and first.expect == 400
+    assert json.loads(first.payload()) == {"input_ids": [5, 6], "return_logprob": True, "top_logprobs_num": 1000000,
+                                           "sampling_params": {"max_new_tokens": 4, "temperature": 1.0}}
+    with pytest.raises(ValueError, match=f"count must be at least {len(names)}"):
+        request_fuzz.fuzz_cases(0, len(names) - 1, MODEL)
+
+
+def test_bodies_are_json_unless_raw_and_bounded():
+    cases = request_fuzz.fuzz_cases(3, 1100, MODEL)
+    for case in cases:
+        if not case.raw:
+            assert json.loads(case.payload()) == case.body
+        assert len(case.payload()) <= 3 * 1024 * 1024
+        assert case.summary()["body_bytes"] == len(case.payload())
+    assert sum(len(c.payload()) for c in cases) < 64 * 1024 * 1024
+
+
+SERVED = request_fuzz.Model(vocab=1000, context_len=2048, name="m")  # the model of test_request_seeds.served
+KNOWN_GENERATE = [c for c in request_fuzz.fuzz_cases(0, len(request_fuzz.KNOWN_CRASHES), SERVED)
+                  if c.endpoint == "/generate"]  # the OpenAI ones: test_request_validation.py, SGLang's handlers
+
+
+@pytest.mark.parametrize("case", KNOWN_GENERATE, ids=lambda c: c.known)
+def test_known_generate_inputs_get_their_answer_from_the_rules(served, bag, case):
+    """Each known ``/generate`` input through SGLang's TokenizerManager: refused before the scheduler, or
+    sent with top_k clamped."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    bag(ACTIVE)
+    body = json.loads(case.payload())
+    GenerateReqInput(**body)  # a body SGLang's request class takes as it is
+    if case.expect == 400:
+        with pytest.raises(ValueError, match="error code: "):
+            generate(served, **body)
+        assert served.sent == []
+    else:
+        generate(served, **body)
+        assert served.sent and served.sent[-1].sampling_params.top_k == request_rules.TOP_K_ALL
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
