@@ -312,7 +312,7 @@ def _batch_case(rng, endpoint, model, fields) -> tuple[str, str, object]:
         field = f"sampling_params.{key}"
     elif field == "lengths":
         body["sampling_params"] = body["sampling_params"][:-1]  # one parameter set short
-        return "batch:sampling_params", "batch_length_mismatch", body
+        return "batch", "batch_length_mismatch", body
     else:
         body["return_logprob"] = [True] * size
         values = [0] * size if field != "logprob_start_len" else [-1] * size
@@ -365,6 +365,27 @@ def fuzz_cases(seed: int, count: int, model: Model) -> list[Case]:
             field, mutation, body = _field_case(rng, endpoint, model, fields)
         cases.append(Case(len(cases), endpoint, field, mutation, body, raw=raw))
     return cases
+
+
+# SGLang answers these with HTTP 500 before any code the plugin can hook runs: the chat request
+# model's "before" validator reads the body and its response_format with .get(), and pydantic passes
+# the AttributeError through (not a validation error). The server stays up.
+CHAT_BODY_LIMIT = "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest.set_json_schema"
+
+
+def known_limit(case: Case) -> str | None:
+    """The SGLang symbol that answers ``case`` with a 5xx the plugin cannot prevent (docs/request_fields.md,
+    "Known limits"), or None."""
+    if case.endpoint != "/v1/chat/completions":
+        return None
+    try:
+        body = json.loads(case.payload())
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python's parser goes
+        return None
+    if not isinstance(body, dict):
+        return CHAT_BODY_LIMIT
+    fmt = body.get("response_format")
+    return CHAT_BODY_LIMIT if fmt and not isinstance(fmt, dict) else None
 
 
 def coverage(cases: list[Case]) -> dict:

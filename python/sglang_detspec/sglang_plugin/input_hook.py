@@ -10,7 +10,9 @@ Hooked symbols:
   own checks;
 - ``sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling``
   (BEFORE): where SGLang first reads ``n``, while normalising a request (a
-  float ``n`` fails there with a ``TypeError`` otherwise): the ``n`` rule.
+  float ``n`` fails there with a ``TypeError`` otherwise), after it has
+  counted a batch's prompts: the rules on the request as sent (``n``, the
+  lengths of a batch's per-request lists, ``rid``).
 
 SGLang turns their ``ValueError`` into an HTTP 400 (``Engine`` raises it in
 the caller's process).
@@ -48,6 +50,10 @@ def validate_request(original, self, obj, input_ids, *args, **kwargs):
 
 
 def validate_n(self, *args, **kwargs) -> None:
-    """BEFORE hook for ``GenerateReqInput._handle_parallel_sampling()``: ``n`` in range before SGLang reads it."""
+    """BEFORE hook for ``GenerateReqInput._handle_parallel_sampling()``: ``n``, batch lists and ``rid`` before SGLang reads them.
+
+    Raises:
+        request_rules.RequestRuleError: a rule broken (bag active).
+    """
     if current_config().ours:
-        request_rules.check_parallel(self.sampling_params)
+        request_rules.check_whole(self)

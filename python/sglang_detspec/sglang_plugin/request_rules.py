@@ -9,9 +9,10 @@ docs/request_fields.md is the inventory behind the table: every such field,
 who checks it, and what a bad value does.
 
 Applied by :func:`check_request` (per request, after tokenization, with the
-prompt's ids at hand) and :func:`check_parallel` (the ``n`` of every
-parameter set, before SGLang expands a request into its samples); the hooks
-that call them are in ``input_hook``. Rules apply only while the config bag
+prompt's ids at hand) and :func:`check_whole` (the request as sent, before
+SGLang expands it into its requests and samples: ``n``, the lengths of a
+batch's per-request lists, ``rid``); the hooks that call them are in
+``input_hook``. Rules apply only while the config bag
 is ours (``--enable-deterministic-inference`` on, plugin not disabled), like
 every other hook.
 
@@ -89,10 +90,11 @@ class Rule(NamedTuple):
         bound: the admitted values, in words (docs/request_fields.md shows it).
         action: ``"refuse"`` (``RequestRuleError``) or ``"clamp"`` (value rewritten).
         protects: the SGLang symbol a bad value breaks.
-        check: ``check(value, request) -> value`` (the value to keep: itself, or its
-            clamp); raises :class:`RequestRuleError`. Called only for values that are
-            present and not None.
-        stage: ``"request"`` (:func:`check_request`) or ``"parallel"`` (:func:`check_parallel`).
+        check: ``"request"`` stage: ``check(value, request) -> value`` (the value to
+            keep: itself, or its clamp), called only for values present and not None;
+            ``"whole"`` stage: ``check(obj)`` on the request as sent. Raises
+            :class:`RequestRuleError`.
+        stage: ``"request"`` (:func:`check_request`) or ``"whole"`` (:func:`check_whole`).
     """
 
     field: str
@@ -100,7 +102,7 @@ class Rule(NamedTuple):
     bound: str
     action: str
     protects: str
-    check: Callable[[object, Request], object]
+    check: Callable[..., object]
     stage: str = "request"
 
 
@@ -170,6 +172,49 @@ def check_n(n: object) -> int:
         RequestRuleError: naming ``n``, the value and the bound.
     """
     return _int_in("n", "n_out_of_range", n, 1, MAX_N, "samples per prompt")
+
+
+def _param_sets(obj) -> list:
+    params = getattr(obj, "sampling_params", None)
+    return params if isinstance(params, list) else [params]
+
+
+def _n_of_every_set(obj) -> None:
+    for params in _param_sets(obj):
+        if isinstance(params, dict) and "n" in params:
+            check_n(params["n"])
+
+
+# Fields a batch may give per request, as a list (io_struct.GenerateReqInput.__getitem__ indexes them).
+PER_REQUEST_LISTS = ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num")
+
+
+def _batch_lists(obj) -> None:
+    single = getattr(obj, "is_single", True)
+    size = 1 if single else getattr(obj, "batch_size", None)
+    params = getattr(obj, "sampling_params", None)
+    if isinstance(params, list):
+        for index, one in enumerate(params):
+            if not isinstance(one, dict):
+                raise RequestRuleError("batch_length_mismatch", "sampling_params",
+                                       f"sampling_params[{index}] must be an object, got {one!r:.80}")
+    for name in PER_REQUEST_LISTS if not single else ("sampling_params",):
+        value = getattr(obj, name, None)
+        if isinstance(value, list) and size is not None and len(value) != size:
+            raise RequestRuleError(
+                "batch_length_mismatch", name,
+                f"{name} must give one entry per request of the batch ({size}), got a list of {len(value)}")
+
+
+def _rid(obj) -> None:
+    rid = getattr(obj, "rid", None)
+    single = getattr(obj, "is_single", True)
+    rids = [rid] if single or not isinstance(rid, list) else rid
+    for one in rids:
+        if one is not None and not isinstance(one, str):
+            where = "rid" if single or not isinstance(rid, list) else "rid[...]"
+            raise RequestRuleError("rid_not_a_string", "rid",
+                                   f"{where} must be a string (one per request in a batch), got {one!r:.80}")
 
 
 def _top_logprobs_num(value, req: Request):
@@ -278,7 +323,12 @@ RULES: tuple[Rule, ...] = (
          "the embedding lookup (device-side assert)", _input_ids),
     Rule("sampling_params.n", ("n_out_of_range",), f"integer in [1, {MAX_N}]", "refuse",
          "io_struct.GenerateReqInput._handle_parallel_sampling (n copies in the tokenizer manager)",
-         lambda value, req: check_n(value), stage="parallel"),
+         _n_of_every_set, stage="whole"),
+    Rule("batch", ("batch_length_mismatch",),
+         "per-request lists (" + ", ".join(PER_REQUEST_LISTS) + ") as long as the batch; parameter sets objects",
+         "refuse", "io_struct.GenerateReqInput.__getitem__ (IndexError: HTTP 500)", _batch_lists, stage="whole"),
+    Rule("rid", ("rid_not_a_string",), "a string (a list of strings in a batch)", "refuse",
+         "tokenizer_manager.TokenizerManager._init_req_state (rid as a dict key: HTTP 500)", _rid, stage="whole"),
     Rule("top_logprobs_num", ("top_logprobs_num_out_of_range",), "integer in [0, V]", "refuse", _LOGPROBS,
          _top_logprobs_num),
     Rule("token_ids_logprob", ("token_ids_logprob_out_of_vocabulary",), "token ids in [0, V)", "refuse",
@@ -344,24 +394,19 @@ def check_request(obj, input_ids, limits: Limits) -> None:
                 setattr(container, key, kept)
 
 
-def check_parallel(sampling_params) -> None:
-    """Apply the ``"parallel"`` rules (``n``) to a request's parameter sets, before SGLang reads ``n``.
+def check_whole(obj) -> None:
+    """Apply the ``"whole"`` rules to a request as sent, before SGLang expands it (``n``, batch lists, ``rid``).
 
     Args:
-        sampling_params: a dict, a list of dicts (a batch), or None. A set that
-            does not give ``n`` has SGLang's default (1).
+        obj: SGLang's ``GenerateReqInput`` after ``_determine_batch_size``
+            (``is_single`` and ``batch_size`` set), before ``n`` is read.
 
     Raises:
-        RequestRuleError: naming ``n``, the value and the bound.
+        RequestRuleError: the first rule the request breaks.
     """
-    sets = sampling_params if isinstance(sampling_params, list) else [sampling_params]
     for rule in RULES:
-        if rule.stage != "parallel":
-            continue
-        key = rule.field.split(".", 1)[1]
-        for params in sets:
-            if isinstance(params, dict) and key in params:
-                rule.check(params[key], None)
+        if rule.stage == "whole":
+            rule.check(obj)
 
 
 def embedding_rows(model_config) -> int:

@@ -5,8 +5,11 @@ servers; here the list itself is checked: the same seed gives the same cases
 and another seed others, 1,100 cases (one server's share) touch at least 25
 fields and the three endpoints, every known crash input leads the list with
 the status it must get, every body is what its case says (JSON where not
-raw, at most a few MB), and the known inputs meet the plugin's rules through
-SGLang's real request path (``served``: SGLang's TokenizerManager).
+raw, at most a few MB), the known inputs meet the plugin's rules through
+SGLang's real request path (``served``: SGLang's TokenizerManager), and 600
+cases sent through SGLang's own FastAPI app get answers below 500 except the
+documented known limits (the scheduler is a stand-in here: what a case does
+to a real scheduler is the E2E suite's to find).
 """
 
 import json
@@ -92,6 +95,55 @@ def test_known_generate_inputs_get_their_answer_from_the_rules(served, bag, case
     else:
         generate(served, **body)
         assert served.sent and served.sent[-1].sampling_params.top_k == request_rules.TOP_K_ALL
+
+
+@pytest.fixture
+def http_app(served, model_with_tokenizer):
+    """SGLang's own FastAPI app of the HTTP server, wired as its lifespan wires it, over the ``served``
+    TokenizerManager (stand-in scheduler: every admitted request finishes at once) and the chatml template."""
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+    from sglang.srt.parser.template_manager import TemplateManager
+
+    templates = TemplateManager()
+    templates.load_chat_template(served.manager, "chatml", model_with_tokenizer)
+    http_server.set_global_state(http_server._GlobalState(
+        tokenizer_manager=served.manager, template_manager=templates, scheduler_info={}))
+    http_server.app.state.openai_serving_completion = OpenAIServingCompletion(served.manager, templates)
+    http_server.app.state.openai_serving_chat = served.manager.serving_chat_class(served.manager, templates)
+    yield http_server.app
+    http_server.set_global_state(None)
+    del http_server.app.state.openai_serving_completion, http_server.app.state.openai_serving_chat
+
+
+def test_sglangs_http_app_answers_every_case_below_500(served, bag, http_app):
+    """600 cases through SGLang's real HTTP app and request path (not its scheduler, which the E2E suite
+    runs): every answer below 500 except the documented known limits; the known inputs get their status."""
+    import httpx
+
+    bag(ACTIVE)
+    cases = request_fuzz.fuzz_cases(2026, 600, SERVED)
+
+    async def send_all():
+        answers = []
+        transport = httpx.ASGITransport(app=http_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fuzz", timeout=60) as client:
+            for case in cases:
+                try:
+                    response = await client.post(case.endpoint, content=case.payload().encode(),
+                                                 headers={"Content-Type": "application/json"})
+                    answers.append((response.status_code, response.text[:200]))
+                except Exception as exc:  # what the server's ASGI runner answers with HTTP 500
+                    answers.append((500, f"{type(exc).__name__}: {exc}"[:200]))
+        return answers
+
+    answers = served.run(send_all(), timeout=600)
+    limits = [request_fuzz.known_limit(c) for c in cases]
+    wrong = [(c.summary(), status, text) for c, (status, text), limit in zip(cases, answers, limits)
+             if (status >= 500 and limit is None) or (c.known is not None and status != c.expect)]
+    assert not wrong, wrong[:5]
+    assert {status for status, _ in answers} >= {200, 400}
+    assert all(status >= 500 for (status, _), limit in zip(answers, limits) if limit)  # still SGLang's answer
 
 
 if __name__ == "__main__":

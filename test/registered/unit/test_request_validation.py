@@ -176,6 +176,25 @@ def test_a_batch_with_one_bad_request_is_refused_whole(served, bag):
     assert served.sent == []
 
 
+@pytest.mark.parametrize("fields, code, words", [
+    # SGLang indexes a batch's lists per request: a short one raised IndexError (HTTP 500).
+    ({"input_ids": [[1, 2], [3, 4]], "sampling_params": [dict(SAMPLED)]}, "batch_length_mismatch",
+     "sampling_params must give one entry per request of the batch (2), got a list of 1"),
+    ({"input_ids": [[1, 2], [3, 4]], "sampling_params": dict(SAMPLED), "top_logprobs_num": [1, 2, 3]},
+     "batch_length_mismatch", "top_logprobs_num must give one entry per request of the batch (2)"),
+    ({"input_ids": [1, 2], "sampling_params": []}, "batch_length_mismatch", "(1), got a list of 0"),
+    ({"input_ids": [[1, 2]], "sampling_params": [5]}, "batch_length_mismatch", "sampling_params[0] must be an object"),
+    # The rid is a dict key in the tokenizer manager: a list raised TypeError (HTTP 500).
+    ({"input_ids": [1, 2], "sampling_params": dict(SAMPLED), "rid": []}, "rid_not_a_string", "rid must be a string"),
+    ({"input_ids": [[1, 2], [3]], "sampling_params": dict(SAMPLED), "rid": ["a", 5]}, "rid_not_a_string", "got 5"),
+])
+def test_request_shapes_sglang_indexes_are_refused(served, bag, fields, code, words):
+    bag(ACTIVE)
+    with pytest.raises(ValueError, match=re.escape(words)) as caught:
+        generate(served, **fields)
+    assert caught.value.code == code and served.sent == []
+
+
 def test_rules_leave_sglang_alone_when_not_ours(served, bag):
     bag(DetSpecConfig(source="server_args"))  # no --enable-deterministic-inference: SGLang's own path
     generate(served, input_ids=[5, 6], sampling_params={**SAMPLED, "top_k": 2**40, "stop_token_ids": [5000]})
