@@ -32,7 +32,7 @@ memory.
 from __future__ import annotations
 
 from ..config import current_config
-from . import request_rules
+from .request_rules import check_request, check_whole, limits_of
 
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 N_TARGET = "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling"
@@ -42,10 +42,10 @@ def validate_request(original, self, obj, input_ids, *args, **kwargs):
     """AROUND hook for ``_validate_one_request(obj, input_ids)``: the table's per-request rules, then SGLang's checks.
 
     Raises:
-        request_rules.RequestRuleError: a field breaks its rule (bag active).
+        RequestRuleError: a field breaks its rule (bag active; ``request_rules``).
     """
     if current_config().ours:
-        request_rules.check_request(obj, input_ids, request_rules.limits_of(self))
+        check_request(obj, input_ids, limits_of(self))
     return original(self, obj, input_ids, *args, **kwargs)
 
 
@@ -53,7 +53,7 @@ def validate_n(self, *args, **kwargs) -> None:
     """BEFORE hook for ``GenerateReqInput._handle_parallel_sampling()``: ``n``, batch lists and ``rid`` before SGLang reads them.
 
     Raises:
-        request_rules.RequestRuleError: a rule broken (bag active).
+        RequestRuleError: a rule broken (bag active; ``request_rules``).
     """
     if current_config().ours:
-        request_rules.check_whole(self)
+        check_whole(self)

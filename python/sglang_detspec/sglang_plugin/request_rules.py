@@ -27,7 +27,6 @@ seeds >= 2**63 into SGLang's int64 carrier).
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 from typing import NamedTuple
@@ -41,6 +40,8 @@ MAX_N = 1024
 # Largest json_schema / regex / ebnf / structural_tag string, in UTF-8 bytes.
 MAX_GRAMMAR_BYTES = 1 << 20
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+# SGLang adds logit_bias to the logits through a float32 tensor: larger magnitudes become inf there.
+FLOAT32_MAX = 3.4028234663852886e38
 REAL_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
@@ -284,8 +285,9 @@ def _logit_bias(value, req: Request):
             token = None
         if token is None or not 0 <= token < vocab:
             raise RequestRuleError(code, field, f"{field} keys must be token ids in [0, {vocab}), got {key!r}")
-        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias):
-            raise RequestRuleError(code, field, f"{field}[{key!r}] must be a finite number, got {bias!r}")
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not abs(bias) <= FLOAT32_MAX:
+            raise RequestRuleError(code, field, f"{field}[{key!r}] must be a finite number in float32's range "
+                                                f"[-{FLOAT32_MAX:.7g}, {FLOAT32_MAX:.7g}], got {bias!r}")
     return value
 
 
@@ -341,7 +343,7 @@ RULES: tuple[Rule, ...] = (
          "sampling.penaltylib.min_new_tokens (int32 min_new_tokens)", _min_new_tokens),
     Rule("sampling_params.stop_token_ids", ("stop_token_ids_out_of_vocabulary",), "token ids in [0, V)", "refuse",
          "sampling.penaltylib.min_new_tokens (scatter_add_ of stop ids into a [bs, V + 1] row)", _stop_token_ids),
-    Rule("sampling_params.logit_bias", ("logit_bias_invalid",), "keys token ids in [0, V), values finite numbers",
+    Rule("sampling_params.logit_bias", ("logit_bias_invalid",), "keys token ids in [0, V), values finite float32 numbers",
          "refuse", "sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch (logit_bias tensor)",
          _logit_bias),
     *(Rule(f"sampling_params.{name}", ("sampling_param_not_a_number",), "a number (range: SGLang's verify)", "refuse",

@@ -3,8 +3,9 @@
 - ``ops/`` imports nothing of the package outside ``ops/`` and never SGLang;
 - the bag (``config.py``) imports only the torch-free kernel choice;
 - the plugin's hook modules import only ``ops``, the bag, the plugin's
-  ``positions`` module and the request-seed rules (``seeds``), and
-  SGLang; ``positions`` imports only ``ops``; the bag's resolution from
+  ``positions`` module, the request-seed rules (``seeds``), the request-field
+  rules (``request_rules``), and SGLang; ``positions`` imports only ``ops``;
+  ``request_rules`` nothing of the package; the bag's resolution from
   SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag;
 - no module imports a hook module except the registration (``sglang_plugin/__init__.py``).
 """
@@ -63,7 +64,7 @@ def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 
 ALL = sorted(PACKAGE.rglob("*.py"))
 HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
-                                                                      "positions.py"))
+                                                                      "positions.py", "request_rules.py"))
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
@@ -79,9 +80,9 @@ def test_the_bag_imports_only_the_kernel_choice():
 
 
 @pytest.mark.parametrize("path", HOOK_MODULES, ids=lambda p: p.name)
-def test_hook_modules_import_ops_the_bag_positions_and_the_seed_rules(path):
+def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     keep = ("sglang_detspec.ops", "sglang_detspec.config", "sglang_detspec.sglang_plugin.positions",
-            "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding")
+            "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding", "sglang_detspec.sglang_plugin.request_rules")
     bad = {n for n in own(imports(path)) if not allowed(n, keep)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
@@ -90,6 +91,7 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_seed_rules(path):
     ("positions.py", ("sglang_detspec.ops",)),
     ("resolve.py", ("sglang_detspec.config",)),
     ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
+    ("request_rules.py", ()),
 ])
 def test_shared_plugin_modules(name, keep):
     bad = {n for n in own(imports(PLUGIN / name)) if not allowed(n, keep)}
