@@ -196,6 +196,29 @@ def test_request_shapes_sglang_indexes_are_refused(served, bag, fields, code, wo
     assert caught.value.code == code and served.sent == []
 
 
+def test_engine_generate_raises_in_the_callers_process(served, bag):
+    """``sglang.Engine.generate`` (SGLang's own method, on an Engine whose tokenizer manager is ``served``'s)
+    raises the rule's ValueError where it is called, before anything is sent."""
+    import asyncio
+
+    from sglang.srt.entrypoints.engine import Engine
+
+    bag(ACTIVE)
+    engine = object.__new__(Engine)  # SGLang's constructor would launch a scheduler; generate needs these two
+    engine.tokenizer_manager, engine.loop = served.manager, asyncio.new_event_loop()
+    served.sent.clear()
+    try:
+        for kwargs, code in (({"return_logprob": True, "top_logprobs_num": 10**6}, "top_logprobs_num_out_of_range"),
+                             ({"sampling_params": {**SAMPLED, "top_k": 3.5}}, "top_k_not_integer"),
+                             ({"sampling_params": {**SAMPLED, "logit_bias": {"3": "up"}}}, "logit_bias_invalid")):
+            with pytest.raises(ValueError) as caught:
+                engine.generate(input_ids=[5, 6], **{"sampling_params": dict(SAMPLED), **kwargs})
+            assert caught.value.code == code
+    finally:
+        engine.loop.close()
+    assert served.sent == []
+
+
 def test_rules_leave_sglang_alone_when_not_ours(served, bag):
     bag(DetSpecConfig(source="server_args"))  # no --enable-deterministic-inference: SGLang's own path
     generate(served, input_ids=[5, 6], sampling_params={**SAMPLED, "top_k": 2**40, "stop_token_ids": [5000]})
