@@ -50,7 +50,7 @@ def validate_request(original, self, obj, input_ids, *args, **kwargs):
 
 
 def validate_n(self, *args, **kwargs) -> None:
-    """BEFORE hook for ``GenerateReqInput._handle_parallel_sampling()``: ``n``, batch lists and ``rid`` before SGLang reads them.
+    """BEFORE hook for ``GenerateReqInput._handle_parallel_sampling()``: ``n``, batch lists, ``rid``, before SGLang.
 
     Raises:
         RequestRuleError: a rule broken (bag active; ``request_rules``).

@@ -321,8 +321,9 @@ def _grammar(name: str):
 _LOGPROBS = "layers.logprob_processor.get_top_logprobs_raw (logprobs.topk(max(top_logprobs_nums)))"
 
 RULES: tuple[Rule, ...] = (
-    Rule("input_ids", ("input_ids_out_of_vocabulary", "input_ids_not_integer"), "integers in [0, V) (V: the embedding's rows)", "refuse",
-         "the embedding lookup (device-side assert)", _input_ids),
+    Rule("input_ids", ("input_ids_out_of_vocabulary", "input_ids_not_integer"),
+         "integers in [0, V) (V: the embedding's rows)", "refuse", "the embedding lookup (device-side assert)",
+         _input_ids),
     Rule("sampling_params.n", ("n_out_of_range",), f"integer in [1, {MAX_N}]", "refuse",
          "io_struct.GenerateReqInput._handle_parallel_sampling (n copies in the tokenizer manager)",
          _n_of_every_set, stage="whole"),
@@ -335,22 +336,26 @@ RULES: tuple[Rule, ...] = (
          _top_logprobs_num),
     Rule("token_ids_logprob", ("token_ids_logprob_out_of_vocabulary",), "token ids in [0, V)", "refuse",
          "layers.logprob_processor.get_token_ids_logprobs_raw (logprobs[..., ids])", _token_ids_logprob),
-    Rule("logprob_start_len", ("logprob_start_len_out_of_range",), "integer in [-1, prompt length] (with return_logprob)",
-         "refuse", "managers.schedule_batch.compute_extend_logprob_start_len", _logprob_start_len),
-    Rule("sampling_params.top_k", ("top_k_clamped", "top_k_not_integer"), "an integer; values above 2**30 clamped to 2**30 (whole vocabulary)",
-         "clamp", "sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch (int32 top_ks)", _top_k),
-    Rule("sampling_params.min_new_tokens", ("min_new_tokens_out_of_range",), "integer in [0, context length]", "refuse",
-         "sampling.penaltylib.min_new_tokens (int32 min_new_tokens)", _min_new_tokens),
+    Rule("logprob_start_len", ("logprob_start_len_out_of_range",),
+         "integer in [-1, prompt length] (with return_logprob)", "refuse",
+         "managers.schedule_batch.compute_extend_logprob_start_len", _logprob_start_len),
+    Rule("sampling_params.top_k", ("top_k_clamped", "top_k_not_integer"),
+         "an integer; values above 2**30 clamped to 2**30 (whole vocabulary)", "clamp",
+         "sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch (int32 top_ks)", _top_k),
+    Rule("sampling_params.min_new_tokens", ("min_new_tokens_out_of_range",), "integer in [0, context length]",
+         "refuse", "sampling.penaltylib.min_new_tokens (int32 min_new_tokens)", _min_new_tokens),
     Rule("sampling_params.stop_token_ids", ("stop_token_ids_out_of_vocabulary",), "token ids in [0, V)", "refuse",
          "sampling.penaltylib.min_new_tokens (scatter_add_ of stop ids into a [bs, V + 1] row)", _stop_token_ids),
-    Rule("sampling_params.logit_bias", ("logit_bias_invalid",), "keys token ids in [0, V), values finite float32 numbers",
-         "refuse", "sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch (logit_bias tensor)",
+    Rule("sampling_params.logit_bias", ("logit_bias_invalid",),
+         "keys token ids in [0, V), values finite float32 numbers", "refuse",
+         "sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch (logit_bias tensor)",
          _logit_bias),
     *(Rule(f"sampling_params.{name}", ("sampling_param_not_a_number",), "a number (range: SGLang's verify)", "refuse",
            "sampling.sampling_params.SamplingParams.verify and the sampling tensors", _real(name))
       for name in REAL_FIELDS),
-    *(Rule(f"sampling_params.{name}", ("grammar_too_large", "grammar_invalid"), f"a string of at most {MAX_GRAMMAR_BYTES} bytes",
-           "refuse", "constrained grammar backend (compiled per request)", _grammar(name))
+    *(Rule(f"sampling_params.{name}", ("grammar_too_large", "grammar_invalid"),
+           f"a string of at most {MAX_GRAMMAR_BYTES} bytes", "refuse",
+           "constrained grammar backend (compiled per request)", _grammar(name))
       for name in GRAMMAR_FIELDS),
 )
 

@@ -22,7 +22,7 @@ from sglang_detspec.auditing import request_fuzz
 from sglang_detspec.sglang_plugin import request_rules
 from test_request_seeds import ACTIVE, generate, hooked, model_with_tokenizer, served, server_args  # noqa: F401
 
-register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
 
 MODEL = request_fuzz.Model(vocab=4096, context_len=4096, name="m")
 

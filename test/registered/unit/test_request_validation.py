@@ -27,7 +27,7 @@ from sglang_detspec.config import DetSpecConfig
 from sglang_detspec.sglang_plugin import input_hook, request_rules
 from test_request_seeds import ACTIVE, generate, hooked, model_with_tokenizer, served, server_args  # noqa: F401
 
-register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
 
 SAMPLED = {"temperature": 1.0, "max_new_tokens": 4, "sampling_seed": 3}
 
