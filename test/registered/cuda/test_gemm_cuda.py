@@ -178,3 +178,9 @@ def test_small_model_logits_equal_alone_and_in_batches(dtype):
         assert torch.equal(together[:1], alone), f"request 0's logits differ inside a batch of {batch}"
         if batch > 37:
             assert torch.equal(together[:37], model.logits(tokens[:37])), f"rows 0..36 differ at batch {batch}"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))
