@@ -17,7 +17,8 @@ fall back to it; :func:`linear` raises ``ValueError`` for it.
 
 The torch path (``kernel="torch"``, the only one on CPU) computes the same
 chunks in fp32 with ``torch.matmul`` and the same combine and rounding: the
-reference for values; bits are promised only kernel against itself.
+reference for values; bits are promised only kernel against itself (on CUDA
+the torch path is not batch-invariant: cuBLAS picks its algorithm by shape).
 """
 
 from __future__ import annotations
