@@ -52,7 +52,14 @@ class KOrder:
 
 @dataclass(frozen=True)
 class Tiling:
-    """The physical schedule for M <= ``max_m`` (None: every larger M)."""
+    """The physical schedule for M <= ``max_m`` (None: every larger M).
+
+    ``swap_ab`` computes each tile as ``W @ A^T``: the weight tile is the
+    MMA's row operand (Hopper's warp-group MMA needs 64 rows there) and the
+    activation rows its column operand (16 are enough), so small M wastes
+    less. Whether the two orientations give the same bits is for the GPU
+    tests to say; a table that mixes them is a candidate until they do.
+    """
 
     max_m: int | None
     schedule: str
@@ -61,6 +68,7 @@ class Tiling:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    swap_ab: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,18 @@ VARIANTS = {
         _variant("fused_only", (
             Tiling(max_m=256, schedule="fused", block_m=64, block_n=64, num_warps=4, num_stages=4),
             Tiling(max_m=None, schedule="fused", block_m=128, block_n=128, num_warps=8, num_stages=3),
+        )),
+        _variant("swap_all", (
+            Tiling(max_m=16, schedule="split", block_m=16, block_n=64, num_warps=4, num_stages=6, swap_ab=True),
+            Tiling(max_m=64, schedule="split", block_m=64, block_n=64, num_warps=4, num_stages=5, swap_ab=True),
+            Tiling(max_m=256, schedule="split", block_m=64, block_n=128, num_warps=4, num_stages=4, swap_ab=True),
+            Tiling(max_m=1024, schedule="fused", block_m=64, block_n=128, num_warps=4, num_stages=4, swap_ab=True),
+            Tiling(max_m=None, schedule="fused", block_m=128, block_n=128, num_warps=8, num_stages=3, swap_ab=True),
+        )),
+        _variant("swap_small", (
+            Tiling(max_m=16, schedule="split", block_m=16, block_n=64, num_warps=4, num_stages=6, swap_ab=True),
+            Tiling(max_m=64, schedule="split", block_m=64, block_n=64, num_warps=4, num_stages=5, swap_ab=True),
+            *DEFAULT_TABLE.buckets[1:],
         )),
         _variant("split_to_512", (
             Tiling(max_m=64, schedule="split", block_m=64, block_n=64, num_warps=4, num_stages=4),

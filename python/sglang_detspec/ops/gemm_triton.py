@@ -31,34 +31,60 @@ COMBINE_BLOCK = 1024
 
 @triton.jit
 def _chunk_sum(a_ptr, w_ptr, offs_m, offs_n, k_lo, k_hi, stride_am, stride_ak, stride_wn, stride_wk,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N]: sum over k in [k_lo, k_hi) of A[m, k] * W[n, k], from zero, in k order."""
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k_lo + offs_k)[None, :].to(tl.int64) * stride_ak
-    w_ptrs = w_ptr + offs_n[None, :] * stride_wn + (k_lo + offs_k)[:, None].to(tl.int64) * stride_wk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+               SWAP: tl.constexpr):
+    """fp32 sum over k in [k_lo, k_hi) of A[m, k] * W[n, k], from zero, in k order, one tile.
+
+    [BLOCK_M, BLOCK_N] as ``A @ W^T``, or with SWAP [BLOCK_N, BLOCK_M] as
+    ``W @ A^T``: the weight is then the MMA's row operand, so a few
+    activation rows need a tile only as tall as the MMA's smallest column
+    count instead of its smallest row count (16 rows instead of 64 on Hopper).
+    """
+    kk = k_lo + tl.arange(0, BLOCK_K)
+    if SWAP:
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + kk[None, :].to(tl.int64) * stride_wk
+        a_ptrs = a_ptr + offs_m[None, :] * stride_am + kk[:, None].to(tl.int64) * stride_ak
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        a_ptrs = a_ptr + offs_m[:, None] * stride_am + kk[None, :].to(tl.int64) * stride_ak
+        w_ptrs = w_ptr + offs_n[None, :] * stride_wn + kk[:, None].to(tl.int64) * stride_wk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
             w = tl.load(w_ptrs)
+        elif SWAP:
+            in_k = (k + tl.arange(0, BLOCK_K)) < k_hi
+            a = tl.load(a_ptrs, mask=in_k[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0.0)
         else:
-            in_k = (k + offs_k) < k_hi
+            in_k = (k + tl.arange(0, BLOCK_K)) < k_hi
             a = tl.load(a_ptrs, mask=in_k[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
-        acc = tl.dot(a, w, acc)
+        if SWAP:
+            acc = tl.dot(w, a, acc)
+        else:
+            acc = tl.dot(a, w, acc)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
     return acc
 
 
 @triton.jit
-def _tile_offsets(pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """int64 row and column indices of a tile, clamped into [0, M) / [0, N) for unmasked loads."""
+def _tile_offsets(pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """A tile's indices: rows and columns clamped into [0, M) / [0, N) (int64, for unmasked loads), and
+    the output's row and column indices as 2-D grids in the tile's orientation (for stores and the bias)."""
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.where(rm < M, rm, 0).to(tl.int64)
     offs_n = tl.where(rn < N, rn, 0).to(tl.int64)
-    return rm, rn, offs_m, offs_n
+    if SWAP:
+        m2 = rm[None, :]
+        n2 = rn[:, None]
+    else:
+        m2 = rm[:, None]
+        n2 = rn[None, :]
+    return offs_m, offs_n, m2, n2
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -67,24 +93,25 @@ def _gemm_split_kernel(
     M, N, K, chunk,
     stride_am, stride_ak, stride_wn, stride_wk,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     s = tl.program_id(2)
-    rm, rn, offs_m, offs_n = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
+    offs_m, offs_n, m2, n2 = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, SWAP)
     k_lo = s * chunk
     k_hi = tl.minimum(k_lo + chunk, K)
     part = _chunk_sum(a_ptr, w_ptr, offs_m, offs_n, k_lo, k_hi, stride_am, stride_ak, stride_wn, stride_wk,
-                      BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-    out = ws_ptr + s.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
-    tl.store(out, part, mask=(rm[:, None] < M) & (rn[None, :] < N))
+                      BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWAP)
+    out = ws_ptr + s.to(tl.int64) * M * N + m2.to(tl.int64) * N + n2
+    tl.store(out, part, mask=(m2 < M) & (n2 < N))
 
 
 @triton.jit
-def _finish(total, bias_ptr, rn, N, HAS_BIAS: tl.constexpr):
-    """The one place a result is rounded: + bias in fp32, nothing else (both schedules call it)."""
+def _finish(total, bias_ptr, n_idx, N, HAS_BIAS: tl.constexpr):
+    """The one place a result meets the bias: + bias[n] in fp32 (both schedules call it; rounding follows)."""
     if HAS_BIAS:
-        total = total + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        total = total + tl.load(bias_ptr + n_idx, mask=n_idx < N, other=0.0).to(tl.float32)
     return total
 
 
@@ -112,7 +139,7 @@ def _gemm_fused_kernel(
     stride_am, stride_ak, stride_wn, stride_wk,
     SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP: tl.constexpr,
 ):
     # Grouped order: GROUP_M row tiles share each weight tile while it is in L2.
     pid = tl.program_id(0)
@@ -123,17 +150,17 @@ def _gemm_fused_kernel(
     rows = tl.minimum(tiles_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % rows
     pid_n = (pid % per_group) // rows
-    rm, rn, offs_m, offs_n = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
+    offs_m, offs_n, m2, n2 = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, SWAP)
     total = _chunk_sum(a_ptr, w_ptr, offs_m, offs_n, 0, tl.minimum(chunk, K), stride_am, stride_ak,
-                       stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+                       stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWAP)
     for s in range(1, SPLITS):
         k_lo = s * chunk
         part = _chunk_sum(a_ptr, w_ptr, offs_m, offs_n, k_lo, tl.minimum(k_lo + chunk, K), stride_am, stride_ak,
-                          stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+                          stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWAP)
         total = total + part
-    total = _finish(total, bias_ptr, rn, N, HAS_BIAS)
-    out = c_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
-    tl.store(out, total.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+    total = _finish(total, bias_ptr, n2, N, HAS_BIAS)
+    out = c_ptr + m2.to(tl.int64) * N + n2
+    tl.store(out, total.to(c_ptr.dtype.element_ty), mask=(m2 < M) & (n2 < N))
 
 
 def gemm_triton(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, table: GemmTable) -> torch.Tensor:
@@ -155,7 +182,7 @@ def gemm_triton(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tab
     even_k = k % order.block_k == 0
     bias_arg = bias if bias is not None else c  # never read without HAS_BIAS
     common = dict(BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, BLOCK_K=order.block_k, EVEN_K=even_k,
-                  num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+                  SWAP=tiling.swap_ab, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     tiles = (triton.cdiv(n, tiling.block_n), triton.cdiv(m, tiling.block_m))
     if tiling.schedule == "split" and splits > 1:
         ws = torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
