@@ -19,7 +19,9 @@ time; ``memory_bound`` marks cells below the H200's ridge point (spec sheet
 989 dense bf16 TFLOP/s over 4.8 TB/s).
 
 ``bitwise_invariant``: every row of our result at M equals, bit for bit,
-the same row computed at the largest M of the run (the same input rows).
+the same row computed at the largest M of the run (the same input rows);
+``permuted_invariant``: the rows at the largest M in a random order give
+the same rows in that order.
 
 ``--variants a,b`` (or ``all``) also times candidate tables of
 ``sglang_detspec.ops.gemm_config.VARIANTS`` on the same inputs and checks each
@@ -99,7 +101,7 @@ def route_taken(bio, a: torch.Tensor, b: torch.Tensor) -> str:
     return "deepgemm" if deepgemm else "triton"
 
 
-def time_call(call, sets, est_calls: int | None = None, replays: int = 5) -> float:
+def time_call(call, sets, replays: int = 5) -> float:
     """Median microseconds per call over CUDA-graph replays that rotate through ``sets``."""
     for s in sets:  # compile / JIT outside the capture
         call(*s)
@@ -149,82 +151,94 @@ def sliced(sets, m):
     return [(a[:m], w, b) for a, w, b in sets]
 
 
+def attempt(what: str, fn):
+    """``fn()``, or None after printing why: one failing kernel or route is a result, not the end of the run."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        print(f"  {what} failed: {exc!r}"[:800], file=sys.stderr, flush=True)
+        return None
+
+
 def bench_shape(name, n, k, dtype, ms, args, tables, routes, bio, l2_bytes):
     rows, variant_rows = [], []
     max_m = max(ms)
     sets = rotation(n, k, max_m, dtype, args.bias, l2_bytes)
-    full = {t.name: linear(sets[0][0], sets[0][1], sets[0][2], table=t) for t in tables}
+    a_max, w_max, b_max = sets[0]
+    full = {t.name: attempt(f"{t.name} at {name} m={max_m}", lambda t=t: linear(a_max, w_max, b_max, table=t))
+            for t in tables}
+    # The same rows in another order: a row's bits follow the row, not its index.
+    perm = torch.randperm(max_m, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
+    permuted_ok = {t.name: full[t.name] is not None
+                   and bool(torch.equal(linear(a_max[perm], w_max, b_max, table=t), full[t.name][perm]))
+                   for t in tables}
     for m in ms:
         cut = sliced(sets, m)
         a0, w0, b0 = cut[0]
         bytes_moved = (m * k + n * k + m * n) * dtype.itemsize
-        flops = 2.0 * m * n * k
-        memory_bound = flops / bytes_moved < RIDGE_FLOP_PER_BYTE
+        memory_bound = 2.0 * m * n * k / bytes_moved < RIDGE_FLOP_PER_BYTE
         row = {"shape": f"{n}x{k}", "name": name, "m": m, "dtype": str(dtype).removeprefix("torch.")}
         for t in tables:
-            out = linear(a0, w0, b0, table=t)
-            inv = bool(torch.equal(out, full[t.name][:m]))
-            us = time_call(lambda a, w, b, t=t: linear(a, w, b, table=t), cut, replays=args.replays)
+            inv, us = False, None
+            if full[t.name] is not None:
+                out = attempt(f"{t.name} at {name} m={m}", lambda t=t: linear(a0, w0, b0, table=t))
+                inv = out is not None and bool(torch.equal(out, full[t.name][:m]))
+                us = attempt(f"timing {t.name} at {name} m={m}",
+                             lambda t=t: time_call(lambda a, w, b: linear(a, w, b, table=t), cut, replays=args.replays))
+            tiling, order = t.bucket(m), t.k_order(n, k)
             vrow = {**row, "variant": t.name, "us": us, "bitwise_invariant": inv,
-                    "bucket": t.bucket(m).schedule + f" {t.bucket(m).block_m}x{t.bucket(m).block_n}",
-                    "splits": t.k_order(n, k).splits, "block_k": t.k_order(n, k).block_k}
+                    "permuted_invariant": permuted_ok[t.name],
+                    "bucket": f"{tiling.schedule} {tiling.block_m}x{tiling.block_n}{' swap' if tiling.swap_ab else ''}",
+                    "splits": order.splits, "block_k": order.block_k}
             variant_rows.append(vrow)
-            if t.name == tables[0].name:
-                row.update(us=us, bitwise_invariant=inv, splits=vrow["splits"], bucket=vrow["bucket"])
-        row["cublas_us"] = time_call(F.linear, cut, replays=args.replays)
+            if t is tables[0]:
+                row.update({key: vrow[key] for key in ("us", "bitwise_invariant", "permuted_invariant", "bucket",
+                                                        "splits", "block_k")})
+        row["cublas_us"] = attempt(f"cuBLAS at {name} m={m}", lambda: time_call(F.linear, cut, replays=args.replays))
         by_route = {}
         for rname, fn in routes.items():
             if rname == "deepgemm" and route_taken(bio, a0, w0.t()) != "deepgemm":
                 continue  # DeepGEMM refuses what SGLang would not send it (fp16, unaligned shapes)
-            try:
-                by_route[rname] = time_call(lambda a, w, b, fn=fn: fn(a, w.t(), b), cut, replays=args.replays)
-            except Exception as exc:  # noqa: BLE001 - record and go on: one route's failure is a result
-                print(f"  sglang {rname} failed at {name} m={m}: {exc!r}", file=sys.stderr)
-            row[f"sglang_{rname}_us"] = by_route.get(rname)
-        if bio is not None:
-            route = route_taken(bio, a0, w0.t())
-            row["sglang_route"] = route
-            row["sglang_us"] = by_route.get(route)
-        else:
-            row["sglang_route"], row["sglang_us"] = None, None
-        row["gbps"] = bytes_moved / (row["us"] * 1e-6) / 1e9
-        row["hbm_fraction"] = row["gbps"] / HBM_GBPS
+            by_route[rname] = attempt(f"SGLang {rname} at {name} m={m}", lambda fn=fn: time_call(
+                lambda a, w, b: fn(a, w.t(), b), cut, replays=args.replays))
+            row[f"sglang_{rname}_us"] = by_route[rname]
+        row["sglang_route"] = route_taken(bio, a0, w0.t()) if bio is not None else None
+        row["sglang_us"] = by_route.get(row["sglang_route"])
         row["memory_bound"] = memory_bound
-        row["vs_cublas"] = row["cublas_us"] / row["us"]
-        if row["sglang_us"]:
-            row["vs_sglang"] = row["sglang_us"] / row["us"]
+        if row["us"]:
+            row["gbps"] = bytes_moved / (row["us"] * 1e-6) / 1e9
+            row["hbm_fraction"] = row["gbps"] / HBM_GBPS
+            row["tflops"] = 2.0 * m * n * k / (row["us"] * 1e-6) / 1e12
+            if row["cublas_us"]:
+                row["vs_cublas"] = row["cublas_us"] / row["us"]
+            if row["sglang_us"]:
+                row["vs_sglang"] = row["sglang_us"] / row["us"]
         rows.append(row)
-        print(f"  {name:12s} m={m:5d} ours {row['us']:9.1f} us  cublas {row['cublas_us']:9.1f}  "
-              f"sglang[{row['sglang_route']}] {row['sglang_us'] or float('nan'):9.1f}  "
-              f"x{row['vs_cublas']:.2f} of cublas  {row['gbps']:6.0f} GB/s  bits {'ok' if row['bitwise_invariant'] else 'DIFFER'}",
-              flush=True)
-    for t in tables:  # the same rows, other order of the rows: a row's bits follow the row, not its index
-        perm = torch.randperm(max_m, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
-        permuted = linear(sets[0][0][perm], sets[0][1], sets[0][2], table=t)
-        ok = bool(torch.equal(permuted, full[t.name][perm]))
-        for v in variant_rows:
-            if v["variant"] == t.name:
-                v["permuted_invariant"] = ok
-        for r in rows:
-            if t.name == tables[0].name:
-                r["permuted_invariant"] = ok
+        print(f"  {name:12s} m={m:5d} ours {fmt(row['us'])} us  cublas {fmt(row['cublas_us'])}  "
+              f"sglang[{row['sglang_route']}] {fmt(row['sglang_us'])}  x{fmt(row.get('vs_cublas'), 2)} of cublas  "
+              f"{fmt(row.get('gbps'), 0)} GB/s  bits {'ok' if row['bitwise_invariant'] else 'DIFFER'}", flush=True)
     return rows, variant_rows
+
+
+def fmt(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def markdown(rows, variant_rows, tables, meta) -> str:
     out = [f"# Batch-invariant GEMM, {meta['machine']}, {meta['date_utc']}", "",
            f"Command: `{meta['command']}`", "",
            "us: median per call over CUDA-graph replays (inputs rotated past L2). x cuBLAS = cuBLAS time / ours "
-           "(> 1: ours faster). bits: every row at M equals the same row at the largest M.", "",
+           "(> 1: ours faster). bits: every row at M equals the same row at the largest M, and the rows at the "
+           "largest M permuted give the same rows permuted.", "",
            "| shape | dtype | M | ours us | cuBLAS us | SGLang us (route) | x cuBLAS | x SGLang | GB/s | %HBM | bits |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sg = f"{r['sglang_us']:.1f} ({r['sglang_route']})" if r.get("sglang_us") else "-"
-        vs = f"{r['vs_sglang']:.2f}" if r.get("vs_sglang") else "-"
-        hbm = f"{100 * r['hbm_fraction']:.0f}" if r["memory_bound"] else "-"
-        out.append(f"| {r['name']} {r['shape']} | {r['dtype']} | {r['m']} | {r['us']:.1f} | {r['cublas_us']:.1f} | "
-                   f"{sg} | {r['vs_cublas']:.2f} | {vs} | {r['gbps']:.0f} | {hbm} | "
-                   f"{'ok' if r['bitwise_invariant'] else 'DIFFER'} |")
+        hbm = fmt(100 * r["hbm_fraction"], 0) if r["memory_bound"] and r.get("hbm_fraction") else "-"
+        bits = "ok" if r["bitwise_invariant"] and r["permuted_invariant"] else "DIFFER"
+        out.append(f"| {r['name']} {r['shape']} | {r['dtype']} | {r['m']} | {fmt(r['us'])} | {fmt(r['cublas_us'])} | "
+                   f"{sg} | {fmt(r.get('vs_cublas'), 2)} | {fmt(r.get('vs_sglang'), 2)} | {fmt(r.get('gbps'), 0)} | "
+                   f"{hbm} | {bits} |")
     if len(tables) > 1:
         names = [t.name for t in tables]
         out += ["", "## Variants (us per call; * = some row differs across M or under a row permutation)", "",
@@ -235,17 +249,20 @@ def markdown(rows, variant_rows, tables, meta) -> str:
             cells.setdefault((v["shape"], v["dtype"], v["m"]), {})[v["variant"]] = v
         cublas = {(r["shape"], r["dtype"], r["m"]): r["cublas_us"] for r in rows}
         for key, by in cells.items():
-            vals = [f"{by[n]['us']:.1f}{'' if by[n]['bitwise_invariant'] and by[n].get('permuted_invariant', True) else '*'}"
+            vals = [fmt(by[n]["us"]) + ("" if by[n]["bitwise_invariant"] and by[n]["permuted_invariant"] else "*")
                     for n in names]
-            out.append(f"| {key[0]} | {key[1]} | {key[2]} | {cublas[key]:.1f} | " + " | ".join(vals) + " |")
-        out += ["", "Geometric mean of cuBLAS time / variant time over every cell:", ""]
+            out.append(f"| {key[0]} | {key[1]} | {key[2]} | {fmt(cublas[key])} | " + " | ".join(vals) + " |")
+        out += ["", "Per variant: geometric mean over the cells of cuBLAS time / variant time, the worst cell, "
+                "cells not invariant (bits across M or under a permutation), cells that failed:", ""]
         for name in names:
-            ratios = [cublas[(v["shape"], v["dtype"], v["m"])] / v["us"] for v in variant_rows if v["variant"] == name]
-            worst = min(ratios)
-            bad = sum(1 for v in variant_rows if v["variant"] == name
-                      and not (v["bitwise_invariant"] and v.get("permuted_invariant", True)))
-            out.append(f"- {name}: {math.exp(statistics.fmean(math.log(x) for x in ratios)):.3f} "
-                       f"(worst cell {worst:.2f}; cells not invariant: {bad})")
+            mine = [v for v in variant_rows if v["variant"] == name]
+            ratios = [cublas[(v["shape"], v["dtype"], v["m"])] / v["us"] for v in mine
+                      if v["us"] and cublas[(v["shape"], v["dtype"], v["m"])]]
+            bad = sum(1 for v in mine if not (v["bitwise_invariant"] and v["permuted_invariant"]))
+            failed = sum(1 for v in mine if v["us"] is None)
+            mean = math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else float("nan")
+            out.append(f"- {name}: {mean:.3f} (worst {min(ratios, default=float('nan')):.2f}); "
+                       f"not invariant: {bad}; failed: {failed}")
     return "\n".join(out) + "\n"
 
 
@@ -310,7 +327,7 @@ def main(argv=None) -> int:
             # Written after every shape, so a run cut short by a time limit still leaves its rows.
             write(out, meta, rows, variant_rows, tables)
             print(f"{name} {dtype} done at {time.time() - t0:.0f} s", flush=True)
-    bad = [r for r in rows if not r["bitwise_invariant"]]
+    bad = [r for r in rows if not (r["bitwise_invariant"] and r["permuted_invariant"])]
     print(f"wrote {out}/gemm.json ({len(rows)} rows, {len(bad)} not bitwise invariant) in {time.time() - t0:.0f} s")
     return 1 if bad else 0
 
