@@ -26,8 +26,9 @@ on, ``SGLANG_DETSPEC_DISABLE`` unset) with ``SGLANG_DETSPEC_GEMM=plugin``
 dtypes) go to SGLang's own function, so every call stays batch-invariant.
 ``bmm`` is not hooked (SGLang's ``bmm_batch_invariant``; the dense models
 served here do not call it). ``SGLANG_DETSPEC_KERNEL`` does not apply: the
-GEMM's torch path rounds like the kernel only in value, not in bits, so CUDA
-always runs the Triton kernel.
+GEMM's torch path rounds like the kernel only in value, not in bits, and its
+matmuls would come back through this hook, so CUDA always runs the Triton
+kernel (the torch path serves CPU tensors, as in the unit tests).
 """
 
 from __future__ import annotations
@@ -50,4 +51,5 @@ def plugin_matmul(original, a, b, bias=None, out_dtype=None):
     if (not (bag.ours and bag.gemm == "plugin") or out_dtype not in (None, a.dtype)
             or getattr(a, "ndim", 0) != 2 or getattr(b, "ndim", 0) != 2 or unsupported(a, b.t(), bias) is not None):
         return original(a, b, bias=bias, out_dtype=out_dtype)
-    return mm(a, b, bias)
+    # Never the torch path on CUDA: its matmuls are aten::mm, which lands back here under deterministic mode.
+    return mm(a, b, bias, kernel="triton" if a.is_cuda else "torch")
