@@ -29,7 +29,7 @@ against itself across M, so one command can choose the table
 (``gemm_variants.json`` and a table per variant in ``gemm.md``).
 
     PYTHONPATH=$PWD/python python3 benchmark/bench_gemm.py [--quick] [--variants all]
-        [--dtypes bf16,fp16] [--bias] [--out DIR]
+        [--dtypes bf16,fp16] [--bias] [--sglang-routes deepgemm,triton|none] [--out DIR]
 
 Writes ``DIR/gemm.json``, ``DIR/gemm.md`` (and ``DIR/gemm_variants.json``).
 """
@@ -282,7 +282,8 @@ def main(argv=None) -> int:
     p.add_argument("--bias", action="store_true", help="add a bias [N] (Llama has none)")
     p.add_argument("--variants", default="", help=f"comma list of {sorted(VARIANTS)}, or all")
     p.add_argument("--replays", type=int, default=5)
-    p.add_argument("--no-sglang", action="store_true", help="skip SGLang's routes (saves DeepGEMM JIT time)")
+    p.add_argument("--sglang-routes", default="deepgemm,triton",
+                   help="SGLang routes to time, comma list of deepgemm, triton, or none (DeepGEMM compiles per shape)")
     p.add_argument("--out", default=None, help="output folder (default: docs/benchmarks/determinism_tax/<date>-gemm)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -304,7 +305,11 @@ def main(argv=None) -> int:
         if v not in VARIANTS:
             raise SystemExit(f"--variants: {v!r} is not one of {sorted(VARIANTS)}")
     tables = [DEFAULT_TABLE] + [VARIANTS[v] for v in names if v != DEFAULT_TABLE.name]
-    routes, bio = ({}, None) if args.no_sglang else sglang_routes()
+    wanted = set() if args.sglang_routes == "none" else set(args.sglang_routes.split(","))
+    if not wanted <= {"deepgemm", "triton"}:
+        raise SystemExit(f"--sglang-routes: {args.sglang_routes!r} is not a comma list of deepgemm, triton, or none")
+    routes, bio = sglang_routes() if wanted else ({}, None)
+    routes = {name: fn for name, fn in routes.items() if name in wanted}
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 50 * 2**20)
     date = datetime.datetime.now(datetime.timezone.utc)
