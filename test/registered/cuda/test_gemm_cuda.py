@@ -139,6 +139,51 @@ def test_accuracy_against_fp64(shape, dtype, m):
     assert_accurate(linear(a, w, b), a, w, b)
 
 
+@pytest.mark.parametrize("m", [1, 37, 300, 2000])
+def test_cuda_graph_replay_equals_eager(m):
+    """SGLang captures the model's matmuls in CUDA graphs: the split schedule's workspace and both kernels replay."""
+    n, k = SHAPES["8b_o"]
+    a, w, b = inputs(n, k, torch.bfloat16, True, seed=m, rows=m)
+    static = a.clone()
+    linear(static, w, b)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear(static, w, b)
+    for seed in (1, 2):
+        fresh = inputs(n, k, torch.bfloat16, False, seed=100 + seed, rows=m)[0]
+        static.copy_(fresh)
+        graph.replay()
+        assert torch.equal(out, linear(fresh, w, b)), f"replay {seed} at m={m}"
+
+
+def test_sglangs_batch_invariant_mode_runs_the_plugins_gemm():
+    """The wiring on a GPU: under SGLang's batch-invariant aten overrides, F.linear and the lm_head's matmul
+    give the plugin's bits in the plugin's runs, and SGLang's own with SGLANG_DETSPEC_GEMM=sglang."""
+    pytest.importorskip("sglang", reason="needs SGLang (its batch-invariant mode is what is hooked)")
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
+    from sglang.srt.plugins import load_plugins
+
+    from sglang_detspec.config import DetSpecConfig, install_config, reset_config
+
+    load_plugins()
+    assert hasattr(bio.matmul_persistent, "__wrapped__"), "the plugin's hook was not applied by SGLang's loader"
+    n, k = SHAPES["8b_qkv"]
+    a, w, b = inputs(n, k, torch.bfloat16, True, seed=4, rows=300)
+    ours = DetSpecConfig(deterministic=True, source="server_args")
+    try:
+        bio.enable_batch_invariant_mode()
+        install_config(ours)
+        assert torch.equal(torch.nn.functional.linear(a, w), linear(a, w))
+        assert torch.equal(torch.nn.functional.linear(a, w, b), linear(a, w, b))  # aten::addmm
+        assert torch.equal(torch.matmul(a, w.T), linear(a, w))  # the lm_head's form
+        install_config(DetSpecConfig(deterministic=True, gemm="sglang", source="server_args"))
+        assert torch.equal(torch.nn.functional.linear(a, w), bio.matmul_persistent.__wrapped__(a, w.T))
+    finally:
+        bio.disable_batch_invariant_mode()
+        reset_config()
+
+
 class TinyModel:
     """Embedding, residual MLP blocks with RMSNorm, lm_head: every matmul is the batch-invariant GEMM.
 
