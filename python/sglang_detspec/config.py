@@ -30,6 +30,10 @@ TREE_ATTENTION_ENV = "SGLANG_DETSPEC_TREE_ATTENTION"
 # cascade: SGLang's tree verify attention (FA3: prefix and draft parts merged in bf16);
 # nodes: one decode query per tree node over its own key list (sglang_plugin/tree_attention_hook.py).
 TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
+GEMM_ENV = "SGLANG_DETSPEC_GEMM"
+# plugin: SGLang's batch-invariant matmul runs the plugin's GEMM (sglang_plugin/gemm_hook.py);
+# sglang: SGLang's own (DeepGEMM or its persistent Triton kernel), e.g. to measure one against the other.
+GEMM_SETTINGS = ("plugin", "sglang")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -77,6 +81,9 @@ class DetSpecConfig:
             logits equal decode logits bit for bit).
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
+        gemm: ``SGLANG_DETSPEC_GEMM``: ``plugin`` (SGLang's batch-invariant
+            matmul runs the plugin's GEMM in the plugin's runs) or ``sglang``
+            (SGLang's own).
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
     """
@@ -85,6 +92,7 @@ class DetSpecConfig:
     disabled: bool = False
     verify: str = "coupled"
     tree_attention: str = "cascade"
+    gemm: str = "plugin"
     deterministic: bool = False
     algorithm: str | None = None
     num_steps: int | None = None
@@ -309,21 +317,23 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
-    Returns ``{"kernel", "disabled", "verify", "tree_attention"}`` with
-    ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
+    Returns ``{"kernel", "disabled", "verify", "tree_attention", "gemm"}``
+    with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
 
     Raises:
         ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton,
             ``SGLANG_DETSPEC_DISABLE`` not a boolean word,
-            ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection, or
-            ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes.
+            ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection,
+            ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes, or
+            ``SGLANG_DETSPEC_GEMM`` not in plugin|sglang.
     """
     env = os.environ if environ is None else environ
     kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
     verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
-    return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention}
+    gemm = _word(env, GEMM_ENV, "plugin", GEMM_SETTINGS)
+    return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention, "gemm": gemm}
 
 
 _lock = threading.Lock()

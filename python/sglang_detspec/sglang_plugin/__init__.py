@@ -42,6 +42,8 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
+- ``gemm_hook``: SGLang's batch-invariant matmul runs the plugin's
+  batch-invariant GEMM (``SGLANG_DETSPEC_GEMM=plugin``, the default).
 
 :func:`hook_table` is the one list of what is hooked: registration, the
 start-up check that every required hook is in place (:func:`hook_problems`),
@@ -57,7 +59,7 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, draft_hook, input_hook, probs_hook, request_hook, resolve, seed_hook, startup,
+    attention_hook, draft_hook, gemm_hook, input_hook, probs_hook, request_hook, resolve, seed_hook, startup,
     target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook,
 )
 
@@ -68,6 +70,7 @@ _KERNEL_ONLY = "None in SGLang builds without the CUDA kernel (CPU-only): nothin
 _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel's CUDA library): no FA3 "
               "backend to hook there")
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
+_GEMM_SETTING = "required only with SGLANG_DETSPEC_GEMM=plugin: SGLANG_DETSPEC_GEMM=sglang keeps SGLang's own matmul"
 
 _registered = False
 _lock = threading.Lock()
@@ -121,6 +124,7 @@ def hook_table() -> list[Hook]:
         Hook(tree_attention_hook.INIT_EAGER, tree_attention_hook.build_after_eager_metadata, "AFTER", _CUDA_ONLY),
         Hook(tree_attention_hook.INIT_GRAPH, tree_attention_hook.build_after_graph_metadata, "AFTER", _CUDA_ONLY),
         Hook(tree_attention_hook.FORWARD_EXTEND, tree_attention_hook.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
+        Hook(gemm_hook.TARGET, gemm_hook.plugin_matmul, "AROUND", _GEMM_SETTING),
         *(Hook(*row) for row in seed_hook.HOOKS),
     ]
 
@@ -175,11 +179,15 @@ def hook_problems(*, applied: bool = True, config=None) -> list[str]:
 
 
 def required_by(config) -> set[str]:
-    """Optional targets a bag's claim rests on: the FA3 node path's, where the bag claims bitwise trees with it."""
+    """Optional targets a bag rests on: the FA3 node path's, where the bag claims bitwise trees with it;
+    SGLang's batch-invariant matmul, where the bag asks for the plugin's GEMM in its runs."""
+    required = set()
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
     if tree and config.tree_attention == "nodes" and config.logits == "bitwise":
-        return {row.target for row in hook_table() if row.target.startswith(tree_attention_hook.FA + ".")}
-    return set()
+        required |= {row.target for row in hook_table() if row.target.startswith(tree_attention_hook.FA + ".")}
+    if config.ours and config.gemm == "plugin":
+        required.add(gemm_hook.TARGET)
+    return required
 
 
 def check_hooks_in_place(result, server_args) -> None:

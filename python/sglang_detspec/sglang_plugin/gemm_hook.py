@@ -1,0 +1,55 @@
+"""Deterministic inference's matmuls run the plugin's batch-invariant GEMM.
+
+Hooked symbol:
+
+- ``sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent``
+  (AROUND): the one function SGLang 0.5.23's batch-invariant ``aten::mm``,
+  ``aten::mm.out``, ``aten::addmm`` and ``aten::mm.dtype`` overrides call
+  (``mm_batch_invariant`` and its siblings look it up by module global at
+  each call, so wrapping it covers every CUDA ``mm`` / ``addmm``, hence every
+  unquantised ``F.linear`` and the lm_head's ``torch.matmul``, whenever
+  ``enable_batch_invariant_mode`` was or will be called). It chooses between
+  DeepGEMM's bf16 GEMM and SGLang's persistent Triton kernel; both routes
+  are behind it.
+
+Why: both of SGLang's routes are batch-invariant by running one tile
+schedule with no split along K, which leaves a decode or verify step's small-M
+GEMMs with few programs for the GPU (``docs/plugin.md``, the GEMM row). The
+plugin's GEMM (``ops/gemm.py``) fixes the reduction order from N, K and the
+dtype only and splits K for small M, so the same contract (row i's bits do
+not depend on the other rows or on M) holds with more programs in flight.
+
+When: the plugin's runs (:attr:`DetSpecConfig.ours`: deterministic inference
+on, ``SGLANG_DETSPEC_DISABLE`` unset) with ``SGLANG_DETSPEC_GEMM=plugin``
+(the default). Arguments the plugin's GEMM does not cover (fp32, an
+``out_dtype`` other than the inputs', a bias other than 1-D [N], mixed
+dtypes) go to SGLang's own function, so every call stays batch-invariant.
+``bmm`` is not hooked (SGLang's ``bmm_batch_invariant``; the dense models
+served here do not call it). ``SGLANG_DETSPEC_KERNEL`` does not apply: the
+GEMM's torch path rounds like the kernel only in value, not in bits, and its
+matmuls would come back through this hook, so CUDA always runs the Triton
+kernel (the torch path serves CPU tensors, as in the unit tests).
+"""
+
+from __future__ import annotations
+
+from ..config import current_config
+from ..ops.gemm import mm, unsupported
+
+TARGET = "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent"
+
+
+def plugin_matmul(original, a, b, bias=None, out_dtype=None):
+    """AROUND hook of SGLang's ``matmul_persistent(a, b, bias=None, out_dtype=None)``: a [M, K] @ b [K, N] (+ bias).
+
+    Returns the plugin's :func:`~sglang_detspec.ops.gemm.mm` ([M, N] of a's
+    dtype) in the plugin's runs with ``SGLANG_DETSPEC_GEMM=plugin`` for the
+    arguments it covers; SGLang's own result otherwise. Raises what the
+    chosen implementation raises.
+    """
+    bag = current_config()
+    if (not (bag.ours and bag.gemm == "plugin") or out_dtype not in (None, a.dtype)
+            or getattr(a, "ndim", 0) != 2 or getattr(b, "ndim", 0) != 2 or unsupported(a, b.t(), bias) is not None):
+        return original(a, b, bias=bias, out_dtype=out_dtype)
+    # Never the torch path on CUDA: its matmuls are aten::mm, which lands back here under deterministic mode.
+    return mm(a, b, bias, kernel="triton" if a.is_cuda else "torch")
