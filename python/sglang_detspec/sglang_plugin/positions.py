@@ -83,6 +83,30 @@ def multi_layer_prefill_rule(key: torch.Tensor, draft_step: int) -> torch.Tensor
     return key + 1 + draft_step
 
 
+def multi_layer_decode_rule(seq_lens: torch.Tensor, accept_lens: torch.Tensor) -> PositionRule:
+    """Multi-layer EAGLE after verify: MTP layer s drafts ``seq_lens + accept_lens + 1 + s``.
+
+    ``seq_lens`` [B]: pre-verify lengths; ``accept_lens`` [B]: tokens the
+    verify committed (drafts + 1), so the new first sampled token sits at
+    ``seq_lens + accept_lens`` (computed once, before the call runs).
+    """
+    base = seq_lens + accept_lens.to(seq_lens.dtype) + 1  # [B]
+    return lambda key, draft_step: base + draft_step
+
+
+def multi_layer_graph_rule(num_draft_tokens: int, num_accept_tokens: torch.Tensor) -> PositionRule:
+    """Multi-layer EAGLE's single-CUDA-graph runner: ``key - num_draft_tokens + num_accept_tokens + 1 + s``.
+
+    Inside the graph SGLang keys with ``seq_lens`` = pre-verify length +
+    ``num_draft_tokens``; ``num_accept_tokens`` [B] (a graph input buffer,
+    refilled before every replay) holds the verify's committed count.
+    """
+    def rule(key: torch.Tensor, draft_step: int) -> torch.Tensor:
+        return key - num_draft_tokens + num_accept_tokens.to(key.dtype) + 1 + draft_step
+
+    return rule
+
+
 def coupled_draft_position(key: torch.Tensor, draft_step: int) -> torch.Tensor:
     """Absolute position of the drafted token at the call site in progress (EAGLE v2 unless one published)."""
     rule = DRAFT_RULE.get() or eagle_v2_positions

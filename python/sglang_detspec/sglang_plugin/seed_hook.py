@@ -29,10 +29,10 @@ so they all draw with one seed. While the config bag is active:
   ``OpenAIServingChat._build_chat_response`` (AROUND): each choice carries
   ``sampling_seed`` (the response models gain that field, once, the first
   time an active server builds a response).
-- ``speculative_hook.handle_speculative_decoding`` (AFTER, after the
-  start-up hook installed the bag): refuses ``--tokenizer-worker-num > 1``,
-  whose tokenizer worker processes load no plugins and would serve requests
-  with none of the above.
+
+``--tokenizer-worker-num > 1`` (tokenizer worker processes load no plugins,
+so they would serve requests with none of the above) is refused at start-up
+by the bag's own checks (``config.py``), not here.
 
 With the bag inactive every hook hands over to SGLang untouched.
 """

@@ -22,6 +22,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
 from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
+from sglang_detspec.ops.verify_outputs import write_verify_outputs
 from sglang_detspec.sglang_plugin import draft_hook, resolve, verify_hook
 from sglang_detspec.sglang_plugin.verify_hook import VerifyContext
 
@@ -671,7 +672,7 @@ def test_write_verify_outputs_keeps_unaccepted_slots(loaded):
     predicts = torch.full((b * n,), 42, dtype=torch.int32)
     accept_index = torch.full((b, 3), -1, dtype=torch.int32)
     num = torch.empty(b, dtype=torch.int32)
-    verify_hook.write_verify_outputs(tokens, accepted, path, ri, predicts, accept_index, num)
+    write_verify_outputs(tokens, accepted, path, ri, predicts, accept_index, num)
     assert predicts.tolist() == [7, 42, 42, 8, 42, 9, 42, 42, 42, 42]
     assert accept_index.tolist() == [[0, 3, -1], [5, -1, -1]] and num.tolist() == [1, 0]
 

@@ -23,6 +23,7 @@ from sglang_detspec.config import (
     env_settings,
     logits_guarantee,
 )
+from sglang_detspec.ops.node_rows import ancestor_layout, node_key_lists
 from sglang_detspec.sglang_plugin import tree_attention_hook as tah
 
 register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
@@ -62,7 +63,7 @@ def cascade_layout(prefix_lens, width, gen):
 
 
 def test_ancestor_layout_is_sglangs_sorted_mask_columns():
-    rows, lens = tah.ancestor_layout(PARENTS)
+    rows, lens = ancestor_layout(PARENTS)
     for i in range(N):
         mask = [j in path(i) for j in range(N)]  # the tree mask's row of node i
         # SGLang: keys = col if masked in else col + N, sorted: kept columns in order, then the rest.
@@ -75,7 +76,7 @@ def test_each_node_row_is_its_decode_page_table():
     prefix_lens = torch.tensor([1, 17, 40, 40], dtype=torch.int32)
     width = 40
     prefix_table, draft_slots, anc, anc_lens = cascade_layout(prefix_lens, width, gen)
-    table, lens = tah.node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
+    table, lens = node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
     assert table.shape == (len(prefix_lens) * N, width + N) and table.dtype == lens.dtype == torch.int32
     for b, p in enumerate(prefix_lens.tolist()):
         for i in range(N):
@@ -88,18 +89,19 @@ def test_each_node_row_is_its_decode_page_table():
 
 INTERPRETED = """
 import torch
-from sglang_detspec.sglang_plugin import tree_attention_hook as tah
+from sglang_detspec.ops.node_rows import node_key_lists
+from sglang_detspec.ops.node_rows_triton import node_rows_triton
 gen = torch.Generator().manual_seed(0)
 bs, n, w = 3, 8, 2100  # a prefix longer than one 1024-entry block; an empty one; one as wide as the table
 prefix_lens = torch.tensor([0, 1500, 2100], dtype=torch.int32)
 prefix = torch.randint(0, 1 << 20, (bs, w), generator=gen, dtype=torch.int32)
 anc = torch.randint(0, 1 << 20, (bs * n, n), generator=gen, dtype=torch.int32)
 anc_lens = torch.randint(1, n + 1, (bs * n,), generator=gen, dtype=torch.int32)
-want, want_lens = tah.node_key_lists(prefix, prefix_lens, anc, anc_lens, n, kernel="torch")
+want, want_lens = node_key_lists(prefix, prefix_lens, anc, anc_lens, n, kernel="torch")
 out = torch.full((bs * n + 2, w + n + 1), -1, dtype=torch.int32)
 out_lens = torch.full((bs * n + 2,), -1, dtype=torch.int32)
 table, lens = out[: bs * n, : w + n], out_lens[: bs * n]
-tah._node_rows_triton(prefix, prefix_lens, anc, anc_lens, n, table, lens)
+node_rows_triton(prefix, prefix_lens, anc, anc_lens, n, table, lens)
 assert torch.equal(lens, want_lens), (lens, want_lens)
 for r in range(bs * n):
     k = int(lens[r])
@@ -127,12 +129,12 @@ def test_graph_buffers_are_filled_in_place_and_rows_past_the_batch_kept():
     gen = torch.Generator().manual_seed(5)
     prefix_lens = torch.tensor([3, 9], dtype=torch.int32)
     prefix_table, _, anc, anc_lens = cascade_layout(prefix_lens, 12, gen)
-    eager = tah.node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
+    eager = node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
     # Graph buffers sized for more requests and a longer context than this replay.
     out_table = torch.full((4 * N, 64 + N), -7, dtype=torch.int32)
     out_lens = torch.full((4 * N,), -7, dtype=torch.int32)
     padded = torch.nn.functional.pad(prefix_table, (0, 64 - 12), value=-3)  # stale columns past the prefix
-    table, lens = tah.node_key_lists(padded, prefix_lens, anc, anc_lens, N, out_table, out_lens)
+    table, lens = node_key_lists(padded, prefix_lens, anc, anc_lens, N, out_table, out_lens)
     assert table.data_ptr() == out_table.data_ptr() and lens.data_ptr() == out_lens.data_ptr()
     for r in range(2 * N):
         n = int(lens[r])
