@@ -48,7 +48,9 @@ import torch
 from ..config import current_config
 from ..ops.decode_attention import decode_as_extend
 
-TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
+_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
+TARGET = f"{_BACKEND}.__init__"
+DECODE_FWD = f"{_BACKEND}.decode_attention_fwd"  # the instance attribute swapped (kind SWAP)
 
 logger = logging.getLogger("sglang_detspec")
 

@@ -23,8 +23,8 @@ from ..config import DetSpecConfig, current_config, env_settings, install_config
 
 logger = logging.getLogger("sglang_detspec")
 
-# Called at the entry of every SGLang process (scheduler.py:6327, http_server.py:256, engine.py:1175 and
-# :1434, detokenizer_manager.py:554, data_parallel_controller.py:962), each through its module's
+# Called at the entry of every SGLang process (the scheduler, the HTTP server, the Engine, the
+# detokenizer manager and the data-parallel controller), each through its module's
 # ``from sglang.srt.runtime_context import publish`` binding, which SGLang's hook registry rebinds.
 PUBLISH = "sglang.srt.runtime_context.publish"
 

@@ -61,8 +61,12 @@ CHAT_TARGET = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._bui
 
 # Attribute set on SGLang's ReqState: the uint64 seed the request was sent with (None: greedy).
 STATE_ATTR = "detspec_sampling_seed"
+REQ_STATE_SEED = f"sglang.srt.managers.tokenizer_manager.ReqState.{STATE_ATTR}"
 # Key in native meta_info and field of each OpenAI choice.
 REPORT_KEY = "sampling_seed"
+_PROTOCOL = "sglang.srt.entrypoints.openai.protocol"
+COMPLETION_CHOICE_SEED = f"{_PROTOCOL}.CompletionResponseChoice.{REPORT_KEY}"
+CHAT_CHOICE_SEED = f"{_PROTOCOL}.ChatCompletionResponseChoice.{REPORT_KEY}"
 
 
 def plugin_active() -> bool:
@@ -284,13 +288,3 @@ def report_chat_choices(original, self, request, ret, *args, **kwargs):
         _report_choices(response, ret)
     return response
 
-
-HOOKS = [
-    (CREATE_TARGET, assign_fresh_seed, "AROUND"),
-    (BATCH_TARGET, scope_parallel_samples, "AROUND"),
-    (SEND_ONE_TARGET, seed_one_send, "AROUND"),
-    (SEND_BATCH_TARGET, seed_batch_send, "AROUND"),
-    (WAIT_TARGET, report_seed, "AROUND"),
-    (COMPLETION_TARGET, report_completion_choices, "AROUND"),
-    (CHAT_TARGET, report_chat_choices, "AROUND"),
-]

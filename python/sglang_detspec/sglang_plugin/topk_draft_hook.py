@@ -73,6 +73,11 @@ _RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGr
 GRAPH_CAPTURE = f"{_RUNNER}.capture_one_shape"
 GRAPH_EXECUTE = f"{_RUNNER}.execute"
 TOPK1 = "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess"
+# Patched for one ``_draft_extend_for_decode`` call (:func:`_kept_draft_logits`), on this worker's own objects.
+DRAFT_RUNNER_FORWARD = f"{_WORKER}.draft_runner.forward"
+DRAFT_EXTEND_GRAPH_EXECUTE = f"{_WORKER}.cuda_graph_runner_for_draft_extend.execute"
+# Set by :func:`graph_seed_buffer` where SGLang allocates none.
+GRAPH_SEED_BUFFER = f"{_RUNNER}.buffers.sampling_seed"
 
 
 def _hooked(worker) -> bool:
@@ -265,13 +270,3 @@ def graph_refill(original, self, forward_batch, *args, **kwargs):
         self.top_ks[:n].copy_(info.top_ks[:n])
     return original(self, forward_batch, *args, **kwargs)
 
-
-HOOKS = (
-    (DRAFT_FORWARD, draft_forward_site, "AROUND"),
-    (EXTEND_PREFILL, extend_prefill_site, "AROUND"),
-    (EXTEND_DECODE, extend_decode_site, "AROUND"),
-    (RENORM, coupled_renorm_draft_probs, "AROUND"),
-    (TOPK1, coupled_chain_step, "AROUND"),
-    (GRAPH_CAPTURE, graph_seed_buffer, "AROUND"),
-    (GRAPH_EXECUTE, graph_refill, "AROUND"),
-)

@@ -253,7 +253,7 @@ def test_graph_capture_and_replay_fill_the_same_buffers(bag):
     backend = fa3_backend()
     tah.check_backend(None, backend)
     tah.allocate_graph_buffers(None, backend, 4, 4 * N)
-    buffers = getattr(backend, tah._BUFFERS)
+    buffers = getattr(backend, tah.BUFFERS_ATTR)
     assert buffers["page_table"].shape == (4 * N, 40 + N) and buffers["cache_seqlens"].shape == (4 * N,)
     gen = torch.Generator().manual_seed(2)
     # SGLang's graph metadata for a padded batch of 3: views of its [max_bs, context] buffers.
@@ -267,13 +267,13 @@ def test_graph_capture_and_replay_fill_the_same_buffers(bag):
         backend.forward_metadata = Meta(cache_seqlens_int32=sglang_lens[:3], page_table=sglang_table[:3])
         backend.forward_metadata_spec_decode_expand = Meta(cache_seqlens_int32=anc_lens, page_table=anc)
         tah.build_after_graph_metadata(None, backend, verify_batch(), in_capture=step == 0)
-        meta = getattr(backend, tah._NODES)
+        meta = getattr(backend, tah.NODES_ATTR)
         if step == 0:
             captured = meta
         assert meta is captured  # the object the captured kernels read, refilled in place
         check_rows(meta, prefix_table, prefix_lens, draft_slots)
     tah.build_after_graph_metadata(None, backend, verify_batch(False))  # a decode graph: no node metadata
-    assert getattr(backend, tah._NODES) is None
+    assert getattr(backend, tah.NODES_ATTR) is None
 
 
 def test_eager_metadata_is_built_per_verify_and_cleared_otherwise(bag):
@@ -286,12 +286,12 @@ def test_eager_metadata_is_built_per_verify_and_cleared_otherwise(bag):
     backend.forward_metadata = Meta(cache_seqlens_int32=prefix_lens, page_table=prefix_table)
     backend.forward_metadata_spec_decode_expand = Meta(cache_seqlens_int32=anc_lens, page_table=anc)
     tah.build_after_eager_metadata(None, backend, verify_batch())
-    check_rows(getattr(backend, tah._NODES), prefix_table, prefix_lens, draft_slots)
+    check_rows(getattr(backend, tah.NODES_ATTR), prefix_table, prefix_lens, draft_slots)
     tah.build_after_eager_metadata(None, backend, verify_batch(False))
-    assert getattr(backend, tah._NODES) is None
+    assert getattr(backend, tah.NODES_ATTR) is None
     bag(dataclasses.replace(NODES_BAG, tree_attention="cascade"))
     tah.build_after_eager_metadata(None, backend, verify_batch())
-    assert getattr(backend, tah._NODES) is None
+    assert getattr(backend, tah.NODES_ATTR) is None
 
 
 def test_forward_extend_hook_routes_only_a_tree_verify_with_node_metadata():
@@ -320,7 +320,7 @@ def test_forward_extend_hook_routes_only_a_tree_verify_with_node_metadata():
                                    spec_algorithm=algo, encoder_lens=None)
     backend = Backend()
     assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify) == "extended"  # no node metadata
-    setattr(backend, tah._NODES, "node metadata")
+    setattr(backend, tah.NODES_ATTR, "node metadata")
     assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify, True, sinks=None) == "decoded"
     assert seen[-1] == ("decode", "node metadata", 1, True, {"sinks": None})
     assert (backend.forward_metadata, backend.topk) == ("cascade prefix metadata", 4)  # restored
@@ -367,7 +367,8 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks():
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                         attention_backend="fa3", tree_attention="nodes", source="server_args")
-    fa_rows = {row.target for row in sglang_plugin.hook_table() if row.target.startswith(tah.FA + ".")}
+    fa_rows = {row.target for row in sglang_plugin.hook_table()
+               if row.target.startswith(tah.FA + ".") and row.kind in sglang_plugin.REGISTRY_KINDS}
     assert len(fa_rows) == 5 and sglang_plugin.required_by(bag) == fa_rows
     for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, eagle_topk=1),
                   dataclasses.replace(bag, attention_backend="triton")):
