@@ -59,7 +59,7 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, draft_hook, input_hook, probs_hook, request_hook, resolve, seed_hook, startup,
+    attention_hook, channels, draft_hook, input_hook, probs_hook, request_hook, resolve, seed_hook, startup,
     target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook,
 )
 
@@ -146,13 +146,13 @@ def hook_table() -> list[Hook]:
         Hook(attention_hook.TARGET, attention_hook.use_one_pass_decode, "AFTER"),
         Hook(attention_hook.DECODE_FWD, attention_hook.use_one_pass_decode, "SWAP"),
         Hook(tah.INIT, tah.check_backend, "AFTER", _CUDA_ONLY),
-        Hook(f"{tah.FA}.{tah.NODES_OK_ATTR}", tah.check_backend, "ATTR"),
+        Hook(f"{tah.FA}.{channels.TREE_NODES_OK.attr}", tah.check_backend, "ATTR"),
         Hook(tah.GRAPH_STATE, tah.allocate_graph_buffers, "AFTER", _CUDA_ONLY),
-        Hook(f"{tah.FA}.{tah.BUFFERS_ATTR}", tah.allocate_graph_buffers, "ATTR"),
-        Hook(f"{tah.FA}.{tah.GRAPH_META_ATTR}", tah.build_after_graph_metadata, "ATTR"),
+        Hook(f"{tah.FA}.{channels.TREE_BUFFERS.attr}", tah.allocate_graph_buffers, "ATTR"),
+        Hook(f"{tah.FA}.{channels.TREE_GRAPH_META.attr}", tah.build_after_graph_metadata, "ATTR"),
         Hook(tah.INIT_EAGER, tah.build_after_eager_metadata, "AFTER", _CUDA_ONLY),
         Hook(tah.INIT_GRAPH, tah.build_after_graph_metadata, "AFTER", _CUDA_ONLY),
-        Hook(f"{tah.FA}.{tah.NODES_ATTR}", tah.build_after_eager_metadata, "ATTR"),
+        Hook(f"{tah.FA}.{channels.TREE_NODES.attr}", tah.build_after_eager_metadata, "ATTR"),
         Hook(tah.FORWARD_EXTEND, tah.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),

@@ -22,17 +22,17 @@ and nowhere else:
   (``seq_lens - num_draft_tokens + num_accept_tokens + 1 + s``).
 
 A hook that knows ``t`` publishes it for the duration of one SGLang call
-(:func:`publish`), and the hook of the sampler that call reaches reads it.
+on a channel of :mod:`.channels`, and the hook of the sampler that call reaches reads it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+
+from .channels import DRAFT_RULE, DRAFT_SITE
 
 # (key positions [B], draft_step) -> absolute positions [B] of the drafted tokens.
 PositionRule = Callable[[torch.Tensor, int], torch.Tensor]
@@ -56,21 +56,6 @@ class DraftSite(NamedTuple):
     hot_token_id: torch.Tensor | None = None
     target_vocab: int | None = None
     sampling_info: object = None
-
-
-DRAFT_RULE: contextvars.ContextVar[PositionRule | None] = contextvars.ContextVar("detspec_draft_rule", default=None)
-DRAFT_SITE: contextvars.ContextVar[DraftSite | None] = contextvars.ContextVar("detspec_draft_site", default=None)
-VERIFY: contextvars.ContextVar = contextvars.ContextVar("detspec_verify", default=None)
-
-
-@contextlib.contextmanager
-def publish(var: contextvars.ContextVar, value):
-    """Set ``var`` to ``value`` while the block runs (restored afterwards, also on error)."""
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
 
 
 def eagle_v2_positions(key: torch.Tensor, draft_step: int) -> torch.Tensor:
@@ -109,23 +94,23 @@ def multi_layer_graph_rule(num_draft_tokens: int, num_accept_tokens: torch.Tenso
 
 def coupled_draft_position(key: torch.Tensor, draft_step: int) -> torch.Tensor:
     """Absolute position of the drafted token at the call site in progress (EAGLE v2 unless one published)."""
-    rule = DRAFT_RULE.get() or eagle_v2_positions
+    rule = DRAFT_RULE.read() or eagle_v2_positions
     return rule(key, draft_step)
 
 
 def draft_positions(rule: PositionRule):
     """Use ``rule`` for the coupled draft positions of the proposals drawn while the block runs."""
-    return publish(DRAFT_RULE, rule)
+    return DRAFT_RULE.publish(rule)
 
 
 def draft_site(site: DraftSite):
     """Publish a top-k draft site (``topk_draft_hook``) while the block runs."""
-    return publish(DRAFT_SITE, site)
+    return DRAFT_SITE.publish(site)
 
 
 def published_site() -> DraftSite | None:
     """The top-k draft site in progress, or None."""
-    return DRAFT_SITE.get()
+    return DRAFT_SITE.read()
 
 
 def draft_forward_positions(positions: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,7 @@ import torch
 
 from ..config import current_config
 from ..ops.node_rows import node_key_lists
+from .channels import TREE_BUFFERS, TREE_GRAPH_META, TREE_NODES, TREE_NODES_OK
 
 FA = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 INIT = f"{FA}.__init__"
@@ -55,11 +56,6 @@ INIT_GRAPH = f"{FA}.init_forward_metadata_out_graph"
 GRAPH_STATE = f"{FA}.init_cuda_graph_state"
 FORWARD_EXTEND = f"{FA}.forward_extend"
 
-# Attributes this hook keeps on SGLang's backend instance (rows of the hook table, kind ATTR).
-NODES_ATTR = "_detspec_tree_nodes"  # the node metadata of the forward in progress, or None
-NODES_OK_ATTR = "_detspec_tree_nodes_ok"  # whether this backend takes the node path (decided at __init__)
-BUFFERS_ATTR = "_detspec_tree_buffers"  # CUDA-graph buffers (dict of tensors), or None
-GRAPH_META_ATTR = "_detspec_tree_graph_metadata"  # per graph batch size: metadata over views of the buffers
 
 logger = logging.getLogger("sglang_detspec")
 # Start-up lines (the E2E suite reads them from a server's log).
@@ -119,7 +115,7 @@ def _serves(backend) -> bool:
     """The node path is asked for and this is a target FA3 backend verifying trees."""
     bag = current_config()
     return (bag.active and bag.tree_attention == "nodes" and not backend.is_draft_runner and backend.topk > 1
-            and getattr(backend, NODES_OK_ATTR, False))
+            and TREE_NODES_OK.read(backend, False))
 
 
 def check_backend(result, backend, *args, **kwargs):
@@ -129,8 +125,8 @@ def check_backend(result, backend, *args, **kwargs):
     backend falls outside the covered case. Returns None.
     """
     bag = current_config()
-    setattr(backend, NODES_ATTR, None)
-    setattr(backend, NODES_OK_ATTR, False)
+    TREE_NODES.write(backend, None)
+    TREE_NODES_OK.write(backend, False)
     if not (bag.active and bag.tree_attention == "nodes") or backend.is_draft_runner or backend.topk <= 1:
         return None
     why = _why_not(backend)
@@ -138,7 +134,7 @@ def check_backend(result, backend, *args, **kwargs):
         logger.warning("sglang-detspec: %s (%s): this server's tree logits are 'tokens', not 'bitwise' "
                        "(docs/forward_modes.md)", NODE_PATH_OFF, why)
         return None
-    setattr(backend, NODES_OK_ATTR, True)
+    TREE_NODES_OK.write(backend, True)
     logger.info("sglang-detspec: %s", NODE_PATH_ON)
     return None
 
@@ -150,21 +146,21 @@ def allocate_graph_buffers(result, backend, max_bs: int, *args, **kwargs):
     n, device = backend.speculative_num_draft_tokens, backend.device
     rows = max_bs * n
     pages = (backend.max_context_len + backend.page_size - 1) // backend.page_size
-    setattr(backend, BUFFERS_ATTR, {
+    TREE_BUFFERS.write(backend, {
         "page_table": torch.zeros(rows, pages + n, dtype=torch.int32, device=device),
         "cache_seqlens": torch.zeros(rows, dtype=torch.int32, device=device),
         "cu_seqlens_q": torch.arange(rows + 1, dtype=torch.int32, device=device),
         "cu_seqlens_k": torch.zeros(rows + 1, dtype=torch.int32, device=device),
     })
-    setattr(backend, GRAPH_META_ATTR, {})
+    TREE_GRAPH_META.write(backend, {})
     return None
 
 
 def build_after_eager_metadata(result, backend, forward_batch, *args, **kwargs):
     """AFTER hook of ``init_forward_metadata(forward_batch)``: node metadata for an eager tree verify."""
-    setattr(backend, NODES_ATTR, None)
+    TREE_NODES.write(backend, None)
     if _serves(backend) and forward_batch.forward_mode.is_target_verify():
-        setattr(backend, NODES_ATTR, node_metadata(backend.forward_metadata, backend.forward_metadata_spec_decode_expand,
+        TREE_NODES.write(backend, node_metadata(backend.forward_metadata, backend.forward_metadata_spec_decode_expand,
                                                backend.speculative_num_draft_tokens, kernel=current_config().kernel))
     return None
 
@@ -176,17 +172,17 @@ def build_after_graph_metadata(result, backend, forward_batch, *args, **kwargs):
     graph's batch size and the captured kernels read it; at replay the
     buffers are refilled in place before ``graph.replay()``.
     """
-    setattr(backend, NODES_ATTR, None)
-    buffers = getattr(backend, BUFFERS_ATTR, None)
+    TREE_NODES.write(backend, None)
+    buffers = TREE_BUFFERS.read(backend)
     if buffers is None or not _serves(backend) or not forward_batch.forward_mode.is_target_verify():
         return None
     n = backend.speculative_num_draft_tokens
     meta = node_metadata(backend.forward_metadata, backend.forward_metadata_spec_decode_expand, n, buffers,
                          current_config().kernel)
-    per_bs = getattr(backend, GRAPH_META_ATTR)
+    per_bs = TREE_GRAPH_META.read(backend)
     bs = meta.cache_seqlens_int32.shape[0] // n
     # One object per graph batch size, made at capture: a replay refills its buffers only.
-    setattr(backend, NODES_ATTR, per_bs.setdefault(bs, meta))
+    TREE_NODES.write(backend, per_bs.setdefault(bs, meta))
     return None
 
 
@@ -210,7 +206,7 @@ def verify_tree_as_decode(original, backend, q, k, v, layer, forward_batch, save
     extend would and returns the same ``[bs * N, heads * v_head_dim]``
     output. Every other call is SGLang's ``forward_extend``.
     """
-    nodes = getattr(backend, NODES_ATTR, None)
+    nodes = TREE_NODES.read(backend)
     if (nodes is None or args or not forward_batch.forward_mode.is_target_verify()
             or not _layer_covered(layer, forward_batch, kwargs)):
         return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)

@@ -46,7 +46,8 @@ from ..ops.coupled import coupled_verify_chain, coupled_verify_tree
 from ..ops.verify import verify_chain
 from ..ops.verify_outputs import write_verify_outputs
 from ..ops.weights import target_weights
-from .positions import VERIFY, after_root, publish, sampling_rows
+from .channels import VERIFY
+from .positions import after_root, sampling_rows
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 CHAIN_SAMPLER = "sglang.kernels.ops.speculative.verify_sampling.chain_speculative_sampling_triton"
@@ -120,12 +121,12 @@ def coupled_chain_outputs(ctx: VerifyContext, candidates: torch.Tensor, kernel: 
 
 def verify_context(ctx: VerifyContext):
     """Publish ``ctx`` for the verify sampler while the block runs."""
-    return publish(VERIFY, ctx)
+    return VERIFY.publish(ctx)
 
 
 def published() -> VerifyContext | None:
     """The context of the ``eagle_sample`` call in progress, or None."""
-    return VERIFY.get()
+    return VERIFY.read()
 
 
 def seeded_eagle_sample(original, *args, **kwargs):

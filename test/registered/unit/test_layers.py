@@ -3,8 +3,8 @@
 - ``ops/`` imports nothing of the package outside ``ops/`` and never SGLang;
 - the bag (``config.py``) imports only the torch-free kernel choice;
 - the plugin's hook modules import only ``ops``, the bag, the plugin's
-  ``positions`` module and the request-seed rules (``seeds``), and
-  SGLang; ``positions`` imports only ``ops``; the bag's resolution from
+  ``positions`` and ``channels`` modules and the request-seed rules (``seeds``), and
+  SGLang; ``positions`` imports only ``ops`` and ``channels``; ``channels`` nothing of the package; the bag's resolution from
   SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag;
 - no module imports a hook module except the registration (``sglang_plugin/__init__.py``);
 - kernels live in ``ops/``: no ``@triton.jit`` (or ``@triton.autotune``, ``@triton.heuristics``) anywhere else;
@@ -66,7 +66,7 @@ def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 
 ALL = sorted(PACKAGE.rglob("*.py"))
 HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
-                                                                      "positions.py"))
+                                                                      "positions.py", "channels.py"))
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
@@ -84,13 +84,14 @@ def test_the_bag_imports_only_the_kernel_choice():
 @pytest.mark.parametrize("path", HOOK_MODULES, ids=lambda p: p.name)
 def test_hook_modules_import_ops_the_bag_positions_and_the_seed_rules(path):
     keep = ("sglang_detspec.ops", "sglang_detspec.config", "sglang_detspec.sglang_plugin.positions",
-            "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding")
+            "sglang_detspec.sglang_plugin.channels", "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding")
     bad = {n for n in own(imports(path)) if not allowed(n, keep)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
 @pytest.mark.parametrize("name, keep", [
-    ("positions.py", ("sglang_detspec.ops",)),
+    ("positions.py", ("sglang_detspec.ops", "sglang_detspec.sglang_plugin.channels")),
+    ("channels.py", ()),
     ("resolve.py", ("sglang_detspec.config",)),
     ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
 ])
@@ -180,6 +181,21 @@ def position_arithmetic(path: Path) -> list[str]:
         if any(_names_position(op) for op in operands):
             found.append(f"{node.lineno}: {ast.get_source_segment(text, node)}")
     return found
+
+
+def test_per_call_state_goes_through_channels():
+    """Hook modules create no context variable and name no kept attribute themselves: channels.py does.
+
+    A kept attribute is a string constant starting ``detspec_`` or ``_detspec_`` (the names the plugin sets
+    on SGLang objects).
+    """
+    for path in HOOK_MODULES + [PLUGIN / "positions.py"]:
+        tree = ast.parse(path.read_text())
+        bad = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "ContextVar"]
+        bad += [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and n.value.startswith(("detspec_", "_detspec_"))]
+        assert not bad, f"{path.name} lines {bad}: publish through sglang_plugin/channels.py"
 
 
 @pytest.mark.parametrize("path", HOOK_MODULES, ids=lambda p: p.name)

@@ -25,6 +25,7 @@ from sglang_detspec.config import (
 )
 from sglang_detspec.ops.node_rows import ancestor_layout, node_key_lists
 from sglang_detspec.sglang_plugin import tree_attention_hook as tah
+from sglang_detspec.sglang_plugin.channels import TREE_BUFFERS, TREE_NODES
 
 register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
 
@@ -253,7 +254,7 @@ def test_graph_capture_and_replay_fill_the_same_buffers(bag):
     backend = fa3_backend()
     tah.check_backend(None, backend)
     tah.allocate_graph_buffers(None, backend, 4, 4 * N)
-    buffers = getattr(backend, tah.BUFFERS_ATTR)
+    buffers = TREE_BUFFERS.read(backend)
     assert buffers["page_table"].shape == (4 * N, 40 + N) and buffers["cache_seqlens"].shape == (4 * N,)
     gen = torch.Generator().manual_seed(2)
     # SGLang's graph metadata for a padded batch of 3: views of its [max_bs, context] buffers.
@@ -267,13 +268,13 @@ def test_graph_capture_and_replay_fill_the_same_buffers(bag):
         backend.forward_metadata = Meta(cache_seqlens_int32=sglang_lens[:3], page_table=sglang_table[:3])
         backend.forward_metadata_spec_decode_expand = Meta(cache_seqlens_int32=anc_lens, page_table=anc)
         tah.build_after_graph_metadata(None, backend, verify_batch(), in_capture=step == 0)
-        meta = getattr(backend, tah.NODES_ATTR)
+        meta = TREE_NODES.read(backend)
         if step == 0:
             captured = meta
         assert meta is captured  # the object the captured kernels read, refilled in place
         check_rows(meta, prefix_table, prefix_lens, draft_slots)
     tah.build_after_graph_metadata(None, backend, verify_batch(False))  # a decode graph: no node metadata
-    assert getattr(backend, tah.NODES_ATTR) is None
+    assert TREE_NODES.read(backend) is None
 
 
 def test_eager_metadata_is_built_per_verify_and_cleared_otherwise(bag):
@@ -286,12 +287,12 @@ def test_eager_metadata_is_built_per_verify_and_cleared_otherwise(bag):
     backend.forward_metadata = Meta(cache_seqlens_int32=prefix_lens, page_table=prefix_table)
     backend.forward_metadata_spec_decode_expand = Meta(cache_seqlens_int32=anc_lens, page_table=anc)
     tah.build_after_eager_metadata(None, backend, verify_batch())
-    check_rows(getattr(backend, tah.NODES_ATTR), prefix_table, prefix_lens, draft_slots)
+    check_rows(TREE_NODES.read(backend), prefix_table, prefix_lens, draft_slots)
     tah.build_after_eager_metadata(None, backend, verify_batch(False))
-    assert getattr(backend, tah.NODES_ATTR) is None
+    assert TREE_NODES.read(backend) is None
     bag(dataclasses.replace(NODES_BAG, tree_attention="cascade"))
     tah.build_after_eager_metadata(None, backend, verify_batch())
-    assert getattr(backend, tah.NODES_ATTR) is None
+    assert TREE_NODES.read(backend) is None
 
 
 def test_forward_extend_hook_routes_only_a_tree_verify_with_node_metadata():
@@ -320,7 +321,7 @@ def test_forward_extend_hook_routes_only_a_tree_verify_with_node_metadata():
                                    spec_algorithm=algo, encoder_lens=None)
     backend = Backend()
     assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify) == "extended"  # no node metadata
-    setattr(backend, tah.NODES_ATTR, "node metadata")
+    TREE_NODES.write(backend, "node metadata")
     assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify, True, sinks=None) == "decoded"
     assert seen[-1] == ("decode", "node metadata", 1, True, {"sinks": None})
     assert (backend.forward_metadata, backend.topk) == ("cascade prefix metadata", 4)  # restored
