@@ -6,7 +6,7 @@ import argparse
 import os
 
 from ._audit_report import finish, progress_runs
-from .audit import DEFAULT_NUM_DRAFT_TOKENS, STDOUT
+from ._audit_common import DEFAULT_NUM_DRAFT_TOKENS, STDOUT
 
 
 def kernel_problem() -> str | None:

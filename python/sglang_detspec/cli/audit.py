@@ -47,11 +47,10 @@ from ..auditing.batch import (
 from ..config import VERIFY_MODES
 from ..ops.streams import U64
 from ..ops.seed_encoding import SEED_ENCODINGS, SEED_RANGE
+from ._audit_common import DEFAULT_CONCURRENCY, DEFAULT_NUM_DRAFT_TOKENS, STDOUT, fail
 
-DEFAULT_NUM_DRAFT_TOKENS = 3
 # Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
 MAX_BATCH = 1024
-DEFAULT_CONCURRENCY = 1
 # max_position_embeddings of the reference models (reference.models.build_model_pair;
 # a unit test holds the two equal), here so the bound is known before torch loads.
 REFERENCE_MAX_POSITIONS = 4096
@@ -114,9 +113,6 @@ def _url(text: str) -> str:
     if parts.query or parts.fragment:
         raise argparse.ArgumentTypeError(f"expected the server's base URL without a query or fragment, got {text!r}")
     return text.rstrip("/")
-
-
-STDOUT = "-"  # --json -: the JSON goes to standard output, the human report to standard error
 
 
 def _json_path(text: str) -> Path | str:
@@ -352,21 +348,13 @@ def _notes(args: argparse.Namespace) -> list[str]:
     return notes
 
 
-def _fail(message: str, usage=None) -> int:
-    # Plain print, not rich: server messages may hold [brackets] rich would eat.
-    if usage is not None:
-        print(usage(), end="", file=sys.stderr)
-    print(f"detspec audit: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the audit for parsed ``args``; returns the exit code (0 pass, 1 fail, 2 error)."""
     problem = _usage_error(args)
     if problem is not None:
-        return _fail(problem, getattr(args, "usage", None))
+        return fail(problem, code="usage", usage=getattr(args, "usage", None), json_out=args.json == STDOUT)
     for note in _notes(args):
-        print(f"detspec audit: note: {note}", file=sys.stderr)
+        print(f"detspec: note: {note}", file=sys.stderr)
     if args.url is not None:
         from ._audit_server import run_server
 
@@ -375,5 +363,5 @@ def run(args: argparse.Namespace) -> int:
 
     problem = kernel_problem()
     if problem is not None:
-        return _fail(problem)
+        return fail(problem, code="usage", json_out=args.json == STDOUT)
     return run_in_process(args)

@@ -209,7 +209,30 @@ def test_cli_rejects_bad_arguments(args, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     # The audit's own usage, not the top-level one.
-    assert err.startswith("usage: detspec audit [-h]") and f"detspec audit: error: {message}" in err
+    assert err.startswith("usage: detspec audit [-h]") and f"detspec: error: {message}" in err
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--trials", "x", "--json", "-"], "usage"),  # argparse's error
+    (["--json=-", "--bogus"], "usage"),  # an unknown argument
+    (["--json", "-", "--url", "http://127.0.0.1:9"], "usage"),  # the audit's own check: --url needs --vocab-size
+])
+def test_json_to_stdout_gets_an_error_object_after_an_argument_error(args, code, capsys):
+    try:
+        status = main(["audit", *args])
+    except SystemExit as exc:
+        status = exc.code
+    assert status == 2
+    out, err = capsys.readouterr()
+    obj = json.loads(out)
+    assert obj["error"]["code"] == code and obj["error"]["message"] in err
+    assert "detspec: error: " in err
+
+
+def test_without_json_to_stdout_an_argument_error_prints_nothing_there(capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--trials", "x", "--json", "out.json"])
+    assert capsys.readouterr().out == ""
 
 
 def test_cli_accepts_the_bounds_themselves():
@@ -230,7 +253,7 @@ def test_cli_keeps_in_process_runs_within_the_models_positions(args, got, capsys
     err = capsys.readouterr().err
     assert err.startswith("usage: detspec audit")
     assert (
-        "detspec audit: error: --max-new-tokens + --num-draft-tokens must be at most 4072 with the in-process "
+        "detspec: error: --max-new-tokens + --num-draft-tokens must be at most 4072 with the in-process "
         f"engine (with the longest prompt, 24 tokens, they must fit the reference models' 4096 positions), got {got}"
     ) in err
 
@@ -311,7 +334,7 @@ def test_triton_kernel_without_cuda_tensors_is_one_line_and_exit_2(monkeypatch, 
     assert main(["audit", "--trials", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
-        "detspec audit: error: SGLANG_DETSPEC_KERNEL=triton cannot run the in-process audit")
+        "detspec: error: SGLANG_DETSPEC_KERNEL=triton cannot run the in-process audit")
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):

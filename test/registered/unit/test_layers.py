@@ -125,6 +125,41 @@ def test_the_reader_sees_relative_and_absolute_imports():
     assert "sglang_detspec.sglang_plugin.resolve" in own(imports(PLUGIN / "startup.py"))
 
 
+def import_cycles() -> list[list[str]]:
+    """Every import cycle among the package's modules (imports anywhere in a file, function bodies included).
+
+    An edge from a module to a package that contains it (``from . import triton_config``) is left out:
+    Python runs a package's ``__init__`` before any of its modules, whatever they import.
+    """
+    def inside(module: str, package: str) -> bool:
+        return module.startswith(package + ".")
+
+    graph = {module_name(p): {n for n in own(imports(p)) if n != module_name(p) and not inside(module_name(p), n)}
+             for p in ALL}
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, set())):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+def test_no_import_cycles():
+    cycles = import_cycles()
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
 TRITON_DECORATORS = {"jit", "autotune", "heuristics"}
 
 
