@@ -89,11 +89,11 @@ test: setup
 
 # From the full venv when `make setup` / `make test` built it, else from the light one.
 demo: $(if $(wildcard $(STAMP)),setup,demo-setup)
-	$(if $(wildcard $(STAMP)),$(BIN),$(DEMO_BIN))/detspec audit
+	$(if $(wildcard $(STAMP)),$(BIN),$(DEMO_BIN))/detspec audit --require-control-variation
 
 # Always from the light venv: what a fresh machine runs.
 demo-light: demo-setup
-	$(DEMO_BIN)/detspec audit
+	$(DEMO_BIN)/detspec audit --require-control-variation
 
 .PHONY: test-gpu bench
 

@@ -260,6 +260,11 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="also run the global-RNG control engine (default: on; in-process only)",
     )
     parser.add_argument(
+        "--require-control-variation", action="store_true",
+        help="fail the audit when the control's probe gave 1 unique output (its trials then showed no batch "
+             "dependence, so the seeded pass proves nothing); make demo sets it",
+    )
+    parser.add_argument(
         "--invariance", action=argparse.BooleanOptionalAction, default=None,
         help="after the changing-batch section, run the invariance section (default: on; in-process only)",
     )
@@ -298,6 +303,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _usage_error(args: argparse.Namespace) -> str | None:
     """Why this combination of flags cannot run, or None; decided before anything is imported or built."""
+    if args.require_control_variation and (args.url is not None or args.control is False):
+        return "--require-control-variation needs the in-process control run (no --url, no --no-control)"
     if args.url is None:
         given = [flag for name, flag in _SERVER_ONLY.items() if getattr(args, name) is not None]
         if given:

@@ -150,6 +150,21 @@ def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
     assert 1 < seeded["mean_accept_length"] <= 3
 
 
+def test_require_control_variation_fails_a_control_that_never_varied(tmp_path, monkeypatch):
+    from sglang_detspec.reference import ReferenceEngine
+
+    out = tmp_path / "audit.json"
+    argv = ["audit", "--trials", "5", "--max-new-tokens", "6", "--max-batch-size", "6", "--seed", "5",
+            "--no-invariance", "--require-control-variation", "--json", str(out)]
+    assert main(argv) == 0  # the real control varies
+    assert json.loads(out.read_text())["sections"] == {"changing_batch": True, "control_varied": True}
+    # A "control" that is the seeded engine itself never varies: the audit must fail, not pass on the seeded run.
+    monkeypatch.setattr(ReferenceEngine, "control", classmethod(
+        lambda cls, models, k, seed, verify: cls(models, k, verify=verify)))
+    assert main(argv) == 1
+    assert json.loads(out.read_text())["sections"] == {"changing_batch": True, "control_varied": False}
+
+
 def test_cli_audit_without_control(tmp_path):
     out = tmp_path / "seeded.json"
     argv = ["audit", "--trials", "3", "--max-new-tokens", "4", "--max-batch-size", "3", "--no-control",
