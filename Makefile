@@ -22,19 +22,21 @@ endif
 
 .PHONY: help setup demo-setup test demo demo-light
 
-# A bare `make` explains the targets instead of starting the 11 GB install.
+# A bare `make` explains the targets instead of starting the full install.
 .DEFAULT_GOAL := help
 help:
 	@echo "sglang-detspec targets (venvs from $(PYTHON); PYTHON=python3.x picks another):"
 	@echo "  make demo        the main job: detspec audit on embedded tiny models"
-	@echo "  make test        the CPU test suite (installs SGLang 0.5.23, about 11 GB)"
+	@echo "  make test        the CPU test suite (installs SGLang 0.5.23, about $(SETUP_FREE_GB) GiB)"
 	@echo "  make setup       only the full install (.venv: package, SGLang, tests)"
 	@echo "  make demo-light  the demo from the light venv even when .venv exists"
 	@echo "  make test-gpu    the Triton kernel suite (CUDA GPU)"
 	@echo "  make test-e2e    the suites that launch real SGLang servers (CUDA GPU)"
 	@echo "  make bench       the kernel benchmark (CUDA GPU)"
+	@echo "  make bench-serving  the end-to-end serving benchmark (two H200 GPUs; results in OUT)"
 	@echo "  make bench-serving-report RESULTS=<folder>  tables and plots of a serving run"
 	@echo "  make bench-serving-report RESULTS=\"<f1> <f2>\" REPORT_OUT=<folder>  one report of several commands"
+	@echo "  make docs-hooks  regenerate docs/plugin.md's hook table from the plugin's hook table"
 
 # The interpreter the venvs are built from: a clear error instead of make's "Error 127".
 PYTHON_CHECK = command -v $(PYTHON) >/dev/null 2>&1 || { echo "make: $(PYTHON) not found: install Python 3.11, or \
@@ -47,7 +49,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@[ -e "$(STAMP)" ] || bash scripts/setup_space_check.sh "$(VENV)" "$(SETUP_FREE_GB)"
 	@echo "== make setup: installing sglang-detspec into $(VENV) with sglang==0.5.23, torch 2.14.1 (CUDA"
-	@echo "   build) and about 150 other packages: about 11 GB on disk, several minutes the first"
+	@echo "   build) and about 220 other packages: about $(SETUP_FREE_GB) GiB on disk, several minutes the first"
 	@echo "   time; pip's progress follows. Later runs reuse $(VENV)."
 	@test -x $(BIN)/python || { $(PYTHON_CHECK); }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -87,11 +89,11 @@ test: setup
 
 # From the full venv when `make setup` / `make test` built it, else from the light one.
 demo: $(if $(wildcard $(STAMP)),setup,demo-setup)
-	$(if $(wildcard $(STAMP)),$(BIN),$(DEMO_BIN))/detspec audit
+	$(if $(wildcard $(STAMP)),$(BIN),$(DEMO_BIN))/detspec audit --require-control-variation
 
 # Always from the light venv: what a fresh machine runs.
 demo-light: demo-setup
-	$(DEMO_BIN)/detspec audit
+	$(DEMO_BIN)/detspec audit --require-control-variation
 
 .PHONY: test-gpu bench
 
@@ -120,7 +122,11 @@ test-e2e:
 	$(MAKE) setup
 	$(BIN)/python -m pytest test/registered/e2e -v
 
-.PHONY: bench-serving bench-serving-report
+.PHONY: bench-serving bench-serving-report docs-hooks
+
+# docs/plugin.md's hook table, written from sglang_plugin.hook_table() (a unit test fails when they differ).
+docs-hooks: $(STAMP)
+	PYTHONPATH=python $(BIN)/python scripts/gen_hook_doc.py
 
 # End-to-end serving benchmark at 8B scale on a two-GPU H200 machine after the wheel install
 # (docs/benchmarks/serving/README.md): results in $(OUT).

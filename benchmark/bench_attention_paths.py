@@ -6,7 +6,7 @@ side by side in one run with CUDA events:
 
 - **Triton decode**: SGLang's deterministic split-KV decode
   (``decode_attention_fwd``, splits of 256 keys) against the plugin's decode
-  hook (``attention_hook.decode_as_extend``: SGLang's single-pass
+  hook (``ops.decode_attention.decode_as_extend``: SGLang's single-pass
   ``extend_attention_fwd_unified``, one query per request);
 - **FA3 tree verify** (top-k 4, 8 draft tokens): SGLang's cascade (prefix
   call, ancestors call, ``merge_state_v2``) against the node path
@@ -68,7 +68,7 @@ def triton_decode(bs: int, ctx: int, reps: int, blocks: int) -> dict:
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
 
-    from sglang_detspec.sglang_plugin.attention_hook import decode_as_extend
+    from sglang_detspec.ops.decode_attention import decode_as_extend
 
     gen = torch.Generator(device="cuda").manual_seed(bs * 7 + ctx)
     k, v = cache(bs * ctx, gen)
@@ -94,7 +94,7 @@ def fa3_tree_verify(bs: int, ctx: int, reps: int, blocks: int, table_width: int)
     from sgl_kernel import merge_state_v2
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
-    from sglang_detspec.sglang_plugin.tree_attention_hook import ancestor_layout, node_key_lists
+    from sglang_detspec.ops.node_rows import ancestor_layout, node_key_lists
 
     gen = torch.Generator(device="cuda").manual_seed(bs * 11 + ctx)
     anc_rows, anc_len = ancestor_layout(PARENTS)

@@ -117,8 +117,8 @@ class DetSpecConfig:
         """The verify mode is coupled (docs/design.md, "Coupled verification")."""
         return self.verify == "coupled"
 
-    def refusals(self) -> list[str]:
-        """Why an ours run cannot be made deterministic: one message per problem, naming what to change.
+    def refusals(self) -> list[Refusal]:
+        """Why an ours run cannot be made deterministic: one :class:`Refusal` per problem, naming what to change.
 
         Empty for runs that are not ours (SGLang's own code runs for them).
         """
@@ -127,68 +127,69 @@ class DetSpecConfig:
         problems = []
         algo = self.algorithm
         if self.coupled and algo is not None and algo not in COUPLED_ALGORITHMS:
-            problems.append(
+            problems.append(Refusal("algorithm_not_covered",
                 f"--speculative-algorithm {algo} is not covered: its verify does not go through "
                 f"eagle_sample with the tree root at seq_lens; use one of {', '.join(COUPLED_ALGORITHMS)} "
                 "(or set SGLANG_DETSPEC_DISABLE=1 to keep SGLang's own sampling)"
-            )
+            ))
         if not self.coupled:
             problems.extend(self._rejection_refusals())
         elif self.reduced_draft_vocab and self.rejection_sampling:
             # The user's own flag (start-up never declares it for such drafts): SGLang would refuse it
             # only after loading the weights.
-            problems.append(REDUCED_VOCAB_REFUSAL)
+            problems.append(Refusal("reduced_draft_vocab", REDUCED_VOCAB_REFUSAL))
         if self.rl_on_policy:
-            problems.append(
+            problems.append(Refusal("rl_on_policy",
                 "--rl-on-policy-target is not supported (its bf16 log-softmax sampling path makes a seeded "
                 "request's first token depend on its batch): drop the flag"
-            )
+            ))
         if self.tokenizer_workers > 1:
-            problems.append(
+            problems.append(Refusal("tokenizer_workers",
                 f"--tokenizer-worker-num {self.tokenizer_workers} is not supported: SGLang's tokenizer worker "
                 "processes load no plugins, so requests they admit would get no seed checks, no fresh seeds "
                 "(every unseeded request would draw with seed 42), identical parallel samples and no "
                 "sampling_seed in responses; use --tokenizer-worker-num 1"
-            )
+            ))
         if self.block_verification:
-            problems.append(
+            problems.append(Refusal("block_verification",
                 "--speculative-use-block-verification is not supported (sglang-detspec implements the classic "
                 "chain verify and coupled verify): drop the flag"
-            )
+            ))
         return problems
 
-    def _rejection_refusals(self) -> list[str]:
+    def _rejection_refusals(self) -> list[Refusal]:
         algo = self.algorithm
         if algo is None:
             return []
         problems = []
         if self.reduced_draft_vocab:
-            return [REDUCED_VOCAB_REFUSAL]  # the flag it would otherwise ask for is refused for such drafts
+            # The flag it would otherwise ask for is refused for such drafts.
+            return [Refusal("reduced_draft_vocab", REDUCED_VOCAB_REFUSAL)]
         if not self.rejection_sampling:
-            problems.append(
+            problems.append(Refusal("rejection_needs_flag",
                 f"{VERIFY_ENV}=rejection needs --speculative-use-rejection-sampling (SGLang hands the draft "
                 f"distributions to the verify only then); add the flag or set {VERIFY_ENV}=coupled"
-            )
+            ))
         if algo not in REJECTION_ALGORITHMS:
-            problems.append(
+            problems.append(Refusal("rejection_algorithm",
                 f"--speculative-algorithm {algo} is not supported in rejection mode; use EAGLE, EAGLE3 or "
                 f"NEXTN, or {VERIFY_ENV}=coupled"
-            )
+            ))
         chain = dict(zip(CHAIN_FLAGS, (self.num_steps, self.eagle_topk, self.num_draft_tokens)))
         unset = [flag for flag, value in chain.items() if value is None]
         if algo in REJECTION_ALGORITHMS and unset:
             # Left unset, SGLang picks the three per model, a tree (topk > 1) for some (Llama: steps
             # 5, topk 4, 8 draft tokens), and then refuses rejection sampling in its own words.
-            problems.append(
+            problems.append(Refusal("rejection_chain_unset",
                 f"{', '.join(unset)} not set: rejection mode verifies chains, so give all three, e.g. "
                 "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "
                 "(draft tokens = steps + 1)"
-            )
+            ))
         if self.eagle_topk is not None and int(self.eagle_topk) > 1:
-            problems.append(
+            problems.append(Refusal("rejection_tree",
                 f"--speculative-eagle-topk {self.eagle_topk} drafts a tree; rejection mode verifies chains "
                 f"only: set --speculative-eagle-topk 1, or {VERIFY_ENV}=coupled (serves trees)"
-            )
+            ))
         return problems
 
     @property
@@ -281,6 +282,24 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
     if (eagle_topk or 1) == 1:
         return "bitwise"
     return "bitwise" if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS else "tokens"
+
+
+class Refusal(str):
+    """A refusal: its message (it is that ``str``) and a stable machine-readable :attr:`code`.
+
+    Codes name the rule, not the wording, so clients and tests can match them
+    while the message is free to change: ``algorithm_not_covered``,
+    ``reduced_draft_vocab``, ``rl_on_policy``, ``tokenizer_workers``,
+    ``block_verification``, ``rejection_needs_flag``, ``rejection_algorithm``,
+    ``rejection_chain_unset``, ``rejection_tree``.
+    """
+
+    code: str
+
+    def __new__(cls, code: str, message: str) -> "Refusal":
+        obj = super().__new__(cls, message)
+        obj.code = code
+        return obj
 
 
 REDUCED_VOCAB_REFUSAL = (

@@ -53,6 +53,8 @@ from ..ops.seed_encoding import HTTP_SEED_RANGE, SEED_ENCODINGS, check_seed, sgl
 from . import DEFAULT_TIMEOUT_S
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
+# The error code an sglang-detspec server gives a sampling_seed outside [0, 2**64).
+SEED_RANGE_CODE = "sampling_seed_out_of_range"
 
 
 class HttpBackendError(RuntimeError):
@@ -73,12 +75,14 @@ class ServerHttpError(HttpBackendError):
     Attributes:
         status: the HTTP status code.
         server_message: SGLang's own error message, taken from the body.
+        code: the body's machine-readable error ``code`` (:func:`error_code`), or None.
     """
 
-    def __init__(self, message: str, status: int, server_message: str) -> None:
+    def __init__(self, message: str, status: int, server_message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.server_message = server_message
+        self.code = code
 
 
 class ServerResponseError(HttpBackendError):
@@ -281,6 +285,23 @@ def error_message(response: requests.Response) -> str:
     return text[:_MAX_ERROR_BODY] or response.reason or "(empty body)"
 
 
+def error_code(response: requests.Response) -> str | None:
+    """The machine-readable ``code`` of an error body (``{"code": ...}`` or ``{"error": {"code": ...}}``), or None.
+
+    sglang-detspec's request errors carry one; stock SGLang's mostly do not
+    (or carry the HTTP status as a number), so a missing or non-string code is None.
+    """
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    code = error.get("code") if isinstance(error, dict) else body.get("code")
+    return code if isinstance(code, str) and code else None
+
+
 def avg_spec_accept_length(server_info: dict) -> float | None:
     """The server's average accept length from a ``/server_info`` body, or None.
 
@@ -310,6 +331,11 @@ def _seed_encoding_hint(encoding: str, exc: "ServerHttpError") -> str | None:
     """What to change when a server refused a seed because of how it was encoded, or None."""
     if exc.status != 400:
         return None
+    if exc.code is not None:  # a server that names its errors: match the name, never the wording
+        if encoding == "int64" and exc.code == SEED_RANGE_CODE:
+            return "this server runs sglang-detspec, which takes seeds as unsigned integers: drop --seed-encoding int64"
+        return None
+    # Stock SGLang (and servers before error codes): its wording is all there is.
     if encoding == "uint64" and "sampling_seed must be in [-2**63" in exc.server_message:
         return ("this server checks seeds as stock SGLang does, so sglang-detspec is not active there: "
                 "send seeds as int64 bits with --seed-encoding int64")
@@ -430,7 +456,8 @@ class HttpBackend:
         if not response.ok:
             message = error_message(response)
             raise ServerHttpError(
-                f"{method} {path} returned HTTP {response.status_code}: {message}", response.status_code, message
+                f"{method} {path} returned HTTP {response.status_code}: {message}", response.status_code, message,
+                error_code(response),
             )
         try:
             return response.json()
@@ -482,7 +509,7 @@ class HttpBackend:
             hint = _seed_encoding_hint(self.seed_encoding, exc)
             if hint is None:
                 raise
-            raise ServerHttpError(f"{exc} ({hint})", exc.status, exc.server_message) from None
+            raise ServerHttpError(f"{exc} ({hint})", exc.status, exc.server_message, exc.code) from None
 
     def _post_batch(self, batch: Sequence[Request]) -> list[ServerResult]:
         # Fresh random rids: unique across concurrent POSTs and audit runs,

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from ._audit_report import finish, progress_runs
-from .audit import DEFAULT_NUM_DRAFT_TOKENS, STDOUT
+from ._audit_common import DEFAULT_NUM_DRAFT_TOKENS, STDOUT
 
 
 def kernel_problem() -> str | None:
@@ -74,6 +74,9 @@ def run_in_process(args: argparse.Namespace) -> int:
         console, args, plan, summaries, settings, f"{mode_label} verify, K={k} draft tokens"
     )
     sections = {"changing_batch": verdict.passed}
+    if control and args.require_control_variation:
+        # A control that never varied showed no batch dependence for the seeded run to be immune to.
+        sections["control_varied"] = summaries[1].unique_probe_outputs > 1
     if invariance:
         reports = _run_invariance(models, mode, args)
         sections["invariance"] = print_invariance_section(console, reports, mode)

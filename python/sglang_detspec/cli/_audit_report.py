@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 # audit.py imports this module and the runners only inside run(), so this import makes no cycle.
-from .audit import STDOUT
+from ._audit_common import STDOUT
 
 
 def _plain(console: Console, text: str) -> None:

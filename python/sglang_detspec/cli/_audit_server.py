@@ -10,7 +10,7 @@ import sys
 
 from ..auditing import DEFAULT_TIMEOUT_S
 from ._audit_report import finish, progress_runs
-from .audit import DEFAULT_CONCURRENCY, STDOUT, _fail
+from ._audit_common import DEFAULT_CONCURRENCY, STDOUT, fail
 
 
 # Resolved server arguments worth keeping with a server audit (top-level keys of /server_info).
@@ -36,7 +36,7 @@ def run_server(args: argparse.Namespace) -> int:
             # Asked first so an unreachable server, or something that is not SGLang, fails at once.
             info = backend.server_info()
         except HttpBackendError as exc:
-            return _fail(str(exc))
+            return fail(str(exc), code="server", json_out=args.json == STDOUT)
         from rich.console import Console
 
         from ..auditing.batch import build_plan
@@ -50,13 +50,13 @@ def run_server(args: argparse.Namespace) -> int:
         try:
             (summary,) = progress_runs([backend], plan)
         except HttpBackendError as exc:
-            return _fail(str(exc))
+            return fail(str(exc), code="server", json_out=args.json == STDOUT)
         try:
             # Asked after the trials (so the server's counters include them) and before the seed checks.
             server_accept = avg_spec_accept_length(backend.server_info())
         except HttpBackendError as exc:
             # The trials are done; report them without the server's figure.
-            print(f"detspec audit: warning: no average accept length from the server: {exc}", file=sys.stderr)
+            print(f"detspec: warning: no average accept length from the server: {exc}", file=sys.stderr)
             server_accept = None
         seeds = None
         if seed_checks:
@@ -65,7 +65,7 @@ def run_server(args: argparse.Namespace) -> int:
                     backend, plan.probe.prompt_ids, seed=args.seed, max_new_tokens=args.max_new_tokens
                 )
             except HttpBackendError as exc:
-                return _fail(f"request-seed checks: {exc}")
+                return fail(f"request-seed checks: {exc}", code="server", json_out=args.json == STDOUT)
     facts = {key: info.get(key) for key in _SERVER_FACTS}
     summary = dataclasses.replace(summary, server_avg_accept_length=server_accept)
     settings = {

@@ -47,11 +47,10 @@ from ..auditing.batch import (
 from ..config import VERIFY_MODES
 from ..ops.streams import U64
 from ..ops.seed_encoding import SEED_ENCODINGS, SEED_RANGE
+from ._audit_common import DEFAULT_CONCURRENCY, DEFAULT_NUM_DRAFT_TOKENS, STDOUT, fail
 
-DEFAULT_NUM_DRAFT_TOKENS = 3
 # Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
 MAX_BATCH = 1024
-DEFAULT_CONCURRENCY = 1
 # max_position_embeddings of the reference models (reference.models.build_model_pair;
 # a unit test holds the two equal), here so the bound is known before torch loads.
 REFERENCE_MAX_POSITIONS = 4096
@@ -114,9 +113,6 @@ def _url(text: str) -> str:
     if parts.query or parts.fragment:
         raise argparse.ArgumentTypeError(f"expected the server's base URL without a query or fragment, got {text!r}")
     return text.rstrip("/")
-
-
-STDOUT = "-"  # --json -: the JSON goes to standard output, the human report to standard error
 
 
 def _json_path(text: str) -> Path | str:
@@ -264,6 +260,11 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="also run the global-RNG control engine (default: on; in-process only)",
     )
     parser.add_argument(
+        "--require-control-variation", action="store_true",
+        help="fail the audit when the control's probe gave 1 unique output (its trials then showed no batch "
+             "dependence, so the seeded pass proves nothing); make demo sets it",
+    )
+    parser.add_argument(
         "--invariance", action=argparse.BooleanOptionalAction, default=None,
         help="after the changing-batch section, run the invariance section (default: on; in-process only)",
     )
@@ -302,6 +303,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _usage_error(args: argparse.Namespace) -> str | None:
     """Why this combination of flags cannot run, or None; decided before anything is imported or built."""
+    if args.require_control_variation and (args.url is not None or args.control is False):
+        return "--require-control-variation needs the in-process control run (no --url, no --no-control)"
     if args.url is None:
         given = [flag for name, flag in _SERVER_ONLY.items() if getattr(args, name) is not None]
         if given:
@@ -352,21 +355,13 @@ def _notes(args: argparse.Namespace) -> list[str]:
     return notes
 
 
-def _fail(message: str, usage=None) -> int:
-    # Plain print, not rich: server messages may hold [brackets] rich would eat.
-    if usage is not None:
-        print(usage(), end="", file=sys.stderr)
-    print(f"detspec audit: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the audit for parsed ``args``; returns the exit code (0 pass, 1 fail, 2 error)."""
     problem = _usage_error(args)
     if problem is not None:
-        return _fail(problem, getattr(args, "usage", None))
+        return fail(problem, code="usage", usage=getattr(args, "usage", None), json_out=args.json == STDOUT)
     for note in _notes(args):
-        print(f"detspec audit: note: {note}", file=sys.stderr)
+        print(f"detspec: note: {note}", file=sys.stderr)
     if args.url is not None:
         from ._audit_server import run_server
 
@@ -375,5 +370,5 @@ def run(args: argparse.Namespace) -> int:
 
     problem = kernel_problem()
     if problem is not None:
-        return _fail(problem)
+        return fail(problem, code="usage", json_out=args.json == STDOUT)
     return run_in_process(args)

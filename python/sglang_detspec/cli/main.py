@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -27,9 +28,33 @@ _NOT_SUBCOMMANDS = {"main"}
 EXIT_INTERRUPTED = 130
 
 
+class UsageError(Exception):
+    """An argument error, raised by :class:`Parser` so :func:`main` prints it once, in one format."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser (subcommand parsers are of the same class) whose errors :func:`main` prints.
+
+    Every error line of the CLI then starts ``detspec: error:``, whichever
+    subcommand's parser found it.
+    """
+
+    def error(self, message: str):
+        raise UsageError(message, self.format_usage())
+
+
+def _json_to_stdout(argv: Sequence[str]) -> bool:
+    """``--json -`` among the arguments (the JSON goes to standard output)."""
+    return "--json=-" in argv or any(a == "--json" and b == "-" for a, b in zip(argv, argv[1:]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``detspec`` parser with every subcommand module registered."""
-    parser = argparse.ArgumentParser(prog="detspec")
+    parser = Parser(prog="detspec")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     package = importlib.import_module(__package__)
@@ -81,12 +106,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    if unknown:
-        hint = getattr(args, "unrecognized_hint", None)
-        _subcommand_parser(parser, getattr(args, "command", None)).error(
-            f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else "")
-        )
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            hint = getattr(args, "unrecognized_hint", None)
+            _subcommand_parser(parser, getattr(args, "command", None)).error(
+                f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else "")
+            )
+    except UsageError as exc:
+        print(exc.usage, end="", file=sys.stderr)
+        print(f"detspec: error: {exc}", file=sys.stderr)
+        if _json_to_stdout(argv):  # a reader of the JSON gets an object, not an empty stream
+            print(json.dumps({"error": {"code": "usage", "message": str(exc)}}))
+        raise SystemExit(2) from None
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

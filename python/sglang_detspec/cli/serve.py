@@ -20,6 +20,7 @@ not sufficient.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -157,6 +158,14 @@ def server_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def dry_run_command(cmd: list[str], env: Mapping[str, str]) -> str:
+    """The shell line ``--dry-run`` prints: the ``SGLANG_PLUGINS`` and ``SGLANG_DETSPEC_*`` settings checked, then ``cmd``."""
+    names = sorted(n for n in env if n.startswith("SGLANG_DETSPEC_"))
+    if env.get("SGLANG_PLUGINS"):
+        names.insert(0, "SGLANG_PLUGINS")
+    return "".join(f"{n}={shlex.quote(env[n])} " for n in names) + shlex.join(cmd)
+
+
 def plugin_installed() -> bool:
     """True when SGLang's loader can discover the entry point (installed dist metadata)."""
     from importlib.metadata import entry_points
@@ -177,11 +186,11 @@ def _why_inactive(bag: DetSpecConfig) -> str:
 
 
 def _say(message: str) -> None:
-    print(f"detspec serve: {message}", file=sys.stderr)
+    print(f"detspec: {message}", file=sys.stderr)
 
 
 def _fail(message: str) -> int:
-    """Print ``message`` as an error, as argparse and ``detspec audit`` print theirs; exit status 2."""
+    """Print ``message`` as an error, with the prefix every ``detspec`` error has; exit status 2."""
     _say(f"error: {message}")
     return 2
 
@@ -210,14 +219,23 @@ def _run(args) -> int:
         except ValueError as exc:
             return _fail(str(exc))
         if problems:
-            return _fail("sglang-detspec would stop this server at start-up:\n  - " + "\n  - ".join(problems))
+            lines = [f"{p} [refusal: {p.code}]" if hasattr(p, "code") else p for p in problems]
+            return _fail("sglang-detspec would stop this server at start-up:\n  - " + "\n  - ".join(lines))
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
         elif args.dry_run:
+            if bag.wants_sampled_drafts():
+                # What the server's start-up does to this chain wherever SGLang admits the flag.
+                bag = dataclasses.replace(bag, rejection_sampling=True)
+                _say("note: start-up turns SGLang's sampled-draft path on for this coupled chain "
+                     "(rejection_sampling=True below; the verify stays coupled)")
             _say(f"start-up check passed: {bag.describe()}")
+            from ..sglang_plugin.resolve import setting_notes
+
+            for note in setting_notes(bag):
+                _say(f"note: {note}")
     if args.dry_run:
-        plugins = env.get("SGLANG_PLUGINS")
-        print((f"SGLANG_PLUGINS={shlex.quote(plugins)} " if plugins else "") + shlex.join(cmd))
+        print(dry_run_command(cmd, env))
         return 0
     return _serve(cmd, env)
 

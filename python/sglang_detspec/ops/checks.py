@@ -246,7 +246,7 @@ def check_probs(
     """Probability/weight tensor: float dtype, ``dims`` dims, finite and >= 0.
 
     float64 weights must also be normal (no subnormal positives) and at most
-    1e290, where the race score ``w / -log(u)`` would lose its precision or
+    1e290, where the race score ``w * (1 / -log(u))`` would lose its precision or
     overflow; ``normalised`` rows must sum to 1 within the dtype's tolerance.
 
     Raises:
@@ -324,3 +324,50 @@ def check_columns_fit(name: str, first_column: int, vocab: int) -> None:
             f"{name}: columns up to {first_column + vocab - 1} reach 2**32; "
             f"the hash column word is uint32 (vocab V = {vocab})"
         )
+
+
+def check_chain_args(draft_tokens, target_probs, seeds, positions, check: bool, *, draft_probs=None):
+    """The arguments both chain verifies share (``verify.verify_chain``, ``coupled.coupled_verify_chain``).
+
+    ``draft_tokens`` int64/int32 [B, K]; ``target_probs`` float [B, K+1, V];
+    with ``draft_probs`` (rejection sampling) float [B, K, V] of the same
+    dtype and device, and both rows normalised. Shapes, dtypes and devices are
+    checked first, so a mismatch is named as such; values only with ``check``
+    (reads tensors back to the host).
+
+    Returns:
+        ``(B, K, V, device, seeds int64 [B], positions int64 [B])``.
+
+    Raises:
+        ValueError: naming the argument: shape, dtype or device mismatch
+            (including K); draft tokens outside [0, V); NaN, inf or negative
+            probabilities, an all-zero row, or (with ``draft_probs``) a row
+            not summing to 1; a seed outside uint64; t + K outside [0, 2**32).
+    """
+    b, k = check_draft_tokens(draft_tokens)
+    if draft_probs is not None:
+        check_probs("draft_probs", draft_probs, 3, False)
+    check_probs("target_probs", target_probs, 3, False)
+    v = target_probs.shape[2]
+    if draft_probs is not None and tuple(draft_probs.shape) != (b, k, v):
+        raise ValueError(f"draft_probs must be [B, K, V] = {(b, k, v)}, got {tuple(draft_probs.shape)}")
+    if tuple(target_probs.shape) != (b, k + 1, v):
+        raise ValueError(f"target_probs must be [B, K+1, V] = {(b, k + 1, v)}, got {tuple(target_probs.shape)}")
+    if draft_probs is not None and draft_probs.dtype != target_probs.dtype:
+        raise ValueError(
+            f"draft_probs ({draft_probs.dtype}) and target_probs ({target_probs.dtype}) must share a dtype: "
+            "the residual max(p - q, 0) is computed in it"
+        )
+    dev = target_probs.device
+    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs)):
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but target_probs is on {dev}")
+    check_columns_fit("token ids", 0, v)
+    if draft_probs is not None:
+        check_probs("draft_probs", draft_probs, 3, check, normalised=True)
+    check_probs("target_probs", target_probs, 3, check, normalised=draft_probs is not None)
+    seeds_t = as_seed_tensor(seeds, b, dev)
+    pos_t = as_position_tensor(positions, b, dev, check, span=k + 1)
+    if check:
+        check_token_range("draft_tokens", draft_tokens, v)
+    return b, k, v, dev, seeds_t, pos_t

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from .checks import (
-    INT_DTYPES, as_position_tensor, as_seed_tensor, check_columns_fit, check_draft_tokens, check_probs,
-    check_token_range,
+    INT_DTYPES, as_position_tensor, as_seed_tensor, check_chain_args, check_columns_fit, check_probs, check_token_range,
 )
 from .coupled_ref import coupled_walk_reference
 from .kernel_choice import use_triton
@@ -65,21 +64,8 @@ def coupled_verify_chain(
             all-zero row; a seed outside uint64; t + K outside [0, 2**32);
             an unknown ``kernel``.
     """
-    b, k = check_draft_tokens(draft_tokens)
-    check_probs("target_probs", target_probs, 3, False)
-    v = target_probs.shape[2]
-    if tuple(target_probs.shape) != (b, k + 1, v):
-        raise ValueError(f"target_probs must be [B, K+1, V] = {(b, k + 1, v)}, got {tuple(target_probs.shape)}")
-    dev = target_probs.device
-    if draft_tokens.device != dev:
-        raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_probs is on {dev}")
-    check_columns_fit("token ids", 0, v)
+    b, k, v, dev, seeds_t, pos_t = check_chain_args(draft_tokens, target_probs, seeds, positions, check)
     triton_path = use_triton(kernel, dev)
-    check_probs("target_probs", target_probs, 3, check)
-    seeds_t = as_seed_tensor(seeds, b, dev)
-    pos_t = as_position_tensor(positions, b, dev, check, span=k + 1)
-    if check:
-        check_token_range("draft_tokens", draft_tokens, v)
     if b == 0:
         return torch.zeros(0, k + 1, dtype=torch.int64, device=dev), torch.zeros(0, dtype=torch.int64, device=dev)
     if triton_path:

@@ -1,10 +1,11 @@
-"""Race keys of chosen tokens: the scores ``w_i / E_i`` the exponential race compares (docs/design.md §3)."""
+"""Race keys of chosen tokens: the scores ``w_i * (1 / E_i)`` the exponential race compares (docs/design.md §3)."""
 
 from __future__ import annotations
 
 import torch
 
 from .hashing import hash_with_prefix, key_words, row_prefix, uniform_from_hash
+from .race_ref import race_score
 from .streams import Stream
 
 
@@ -15,7 +16,7 @@ def race_keys(
     token_ids: torch.Tensor,  # [R, k] int: the chosen tokens (the race's columns)
     stream: Stream,
 ) -> torch.Tensor:
-    """float64 [R, k]: ``w / -log(u)`` with ``u`` the stream's uniform of (seed, position, token id).
+    """float64 [R, k]: ``w * (1 / -log(u))`` (``race_ref.race_score``) with ``u`` the stream's uniform of (seed, position, token id).
 
     The same score :func:`exponential_race` ranks by, for k given tokens only
     (e.g. a Gumbel-top-k's winners, to weigh them against each other). The
@@ -26,4 +27,4 @@ def race_keys(
     lo, hi = key_words(seeds.to(torch.int64), stream.salt)
     prefix = row_prefix(lo, hi, positions.to(torch.int64))
     u = uniform_from_hash(hash_with_prefix(prefix, token_ids.to(torch.int64)))
-    return weights.to(torch.float64) / -torch.log(u)
+    return race_score(weights, u)

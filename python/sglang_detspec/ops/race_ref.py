@@ -45,8 +45,18 @@ def race_scores(
         cols = first_column.unsqueeze(1) + cols.unsqueeze(0)  # [B, n]
     else:
         cols = cols + first_column  # [n]
-    e = -torch.log(uniform_from_hash(hash_with_prefix(prefix, cols)))
-    return weights.to(torch.float64) * torch.reciprocal(e)
+    return race_score(weights, uniform_from_hash(hash_with_prefix(prefix, cols)))
+
+
+def race_score(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The race score ``w * (1 / -log(u))`` in float64 (shapes broadcast; ``u`` float64 in (0, 1)).
+
+    The one torch spelling of the score: the reciprocal-then-multiply
+    rounding is SGLang 0.5.23's ``fast_sample`` arithmetic and the Triton
+    kernels' (``triton_hash.exact_score``), so every path ranks by the same
+    float64 value.
+    """
+    return weights.to(torch.float64) * torch.reciprocal(-torch.log(u))
 
 
 def race_reference(

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import (
-    as_position_tensor, as_seed_tensor, check_columns_fit, check_draft_tokens, check_probs, check_token_range,
-)
+from .checks import check_chain_args
 from .kernel_choice import use_triton
 from .verify_ref import verify_reference
 
@@ -63,31 +61,8 @@ def verify_chain(
             (within 1e-3 for float32); a seed outside uint64; a position with
             t + K outside [0, 2**32); an unknown ``kernel`` (None included).
     """
-    b, k = check_draft_tokens(draft_tokens)
-    # Shapes, dtypes and devices first, so a mismatch is named as such.
-    check_probs("draft_probs", draft_probs, 3, False)
-    check_probs("target_probs", target_probs, 3, False)
-    v = target_probs.shape[2]
-    if tuple(draft_probs.shape) != (b, k, v):
-        raise ValueError(f"draft_probs must be [B, K, V] = {(b, k, v)}, got {tuple(draft_probs.shape)}")
-    if tuple(target_probs.shape) != (b, k + 1, v):
-        raise ValueError(f"target_probs must be [B, K+1, V] = {(b, k + 1, v)}, got {tuple(target_probs.shape)}")
-    if draft_probs.dtype != target_probs.dtype:
-        raise ValueError(
-            f"draft_probs ({draft_probs.dtype}) and target_probs ({target_probs.dtype}) must share a dtype: "
-            "the residual max(p - q, 0) is computed in it"
-        )
-    dev = target_probs.device
-    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs)):
-        if t.device != dev:
-            raise ValueError(f"{name} is on {t.device} but target_probs is on {dev}")
-    check_columns_fit("token ids", 0, v)
-    check_probs("draft_probs", draft_probs, 3, check, normalised=True)
-    check_probs("target_probs", target_probs, 3, check, normalised=True)
-    seeds_t = as_seed_tensor(seeds, b, dev)
-    pos_t = as_position_tensor(positions, b, dev, check, span=k + 1)
-    if check:
-        check_token_range("draft_tokens", draft_tokens, v)
+    b, k, v, dev, seeds_t, pos_t = check_chain_args(draft_tokens, target_probs, seeds, positions, check,
+                                                    draft_probs=draft_probs)
     if check and draft_tokens.numel():
         q_x = draft_probs.gather(2, draft_tokens.to(torch.int64).unsqueeze(2))
         if bool((q_x == 0).any()):

@@ -9,7 +9,7 @@ plugins load) and decide per call from the config bag: under deterministic
 inference our streams run; otherwise SGLang's original code runs untouched.
 
 Hooks (each module's docstring names the SGLang symbols it hooks and why;
-docs/plugin.md lists them with SGLang's file and line):
+docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-hooks``):
 
 - ``startup``: ``handle_speculative_decoding`` (BEFORE and AFTER): refuses
   what cannot be made deterministic, turns SGLang's sampled-draft path on for
@@ -45,9 +45,12 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``gemm_hook``: SGLang's batch-invariant matmul runs the plugin's
   batch-invariant GEMM (``SGLANG_DETSPEC_GEMM=plugin``, the default).
 
-:func:`hook_table` is the one list of what is hooked: registration, the
-start-up check that every required hook is in place (:func:`hook_problems`),
-the tests and ``docs/plugin.md`` all follow it.
+:func:`hook_table` is the one list of every change the plugin makes to
+SGLang: the registry's hooks (BEFORE, AFTER, AROUND) and the changes those
+hooks make themselves (an instance method swapped, a method patched for one
+call, a field added to a response model, an attribute kept on an SGLang
+object). Registration, the start-up check that every required hook is in
+place (:func:`hook_problems`), the tests and ``docs/plugin.md`` all follow it.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, draft_hook, gemm_hook, input_hook, probs_hook, request_hook, resolve, seed_hook, startup,
+    attention_hook, channels, draft_hook, gemm_hook, input_hook, probs_hook, request_hook, resolve, seed_hook,
+    startup,
     target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook,
 )
 
@@ -76,15 +80,31 @@ _registered = False
 _lock = threading.Lock()
 
 
+# Kinds SGLang's HookRegistry applies; the other kinds are changes a registered hook makes itself.
+REGISTRY_KINDS = ("BEFORE", "AFTER", "AROUND")
+KINDS = {
+    "BEFORE": "registry hook, runs before the symbol",
+    "AFTER": "registry hook, runs after the symbol",
+    "AROUND": "registry hook, runs instead of the symbol and calls it",
+    "SWAP": "instance attribute replaced (for the instance's life) by the function named",
+    "PATCH": "method or attribute of one SGLang object replaced for one call, restored after it",
+    "FIELD": "field added to an SGLang pydantic model, once, by the function named",
+    "ATTR": "attribute the plugin keeps on an SGLang object, set by the function named",
+}
+
+
 class Hook(NamedTuple):
     """One row of the hook table.
 
     Attributes:
-        target: dotted path of the SGLang symbol.
-        hook: our function (SGLang's ``HookRegistry`` calling convention for ``kind``).
-        kind: ``BEFORE``, ``AFTER`` or ``AROUND``.
+        target: dotted path of the SGLang symbol (for SWAP, PATCH, FIELD and
+            ATTR rows: the class, then the attribute changed on its instances).
+        hook: our function: the registry hook (SGLang's ``HookRegistry``
+            calling convention for ``kind``), or the function that makes the change.
+        kind: one of :data:`KINDS`; only :data:`REGISTRY_KINDS` are registered.
         absent_ok: why the target may be missing, or None: it must be hooked
-            for the plugin's promise to hold, and start-up stops without it.
+            for the plugin's promise to hold, and start-up stops without it
+            (registry rows; the other rows follow the registry row whose hook makes them).
     """
 
     target: str
@@ -94,7 +114,8 @@ class Hook(NamedTuple):
 
 
 def hook_table() -> list[Hook]:
-    """Every SGLang symbol the plugin touches, in registration order."""
+    """Every change the plugin makes to SGLang, in registration order (non-registry rows after their hook)."""
+    tah, tdh, sh = tree_attention_hook, topk_draft_hook, seed_hook
     return [
         Hook(startup.TARGET, startup.check_raw_flags, "BEFORE"),
         Hook(startup.TARGET, startup.resolve_and_announce, "AFTER"),
@@ -104,7 +125,16 @@ def hook_table() -> list[Hook]:
         Hook(draft_hook.ML_PREFILL, draft_hook.ml_prefill_positions, "AROUND"),
         Hook(draft_hook.ML_DECODE, draft_hook.ml_decode_positions, "AROUND"),
         Hook(draft_hook.ML_GRAPH_SAMPLE, draft_hook.ml_graph_sample_positions, "AROUND"),
-        *(Hook(*row) for row in topk_draft_hook.HOOKS),
+        Hook(tdh.DRAFT_FORWARD, tdh.draft_forward_site, "AROUND"),
+        Hook(tdh.EXTEND_PREFILL, tdh.extend_prefill_site, "AROUND"),
+        Hook(tdh.EXTEND_DECODE, tdh.extend_decode_site, "AROUND"),
+        Hook(tdh.DRAFT_RUNNER_FORWARD, tdh._kept_draft_logits, "PATCH"),
+        Hook(tdh.DRAFT_EXTEND_GRAPH_EXECUTE, tdh._kept_draft_logits, "PATCH"),
+        Hook(tdh.RENORM, tdh.coupled_renorm_draft_probs, "AROUND"),
+        Hook(tdh.TOPK1, tdh.coupled_chain_step, "AROUND"),
+        Hook(tdh.GRAPH_CAPTURE, tdh.graph_seed_buffer, "AROUND"),
+        Hook(tdh.GRAPH_SEED_BUFFER, tdh.graph_seed_buffer, "ATTR"),
+        Hook(tdh.GRAPH_EXECUTE, tdh.graph_refill, "AROUND"),
         Hook(verify_hook.EAGLE_SAMPLE, verify_hook.seeded_eagle_sample, "AROUND"),
         Hook(verify_hook.CHAIN_SAMPLER, verify_hook.seeded_chain_sampling, "AROUND"),
         Hook(verify_hook.TREE_SAMPLER, verify_hook.coupled_tree_sampling, "AROUND", _KERNEL_ONLY),
@@ -119,14 +149,54 @@ def hook_table() -> list[Hook]:
         Hook(input_hook.TARGET, input_hook.validate_request, "AROUND"),
         Hook(input_hook.N_TARGET, input_hook.validate_n, "BEFORE"),
         Hook(attention_hook.TARGET, attention_hook.use_one_pass_decode, "AFTER"),
-        Hook(tree_attention_hook.INIT, tree_attention_hook.check_backend, "AFTER", _CUDA_ONLY),
-        Hook(tree_attention_hook.GRAPH_STATE, tree_attention_hook.allocate_graph_buffers, "AFTER", _CUDA_ONLY),
-        Hook(tree_attention_hook.INIT_EAGER, tree_attention_hook.build_after_eager_metadata, "AFTER", _CUDA_ONLY),
-        Hook(tree_attention_hook.INIT_GRAPH, tree_attention_hook.build_after_graph_metadata, "AFTER", _CUDA_ONLY),
-        Hook(tree_attention_hook.FORWARD_EXTEND, tree_attention_hook.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
+        Hook(attention_hook.DECODE_FWD, attention_hook.use_one_pass_decode, "SWAP"),
+        Hook(tah.INIT, tah.check_backend, "AFTER", _CUDA_ONLY),
+        Hook(f"{tah.FA}.{channels.TREE_NODES_OK.attr}", tah.check_backend, "ATTR"),
+        Hook(tah.GRAPH_STATE, tah.allocate_graph_buffers, "AFTER", _CUDA_ONLY),
+        Hook(f"{tah.FA}.{channels.TREE_BUFFERS.attr}", tah.allocate_graph_buffers, "ATTR"),
+        Hook(f"{tah.FA}.{channels.TREE_GRAPH_META.attr}", tah.build_after_graph_metadata, "ATTR"),
+        Hook(tah.INIT_EAGER, tah.build_after_eager_metadata, "AFTER", _CUDA_ONLY),
+        Hook(tah.INIT_GRAPH, tah.build_after_graph_metadata, "AFTER", _CUDA_ONLY),
+        Hook(f"{tah.FA}.{channels.TREE_NODES.attr}", tah.build_after_eager_metadata, "ATTR"),
+        Hook(tah.FORWARD_EXTEND, tah.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
+        Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
+        Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(gemm_hook.TARGET, gemm_hook.plugin_matmul, "AROUND", _GEMM_SETTING),
-        *(Hook(*row) for row in seed_hook.HOOKS),
+        Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
+        Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),
+        Hook(sh.SEND_ONE_TARGET, sh.seed_one_send, "AROUND"),
+        Hook(sh.SEND_BATCH_TARGET, sh.seed_batch_send, "AROUND"),
+        Hook(sh.REQ_STATE_SEED, sh.seed_one_send, "ATTR"),
+        Hook(sh.WAIT_TARGET, sh.report_seed, "AROUND"),
+        Hook(sh.COMPLETION_TARGET, sh.report_completion_choices, "AROUND"),
+        Hook(sh.CHAT_TARGET, sh.report_chat_choices, "AROUND"),
+        Hook(sh.COMPLETION_CHOICE_SEED, sh.add_choice_fields, "FIELD"),
+        Hook(sh.CHAT_CHOICE_SEED, sh.add_choice_fields, "FIELD"),
     ]
+
+
+def registry_rows() -> list[Hook]:
+    """The rows SGLang's ``HookRegistry`` applies (kinds :data:`REGISTRY_KINDS`)."""
+    return [row for row in hook_table() if row.kind in REGISTRY_KINDS]
+
+
+def hook_table_markdown() -> str:
+    """``docs/plugin.md``'s hook table: one Markdown row per :func:`hook_table` row.
+
+    Columns: SGLang symbol, kind, our function (module and name) and what it
+    does: the first paragraph of its docstring, then why the target may be
+    absent where it may.
+    """
+    lines = ["| SGLang symbol | kind | plugin function | what it does |", "|---|---|---|---|"]
+    for row in hook_table():
+        doc = (row.hook.__doc__ or "").strip().split("\n\n")[0]
+        what = " ".join(doc.split()).replace("|", "\\|")
+        if row.absent_ok:
+            what += f" May be absent: {row.absent_ok}."
+        where = f"{row.hook.__module__.rsplit('.', 1)[-1]}.{row.hook.__name__}"
+        lines.append(f"| `{row.target}` | {row.kind} | `{where}` | {what} |")
+    lines += ["", "Kinds: " + "; ".join(f"{k}: {v}" for k, v in KINDS.items()) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def register() -> None:
@@ -145,7 +215,7 @@ def register() -> None:
         if _registered:
             return
         log = logging.getLogger("sglang_detspec")
-        for row in hook_table():
+        for row in registry_rows():
             if callable(_resolve(row.target)):
                 HookRegistry.register(row.target, row.hook, HookType[row.kind])
             elif row.absent_ok:
@@ -167,7 +237,7 @@ def hook_problems(*, applied: bool = True, config=None) -> list[str]:
     """
     extra = required_by(config) if config is not None else set()
     problems = []
-    for row in hook_table():
+    for row in registry_rows():
         if row.absent_ok and row.target not in extra:
             continue
         obj = _resolve(row.target)
@@ -184,7 +254,7 @@ def required_by(config) -> set[str]:
     required = set()
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
     if tree and config.tree_attention == "nodes" and config.logits == "bitwise":
-        required |= {row.target for row in hook_table() if row.target.startswith(tree_attention_hook.FA + ".")}
+        required |= {row.target for row in registry_rows() if row.target.startswith(tree_attention_hook.FA + ".")}
     if config.ours and config.gemm == "plugin":
         required.add(gemm_hook.TARGET)
     return required

@@ -5,7 +5,7 @@ Hooked symbol:
 - ``sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__``
   (AFTER): on the target model's backend, the instance's
   ``decode_attention_fwd`` (the one name ``forward_decode`` calls for a
-  decode step) is replaced by :func:`decode_as_extend`.
+  decode step) is replaced by ``ops.decode_attention.decode_as_extend``.
 
 Why: in deterministic mode SGLang 0.5.23's Triton backend runs prefill and
 target verify through one single-pass kernel (``extend_attention_fwd_unified``:
@@ -46,8 +46,11 @@ import logging
 import torch
 
 from ..config import current_config
+from ..ops.decode_attention import decode_as_extend
 
-TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"
+_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
+TARGET = f"{_BACKEND}.__init__"
+DECODE_FWD = f"{_BACKEND}.decode_attention_fwd"  # the instance attribute swapped (kind SWAP)
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -87,36 +90,3 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
     backend.decode_attention_fwd = decode
     logger.info("sglang-detspec: target decode attention runs the verify's single-pass Triton kernel")
     return None
-
-
-def decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale, v_scale, *,
-                     logit_cap=0.0, sinks=None, page_size=1, score_mod=None, aux_tensors=None):
-    """One decode step's attention as an extend of one token per request, through ``unified``.
-
-    Args:
-        unified: SGLang's ``extend_attention_fwd_unified``.
-        rows: int64 ``arange`` on the device, at least ``n + 1`` long (``n = q.shape[0]``);
-            sliced, so a CUDA graph captures no allocation for it.
-        q: ``[n, heads, head_dim]`` queries, one per request (bf16 / fp16).
-        k_buffer, v_buffer: the layer's KV cache (the current token already written).
-        o: ``[n, heads, v_head_dim]`` output, written in place.
-        kv_indptr: int ``[>= n + 1]`` (int32 or int64); request i's keys are
-            ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``, its own token last.
-        kv_indices: int cache slots (int32 or int64).
-        sm_scale, k_scale, v_scale: softmax scale and KV dequantisation scales (floats).
-        logit_cap, sinks, page_size, score_mod, aux_tensors: as SGLang's decode.
-
-    Every key is visible to the request's query: it is the last token of an
-    extend whose prefix is all keys before it (``prefix_len = len - 1``).
-
-    Returns:
-        ``o``.
-    """
-    n = q.shape[0]
-    if rows.numel() < n + 1:  # not reached from SGLang: q never has more rows than kv_indptr has requests
-        rows = torch.arange(n + 1, dtype=torch.int64, device=q.device)
-    prefix_lens = (kv_indptr[1:n + 1] - kv_indptr[:n] - 1).to(torch.int32)
-    unified(q, o, k_buffer, v_buffer, k_scale, v_scale, rows[:n + 1], kv_indptr, kv_indices, prefix_lens, 1,
-            sm_scale=sm_scale, logit_cap=logit_cap, is_causal=True, sinks=sinks, page_size=page_size,
-            score_mod=score_mod, aux_tensors=aux_tensors)
-    return o

@@ -30,7 +30,9 @@ from __future__ import annotations
 from ..config import current_config
 from ..ops.race import exponential_race
 from ..ops.streams import Stream
-from .positions import coupled_draft_position, draft_positions, multi_layer_prefill_rule
+from .positions import (
+    coupled_draft_position, draft_positions, multi_layer_decode_rule, multi_layer_graph_rule, multi_layer_prefill_rule,
+)
 
 TARGET = "sglang.srt.speculative.spec_utils.fast_sample"
 _ML_WORKER = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
@@ -92,31 +94,23 @@ def ml_prefill_positions(original, *args, **kwargs):
 def ml_decode_positions(original, self, batch, batch_result, *args, **kwargs):
     """AROUND hook for multi-layer ``_draft_extend_for_decode(batch, batch_result, ...)``.
 
-    ``batch.seq_lens`` [B] is the pre-verify length and ``batch_result.accept_lens``
-    [B] the tokens the verify committed (drafts + 1), so the new first sampled
-    token is at ``seq_lens + accept_lens`` and MTP layer s drafts the one ``s + 1`` after it.
+    ``batch.seq_lens`` [B] (pre-verify) and ``batch_result.accept_lens`` [B]
+    give the drafted positions (:func:`.positions.multi_layer_decode_rule`).
     """
     if not current_config().coupled_drafts:
         return original(self, batch, batch_result, *args, **kwargs)
-    base = batch.seq_lens + batch_result.accept_lens.to(batch.seq_lens.dtype) + 1  # [B]
-    with draft_positions(lambda key, step: base + step):
+    with draft_positions(multi_layer_decode_rule(batch.seq_lens, batch_result.accept_lens)):
         return original(self, batch, batch_result, *args, **kwargs)
 
 
 def ml_graph_sample_positions(original, self, ret, bs: int):
     """AROUND hook for the single-CUDA-graph runner's ``_sample_draft_proposal(ret, bs)``.
 
-    Inside the graph SGLang keys with ``buffers.seq_lens`` = pre-verify length
-    + ``num_draft_tokens``; ``buffers.num_accept_tokens`` holds the verify's
-    committed count. Both are graph inputs refilled before every replay.
+    The drafted positions follow from the graph's input buffers
+    (:func:`.positions.multi_layer_graph_rule`), refilled before every replay.
     """
     if not current_config().coupled_drafts:
         return original(self, ret, bs)
-    buffers, width = self.buffers, self.speculative_num_draft_tokens
-    accepted = buffers.num_accept_tokens[:bs]
-
-    def rule(key, step):
-        return key - width + accepted.to(key.dtype) + 1 + step
-
+    rule = multi_layer_graph_rule(self.speculative_num_draft_tokens, self.buffers.num_accept_tokens[:bs])
     with draft_positions(rule):
         return original(self, ret, bs)

@@ -22,17 +22,17 @@ and nowhere else:
   (``seq_lens - num_draft_tokens + num_accept_tokens + 1 + s``).
 
 A hook that knows ``t`` publishes it for the duration of one SGLang call
-(:func:`publish`), and the hook of the sampler that call reaches reads it.
+on a channel of :mod:`.channels`, and the hook of the sampler that call reaches reads it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+
+from .channels import DRAFT_RULE, DRAFT_SITE
 
 # (key positions [B], draft_step) -> absolute positions [B] of the drafted tokens.
 PositionRule = Callable[[torch.Tensor, int], torch.Tensor]
@@ -58,21 +58,6 @@ class DraftSite(NamedTuple):
     sampling_info: object = None
 
 
-DRAFT_RULE: contextvars.ContextVar[PositionRule | None] = contextvars.ContextVar("detspec_draft_rule", default=None)
-DRAFT_SITE: contextvars.ContextVar[DraftSite | None] = contextvars.ContextVar("detspec_draft_site", default=None)
-VERIFY: contextvars.ContextVar = contextvars.ContextVar("detspec_verify", default=None)
-
-
-@contextlib.contextmanager
-def publish(var: contextvars.ContextVar, value):
-    """Set ``var`` to ``value`` while the block runs (restored afterwards, also on error)."""
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
-
-
 def eagle_v2_positions(key: torch.Tensor, draft_step: int) -> torch.Tensor:
     """EAGLE v2 sampled drafts: SGLang's key is the position before the drafted token's."""
     return key + 1
@@ -83,25 +68,49 @@ def multi_layer_prefill_rule(key: torch.Tensor, draft_step: int) -> torch.Tensor
     return key + 1 + draft_step
 
 
+def multi_layer_decode_rule(seq_lens: torch.Tensor, accept_lens: torch.Tensor) -> PositionRule:
+    """Multi-layer EAGLE after verify: MTP layer s drafts ``seq_lens + accept_lens + 1 + s``.
+
+    ``seq_lens`` [B]: pre-verify lengths; ``accept_lens`` [B]: tokens the
+    verify committed (drafts + 1), so the new first sampled token sits at
+    ``seq_lens + accept_lens`` (computed once, before the call runs).
+    """
+    base = seq_lens + accept_lens.to(seq_lens.dtype) + 1  # [B]
+    return lambda key, draft_step: base + draft_step
+
+
+def multi_layer_graph_rule(num_draft_tokens: int, num_accept_tokens: torch.Tensor) -> PositionRule:
+    """Multi-layer EAGLE's single-CUDA-graph runner: ``key - num_draft_tokens + num_accept_tokens + 1 + s``.
+
+    Inside the graph SGLang keys with ``seq_lens`` = pre-verify length +
+    ``num_draft_tokens``; ``num_accept_tokens`` [B] (a graph input buffer,
+    refilled before every replay) holds the verify's committed count.
+    """
+    def rule(key: torch.Tensor, draft_step: int) -> torch.Tensor:
+        return key - num_draft_tokens + num_accept_tokens.to(key.dtype) + 1 + draft_step
+
+    return rule
+
+
 def coupled_draft_position(key: torch.Tensor, draft_step: int) -> torch.Tensor:
     """Absolute position of the drafted token at the call site in progress (EAGLE v2 unless one published)."""
-    rule = DRAFT_RULE.get() or eagle_v2_positions
+    rule = DRAFT_RULE.read() or eagle_v2_positions
     return rule(key, draft_step)
 
 
 def draft_positions(rule: PositionRule):
     """Use ``rule`` for the coupled draft positions of the proposals drawn while the block runs."""
-    return publish(DRAFT_RULE, rule)
+    return DRAFT_RULE.publish(rule)
 
 
 def draft_site(site: DraftSite):
     """Publish a top-k draft site (``topk_draft_hook``) while the block runs."""
-    return publish(DRAFT_SITE, site)
+    return DRAFT_SITE.publish(site)
 
 
 def published_site() -> DraftSite | None:
     """The top-k draft site in progress, or None."""
-    return DRAFT_SITE.get()
+    return DRAFT_SITE.read()
 
 
 def draft_forward_positions(positions: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ import inspect
 import torch
 
 from ..config import current_config
-from .positions import VERIFY
+from .channels import VERIFY
 
 SOFTMAX = "sglang.kernels.ops.sampling.softmax"
 COINS = "sglang.srt.speculative.eagle_utils._verify_coins"
@@ -50,7 +50,7 @@ TOP_P_RENORM = "sglang.kernels.ops.sampling.renorm.top_p_renorm_prob"
 
 def in_coupled_verify() -> bool:
     """A coupled verify is in progress in this thread: SGLang's target probabilities go unread."""
-    return VERIFY.get() is not None and current_config().coupled
+    return VERIFY.read() is not None and current_config().coupled
 
 
 def unread_probs(logits: torch.Tensor, full_width: bool) -> torch.Tensor:

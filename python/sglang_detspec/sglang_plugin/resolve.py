@@ -23,8 +23,8 @@ from ..config import DetSpecConfig, current_config, env_settings, install_config
 
 logger = logging.getLogger("sglang_detspec")
 
-# Called at the entry of every SGLang process (scheduler.py:6327, http_server.py:256, engine.py:1175 and
-# :1434, detokenizer_manager.py:554, data_parallel_controller.py:962), each through its module's
+# Called at the entry of every SGLang process (the scheduler, the HTTP server, the Engine, the
+# detokenizer manager and the data-parallel controller), each through its module's
 # ``from sglang.srt.runtime_context import publish`` binding, which SGLang's hook registry rebinds.
 PUBLISH = "sglang.srt.runtime_context.publish"
 
@@ -130,10 +130,28 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
                                tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1))
 
 
+def setting_notes(config: DetSpecConfig) -> list[str]:
+    """Settings the bag accepts that change nothing for this server, one sentence each (logged, never silent)."""
+    notes = []
+    if config.active and config.tree_attention == "nodes":
+        if config.attention_backend not in (None, "fa3"):  # None: not resolved yet (SGLang picks it at start-up)
+            notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only; with "
+                         f"{config.attention_backend} attention SGLang's tree verify runs as it is")
+        elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
+            notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
+                         "only; this server verifies no trees")
+    return notes
+
+
 def announce(config: DetSpecConfig) -> None:
-    """The start-up log line: whether sglang-detspec is active, and the bag (verify mode included)."""
+    """The start-up log line: whether sglang-detspec is active, and the bag (verify mode included).
+
+    Then one line per :func:`setting_notes`.
+    """
     state = "active" if config.active else "inactive (SGLang's own sampling runs)"
     logger.warning("sglang-detspec %s: %s", state, config.describe())
+    for note in setting_notes(config):
+        logger.warning("sglang-detspec: %s", note)
 
 
 def install_published_bag(result, *args, **kwargs) -> None:

@@ -29,17 +29,16 @@ so they all draw with one seed. While the config bag is active:
   ``OpenAIServingChat._build_chat_response`` (AROUND): each choice carries
   ``sampling_seed`` (the response models gain that field, once, the first
   time an active server builds a response).
-- ``speculative_hook.handle_speculative_decoding`` (AFTER, after the
-  start-up hook installed the bag): refuses ``--tokenizer-worker-num > 1``,
-  whose tokenizer worker processes load no plugins and would serve requests
-  with none of the above.
+
+``--tokenizer-worker-num > 1`` (tokenizer worker processes load no plugins,
+so they would serve requests with none of the above) is refused at start-up
+by the bag's own checks (``config.py``), not here.
 
 With the bag inactive every hook hands over to SGLang untouched.
 """
 
 from __future__ import annotations
 
-import contextvars
 import copy
 import threading
 from typing import Optional
@@ -47,6 +46,7 @@ from typing import Optional
 from ..config import current_config
 from ..ops.seed_encoding import from_int64, to_int64
 from ..seeds import derive_sample_seed, fresh_seed
+from .channels import REQUEST_SEED, SAMPLES
 
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 CREATE_TARGET = f"{_TM}._create_tokenized_object"
@@ -59,10 +59,12 @@ COMPLETION_TARGET = (
 )
 CHAT_TARGET = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._build_chat_response"
 
-# Attribute set on SGLang's ReqState: the uint64 seed the request was sent with (None: greedy).
-STATE_ATTR = "detspec_sampling_seed"
+REQ_STATE_SEED = f"sglang.srt.managers.tokenizer_manager.ReqState.{REQUEST_SEED.attr}"  # kept by _seed_one
 # Key in native meta_info and field of each OpenAI choice.
 REPORT_KEY = "sampling_seed"
+_PROTOCOL = "sglang.srt.entrypoints.openai.protocol"
+COMPLETION_CHOICE_SEED = f"{_PROTOCOL}.CompletionResponseChoice.{REPORT_KEY}"
+CHAT_CHOICE_SEED = f"{_PROTOCOL}.ChatCompletionResponseChoice.{REPORT_KEY}"
 
 
 def plugin_active() -> bool:
@@ -129,11 +131,6 @@ class SampleCounter:
         return count
 
 
-_SAMPLES: contextvars.ContextVar[Optional[SampleCounter]] = contextvars.ContextVar(
-    "detspec_parallel_samples", default=None
-)
-
-
 async def scope_parallel_samples(original, self, obj, *args, **kwargs):
     """AROUND hook for ``TokenizerManager._handle_batch_request`` (an async generator): same outputs.
 
@@ -142,7 +139,7 @@ async def scope_parallel_samples(original, self, obj, *args, **kwargs):
     sends every sample before it yields anything.
     """
     scoped = getattr(obj, "parallel_sample_num", 1) > 1 and plugin_active()
-    token = _SAMPLES.set(SampleCounter()) if scoped else None
+    token = SAMPLES.open(SampleCounter()) if scoped else None
     gen = original(self, obj, *args, **kwargs)
     try:
         try:
@@ -151,7 +148,7 @@ async def scope_parallel_samples(original, self, obj, *args, **kwargs):
             return
         finally:
             if token is not None:
-                _SAMPLES.reset(token)
+                SAMPLES.close(token)
                 token = None
         yield first
         async for out in gen:
@@ -166,7 +163,7 @@ def _seed_one(manager, tokenized) -> None:
     if params is None or not hasattr(params, "sampling_seed") or not hasattr(params, "top_k"):
         return
     sampled = is_sampled(params) and params.sampling_seed is not None
-    counter = _SAMPLES.get()
+    counter = SAMPLES.read()
     if sampled and counter is not None:
         index = counter.next_index(params)
         if index:
@@ -177,7 +174,7 @@ def _seed_one(manager, tokenized) -> None:
             tokenized.sampling_params = params
     state = manager.rid_to_state.get(getattr(tokenized, "rid", None))
     if state is not None:
-        setattr(state, STATE_ATTR, from_int64(params.sampling_seed) if sampled else None)
+        REQUEST_SEED.write(state, from_int64(params.sampling_seed) if sampled else None)
 
 
 async def seed_one_send(original, self, tokenized_obj, *args, **kwargs):
@@ -208,7 +205,7 @@ def put_report(out, seed: Optional[int]) -> None:
 async def _reporting(gen, state):
     try:
         async for out in gen:
-            put_report(out, getattr(state, STATE_ATTR, None))
+            put_report(out, REQUEST_SEED.read(state))
             yield out
     finally:
         await gen.aclose()
@@ -284,13 +281,3 @@ def report_chat_choices(original, self, request, ret, *args, **kwargs):
         _report_choices(response, ret)
     return response
 
-
-HOOKS = [
-    (CREATE_TARGET, assign_fresh_seed, "AROUND"),
-    (BATCH_TARGET, scope_parallel_samples, "AROUND"),
-    (SEND_ONE_TARGET, seed_one_send, "AROUND"),
-    (SEND_BATCH_TARGET, seed_batch_send, "AROUND"),
-    (WAIT_TARGET, report_seed, "AROUND"),
-    (COMPLETION_TARGET, report_completion_choices, "AROUND"),
-    (CHAT_TARGET, report_chat_choices, "AROUND"),
-]

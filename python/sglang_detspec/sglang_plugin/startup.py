@@ -16,13 +16,21 @@ from .resolve import SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_serv
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 
 
+class RefusedError(ValueError):
+    """Start-up refused the run: one line per refusal, each ending with its stable code; :attr:`codes` lists them."""
+
+    def __init__(self, bag: DetSpecConfig, refusals: list) -> None:
+        self.codes = [r.code for r in refusals]
+        super().__init__(
+            f"sglang-detspec cannot make this run deterministic with --enable-deterministic-inference "
+            f"({bag.verify} verify):\n  - " + "\n  - ".join(f"{r} [refusal: {r.code}]" for r in refusals)
+        )
+
+
 def _raise(bag: DetSpecConfig) -> None:
     problems = bag.refusals()
     if problems:
-        raise ValueError(
-            f"sglang-detspec cannot make this run deterministic with --enable-deterministic-inference "
-            f"({bag.verify} verify):\n  - " + "\n  - ".join(problems)
-        )
+        raise RefusedError(bag, problems)
 
 
 def check_raw_flags(server_args) -> None:
@@ -32,7 +40,7 @@ def check_raw_flags(server_args) -> None:
     what to change) comes first.
 
     Raises:
-        ValueError: the bag's :meth:`~DetSpecConfig.refusals`, one line each.
+        RefusedError: (a ValueError) the bag's :meth:`~DetSpecConfig.refusals`, one line each with its code.
     """
     raw = bag_from(server_args, getattr(server_args, "enable_deterministic_inference", False), "raw_args")
     _raise(raw)
@@ -47,7 +55,7 @@ def resolve_and_announce(result, server_args) -> None:
     installed.
 
     Raises:
-        ValueError: the bag's :meth:`~DetSpecConfig.refusals`, one line each.
+        RefusedError: (a ValueError) the bag's :meth:`~DetSpecConfig.refusals`, one line each with its code.
     """
     bag = config_from_server_args(server_args)
     _raise(bag)

@@ -61,8 +61,7 @@ import contextlib
 import torch
 
 from ..config import current_config
-from ..ops.tree_children import coupled_children
-from ..ops.weights import id_ordered_filtered_probs, target_weights
+from ..ops.draft_children import draft_children
 from .positions import DraftSite, after_root, draft_forward_positions, draft_site, published_site, sampling_rows
 
 _WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
@@ -74,6 +73,11 @@ _RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGr
 GRAPH_CAPTURE = f"{_RUNNER}.capture_one_shape"
 GRAPH_EXECUTE = f"{_RUNNER}.execute"
 TOPK1 = "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess"
+# Patched for one ``_draft_extend_for_decode`` call (:func:`_kept_draft_logits`), on this worker's own objects.
+DRAFT_RUNNER_FORWARD = f"{_WORKER}.draft_runner.forward"
+DRAFT_EXTEND_GRAPH_EXECUTE = f"{_WORKER}.cuda_graph_runner_for_draft_extend.execute"
+# Set by :func:`graph_seed_buffer` where SGLang allocates none.
+GRAPH_SEED_BUFFER = f"{_RUNNER}.buffers.sampling_seed"
 
 
 def _hooked(worker) -> bool:
@@ -183,38 +187,15 @@ def children_tensor(
     hot_token_id: torch.Tensor | None = None,  # [V_draft] int64: target id of each draft column
     target_vocab: int | None = None,  # the target's vocabulary size, with hot_token_id
 ) -> torch.Tensor:
-    """The tensor whose top-k are each sampled row's coupled children: float32 [R, V_draft].
+    """``ops.draft_children.draft_children`` over SGLang's batch settings: float32 [R, V_draft].
 
-    Row r of request b = r // (R / B): ``q = softmax(logits[r] / T_b)``, ``w``
-    = q cut by the request's top-k / top-p / min-p in draft-column order where
-    the batch asks for a cut (:func:`~sglang_detspec.ops.id_ordered_filtered_probs`,
-    the target's rule; over a full vocabulary that is token-id order), spread
-    onto target ids through ``hot_token_id`` when given (zero elsewhere), then
-    children = ``coupled_children(w, seed_b, positions[r], k)`` (q's
-    Gumbel-top-k on the TARGET stream, keyed by target id), each at its score
-    (the race winner at 1), zero elsewhere, back in draft columns. Greedy rows
-    (``top_k <= 1``) return q itself, so SGLang's top-k of q drafts them (at
-    T = 1, which SGLang gives temperature-0 requests, that is SGLang's own q).
-    No host sync: safe inside CUDA-graph capture (so greedy rows are raced
-    too and their children thrown away: picking rows out would need one).
+    A request's ``R / B`` rows are consecutive and share its temperature,
+    top-k / top-p / min-p and seed (:func:`.positions.sampling_rows`).
     """
-    rows, v = logits.shape
+    rows = logits.shape[0]
     batch = sampling_rows(sampling_info, rows // max(sampling_info.sampling_seed.numel(), 1))
-    q = target_weights(logits.float(), batch.temperatures)
-    weights = id_ordered_filtered_probs(q, *batch.cut_args()) if batch.cut else q
-    if hot_token_id is not None:
-        spread = torch.zeros(rows, target_vocab, dtype=weights.dtype, device=weights.device)
-        weights = spread.index_copy_(1, hot_token_id, weights)
-    children, score = coupled_children(weights, batch.seeds, positions, min(k, v), kernel=kernel)
-    if hot_token_id is not None:
-        # Target ids back to draft columns; a zero-weight child off the draft vocabulary lands in
-        # a spare last column and drops out.
-        column = torch.full((target_vocab,), v, dtype=torch.int64, device=logits.device)
-        column[hot_token_id] = torch.arange(v, device=logits.device)
-        children = column[children]
-    sparse = torch.zeros(rows, v + 1, dtype=torch.float32, device=logits.device)
-    sparse.scatter_(1, children, score.float())
-    return torch.where((batch.top_ks <= 1).view(-1, 1), q, sparse[:, :v])
+    return draft_children(logits, batch.temperatures, batch.top_ks, batch.seeds, positions, k, cut=batch.cut_args(),
+                          kernel=kernel, hot_token_id=hot_token_id, target_vocab=target_vocab)
 
 
 def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs):
@@ -289,13 +270,3 @@ def graph_refill(original, self, forward_batch, *args, **kwargs):
         self.top_ks[:n].copy_(info.top_ks[:n])
     return original(self, forward_batch, *args, **kwargs)
 
-
-HOOKS = (
-    (DRAFT_FORWARD, draft_forward_site, "AROUND"),
-    (EXTEND_PREFILL, extend_prefill_site, "AROUND"),
-    (EXTEND_DECODE, extend_decode_site, "AROUND"),
-    (RENORM, coupled_renorm_draft_probs, "AROUND"),
-    (TOPK1, coupled_chain_step, "AROUND"),
-    (GRAPH_CAPTURE, graph_seed_buffer, "AROUND"),
-    (GRAPH_EXECUTE, graph_refill, "AROUND"),
-)

@@ -44,8 +44,10 @@ from typing import NamedTuple
 from ..config import current_config
 from ..ops.coupled import coupled_verify_chain, coupled_verify_tree
 from ..ops.verify import verify_chain
+from ..ops.verify_outputs import write_verify_outputs
 from ..ops.weights import target_weights
-from .positions import VERIFY, after_root, publish, sampling_rows
+from .channels import VERIFY
+from .positions import after_root, sampling_rows
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 CHAIN_SAMPLER = "sglang.kernels.ops.speculative.verify_sampling.chain_speculative_sampling_triton"
@@ -117,51 +119,14 @@ def coupled_chain_outputs(ctx: VerifyContext, candidates: torch.Tensor, kernel: 
     return tokens, accepted, path
 
 
-def write_verify_outputs(
-    tokens: torch.Tensor,  # [B, W] int64: token committed after path[b, j], -1 padded
-    accepted: torch.Tensor,  # [B] int64: accepted draft nodes n
-    path: torch.Tensor,  # [B, W] int64: accepted nodes, path[b, 0] = 0 (root), -1 padded
-    retrive_index: torch.Tensor,  # [B, N] int: flat slot of each node, distinct
-    predicts: torch.Tensor,  # [B*N] int32 out, indexed by flat slot
-    accept_index: torch.Tensor,  # [B, D] int32 out, -1 padded
-    accept_token_num: torch.Tensor,  # [B] int32 out
-) -> None:
-    """Write verify results in SGLang's sampler layout, without a host sync.
-
-    For ``j <= accepted[b]``: ``predicts[retrive_index[b, path[b, j]]] =
-    tokens[b, j]`` and ``accept_index[b, j] = retrive_index[b, path[b, j]]``
-    (columns beyond ``D`` are not written: SGLang sizes ``D`` to the deepest
-    path); ``accept_token_num[b] = accepted[b]``. Other entries keep their values.
-    """
-    b, w = tokens.shape
-    n_nodes = retrive_index.shape[1]
-    keep = torch.arange(w, device=tokens.device).unsqueeze(0) <= accepted.unsqueeze(1)  # [B, W]
-    node = path.clamp(min=0).to(torch.int64)
-    # Per node: the token committed after it, if it is on the path. Padded path
-    # entries go to a spare column so no two writes hit the same kept node.
-    per_node = torch.zeros(b, n_nodes + 1, dtype=torch.int64, device=tokens.device)
-    on_path = torch.zeros(b, n_nodes + 1, dtype=torch.bool, device=tokens.device)
-    target_col = torch.where(keep, node, torch.full_like(node, n_nodes))
-    per_node.scatter_(1, target_col, tokens.to(torch.int64))
-    on_path.scatter_(1, target_col, keep)
-    flat = retrive_index.reshape(-1).to(torch.int64)
-    current = predicts.gather(0, flat).view(b, n_nodes)
-    new = torch.where(on_path[:, :n_nodes], per_node[:, :n_nodes].to(predicts.dtype), current)
-    predicts.scatter_(0, flat, new.reshape(-1))
-    cols = min(w, accept_index.shape[1])
-    slots = retrive_index.to(torch.int64).gather(1, node[:, :cols])
-    accept_index[:, :cols] = torch.where(keep[:, :cols], slots.to(accept_index.dtype), accept_index[:, :cols])
-    accept_token_num.copy_(accepted.to(accept_token_num.dtype))
-
-
 def verify_context(ctx: VerifyContext):
     """Publish ``ctx`` for the verify sampler while the block runs."""
-    return publish(VERIFY, ctx)
+    return VERIFY.publish(ctx)
 
 
 def published() -> VerifyContext | None:
     """The context of the ``eagle_sample`` call in progress, or None."""
-    return VERIFY.get()
+    return VERIFY.read()
 
 
 def seeded_eagle_sample(original, *args, **kwargs):

@@ -1,6 +1,6 @@
 """Decode attention through the verify's kernel: bitwise equal to every row of a chain verify and a prefill.
 
-``attention_hook.decode_as_extend`` runs a decode step through SGLang's
+``ops.decode_attention.decode_as_extend`` runs a decode step through SGLang's
 ``extend_attention_fwd_unified`` (the single-pass kernel deterministic mode
 runs for prefill and target verify), one query per request. Oracle: SGLang's
 own kernel called the way its Triton backend calls it for a chain verify
@@ -24,7 +24,7 @@ extend_mod = pytest.importorskip("sglang.kernels.ops.attention.extend_attention"
 decode_mod = pytest.importorskip("sglang.kernels.ops.attention.decode_attention",
                                  reason="needs SGLang's Triton attention kernels")
 
-from sglang_detspec.sglang_plugin.attention_hook import decode_as_extend  # noqa: E402
+from sglang_detspec.ops.decode_attention import decode_as_extend  # noqa: E402
 
 DEV = "cuda"
 UNIFIED = extend_mod.extend_attention_fwd_unified

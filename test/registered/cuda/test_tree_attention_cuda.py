@@ -1,6 +1,6 @@
 """FA3 tree verify as one decode query per node: bitwise equal to the decode step of each node's token.
 
-``tree_attention_hook.node_key_lists`` turns SGLang's cascade metadata (the
+``ops.node_rows.node_key_lists`` turns SGLang's cascade metadata (the
 prefix page table and each node's ancestor slots) into one page-table row per
 tree node. Oracle: FA3's ``flash_attn_with_kvcache`` called as SGLang's
 ``forward_decode`` calls it in deterministic mode (one query per request,
@@ -26,7 +26,7 @@ if torch.cuda.get_device_capability()[0] != 9:
     pytest.skip("needs a Hopper GPU (FA3 is built for sm90)", allow_module_level=True)
 fa = pytest.importorskip("sglang.kernels.ops.attention.flash_attention", reason="needs SGLang's FA3 kernels")
 
-from sglang_detspec.sglang_plugin.tree_attention_hook import ancestor_layout, node_key_lists  # noqa: E402
+from sglang_detspec.ops.node_rows import ancestor_layout, node_key_lists  # noqa: E402
 
 DEV = "cuda"
 PARENTS = [-1, 0, 0, 0, 0, 1, 1, 2]  # SGLang's EAGLE order for top-k 4, 8 draft tokens

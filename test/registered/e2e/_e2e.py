@@ -800,7 +800,9 @@ def check_deterministic_audit(run: AuditRun, result_name: str) -> None:
 
     Pass: the plugin logged itself active (in the configuration's verify
     mode, :func:`plugin_problems`), at least :data:`MIN_TRIALS` trials,
-    exactly 1 unique probe output and bitwise-equal probe logprobs.
+    exactly 1 unique probe output, bitwise-equal probe logprobs, and 0
+    varying requests: every filler request too gave one output in every
+    batch it ran in.
     """
     numbers = audit_numbers(run)
     problems = list(run.plugin_problems)
@@ -812,6 +814,9 @@ def check_deterministic_audit(run: AuditRun, result_name: str) -> None:
         problems.append(
             f"probe logprobs not bitwise equal across trials ({numbers['unique_probe_logprobs']} distinct sequences)"
         )
+    if numbers["varying_requests"]:
+        problems.append(f"{numbers['varying_requests']} of {numbers['num_requests']} requests (fillers included) "
+                        "changed output between batches (0 required)")
     path = write_result(result_name, {"passed": not problems, "problems": problems, "measured": numbers,
                                       "audit": run.report})
     assert not problems, f"{run.config.name}: " + "; ".join(problems) + f" ({path})"

@@ -60,6 +60,8 @@ class Generated:
     completion_tokens: int | None
     retractions: int | None
     finish_reason: object
+    cached_tokens: int | None = None  # meta_info["cached_tokens"]: prompt tokens served from the radix cache
+    reports_seed: bool = False  # meta_info has the key "sampling_seed" (null for a greedy request)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -93,7 +95,8 @@ def parse_generated(item, want_tokens: int | None = None) -> Generated | str:
             return f"{len(entries) if isinstance(entries, list) else entries!r} logprob entries for {len(ids)} tokens"
         logprobs = tuple(repr(None if e[0] is None else float(e[0])) for e in entries)
     return Generated(tuple(ids), logprobs, meta.get("sampling_seed"), meta.get("spec_verify_ct"),
-                     meta.get("completion_tokens"), meta.get("num_retractions"), finish)
+                     meta.get("completion_tokens"), meta.get("num_retractions"), finish, meta.get("cached_tokens"),
+                     "sampling_seed" in meta)
 
 
 def generate(url: str, input_ids, sampling_params, *, return_logprob: bool = False,

@@ -288,8 +288,12 @@ def test_dropped_streams_and_aborts_change_nothing(group, models, mode):
     if changed:
         problems.append(f"{len(changed)} of {len(reqs)} requests changed beside dropped streams and aborts")
     full = tokens(run_all(server.url, dropped))
+    # An empty stream is a prefix of anything: it would pass while checking nothing.
+    empty = [i for i, pre in enumerate(prefixes) if not pre]
+    if empty:
+        problems.append(f"dropped streams {empty} delivered no tokens before the drop (nothing to compare)")
     not_prefix = [i for i, (pre, whole) in enumerate(zip(prefixes, full))
-                  if isinstance(whole, str) or list(whole[:len(pre)]) != pre]
+                  if pre and (isinstance(whole, str) or list(whole[:len(pre)]) != pre)]
     if not_prefix:
         problems.append(f"dropped streams {not_prefix} are not a prefix of their full replay")
     if not healthy(server.url):
@@ -312,20 +316,27 @@ def test_restart_mid_load_gives_the_same_outputs(servers, group, models):
     reqs = good_requests(vocab, 48, seed=6)
     before = {mode: tokens(run_all(started[name].url, reqs)) for mode, name in names.items()}
     stop = threading.Event()
+    cut_off = {mode: 0 for mode in names}  # requests sent before the kill that got no answer
 
-    def load(url):  # traffic that the stop cuts off; its answers do not matter
+    def load(mode, url):  # traffic that the stop cuts off; counted only to confirm it was in flight
         while not stop.is_set():
-            run_all(url, reqs[:8], workers=8)
+            sent = time.monotonic()
+            answers = tokens(run_all(url, reqs[:8], workers=8))
+            if sent < killed_at[0]:
+                cut_off[mode] += sum(isinstance(a, str) for a in answers)
 
+    killed_at = [float("inf")]
     with concurrent.futures.ThreadPoolExecutor(len(MODES)) as pool:
-        for name in names.values():
-            pool.submit(load, started[name].url)
+        for mode, name in names.items():
+            pool.submit(load, mode, started[name].url)
         time.sleep(2.0)
+        killed_at[0] = time.monotonic()
         for name in names.values():
             servers._stop(name)  # the servers die in the middle of the load
         stop.set()
     restarted = servers.ensure_group(everyone)  # the stopped ones start again, in parallel; no_spec stays
-    problems = []
+    # The kill must have cut requests off, or the test restarted idle servers.
+    problems = [f"{mode}: no request was in flight when the server was stopped" for mode, n in cut_off.items() if not n]
     for mode, name in names.items():
         server = restarted[name]
         if isinstance(server, str):
@@ -337,6 +348,7 @@ def test_restart_mid_load_gives_the_same_outputs(servers, group, models):
         mine += [f"{mode}: request {i}: {t}" for i, t in enumerate(after) if isinstance(t, str)][:5]
         _e2e.write_result(f"reliability_restart_{mode}", {
             "passed": not mine, "problems": mine, "requests": len(reqs), "changed": len(changed),
+            "requests_cut_off_by_the_stop": cut_off[mode],
             "server": server.facts()})
         problems += mine
     assert not problems, "; ".join(problems[:6])

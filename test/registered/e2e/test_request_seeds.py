@@ -278,6 +278,9 @@ def test_greedy_requests_report_no_seed(server, prompt):
     measured = {"generate": row(native), "completions": {"status": openai["status"], "text": openai["text"][:300]}}
     if isinstance(native, str):
         problems.append(f"/generate: {native}")
+    elif not native.reports_seed:
+        # Absent is not null: a server without the plugin reports nothing, and must not pass here.
+        problems.append("/generate's meta_info has no sampling_seed (null expected for a greedy request)")
     elif native.sampling_seed is not None:
         problems.append(f"/generate reported sampling_seed {native.sampling_seed!r} for a greedy request (null expected)")
     if openai["status"] != 200 or not openai["choices"]:
@@ -285,7 +288,9 @@ def test_greedy_requests_report_no_seed(server, prompt):
     else:
         seeds = [c["sampling_seed"] for c in choice_facts(openai)]
         measured["completions"]["sampling_seeds"] = seeds
-        if any(s is not None for s in seeds):
+        if not all("sampling_seed" in c for c in openai["choices"]):
+            problems.append("/v1/completions choices have no sampling_seed field (null expected for a greedy request)")
+        elif any(s is not None for s in seeds):
             problems.append(f"/v1/completions reported sampling_seed {seeds} for a greedy request (null expected)")
     finish("seeds_greedy", problems, measured, server)
 

@@ -150,6 +150,21 @@ def test_cli_audit_end_to_end_writes_json(tmp_path, capsys):
     assert 1 < seeded["mean_accept_length"] <= 3
 
 
+def test_require_control_variation_fails_a_control_that_never_varied(tmp_path, monkeypatch):
+    from sglang_detspec.reference import ReferenceEngine
+
+    out = tmp_path / "audit.json"
+    argv = ["audit", "--trials", "5", "--max-new-tokens", "6", "--max-batch-size", "6", "--seed", "5",
+            "--no-invariance", "--require-control-variation", "--json", str(out)]
+    assert main(argv) == 0  # the real control varies
+    assert json.loads(out.read_text())["sections"] == {"changing_batch": True, "control_varied": True}
+    # A "control" that is the seeded engine itself never varies: the audit must fail, not pass on the seeded run.
+    monkeypatch.setattr(ReferenceEngine, "control", classmethod(
+        lambda cls, models, k, seed, verify: cls(models, k, verify=verify)))
+    assert main(argv) == 1
+    assert json.loads(out.read_text())["sections"] == {"changing_batch": True, "control_varied": False}
+
+
 def test_cli_audit_without_control(tmp_path):
     out = tmp_path / "seeded.json"
     argv = ["audit", "--trials", "3", "--max-new-tokens", "4", "--max-batch-size", "3", "--no-control",
@@ -209,7 +224,30 @@ def test_cli_rejects_bad_arguments(args, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     # The audit's own usage, not the top-level one.
-    assert err.startswith("usage: detspec audit [-h]") and f"detspec audit: error: {message}" in err
+    assert err.startswith("usage: detspec audit [-h]") and f"detspec: error: {message}" in err
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--trials", "x", "--json", "-"], "usage"),  # argparse's error
+    (["--json=-", "--bogus"], "usage"),  # an unknown argument
+    (["--json", "-", "--url", "http://127.0.0.1:9"], "usage"),  # the audit's own check: --url needs --vocab-size
+])
+def test_json_to_stdout_gets_an_error_object_after_an_argument_error(args, code, capsys):
+    try:
+        status = main(["audit", *args])
+    except SystemExit as exc:
+        status = exc.code
+    assert status == 2
+    out, err = capsys.readouterr()
+    obj = json.loads(out)
+    assert obj["error"]["code"] == code and obj["error"]["message"] in err
+    assert "detspec: error: " in err
+
+
+def test_without_json_to_stdout_an_argument_error_prints_nothing_there(capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--trials", "x", "--json", "out.json"])
+    assert capsys.readouterr().out == ""
 
 
 def test_cli_accepts_the_bounds_themselves():
@@ -230,7 +268,7 @@ def test_cli_keeps_in_process_runs_within_the_models_positions(args, got, capsys
     err = capsys.readouterr().err
     assert err.startswith("usage: detspec audit")
     assert (
-        "detspec audit: error: --max-new-tokens + --num-draft-tokens must be at most 4072 with the in-process "
+        "detspec: error: --max-new-tokens + --num-draft-tokens must be at most 4072 with the in-process "
         f"engine (with the longest prompt, 24 tokens, they must fit the reference models' 4096 positions), got {got}"
     ) in err
 
@@ -311,7 +349,7 @@ def test_triton_kernel_without_cuda_tensors_is_one_line_and_exit_2(monkeypatch, 
     assert main(["audit", "--trials", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
-        "detspec audit: error: SGLANG_DETSPEC_KERNEL=triton cannot run the in-process audit")
+        "detspec: error: SGLANG_DETSPEC_KERNEL=triton cannot run the in-process audit")
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):

@@ -22,6 +22,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
 from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
+from sglang_detspec.ops.verify_outputs import write_verify_outputs
 from sglang_detspec.sglang_plugin import draft_hook, resolve, verify_hook
 from sglang_detspec.sglang_plugin.verify_hook import VerifyContext
 
@@ -95,21 +96,34 @@ def test_not_ours_without_deterministic_inference(loaded, model_dir):
     reset_config()
 
 
-@pytest.mark.parametrize("flags, env, match", [
-    (f"{{eagle_tree}} --speculative-use-rejection-sampling {DET}", "",
-     "--speculative-eagle-topk 4 drafts a tree; rejection mode verifies chains only"),
-    (f"{{eagle_chain}} {DET}", "rejection", "SGLANG_DETSPEC_VERIFY=rejection needs --speculative-use-rejection-sampling"),
+@pytest.mark.parametrize("flags, env, code", [
+    (f"{{eagle_tree}} --speculative-use-rejection-sampling {DET}", "", "rejection_tree"),
+    (f"{{eagle_chain}} {DET}", "rejection", "rejection_needs_flag"),
     (f"--speculative-algorithm EAGLE --speculative-draft-model-path {{model}} --speculative-use-rejection-sampling {DET}",
-     "", "not set: rejection mode verifies chains, so give all three"),
+     "", "rejection_chain_unset"),
 ])
-def test_rejection_mode_refusals(loaded, model_dir, monkeypatch, flags, env, match):
+def test_rejection_mode_refusals(loaded, model_dir, monkeypatch, flags, env, code):
     if env:
         monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", env)
     flags = flags.format(eagle_chain=eagle(model_dir, CHAIN), eagle_tree=eagle(model_dir, TREE), model=model_dir)
     with pytest.raises(ValueError, match="sglang-detspec cannot make this run deterministic") as err:
         server_args(model_dir, flags)
-    assert match in str(err.value) and "(rejection verify)" in str(err.value)
+    # Matched by its stable code, which the message also carries; the wording is free to change.
+    assert err.value.codes == [code] and f"[refusal: {code}]" in str(err.value)
+    assert "(rejection verify)" in str(err.value)
     reset_config()
+
+
+def test_every_refusal_carries_a_code():
+    bags = [
+        DetSpecConfig(deterministic=True, algorithm="UNO", eagle_topk=1),
+        DetSpecConfig(deterministic=True, rl_on_policy=True, tokenizer_workers=2, block_verification=True),
+        DetSpecConfig(deterministic=True, verify="rejection", algorithm="NGRAM", eagle_topk=4),
+        DetSpecConfig(deterministic=True, verify="rejection", algorithm="EAGLE3", reduced_draft_vocab=True),
+    ]
+    codes = [r.code for bag in bags for r in bag.refusals()]
+    assert codes == ["algorithm_not_covered", "rl_on_policy", "tokenizer_workers", "block_verification",
+                     "rejection_needs_flag", "rejection_algorithm", "rejection_tree", "reduced_draft_vocab"]
 
 
 def test_bad_verify_setting_names_the_variable(loaded, model_dir, monkeypatch):
@@ -671,7 +685,7 @@ def test_write_verify_outputs_keeps_unaccepted_slots(loaded):
     predicts = torch.full((b * n,), 42, dtype=torch.int32)
     accept_index = torch.full((b, 3), -1, dtype=torch.int32)
     num = torch.empty(b, dtype=torch.int32)
-    verify_hook.write_verify_outputs(tokens, accepted, path, ri, predicts, accept_index, num)
+    write_verify_outputs(tokens, accepted, path, ri, predicts, accept_index, num)
     assert predicts.tolist() == [7, 42, 42, 8, 42, 9, 42, 42, 42, 42]
     assert accept_index.tolist() == [[0, 3, -1], [5, -1, -1]] and num.tolist() == [1, 0]
 

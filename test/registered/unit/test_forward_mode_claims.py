@@ -17,6 +17,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 import torch
 
 from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
+from sglang_detspec.ops.decode_attention import decode_as_extend
 from sglang_detspec.sglang_plugin import attention_hook, resolve
 
 register_cpu_ci(est_time=45, suite="detspec-unit-cpu")
@@ -111,7 +112,7 @@ def test_decode_as_extend_attends_to_every_key_of_each_request():
     q = torch.randn(len(lengths), heads, dim, generator=gen)
     o = torch.empty_like(q)
     rows = torch.arange(8)
-    attention_hook.decode_as_extend(extend_contract, rows, q, k, v, o, indptr, order, 0.25, 1.0, 1.0)
+    decode_as_extend(extend_contract, rows, q, k, v, o, indptr, order, 0.25, 1.0, 1.0)
     for b, n in enumerate(lengths):
         keys = order[indptr[b]:indptr[b] + n].long()
         kk, vv = k[keys].repeat_interleave(2, dim=1), v[keys].repeat_interleave(2, dim=1)

@@ -696,9 +696,9 @@ def test_unreachable_server_exits_2(capsys, extra):
     url = _closed_port_url()
     assert main([*AUDIT, "--url", url, *extra]) == 2
     err = capsys.readouterr().err
-    assert err.endswith(f"detspec audit: error: no SGLang server answers at {url} (start one with `detspec serve ...`)\n")
+    assert err.endswith(f"detspec: error: no SGLang server answers at {url} (start one with `detspec serve ...`)\n")
     notes = [line for line in err.splitlines()[:-1]]
-    assert all(line.startswith("detspec audit: note: ") and "changes nothing with --url" in line for line in notes)
+    assert all(line.startswith("detspec: note: ") and "changes nothing with --url" in line for line in notes)
     assert len(notes) == len(extra)
 
 
@@ -878,7 +878,7 @@ def test_something_else_at_the_url_is_not_an_sglang_server(capsys):
                 backend.server_info()
         assert main([*AUDIT, "--url", other.url]) == 2
     err = capsys.readouterr().err
-    assert f"detspec audit: error: {other.url} is not an SGLang server" in err
+    assert f"detspec: error: {other.url} is not an SGLang server" in err
 
 
 def test_server_path_imports_neither_torch_nor_transformers():
@@ -911,7 +911,7 @@ def test_server_path_imports_neither_torch_nor_transformers():
 )
 def test_cli_rejects_flag_combinations(args, message, capsys):
     assert main(["audit", *args]) == 2
-    assert f"detspec audit: error: {message}" in capsys.readouterr().err
+    assert f"detspec: error: {message}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -942,3 +942,35 @@ def test_cli_rejects_bad_server_arguments(args, message, capsys):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def _response(status: int, body) -> "requests.Response":
+    import requests as _requests
+
+    r = _requests.Response()
+    r.status_code = status
+    r._content = json.dumps(body).encode() if not isinstance(body, bytes) else body
+    return r
+
+
+@pytest.mark.parametrize("body, code", [
+    ({"error": {"message": "m", "code": "sampling_seed_out_of_range"}}, "sampling_seed_out_of_range"),
+    ({"message": "m", "code": "sampling_seed_out_of_range"}, "sampling_seed_out_of_range"),
+    ({"object": "error", "message": "m", "type": "BadRequestError", "code": 400}, None),  # SGLang's numeric code
+    ({"error": {"message": "m"}}, None),
+    (b"not json", None),
+])
+def test_error_code_reads_a_code_field_and_tolerates_its_absence(body, code):
+    from sglang_detspec.auditing.http_backend import error_code
+
+    assert error_code(_response(400, body)) == code
+
+
+def test_seed_encoding_hint_matches_the_code_not_the_wording():
+    from sglang_detspec.auditing.http_backend import SEED_RANGE_CODE, ServerHttpError, _seed_encoding_hint
+
+    coded = ServerHttpError("x", 400, "any wording at all", SEED_RANGE_CODE)
+    assert "drop --seed-encoding int64" in _seed_encoding_hint("int64", coded)
+    assert _seed_encoding_hint("uint64", coded) is None
+    other = ServerHttpError("x", 400, "sampling_seed must be in [0, 2**64 - 1]", "some_other_code")
+    assert _seed_encoding_hint("int64", other) is None  # a code is trusted over words

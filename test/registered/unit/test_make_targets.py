@@ -1,4 +1,8 @@
-"""Make targets that would install 11 GB: they refuse early, say why, and install nothing."""
+"""Make targets that would install gigabytes: they refuse early, say why, and install nothing.
+
+The checks read behaviour (exit status, what exists afterwards) and the facts a
+message must carry (the variable, the value, the way out), not whole sentences.
+"""
 
 import os
 import shutil
@@ -33,7 +37,7 @@ def test_e2e_target_without_a_gpu_stops_before_the_install(tmp_path):
     venv = tmp_path / "venv"  # where `make setup` would install SGLang
     proc = make("test-e2e", f"VENV={venv}")
     assert proc.returncode == 2, proc.stdout + proc.stderr  # make's status for a failed recipe
-    assert "make test-e2e: nothing ran, nothing installed: no CUDA GPU here" in proc.stderr
+    assert "nothing ran" in proc.stderr and "no CUDA GPU" in proc.stderr
     assert "Error 5" in proc.stderr  # the recipe's own status: pytest's "no tests ran", as make test-gpu
     assert not venv.exists()
 
@@ -82,13 +86,24 @@ def test_bare_make_lists_the_targets_and_installs_nothing(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+def test_help_lists_every_target_a_user_runs():
+    """Every target the Makefile declares phony is in `make help`, except the set-up steps other targets run."""
+    declared = set()
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith(".PHONY:"):
+            declared.update(line.split(":", 1)[1].split())
+    listed = set(make().stdout.split())
+    missing = sorted(t for t in declared - {"help", "demo-setup"} if t not in listed)
+    assert not missing, f"make help does not list {missing}"
+
+
 def test_a_missing_interpreter_is_named_with_the_way_out(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     proc = subprocess.run(["make", "-s", "demo-setup", f"DEMO_VENV={tmp_path / 'demo'}", "PYTHON=python3.no-such"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2
-    assert "make: python3.no-such not found: install Python 3.11, or pass another interpreter, e.g. " \
-           "make demo-setup PYTHON=python3" in proc.stderr
+    # The message names the missing interpreter and the variable that picks another.
+    assert "python3.no-such not found" in proc.stderr and "PYTHON=" in proc.stderr
     assert not (tmp_path / "demo").exists()
 
 

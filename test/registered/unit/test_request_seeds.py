@@ -36,6 +36,9 @@ from sglang_detspec.sglang_plugin import seed_hook
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 
+# The registry rows of the request-seed hooks, as (target, hook, kind).
+SEED_ROWS = [(r.target, r.hook, r.kind) for r in sglang_plugin.registry_rows() if r.hook.__module__ == seed_hook.__name__]
+
 U32, U64 = 1 << 32, 1 << 64
 SAMPLE_SALT = 0x53414D504C450000  # docs/design.md §2: the SAMPLE stream's salt, written out as an oracle
 ACTIVE = DetSpecConfig(deterministic=True, source="server_args")
@@ -148,7 +151,7 @@ def hooked():
 
     load_plugins()
     listed = {row.hook for row in sglang_plugin.hook_table()}
-    missing = [(t, h, k) for t, h, k in seed_hook.HOOKS if h not in listed]
+    missing = [(t, h, k) for t, h, k in SEED_ROWS if h not in listed]
     for target, hook, kind in missing:
         HookRegistry.register(target, hook, HookType[kind])
     if missing:
@@ -478,7 +481,7 @@ def test_tokenizer_workers_refused_while_ours(bag, server_args):
 def test_hook_table_entries_are_real_targets():
     import pkgutil
 
-    for target, hook, kind in seed_hook.HOOKS:
+    for target, hook, kind in SEED_ROWS:
         obj_path, attr = target.rsplit(".", 1)
         assert callable(getattr(pkgutil.resolve_name(obj_path), attr)), target
         assert kind in ("AROUND", "AFTER", "BEFORE") and callable(hook)

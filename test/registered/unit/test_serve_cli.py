@@ -86,7 +86,7 @@ def test_arguments_sglang_refuses_stop_serve(capsys, args, words):
     capsys.readouterr()
     rc, out, err = dry_run(capsys, args)
     assert rc == 2 and out == ""
-    assert "detspec serve: error: SGLang's launch_server refuses these arguments:" in err and words in err
+    assert "detspec: error: SGLang's launch_server refuses these arguments:" in err and words in err
 
 
 def test_dry_run_prints_the_completed_command(capsys):
@@ -96,6 +96,21 @@ def test_dry_run_prints_the_completed_command(capsys):
     assert words[0] == sys.executable
     assert words[1:] == ["-m", "sglang.launch_server", "--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN,
                          DETERMINISTIC]
+
+
+def test_dry_run_shows_the_settings_it_checked_and_the_start_up_state(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "coupled")
+    monkeypatch.setenv("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
+    rc, out, err = dry_run(capsys, ["--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN,
+                                    "--attention-backend", "triton"])
+    assert rc == 0
+    # The printed command carries the settings the check read, so running it checks the same server.
+    words = shlex.split(out)
+    assert words[:2] == ["SGLANG_DETSPEC_TREE_ATTENTION=nodes", "SGLANG_DETSPEC_VERIFY=coupled"]
+    # A coupled EAGLE chain: start-up turns SGLang's sampled-draft path on, and the dry run says so.
+    assert "rejection_sampling=True" in err and "sampled-draft path on" in err
+    # The node path asked for on Triton attention is named, not silently ignored.
+    assert "SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only" in err
 
 
 def test_plugin_is_admitted_by_sglangs_loader(capsys, monkeypatch):

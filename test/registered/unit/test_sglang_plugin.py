@@ -118,9 +118,9 @@ def test_every_hook_applied_exactly_once(loaded):
     import pkgutil
 
     per_target = {}
-    for target, hook, kind, _ in sglang_plugin.hook_table():
+    for target, hook, kind, _ in sglang_plugin.registry_rows():
         per_target[target] = per_target.get(target, 0) + 1
-    seed_targets = {target for target, _, _ in sglang_plugin.seed_hook.HOOKS}
+    seed_targets = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__.endswith(".seed_hook")}
     assert set(per_target) == HOOKED | seed_targets  # request seeds: their own module and tests
     absent, unimportable = set(), set()
     for target, count in per_target.items():
@@ -141,6 +141,48 @@ def test_every_hook_applied_exactly_once(loaded):
     if not torch.cuda.is_available():
         assert absent == KERNEL_ONLY
         assert {t.rsplit(".", 2)[0] for t in unimportable} == set(CUDA_MODULES)
+
+
+def test_docs_hook_table_is_generated_from_the_hook_table():
+    """docs/plugin.md's hook table is exactly ``hook_table_markdown()`` (``make docs-hooks`` rewrites it)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "gen_hook_doc.py"
+    spec = importlib.util.spec_from_file_location("gen_hook_doc", script)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    text = gen.DOC.read_text()
+    assert gen.splice(text, sglang_plugin.hook_table_markdown()) == text, "run `make docs-hooks`"
+    # The check sees a stale row.
+    assert gen.splice(text, sglang_plugin.hook_table_markdown() + "| stale |\n") != text
+    with pytest.raises(ValueError, match="marker"):
+        gen.splice("no markers here", "table")
+
+
+def test_every_patch_is_a_row_and_names_a_real_sglang_class():
+    """Rows beyond the registry's (SWAP, PATCH, FIELD, ATTR) name an SGLang class that exists, and a hook of the table."""
+    import pkgutil
+
+    rows = sglang_plugin.hook_table()
+    assert {r.kind for r in rows} == set(sglang_plugin.KINDS)
+    registry_hooks = {r.hook for r in rows if r.kind in sglang_plugin.REGISTRY_KINDS}
+    for row in rows:
+        if row.kind in sglang_plugin.REGISTRY_KINDS:
+            continue
+        parts = row.target.split(".")
+        cls_at = next(i for i, p in enumerate(parts) if p[:1].isupper())
+        owner = ".".join(parts[: cls_at + 1])
+        if owner.startswith(CUDA_MODULES) and not torch.cuda.is_available():
+            continue  # the module loads sgl_kernel's CUDA library
+        assert isinstance(pkgutil.resolve_name(owner), type), row.target
+        # The change is made by a registered hook, or by a helper a registered hook calls.
+        assert row.hook in registry_hooks or row.hook.__module__ in {h.__module__ for h in registry_hooks}, row
+
+
+def test_no_hook_module_keeps_its_own_list_of_rows():
+    for name in ("seed_hook", "topk_draft_hook"):
+        assert not hasattr(getattr(sglang_plugin, name), "HOOKS"), name
 
 
 def test_targets_absent_on_this_platform_stay_none(loaded):

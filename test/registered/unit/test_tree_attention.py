@@ -23,7 +23,9 @@ from sglang_detspec.config import (
     env_settings,
     logits_guarantee,
 )
+from sglang_detspec.ops.node_rows import ancestor_layout, node_key_lists
 from sglang_detspec.sglang_plugin import tree_attention_hook as tah
+from sglang_detspec.sglang_plugin.channels import TREE_BUFFERS, TREE_NODES
 
 register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
 
@@ -62,7 +64,7 @@ def cascade_layout(prefix_lens, width, gen):
 
 
 def test_ancestor_layout_is_sglangs_sorted_mask_columns():
-    rows, lens = tah.ancestor_layout(PARENTS)
+    rows, lens = ancestor_layout(PARENTS)
     for i in range(N):
         mask = [j in path(i) for j in range(N)]  # the tree mask's row of node i
         # SGLang: keys = col if masked in else col + N, sorted: kept columns in order, then the rest.
@@ -75,7 +77,7 @@ def test_each_node_row_is_its_decode_page_table():
     prefix_lens = torch.tensor([1, 17, 40, 40], dtype=torch.int32)
     width = 40
     prefix_table, draft_slots, anc, anc_lens = cascade_layout(prefix_lens, width, gen)
-    table, lens = tah.node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
+    table, lens = node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
     assert table.shape == (len(prefix_lens) * N, width + N) and table.dtype == lens.dtype == torch.int32
     for b, p in enumerate(prefix_lens.tolist()):
         for i in range(N):
@@ -88,18 +90,19 @@ def test_each_node_row_is_its_decode_page_table():
 
 INTERPRETED = """
 import torch
-from sglang_detspec.sglang_plugin import tree_attention_hook as tah
+from sglang_detspec.ops.node_rows import node_key_lists
+from sglang_detspec.ops.node_rows_triton import node_rows_triton
 gen = torch.Generator().manual_seed(0)
 bs, n, w = 3, 8, 2100  # a prefix longer than one 1024-entry block; an empty one; one as wide as the table
 prefix_lens = torch.tensor([0, 1500, 2100], dtype=torch.int32)
 prefix = torch.randint(0, 1 << 20, (bs, w), generator=gen, dtype=torch.int32)
 anc = torch.randint(0, 1 << 20, (bs * n, n), generator=gen, dtype=torch.int32)
 anc_lens = torch.randint(1, n + 1, (bs * n,), generator=gen, dtype=torch.int32)
-want, want_lens = tah.node_key_lists(prefix, prefix_lens, anc, anc_lens, n, kernel="torch")
+want, want_lens = node_key_lists(prefix, prefix_lens, anc, anc_lens, n, kernel="torch")
 out = torch.full((bs * n + 2, w + n + 1), -1, dtype=torch.int32)
 out_lens = torch.full((bs * n + 2,), -1, dtype=torch.int32)
 table, lens = out[: bs * n, : w + n], out_lens[: bs * n]
-tah._node_rows_triton(prefix, prefix_lens, anc, anc_lens, n, table, lens)
+node_rows_triton(prefix, prefix_lens, anc, anc_lens, n, table, lens)
 assert torch.equal(lens, want_lens), (lens, want_lens)
 for r in range(bs * n):
     k = int(lens[r])
@@ -127,12 +130,12 @@ def test_graph_buffers_are_filled_in_place_and_rows_past_the_batch_kept():
     gen = torch.Generator().manual_seed(5)
     prefix_lens = torch.tensor([3, 9], dtype=torch.int32)
     prefix_table, _, anc, anc_lens = cascade_layout(prefix_lens, 12, gen)
-    eager = tah.node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
+    eager = node_key_lists(prefix_table, prefix_lens, anc, anc_lens, N)
     # Graph buffers sized for more requests and a longer context than this replay.
     out_table = torch.full((4 * N, 64 + N), -7, dtype=torch.int32)
     out_lens = torch.full((4 * N,), -7, dtype=torch.int32)
     padded = torch.nn.functional.pad(prefix_table, (0, 64 - 12), value=-3)  # stale columns past the prefix
-    table, lens = tah.node_key_lists(padded, prefix_lens, anc, anc_lens, N, out_table, out_lens)
+    table, lens = node_key_lists(padded, prefix_lens, anc, anc_lens, N, out_table, out_lens)
     assert table.data_ptr() == out_table.data_ptr() and lens.data_ptr() == out_lens.data_ptr()
     for r in range(2 * N):
         n = int(lens[r])
@@ -251,7 +254,7 @@ def test_graph_capture_and_replay_fill_the_same_buffers(bag):
     backend = fa3_backend()
     tah.check_backend(None, backend)
     tah.allocate_graph_buffers(None, backend, 4, 4 * N)
-    buffers = getattr(backend, tah._BUFFERS)
+    buffers = TREE_BUFFERS.read(backend)
     assert buffers["page_table"].shape == (4 * N, 40 + N) and buffers["cache_seqlens"].shape == (4 * N,)
     gen = torch.Generator().manual_seed(2)
     # SGLang's graph metadata for a padded batch of 3: views of its [max_bs, context] buffers.
@@ -265,13 +268,13 @@ def test_graph_capture_and_replay_fill_the_same_buffers(bag):
         backend.forward_metadata = Meta(cache_seqlens_int32=sglang_lens[:3], page_table=sglang_table[:3])
         backend.forward_metadata_spec_decode_expand = Meta(cache_seqlens_int32=anc_lens, page_table=anc)
         tah.build_after_graph_metadata(None, backend, verify_batch(), in_capture=step == 0)
-        meta = getattr(backend, tah._NODES)
+        meta = TREE_NODES.read(backend)
         if step == 0:
             captured = meta
         assert meta is captured  # the object the captured kernels read, refilled in place
         check_rows(meta, prefix_table, prefix_lens, draft_slots)
     tah.build_after_graph_metadata(None, backend, verify_batch(False))  # a decode graph: no node metadata
-    assert getattr(backend, tah._NODES) is None
+    assert TREE_NODES.read(backend) is None
 
 
 def test_eager_metadata_is_built_per_verify_and_cleared_otherwise(bag):
@@ -284,12 +287,12 @@ def test_eager_metadata_is_built_per_verify_and_cleared_otherwise(bag):
     backend.forward_metadata = Meta(cache_seqlens_int32=prefix_lens, page_table=prefix_table)
     backend.forward_metadata_spec_decode_expand = Meta(cache_seqlens_int32=anc_lens, page_table=anc)
     tah.build_after_eager_metadata(None, backend, verify_batch())
-    check_rows(getattr(backend, tah._NODES), prefix_table, prefix_lens, draft_slots)
+    check_rows(TREE_NODES.read(backend), prefix_table, prefix_lens, draft_slots)
     tah.build_after_eager_metadata(None, backend, verify_batch(False))
-    assert getattr(backend, tah._NODES) is None
+    assert TREE_NODES.read(backend) is None
     bag(dataclasses.replace(NODES_BAG, tree_attention="cascade"))
     tah.build_after_eager_metadata(None, backend, verify_batch())
-    assert getattr(backend, tah._NODES) is None
+    assert TREE_NODES.read(backend) is None
 
 
 def test_forward_extend_hook_routes_only_a_tree_verify_with_node_metadata():
@@ -318,7 +321,7 @@ def test_forward_extend_hook_routes_only_a_tree_verify_with_node_metadata():
                                    spec_algorithm=algo, encoder_lens=None)
     backend = Backend()
     assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify) == "extended"  # no node metadata
-    setattr(backend, tah._NODES, "node metadata")
+    TREE_NODES.write(backend, "node metadata")
     assert tah.verify_tree_as_decode(original, backend, 1, 2, 3, layer, verify, True, sinks=None) == "decoded"
     assert seen[-1] == ("decode", "node metadata", 1, True, {"sinks": None})
     assert (backend.forward_metadata, backend.topk) == ("cascade prefix metadata", 4)  # restored
@@ -366,7 +369,8 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks():
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                         attention_backend="fa3", tree_attention="nodes", source="server_args")
-    fa_rows = {row.target for row in sglang_plugin.hook_table() if row.target.startswith(tah.FA + ".")}
+    fa_rows = {row.target for row in sglang_plugin.hook_table()
+               if row.target.startswith(tah.FA + ".") and row.kind in sglang_plugin.REGISTRY_KINDS}
 
     def tree_rows(config):  # the GEMM row's own requirement: test_gemm_hook.py
         return sglang_plugin.required_by(config) - {gemm_hook.TARGET}

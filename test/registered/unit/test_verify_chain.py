@@ -1,10 +1,12 @@
 """Seeded chain verification: semantics, and losslessness against target sampling.
 
-The lossless test decodes two positions with a Markov target and a Markov
-draft (next-token distributions depend on the previous token), over 2·10^5
-seeds as one batch, and compares the joint distribution of the first two
-committed tokens with exact target sampling by a chi-square test. The same
-test with a deliberately correlated stream must fail: that shows it can.
+The lossless test decodes K + 1 positions (every position one round of K
+drafts can commit: the accepted drafts, then the residual or bonus token)
+with a Markov target and a Markov draft (next-token distributions depend on
+the previous token), over 2·10^5 seeds as one batch, and compares the joint
+distribution of every pair of consecutive committed tokens (and so every
+committed position) with exact target sampling by a chi-square test. The
+same test with a deliberately correlated stream must fail: that shows it can.
 """
 
 import pytest
@@ -28,14 +30,14 @@ def random_chain(v, gen, sharpness):
     return init.float(), trans.float()
 
 
-def decode_two(p_init, p_trans, q_init, q_trans, k, seeds):
-    """First two committed tokens per seed (chain drafting + verify_chain, as many rounds as needed)."""
+def decode(p_init, p_trans, q_init, q_trans, k, seeds, length):
+    """The first ``length`` committed tokens per seed (chain drafting + verify_chain, as many rounds as needed)."""
     n = seeds.shape[0]
-    committed = torch.full((n, 2), -1, dtype=torch.int64)
+    committed = torch.full((n, length), -1, dtype=torch.int64)
     count = torch.zeros(n, dtype=torch.int64)
     prev = torch.full((n,), -1, dtype=torch.int64)  # -1: use the initial distributions
-    while bool((count < 2).any()):
-        rows = (count < 2).nonzero().squeeze(1)
+    while bool((count < length).any()):
+        rows = (count < length).nonzero().squeeze(1)
         pos = START + count[rows]
         s = seeds[rows]
         last = prev[rows]
@@ -51,7 +53,7 @@ def decode_two(p_init, p_trans, q_init, q_trans, k, seeds):
             ps.append(p_next)
         tokens, acc = verify_chain(torch.stack(drafts, 1), torch.stack(qs, 1), torch.stack(ps, 1), s, pos)
         for c in range(k + 1):
-            live = (c <= acc) & (count[rows] < 2)
+            live = (c <= acc) & (count[rows] < length)
             r = rows[live]
             committed[r, count[r]] = tokens[live, c]
             prev[r] = tokens[live, c]
@@ -59,29 +61,37 @@ def decode_two(p_init, p_trans, q_init, q_trans, k, seeds):
     return committed
 
 
-def joint_pvalue(p_init, p_trans, committed):
+def pair_pvalue(p_init, p_trans, committed, j):
+    """Chi-square p-value of committed tokens (j, j + 1) against exact target sampling's joint distribution."""
     v = p_init.shape[0]
-    counts = torch.bincount(committed[:, 0] * v + committed[:, 1], minlength=v * v).double()
-    expected = (p_init.double().unsqueeze(1) * p_trans.double()).reshape(-1) * committed.shape[0]
+    marginal = p_init.double() @ torch.linalg.matrix_power(p_trans.double(), j)  # the token at position j
+    counts = torch.bincount(committed[:, j] * v + committed[:, j + 1], minlength=v * v).double()
+    expected = (marginal.unsqueeze(1) * p_trans.double()).reshape(-1) * committed.shape[0]
     expected *= counts.sum() / expected.sum()  # float32 inputs: renormalise the tiny rounding
     keep = expected > 0
     return float(chisquare(counts[keep].numpy(), expected[keep].numpy()).pvalue)
+
+
+def pvalues(p_init, p_trans, committed) -> list[float]:
+    """One p-value per consecutive pair of committed positions: together they cover every position."""
+    return [pair_pvalue(p_init, p_trans, committed, j) for j in range(committed.shape[1] - 1)]
 
 
 CASES = [(4, 2, 1.0), (6, 3, 1.5), (8, 1, 0.7), (5, 3, 0.3)]
 
 
 @pytest.mark.parametrize("v, k, sharpness", CASES)
-def test_lossless_first_two_positions(v, k, sharpness):
+def test_lossless_at_every_committed_position(v, k, sharpness):
     gen = torch.Generator().manual_seed(v * 10 + k)
     p_init, p_trans = random_chain(v, gen, sharpness)
     q_init, q_trans = random_chain(v, gen, sharpness)
     seeds = torch.arange(N_SEEDS, dtype=torch.int64) * 7919 + v
-    committed = decode_two(p_init, p_trans, q_init, q_trans, k, seeds)
-    # 2·10^5 samples over at most 64 cells; fixed seeds make the statistic
-    # deterministic, and p > 1e-3 separates a correct sampler from the broken
-    # ones below by many orders of magnitude.
-    assert joint_pvalue(p_init, p_trans, committed) > 1e-3
+    committed = decode(p_init, p_trans, q_init, q_trans, k, seeds, max(k + 1, 2))
+    # 2·10^5 samples over at most 64 cells per pair; fixed seeds make the
+    # statistics deterministic, and p > 1e-3 (for each of at most 3 pairs)
+    # separates a correct sampler from the broken ones below by many orders of magnitude.
+    got = pvalues(p_init, p_trans, committed)
+    assert min(got) > 1e-3, got
 
 
 def coins_with_draft_salt(seeds, positions, num_draft):
@@ -105,11 +115,11 @@ def test_lossless_test_fails_on_correlated_streams(monkeypatch, broken):
     q_init = torch.softmax(p_init.log() + 0.8 * torch.randn(v, generator=gen), 0)
     q_trans = torch.softmax(p_trans.log() + 0.8 * torch.randn(v, v, generator=gen), 1)
     seeds = torch.arange(N_SEEDS, dtype=torch.int64) * 7919 + 3
-    honest = decode_two(p_init, p_trans, q_init, q_trans, k, seeds)
-    assert joint_pvalue(p_init, p_trans, honest) > 1e-3
+    honest = decode(p_init, p_trans, q_init, q_trans, k, seeds, k + 1)
+    assert min(pvalues(p_init, p_trans, honest)) > 1e-3
     monkeypatch.setattr(verify_ref, "accept_coins", broken)
-    skewed = decode_two(p_init, p_trans, q_init, q_trans, k, seeds)
-    assert joint_pvalue(p_init, p_trans, skewed) < 1e-6
+    skewed = decode(p_init, p_trans, q_init, q_trans, k, seeds, k + 1)
+    assert min(pvalues(p_init, p_trans, skewed)) < 1e-6
 
 
 def test_accept_rule_and_positions_by_hand():

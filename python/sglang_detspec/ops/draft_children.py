@@ -1,0 +1,66 @@
+"""Coupled drafts picked by top-k: the tensor whose top-k are each sampled row's coupled children.
+
+SGLang's EAGLE v2 draft worker picks a node's children as the top-k of a
+[R, V_draft] tensor (``renorm_draft_probs`` then ``fast_topk``). For coupled
+drafts that tensor is zero except at the row's Gumbel-top-k on the TARGET
+stream (docs/design.md, coupled drafts); ``sglang_plugin/topk_draft_hook.py``
+hands it to SGLang. Over a reduced draft vocabulary (EAGLE3 ``d2t``,
+``--speculative-token-map``) draft column j stands for target id
+``hot_token_id[j]``: q is spread onto those target ids before the race, so
+every draft races on the uniform of the target id it proposes, and the
+winners are mapped back to draft columns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tree_children import coupled_children
+from .weights import id_ordered_filtered_probs, target_weights
+
+
+def draft_children(
+    logits: torch.Tensor,  # [R, V_draft] float: draft logits
+    temperatures: torch.Tensor,  # [R, 1] float
+    top_ks: torch.Tensor,  # [R] int: top_k <= 1 marks a greedy row
+    seeds: torch.Tensor,  # [R] int64 request seeds (uint64 bits)
+    positions: torch.Tensor,  # [R] int: absolute position of the token each row drafts
+    k: int,
+    *,
+    cut: tuple = (None, None, None),  # (top_ks [R], top_ps [R], min_ps [R] or None), all None: no row truncates
+    kernel: str = "auto",
+    hot_token_id: torch.Tensor | None = None,  # [V_draft] int64: target id of each draft column
+    target_vocab: int | None = None,  # the target's vocabulary size, with hot_token_id
+) -> torch.Tensor:
+    """float32 [R, V_draft]: each sampled row's coupled children at their scores, zero elsewhere.
+
+    Row r: ``q = softmax(logits[r] / T_r)``, ``w`` = q cut by the row's
+    top-k / top-p / min-p in draft-column order where ``cut`` asks for it
+    (:func:`~sglang_detspec.ops.weights.id_ordered_filtered_probs`, the
+    target's rule; over a full vocabulary that is token-id order), spread onto
+    target ids through ``hot_token_id`` when given (zero elsewhere), then
+    children = ``coupled_children(w, seeds[r], positions[r], k)`` (q's
+    Gumbel-top-k on the TARGET stream, keyed by target id), each at its score
+    (the race winner at 1), back in draft columns. Greedy rows
+    (``top_ks <= 1``) return q itself, so a top-k of q drafts them. No host
+    sync: safe inside CUDA-graph capture (so greedy rows are raced too and
+    their children thrown away: picking rows out would need one). Unchecked
+    (called inside capture); ``coupled_children`` raises ValueError for an
+    unknown ``kernel``.
+    """
+    rows, v = logits.shape
+    q = target_weights(logits.float(), temperatures)
+    weights = id_ordered_filtered_probs(q, *cut) if any(c is not None for c in cut) else q
+    if hot_token_id is not None:
+        spread = torch.zeros(rows, target_vocab, dtype=weights.dtype, device=weights.device)
+        weights = spread.index_copy_(1, hot_token_id, weights)
+    children, score = coupled_children(weights, seeds, positions, min(k, v), kernel=kernel)
+    if hot_token_id is not None:
+        # Target ids back to draft columns; a zero-weight child off the draft vocabulary lands in
+        # a spare last column and drops out.
+        column = torch.full((target_vocab,), v, dtype=torch.int64, device=logits.device)
+        column[hot_token_id] = torch.arange(v, device=logits.device)
+        children = column[children]
+    sparse = torch.zeros(rows, v + 1, dtype=torch.float32, device=logits.device)
+    sparse.scatter_(1, children, score.float())
+    return torch.where((top_ks <= 1).view(-1, 1), q, sparse[:, :v])
