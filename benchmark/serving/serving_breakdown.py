@@ -264,13 +264,8 @@ def cell_rows(config: str, concurrency: int, result: dict) -> list[dict]:
 
 def render_markdown(doc: dict) -> str:
     """``breakdown.md``: one row per (configuration, concurrency), ms per step by class, then what is missing."""
-    cells: dict[tuple[str, int], dict[str, float]] = {}
-    steps: dict[tuple[str, int], tuple[float, int]] = {}
-    for r in doc["rows"]:
-        key = (r["config"], r["concurrency"])
-        cells.setdefault(key, {})[r["class"]] = r["gpu_ms_per_step"]
-        if "step_ms" in r:
-            steps[key] = (r["step_ms"], r.get("steps", 0))
+    cells = cell_table(doc)
+    steps = {(r["config"], r["concurrency"]): (r["step_ms"], r.get("steps", 0)) for r in doc["rows"] if "step_ms" in r}
     lines = ["# GPU time per decode / verify step by kernel class", "",
              f"- date (UTC): {doc.get('date_utc')}", f"- machine: {doc.get('machine')}"]
     for field in ("settings", "server_env", "server_args"):
@@ -296,12 +291,63 @@ def render_markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_breakdown(out: str, doc: dict) -> list[str]:
+def cell_table(doc: dict) -> dict[tuple[str, int], dict[str, float]]:
+    """``{(config, concurrency): {class: ms per step}}`` of ``doc``'s rows."""
+    cells: dict[tuple[str, int], dict[str, float]] = {}
+    for r in doc["rows"]:
+        cells.setdefault((r["config"], r["concurrency"]), {})[r["class"]] = r["gpu_ms_per_step"]
+    return cells
+
+
+def plot(doc: dict, path: str) -> str:
+    """A stacked-bar PNG of ``doc``: one panel per concurrency, one bar per configuration, ms per step by class.
+
+    The stacks are ``TABLE_CLASSES`` (classes without one summed into
+    ``rest``), idle on top, so a bar's height is the step period.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = cell_table(doc)
+    concs = sorted({c for _, c in cells})
+    configs = sorted({k for k, _ in cells})
+    stacks = [c for c in TABLE_CLASSES if c != "idle"] + ["rest", "idle"]
+    colors = plt.get_cmap("tab20").colors
+    fig, axes = plt.subplots(1, max(1, len(concs)), figsize=(3.2 * max(1, len(concs)) + 2.5, 5), squeeze=False)
+    for ax, conc in zip(axes[0], concs):
+        names = [k for k in configs if (k, conc) in cells]
+        bottom = [0.0] * len(names)
+        for i, cls in enumerate(stacks):
+            heights = []
+            for k in names:
+                values = cells[(k, conc)]
+                heights.append(sum(v for c, v in values.items() if c not in TABLE_CLASSES) if cls == "rest"
+                               else values.get(cls, 0.0))
+            ax.bar(names, heights, bottom=bottom, color="lightgrey" if cls == "idle" else colors[i % len(colors)],
+                   label=cls, edgecolor="white", linewidth=0.3)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.set_title(f"c = {conc}")
+        ax.set_xlabel("configuration")
+    axes[0][0].set_ylabel("ms per decode / verify step")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="center right", fontsize=7)
+    fig.suptitle(f"GPU time per step by kernel class ({str(doc.get('date_utc') or '')[:10]}, "
+                 f"{str(doc.get('machine') or '').split(',')[0]})", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1 - 2.2 / (3.2 * max(1, len(concs)) + 2.5), 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_breakdown(out: str, doc: dict, *, with_plot: bool = False) -> list[str]:
     """Write ``breakdown.json`` and ``breakdown.md`` of ``doc`` into ``out``; returns the paths.
 
     ``doc``: ``date_utc`` (str), ``machine`` (str), ``rows`` (see
     :func:`cell_rows`), optionally ``missing`` ([{config, concurrency, why}]),
     ``anomalies`` ([{config, concurrency, text}]) and settings to record.
+    ``with_plot``: also ``breakdown.png`` (:func:`plot`; skipped without matplotlib).
 
     Raises:
         ValueError: a row without config (str), concurrency (int), class (str)
@@ -320,4 +366,33 @@ def write_breakdown(out: str, doc: dict) -> list[str]:
         json.dump(doc, f, indent=1)
     with open(paths[1], "w") as f:
         f.write(render_markdown(doc))
+    if with_plot and doc["rows"]:
+        try:
+            paths.append(plot(doc, os.path.join(out, "breakdown.png")))
+        except ImportError:  # the tables stand without the plot; it can be drawn later from the JSON
+            pass
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python serving_breakdown.py breakdown.json [--out DIR]``: tables and the stacked-bar plot again."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="breakdown.md and breakdown.png from a breakdown.json")
+    parser.add_argument("breakdown_json")
+    parser.add_argument("--out", default=None, help="folder to write (default: the JSON's folder)")
+    args = parser.parse_args(argv)
+    try:
+        doc = json.load(open(args.breakdown_json))
+        written = write_breakdown(args.out or os.path.dirname(os.path.abspath(args.breakdown_json)), doc,
+                                  with_plot=True)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"breakdown_json: {exc}")
+    print(json.dumps(written))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -28,6 +28,28 @@ servers are stopped and the report is written from what was measured.
 Several commands, each measuring (b) beside its own configurations, make one
 report with ``serving_report.py OUT1 OUT2 --out MERGED`` (ratios to (b)
 within each command).
+
+Two other modes share the models, server plans, time limits and report
+rewriting:
+
+- ``--breakdown`` (default configurations ``adefg``): the servers start
+  together (``--max-servers-per-gpu`` of them per GPU), and each ready server
+  in turn, the others idle, runs one breakdown cell per concurrency
+  (``serving_breakdown.py``: a lockstep wave of c requests, a few decode
+  steps profiled, the kernels classified by ``serving_kernels.py``); then it
+  is stopped. Writes ``breakdown.json`` / ``.md`` / ``.png`` after every cell
+  and ``breakdown/<key>_<name>_c<c>.json`` with each cell's largest kernels.
+  A cell not measured (time, a failed server, a wave that never filled) is
+  listed with the reason.
+- ``--interleave`` (default ``abd``; (a) required): every server is started
+  at once; when none is starting any more, the driver runs the interleaved
+  protocol over the ready ones (``serving_interleave.py``: per round and
+  concurrency a, X1, X2, ...) and ``serving.json`` gains ``ratio_to_a``
+  (and to (b), (g)) from runs of the same round.
+
+``--server-env KEY=VALUE`` (repeatable) and ``--server-args '...'`` reach
+every configuration that runs the plugin, never (a), (b) or (g), so one
+harness measures a plugin setting on and off.
 """
 
 from __future__ import annotations
@@ -500,7 +522,7 @@ class Run:
             self.meta["wall_s"] = round(time.monotonic() - self.t0, 1)
             self.write_meta()
             if p["mode"] == "breakdown":
-                self.write_breakdown()
+                self.write_breakdown(with_plot=True)
             else:
                 self.report(with_plots=True)
             self.log("report written")
@@ -547,7 +569,7 @@ class Run:
                      + ", ".join(f"{c} {v:.3f}" for c, v in top) + f" ({result['wall_s']:.0f} s)")
             self.write_breakdown()
 
-    def write_breakdown(self) -> None:
+    def write_breakdown(self, with_plot: bool = False) -> None:
         import serving_breakdown
 
         measured = {(r["config"], r["concurrency"]) for r in self.bd_rows}
@@ -567,7 +589,7 @@ class Run:
                "server_env": self.plan["server_env"], "server_args": self.plan["server_args"],
                "label": self.plan["label"], "wall_s": round(time.monotonic() - self.t0, 1)}
         try:
-            serving_breakdown.write_breakdown(self.out, doc)
+            serving_breakdown.write_breakdown(self.out, doc, with_plot=with_plot)
         except Exception as exc:  # the per-cell JSON files stay on disk either way
             self.log(f"breakdown report failed: {type(exc).__name__}: {exc}")
 

@@ -1071,13 +1071,18 @@ def test_breakdown_report_rejects_bad_rows_and_lists_missing(tmp_path):
                                  "step_ms": 2.0, "steps": 5})
     doc = {"date_utc": "2026-12-02T00:00:00+00:00", "machine": "H200", "rows": rows,
            "missing": [{"config": "g", "concurrency": 128, "why": "120 s left"}]}
-    paths = bd.write_breakdown(str(tmp_path), doc)
+    paths = bd.write_breakdown(str(tmp_path), doc, with_plot=True)
+    assert Path(paths[2]).name == "breakdown.png" and Path(paths[2]).stat().st_size > 1000
     md = Path(paths[1]).read_text()
     assert "| d | 8 | 2.000 | 1.000 |" in md and "- g c=128: 120 s left" in md and md.rstrip().endswith("120 s left")
     assert "0.250 |" in md  # "other" summed into the rest column
     with pytest.raises(ValueError, match=r"rows\[0\]"):
         bd.write_breakdown(str(tmp_path), {**doc, "rows": [{"config": "d", "concurrency": "8", "class": "x",
                                                             "gpu_ms_per_step": 1.0}]})
+    # The command line draws the tables and the plot again from the JSON alone.
+    again = tmp_path / "again"
+    assert bd.main([paths[0], "--out", str(again)]) == 0
+    assert (again / "breakdown.png").exists() and (again / "breakdown.md").read_text() == md
 
 
 # -- the interleaved protocol (serving_interleave.py, serving_driver.run_interleaved) ------------
