@@ -1158,6 +1158,33 @@ def test_driver_interleaves_calibrates_and_stops_at_the_budget(tmp_path):
     assert "interleaved: output tokens/s relative to (a)" in Path(written["markdown"]).read_text()
 
 
+def test_orchestrator_interleaves_every_ready_server(tmp_path, monkeypatch):
+    """serving_run --interleave end to end: stand-in servers, the real bench_serving client, the report."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN_SCRIPT)
+    model_dir = tmp_path / "models"
+    (model_dir / "target").mkdir(parents=True)
+    models.write_tokenizer(str(model_dir / "target"), 1000)
+    (model_dir / "target" / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
+    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+
+    def stand_in_command(config, settings, *, port, **kwargs):
+        return [sys.executable, str(script), str(port), "ok"]
+
+    monkeypatch.setattr(run, "server_command", stand_in_command)
+    out = tmp_path / "out"
+    rc = run.main(["--out", str(out), "--models", str(model_dir), "--interleave", "--configs", "da",
+                   "--concurrency", "2", "--input-len", "8", "--output-len", "4", "--rounds", "1",
+                   "--max-total-tokens", "1024", "--gpus", "1", "--budget-s", "300", "--port-base", "34200",
+                   "--min-seconds", "0", "--alternations", "2"])
+    assert rc == 0
+    rows = report.load_rows(str(out / "results.jsonl"))
+    assert [(r["round"], r["key"]) for r in rows] == [(0, "a"), (0, "d"), (1, "a"), (1, "d"), (2, "a"), (2, "d")]
+    js = json.loads((out / "serving.json").read_text())
+    assert js["interleaved"] is True and js["ratio_to_a_spread"]["d"]["2"]["n"] == 2
+    assert js["meta"]["mode"] == "interleave" and js["meta"]["repeats"] == 2
+
+
 # -- plugin settings for the deterministic configurations ---------------------------------------
 
 
