@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="configuration keys profiled at the largest concurrency ('' for none; "
                         f"default: those of {DEFAULT_PROFILE} in --configs)")
     p.add_argument("--profile-steps", type=int, default=6)
-    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
     p.add_argument("--max-servers-per-gpu", type=int, default=3,
                    help="servers held on one GPU at once (default 3: about 30 GB each at 8B)")
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole run")

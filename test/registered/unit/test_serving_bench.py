@@ -786,23 +786,29 @@ NVJET = "nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT"
 SPLITK = ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, "
           "false>(cublasLt::cublasSplitKParams<float>, float const*, __nv_bfloat16 const*, __nv_bfloat16*)")
 XMMA = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
-FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90"
-       "<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<128>, cute::C<176>, cute::C<128> >, "
+FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<"
+       "flash::CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, "
+       "cute::tuple<cute::C<128>, cute::C<176>, cute::C<128> >, "
        "128, cutlass::bfloat16_t, float, cutlass::arch::Sm90, false, false, false, true, true, true>>>>(Params)")
-FA3_COMBINE = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>, "
-               "cute::C<128> >, 7, 256, 1, false, true, cutlass::bfloat16_t, float, cutlass::arch::Sm90> > >(Params)")
+FA3_COMBINE = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdCombine<"
+               "cute::tuple<cute::C<8>, cute::C<128> >, 7, 256, 1, false, true, cutlass::bfloat16_t, float, "
+               "cutlass::arch::Sm90> > >(Params)")
 FA3_PREPARE = "void flash::prepare_varlen_num_blocks_kernel<1, false, true>(int, int, int, int const*, int*)"
 MERGE = "void merge_state_kernel<__nv_bfloat16, 8u, 128u>(__nv_bfloat16 const*, float const*, __nv_bfloat16*)"
-ROPE = "void sglang::fused_rope_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, 16u>(sglang::FusedRopeParams)"
+ROPE = ("void sglang::fused_rope_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, 16u>"
+        "(sglang::FusedRopeParams)")
 ACT = "void sglang::act_and_mul_kernel<__nv_bfloat16, (sglang::ActivationKind)0, true>(sglang::ActivationParams)"
 COPY_F32 = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
             "::{lambda()#3}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, 4>(int)")
-ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>, false>"
-POW = ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::pow_tensor_scalar_kernel_impl"
-       "<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#1}, std::array<char*, 2ul>, false>")
+ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+       "std::array<char*, 3ul>, false>")
+POW = ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::"
+       "pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#1}, "
+       "std::array<char*, 2ul>, false>")
 MEAN = "mean_kernel"
-MUL = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<at::native::BinaryFunctor<float, float, "
-       "float, at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&)::{lambda(int)#1}>(int)")
+MUL = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<at::native::BinaryFunctor<"
+       "float, float, float, at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&)::"
+       "{lambda(int)#1}>(int)")
 FUSED_NORM = "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*)"
 SOFTMAX = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
            "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)")
@@ -940,7 +946,8 @@ def test_breakdown_divides_by_steps_between_target_forwards():
     assert r["busy_ms"] == pytest.approx(2 * n / 1e3) and set(r["gpu_ms_per_step"]) == set(sk.CLASSES)
     assert r["top"][0]["class"] in ("norm", "gemm_qkv", "elementwise", "gemm_draft_layer")
     # Overlapping kernels (two streams): idle is the window minus their union, not minus their sum.
-    over = [sk.Kernel(k.name, k.ts, k.dur) for k in kernels] + [sk.Kernel(SCAN, kernels[2 * n + 2].ts, 2.0)]  # beside a rope kernel
+    beside_rope = sk.Kernel(SCAN, kernels[2 * n + 2].ts, 2.0)
+    over = [sk.Kernel(k.name, k.ts, k.dur) for k in kernels] + [beside_rope]
     over.sort(key=lambda k: k.ts)
     r2 = sk.breakdown(over, skip_steps=1)
     assert r2["gpu_ms_per_step"]["idle"] == pytest.approx(r["gpu_ms_per_step"]["idle"])
@@ -970,7 +977,7 @@ def test_capture_settings_bounds_and_kv_tokens():
     assert s.kv_tokens(128) == 128 * (128 + 192 + 16) <= 45056
     with pytest.raises(ValueError, match="profile_steps must lie"):
         bd.CaptureSettings(profile_steps=2)
-    with pytest.raises(ValueError, match=r"start_tokens must be >= 4 x \(profile_steps \+ 2\) = 40 tokens, got 96 - 64"):
+    with pytest.raises(ValueError, match=r"start_tokens must be >= 4 x \(profile_steps \+ 2\) = 40 tokens, got 96 - 6"):
         bd.CaptureSettings(output_len=96, start_tokens=64)
     with pytest.raises(ValueError, match="skip_steps"):
         bd.CaptureSettings(profile_steps=4, skip_steps=3)
