@@ -249,25 +249,19 @@ def classify(kernels: list[Kernel], *, draft_layers: int = 1) -> Classified:
 
     classes: list[str] = []
     last_lm_head_role: str | None = None
-    last_gemm: tuple[str, str] | None = None
-    for i, (k, kind) in enumerate(zip(kernels, kinds)):
+    for i, kind in enumerate(kinds):
         if kind == "gemm":
             role, name = slot.get(i, ("", "other"))
-            last_gemm = (role, name)
             if name == "lm_head":
                 last_lm_head_role = role
             table = DRAFT_GEMMS if role == "draft" else TARGET_GEMMS
             classes.append(table.get(name, "gemm_other"))
         elif kind == "gemm_aux":
             classes.append(classes[-1] if i and classes[-1].startswith("gemm_") else "gemm_other")
-        elif kind == "attention":
-            classes.append("attention")
         elif kind == "plugin_race":
             classes.append("plugin_draft" if last_lm_head_role == "draft" else "plugin_sampling")
-        elif kind in ("plugin_verify", "plugin_tree_rows", "norm", "sampling"):
+        else:  # the kind is the class; elementwise / other may become norms below
             classes.append(kind)
-        else:
-            classes.append(kind)  # elementwise / other; positional norms below
     # Unnamed kernels between o and gate_up, down and the next qkv, down and lm_head: that norm's work.
     gemm_idx = [i for i, kind in enumerate(kinds) if kind == "gemm"]
     for a, b in zip(gemm_idx, gemm_idx[1:]):
