@@ -78,6 +78,7 @@ CLASSES = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down", "gemm_lm_head", "g
            "gemm_draft_layer", "gemm_draft_lm_head", "gemm_other", "attention", "norm", "elementwise",
            "plugin_sampling", "plugin_verify", "plugin_draft", "plugin_tree_rows", "sampling", "other", "idle")
 LAYER_GEMMS = 4  # o, gate_up, down and the next layer's qkv between two attention sites of one forward
+NAME_CHARS = 80  # kernel names in a breakdown's first-step listing are cut to this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +308,9 @@ def breakdown(kernels: list[Kernel], *, skip_steps: int = 1, draft_layers: int =
         step, "forwards_per_step": {"target": float, "draft": float},
         "kernels_per_step": float, "anomalies": [str] (inside the window),
         "anomalies_outside_window": int, "top": [{"name",
-        "class", "count", "total_us"}] (the 40 largest names in the window)}``.
+        "class", "count", "total_us"}] (the 40 largest names in the window),
+        "first_step": [[name (cut to NAME_CHARS), class, duration us]] (the
+        window's first step, in order)}``.
         Class times can sum above ``busy_ms`` where kernels overlap.
 
     Raises:
@@ -344,6 +347,10 @@ def breakdown(kernels: list[Kernel], *, skip_steps: int = 1, draft_layers: int =
     in_window = [f for f in result.forwards if f.first_gemm is not None and lo <= kernels[f.first_gemm].ts < hi]
     top = sorted(({"name": n, "class": c, "count": v[0], "total_us": v[1]} for (n, c), v in names.items()),
                  key=lambda r: -r["total_us"])[:40]
+    second = kernels[anchors[1]].ts
+    # The first step's kernels in order, names cut short: what a reader checks the layer placement on.
+    first_step = [[k.name[:NAME_CHARS], cls, round(k.dur, 2)] for k, cls in zip(kernels, result.classes)
+                  if lo <= k.ts < second]
     return {
         "steps": steps,
         "step_ms": (hi - lo) / steps / 1e3,
@@ -354,6 +361,7 @@ def breakdown(kernels: list[Kernel], *, skip_steps: int = 1, draft_layers: int =
         "anomalies": [t for i, t in result.anomalies if lo <= kernels[i].ts < hi],
         "anomalies_outside_window": sum(1 for i, _ in result.anomalies if not lo <= kernels[i].ts < hi),
         "top": top,
+        "first_step": first_step,
     }
 
 

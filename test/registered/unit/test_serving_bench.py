@@ -945,6 +945,11 @@ def test_breakdown_divides_by_steps_between_target_forwards():
     assert sum(v for c, v in r["gpu_ms_per_step"].items() if c != "idle") == pytest.approx(2 * n / 1e3)
     assert r["busy_ms"] == pytest.approx(2 * n / 1e3) and set(r["gpu_ms_per_step"]) == set(sk.CLASSES)
     assert r["top"][0]["class"] in ("norm", "gemm_qkv", "elementwise", "gemm_draft_layer")
+    first = r["first_step"]
+    # From the target's qkv to the next step's embedding kernels, after the last draft's race.
+    assert len(first) == n and first[0][1] == "gemm_qkv" and [c for _, c, _ in first[-3:]] == [
+        "plugin_draft", "elementwise", "elementwise"]
+    assert all(len(name) <= sk.NAME_CHARS for name, _, _ in first)
     # Overlapping kernels (two streams): idle is the window minus their union, not minus their sum.
     beside_rope = sk.Kernel(SCAN, kernels[2 * n + 2].ts, 2.0)
     over = [sk.Kernel(k.name, k.ts, k.dur) for k in kernels] + [beside_rope]
