@@ -2,7 +2,8 @@
 # On the GPU machine after the wheel install: one command of the serving benchmark (models
 # written unless present, servers, bench_serving at concurrency 1/8/32/128 with repetitions,
 # profile, report). Results land in $OUT (default /tmp/detspec-serving), also packed into
-# $ARCHIVE when set; extra arguments go to serving_run.py, e.g. --configs bd --profile d.
+# $ARCHIVE when set; extra arguments go to serving_run.py, e.g. --configs bd --profile d, or
+# --breakdown (GPU time per step by kernel class) or --interleave (paired ratios to (a) and (b)).
 # A 600 s command holds (b) and one or two more configurations (scripts/h200/README.md);
 # serving_report.py OUT1 OUT2 ... --out DIR merges several commands into one report.
 #   COMMAND_LIMIT_S=590 bash benchmark/serving/run_h200.sh --configs bd --profile d
@@ -24,5 +25,6 @@ rc=$?
 # ARCHIVE: everything in the result folder packed into one file (for a caller that fetches few files).
 if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")"; fi
 tail -n 5 "$out/serving.md" 2>/dev/null
+head -n 40 "$out/breakdown.md" 2>/dev/null
 cat "$out"/profile_*.txt 2>/dev/null | head -n 12
 exit $rc

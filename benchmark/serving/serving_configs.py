@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 
 CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
@@ -133,6 +134,40 @@ def parse_int_list(text: str, name: str, *, minimum: int = 1, maximum: int = 409
     if bad:
         raise ValueError(f"{name} values must lie in [{minimum}, {maximum}], got {bad}")
     return values
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_pairs(pairs: list[str], name: str = "server_env") -> dict[str, str]:
+    """``["K=V", ...]`` -> ``{"K": "V"}`` (the value may hold ``=``); ValueError naming ``name`` otherwise.
+
+    A key must be a shell variable name; a key given twice is an error.
+    """
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not ENV_NAME.fullmatch(key):
+            raise ValueError(f"{name} entries must be KEY=VALUE with KEY a variable name, got {pair!r}")
+        if key in env:
+            raise ValueError(f"{name}: {key} given twice")
+        env[key] = value
+    return env
+
+
+def plugin_overrides(config: BenchConfig, argv: list[str], env: dict[str, str], *, server_env: dict[str, str],
+                     server_args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``argv`` and ``env`` of ``config``'s server with the caller's plugin settings added.
+
+    Only configurations that run the plugin (``plugin_expected``) get them:
+    a setting of the plugin has no effect elsewhere, and the references
+    (a), (b), (g) stay what they measure. ``server_env`` wins over the
+    configuration's own variables of the same name; ``server_args`` are
+    appended to the command line.
+    """
+    if not config.plugin_expected:
+        return list(argv), dict(env)
+    return list(argv) + list(server_args), {**env, **server_env}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serving_configs import LoadSettings, RepeatSettings, bench_args, shell_line  # noqa: E402
+from serving_interleave import schedule  # noqa: E402
 
 
 def import_bench_serving():
@@ -230,6 +231,104 @@ def run_profile(spec: dict, conc: int, load: LoadSettings) -> int:
     return 1 if "error" in row else 0
 
 
+def run_interleaved(spec: dict, *, run=run_bench, clock=time.monotonic) -> int:
+    """The interleaved protocol (``serving_interleave.py``) over several servers; 1 if some run failed.
+
+    ``spec``: ``mode: "interleave"``, ``servers`` ({key: {url, name, title}}),
+    ``tokenizer``, ``out``, ``concurrencies``, ``load`` and ``repeat``
+    (LoadSettings / RepeatSettings fields: ``min_seconds``, ``margin`` and
+    the first-run prompt rule apply), ``rounds``, optionally ``time_left_s``.
+    Every run is one row of ``<out>/results.jsonl`` with ``round`` (0:
+    calibration, a warm-up never counted) and ``interleaved: true``. A
+    (round, concurrency) group of runs starts only when all of it is
+    predicted to end before the time limit (from each configuration's
+    calibration: seconds per prompt plus the call's overhead); a cell left
+    with fewer valid rounds than ``rounds`` gets a ``note`` row saying why.
+    ``run`` and ``clock`` are bench_serving and ``time.monotonic`` except in tests.
+    """
+    load = LoadSettings(**spec["load"])
+    repeat = RepeatSettings(**spec["repeat"])
+    servers = spec["servers"]
+    rounds = int(spec["rounds"])
+    deadline = clock() + float(spec.get("time_left_s", float("inf")))
+    out = spec["out"]
+    raw = os.path.join(out, "raw")
+    os.makedirs(raw, exist_ok=True)
+    results = os.path.join(out, "results.jsonl")
+    plan = schedule(list(servers), list(spec["concurrencies"]), rounds)
+    prompts: dict[tuple[str, int], int] = {}
+    cost: dict[tuple[str, int], tuple[float, float]] = {}  # seconds per prompt, overhead per call
+    valid: dict[tuple[str, int], int] = {}
+    skipped: dict[tuple[str, int], str] = {}
+    failures = 0
+    groups: dict[tuple[int, int], list[str]] = {}
+    for rnd, conc, key in plan:
+        groups.setdefault((rnd, conc), []).append(key)
+    for (rnd, conc), keys in groups.items():
+        if rnd > 0:
+            keys = [k for k in keys if (k, conc) in prompts]
+            predicted = sum(cost[(k, conc)][0] * prompts[(k, conc)] + cost[(k, conc)][1] for k in keys)
+            if predicted > deadline - clock():
+                for k in keys:
+                    skipped.setdefault((k, conc), f"round {rnd} predicted to take {predicted:.0f} s, "
+                                                  f"{max(0.0, deadline - clock()):.0f} s left")
+                continue
+        elif deadline - clock() < max(repeat.min_seconds, 1.0):
+            for k in keys:
+                skipped.setdefault((k, conc), "no time left to calibrate")
+            continue
+        for key in keys:
+            server = servers[key]
+            n = repeat.start_prompts(load, conc) if rnd == 0 else prompts[(key, conc)]
+            tag = f"{server['name']}_c{conc}_i{rnd}"
+            raw_file = os.path.join(raw, f"{tag}.jsonl")
+            args = bench_args(server["url"], spec["tokenizer"], conc, load, output_file=raw_file, tag=tag,
+                              num_prompts=n, warmup_requests=None if rnd == 0 else 0)
+            row = {"key": key, "name": server["name"], "title": server["title"], "concurrency": conc,
+                   "round": rnd, "rep": rnd, "interleaved": True, "num_prompts": n,
+                   "command": shell_line([sys.executable, "-m", "sglang.bench_serving", *args])}
+            started = clock()
+            try:
+                result = run(args, raw_file)
+                result["measured_concurrency"] = result.pop("concurrency", None)
+                row.update({k: v for k, v in result.items() if k not in row})
+                duration = result.get("duration")
+                if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
+                    raise RuntimeError(f"bench_serving reported no positive duration: {duration!r}")
+                row["duration_s"] = round(float(duration), 3)
+                row["valid"] = rnd > 0 and repeat.is_valid(duration)
+                row["warmup"] = not row["valid"]
+            except Exception as exc:
+                failures += 1
+                row.update({"error": f"{type(exc).__name__}: {exc}", "valid": False, "warmup": False,
+                            "duration_s": None})
+                traceback.print_exc()
+            row["wall_s"] = round(clock() - started, 2)
+            _append(results, row)
+            print(f"[driver] interleaved round {rnd} {server['name']} c={conc} ({n} prompts): "
+                  + (row.get("error") or f"{row['duration_s']} s, {row.get('output_throughput', 0):.1f} tok/s"),
+                  flush=True)
+            if "error" in row:
+                prompts.pop((key, conc), None)  # no more runs of a cell whose server answers with errors
+                skipped[(key, conc)] = f"round {rnd} failed ({row['error'][:200]})"
+                continue
+            duration = row["duration_s"]
+            cost[(key, conc)] = (duration / n, max(0.0, row["wall_s"] - duration))
+            valid[(key, conc)] = valid.get((key, conc), 0) + int(row["valid"])
+            if rnd == 0 or not row["valid"]:  # calibrate (again): runs of about margin x min_seconds
+                prompts[(key, conc)] = n if duration >= repeat.margin * repeat.min_seconds else \
+                    repeat.next_prompts(n, duration, conc)
+    for key, server in servers.items():
+        for conc in spec["concurrencies"]:
+            got = valid.get((key, conc), 0)
+            if got < rounds:
+                why = skipped.get((key, conc), "not reached")
+                _append(results, {"key": key, "name": server["name"], "title": server["title"],
+                                  "concurrency": conc, "interleaved": True, "valid": False,
+                                  "note": f"{got} valid round(s) of {rounds}: {why}"})
+    return 1 if failures else 0
+
+
 def run_spec(spec: dict) -> int:
     """Every concurrency level of ``spec``; 1 when some run failed, else 0.
 
@@ -238,8 +337,11 @@ def run_spec(spec: dict) -> int:
     (RepeatSettings fields; without it one run per level), ``time_left_s``
     (seconds this server may take; no run starts that is predicted to end
     later), ``profile_dir`` and ``profile_steps`` (one profiled run per level
-    instead, in ``profile_runs.jsonl``).
+    instead, in ``profile_runs.jsonl``). A spec with ``mode: "interleave"``
+    goes to :func:`run_interleaved`.
     """
+    if spec.get("mode") == "interleave":
+        return run_interleaved(spec)
     load = LoadSettings(**spec["load"])
     if spec.get("profile_dir"):
         return 1 if sum(run_profile(spec, conc, load) for conc in spec["concurrencies"]) else 0

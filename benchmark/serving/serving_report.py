@@ -23,6 +23,13 @@ command's ``repeats`` (2 when its meta.json does not say) and the missing
 cells (planned in meta.json, configurations x concurrencies, or else seen in
 the rows, without any valid run), each with the reason recorded.
 
+Runs of the interleaved protocol (``serving_run.py --interleave``; rows with
+``round`` and ``interleaved``) add paired ratios, each between runs of one
+round of one command (``serving_interleave.py``): ``serving.json`` gets
+``"interleaved": true``, ``"ratio_to_a": {"<config>": {"<concurrency>":
+median}}`` and ``ratio_to_a_spread`` (min, max, n rounds), the same to (b)
+and (g) where a command ran them, and ``serving.md`` their tables.
+
 Writes ``serving.md``, ``serving.json`` and one PNG per metric (medians, bars
 from min to max).
 
@@ -40,6 +47,9 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serving_interleave  # noqa: E402
+
 METRICS = (  # (field, label, unit, higher is better)
     ("output_throughput", "output tokens/s", "tokens/s", True),
     ("mean_itl_ms", "mean inter-token latency", "ms", False),
@@ -52,7 +62,7 @@ REFERENCE_KEY = "b"
 RATIO_FIELDS = ("output_throughput", "mean_itl_ms", "p99_itl_ms")
 DEFAULT_REPEATS = 2
 # Numeric row fields that are settings of the run, not measurements: no median for them.
-SETTING_FIELDS = frozenset({"concurrency", "rep", "max_concurrency", "random_input_len", "random_output_len",
+SETTING_FIELDS = frozenset({"concurrency", "rep", "round", "max_concurrency", "random_input_len", "random_output_len",
                             "random_range_ratio", "request_rate", "sharegpt_output_len"})
 
 
@@ -258,6 +268,7 @@ def summarize(commands: list[Command]) -> dict:
             per_field[field] = per_key
         summary["ratios"][label] = per_field
     summary["concs"] = sorted(summary["concs"])
+    summary["interleaved"] = serving_interleave.ratio_tables([c.rows for c in commands])
     return summary
 
 
@@ -364,6 +375,7 @@ def render_markdown(summary: dict) -> str:
                              f"{_fmt(v['min'], 3)}–{_fmt(v['max'], 3)} (n={v['n']}/{v['n_b']})")
             lines.append(f"| {_row_name(summary, label, key)} | " + " | ".join(texts) + " |")
         lines.append("")
+    lines += serving_interleave.render_markdown(summary.get("interleaved") or {}, concs)
     if summary["no_reference"]:
         lines += ["No ratio where the command did not measure (b) at that concurrency: "
                   + ", ".join(_where(summary, *item) for item in summary["no_reference"]), ""]
@@ -451,6 +463,7 @@ def _json_summary(summary: dict, commands: list[Command]) -> dict:
                 legacy[field][key][str(c)] = found[0]["ratio"] if found else None
     rows = [{**r, "measured_by": label} for label, command in zip(labels, commands) for r in command.rows]
     return {
+        **summary["interleaved"],
         "meta": summary["metas"][labels[0]] if len(labels) == 1 else {},
         "commands": summary["metas"],
         "rows": rows,

@@ -28,6 +28,28 @@ servers are stopped and the report is written from what was measured.
 Several commands, each measuring (b) beside its own configurations, make one
 report with ``serving_report.py OUT1 OUT2 --out MERGED`` (ratios to (b)
 within each command).
+
+Two other modes share the models, server plans, time limits and report
+rewriting:
+
+- ``--breakdown`` (default configurations ``adefg``): the servers start
+  together (``--max-servers-per-gpu`` of them per GPU), and each ready server
+  in turn, the others idle, runs one breakdown cell per concurrency
+  (``serving_breakdown.py``: a lockstep wave of c requests, a few decode
+  steps profiled, the kernels classified by ``serving_kernels.py``); then it
+  is stopped. Writes ``breakdown.json`` / ``.md`` / ``.png`` after every cell
+  and ``breakdown/<key>_<name>_c<c>.json`` with each cell's largest kernels.
+  A cell not measured (time, a failed server, a wave that never filled) is
+  listed with the reason.
+- ``--interleave`` (default ``abd``; (a) required): every server is started
+  at once; when none is starting any more, the driver runs the interleaved
+  protocol over the ready ones (``serving_interleave.py``: per round and
+  concurrency a, X1, X2, ...) and ``serving.json`` gains ``ratio_to_a``
+  (and to (b), (g)) from runs of the same round.
+
+``--server-env KEY=VALUE`` (repeatable) and ``--server-args '...'`` reach
+every configuration that runs the plugin, never (a), (b) or (g), so one
+harness measures a plugin setting on and off.
 """
 
 from __future__ import annotations
@@ -40,6 +62,7 @@ import importlib.metadata
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -50,12 +73,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from serving_configs import (  # noqa: E402
     ATTENTION_BACKENDS, CONFIGS, DEFAULT_CONCURRENCIES, DEFAULT_ORDER, LoadSettings, RepeatSettings, ServerSettings,
-    parse_int_list, parse_keys, server_command, shell_line,
+    parse_env_pairs, parse_int_list, parse_keys, plugin_overrides, server_command, shell_line,
 )
+from serving_breakdown import CaptureSettings  # noqa: E402
+from serving_interleave import schedule  # noqa: E402
 
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
 DRIVER_WRAP_UP_S = 5  # the driver starts no run predicted to end later than this before its limit
 DEFAULT_PROFILE = "dc"  # profiled unless --profile says otherwise, where --configs has them
+DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd"}  # --configs when it is not given
+BREAKDOWN_MIN_CELL_S = 30  # no breakdown cell starts with less left (warm-up, wave, profile export, parse)
+BREAKDOWN_TRACES = os.path.join("/tmp", "detspec-breakdown-traces")  # large traces stay out of the result folder
 # No server starts with less left: it needs 80-200 s to become healthy, so it would only delay the report.
 START_RESERVE_S = 150
 
@@ -80,13 +108,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", required=True,
                    help="model folder, written when missing (about 16 GB; keep it outside --out)")
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
-    p.add_argument("--configs", default=DEFAULT_ORDER, help="configuration keys in priority order (default bdeicagfh)")
+    p.add_argument("--configs", default=None,
+                   help="configuration keys in priority order (default bdeicagfh; adefg with --breakdown, "
+                        "abd with --interleave)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--breakdown", action="store_true",
+                      help="instead of bench_serving cells: GPU time per decode step by kernel class at each "
+                           "concurrency (serving_breakdown.py), one configuration at a time; writes breakdown.json")
+    mode.add_argument("--interleave", action="store_true",
+                      help="every server up at once, each cell's runs alternating a, X, ... per round "
+                           "(serving_interleave.py); serving.json gains ratio_to_a / ratio_to_b")
+    p.add_argument("--alternations", type=int, default=3,
+                   help="--interleave: rounds per cell after the calibration run (default 3; cut by the budget)")
+    p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment of every configuration that runs the plugin (repeatable)")
+    p.add_argument("--server-args", default="", metavar="'ARGS'",
+                   help="extra launch_server arguments of every configuration that runs the plugin, one "
+                        "shell-quoted string (write --server-args='--flag' for a single flag)")
+    p.add_argument("--breakdown-output-len", type=int, default=192,
+                   help="--breakdown: new tokens per request of the measured wave (default 192)")
+    p.add_argument("--breakdown-start-tokens", type=int, default=64,
+                   help="--breakdown: tokens every request has streamed when the profile starts (default 64: "
+                        "the context then matches the cells' mean, input + output / 2)")
+    p.add_argument("--breakdown-steps", type=int, default=8,
+                   help="--breakdown: forwards profiled per cell (default 8; the first is left out)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
     p.add_argument("--profile", default=None,
                    help="configuration keys profiled at the largest concurrency ('' for none; "
                         f"default: those of {DEFAULT_PROFILE} in --configs)")
     p.add_argument("--profile-steps", type=int, default=6)
-    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
     p.add_argument("--max-servers-per-gpu", type=int, default=3,
                    help="servers held on one GPU at once (default 3: about 30 GB each at 8B)")
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole run")
@@ -117,9 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(args) -> dict:
     """Parsed and checked settings; ValueError naming the argument otherwise."""
-    keys = parse_keys(args.configs)
+    mode = "breakdown" if args.breakdown else "interleave" if args.interleave else "cells"
+    keys = parse_keys(args.configs if args.configs is not None else DEFAULT_MODE_CONFIGS.get(mode, DEFAULT_ORDER))
     concs = parse_int_list(args.concurrency, "concurrency", maximum=1024)
-    if args.profile is None:
+    if mode != "cells":
+        if args.profile:
+            raise ValueError(f"profile: not used with --{mode} (pass --profile '' or leave it out)")
+        profile = []
+    elif args.profile is None:
         profile = [k for k in DEFAULT_PROFILE if k in keys]
     else:
         profile = parse_keys(args.profile) if args.profile.strip() else []
@@ -138,6 +195,21 @@ def validate(args) -> dict:
             raise ValueError(f"{name} must lie in [1, 3600], got {getattr(args, name)}")
     if not 1024 <= args.port_base <= 65535 - 600:
         raise ValueError(f"port_base must lie in [1024, 64935], got {args.port_base}")
+    server_env = parse_env_pairs(args.server_env, "server_env")
+    try:
+        server_args = shlex.split(args.server_args)
+    except ValueError as exc:
+        raise ValueError(f"server_args: {exc}") from None
+    capture = None
+    if mode == "interleave":
+        schedule(keys, concs, args.alternations)  # raises on a missing (a) or a bad round count
+        gpus = args.gpus or 1
+        if len(keys) > args.max_servers_per_gpu * gpus:
+            raise ValueError(f"configs: --interleave holds every server at once: {len(keys)} servers need "
+                             f"max_servers_per_gpu x gpus >= {len(keys)}, got {args.max_servers_per_gpu} x {gpus}")
+    if mode == "breakdown":
+        capture = CaptureSettings(input_len=args.input_len, output_len=args.breakdown_output_len,
+                                  start_tokens=args.breakdown_start_tokens, profile_steps=args.breakdown_steps)
     load = LoadSettings(input_len=args.input_len, output_len=args.output_len, rounds=args.rounds,
                         min_prompts=args.min_prompts)
     repeat = RepeatSettings(repeats=args.repeats, min_seconds=args.min_seconds, max_attempts=args.max_attempts,
@@ -145,24 +217,26 @@ def validate(args) -> dict:
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
                               mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend)
-    needed = max(concs) * (args.input_len + args.output_len + 16)
+    needed = capture.kv_tokens(max(concs)) if capture else max(concs) * (args.input_len + args.output_len + 16)
     if args.max_total_tokens < needed:
-        raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)), "
-                         f"got {args.max_total_tokens}")
+        raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)"
+                         f"{', output: --breakdown-output-len' if capture else ''}), got {args.max_total_tokens}")
     if args.label is not None and not args.label.strip():
         raise ValueError("label must not be empty")
     label = args.label or os.path.basename(os.path.normpath(args.out)) or "run"
     return {"keys": keys, "concs": concs, "profile": profile, "load": load, "repeat": repeat, "settings": settings,
-            "label": label}
+            "label": label, "mode": mode, "server_env": server_env, "server_args": server_args, "capture": capture}
 
 
 def plan_servers(keys: list[str], gpus: int, settings: ServerSettings, *, port_base: int, out: str,
-                 profile: list[str], max_conc: int) -> list[Server]:
+                 profile: list[str], max_conc: int, server_env: dict | None = None,
+                 server_args: list[str] = ()) -> list[Server]:
     """One :class:`Server` per configuration, GPUs assigned round-robin in priority order.
 
     The server with priority index i gets GPU ``i % gpus``, port ``port_base + 10 i`` and NCCL
     port ``port_base + 500 + i`` (explicit, so servers started together never race for one; the
-    gap of 10 leaves room for ports SGLang derives from a server's port).
+    gap of 10 leaves room for ports SGLang derives from a server's port). ``server_env`` and
+    ``server_args`` go to the configurations that run the plugin (``plugin_overrides``).
     """
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
@@ -171,7 +245,8 @@ def plan_servers(keys: list[str], gpus: int, settings: ServerSettings, *, port_b
         config = CONFIGS[key]
         port = port_base + 10 * i
         argv = server_command(config, settings, port=port) + ["--nccl-port", str(port_base + 500 + i)]
-        env = dict(config.env)
+        argv, env = plugin_overrides(config, argv, dict(config.env), server_env=server_env or {},
+                                     server_args=list(server_args))
         env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
         if key in profile:
             # Profile decode steps only once the whole largest-concurrency batch is admitted.
@@ -240,6 +315,9 @@ class Run:
         self.meta: dict = {}
         self._driver: subprocess.Popen | None = None
         self._driver_ready = False
+        self.bd_rows: list[dict] = []  # breakdown.json rows so far
+        self.bd_missing: list[dict] = []  # breakdown cells not measured, with the reason
+        self.bd_anomalies: list[dict] = []
 
     def left(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.t0)
@@ -347,12 +425,16 @@ class Run:
                 "key": s.key, "name": config.name, "title": config.title, "concurrencies": concs,
                 "load": dataclasses.asdict(self.plan["load"]), "repeat": dataclasses.asdict(self.plan["repeat"]),
                 "profile_dir": profile_dir, "profile_steps": self.args.profile_steps}
+        return self.send(spec, limit, s.key)
+
+    def send(self, spec: dict, limit: float, who: str) -> int:
+        """Hand ``spec`` to the driver and wait up to ``limit`` s for its ``done``; -2 on a time limit."""
         deadline = time.monotonic() + limit
         proc = self.driver()
         while not self._driver_ready:  # the import, when it has not finished yet
             line = self._read_line(proc, deadline - time.monotonic())
             if not line:
-                self.log(f"({s.key}) driver not ready within {limit:.0f} s (see logs/driver.log)")
+                self.log(f"({who}) driver not ready within {limit:.0f} s (see logs/driver.log)")
                 self.stop_driver()
                 return -2
             self._driver_ready = line.strip() == "ready"
@@ -363,7 +445,7 @@ class Run:
         while True:
             line = self._read_line(proc, deadline - time.monotonic())
             if not line:  # time limit or the driver died: a fresh one serves the next server
-                self.log(f"({s.key}) driver stopped after {limit:.0f} s (see logs/driver.log)")
+                self.log(f"({who}) driver stopped after {limit:.0f} s (see logs/driver.log)")
                 self.stop_driver()
                 return -2
             if line.startswith("done "):
@@ -414,12 +496,20 @@ class Run:
             "load": dataclasses.asdict(p["load"]), "repeat": dataclasses.asdict(p["repeat"]),
             "repeats": p["repeat"].repeats, "min_seconds": p["repeat"].min_seconds, "concurrencies": p["concs"],
             "configs": {k: CONFIGS[k].to_json() for k in p["keys"]},
+            "mode": p["mode"], "server_env": p["server_env"], "server_args": p["server_args"],
         })
+        if p["mode"] == "interleave":
+            self.meta.update({"interleaved": True, "alternations": self.args.alternations,
+                              "repeats": self.args.alternations})
+        if p["capture"] is not None:
+            self.meta["breakdown"] = dataclasses.asdict(p["capture"])
         self.servers = plan_servers(p["keys"], gpus, p["settings"], port_base=self.args.port_base, out=self.out,
-                                    profile=p["profile"], max_conc=max(p["concs"]))
+                                    profile=p["profile"], max_conc=max(p["concs"]), server_env=p["server_env"],
+                                    server_args=p["server_args"])
         self.meta["server_commands"] = {s.key: {"env": s.env, "argv": shell_line(s.argv)} for s in self.servers}
         self.write_meta()
-        self.driver()  # imports bench_serving while the models are written and the servers start
+        if p["mode"] != "breakdown":
+            self.driver()  # imports bench_serving while the models are written and the servers start
         try:
             self.ensure_models()
             self.write_meta()
@@ -432,11 +522,110 @@ class Run:
             self.meta["server_states"] = {s.key: s.state for s in self.servers}
             self.meta["wall_s"] = round(time.monotonic() - self.t0, 1)
             self.write_meta()
-            self.report(with_plots=True)
+            if p["mode"] == "breakdown":
+                self.write_breakdown(with_plot=True)
+            else:
+                self.report(with_plots=True)
             self.log("report written")
         return 0 if all(s.state == "done" for s in self.servers) else 1
 
+    def measure(self, s: Server) -> None:
+        """The measurements of one ready server (bench_serving cells, or the breakdown cells)."""
+        if self.plan["mode"] == "breakdown":
+            self.breakdown(s)
+            return
+        rc = self.drive(s, self.plan["concs"])
+        self.log(f"({s.key}) measured (driver rc {rc})")
+        if s.key in self.plan["profile"] and self.left() > 60:
+            self.profile(s)
+
+    def breakdown(self, s: Server) -> None:
+        """One breakdown cell per concurrency (``serving_breakdown.capture``), rows kept in ``self.bd_rows``."""
+        import serving_breakdown
+
+        config = CONFIGS[s.key]
+        for conc in self.plan["concs"]:
+            left = self.left() - REPORT_RESERVE_S
+            if left < BREAKDOWN_MIN_CELL_S:
+                self.bd_missing.append({"config": s.key, "concurrency": conc,
+                                        "why": f"{self.left():.0f} s left of the command's budget"})
+                continue
+            pid = f"{config.name}_c{conc}_{int(time.time())}"
+            try:
+                result = serving_breakdown.capture(f"http://127.0.0.1:{s.port}",
+                                                   os.path.join(BREAKDOWN_TRACES, config.name), pid, conc,
+                                                   self.plan["capture"], time_left_s=left)
+            except Exception as exc:  # the other cells are still worth measuring
+                why = f"{type(exc).__name__}: {exc}"
+                self.bd_missing.append({"config": s.key, "concurrency": conc, "why": why[:500]})
+                self.log(f"({s.key}) breakdown c={conc} failed: {why[:300]}")
+                continue
+            self.bd_rows += serving_breakdown.cell_rows(s.key, conc, result)
+            self.bd_anomalies += [{"config": s.key, "concurrency": conc, "text": t} for t in result["anomalies"]]
+            os.makedirs(os.path.join(self.out, "breakdown"), exist_ok=True)
+            with open(os.path.join(self.out, "breakdown", f"{s.key}_{config.name}_c{conc}.json"), "w") as f:
+                json.dump(result, f, indent=1)
+            top = sorted(((c, v) for c, v in result["gpu_ms_per_step"].items() if v > 0), key=lambda cv: -cv[1])[:4]
+            self.log(f"({s.key}) breakdown c={conc}: step {result['step_ms']:.3f} ms over {result['steps']} steps, "
+                     + ", ".join(f"{c} {v:.3f}" for c, v in top) + f" ({result['wall_s']:.0f} s)")
+            self.write_breakdown()
+
+    def write_breakdown(self, with_plot: bool = False) -> None:
+        import serving_breakdown
+
+        measured = {(r["config"], r["concurrency"]) for r in self.bd_rows}
+        missing = list(self.bd_missing)
+        noted = {(m["config"], m["concurrency"]) for m in missing}
+        for s in self.servers:
+            for conc in self.plan["concs"]:
+                if (s.key, conc) not in measured and (s.key, conc) not in noted:
+                    why = (self.meta.get("failures") or {}).get(s.key, {}).get("why") or f"server {s.state}"
+                    missing.append({"config": s.key, "concurrency": conc, "why": why})
+        doc = {"date_utc": self.meta.get("date_utc"), "machine": self.meta.get("gpu") or "unknown",
+               "rows": self.bd_rows, "missing": missing, "anomalies": self.bd_anomalies,
+               "configs": {k: CONFIGS[k].title for k in self.plan["keys"]},
+               "settings": {**self.meta.get("breakdown", {}), "attention_backend": self.meta.get("attention_backend"),
+                            "sglang_version": self.meta.get("sglang_version"),
+                            "sglang_detspec_version": self.meta.get("sglang_detspec_version")},
+               "server_env": self.plan["server_env"], "server_args": self.plan["server_args"],
+               "label": self.plan["label"], "wall_s": round(time.monotonic() - self.t0, 1)}
+        try:
+            serving_breakdown.write_breakdown(self.out, doc, with_plot=with_plot)
+        except Exception as exc:  # the per-cell JSON files stay on disk either way
+            self.log(f"breakdown report failed: {type(exc).__name__}: {exc}")
+
+    def interleave(self) -> None:
+        """Every server started at once; when none is starting any more, the interleaved runs over the ready ones."""
+        while self.left() > REPORT_RESERVE_S:
+            self.fill_slots()
+            self.poll()
+            if not any(s.state in ("waiting", "starting") for s in self.servers):
+                break
+            if not any(s.state == "starting" for s in self.servers):
+                self.log("no time left to start the waiting configurations")
+                break
+            time.sleep(1.0)
+        ready = [s for s in self.servers if s.state == "ready"]
+        if not any(s.key == "a" for s in ready) or len(ready) < 2:
+            self.log(f"interleaving needs (a) and one more server ready; ready: {''.join(s.key for s in ready)}")
+        else:
+            limit = self.left() - REPORT_RESERVE_S
+            spec = {"mode": "interleave", "tokenizer": self.plan["settings"].target, "out": self.out,
+                    "servers": {s.key: {"url": f"http://127.0.0.1:{s.port}", "name": CONFIGS[s.key].name,
+                                        "title": CONFIGS[s.key].title} for s in ready},
+                    "concurrencies": self.plan["concs"], "load": dataclasses.asdict(self.plan["load"]),
+                    "repeat": dataclasses.asdict(self.plan["repeat"]), "rounds": self.args.alternations}
+            self.log(f"interleaving {''.join(s.key for s in ready)}, {limit:.0f} s left")
+            rc = self.send(spec, limit, "interleave")
+            self.log(f"interleaved runs done (driver rc {rc})")
+        for s in ready:
+            stop(s)
+            s.state = "done"
+
     def loop(self) -> None:
+        if self.plan["mode"] == "interleave":
+            self.interleave()
+            return
         while self.left() > REPORT_RESERVE_S:
             self.fill_slots()
             self.poll()
@@ -447,10 +636,7 @@ class Run:
             if ready:
                 s = ready[0]  # priority order: the list is in --configs order
                 self.log(f"({s.key}) measuring")
-                rc = self.drive(s, self.plan["concs"])
-                self.log(f"({s.key}) measured (driver rc {rc})")
-                if s.key in self.plan["profile"] and self.left() > 60:
-                    self.profile(s)
+                self.measure(s)
                 stop(s)
                 s.state = "done"
                 self.report(with_plots=False)
@@ -477,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         gpus = args.gpus or 2
         for s in plan_servers(plan["keys"], gpus, plan["settings"], port_base=args.port_base, out=args.out,
-                              profile=plan["profile"], max_conc=max(plan["concs"])):
+                              profile=plan["profile"], max_conc=max(plan["concs"]), server_env=plan["server_env"],
+                              server_args=plan["server_args"]):
             print(f"# ({s.key}) GPU {s.gpu} env {s.env}\n{shell_line(s.argv)}")
         return 0
     run = Run(args, plan)

@@ -19,6 +19,9 @@ import serving_models as models  # noqa: E402
 import serving_report as report  # noqa: E402
 import serving_run as run  # noqa: E402
 import serving_trace as trace  # noqa: E402
+import serving_breakdown as bd  # noqa: E402
+import serving_interleave as inter  # noqa: E402
+import serving_kernels as sk  # noqa: E402
 
 
 # -- configurations and command lines -------------------------------------------------
@@ -770,6 +773,465 @@ def test_orchestrator_measures_ready_servers_one_at_a_time_and_reports(tmp_path,
     md = (out / "serving.md").read_text()
     assert "(d) EAGLE chain, plugin coupled" in md and "2.50" in md
     assert "(g) c=1 (server failed: exited" in md  # the missing cells say why
+
+
+# -- kernel classes of decode / verify steps (serving_kernels.py) ------------------------------
+
+# Kernel names as the profiler records them (CUDA-graph replays: no frames, only these names).
+DEEP_GEMM = ("void deep_gemm::sm90_bf16_gemm_impl<(cute::UMMA::Major)0, (cute::UMMA::Major)0, 0u, 0u, 0u, 1u, 128u, "
+             "128u, 64u, 128u, 128u, 128u, 6u, 128u, 256u, 1u, false, 132u, (deep_gemm::GemmType)0, false, "
+             "cutlass::bfloat16_t>(int*, unsigned int, unsigned int, unsigned int, CUtensorMap_st, CUtensorMap_st)")
+TRITON_MM = "matmul_kernel_persistent"
+NVJET = "nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT"
+SPLITK = ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, "
+          "false>(cublasLt::cublasSplitKParams<float>, float const*, __nv_bfloat16 const*, __nv_bfloat16*)")
+XMMA = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
+FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<"
+       "flash::CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, "
+       "cute::tuple<cute::C<128>, cute::C<176>, cute::C<128> >, "
+       "128, cutlass::bfloat16_t, float, cutlass::arch::Sm90, false, false, false, true, true, true>>>>(Params)")
+FA3_COMBINE = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdCombine<"
+               "cute::tuple<cute::C<8>, cute::C<128> >, 7, 256, 1, false, true, cutlass::bfloat16_t, float, "
+               "cutlass::arch::Sm90> > >(Params)")
+FA3_PREPARE = "void flash::prepare_varlen_num_blocks_kernel<1, false, true>(int, int, int, int const*, int*)"
+MERGE = "void merge_state_kernel<__nv_bfloat16, 8u, 128u>(__nv_bfloat16 const*, float const*, __nv_bfloat16*)"
+ROPE = ("void sglang::fused_rope_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, 16u>"
+        "(sglang::FusedRopeParams)")
+ACT = "void sglang::act_and_mul_kernel<__nv_bfloat16, (sglang::ActivationKind)0, true>(sglang::ActivationParams)"
+COPY_F32 = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+            "::{lambda()#3}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, 4>(int)")
+ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+       "std::array<char*, 3ul>, false>")
+POW = ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::"
+       "pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#1}, "
+       "std::array<char*, 2ul>, false>")
+MEAN = "mean_kernel"
+MUL = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<at::native::BinaryFunctor<"
+       "float, float, float, at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&)::"
+       "{lambda(int)#1}>(int)")
+FUSED_NORM = "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*)"
+SOFTMAX = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+           "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)")
+SCAN = "void at_cuda_detail::cub::detail::scan::DeviceScanKernel<long const*, long*>(long const*, long*)"
+MEMCPY = "Memcpy DtoD (Device -> Device)"
+DET_NORM = [COPY_F32, ADD, POW, MEAN, ADD, MUL, MUL, COPY_F32]  # SGLang's batch-invariant add + RMSNorm
+FAST_NORM = [FUSED_NORM]
+
+
+def _layer(gemm, attn, norm, *, first=False, split_k=False):
+    g = [gemm, SPLITK] if split_k else [gemm]
+    pre = [] if first else norm  # the previous layer's down -> this layer's qkv: its input norm
+    return pre + g + [ROPE] + attn + g + norm + g + [ACT] + g
+
+
+def _forward(layers, gemm, attn, norm, *, draft=False, after=(), split_k=False):
+    seq = [gemm] if draft else [MEMCPY, "void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16>"]
+    for i in range(layers):
+        seq += _layer(gemm, attn, norm, first=(i == 0), split_k=split_k)
+    return seq + norm + ([gemm, SPLITK] if split_k else [gemm]) + list(after)
+
+
+def _kernels(names, dur=2.0, gap=1.0, step_gap=0.0, step_starts=()):
+    out, t = [], 0.0
+    starts = set(step_starts)
+    for i, n in enumerate(names):
+        if i in starts:
+            t += step_gap
+        out.append(sk.Kernel(n, t, dur))
+        t += dur + gap
+    return out
+
+
+def test_kernel_kinds_by_name():
+    kinds = {n: sk.kernel_kind(n) for n in (DEEP_GEMM, TRITON_MM, NVJET, XMMA, "void gemv2T_kernel_val<int>", SPLITK,
+                                            FA3, FA3_COMBINE, FA3_PREPARE, MERGE, "_fwd_grouped_kernel_stage1",
+                                            "_fwd_kernel_stage2", "_fwd_kernel_unified", POW, MEAN, FUSED_NORM,
+                                            "_rms_norm_kernel", "_race_argmax_kernel", "_race_topk_kernel",
+                                            "_verify_race_kernel", "_verify_emit_kernel", "_coupled_walk_kernel",
+                                            "node_rows", SOFTMAX, ROPE, ACT, COPY_F32, MEMCPY, SCAN)}
+    assert [n for n, k in kinds.items() if k == "gemm"] == [DEEP_GEMM, TRITON_MM, NVJET, XMMA,
+                                                            "void gemv2T_kernel_val<int>"]
+    assert kinds[SPLITK] == "gemm_aux"
+    assert {kinds[n] for n in (FA3, FA3_COMBINE, FA3_PREPARE, MERGE, "_fwd_grouped_kernel_stage1",
+                               "_fwd_kernel_stage2", "_fwd_kernel_unified")} == {"attention"}
+    assert {kinds[n] for n in (POW, MEAN, FUSED_NORM, "_rms_norm_kernel")} == {"norm"}
+    assert kinds["_race_argmax_kernel"] == kinds["_race_topk_kernel"] == "plugin_race"
+    assert kinds["_verify_emit_kernel"] == kinds["_coupled_walk_kernel"] == "plugin_verify"
+    assert kinds["node_rows"] == "plugin_tree_rows" and kinds[SOFTMAX] == "sampling"
+    assert {kinds[n] for n in (ROPE, ACT, COPY_F32, MEMCPY)} == {"elementwise"} and kinds[SCAN] == "other"
+
+
+def _chain_step(gemm=DEEP_GEMM, attn=(FA3,), norm=DET_NORM, layers=4):
+    """One coupled chain step: 2 draft decode forwards, the target verify, the draft extend."""
+    draft = _forward(1, gemm, list(attn), norm, draft=True, after=["_race_argmax_kernel"])
+    target = _forward(layers, gemm, list(attn), norm, after=["_verify_race_kernel", "_verify_emit_kernel"])
+    return draft + draft + target + draft
+
+
+def test_chain_verify_and_drafts_get_their_layer_kinds():
+    step = _chain_step()
+    got = sk.classify(_kernels(step * 3))
+    assert [f.role for f in got.forwards] == ["draft", "draft", "target", "draft"] * 3
+    assert [f.layers for f in got.forwards][:4] == [1, 1, 4, 1] and not got.anomalies
+    per_step = {}
+    for c in got.classes[:len(step)]:
+        per_step[c] = per_step.get(c, 0) + 1
+    assert {k: per_step[k] for k in ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down", "gemm_lm_head")} == {
+        "gemm_qkv": 4, "gemm_o": 4, "gemm_gate_up": 4, "gemm_down": 4, "gemm_lm_head": 1}
+    assert per_step["gemm_draft_fc"] == 3 and per_step["gemm_draft_layer"] == 12 and per_step["gemm_draft_lm_head"] == 3
+    assert per_step["plugin_draft"] == 3 and per_step["plugin_verify"] == 2 and per_step["attention"] == 7
+    # Every norm: o -> gate_up and down -> qkv / lm_head, the decomposed kernels included.
+    norms_per_target = 2 * 4 + 1  # two per layer, but the first layer's input norm follows the embedding
+    assert per_step["norm"] == len(DET_NORM) * (norms_per_target - 1 + 3 * 2)
+    assert per_step["elementwise"] == 4 + 4 + 3 * 2 + 2  # rope and act per layer, the embedding's two kernels
+    assert len(got.anchors) == 3 and got.classes[got.anchors[0]] == "gemm_qkv"
+
+
+def test_split_attention_and_split_k_gemms_count_once():
+    """Triton split-KV (stage 1 / stage 2), FA3 with its combine, cascade with merge, cuBLAS split-K."""
+    for attn in (["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"], [FA3_PREPARE, FA3, FA3_COMBINE],
+                 [FA3, MEMCPY, FA3, MERGE]):
+        step = _forward(3, NVJET, attn, FAST_NORM, after=[SOFTMAX, "void flashinfer::sampling::SamplingFromProbKernel"],
+                        split_k=True)
+        got = sk.classify(_kernels(step * 3))
+        assert [f.layers for f in got.forwards] == [3, 3, 3] and not got.anomalies
+        assert got.classes[:len(step)].count("gemm_down") == 2 * 3  # the GEMM and its split-K reduction
+        assert got.classes[:len(step)].count("gemm_lm_head") == 2
+        assert got.classes[:len(step)].count("sampling") == 2
+
+
+def test_tree_with_plugin_rows_and_fast_path_draft_sampling():
+    tree_target = _forward(3, TRITON_MM, ["node_rows", FA3, FA3_COMBINE], DET_NORM,
+                           after=["_tree_positions_kernel", "_coupled_walk_kernel"])
+    draft = _forward(1, TRITON_MM, [FA3], DET_NORM, draft=True, after=["_race_topk_kernel", "_race_reduce_kernel"])
+    step = draft + draft + tree_target + draft
+    got = sk.classify(_kernels(step * 3))
+    assert not got.anomalies and [f.role for f in got.forwards][:4] == ["draft", "draft", "target", "draft"]
+    cls = got.classes[:len(step)]
+    # node_rows runs before the attention kernels it feeds: part of the same site, its own class.
+    assert cls.count("plugin_tree_rows") == 3 and cls.count("plugin_verify") == 2 and cls.count("plugin_draft") == 6
+    # The no-speculation fast path: race kernels after a target lm_head are sampling.
+    plain = _forward(2, XMMA, [FA3], FAST_NORM, after=["_race_argmax_kernel"])
+    got = sk.classify(_kernels(plain * 3))
+    assert got.classes.count("plugin_sampling") == 3 and got.classes.count("plugin_draft") == 0
+    # Fused norms: o -> gate_up twice, down -> qkv once, down -> lm_head once, per forward.
+    assert got.classes.count("norm") == 3 * 4
+
+
+def test_a_layer_out_of_pattern_is_reported_not_guessed():
+    fwd = _forward(3, DEEP_GEMM, [FA3], FAST_NORM, after=[SOFTMAX])
+    odd = list(fwd)
+    odd.insert(odd.index(ACT), DEEP_GEMM)  # a fifth GEMM in layer 0
+    got = sk.classify(_kernels(fwd + fwd + odd + fwd))
+    # Five GEMMs after a site read as a forward's end: layer 0 becomes a lone "draft", and the rest
+    # of that forward a target of 2 layers where the others have 3, which is reported.
+    assert [f.layers for f in got.forwards] == [3, 3, 1, 2, 3]
+    assert len(got.anomalies) == 1 and "2 layers where most have 3" in got.anomalies[0][1]
+    short = list(fwd)
+    del short[short.index(ACT) + 1]  # layer 0 without its down GEMM: three GEMMs between two sites
+    got = sk.classify(_kernels(fwd + short + fwd))
+    assert any("fewer than o, gate_up, down, lm_head" in t for _, t in got.anomalies)
+
+
+def test_breakdown_divides_by_steps_between_target_forwards():
+    step = _chain_step()
+    n = len(step)
+    kernels = _kernels(step * 4, dur=2.0, gap=1.0, step_gap=100.0, step_starts=[n, 2 * n, 3 * n])
+    r = sk.breakdown(kernels, skip_steps=1)
+    assert r["steps"] == 2 and r["forwards_per_step"] == {"target": 1.0, "draft": 3.0}
+    # A step: n kernels of 2 us, n gaps of 1 us and the 100 us scheduling gap.
+    assert r["step_ms"] == pytest.approx((3 * n + 100) / 1e3)
+    assert r["gpu_ms_per_step"]["idle"] == pytest.approx((n + 100) / 1e3)
+    assert sum(v for c, v in r["gpu_ms_per_step"].items() if c != "idle") == pytest.approx(2 * n / 1e3)
+    assert r["busy_ms"] == pytest.approx(2 * n / 1e3) and set(r["gpu_ms_per_step"]) == set(sk.CLASSES)
+    assert r["top"][0]["class"] in ("norm", "gemm_qkv", "elementwise", "gemm_draft_layer")
+    first = r["first_step"]
+    # From the target's qkv to the next step's embedding kernels, after the last draft's race.
+    assert len(first) == n and first[0][1] == "gemm_qkv" and [c for _, c, _ in first[-3:]] == [
+        "plugin_draft", "elementwise", "elementwise"]
+    assert all(len(name) <= sk.NAME_CHARS for name, _, _ in first)
+    # Overlapping kernels (two streams): idle is the window minus their union, not minus their sum.
+    beside_rope = sk.Kernel(SCAN, kernels[2 * n + 2].ts, 2.0)
+    over = [sk.Kernel(k.name, k.ts, k.dur) for k in kernels] + [beside_rope]
+    over.sort(key=lambda k: k.ts)
+    r2 = sk.breakdown(over, skip_steps=1)
+    assert r2["gpu_ms_per_step"]["idle"] == pytest.approx(r["gpu_ms_per_step"]["idle"])
+    assert r2["gpu_ms_per_step"]["other"] == pytest.approx(2.0 / 2 / 1e3)
+    with pytest.raises(ValueError, match="at least 2 target forwards"):
+        sk.breakdown(_kernels(step * 2), skip_steps=1)
+    with pytest.raises(ValueError, match="sorted"):
+        sk.classify(list(reversed(kernels)))
+    with pytest.raises(ValueError, match="skip_steps"):
+        sk.breakdown(kernels, skip_steps=-1)
+
+
+def test_trace_events_become_one_device_stream(tmp_path):
+    ev = [{"ph": "X", "cat": "kernel", "name": FA3, "ts": 20.0, "dur": 5.0, "pid": 0},
+          {"ph": "X", "cat": "gpu_memcpy", "name": MEMCPY, "ts": 10.0, "dur": 1.0, "pid": 0},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 1.0, "dur": 3.0, "pid": 9},
+          {"ph": "X", "cat": "kernel", "name": NVJET, "ts": 5.0, "dur": 1.0, "pid": 1}]
+    ks = sk.kernels_from_events(ev)
+    assert [k.name for k in ks] == [MEMCPY, FA3] and ks[1].end == 25.0
+
+
+# -- breakdown cells (serving_breakdown.py) -----------------------------------------------------
+
+
+def test_capture_settings_bounds_and_kv_tokens():
+    s = bd.CaptureSettings()
+    assert s.kv_tokens(128) == 128 * (128 + 192 + 16) <= 45056
+    with pytest.raises(ValueError, match="profile_steps must lie"):
+        bd.CaptureSettings(profile_steps=2)
+    with pytest.raises(ValueError, match=r"start_tokens must be >= 4 x \(profile_steps \+ 2\) = 40 tokens, got 96 - 6"):
+        bd.CaptureSettings(output_len=96, start_tokens=64)
+    with pytest.raises(ValueError, match="skip_steps"):
+        bd.CaptureSettings(profile_steps=4, skip_steps=3)
+    with pytest.raises(ValueError, match="wave_timeout_s"):
+        bd.CaptureSettings(wave_timeout_s=0.0)
+
+
+def test_profile_request_is_sglang_profile_req_and_stream_lines_parse():
+    """The /start_profile body builds SGLang's own ProfileReq as its HTTP route does (pydantic)."""
+    import pydantic
+    from sglang.srt.managers.io_struct import ProfileReq
+
+    body = bd.profile_request("/tmp/t", "plugin_coupled_c8_1", 8)
+    assert set(body) <= set(ProfileReq.__struct_fields__)  # the route ignores unknown keys: no typo passes
+    req = pydantic.TypeAdapter(ProfileReq).validate_python(body)
+    assert req.num_steps == 8 and req.activities == ["GPU"] and req.with_stack is False
+    assert req.profile_by_stage is False and req.profile_id == "plugin_coupled_c8_1" and req.output_dir == "/tmp/t"
+    assert bd.parse_stream_line(b'data: {"meta_info": {"completion_tokens": 3}}\n') == {
+        "meta_info": {"completion_tokens": 3}}
+    assert bd.parse_stream_line("data: [DONE]") is None and bd.parse_stream_line(b"\n") is None
+    assert bd.parse_stream_line("data: {broken") is None and bd.parse_stream_line("event: x") is None
+
+
+def _trace_file(path, steps=5):
+    step = _chain_step(layers=3)
+    ks = _kernels(step * steps, step_gap=50.0, step_starts=[len(step) * i for i in range(1, steps)])
+    ev = [{"ph": "X", "cat": "kernel", "name": k.name, "ts": k.ts, "dur": k.dur, "pid": 0, "tid": 7} for k in ks]
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+
+
+BREAKDOWN_STAND_IN = """
+import gzip, http.server, json, os, sys, time
+sys.path.insert(0, sys.argv[3])
+import test_serving_bench as t
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        b = b"{}"; self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers()
+        self.wfile.write(b)
+    def do_POST(self):
+        r = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/start_profile":
+            os.makedirs(r["output_dir"], exist_ok=True)
+            t._trace_file(os.path.join(r["output_dir"], r["profile_id"] + "-TP-0.trace.json.gz"), r["num_steps"])
+            self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers(); return
+        n = r["sampling_params"]["max_new_tokens"]
+        self.send_response(200); self.end_headers()
+        for k in range(1, n + 1):
+            time.sleep(0.002)
+            c = {"text": "w", "meta_info": {"completion_tokens": k}}
+            self.wfile.write(b"data: " + json.dumps(c).encode() + b"\\n\\n"); self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\\n\\n")
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_breakdown_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
+    """serving_run --breakdown: waves, /start_profile, the written trace classified, breakdown.json / .md.
+
+    The stand-in (not SGLang, which needs a GPU) streams /generate as SGLang does and, on
+    /start_profile, writes a synthetic chain-step trace where SGLang would.
+    """
+    script = tmp_path / "stand_in.py"
+    script.write_text(BREAKDOWN_STAND_IN)
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+
+    def stand_in_command(config, settings, *, port, **kwargs):
+        return [sys.executable, str(script), str(port), "ok", str(Path(__file__).parent)]
+
+    monkeypatch.setattr(run, "server_command", stand_in_command)
+    monkeypatch.setattr(run, "BREAKDOWN_TRACES", str(tmp_path / "traces"))
+    out = tmp_path / "out"
+    rc = run.main(["--out", str(out), "--models", str(model_dir), "--breakdown", "--configs", "ad",
+                   "--concurrency", "1,3", "--input-len", "8", "--max-total-tokens", "2048", "--gpus", "1",
+                   "--max-servers-per-gpu", "5", "--budget-s", "200", "--port-base", "34100",
+                   "--server-env", "SGLANG_DETSPEC_X=1"])
+    assert rc == 0
+    doc = json.loads((out / "breakdown.json").read_text())
+    assert set(doc) >= {"date_utc", "machine", "rows"} and not doc["missing"]
+    cells = {(r["config"], r["concurrency"]) for r in doc["rows"]}
+    assert cells == {("a", 1), ("a", 3), ("d", 1), ("d", 3)}
+    one = {r["class"]: r for r in doc["rows"] if r["config"] == "d" and r["concurrency"] == 3}
+    assert set(one) == set(sk.CLASSES) and one["idle"]["gpu_ms_per_step"] > 0
+    assert one["gemm_qkv"]["steps"] == 8 - 1 - 1 and one["gemm_draft_fc"]["gpu_ms_per_step"] > 0
+    md = (out / "breakdown.md").read_text()
+    assert "| d | 3 |" in md and "gemm_qkv" in md
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["server_commands"]["d"]["env"]["SGLANG_DETSPEC_X"] == "1"
+    assert "SGLANG_DETSPEC_X" not in meta["server_commands"]["a"]["env"]
+    assert (out / "breakdown" / "d_plugin_coupled_c3.json").exists()
+
+
+def test_breakdown_report_rejects_bad_rows_and_lists_missing(tmp_path):
+    rows = bd.cell_rows("d", 8, {"gpu_ms_per_step": {"gemm_qkv": 1.0, "idle": 0.5, "other": 0.25},
+                                 "step_ms": 2.0, "steps": 5})
+    doc = {"date_utc": "2026-12-02T00:00:00+00:00", "machine": "H200", "rows": rows,
+           "missing": [{"config": "g", "concurrency": 128, "why": "120 s left"}]}
+    paths = bd.write_breakdown(str(tmp_path), doc, with_plot=True)
+    assert Path(paths[2]).name == "breakdown.png" and Path(paths[2]).stat().st_size > 1000
+    md = Path(paths[1]).read_text()
+    assert "| d | 8 | 2.000 | 1.000 |" in md and "- g c=128: 120 s left" in md and md.rstrip().endswith("120 s left")
+    assert "0.250 |" in md  # "other" summed into the rest column
+    with pytest.raises(ValueError, match=r"rows\[0\]"):
+        bd.write_breakdown(str(tmp_path), {**doc, "rows": [{"config": "d", "concurrency": "8", "class": "x",
+                                                            "gpu_ms_per_step": 1.0}]})
+    # The command line draws the tables and the plot again from the JSON alone.
+    again = tmp_path / "again"
+    assert bd.main([paths[0], "--out", str(again)]) == 0
+    assert (again / "breakdown.png").exists() and (again / "breakdown.md").read_text() == md
+
+
+# -- the interleaved protocol (serving_interleave.py, serving_driver.run_interleaved) ------------
+
+
+def test_interleaved_schedule_puts_a_first_in_every_round():
+    plan = inter.schedule(["b", "a", "d"], [1, 8], 2)
+    assert plan[:6] == [(0, 1, "a"), (0, 1, "b"), (0, 1, "d"), (0, 8, "a"), (0, 8, "b"), (0, 8, "d")]
+    assert len(plan) == 3 * 2 * 3 and plan[-1] == (2, 8, "d")
+    with pytest.raises(ValueError, match="must hold a"):
+        inter.schedule(["b", "d"], [1], 2)
+    with pytest.raises(ValueError, match="rounds must lie"):
+        inter.schedule(["a", "d"], [1], 0)
+
+
+def _irow(key, conc, rnd, tput, valid=True, **extra):
+    return {"key": key, "concurrency": conc, "round": rnd, "valid": valid, "interleaved": True,
+            "output_throughput": tput, **extra}
+
+
+def test_paired_ratios_stay_within_a_round():
+    rows = [_irow("a", 8, 0, 50.0, valid=False), _irow("b", 8, 0, 10.0, valid=False),
+            _irow("a", 8, 1, 100.0), _irow("b", 8, 1, 70.0), _irow("d", 8, 1, 80.0),
+            _irow("a", 8, 2, 200.0), _irow("b", 8, 2, 150.0), _irow("d", 8, 2, 100.0),
+            _irow("a", 8, 3, 100.0), _irow("d", 8, 3, 90.0, valid=False)]
+    pairs = inter.paired_ratios(rows, "a")
+    assert pairs == {"b": {8: [0.7, 0.75]}, "d": {8: [0.8, 0.5]}}
+    assert inter.paired_ratios(rows, "b") == {"d": {8: [80 / 70, 100 / 150]}}
+    tables = inter.ratio_tables([rows, [_irow("a", 8, 1, 10.0), _irow("d", 8, 1, 9.0)]])
+    assert tables["interleaved"] is True and "ratio_to_g" not in tables
+    assert tables["ratio_to_a"]["d"]["8"] == pytest.approx(0.8)  # pooled over both commands: 0.5, 0.8, 0.9
+    assert tables["ratio_to_a_spread"]["d"]["8"] == {"min": 0.5, "max": 0.9, "n": 3}
+    lines = "\n".join(inter.render_markdown(tables, [1, 8]))
+    assert "| (d) | - | 0.800 (0.500–0.900, n=3) |" in lines
+
+
+def test_driver_interleaves_calibrates_and_stops_at_the_budget(tmp_path):
+    import serving_driver as driver
+
+    clock = {"t": 0.0}
+    speed = {"31000": 0.5, "31010": 0.8}  # seconds per prompt at c = 1: (a) faster than (d)
+    seen = []
+
+    def fake_run(argv, raw_file):
+        port = _flag(argv, "--base-url").rsplit(":", 1)[1]
+        n = int(_flag(argv, "--num-prompts"))
+        seen.append((port, n, _flag(argv, "--warmup-requests")))
+        clock["t"] += speed[port] * n + 2.0
+        return {"duration": speed[port] * n, "completed": n, "output_throughput": 128 / speed[port],
+                "concurrency": 1.0}
+
+    servers = {"a": {"url": "http://127.0.0.1:31000", "name": "spec_fast", "title": "(a) t"},
+               "d": {"url": "http://127.0.0.1:31010", "name": "plugin_coupled", "title": "(d) t"}}
+    spec = {"mode": "interleave", "servers": servers, "tokenizer": "/m/target", "out": str(tmp_path),
+            "concurrencies": [1], "load": {"input_len": 8, "output_len": 4},
+            "repeat": {"repeats": 1, "min_seconds": 5.0, "max_attempts": 1, "margin": 1.2}, "rounds": 3,
+            "time_left_s": 45.0}
+    assert driver.run_interleaved(spec, run=fake_run, clock=lambda: clock["t"]) == 0
+    # Calibration with 4 prompts (warm-up requests on), then runs scaled to about 1.2 x 5 s, a before d:
+    # 4 x 6 / 2.0 = 12 and 4 x 6 / 3.2 = 7.5, up to 8; a round then takes 8 + 8.4 s.
+    assert seen[:2] == [("31000", 4, "1"), ("31010", 4, "1")]
+    assert seen[2:4] == [("31000", 12, "0"), ("31010", 8, "0")]
+    rows = report.load_rows(str(tmp_path / "results.jsonl"))
+    runs = [r for r in rows if "note" not in r]
+    assert [r["round"] for r in runs] == [0, 0, 1, 1, 2, 2]  # round 3 did not fit the 45 s
+    assert all(r["valid"] is (r["round"] > 0) and r["interleaved"] for r in runs)
+    notes = [r["note"] for r in rows if "note" in r]
+    assert len(notes) == 2 and all("2 valid round(s) of 3" in n and "predicted" in n for n in notes)
+    written = report.write_report(rows, {"concurrencies": [1], "repeats": 3}, str(tmp_path / "rep"), with_plots=False)
+    js = json.loads(Path(written["json"]).read_text())
+    assert js["interleaved"] is True and js["ratio_to_a"]["d"]["1"] == pytest.approx(0.5 / 0.8)
+    assert js["ratio_to_a_spread"]["d"]["1"]["n"] == 2 and "ratio_to_b" not in js
+    assert "interleaved: output tokens/s relative to (a)" in Path(written["markdown"]).read_text()
+
+
+def test_orchestrator_interleaves_every_ready_server(tmp_path, monkeypatch):
+    """serving_run --interleave end to end: stand-in servers, the real bench_serving client, the report."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN_SCRIPT)
+    model_dir = tmp_path / "models"
+    (model_dir / "target").mkdir(parents=True)
+    models.write_tokenizer(str(model_dir / "target"), 1000)
+    (model_dir / "target" / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
+    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+
+    def stand_in_command(config, settings, *, port, **kwargs):
+        return [sys.executable, str(script), str(port), "ok"]
+
+    monkeypatch.setattr(run, "server_command", stand_in_command)
+    out = tmp_path / "out"
+    rc = run.main(["--out", str(out), "--models", str(model_dir), "--interleave", "--configs", "da",
+                   "--concurrency", "2", "--input-len", "8", "--output-len", "4", "--rounds", "1",
+                   "--max-total-tokens", "1024", "--gpus", "1", "--budget-s", "300", "--port-base", "34200",
+                   "--min-seconds", "0", "--alternations", "2"])
+    assert rc == 0
+    rows = report.load_rows(str(out / "results.jsonl"))
+    assert [(r["round"], r["key"]) for r in rows] == [(0, "a"), (0, "d"), (1, "a"), (1, "d"), (2, "a"), (2, "d")]
+    js = json.loads((out / "serving.json").read_text())
+    assert js["interleaved"] is True and js["ratio_to_a_spread"]["d"]["2"]["n"] == 2
+    assert js["meta"]["mode"] == "interleave" and js["meta"]["repeats"] == 2
+
+
+# -- plugin settings for the deterministic configurations ---------------------------------------
+
+
+def test_server_env_and_args_reach_only_plugin_configurations():
+    assert cfg.parse_env_pairs(["A=1", "B_2=x=y"]) == {"A": "1", "B_2": "x=y"}
+    for bad, match in ((["A"], "KEY=VALUE"), (["1A=2"], "KEY=VALUE"), (["A=1", "A=2"], "given twice")):
+        with pytest.raises(ValueError, match=match):
+            cfg.parse_env_pairs(bad)
+    s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
+    servers = run.plan_servers(list("abdefg"), 1, s, port_base=31000, out="/o", profile=[], max_conc=128,
+                               server_env={"SGLANG_DETSPEC_GEMM": "plugin"}, server_args=["--foo", "1"])
+    got = {sv.key: (sv.env.get("SGLANG_DETSPEC_GEMM"), sv.argv[-2:] == ["--foo", "1"]) for sv in servers}
+    assert got == {"a": (None, False), "b": (None, False), "d": ("plugin", True), "e": ("plugin", True),
+                   "f": ("plugin", True), "g": (None, False)}
+
+
+def test_modes_validate_their_arguments():
+    def plan(*extra):
+        return run.validate(run.build_parser().parse_args(["--out", "x", "--models", "m", *extra]))
+
+    assert plan("--breakdown")["keys"] == list("adefg") and plan("--interleave")["keys"] == list("abd")
+    assert plan()["mode"] == "cells" and plan("--breakdown")["capture"].output_len == 192
+    p = plan("--interleave", "--configs", "aefg", "--max-servers-per-gpu", "4", "--server-args", "--x 1 --y")
+    assert p["server_args"] == ["--x", "1", "--y"] and p["mode"] == "interleave"
+    for extra, match in ((["--breakdown", "--profile", "d"], "profile: not used"),
+                         (["--interleave", "--configs", "bd"], "must hold a"),
+                         (["--interleave", "--configs", "abdefg"], "max_servers_per_gpu x gpus >= 6"),
+                         (["--breakdown", "--max-total-tokens", "40000"], "max_total_tokens must be >= 43008"),
+                         (["--breakdown", "--breakdown-start-tokens", "180"], "output_len - start_tokens"),
+                         (["--server-env", "X"], "server_env entries"),
+                         (["--server-args", "'unclosed"], "server_args")):
+        with pytest.raises(ValueError, match=match):
+            plan(*extra)
+    with pytest.raises(SystemExit):  # the two modes exclude each other
+        run.build_parser().parse_args(["--out", "x", "--models", "m", "--breakdown", "--interleave"])
 
 
 if __name__ == "__main__":
