@@ -11,6 +11,8 @@
   verification (the committed tokens are the TARGET-stream races).
 - :func:`target_weights`, :func:`id_ordered_filtered_probs`: the weights a
   TARGET race runs over (temperature, then top-k / top-p / min-p by token id).
+- :func:`rms_norm`, :func:`fused_add_rms_norm`: batch-invariant RMSNorm and
+  add + RMSNorm, one fused kernel each, pinned bit for bit to a torch reference.
 
 Every op takes ``kernel="auto" | "torch" | "triton"`` and reads no plugin state.
 
@@ -44,6 +46,8 @@ __all__ = [
     "coupled_verify_tree",
     "id_ordered_filtered_probs",
     "target_weights",
+    "rms_norm",
+    "fused_add_rms_norm",
 ]
 
 
@@ -51,11 +55,12 @@ def _import_torch_ops() -> None:
     """Bind every torch op of :data:`__all__` in this namespace (imports torch)."""
     # Declared global so the imports below bind module names, as top-level imports would.
     global coupled_verify_chain, coupled_verify_tree, hash_uniform, keyed_hash, race_keys, exponential_race
-    global coupled_children, verify_chain, id_ordered_filtered_probs, target_weights
+    global coupled_children, verify_chain, id_ordered_filtered_probs, target_weights, rms_norm, fused_add_rms_norm
     from .coupled import coupled_verify_chain, coupled_verify_tree
     from .hashing import hash_uniform, keyed_hash
     from .keys import race_keys
     from .race import exponential_race
+    from .rmsnorm import fused_add_rms_norm, rms_norm
     from .tree_children import coupled_children
     from .verify import verify_chain
     from .weights import id_ordered_filtered_probs, target_weights
