@@ -41,6 +41,8 @@ docs/plugin.md lists them with SGLang's file and line):
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
+- ``norm_hook``: SGLang's RMSNorm, plain and with the residual add, runs one
+  fused batch-invariant kernel per norm.
 
 :func:`hook_table` is the one list of what is hooked: registration, the
 start-up check that every required hook is in place (:func:`hook_problems`),
@@ -56,7 +58,7 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, draft_hook, input_hook, probs_hook, request_hook, resolve, seed_hook, startup,
+    attention_hook, draft_hook, input_hook, norm_hook, probs_hook, request_hook, resolve, seed_hook, startup,
     target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook,
 )
 
@@ -115,6 +117,7 @@ def hook_table() -> list[Hook]:
         Hook(input_hook.TARGET, input_hook.validate_request, "AROUND"),
         Hook(input_hook.N_TARGET, input_hook.validate_n, "BEFORE"),
         Hook(attention_hook.TARGET, attention_hook.use_one_pass_decode, "AFTER"),
+        Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
         Hook(tree_attention_hook.INIT, tree_attention_hook.check_backend, "AFTER", _CUDA_ONLY),
         Hook(tree_attention_hook.GRAPH_STATE, tree_attention_hook.allocate_graph_buffers, "AFTER", _CUDA_ONLY),
         Hook(tree_attention_hook.INIT_EAGER, tree_attention_hook.build_after_eager_metadata, "AFTER", _CUDA_ONLY),
