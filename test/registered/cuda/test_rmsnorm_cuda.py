@@ -134,3 +134,9 @@ def test_sglangs_rmsnorm_layer_runs_the_plugins_kernel_under_an_active_bag():
         assert torch.allclose(sglang_out.float(), rms_norm(x, w, 1e-5).float(), rtol=2e-2, atol=2e-2)
     finally:
         reset_config()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))
