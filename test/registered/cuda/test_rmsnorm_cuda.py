@@ -39,10 +39,10 @@ def inputs(m, h, dtype, seed=0):
 
 
 # (H, x dtype, weight dtype): Qwen3's head dim, gpt-oss and Qwen3-14B/32B (not powers of two), Llama 8B and 70B,
-# in every activation dtype; the edges of the hidden range and a float32 weight (weight_dtype) in bfloat16.
+# in every activation dtype; the edges of the hidden range in bfloat16, and float32 weights (weight_dtype).
 CASES = [(h, dt, dt) for h in (3, 128, 2880, 4096, 5120, 8192) for dt in BITS] + [
-    (1, torch.bfloat16, torch.bfloat16), (16384, torch.bfloat16, torch.bfloat16), (32768, torch.bfloat16, torch.bfloat16),
-    (4096, torch.bfloat16, torch.float32), (4096, torch.float16, torch.float32)]
+    (h, torch.bfloat16, torch.bfloat16) for h in (1, 16384, 32768)] + [
+    (4096, dt, torch.float32) for dt in (torch.bfloat16, torch.float16)]
 
 
 @pytest.mark.parametrize("h, dtype, wdtype", CASES)
