@@ -13,6 +13,8 @@
   TARGET race runs over (temperature, then top-k / top-p / min-p by token id).
 - :func:`linear`, :func:`mm`: the batch-invariant GEMM (a row's bits do not
   depend on the other rows or on the batch size).
+- :func:`rms_norm`, :func:`fused_add_rms_norm`: batch-invariant RMSNorm and
+  add + RMSNorm, one fused kernel each, pinned bit for bit to a torch reference.
 
 Every op takes ``kernel="auto" | "torch" | "triton"`` and reads no plugin state.
 
@@ -48,6 +50,8 @@ __all__ = [
     "target_weights",
     "linear",
     "mm",
+    "rms_norm",
+    "fused_add_rms_norm",
 ]
 
 
@@ -56,11 +60,13 @@ def _import_torch_ops() -> None:
     # Declared global so the imports below bind module names, as top-level imports would.
     global coupled_verify_chain, coupled_verify_tree, hash_uniform, keyed_hash, race_keys, exponential_race
     global coupled_children, verify_chain, id_ordered_filtered_probs, target_weights, linear, mm
+    global rms_norm, fused_add_rms_norm
     from .coupled import coupled_verify_chain, coupled_verify_tree
     from .gemm import linear, mm
     from .hashing import hash_uniform, keyed_hash
     from .keys import race_keys
     from .race import exponential_race
+    from .rmsnorm import fused_add_rms_norm, rms_norm
     from .tree_children import coupled_children
     from .verify import verify_chain
     from .weights import id_ordered_filtered_probs, target_weights

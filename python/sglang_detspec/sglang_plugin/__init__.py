@@ -44,6 +44,8 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   equal decode logits bit for bit.
 - ``gemm_hook``: SGLang's batch-invariant matmul runs the plugin's
   batch-invariant GEMM (``SGLANG_DETSPEC_GEMM=plugin``, the default).
+- ``norm_hook``: SGLang's RMSNorm, plain and with the residual add, runs one
+  fused batch-invariant kernel per norm.
 
 :func:`hook_table` is the one list of every change the plugin makes to
 SGLang: the registry's hooks (BEFORE, AFTER, AROUND) and the changes those
@@ -62,8 +64,8 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, gemm_hook, input_hook, probs_hook, request_hook, resolve, seed_hook,
-    startup,
+    attention_hook, channels, draft_hook, gemm_hook, input_hook, norm_hook, probs_hook, request_hook, resolve,
+    seed_hook, startup,
     target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook,
 )
 
@@ -161,6 +163,7 @@ def hook_table() -> list[Hook]:
         Hook(tah.FORWARD_EXTEND, tah.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
+        Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
         Hook(gemm_hook.TARGET, gemm_hook.plugin_matmul, "AROUND", _GEMM_SETTING),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),

@@ -100,6 +100,7 @@ HOOKED = {
     "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
     "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent",
+    "sglang.srt.layers.layernorm.RMSNorm.forward_cuda",
     *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (
         "__init__", "init_cuda_graph_state", "init_forward_metadata", "init_forward_metadata_out_graph",
         "forward_extend")),
@@ -848,7 +849,7 @@ def test_no_wired_site_reads_server_args_or_environment():
     # docs/design.md §5: only config.py reads the environment and only resolve.py reads SGLang's args.
     root = os.path.dirname(sglang_plugin.__file__)
     for name in ("draft_hook.py", "verify_hook.py", "topk_draft_hook.py", "target_sampler_hook.py", "attention_hook.py",
-                 "probs_hook.py", "tree_attention_hook.py", "positions.py"):
+                 "probs_hook.py", "tree_attention_hook.py", "norm_hook.py", "positions.py"):
         text = open(os.path.join(root, name)).read()
         assert "os.environ" not in text and "server_args" not in text and "get_spec" not in text, name
 
