@@ -46,6 +46,14 @@ rewriting:
   protocol over the ready ones (``serving_interleave.py``: per round and
   concurrency a, X1, X2, ...) and ``serving.json`` gains ``ratio_to_a``
   (and to (b), (g)) from runs of the same round.
+- ``--breakdown --interleave`` (default ``adefg``; (a) required): both on
+  the same servers, started once, all at once. Every breakdown cell runs
+  first (one server at a time, the others idle); the time left then goes to
+  the interleaved protocol over ``--interleave-configs`` (default: all) at
+  ``--interleave-concurrency`` (default: ``--concurrency``), calibration
+  first, then as many rounds as fit. Writes ``breakdown.json`` and
+  ``serving.json`` (each with its ``.md``) into the one result folder; a
+  cell of either part that did not fit is listed as missing with the reason.
 
 ``--server-env KEY=VALUE`` (repeatable) and ``--server-args '...'`` reach
 every configuration that runs the plugin, never (a), (b) or (g), so one
@@ -81,7 +89,8 @@ from serving_interleave import schedule  # noqa: E402
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
 DRIVER_WRAP_UP_S = 5  # the driver starts no run predicted to end later than this before its limit
 DEFAULT_PROFILE = "dc"  # profiled unless --profile says otherwise, where --configs has them
-DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd"}  # --configs when it is not given
+# --configs when it is not given ("combined": --breakdown --interleave)
+DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd", "combined": "adefg"}
 BREAKDOWN_MIN_CELL_S = 30  # no breakdown cell starts with less left (warm-up, wave, profile export, parse)
 BREAKDOWN_TRACES = os.path.join("/tmp", "detspec-breakdown-traces")  # large traces stay out of the result folder
 # No server starts with less left: it needs 80-200 s to become healthy, so it would only delay the report.
@@ -110,14 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
     p.add_argument("--configs", default=None,
                    help="configuration keys in priority order (default bdeicagfh; adefg with --breakdown, "
-                        "abd with --interleave)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--breakdown", action="store_true",
-                      help="instead of bench_serving cells: GPU time per decode step by kernel class at each "
-                           "concurrency (serving_breakdown.py), one configuration at a time; writes breakdown.json")
-    mode.add_argument("--interleave", action="store_true",
-                      help="every server up at once, each cell's runs alternating a, X, ... per round "
-                           "(serving_interleave.py); serving.json gains ratio_to_a / ratio_to_b")
+                        "abd with --interleave, adefg with both)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="instead of bench_serving cells: GPU time per decode step by kernel class at each "
+                        "concurrency (serving_breakdown.py), one configuration at a time; writes breakdown.json. "
+                        "With --interleave: both on the same servers, the breakdown first")
+    p.add_argument("--interleave", action="store_true",
+                   help="every server up at once, each cell's runs alternating a, X, ... per round "
+                        "(serving_interleave.py); serving.json gains ratio_to_a / ratio_to_b")
+    p.add_argument("--interleave-configs", default=None,
+                   help="--breakdown --interleave: configuration keys of the interleaved part, a subset of "
+                        "--configs holding a (default: all of --configs)")
+    p.add_argument("--interleave-concurrency", default=None,
+                   help="--breakdown --interleave: concurrencies of the interleaved part, a subset of "
+                        "--concurrency (default: all of --concurrency)")
     p.add_argument("--alternations", type=int, default=3,
                    help="--interleave: rounds per cell after the calibration run (default 3; cut by the budget)")
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
@@ -169,12 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(args) -> dict:
     """Parsed and checked settings; ValueError naming the argument otherwise."""
-    mode = "breakdown" if args.breakdown else "interleave" if args.interleave else "cells"
+    mode = ("combined" if args.breakdown and args.interleave else "breakdown" if args.breakdown
+            else "interleave" if args.interleave else "cells")
     keys = parse_keys(args.configs if args.configs is not None else DEFAULT_MODE_CONFIGS.get(mode, DEFAULT_ORDER))
     concs = parse_int_list(args.concurrency, "concurrency", maximum=1024)
+    il_keys, il_concs = interleave_subset(args, mode, keys, concs)
     if mode != "cells":
         if args.profile:
-            raise ValueError(f"profile: not used with --{mode} (pass --profile '' or leave it out)")
+            flags = "--breakdown --interleave" if mode == "combined" else f"--{mode}"
+            raise ValueError(f"profile: not used with {flags} (pass --profile '' or leave it out)")
         profile = []
     elif args.profile is None:
         profile = [k for k in DEFAULT_PROFILE if k in keys]
@@ -201,13 +219,13 @@ def validate(args) -> dict:
     except ValueError as exc:
         raise ValueError(f"server_args: {exc}") from None
     capture = None
-    if mode == "interleave":
-        schedule(keys, concs, args.alternations)  # raises on a missing (a) or a bad round count
+    if mode in ("interleave", "combined"):
+        schedule(il_keys, il_concs, args.alternations)  # raises on a missing (a) or a bad round count
         gpus = args.gpus or 1
         if len(keys) > args.max_servers_per_gpu * gpus:
             raise ValueError(f"configs: --interleave holds every server at once: {len(keys)} servers need "
                              f"max_servers_per_gpu x gpus >= {len(keys)}, got {args.max_servers_per_gpu} x {gpus}")
-    if mode == "breakdown":
+    if mode in ("breakdown", "combined"):
         capture = CaptureSettings(input_len=args.input_len, output_len=args.breakdown_output_len,
                                   start_tokens=args.breakdown_start_tokens, profile_steps=args.breakdown_steps)
     load = LoadSettings(input_len=args.input_len, output_len=args.output_len, rounds=args.rounds,
@@ -217,7 +235,8 @@ def validate(args) -> dict:
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
                               mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend)
-    needed = capture.kv_tokens(max(concs)) if capture else max(concs) * (args.input_len + args.output_len + 16)
+    needed = max(capture.kv_tokens(max(concs)) if capture else 0,
+                 0 if mode == "breakdown" else max(il_concs) * (args.input_len + args.output_len + 16))
     if args.max_total_tokens < needed:
         raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)"
                          f"{', output: --breakdown-output-len' if capture else ''}), got {args.max_total_tokens}")
@@ -225,7 +244,38 @@ def validate(args) -> dict:
         raise ValueError("label must not be empty")
     label = args.label or os.path.basename(os.path.normpath(args.out)) or "run"
     return {"keys": keys, "concs": concs, "profile": profile, "load": load, "repeat": repeat, "settings": settings,
-            "label": label, "mode": mode, "server_env": server_env, "server_args": server_args, "capture": capture}
+            "label": label, "mode": mode, "server_env": server_env, "server_args": server_args, "capture": capture,
+            "il_keys": il_keys, "il_concs": il_concs}
+
+
+def interleave_subset(args, mode: str, keys: list[str], concs: list[int]) -> tuple[list[str], list[int]]:
+    """The configurations and concurrencies of the interleaved runs: ``--interleave-configs`` /
+    ``--interleave-concurrency`` in the combined mode, else all of ``keys`` / ``concs``.
+
+    Raises:
+        ValueError: either option outside the combined mode, or naming a key or concurrency
+            that ``--configs`` / ``--concurrency`` lacks.
+    """
+    il_keys, il_concs = keys, concs
+    for name, value in (("interleave_configs", args.interleave_configs),
+                        ("interleave_concurrency", args.interleave_concurrency)):
+        if value is not None and mode != "combined":
+            raise ValueError(f"{name}: only with --breakdown --interleave")
+    if args.interleave_configs is not None:
+        try:
+            il_keys = parse_keys(args.interleave_configs)
+        except ValueError as exc:
+            raise ValueError(f"interleave_configs: {exc}") from None
+        if not set(il_keys) <= set(keys):
+            raise ValueError(f"interleave_configs: keys {sorted(set(il_keys) - set(keys))} are not in "
+                             f"configs {''.join(keys)}")
+        il_keys = [k for k in keys if k in il_keys]  # --configs order: the servers' priority order
+    if args.interleave_concurrency is not None:
+        il_concs = parse_int_list(args.interleave_concurrency, "interleave_concurrency", maximum=1024)
+        if not set(il_concs) <= set(concs):
+            raise ValueError(f"interleave_concurrency: {sorted(set(il_concs) - set(concs))} not in "
+                             f"concurrency {','.join(map(str, concs))}")
+    return il_keys, il_concs
 
 
 def plan_servers(keys: list[str], gpus: int, settings: ServerSettings, *, port_base: int, out: str,
@@ -498,9 +548,13 @@ class Run:
             "configs": {k: CONFIGS[k].to_json() for k in p["keys"]},
             "mode": p["mode"], "server_env": p["server_env"], "server_args": p["server_args"],
         })
-        if p["mode"] == "interleave":
+        if p["mode"] in ("interleave", "combined"):
             self.meta.update({"interleaved": True, "alternations": self.args.alternations,
                               "repeats": self.args.alternations})
+        if p["mode"] == "combined":  # serving.json plans the interleaved cells; breakdown.json all of them
+            self.meta.update({"configs": {k: CONFIGS[k].to_json() for k in p["il_keys"]},
+                              "concurrencies": p["il_concs"], "breakdown_configs": "".join(p["keys"]),
+                              "breakdown_concurrencies": p["concs"]})
         if p["capture"] is not None:
             self.meta["breakdown"] = dataclasses.asdict(p["capture"])
         self.servers = plan_servers(p["keys"], gpus, p["settings"], port_base=self.args.port_base, out=self.out,
@@ -522,9 +576,9 @@ class Run:
             self.meta["server_states"] = {s.key: s.state for s in self.servers}
             self.meta["wall_s"] = round(time.monotonic() - self.t0, 1)
             self.write_meta()
-            if p["mode"] == "breakdown":
+            if p["mode"] in ("breakdown", "combined"):
                 self.write_breakdown(with_plot=True)
-            else:
+            if p["mode"] != "breakdown":
                 self.report(with_plots=True)
             self.log("report written")
         return 0 if all(s.state == "done" for s in self.servers) else 1
@@ -594,8 +648,8 @@ class Run:
         except Exception as exc:  # the per-cell JSON files stay on disk either way
             self.log(f"breakdown report failed: {type(exc).__name__}: {exc}")
 
-    def interleave(self) -> None:
-        """Every server started at once; when none is starting any more, the interleaved runs over the ready ones."""
+    def start_all(self) -> list[Server]:
+        """Start every server at once; the ready ones when none is starting any more, in ``--configs`` order."""
         while self.left() > REPORT_RESERVE_S:
             self.fill_slots()
             self.poll()
@@ -605,26 +659,69 @@ class Run:
                 self.log("no time left to start the waiting configurations")
                 break
             time.sleep(1.0)
-        ready = [s for s in self.servers if s.state == "ready"]
-        if not any(s.key == "a" for s in ready) or len(ready) < 2:
-            self.log(f"interleaving needs (a) and one more server ready; ready: {''.join(s.key for s in ready)}")
-        else:
-            limit = self.left() - REPORT_RESERVE_S
-            spec = {"mode": "interleave", "tokenizer": self.plan["settings"].target, "out": self.out,
-                    "servers": {s.key: {"url": f"http://127.0.0.1:{s.port}", "name": CONFIGS[s.key].name,
-                                        "title": CONFIGS[s.key].title} for s in ready},
-                    "concurrencies": self.plan["concs"], "load": dataclasses.asdict(self.plan["load"]),
-                    "repeat": dataclasses.asdict(self.plan["repeat"]), "rounds": self.args.alternations}
-            self.log(f"interleaving {''.join(s.key for s in ready)}, {limit:.0f} s left")
-            rc = self.send(spec, limit, "interleave")
-            self.log(f"interleaved runs done (driver rc {rc})")
+        return [s for s in self.servers if s.state == "ready"]
+
+    def interleave(self) -> None:
+        """Every server started at once; when none is starting any more, the interleaved runs over the ready ones."""
+        ready = self.start_all()
+        self.interleave_ready(ready)
         for s in ready:
             stop(s)
             s.state = "done"
 
+    def combined(self) -> None:
+        """``--breakdown --interleave``: every server started once; all breakdown cells, then interleaved rounds.
+
+        The breakdown goes first (its cells are the ones planned in full); the interleaved part gets
+        whatever time is left, and the driver starts only the rounds predicted to fit.
+        """
+        ready = self.start_all()
+        for s in ready:  # one server at a time, the others idle
+            self.log(f"({s.key}) breakdown")
+            self.breakdown(s)
+            self.write_breakdown()
+        self.interleave_ready([s for s in ready if s.key in self.plan["il_keys"]])
+        for s in ready:
+            stop(s)
+            s.state = "done"
+
+    def interleave_ready(self, ready: list[Server]) -> None:
+        """The interleaved protocol over ``ready`` (the driver), or note rows saying why it could not run."""
+        limit = self.left() - REPORT_RESERVE_S
+        concs = self.plan["il_concs"]
+        why = None
+        if not any(s.key == "a" for s in ready) or len(ready) < 2:
+            why = f"interleaving needs (a) and one more server ready; ready: {''.join(s.key for s in ready)}"
+        elif limit < max(self.plan["repeat"].min_seconds, 1.0) + DRIVER_WRAP_UP_S:
+            why = f"no time left to interleave ({self.left():.0f} s of the command's budget)"
+        if why is not None:
+            self.log(why)
+            self.note_cells([s for s in self.servers if s.key in self.plan["il_keys"]], concs, why)
+            return
+        spec = {"mode": "interleave", "tokenizer": self.plan["settings"].target, "out": self.out,
+                "servers": {s.key: {"url": f"http://127.0.0.1:{s.port}", "name": CONFIGS[s.key].name,
+                                    "title": CONFIGS[s.key].title} for s in ready},
+                "concurrencies": concs, "load": dataclasses.asdict(self.plan["load"]),
+                "repeat": dataclasses.asdict(self.plan["repeat"]), "rounds": self.args.alternations}
+        self.log(f"interleaving {''.join(s.key for s in ready)}, {limit:.0f} s left")
+        rc = self.send(spec, limit, "interleave")
+        self.log(f"interleaved runs done (driver rc {rc})")
+
+    def note_cells(self, servers: list[Server], concs: list[int], why: str) -> None:
+        """One ``note`` row per (server, concurrency) in ``results.jsonl``: the report lists it as missing."""
+        with open(os.path.join(self.out, "results.jsonl"), "a") as f:
+            for s in servers:
+                for conc in concs:
+                    f.write(json.dumps({"key": s.key, "name": CONFIGS[s.key].name, "title": CONFIGS[s.key].title,
+                                        "concurrency": conc, "interleaved": True, "valid": False,
+                                        "note": why}) + "\n")
+
     def loop(self) -> None:
         if self.plan["mode"] == "interleave":
             self.interleave()
+            return
+        if self.plan["mode"] == "combined":
+            self.combined()
             return
         while self.left() > REPORT_RESERVE_S:
             self.fill_slots()

@@ -4,6 +4,7 @@ import argparse
 import gzip
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -1230,8 +1231,99 @@ def test_modes_validate_their_arguments():
                          (["--server-args", "'unclosed"], "server_args")):
         with pytest.raises(ValueError, match=match):
             plan(*extra)
-    with pytest.raises(SystemExit):  # the two modes exclude each other
-        run.build_parser().parse_args(["--out", "x", "--models", "m", "--breakdown", "--interleave"])
+    both = plan("--breakdown", "--interleave", "--interleave-configs", "da", "--interleave-concurrency", "8,1",
+                "--max-servers-per-gpu", "5")
+    assert both["mode"] == "combined" and both["keys"] == list("adefg") and both["capture"] is not None
+    assert both["il_keys"] == ["a", "d"] and both["il_concs"] == [8, 1]
+    assert plan("--breakdown", "--interleave", "--gpus", "2")["il_keys"] == list("adefg")
+    both_on_two_gpus = ["--breakdown", "--interleave", "--gpus", "2"]
+    for extra, match in ((["--interleave", "--interleave-configs", "ab"], "interleave_configs: only with"),
+                         (["--breakdown", "--interleave-concurrency", "8"], "interleave_concurrency: only with"),
+                         ([*both_on_two_gpus, "--interleave-configs", "ab"], r"keys \['b'\] are not in"),
+                         ([*both_on_two_gpus, "--interleave-configs", "dx"], "interleave_configs: configs: unknown"),
+                         ([*both_on_two_gpus, "--interleave-configs", "de"], "must hold a"),
+                         ([*both_on_two_gpus, "--interleave-concurrency", "2"], r"\[2\] not in"),
+                         (["--breakdown", "--interleave", "--max-servers-per-gpu", "4"], "max_servers_per_gpu x"),
+                         ([*both_on_two_gpus, "--profile", "d"], "not used with --breakdown --interleave")):
+        with pytest.raises(ValueError, match=match):
+            plan(*extra)
+
+
+# -- --breakdown --interleave: both parts on the same servers ----------------------------------
+
+
+def _combined_setup(tmp_path, monkeypatch):
+    """Stand-in servers that stream /generate, answer /server_info and write a trace on /start_profile."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(BREAKDOWN_STAND_IN)
+    model_dir = tmp_path / "models"
+    (model_dir / "target").mkdir(parents=True)
+    models.write_tokenizer(str(model_dir / "target"), 1000)
+    (model_dir / "target" / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
+    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+    launched = []
+
+    def stand_in_command(config, settings, *, port, **kwargs):
+        launched.append(config.key)
+        return [sys.executable, str(script), str(port), "ok", str(Path(__file__).parent)]
+
+    monkeypatch.setattr(run, "server_command", stand_in_command)
+    monkeypatch.setattr(run, "BREAKDOWN_TRACES", str(tmp_path / "traces"))
+    return model_dir, launched
+
+
+def test_combined_mode_runs_the_breakdown_then_interleaves_on_the_same_servers(tmp_path, monkeypatch):
+    """--breakdown --interleave: each server started once, every breakdown cell, then the interleaved rounds
+    over --interleave-configs at --interleave-concurrency; both reports in one folder."""
+    model_dir, launched = _combined_setup(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    rc = run.main(["--out", str(out), "--models", str(model_dir), "--breakdown", "--interleave",
+                   "--configs", "ade", "--interleave-configs", "da", "--concurrency", "1,3",
+                   "--interleave-concurrency", "3", "--input-len", "8", "--output-len", "4", "--rounds", "1",
+                   "--max-total-tokens", "2048", "--gpus", "1", "--max-servers-per-gpu", "3", "--budget-s", "300",
+                   "--port-base", "34300", "--min-seconds", "0", "--alternations", "2"])
+    assert rc == 0
+    assert sorted(launched) == ["a", "d", "e"]  # one start per configuration for both parts
+    doc = json.loads((out / "breakdown.json").read_text())
+    assert not doc["missing"]
+    assert {(r["config"], r["concurrency"]) for r in doc["rows"]} == {(k, c) for k in "ade" for c in (1, 3)}
+    rows = report.load_rows(str(out / "results.jsonl"))
+    assert [(r["round"], r["key"], r["concurrency"]) for r in rows] == [
+        (0, "a", 3), (0, "d", 3), (1, "a", 3), (1, "d", 3), (2, "a", 3), (2, "d", 3)]
+    js = json.loads((out / "serving.json").read_text())
+    assert js["interleaved"] is True and js["ratio_to_a_spread"]["d"]["3"]["n"] == 2 and not js["missing"]
+    assert js["meta"]["mode"] == "combined" and js["meta"]["breakdown_configs"] == "ade"
+    assert set(js["meta"]["configs"]) == {"a", "d"} and js["meta"]["concurrencies"] == [3]
+    assert (out / "breakdown.md").exists() and "relative to (a)" in (out / "serving.md").read_text()
+    log = (out / "events.log").read_text()
+    assert log.index("(e) breakdown c=3") < log.index("interleaving ad")
+
+
+def test_combined_mode_lists_interleaved_cells_that_did_not_fit(tmp_path, monkeypatch):
+    """A breakdown that ends with the budget spent: serving.json lists every interleaved cell as missing,
+    with the reason, and breakdown.json keeps its cells."""
+    model_dir, _ = _combined_setup(tmp_path, monkeypatch)
+    measured = run.Run.breakdown
+
+    def breakdown_then_budget_spent(self, s):
+        measured(self, s)
+        if s.key == "d":  # the last server: leave 1 s beyond the report's reserve
+            self.t0 = time.monotonic() - (self.args.budget_s - run.REPORT_RESERVE_S - 1)
+
+    monkeypatch.setattr(run.Run, "breakdown", breakdown_then_budget_spent)
+    out = tmp_path / "out"
+    rc = run.main(["--out", str(out), "--models", str(model_dir), "--breakdown", "--interleave",
+                   "--configs", "ad", "--concurrency", "1,2", "--input-len", "8", "--output-len", "4",
+                   "--max-total-tokens", "2048", "--gpus", "1", "--budget-s", "300", "--port-base", "34400",
+                   "--min-seconds", "0", "--alternations", "2"])
+    assert rc == 0
+    doc = json.loads((out / "breakdown.json").read_text())
+    assert len({(r["config"], r["concurrency"]) for r in doc["rows"]}) == 4 and not doc["missing"]
+    js = json.loads((out / "serving.json").read_text())
+    missing = {(m["key"], m["concurrency"]): m["why"] for m in js["missing"]}
+    assert set(missing) == {(k, c) for k in "ad" for c in (1, 2)}
+    assert all("no time left to interleave" in " ".join(w) for w in missing.values())
+    assert "ratio_to_a" not in js
 
 
 if __name__ == "__main__":
