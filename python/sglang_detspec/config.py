@@ -31,9 +31,10 @@ TREE_ATTENTION_ENV = "SGLANG_DETSPEC_TREE_ATTENTION"
 # nodes: one decode query per tree node over its own key list (sglang_plugin/tree_attention_hook.py).
 TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
 GEMM_ENV = "SGLANG_DETSPEC_GEMM"
-# plugin: SGLang's batch-invariant matmul runs the plugin's GEMM (sglang_plugin/gemm_hook.py);
-# sglang: SGLang's own (DeepGEMM or its persistent Triton kernel), e.g. to measure one against the other.
-GEMM_SETTINGS = ("plugin", "sglang")
+# sglang (the default): SGLang's own batch-invariant matmul (DeepGEMM on Hopper, else its persistent
+# Triton kernel), measured within 0.87-1.13x of cuBLAS on the H200 (docs/determinism_tax.md);
+# plugin: the plugin's split-K GEMM (sglang_plugin/gemm_hook.py), measured slower, kept to compare.
+GEMM_SETTINGS = ("sglang", "plugin")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -81,9 +82,9 @@ class DetSpecConfig:
             logits equal decode logits bit for bit).
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
-        gemm: ``SGLANG_DETSPEC_GEMM``: ``plugin`` (SGLang's batch-invariant
-            matmul runs the plugin's GEMM in the plugin's runs) or ``sglang``
-            (SGLang's own).
+        gemm: ``SGLANG_DETSPEC_GEMM``: ``sglang`` (the default: SGLang's own
+            batch-invariant matmul) or ``plugin`` (it runs the plugin's GEMM
+            in the plugin's runs).
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
     """
@@ -92,7 +93,7 @@ class DetSpecConfig:
     disabled: bool = False
     verify: str = "coupled"
     tree_attention: str = "cascade"
-    gemm: str = "plugin"
+    gemm: str = "sglang"
     deterministic: bool = False
     algorithm: str | None = None
     num_steps: int | None = None
@@ -344,14 +345,14 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_DISABLE`` not a boolean word,
             ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection,
             ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes, or
-            ``SGLANG_DETSPEC_GEMM`` not in plugin|sglang.
+            ``SGLANG_DETSPEC_GEMM`` not in sglang|plugin.
     """
     env = os.environ if environ is None else environ
     kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
     verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
-    gemm = _word(env, GEMM_ENV, "plugin", GEMM_SETTINGS)
+    gemm = _word(env, GEMM_ENV, "sglang", GEMM_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention, "gemm": gemm}
 
 

@@ -76,7 +76,7 @@ _KERNEL_ONLY = "None in SGLang builds without the CUDA kernel (CPU-only): nothin
 _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel's CUDA library): no FA3 "
               "backend to hook there")
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
-_GEMM_SETTING = "required only with SGLANG_DETSPEC_GEMM=plugin: SGLANG_DETSPEC_GEMM=sglang keeps SGLang's own matmul"
+_GEMM_SETTING = "required only with SGLANG_DETSPEC_GEMM=plugin: SGLANG_DETSPEC_GEMM=sglang (the default) keeps SGLang's own matmul"
 
 _registered = False
 _lock = threading.Lock()

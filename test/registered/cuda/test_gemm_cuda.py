@@ -159,7 +159,7 @@ def test_cuda_graph_replay_equals_eager(m):
 
 def test_sglangs_batch_invariant_mode_runs_the_plugins_gemm():
     """The wiring on a GPU: under SGLang's batch-invariant aten overrides, F.linear and the lm_head's matmul
-    give the plugin's bits in the plugin's runs, and SGLang's own with SGLANG_DETSPEC_GEMM=sglang."""
+    give the plugin's bits with SGLANG_DETSPEC_GEMM=plugin, and SGLang's own with the default, sglang."""
     pytest.importorskip("sglang", reason="needs SGLang (its batch-invariant mode is what is hooked)")
     from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
     from sglang.srt.plugins import load_plugins
@@ -170,7 +170,7 @@ def test_sglangs_batch_invariant_mode_runs_the_plugins_gemm():
     assert hasattr(bio.matmul_persistent, "__wrapped__"), "the plugin's hook was not applied by SGLang's loader"
     n, k = SHAPES["8b_qkv"]
     a, w, b = inputs(n, k, torch.bfloat16, True, seed=4, rows=300)
-    ours = DetSpecConfig(deterministic=True, source="server_args")
+    ours = DetSpecConfig(deterministic=True, gemm="plugin", source="server_args")
     try:
         bio.enable_batch_invariant_mode()
         install_config(ours)
