@@ -15,6 +15,7 @@ nowhere else: :attr:`DetSpecConfig.ours`, :meth:`DetSpecConfig.refusals`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -193,9 +194,13 @@ class DetSpecConfig:
             ))
         return problems
 
-    @property
+    @functools.cached_property
     def active(self) -> bool:
-        """True when our seeded streams replace SGLang's sampling."""
+        """True when our seeded streams replace SGLang's sampling.
+
+        Cached on the (frozen) bag: hooks on every layer's call (the RMSNorm
+        hook) read it, and the refusal rules never change for one bag.
+        """
         return self.ours and not self.refusals()
 
     @property
@@ -301,6 +306,9 @@ class Refusal(str):
         obj = super().__new__(cls, message)
         obj.code = code
         return obj
+
+    def __getnewargs__(self) -> tuple[str, str]:  # pickling (str would pass the message alone)
+        return self.code, str(self)
 
 
 REDUCED_VOCAB_REFUSAL = (

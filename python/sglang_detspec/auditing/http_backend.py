@@ -42,6 +42,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import re
 import threading
 import uuid
 from collections.abc import Sequence
@@ -54,7 +55,8 @@ from . import DEFAULT_TIMEOUT_S
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
 # The error code an sglang-detspec server gives a sampling_seed outside [0, 2**64).
-SEED_RANGE_CODE = "sampling_seed_out_of_range"
+SEED_RANGE_CODE = "sampling_seed_out_of_range"  # sglang_plugin/request_hook.py
+_CODE_SUFFIX = re.compile(r"\(error code: ([a-z0-9_]+)\)")
 
 
 class HttpBackendError(RuntimeError):
@@ -288,8 +290,10 @@ def error_message(response: requests.Response) -> str:
 def error_code(response: requests.Response) -> str | None:
     """The machine-readable ``code`` of an error body (``{"code": ...}`` or ``{"error": {"code": ...}}``), or None.
 
-    sglang-detspec's request errors carry one; stock SGLang's mostly do not
-    (or carry the HTTP status as a number), so a missing or non-string code is None.
+    sglang-detspec's request errors end their message with ``(error code: CODE)``
+    (SGLang passes the message through and sets ``code`` to the HTTP status);
+    a string ``code`` field wins, then that suffix; stock SGLang's errors have
+    neither, so they give None.
     """
     try:
         body = response.json()
@@ -299,7 +303,10 @@ def error_code(response: requests.Response) -> str | None:
         return None
     error = body.get("error")
     code = error.get("code") if isinstance(error, dict) else body.get("code")
-    return code if isinstance(code, str) and code else None
+    if isinstance(code, str) and code:
+        return code
+    found = _CODE_SUFFIX.search(error_message(response))
+    return found.group(1) if found else None
 
 
 def avg_spec_accept_length(server_info: dict) -> float | None:

@@ -42,8 +42,12 @@ from __future__ import annotations
 
 from ..config import current_config
 from ..ops.seed_encoding import HTTP_SEED_RANGE, to_int64
+from .request_rules import RequestRuleError
 
 TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
+# Stable codes of the seed refusals (the message ends with "(error code: ...)", as every request rule's).
+SEED_RANGE_CODE = "sampling_seed_out_of_range"
+SEED_TYPE_CODE = "sampling_seed_not_integer"
 CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
 
 
@@ -65,7 +69,8 @@ def check_sampling_seed(seed: object) -> int:
     if isinstance(seed, float) and (seed >= 2.0**64 or seed <= -(2.0**63)):
         # SGLang parses request bodies with orjson, which turns JSON integers outside
         # [-2**63, 2**64) into floats: this was most likely an integer out of range.
-        raise ValueError(
+        raise RequestRuleError(
+            SEED_RANGE_CODE, "sampling_seed",
             f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
             f"unsigned 64-bit seed), got {seed!r} (beyond 64-bit integers: SGLang's JSON parser reads "
             "such integers as floats)"
@@ -75,10 +80,12 @@ def check_sampling_seed(seed: object) -> int:
     except ValueError:
         # The rule is check_seed's; an HTTP client gets it worded for the request field.
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(
+            raise RequestRuleError(
+                SEED_TYPE_CODE, "sampling_seed",
                 f"sampling_seed must be an integer in {HTTP_SEED_RANGE}, got {type(seed).__name__} {seed!r}"
             ) from None
-        raise ValueError(
+        raise RequestRuleError(
+            SEED_RANGE_CODE, "sampling_seed",
             f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
             f"unsigned 64-bit seed), got {seed}"
         ) from None

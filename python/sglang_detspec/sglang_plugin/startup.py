@@ -26,6 +26,10 @@ class RefusedError(ValueError):
             f"({bag.verify} verify):\n  - " + "\n  - ".join(f"{r} [refusal: {r.code}]" for r in refusals)
         )
 
+    def __reduce__(self):
+        # Crossing a process boundary: a plain ValueError with the same message (the codes are in it).
+        return ValueError, (str(self),)
+
 
 def _raise(bag: DetSpecConfig) -> None:
     problems = bag.refusals()

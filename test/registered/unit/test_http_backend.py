@@ -974,3 +974,21 @@ def test_seed_encoding_hint_matches_the_code_not_the_wording():
     assert _seed_encoding_hint("uint64", coded) is None
     other = ServerHttpError("x", 400, "sampling_seed must be in [0, 2**64 - 1]", "some_other_code")
     assert _seed_encoding_hint("int64", other) is None  # a code is trusted over words
+
+
+def test_error_code_reads_the_plugins_message_suffix():
+    """The plugin's request errors end with "(error code: CODE)": the audit client matches that code, not wording."""
+    import requests
+
+    from sglang_detspec.auditing.http_backend import error_code
+
+    def response(body: dict) -> requests.Response:
+        r = requests.Response()
+        r.status_code = 400
+        r._content = json.dumps(body).encode()
+        return r
+
+    msg = "sampling_seed must be in [0, 2**64 - 1], got -1 (error code: sampling_seed_out_of_range)"
+    assert error_code(response({"error": {"message": msg, "code": 400}})) == "sampling_seed_out_of_range"
+    assert error_code(response({"error": {"message": "x", "code": "given_code"}})) == "given_code"
+    assert error_code(response({"error": {"message": "stock SGLang wording", "code": 400}})) is None

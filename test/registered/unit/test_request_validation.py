@@ -315,3 +315,16 @@ def test_docs_list_every_hooked_symbol():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_seed_refusals_carry_stable_codes():
+    """Every sampling_seed refusal names the field and ends with a stable code the audit client matches."""
+    from sglang_detspec.sglang_plugin.request_hook import SEED_RANGE_CODE, SEED_TYPE_CODE, check_sampling_seed
+    from sglang_detspec.sglang_plugin.request_rules import RequestRuleError
+
+    for bad, code in ((-1, SEED_RANGE_CODE), (2**64, SEED_RANGE_CODE), (2.0**64, SEED_RANGE_CODE),
+                      ("7", SEED_TYPE_CODE), (True, SEED_TYPE_CODE), (1.5, SEED_TYPE_CODE)):
+        with pytest.raises(RequestRuleError) as info:
+            check_sampling_seed(bad)
+        assert info.value.code == code and info.value.field == "sampling_seed"
+        assert str(info.value).startswith("sampling_seed must be") and str(info.value).endswith(f"(error code: {code})")

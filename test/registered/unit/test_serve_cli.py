@@ -274,3 +274,17 @@ def test_serve_without_sglang_says_how_to_get_it():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_refusals_survive_pickling():
+    """A refusal or a start-up refusal error crossing a process boundary keeps its message (and a refusal its code)."""
+    import pickle
+
+    from sglang_detspec.config import DetSpecConfig, Refusal
+    from sglang_detspec.sglang_plugin.startup import RefusedError
+
+    r = pickle.loads(pickle.dumps(Refusal("rejection_tree", "trees need coupled mode")))
+    assert (r, r.code) == ("trees need coupled mode", "rejection_tree")
+    err = RefusedError(DetSpecConfig(deterministic=True), [Refusal("rejection_tree", "trees need coupled mode")])
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, ValueError) and str(back) == str(err) and "[refusal: rejection_tree]" in str(back)
