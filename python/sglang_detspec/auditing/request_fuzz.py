@@ -217,6 +217,9 @@ def _known(m: Model) -> list[tuple[str, str, str, dict, int]]:
         # The embedding lookup's device-side assert (the first issue of this kind).
         ("input_ids_at_vocab", "/generate", "input_ids", {"input_ids": [m.vocab, 7], "sampling_params": sp}, 400),
         ("input_ids_negative", "/generate", "input_ids", {"input_ids": [-1, 7], "sampling_params": sp}, 400),
+        # An empty prompt in a batch: the last-position gather's device-side assert (a tree server, H200).
+        ("input_ids_empty_in_batch", "/generate", "input_ids",
+         {"input_ids": [[], [5, 6]], "sampling_params": [sp, sp]}, 400),
         ("completions_prompt_out_of_vocab", "/v1/completions", "prompt",
          {"model": m.name, "prompt": [m.vocab + 3, 7], "max_tokens": GOOD_NEW_TOKENS}, 400),
     ]

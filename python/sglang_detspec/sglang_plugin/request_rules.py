@@ -159,7 +159,25 @@ def check_input_ids(input_ids, vocab_size: int) -> None:
 _MULTIMODAL = ("image_data", "video_data", "audio_data", "input_embeds")
 
 
+def check_not_empty(input_ids) -> None:
+    """A prompt holds at least one token.
+
+    An empty prompt (``"input_ids": []``, alone or as one element of a batch,
+    or a text that tokenizes to nothing) has no last token to decode from:
+    SGLang 0.5.23 schedules it, and the batch's gather of each request's last
+    position indexes out of bounds, a device-side assert that ends the
+    scheduler with every request in flight (seen on an H200 tree server).
+
+    Raises:
+        RequestRuleError: ``input_ids_empty``.
+    """
+    if len(input_ids) == 0:
+        raise RequestRuleError("input_ids_empty", "input_ids",
+                               "input_ids must hold at least one token (the prompt is empty), got []")
+
+
 def _input_ids(value, req: Request):
+    check_not_empty(value)
     # Processors of image, video or audio data put placeholder ids beyond the text vocabulary.
     if not any(getattr(req.obj, name, None) is not None for name in _MULTIMODAL):
         check_input_ids(value, req.limits.embedding_rows)
@@ -321,8 +339,9 @@ def _grammar(name: str):
 _LOGPROBS = "layers.logprob_processor.get_top_logprobs_raw (logprobs.topk(max(top_logprobs_nums)))"
 
 RULES: tuple[Rule, ...] = (
-    Rule("input_ids", ("input_ids_out_of_vocabulary", "input_ids_not_integer"),
-         "integers in [0, V) (V: the embedding's rows)", "refuse", "the embedding lookup (device-side assert)",
+    Rule("input_ids", ("input_ids_out_of_vocabulary", "input_ids_not_integer", "input_ids_empty"),
+         "at least one id, integers in [0, V) (V: the embedding's rows)", "refuse",
+         "the embedding lookup; for an empty prompt, the batch's last-position gather (device-side assert)",
          _input_ids),
     Rule("sampling_params.n", ("n_out_of_range",), f"integer in [1, {MAX_N}]", "refuse",
          "io_struct.GenerateReqInput._handle_parallel_sampling (n copies in the tokenizer manager)",

@@ -96,6 +96,18 @@ def test_check_input_ids_accepts_tensors_and_empty():
         request_rules.check_input_ids(torch.tensor([0, 1000]), 1000)
 
 
+def test_an_empty_prompt_is_refused_alone_and_in_a_batch(served, bag):
+    # An empty prompt in a batch ended an H200 tree server: the last-position gather's device-side assert.
+    bag(ACTIVE)
+    with pytest.raises(ValueError, match="input_ids cannot be empty"):  # SGLang refuses a single one itself
+        generate(served, input_ids=[], sampling_params=dict(SAMPLED))
+    assert served.sent == []
+    for ids in ([[5, 6], []], [[], [5, 6], [7]]):  # but not an element of a batch
+        with pytest.raises(ValueError, match=re.escape("input_ids must hold at least one token")) as caught:
+            generate(served, input_ids=ids, sampling_params=[dict(SAMPLED) for _ in ids])
+        assert caught.value.code == "input_ids_empty" and served.sent == []
+
+
 # -- the rules of request_rules.RULES, through SGLang's request path ----------------------
 
 
