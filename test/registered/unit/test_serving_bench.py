@@ -1297,6 +1297,10 @@ def test_breakdown_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
 def test_breakdown_report_rejects_bad_rows_and_lists_missing(tmp_path):
     rows = bd.cell_rows("d", 8, {"gpu_ms_per_step": {"gemm_qkv": 1.0, "idle": 0.5, "other": 0.25},
                                  "step_ms": 2.0, "steps": 5})
+    # A cell whose layer pattern was not found: classed by kernel name, marked in the table.
+    rows += bd.cell_rows("f", 8, {"gpu_ms_per_step": {"gemm_other": 1.5, "idle": 0.5}, "step_ms": 2.0, "steps": 8,
+                                  "classified_by": "kernel_name"})
+    assert {r["classified_by"] for r in rows} == {"layer_pattern", "kernel_name"}
     doc = {"date_utc": "2026-12-02T00:00:00+00:00", "machine": "H200", "rows": rows,
            "missing": [{"config": "g", "concurrency": 128, "why": "120 s left"}]}
     paths = bd.write_breakdown(str(tmp_path), doc, with_plot=True)
@@ -1304,6 +1308,8 @@ def test_breakdown_report_rejects_bad_rows_and_lists_missing(tmp_path):
     md = Path(paths[1]).read_text()
     assert "| d | 8 | 2.000 | 1.000 |" in md and "- g c=128: 120 s left" in md and md.rstrip().endswith("120 s left")
     assert "0.250 |" in md  # "other" summed into the rest column
+    assert "| f* | 8 | 2.000 | 0.000 |" in md and "`*`: the layer pattern was not found" in md
+    assert "| 1.500 |" in md  # gemm_other has its own column
     with pytest.raises(ValueError, match=r"rows\[0\]"):
         bd.write_breakdown(str(tmp_path), {**doc, "rows": [{"config": "d", "concurrency": "8", "class": "x",
                                                             "gpu_ms_per_step": 1.0}]})
