@@ -14,7 +14,8 @@ For one concurrency c (:func:`capture`):
    ``profile_steps`` forwards;
 3. the trace SGLang writes (``<dir>/<profile id>-TP-0.trace.json.gz``) is
    classified by ``serving_kernels.breakdown``: milliseconds per step of each
-   kernel class and of GPU idle time.
+   kernel class and of GPU idle time (by kernel name alone over the
+   ``profile_steps`` steps where the layer pattern is not found).
 
 ``start_tokens`` sets the context length the steps see (input_len +
 start_tokens), ``output_len - start_tokens`` must leave more steps than
@@ -45,8 +46,8 @@ import serving_kernels
 
 # Classes shown as their own column in breakdown.md; the rest are summed into "rest".
 TABLE_CLASSES = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down", "gemm_lm_head", "gemm_draft_fc",
-                 "gemm_draft_layer", "gemm_draft_lm_head", "attention", "norm", "elementwise", "plugin_sampling",
-                 "plugin_verify", "plugin_draft", "sampling", "idle")
+                 "gemm_draft_layer", "gemm_draft_lm_head", "gemm_other", "attention", "norm", "elementwise",
+                 "plugin_sampling", "plugin_verify", "plugin_draft", "sampling", "idle")
 MAX_TOKENS_PER_STEP = 4  # the chain's and the tree's 3 draft steps: at most 4 tokens per verify
 
 
@@ -249,16 +250,23 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, setting
         raise RuntimeError(f"no trace {profile_id} within the time limit (wave ended: {ended})")
     if not ended:
         raise RuntimeError(f"the measured wave of {concurrency} requests did not end in time")
-    result = serving_kernels.breakdown(kernels, skip_steps=settings.skip_steps)
+    # steps_in_trace: a trace whose layer pattern is not found is still classed by kernel name.
+    result = serving_kernels.breakdown(kernels, skip_steps=settings.skip_steps, steps_in_trace=settings.profile_steps)
     result.update({"trace": trace, "wall_s": round(time.monotonic() - started, 2), "concurrency": concurrency,
                    "tokens_at_profile_start": tokens_at_start})
     return result
 
 
 def cell_rows(config: str, concurrency: int, result: dict) -> list[dict]:
-    """``breakdown.json`` rows of one cell: one per class of ``serving_kernels.CLASSES``, idle included."""
+    """``breakdown.json`` rows of one cell: one per class of ``serving_kernels.CLASSES``, idle included.
+
+    Each row carries the cell's ``classified_by`` (``layer_pattern``, or
+    ``kernel_name`` where the layer pattern was not found and every GEMM is
+    ``gemm_other``; a result without the field is by layer pattern).
+    """
+    how = result.get("classified_by", "layer_pattern")
     return [{"config": config, "concurrency": concurrency, "class": cls, "gpu_ms_per_step": round(ms, 5),
-             "step_ms": round(result["step_ms"], 5), "steps": result["steps"]}
+             "step_ms": round(result["step_ms"], 5), "steps": result["steps"], "classified_by": how}
             for cls, ms in result["gpu_ms_per_step"].items()]
 
 
@@ -266,20 +274,24 @@ def render_markdown(doc: dict) -> str:
     """``breakdown.md``: one row per (configuration, concurrency), ms per step by class, then what is missing."""
     cells = cell_table(doc)
     steps = {(r["config"], r["concurrency"]): (r["step_ms"], r.get("steps", 0)) for r in doc["rows"] if "step_ms" in r}
+    by_name = {(r["config"], r["concurrency"]) for r in doc["rows"] if r.get("classified_by") == "kernel_name"}
     lines = ["# GPU time per decode / verify step by kernel class", "",
              f"- date (UTC): {doc.get('date_utc')}", f"- machine: {doc.get('machine')}"]
     for field in ("settings", "server_env", "server_args"):
         if doc.get(field):
             lines.append(f"- {field.replace('_', ' ')}: {json.dumps(doc[field])}")
     lines += ["", "Milliseconds per step (one target forward and its drafts, sampling and idle time); "
-              "`rest` sums the classes without a column; `step` is the mean step period.", ""]
+              "`rest` sums the classes without a column; `step` is the mean step period."
+              + (" `*`: the layer pattern was not found, classes by kernel name only (every GEMM in "
+                 "`gemm_other`; the whole trace over the profiled steps)." if by_name else ""), ""]
     head = ["config", "c", "step", *TABLE_CLASSES, "rest"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (config, conc) in sorted(cells, key=lambda k: (k[0], k[1])):
         values = cells[(config, conc)]
         rest = sum(v for c, v in values.items() if c not in TABLE_CLASSES)
         step = steps.get((config, conc), (None, 0))[0]
-        row = [config, str(conc), "-" if step is None else f"{step:.3f}",
+        mark = "*" if (config, conc) in by_name else ""
+        row = [config + mark, str(conc), "-" if step is None else f"{step:.3f}",
                *(f"{values.get(c, 0.0):.3f}" for c in TABLE_CLASSES), f"{rest:.3f}"]
         lines.append("| " + " | ".join(row) + " |")
     if doc.get("missing"):

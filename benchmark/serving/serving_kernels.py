@@ -7,16 +7,23 @@ to. This module decides it from the kernel sequence of one GPU stream:
 1. **Kind by name** (:func:`kernel_kind`): a GEMM (cuBLAS ``nvjet*`` /
    ``sm90_xmma*`` / ``gemv*``, CUTLASS, DeepGEMM's
    ``deep_gemm::sm90_bf16_gemm_impl``, SGLang's batch-invariant Triton
-   ``matmul_kernel_persistent``), a GEMM's own split-K reduction, attention
-   (FA3 ``flash::`` kernels and their combine, Triton ``_fwd_*kernel*``,
-   FlashInfer, ``merge_state``), a norm (fused RMSNorm kernels, the
-   batch-invariant ``_rms_norm_kernel``, ``pow`` / ``mean_kernel`` /
-   ``rsqrt`` of the decomposed one), this package's Triton kernels (the race
-   kernels of sampling and drafting, the verify kernels, the tree-row kernel),
-   SGLang's sampling / verify kernels, elementwise work and copies, or other.
+   ``matmul_kernel_persistent``, this package's Triton ``_gemm_fused_kernel``
+   and ``_gemm_split_kernel``), a GEMM's own split-K reduction (cuBLAS
+   ``splitKreduce``, this package's ``_gemm_combine_kernel``: part of the
+   GEMM before it, never a GEMM of its own), attention (FA3 ``flash::``
+   kernels, Triton ``_fwd_*kernel*``, FlashInfer), attention's helpers (FA3's
+   ``prepare_varlen_num_blocks`` scheduler metadata and its split-KV combine,
+   the cascade's ``merge_state`` / ``merge_attn_states``: class attention, but
+   never an attention site alone, since SGLang computes FA3's scheduler
+   metadata once per plain decode step before the graph replay), a norm
+   (fused RMSNorm kernels, this package's and SGLang's batch-invariant
+   ``_rms_norm_kernel``, ``pow`` / ``mean_kernel`` / ``rsqrt`` of the
+   decomposed one), this package's Triton kernels (the race kernels of
+   sampling and drafting, the verify kernels, the tree-row kernel), SGLang's
+   sampling / verify kernels, elementwise work and copies, or other.
 2. **Attention sites**: consecutive attention kernels with no GEMM between
-   them (split-KV stage 1 / stage 2, FA3's combine, a cascade's two calls)
-   are one site, one decoder layer.
+   them (split-KV stage 1 / stage 2, FA3 with its combine, a cascade's two
+   calls and their merge) are one site, one decoder layer.
 3. **Forwards**: in a Llama-style decoder layer the GEMMs run qkv, attention,
    o, gate_up, down, so between two sites of one forward lie exactly four
    GEMMs (o, gate_up, down, the next layer's qkv). Any other count ends a
@@ -25,12 +32,14 @@ to. This module decides it from the kernel sequence of one GPU stream:
    A forward with one site is the draft's, one with more the target's.
 4. **Position**: a GEMM's layer kind is its slot in that pattern (target:
    ``gemm_qkv`` .. ``gemm_lm_head``; draft: ``gemm_draft_fc``,
-   ``gemm_draft_layer``, ``gemm_draft_lm_head``). Kernels between o and
-   gate_up, between down and the next qkv, and between the last down and
-   lm_head that are not named otherwise are the norms there (the fused add +
-   RMSNorm, or the batch-invariant decomposition into copies, add, pow,
-   mean, rsqrt and multiplies). This package's race kernels after a draft
-   forward's lm_head are drafting (``plugin_draft``), elsewhere sampling.
+   ``gemm_draft_layer``, ``gemm_draft_lm_head``); a split-K reduction takes
+   its GEMM's class. Kernels between o and gate_up, between down and the
+   next qkv, and between the last down and lm_head that are not named
+   otherwise are the norms there (the fused add + RMSNorm, or the
+   batch-invariant decomposition into copies, add, pow, mean, rsqrt and
+   multiplies), except gathers and index kernels (the last-token selection
+   before an lm_head). This package's race kernels after a draft forward's
+   lm_head are drafting (``plugin_draft``), elsewhere sampling.
 
 Step time (:func:`breakdown`): every decode / verify step holds exactly one
 target forward, so the start of each target forward's first GEMM is an anchor
@@ -38,7 +47,11 @@ and the time from one anchor to the next is one step, whatever order a step's
 parts run in. Over the window from the first used anchor to the last, each
 class's GPU time (kernel intervals clipped to the window) and the idle time
 (window minus the union of all kernel intervals) are divided by the number of
-steps in it. Pure Python: no torch, no SGLang.
+steps in it. Where the layer pattern yields no two anchors, :func:`breakdown`
+falls back, when told how many steps the trace holds, to classes by kernel
+name alone over the whole trace (:func:`classes_by_name`: every GEMM
+``gemm_other``), so one unforeseen sequence never loses a whole measurement.
+Pure Python: no torch, no SGLang.
 """
 
 from __future__ import annotations
@@ -47,11 +60,15 @@ import collections
 import dataclasses
 import re
 
-# Order matters: attention before GEMM (CUTLASS-based FA3 kernels are cutlass::device_kernel<flash::...>).
+# Order matters: attention's helpers before attention, attention before GEMM (CUTLASS-based FA3 kernels are
+# cutlass::device_kernel<flash::...>).
+ATTENTION_AUX_PATTERN = re.compile(r"prepare_varlen_num_blocks|FlashAttnFwdCombine|merge_state|MergeState"
+                                   r"|merge_attn_states", re.IGNORECASE)
 ATTENTION_PATTERN = re.compile(
     r"flash::|FlashAttn|flash_fwd|fmha|^_fwd_(grouped_)?kernel|BatchDecodeWith|BatchPrefillWith|SinglePrefillWith"
-    r"|SingleDecodeWith|merge_state|MergeState|cascade_", re.IGNORECASE)
-GEMM_AUX_PATTERN = re.compile(r"splitKreduce|splitk_reduce", re.IGNORECASE)
+    r"|SingleDecodeWith|cascade_", re.IGNORECASE)
+# A split-K GEMM's reduction kernel: cuBLAS's, and this package's (python/sglang_detspec/ops/gemm_triton.py).
+GEMM_AUX_PATTERN = re.compile(r"splitKreduce|splitk_reduce|^_gemm_combine_kernel", re.IGNORECASE)
 GEMM_PATTERN = re.compile(
     r"nvjet|xmma_gemm|gemm|gemv|matmul_kernel_persistent|bmm_kernel_persistent|deep_gemm::|s16816|s1688"
     r"|cutlass.*tensorop", re.IGNORECASE)
@@ -60,7 +77,7 @@ NORM_PATTERN = re.compile(r"rmsnorm|rms_norm|layernorm|layer_norm|pow_tensor_sca
 # This package's Triton kernels (python/sglang_detspec/ops/*_triton.py and the tree-attention hook).
 PLUGIN_RACE_PATTERN = re.compile(r"^_race_(argmax|topk|reduce)_kernel")
 PLUGIN_VERIFY_PATTERN = re.compile(r"^_verify_(race|emit)_kernel|^_coupled_walk_kernel|^_tree_positions_kernel")
-PLUGIN_TREE_ROWS_PATTERN = re.compile(r"^node_rows$")
+PLUGIN_TREE_ROWS_PATTERN = re.compile(r"^_?node_rows(_kernel)?$")
 # SGLang's (and torch's) sampling, speculative verify and draft-selection kernels.
 SAMPLING_PATTERN = re.compile(
     r"softmax|top_k|top_p|topk|sampling_?from|min_p|renorm|tree_speculative_sampling|verify_tree_greedy"
@@ -68,6 +85,8 @@ SAMPLING_PATTERN = re.compile(
 ELEMENTWISE_PATTERN = re.compile(
     r"elementwise|copy|memcpy|memset|act_and_mul|silu|gelu|rope|rotary|fill|index|gather|scatter|CatArray"
     r"|embedding|store_kv|set_kv|where|clamp|arange|softcap", re.IGNORECASE)
+# Kernels between two GEMMs of a norm's place that are not that norm: the last-token selection before lm_head.
+NOT_NORM_PATTERN = re.compile(r"gather|index", re.IGNORECASE)
 
 # Classes of the breakdown, in table order; "idle" is the step's GPU time with no kernel running.
 TARGET_GEMMS = {"qkv": "gemm_qkv", "o": "gemm_o", "gate_up": "gemm_gate_up", "down": "gemm_down",
@@ -97,10 +116,14 @@ class Kernel:
 def kernel_kind(name: str) -> str:
     """The kind of a kernel by its name alone.
 
-    One of ``attention``, ``gemm_aux`` (a GEMM's split-K reduction, part of
-    the GEMM before it), ``gemm``, ``plugin_race``, ``plugin_verify``,
+    One of ``attention_aux`` (attention's scheduler metadata, split-KV
+    combine or state merge: class attention, never a site alone),
+    ``attention``, ``gemm_aux`` (a GEMM's split-K reduction, part of the GEMM
+    before it), ``gemm``, ``plugin_race``, ``plugin_verify``,
     ``plugin_tree_rows``, ``norm``, ``sampling``, ``elementwise``, ``other``.
     """
+    if ATTENTION_AUX_PATTERN.search(name):
+        return "attention_aux"
     if ATTENTION_PATTERN.search(name):
         return "attention"
     if GEMM_AUX_PATTERN.search(name):
@@ -152,7 +175,7 @@ def _sites(kinds: list[str]) -> tuple[list[list[int]], list[list[int]]]:
     groups: list[list[int]] = [[]]
     in_site = False
     for i, kind in enumerate(kinds):
-        if kind == "attention":
+        if kind == "attention":  # attention_aux joins no site: it may run alone, before a step's graph replay
             if not in_site:
                 sites.append([])
                 in_site = True
@@ -250,6 +273,7 @@ def classify(kernels: list[Kernel], *, draft_layers: int = 1) -> Classified:
 
     classes: list[str] = []
     last_lm_head_role: str | None = None
+    last_gemm_class = "gemm_other"  # the GEMM a split-K reduction finishes; none once an attention site ran
     for i, kind in enumerate(kinds):
         if kind == "gemm":
             role, name = slot.get(i, ("", "other"))
@@ -257,10 +281,14 @@ def classify(kernels: list[Kernel], *, draft_layers: int = 1) -> Classified:
                 last_lm_head_role = role
             table = DRAFT_GEMMS if role == "draft" else TARGET_GEMMS
             classes.append(table.get(name, "gemm_other"))
+            last_gemm_class = classes[-1]
         elif kind == "gemm_aux":
-            classes.append(classes[-1] if i and classes[-1].startswith("gemm_") else "gemm_other")
+            classes.append(last_gemm_class)
         elif kind == "plugin_race":
             classes.append("plugin_draft" if last_lm_head_role == "draft" else "plugin_sampling")
+        elif kind in ("attention", "attention_aux"):
+            classes.append("attention")
+            last_gemm_class = "gemm_other"
         else:  # the kind is the class; elementwise / other may become norms below
             classes.append(kind)
     # Unnamed kernels between o and gate_up, down and the next qkv, down and lm_head: that norm's work.
@@ -270,10 +298,10 @@ def classify(kernels: list[Kernel], *, draft_layers: int = 1) -> Classified:
         rb, sb = slot.get(b, ("", "other"))
         if ra != rb or (sa, sb) not in (("o", "gate_up"), ("down", "qkv"), ("down", "lm_head")):
             continue
-        if any(kinds[j] == "attention" for j in range(a + 1, b)):
+        if any(kinds[j] in ("attention", "attention_aux") for j in range(a + 1, b)):
             continue  # not adjacent within a layer (a forward boundary with its own kernels)
         for j in range(a + 1, b):
-            if classes[j] in ("elementwise", "other"):
+            if classes[j] in ("elementwise", "other") and not NOT_NORM_PATTERN.search(kernels[j].name):
                 classes[j] = "norm"
     anchors = [f.first_gemm for f in forwards if f.role == "target" and f.first_gemm is not None]
     return Classified(classes, forwards, anchors, anomalies)
@@ -293,46 +321,30 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def breakdown(kernels: list[Kernel], *, skip_steps: int = 1, draft_layers: int = 1) -> dict:
-    """GPU time per class and idle time per decode / verify step, in milliseconds.
+def classes_by_name(kernels: list[Kernel]) -> list[str]:
+    """Each kernel's class from its name alone, for a sequence whose layer pattern was not found.
 
-    Args:
-        kernels: one stream's GPU activities in start order (:class:`Kernel`, microseconds).
-        skip_steps: steps left out at the start (the first captured step
-            can carry the profiler's start-up).
-        draft_layers: see :func:`classify`.
-
-    Returns:
-        ``{"steps": int, "step_ms": float, "gpu_ms_per_step": {class: ms} (every
-        class of CLASSES, idle included), "busy_ms": union of kernel time per
-        step, "forwards_per_step": {"target": float, "draft": float},
-        "kernels_per_step": float, "anomalies": [str] (inside the window),
-        "anomalies_outside_window": int, "top": [{"name",
-        "class", "count", "total_us"}] (the 40 largest names in the window),
-        "first_step": [[name (cut to NAME_CHARS), class, duration us]] (the
-        window's first step, in order)}``.
-        Class times can sum above ``busy_ms`` where kernels overlap.
-
-    Raises:
-        ValueError: fewer than two target forwards after ``skip_steps``
-            (no whole step to measure), ``skip_steps`` below 0, or what
-            :func:`classify` raises.
+    GEMMs and their split-K reductions are ``gemm_other`` (no layer slot
+    without the pattern), this package's race kernels ``plugin_sampling``
+    (drafting and sampling are told apart only by the forward before them),
+    attention's helpers ``attention``; every other kind is its class, so
+    elementwise kernels of a norm's decomposition stay ``elementwise``.
     """
-    if skip_steps < 0:
-        raise ValueError(f"skip_steps must be >= 0, got {skip_steps}")
-    result = classify(kernels, draft_layers=draft_layers)
-    anchors = result.anchors[skip_steps:]
-    if len(anchors) < 2:
-        raise ValueError(f"need at least 2 target forwards after skipping {skip_steps}, found "
-                         f"{len(result.anchors)} in {len(kernels)} kernels "
-                         f"({'; '.join(t for _, t in result.anomalies) or 'no anomaly'})")
-    lo, hi = kernels[anchors[0]].ts, kernels[anchors[-1]].ts
-    steps = len(anchors) - 1
+    out = []
+    for k in kernels:
+        kind = kernel_kind(k.name)
+        out.append({"gemm": "gemm_other", "gemm_aux": "gemm_other", "plugin_race": "plugin_sampling",
+                    "attention_aux": "attention"}.get(kind, kind))
+    return out
+
+
+def _window(kernels: list[Kernel], classes: list[str], lo: float, hi: float, steps: int) -> dict:
+    """Per-step class times, idle, busy time, kernel count and largest names of ``kernels`` clipped to [lo, hi)."""
     per_class = dict.fromkeys(CLASSES, 0.0)
     intervals = []
     names: dict[tuple[str, str], list] = collections.defaultdict(lambda: [0, 0.0])
     inside = 0
-    for k, cls in zip(kernels, result.classes):
+    for k, cls in zip(kernels, classes):
         s, e = max(k.ts, lo), min(k.end, hi)
         if e <= s and not (k.dur == 0 and lo <= k.ts < hi):
             continue
@@ -344,23 +356,84 @@ def breakdown(kernels: list[Kernel], *, skip_steps: int = 1, draft_layers: int =
         row[1] += max(0.0, e - s)
     busy = _union_length(intervals)
     per_class["idle"] = (hi - lo) - busy
-    in_window = [f for f in result.forwards if f.first_gemm is not None and lo <= kernels[f.first_gemm].ts < hi]
     top = sorted(({"name": n, "class": c, "count": v[0], "total_us": v[1]} for (n, c), v in names.items()),
                  key=lambda r: -r["total_us"])[:40]
+    return {"steps": steps, "step_ms": (hi - lo) / steps / 1e3,
+            "gpu_ms_per_step": {c: v / steps / 1e3 for c, v in per_class.items()},
+            "busy_ms": busy / steps / 1e3, "kernels_per_step": inside / steps, "top": top}
+
+
+def breakdown(kernels: list[Kernel], *, skip_steps: int = 1, draft_layers: int = 1,
+              steps_in_trace: int | None = None) -> dict:
+    """GPU time per class and idle time per decode / verify step, in milliseconds.
+
+    Args:
+        kernels: one stream's GPU activities in start order (:class:`Kernel`, microseconds).
+        skip_steps: steps left out at the start (the first captured step
+            can carry the profiler's start-up).
+        draft_layers: see :func:`classify`.
+        steps_in_trace: the number of steps the profiler recorded (SGLang's
+            ``num_steps``), or None. Used only where the layer pattern gives
+            fewer than two target forwards after ``skip_steps``: then the
+            whole trace (first kernel start to last kernel end) is divided
+            into this many steps and classed by :func:`classes_by_name`.
+
+    Returns:
+        ``{"classified_by": "layer_pattern" or "kernel_name", "steps": int,
+        "step_ms": float, "gpu_ms_per_step": {class: ms} (every class of
+        CLASSES, idle included), "busy_ms": union of kernel time per step,
+        "forwards_per_step": {"target": float, "draft": float},
+        "kernels_per_step": float, "anomalies": [str] (inside the window),
+        "anomalies_outside_window": int, "top": [{"name", "class", "count",
+        "total_us"}] (the 40 largest names in the window), "first_step":
+        [[name (cut to NAME_CHARS), class, duration us]] (the window's first
+        step, in order; by kernel name: the trace's first
+        ``len(kernels) // steps_in_trace`` kernels)}``. By kernel name,
+        ``anomalies`` holds why the pattern failed and ``forwards_per_step``
+        is zero. Class times can sum above ``busy_ms`` where kernels overlap.
+
+    Raises:
+        ValueError: fewer than two target forwards after ``skip_steps`` and
+            ``steps_in_trace`` None (no whole step to measure), no kernels,
+            ``skip_steps`` below 0, ``steps_in_trace`` below 1, or what
+            :func:`classify` raises.
+    """
+    if skip_steps < 0:
+        raise ValueError(f"skip_steps must be >= 0, got {skip_steps}")
+    if steps_in_trace is not None and steps_in_trace < 1:
+        raise ValueError(f"steps_in_trace must be >= 1 or None, got {steps_in_trace}")
+    if not kernels:
+        raise ValueError("kernels is empty: the trace holds no GPU activity")
+    result = classify(kernels, draft_layers=draft_layers)
+    anchors = result.anchors[skip_steps:]
+    if len(anchors) < 2:
+        why = (f"need at least 2 target forwards after skipping {skip_steps}, found "
+               f"{len(result.anchors)} in {len(kernels)} kernels "
+               f"({'; '.join(t for _, t in result.anomalies) or 'no anomaly'})")
+        if steps_in_trace is None:
+            raise ValueError(why)
+        classes = classes_by_name(kernels)
+        out = _window(kernels, classes, kernels[0].ts, max(k.end for k in kernels), steps_in_trace)
+        n = max(1, len(kernels) // steps_in_trace)
+        return {"classified_by": "kernel_name", **out, "forwards_per_step": {"target": 0.0, "draft": 0.0},
+                "anomalies": [f"layer pattern not found, classes by kernel name over {steps_in_trace} profiled "
+                              f"steps, GEMMs as gemm_other: {why}"],
+                "anomalies_outside_window": 0,
+                "first_step": [[k.name[:NAME_CHARS], c, round(k.dur, 2)] for k, c in zip(kernels[:n], classes)]}
+    lo, hi = kernels[anchors[0]].ts, kernels[anchors[-1]].ts
+    steps = len(anchors) - 1
+    out = _window(kernels, result.classes, lo, hi, steps)
+    in_window = [f for f in result.forwards if f.first_gemm is not None and lo <= kernels[f.first_gemm].ts < hi]
     second = kernels[anchors[1]].ts
     # The first step's kernels in order, names cut short: what a reader checks the layer placement on.
     first_step = [[k.name[:NAME_CHARS], cls, round(k.dur, 2)] for k, cls in zip(kernels, result.classes)
                   if lo <= k.ts < second]
     return {
-        "steps": steps,
-        "step_ms": (hi - lo) / steps / 1e3,
-        "gpu_ms_per_step": {c: v / steps / 1e3 for c, v in per_class.items()},
-        "busy_ms": busy / steps / 1e3,
+        "classified_by": "layer_pattern",
+        **out,
         "forwards_per_step": {r: sum(1 for f in in_window if f.role == r) / steps for r in ("target", "draft")},
-        "kernels_per_step": inside / steps,
         "anomalies": [t for i, t in result.anomalies if lo <= kernels[i].ts < hi],
         "anomalies_outside_window": sum(1 for i, _ in result.anomalies if not lo <= kernels[i].ts < hi),
-        "top": top,
         "first_step": first_step,
     }
 

@@ -40,7 +40,8 @@ rewriting:
   is stopped. Writes ``breakdown.json`` / ``.md`` / ``.png`` after every cell
   and ``breakdown/<key>_<name>_c<c>.json`` with each cell's largest kernels.
   A cell not measured (time, a failed server, a wave that never filled) is
-  listed with the reason.
+  listed with the reason; a cell whose kernel sequence does not fit the layer
+  pattern is still measured, by kernel name only (marked ``*``).
 - ``--interleave`` (default ``abd``; (a) required): every server is started
   at once; when none is starting any more, the driver runs the interleaved
   protocol over the ready ones (``serving_interleave.py``: per round and
@@ -620,7 +621,9 @@ class Run:
             with open(os.path.join(self.out, "breakdown", f"{s.key}_{config.name}_c{conc}.json"), "w") as f:
                 json.dump(result, f, indent=1)
             top = sorted(((c, v) for c, v in result["gpu_ms_per_step"].items() if v > 0), key=lambda cv: -cv[1])[:4]
-            self.log(f"({s.key}) breakdown c={conc}: step {result['step_ms']:.3f} ms over {result['steps']} steps, "
+            how = " (layer pattern not found: by kernel name)" if result.get("classified_by") == "kernel_name" else ""
+            self.log(f"({s.key}) breakdown c={conc}{how}: step {result['step_ms']:.3f} ms over "
+                     f"{result['steps']} steps, "
                      + ", ".join(f"{c} {v:.3f}" for c, v in top) + f" ({result['wall_s']:.0f} s)")
             self.write_breakdown()
 

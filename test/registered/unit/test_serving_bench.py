@@ -1,6 +1,7 @@
 """CPU-side logic of the end-to-end serving benchmark (benchmark/serving): arguments, commands, models, reports."""
 
 import argparse
+import collections
 import gzip
 import json
 import sys
@@ -853,8 +854,10 @@ def test_kernel_kinds_by_name():
     assert [n for n, k in kinds.items() if k == "gemm"] == [DEEP_GEMM, TRITON_MM, NVJET, XMMA,
                                                             "void gemv2T_kernel_val<int>"]
     assert kinds[SPLITK] == "gemm_aux"
-    assert {kinds[n] for n in (FA3, FA3_COMBINE, FA3_PREPARE, MERGE, "_fwd_grouped_kernel_stage1",
-                               "_fwd_kernel_stage2", "_fwd_kernel_unified")} == {"attention"}
+    assert {kinds[n] for n in (FA3, "_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2",
+                               "_fwd_kernel_unified")} == {"attention"}
+    # Attention's helpers: class attention, but never a site of their own.
+    assert {kinds[n] for n in (FA3_COMBINE, FA3_PREPARE, MERGE)} == {"attention_aux"}
     assert {kinds[n] for n in (POW, MEAN, FUSED_NORM, "_rms_norm_kernel")} == {"norm"}
     assert kinds["_race_argmax_kernel"] == kinds["_race_topk_kernel"] == "plugin_race"
     assert kinds["_verify_emit_kernel"] == kinds["_coupled_walk_kernel"] == "plugin_verify"
@@ -975,6 +978,218 @@ def test_trace_events_become_one_device_stream(tmp_path):
     assert [k.name for k in ks] == [MEMCPY, FA3] and ks[1].end == 25.0
 
 
+# -- kernel sequences of the first H200 breakdown (8B Llama target, EAGLE draft, FA3, CUDA graphs) ----
+# Names as that profile recorded them (first listings and largest kernels of its cells), in their order.
+
+H_FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloop"
+         "FwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<64>, cute::C<128>, "
+         "cute::C<128> >, 128, cutlass::bfloat16_t, float, cutlass::arch::Sm90, true, false, false, true, true, false, "
+         "false, false, true, true, true, false, false, cutlass::bfloat16_t, false, 1>, flash::C")
+H_PREPARE = ("void flash::prepare_varlen_num_blocks_kernel<8, true>(int, int, int, int const*, int const*, int const*, "
+             "int const*, int const*, int const*, int, int, int, int, int, cutlass::FastDivmod, cutlass::FastDivmod, "
+             "int*, int*, int*, int*, int*, bool, bool, bool, int)")
+H_COMBINE = ("void cutlass::device_kernel<flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>, cute::C<128> >, 5, 256, "
+             "1, false, true, cutlass::bfloat16_t, float, cutlass::arch::Sm90> "
+             ">(flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>, cute::C<128> >, 5, 256, 1, false, true, "
+             "cutlass::bfloat16_t, float, cutlass::arch::Sm90>::Params)")
+H_MERGE = ("void merge_attn_states_kernel<__nv_bfloat16, 128u>(__nv_bfloat16*, float*, __nv_bfloat16 const*, "
+           "float const*, __nv_bfloat16 const*, float const*, unsigned int, unsigned int, unsigned int)")
+H_ROPE = ("void sglang::fused_rope_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, 16u>"
+          "(sglang::FusedRopeParams)")
+H_STORE = "void sglang::store_kvcache_kernel<2048l, 2048l, 128u, true, long>(sglang::StoreKVCacheParams)"
+H_COPY = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_"
+          "kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::"
+          "{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&, at::native::direct_copy_kernel_cuda(at::TensorIterator")
+H_ACT = ("void sglang::act_and_mul_kernel<__nv_bfloat16, (sglang::ActivationKind)0, true, false, false, false, false, "
+         "false>(sglang::ActivationParams)")
+H_FUSED_NORM = ("kernel_cutlass_kernel_flashinfernormkernelsfused_add_rmsnormFusedAddRMSNormKernel_object_at__tensorptr"
+                "bf16gmemalign128oi64409640961_tensorptrbf16gmemalign128oi64409640961_tensorptrbf16gme_0")
+H_NORM = "kernel_cutlass_kernel_flashinfernormkernelsrmsnormRMSNormKernel_object_at__tenso"
+H_ADD = ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>, "
+         "std::array<char*, 3ul>, false>(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)")
+H_GATHER = "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, bool)"
+H_CAT = ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::native::(anonymous namespace)::"
+         "OpaqueType<2u>, unsigned int, 2, 128, 1, 16, 8>(char*, at::native::(anonymous namespace)::CatArrInputTensor"
+         "Metadata<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 128, 1>, at::native::(anonymous "
+         "namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)")
+H_EMBED = ("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, -2>"
+           "(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, at::cuda::detail::TensorInfo<c10::BFloat16 "
+           "const, unsigned int>, at::cuda::detail::TensorInfo<long const, unsigned int>, int, int, unsigned int, "
+           "long)")
+H_SOFTMAX = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::"
+             "(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)")
+H_EXPONENTIAL = ("void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<float, 4, "
+                 "at::native::templates::cuda::uniform_and_transform<float, float, at::CUDAGeneratorImpl*, at::native::"
+                 "templates::cuda::exponential_kernel<at::CUDAGeneratorImpl*>(at::TensorIteratorBase&, double, "
+                 "at::CUDAGeneratorImpl*)::{lambda()#1}::operator()() const::{lambda()#2}::operator()() const::"
+                 "{lambda(float)#1}>(")
+H_ARGMAX = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
+            "unsigned int, long, 4, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, "
+            "4, 4>)")
+H_DIV = ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, at::native::"
+         "binary_internal::DivFunctor<float> >, std::array<char*, 3ul>, false>(int, at::native::BinaryFunctor<float, "
+         "float, float, at::native::binary_internal::DivFunctor<float> >, std::array<char*, 3ul>)")
+H_SPLITK = ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, false, "
+            "float, __nv_bfloat16, __nv_bfloat16, true, false, false, false>(cublasLt::cublasSplitKParams<float>, "
+            "float const*, __nv_bfloat16 const*, float*, __nv_bfloat16*, float const*, float const*, __nv_bfloat16 "
+            "const*, float const*, __nv_bfloat16*, void*, long, float*, int*, float*, float*, float const*, flo")
+# cuBLAS at one token per request: o and down split over K, with cuBLASLt's reduction after them.
+CUBLAS_C1 = {"qkv": ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"],
+             "o": ["nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT", H_SPLITK],
+             "gate_up": ["nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT"],
+             "down": ["nvjet_sm90_tst_128x8_64x12_2x1_v_bz_splitK_TNT", H_SPLITK],
+             "lm_head": ["nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT"]}
+# This package's Triton GEMM (ops/gemm_triton.py): one fused kernel, or split over K then combined. Which one
+# a GEMM takes depends on its shape (the draft decode at c = 128 splits fc, qkv, o, down; the verify fuses all).
+PLUGIN_FUSED = {s: ["_gemm_fused_kernel"] for s in ("fc", "qkv", "o", "gate_up", "down", "lm_head")}
+PLUGIN_SPLIT = {**PLUGIN_FUSED,
+                **{s: ["_gemm_split_kernel", "_gemm_combine_kernel"] for s in ("fc", "qkv", "o", "down")}}
+PLUGIN_DRAFT_TAIL = ["softcap_inplace_logits_kernel", MEMCPY, H_SOFTMAX, "_race_argmax_kernel", "_race_reduce_kernel",
+                     H_ARGMAX, H_CAT, "Memcpy DtoH (Device -> Pinned)"]
+
+
+def _h200_forward(layers, gemms, attn, norm, *, head=(), fc=False, final=None, tail=()):
+    """One forward as the H200 profile lists it: ``head``, [fc], per layer qkv, rope, KV store, copy,
+    attention, o, norm, gate_up, act, down and the next norm (``final`` after the last down), lm_head, ``tail``."""
+    seq = list(head) + (list(gemms["fc"]) if fc else [])
+    for i in range(layers):
+        after_down = final if i == layers - 1 and final is not None else norm
+        seq += [*gemms["qkv"], H_ROPE, H_STORE, H_COPY, *attn, *gemms["o"], *norm, *gemms["gate_up"], H_ACT,
+                *gemms["down"], *after_down]
+    return seq + list(gemms["lm_head"]) + list(tail)
+
+
+def _plugin_coupled_step(target_gemms, layers=32):
+    """(d) at c = 128: the target verify, the draft extend (fused GEMMs), two draft decodes (split GEMMs)."""
+    attn = [H_PREPARE, H_FA3]
+    target = _h200_forward(layers, target_gemms, attn, ["_rms_norm_kernel"], head=[H_GATHER, "_rms_norm_kernel"],
+                           tail=["softcap_inplace_logits_kernel", H_SOFTMAX, "_race_argmax_kernel",
+                                 "_coupled_walk_kernel", "_verify_commit_outputs_kernel", H_CAT])
+    extend = _h200_forward(1, PLUGIN_FUSED, attn, ["_rms_norm_kernel"], head=[H_CAT], fc=True,
+                           final=[H_ADD, H_GATHER], tail=PLUGIN_DRAFT_TAIL)
+    decode = _h200_forward(1, PLUGIN_SPLIT, attn, ["_rms_norm_kernel"], head=["_fused_decode_metadata_kernel", H_CAT],
+                           fc=True, final=[H_ADD], tail=PLUGIN_DRAFT_TAIL)
+    return target + extend + decode + decode + ["_build_chain_tree_kernel", MEMCPY]
+
+
+def test_h200_kernel_names_by_kind():
+    kind = sk.kernel_kind
+    assert {kind(n) for n in ("_gemm_fused_kernel", "_gemm_split_kernel", *CUBLAS_C1["o"][:1])} == {"gemm"}
+    assert kind("_gemm_combine_kernel") == kind(H_SPLITK) == "gemm_aux"  # a split GEMM's second kernel
+    assert {kind(n) for n in (H_PREPARE, H_COMBINE, H_MERGE)} == {"attention_aux"} and kind(H_FA3) == "attention"
+    assert {kind(n) for n in ("_rms_norm_kernel", H_FUSED_NORM, H_NORM)} == {"norm"}
+    # Sampling between forwards is neither attention nor GEMM.
+    assert {kind(n) for n in (H_SOFTMAX, H_EXPONENTIAL, H_ARGMAX, "_argmax_partial_kernel",
+                              "_medium_argmax_final_kernel")} == {"sampling"}
+    assert kind("_node_rows_kernel") == "plugin_tree_rows" and kind("softcap_inplace_logits_kernel") == "elementwise"
+
+
+@pytest.mark.parametrize("target_gemms", [PLUGIN_FUSED, PLUGIN_SPLIT], ids=["verify_fused", "verify_split"])
+def test_plugin_split_gemm_counts_once_with_its_combine(target_gemms):
+    """(d) with this package's GEMM: split + combine is one GEMM site, the combine's time its GEMM's class.
+
+    Counting the combine as a GEMM put 6 GEMMs after a draft's attention site and 4 before it (d, c = 128:
+    "2/4/2 GEMM(s) between forwards"), and 7 between two target sites where the target splits too
+    (c <= 32: every layer a forward of its own, no step found)."""
+    step = _plugin_coupled_step(target_gemms)
+    got = sk.classify(_kernels(step * 3))
+    assert not got.anomalies
+    assert [(f.role, f.layers) for f in got.forwards] == [("target", 32), ("draft", 1), ("draft", 1), ("draft", 1)] * 3
+    cls = got.classes[:len(step)]
+    for i, name in enumerate(step):  # every combine kernel in its split kernel's class
+        if name == "_gemm_combine_kernel":
+            assert step[i - 1] == "_gemm_split_kernel" and cls[i] == cls[i - 1] != "gemm_other"
+    per = collections.Counter(cls)
+    assert "gemm_other" not in per and per["gemm_lm_head"] == 1 and per["gemm_draft_lm_head"] == 3
+    k = len(target_gemms["qkv"])  # kernels per split GEMM of the target
+    assert per["gemm_qkv"] == per["gemm_o"] == per["gemm_down"] == 32 * k and per["gemm_gate_up"] == 32
+    assert per["gemm_draft_fc"] == 1 + 2 * 2 and per["gemm_draft_layer"] == 4 + 2 * (3 * 2 + 1)
+    assert per["plugin_draft"] == 3 * 2 and per["plugin_sampling"] == 1 and per["plugin_verify"] == 1
+    # Norms: the plugin's RMSNorm twice per target layer and its input norm, once per draft layer; the draft's
+    # residual add before its lm_head; the last-token gather there stays elementwise.
+    assert per["norm"] == 2 * 32 + 1 + 3 * (1 + 1)
+    r = sk.breakdown(_kernels(step * 3), skip_steps=1)
+    assert r["classified_by"] == "layer_pattern" and r["steps"] == 1 and not r["anomalies"]
+    assert r["forwards_per_step"] == {"target": 1.0, "draft": 3.0} and r["gpu_ms_per_step"]["gemm_other"] == 0
+
+
+def _plain_decode_step(gemms, norm, first_norm, tail, layers=32):
+    """One decode step without speculation: FA3's scheduler metadata computed once before the graph replay
+    (SGLang's flashattention backend, plain decode), then the 32-layer forward with split-KV attention."""
+    return [H_PREPARE, MEMCPY] + _h200_forward(layers, gemms, [H_FA3, H_COMBINE], norm,
+                                               head=[MEMCPY, H_EMBED, first_norm], tail=tail)
+
+
+@pytest.mark.parametrize("config", ["g_baseline", "f_plugin_no_spec"])
+def test_plain_decode_steps_are_one_32_layer_forward_each(config):
+    """(g) cuBLAS, FlashInfer norms, torch sampling; (f) this package's GEMM, RMSNorm and sampling race.
+
+    The scheduler-metadata kernel before each replay had been an attention site of its own: forwards of
+    33 sites, the first of them a lone "draft" followed by 1 GEMM (g) or 2 (f, the split qkv)."""
+    if config == "g_baseline":
+        step = _plain_decode_step(CUBLAS_C1, [H_FUSED_NORM], H_NORM, [H_SOFTMAX, H_EXPONENTIAL, H_DIV, H_ARGMAX])
+    else:
+        step = _plain_decode_step(PLUGIN_SPLIT, ["_rms_norm_kernel"], "_rms_norm_kernel",
+                                  ["softcap_inplace_logits_kernel", H_SOFTMAX, "_race_argmax_kernel"])
+    kernels = _kernels(step * 4)
+    got = sk.classify(kernels)
+    assert not got.anomalies and [(f.role, f.layers) for f in got.forwards] == [("target", 32)] * 4
+    cls = got.classes[:len(step)]
+    assert cls[0] == "attention" and cls.count("attention") == 1 + 2 * 32  # the metadata kernel is attention's
+    per = collections.Counter(cls)
+    assert "gemm_other" not in per and per["gemm_lm_head"] == 1 and per["gemm_gate_up"] == 32
+    assert per["gemm_o"] == per["gemm_down"] == 2 * 32  # the split GEMM and its reduction / combine
+    assert per["norm"] == 2 * 32 + 1  # the last down -> lm_head norm included
+    if config == "g_baseline":
+        assert per["sampling"] == 3 and per["gemm_qkv"] == 32
+    else:
+        assert per["plugin_sampling"] == 1 and per["gemm_qkv"] == 2 * 32
+    r = sk.breakdown(kernels, skip_steps=1)
+    assert r["steps"] == 2 and r["forwards_per_step"] == {"target": 1.0, "draft": 0.0}
+
+
+def test_tree_verify_merge_is_part_of_its_attention_site():
+    """(e) tree verify: prefix and tree attention with their metadata kernels, merged; one site per layer."""
+    attn = [H_PREPARE, H_FA3, H_COPY, H_PREPARE.replace("<8,", "<32,"), H_FA3, H_DIV, H_MERGE]
+    target = _h200_forward(4, PLUGIN_FUSED, attn, ["_rms_norm_kernel"], head=[H_GATHER, "_rms_norm_kernel"],
+                           tail=[H_SOFTMAX, "_race_argmax_kernel", "_tree_positions_kernel", "_coupled_walk_kernel"])
+    draft = _h200_forward(1, PLUGIN_FUSED, attn, ["_rms_norm_kernel"], head=[H_CAT], fc=True, final=[H_ADD],
+                          tail=["_race_topk_kernel", "_race_reduce_kernel"])
+    step = target + draft + draft
+    got = sk.classify(_kernels(step * 3))
+    assert not got.anomalies and [f.layers for f in got.forwards][:3] == [4, 1, 1]
+    cls = got.classes[:len(step)]
+    assert cls.count("attention") == 4 * 5 + 2 * 5 and "other" not in cls
+
+
+def test_a_cell_without_its_layer_pattern_is_classed_by_kernel_name():
+    """One sequence the pattern does not fit keeps the cell: class totals by name, GEMMs as gemm_other."""
+    step = _plain_decode_step(PLUGIN_SPLIT, ["_rms_norm_kernel"], "_rms_norm_kernel",
+                              [H_SOFTMAX, "_race_argmax_kernel"])
+    no_attention = [n for n in step if sk.kernel_kind(n) not in ("attention", "attention_aux")]
+    kernels = _kernels(no_attention * 3, dur=2.0, gap=1.0)
+    with pytest.raises(ValueError, match="at least 2 target forwards.*no attention kernel"):
+        sk.breakdown(kernels, skip_steps=1)
+    r = sk.breakdown(kernels, skip_steps=1, steps_in_trace=3)
+    assert r["classified_by"] == "kernel_name" and r["steps"] == 3
+    n = len(no_attention)
+    assert r["step_ms"] == pytest.approx((3 * n * 3.0 - 1.0) / 3 / 1e3)
+    gemm_kernels = sum(1 for x in no_attention if sk.kernel_kind(x) in ("gemm", "gemm_aux"))
+    ms = r["gpu_ms_per_step"]
+    assert ms["gemm_other"] == pytest.approx(gemm_kernels * 2.0 / 1e3)
+    assert all(ms[c] == 0 for c in sk.CLASSES if c.startswith("gemm_") and c != "gemm_other")
+    assert ms["norm"] == pytest.approx(no_attention.count("_rms_norm_kernel") * 2.0 / 1e3)
+    assert ms["plugin_sampling"] == pytest.approx(2.0 / 1e3) and ms["sampling"] == pytest.approx(2.0 / 1e3)
+    assert "layer pattern not found" in r["anomalies"][0] and len(r["first_step"]) == n
+    assert r["forwards_per_step"] == {"target": 0.0, "draft": 0.0}
+    assert sk.classes_by_name([sk.Kernel(H_PREPARE, 0, 1), sk.Kernel("_gemm_combine_kernel", 1, 1)]) == [
+        "attention", "gemm_other"]
+    with pytest.raises(ValueError, match="steps_in_trace"):
+        sk.breakdown(kernels, steps_in_trace=0)
+    with pytest.raises(ValueError, match="empty"):
+        sk.breakdown([], steps_in_trace=3)
+
+
 # -- breakdown cells (serving_breakdown.py) -----------------------------------------------------
 
 
@@ -1082,6 +1297,10 @@ def test_breakdown_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
 def test_breakdown_report_rejects_bad_rows_and_lists_missing(tmp_path):
     rows = bd.cell_rows("d", 8, {"gpu_ms_per_step": {"gemm_qkv": 1.0, "idle": 0.5, "other": 0.25},
                                  "step_ms": 2.0, "steps": 5})
+    # A cell whose layer pattern was not found: classed by kernel name, marked in the table.
+    rows += bd.cell_rows("f", 8, {"gpu_ms_per_step": {"gemm_other": 1.5, "idle": 0.5}, "step_ms": 2.0, "steps": 8,
+                                  "classified_by": "kernel_name"})
+    assert {r["classified_by"] for r in rows} == {"layer_pattern", "kernel_name"}
     doc = {"date_utc": "2026-12-02T00:00:00+00:00", "machine": "H200", "rows": rows,
            "missing": [{"config": "g", "concurrency": 128, "why": "120 s left"}]}
     paths = bd.write_breakdown(str(tmp_path), doc, with_plot=True)
@@ -1089,6 +1308,8 @@ def test_breakdown_report_rejects_bad_rows_and_lists_missing(tmp_path):
     md = Path(paths[1]).read_text()
     assert "| d | 8 | 2.000 | 1.000 |" in md and "- g c=128: 120 s left" in md and md.rstrip().endswith("120 s left")
     assert "0.250 |" in md  # "other" summed into the rest column
+    assert "| f* | 8 | 2.000 | 0.000 |" in md and "`*`: the layer pattern was not found" in md
+    assert "| 1.500 |" in md  # gemm_other has its own column
     with pytest.raises(ValueError, match=r"rows\[0\]"):
         bd.write_breakdown(str(tmp_path), {**doc, "rows": [{"config": "d", "concurrency": "8", "class": "x",
                                                             "gpu_ms_per_step": 1.0}]})
