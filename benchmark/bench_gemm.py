@@ -49,20 +49,9 @@ import torch
 import torch.nn.functional as F
 
 from sglang_detspec.ops.gemm import linear
-from sglang_detspec.ops.gemm_config import DEFAULT_TABLE, VARIANTS
+from sglang_detspec.ops.gemm_config import DEFAULT_TABLE, REFERENCE_SHAPES, VARIANTS
 
-SHAPES = {  # name: (N, K)
-    "8b_qkv": (6144, 4096),
-    "8b_o": (4096, 4096),
-    "8b_gate_up": (28672, 4096),
-    "8b_down": (4096, 14336),
-    "8b_lm_head": (128256, 4096),
-    "eagle_fc": (4096, 8192),
-    "70b_qkv": (10240, 8192),
-    "70b_o": (8192, 8192),
-    "70b_gate_up": (57344, 8192),
-    "70b_down": (8192, 28672),
-}
+SHAPES = REFERENCE_SHAPES  # name: (N, K)
 QUICK_SHAPES = ("8b_qkv", "8b_o", "8b_gate_up", "8b_down", "8b_lm_head", "eagle_fc")
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192)
 QUICK_MS = (1, 4, 16, 64, 128, 256, 1024, 8192)

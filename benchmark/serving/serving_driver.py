@@ -139,6 +139,42 @@ def _append(path: str, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def _merge_result(row: dict, result: dict) -> None:
+    """bench_serving's ``result`` into ``row`` (keys ``row`` already has are kept)."""
+    # bench_serving's "concurrency" is the measured mean of requests in flight; ours is the limit.
+    result["measured_concurrency"] = result.pop("concurrency", None)
+    row.update({k: v for k, v in result.items() if k not in row})
+
+
+def _timed_run(row: dict, args: list[str], raw_file: str, repeat: RepeatSettings, *, counts: bool, run, clock,
+               results: str) -> bool:
+    """One measured run: its result, ``duration_s``, ``valid``, ``warmup`` and ``wall_s`` in ``row``, the row
+    appended to ``results``; False when it failed (``error`` in the row, ``valid: false``).
+
+    ``valid``: ``counts`` (False for a run that is a warm-up whatever its length) and ``repeat.is_valid``
+    of bench_serving's ``duration`` in seconds; a run with no positive duration has failed.
+    """
+    started = clock()
+    ok = True
+    try:
+        result = run(args, raw_file)
+        _merge_result(row, result)
+        duration = result.get("duration")
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
+            raise RuntimeError(f"bench_serving reported no positive duration: {duration!r}")
+        row["duration_s"] = round(float(duration), 3)
+        row["valid"] = counts and repeat.is_valid(duration)
+        row["warmup"] = not row["valid"]
+    except Exception as exc:  # the caller's other cells are still worth measuring
+        ok = False
+        row.update({"error": f"{type(exc).__name__}: {exc}", "valid": False, "warmup": False,
+                    "duration_s": None})
+        traceback.print_exc()
+    row["wall_s"] = round(clock() - started, 2)
+    _append(results, row)
+    return ok
+
+
 def measure_cell(spec: dict, conc: int, load: LoadSettings, repeat: RepeatSettings, *, deadline: float,
                  run=run_bench, clock=time.monotonic) -> tuple[int, int]:
     """The runs of one concurrency level, rows appended to ``<out>/results.jsonl``; returns (valid, failed).
@@ -171,25 +207,8 @@ def measure_cell(spec: dict, conc: int, load: LoadSettings, repeat: RepeatSettin
                           num_prompts=prompts, warmup_requests=None if rep == 1 else 0)
         row = {**base, "rep": rep, "num_prompts": prompts,
                "command": shell_line([sys.executable, "-m", "sglang.bench_serving", *args])}
-        started = clock()
-        try:
-            result = run(args, raw_file)
-            # bench_serving's "concurrency" is the measured mean of requests in flight; ours is the limit.
-            result["measured_concurrency"] = result.pop("concurrency", None)
-            row.update({k: v for k, v in result.items() if k not in row})
-            duration = result.get("duration")
-            if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
-                raise RuntimeError(f"bench_serving reported no positive duration: {duration!r}")
-            row["duration_s"] = round(float(duration), 3)
-            row["valid"] = repeat.is_valid(duration)
-            row["warmup"] = not row["valid"]
-        except Exception as exc:  # the other levels are still worth measuring
+        if not _timed_run(row, args, raw_file, repeat, counts=True, run=run, clock=clock, results=results):
             failed += 1
-            row.update({"error": f"{type(exc).__name__}: {exc}", "valid": False, "warmup": False,
-                        "duration_s": None})
-            traceback.print_exc()
-        row["wall_s"] = round(clock() - started, 2)
-        _append(results, row)
         print(f"[driver] {spec['name']} c={conc} run {rep} ({prompts} prompts): "
               + (row.get("error") or f"{row.get('duration_s')} s{'' if row['valid'] else ' (warm-up, short)'}, "
                  f"{row.get('output_throughput', 0):.1f} tok/s, mean ITL {row.get('mean_itl_ms', 0):.2f} ms, "
@@ -220,9 +239,7 @@ def run_profile(spec: dict, conc: int, load: LoadSettings) -> int:
            "command": shell_line([sys.executable, "-m", "sglang.bench_serving", *args])}
     started = time.monotonic()
     try:
-        result = run_bench(args, raw_file)
-        result["measured_concurrency"] = result.pop("concurrency", None)
-        row.update({k: v for k, v in result.items() if k not in row})
+        _merge_result(row, run_bench(args, raw_file))
     except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
@@ -287,24 +304,9 @@ def run_interleaved(spec: dict, *, run=run_bench, clock=time.monotonic) -> int:
             row = {"key": key, "name": server["name"], "title": server["title"], "concurrency": conc,
                    "round": rnd, "rep": rnd, "interleaved": True, "num_prompts": n,
                    "command": shell_line([sys.executable, "-m", "sglang.bench_serving", *args])}
-            started = clock()
-            try:
-                result = run(args, raw_file)
-                result["measured_concurrency"] = result.pop("concurrency", None)
-                row.update({k: v for k, v in result.items() if k not in row})
-                duration = result.get("duration")
-                if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
-                    raise RuntimeError(f"bench_serving reported no positive duration: {duration!r}")
-                row["duration_s"] = round(float(duration), 3)
-                row["valid"] = rnd > 0 and repeat.is_valid(duration)
-                row["warmup"] = not row["valid"]
-            except Exception as exc:
+            # Round 0 calibrates: a warm-up, never counted.
+            if not _timed_run(row, args, raw_file, repeat, counts=rnd > 0, run=run, clock=clock, results=results):
                 failures += 1
-                row.update({"error": f"{type(exc).__name__}: {exc}", "valid": False, "warmup": False,
-                            "duration_s": None})
-                traceback.print_exc()
-            row["wall_s"] = round(clock() - started, 2)
-            _append(results, row)
             print(f"[driver] interleaved round {rnd} {server['name']} c={conc} ({n} prompts): "
                   + (row.get("error") or f"{row['duration_s']} s, {row.get('output_throughput', 0):.1f} tok/s"),
                   flush=True)

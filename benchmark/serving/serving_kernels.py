@@ -85,6 +85,20 @@ SAMPLING_PATTERN = re.compile(
 ELEMENTWISE_PATTERN = re.compile(
     r"elementwise|copy|memcpy|memset|act_and_mul|silu|gelu|rope|rotary|fill|index|gather|scatter|CatArray"
     r"|embedding|store_kv|set_kv|where|clamp|arange|softcap", re.IGNORECASE)
+# Kind by name: the first pattern that matches wins, in this order (this package's kernels before the broad
+# GEMM and sampling patterns, which their names would also match).
+KIND_PATTERNS = (
+    ("attention_aux", ATTENTION_AUX_PATTERN),
+    ("attention", ATTENTION_PATTERN),
+    ("gemm_aux", GEMM_AUX_PATTERN),
+    ("plugin_race", PLUGIN_RACE_PATTERN),
+    ("plugin_verify", PLUGIN_VERIFY_PATTERN),
+    ("plugin_tree_rows", PLUGIN_TREE_ROWS_PATTERN),
+    ("gemm", GEMM_PATTERN),
+    ("norm", NORM_PATTERN),
+    ("sampling", SAMPLING_PATTERN),
+    ("elementwise", ELEMENTWISE_PATTERN),
+)
 # Kernels between two GEMMs of a norm's place that are not that norm: the last-token selection before lm_head.
 NOT_NORM_PATTERN = re.compile(r"gather|index", re.IGNORECASE)
 
@@ -122,26 +136,9 @@ def kernel_kind(name: str) -> str:
     before it), ``gemm``, ``plugin_race``, ``plugin_verify``,
     ``plugin_tree_rows``, ``norm``, ``sampling``, ``elementwise``, ``other``.
     """
-    if ATTENTION_AUX_PATTERN.search(name):
-        return "attention_aux"
-    if ATTENTION_PATTERN.search(name):
-        return "attention"
-    if GEMM_AUX_PATTERN.search(name):
-        return "gemm_aux"
-    if PLUGIN_RACE_PATTERN.search(name):
-        return "plugin_race"
-    if PLUGIN_VERIFY_PATTERN.search(name):
-        return "plugin_verify"
-    if PLUGIN_TREE_ROWS_PATTERN.search(name):
-        return "plugin_tree_rows"
-    if GEMM_PATTERN.search(name):
-        return "gemm"
-    if NORM_PATTERN.search(name):
-        return "norm"
-    if SAMPLING_PATTERN.search(name):
-        return "sampling"
-    if ELEMENTWISE_PATTERN.search(name):
-        return "elementwise"
+    for kind, pattern in KIND_PATTERNS:
+        if pattern.search(name):
+            return kind
     return "other"
 
 

@@ -127,6 +127,21 @@ def rule_k_order(n: int, k: int, block_k: int = DEFAULT_BLOCK_K) -> KOrder:
     return KOrder(block_k=block_k, splits=max(1, min(want, most, MAX_SPLITS)))
 
 
+# The (N, K) shapes the tables are measured and tested on: an 8B Llama target's layers, the EAGLE draft's
+# fc, a 70B-class dense model. Names, not a lookup: any other shape takes the same rule.
+REFERENCE_SHAPES = {
+    "8b_qkv": (6144, 4096),
+    "8b_o": (4096, 4096),
+    "8b_gate_up": (28672, 4096),
+    "8b_down": (4096, 14336),
+    "8b_lm_head": (128256, 4096),
+    "eagle_fc": (4096, 8192),
+    "70b_qkv": (10240, 8192),
+    "70b_o": (8192, 8192),
+    "70b_gate_up": (57344, 8192),
+    "70b_down": (8192, 28672),
+}
+
 # Small M: 64-row tiles (the smallest Hopper warp-group MMA) over many programs; large M: big fused tiles.
 DEFAULT_TABLE = GemmTable(
     name="default",

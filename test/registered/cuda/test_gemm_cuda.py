@@ -15,25 +15,14 @@ import torch
 
 from _register import register_cuda_ci
 from sglang_detspec.ops.gemm import linear, mm
-from sglang_detspec.ops.gemm_config import DEFAULT_TABLE
+from sglang_detspec.ops.gemm_config import DEFAULT_TABLE, REFERENCE_SHAPES
 
 register_cuda_ci(est_time=300, suite="detspec-kernels-cuda")
 
 DEV = "cuda"
 MAX_M = 8192
 DTYPES = (torch.bfloat16, torch.float16)
-SHAPES = {  # name: (N, K); the 8B Llama target, the EAGLE draft's fc, a 70B-class dense model
-    "8b_qkv": (6144, 4096),
-    "8b_o": (4096, 4096),
-    "8b_gate_up": (28672, 4096),
-    "8b_down": (4096, 14336),
-    "8b_lm_head": (128256, 4096),
-    "eagle_fc": (4096, 8192),
-    "70b_qkv": (10240, 8192),
-    "70b_o": (8192, 8192),
-    "70b_gate_up": (57344, 8192),
-    "70b_down": (8192, 28672),
-}
+SHAPES = REFERENCE_SHAPES  # name: (N, K)
 ODD_SHAPES = {"odd_nk": (1000, 1000), "tiny_n": (3, 4096), "k_not_block": (4096, 4104), "short_k": (512, 40)}
 
 

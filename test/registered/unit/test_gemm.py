@@ -16,6 +16,7 @@ from sglang_detspec.ops.gemm_config import (
     DEFAULT_TABLE,
     MAX_SPLITS,
     MIN_CHUNK_STEPS,
+    REFERENCE_SHAPES,
     SPLIT_UNIT_N,
     TARGET_PROGRAMS,
     VARIANTS,
@@ -27,8 +28,7 @@ from sglang_detspec.ops.gemm_config import (
 
 register_cpu_ci(est_time=120, suite="detspec-unit-cpu")
 
-SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (4096, 8192),
-          (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672), (3, 4096), (1000, 1000), (512, 40)]
+SHAPES = [*REFERENCE_SHAPES.values(), (3, 4096), (1000, 1000), (512, 40)]
 
 
 def oracle_bound(out, a, w, b):

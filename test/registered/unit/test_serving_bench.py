@@ -743,20 +743,30 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_foreve
 '''
 
 
-def test_orchestrator_measures_ready_servers_one_at_a_time_and_reports(tmp_path, monkeypatch):
-    """serving_run's schedule end to end with stand-in servers: one healthy, one that dies at start."""
+def _stand_in_servers(tmp_path, monkeypatch, script_text, *, failing="", extra_argv=()):
+    """A models folder (the target's tokenizer and config) and serving_run's server command replaced by
+    ``script_text`` run as a server: argv port, "fail" for the config keys in ``failing`` else "ok", then
+    ``extra_argv``. Returns the models folder and the config keys launched, in order."""
     script = tmp_path / "stand_in.py"
-    script.write_text(STAND_IN_SCRIPT)
+    script.write_text(script_text)
     model_dir = tmp_path / "models"
     (model_dir / "target").mkdir(parents=True)
     models.write_tokenizer(str(model_dir / "target"), 1000)
     (model_dir / "target" / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
     (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+    launched = []
 
     def stand_in_command(config, settings, *, port, **kwargs):
-        return [sys.executable, str(script), str(port), "fail" if config.key == "g" else "ok"]
+        launched.append(config.key)
+        return [sys.executable, str(script), str(port), "fail" if config.key in failing else "ok", *extra_argv]
 
     monkeypatch.setattr(run, "server_command", stand_in_command)
+    return model_dir, launched
+
+
+def test_orchestrator_measures_ready_servers_one_at_a_time_and_reports(tmp_path, monkeypatch):
+    """serving_run's schedule end to end with stand-in servers: one healthy, one that dies at start."""
+    model_dir, _ = _stand_in_servers(tmp_path, monkeypatch, STAND_IN_SCRIPT, failing="g")
     out = tmp_path / "out"
     # One run per cell, every run valid: the stand-in answers in milliseconds, so a minimum duration would
     # only make the runs long (repetitions are tested with a fake bench_serving below).
@@ -1394,18 +1404,7 @@ def test_driver_interleaves_calibrates_and_stops_at_the_budget(tmp_path):
 
 def test_orchestrator_interleaves_every_ready_server(tmp_path, monkeypatch):
     """serving_run --interleave end to end: stand-in servers, the real bench_serving client, the report."""
-    script = tmp_path / "stand_in.py"
-    script.write_text(STAND_IN_SCRIPT)
-    model_dir = tmp_path / "models"
-    (model_dir / "target").mkdir(parents=True)
-    models.write_tokenizer(str(model_dir / "target"), 1000)
-    (model_dir / "target" / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
-    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
-
-    def stand_in_command(config, settings, *, port, **kwargs):
-        return [sys.executable, str(script), str(port), "ok"]
-
-    monkeypatch.setattr(run, "server_command", stand_in_command)
+    model_dir, _ = _stand_in_servers(tmp_path, monkeypatch, STAND_IN_SCRIPT)
     out = tmp_path / "out"
     rc = run.main(["--out", str(out), "--models", str(model_dir), "--interleave", "--configs", "da",
                    "--concurrency", "2", "--input-len", "8", "--output-len", "4", "--rounds", "1",
@@ -1475,20 +1474,8 @@ def test_modes_validate_their_arguments():
 
 def _combined_setup(tmp_path, monkeypatch):
     """Stand-in servers that stream /generate, answer /server_info and write a trace on /start_profile."""
-    script = tmp_path / "stand_in.py"
-    script.write_text(BREAKDOWN_STAND_IN)
-    model_dir = tmp_path / "models"
-    (model_dir / "target").mkdir(parents=True)
-    models.write_tokenizer(str(model_dir / "target"), 1000)
-    (model_dir / "target" / "config.json").write_text(json.dumps(models.llama_config(SMALL, "LlamaForCausalLM", 1)))
-    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
-    launched = []
-
-    def stand_in_command(config, settings, *, port, **kwargs):
-        launched.append(config.key)
-        return [sys.executable, str(script), str(port), "ok", str(Path(__file__).parent)]
-
-    monkeypatch.setattr(run, "server_command", stand_in_command)
+    model_dir, launched = _stand_in_servers(tmp_path, monkeypatch, BREAKDOWN_STAND_IN,
+                                            extra_argv=[str(Path(__file__).parent)])
     monkeypatch.setattr(run, "BREAKDOWN_TRACES", str(tmp_path / "traces"))
     return model_dir, launched
 
