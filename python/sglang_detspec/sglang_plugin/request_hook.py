@@ -125,7 +125,7 @@ def _seed_params(body: object) -> list[tuple[int | None, dict]]:
             if isinstance(one, dict) and one.get("sampling_seed") is not None]
 
 
-def bad_seed_message(body: object) -> str | None:
+def bad_seed_problem(body: object) -> RequestRuleError | None:
     """The ``sampling_seed`` problem of a ``/generate`` JSON body, or None.
 
     Args:
@@ -134,15 +134,17 @@ def bad_seed_message(body: object) -> str | None:
             have no seed problem here (the schema gate words those).
 
     Returns:
-        :func:`check_sampling_seed`'s message for the first bad seed,
-        prefixed with the request index in a batch; None when every seed is
-        absent or in [0, 2**64).
+        :func:`check_sampling_seed`'s error for the first bad seed (its
+        ``field`` prefixed with the request index in a batch); None when
+        every seed is absent or in [0, 2**64).
     """
     for index, one in _seed_params(body):
         try:
             check_sampling_seed(one["sampling_seed"])
-        except ValueError as exc:
-            return str(exc) if index is None else f"sampling_params[{index}]: {exc}"
+        except RequestRuleError as exc:
+            if index is not None:
+                exc.field = f"sampling_params[{index}]"
+            return exc
     return None
 
 
@@ -182,7 +184,11 @@ def name_bad_seed(original, body: object, *args, **kwargs) -> str | None:
     error = original(body, *args, **kwargs)
     if error is None or not current_config().active:
         return error
-    problem = bad_seed_message(body)
+    problem = bad_seed_problem(body)
     if problem is None or original(_without_bad_seeds(body), *args, **kwargs) is not None:
         return error
-    return f"{problem} (schema check: {error})"
+    # The seed's words first, SGLang's after them, the stable code last (as in every request rule).
+    suffix = f" (error code: {problem.code})"
+    words = str(problem).removesuffix(suffix)
+    where = f"{problem.field}: " if problem.field != "sampling_seed" else ""
+    return f"{where}{words} (schema check: {error}){suffix}"

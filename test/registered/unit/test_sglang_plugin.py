@@ -799,6 +799,7 @@ def test_schema_gate_refusals_name_sampling_seed(loaded, bag, seed, match):
     import re
 
     assert re.search(match, http_server.generate_contract_error(body))
+    assert re.search(r"\(error code: sampling_seed_[a-z_]+\)$", http_server.generate_contract_error(body))  # code last
     assert api_contract.generate_contract_error(body) == http_server.generate_contract_error(body)
     batch = {"input_ids": [[1], [2]], "sampling_params": [{"sampling_seed": 3}, body["sampling_params"]]}
     assert http_server.generate_contract_error(batch).startswith("sampling_params[1]: sampling_seed must be")
