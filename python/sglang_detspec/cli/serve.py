@@ -119,7 +119,8 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
     """``(bag, problems)``: the plugin's start-up check on ``launch_args`` as typed.
 
     The bag is built as the server's first start-up check builds it (from
-    the flags before SGLang resolves them, and the ``SGLANG_DETSPEC_*``
+    the flags before SGLang resolves them, with the top-k SGLang gives NGRAM
+    (``resolve.resolved_eagle_topk``), and the ``SGLANG_DETSPEC_*``
     settings of ``environ``); ``problems`` is its
     :meth:`~sglang_detspec.config.DetSpecConfig.refusals` (``--tokenizer-worker-num``
     above 1 among them) and, with ``check_hooks`` for a run that is ours, the
@@ -230,6 +231,14 @@ def _run(args) -> int:
                 _say("note: start-up turns SGLang's sampled-draft path on for this coupled chain "
                      "(rejection_sampling=True below; the verify stays coupled)")
             _say(f"start-up check passed: {bag.describe()}")
+            from ..config import REJECTION_ALGORITHMS
+
+            if bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None:
+                # The EAGLE drafts: SGLang picks their tree shape from the model's config at start-up
+                # (Llama: top-k 4); STANDALONE always gets a chain, NGRAM its BFS breadth (resolved_eagle_topk).
+                _say("note: the logits claim above assumes a chain: with --speculative-eagle-topk unset SGLang "
+                     "picks the top-k per model at start-up (a tree, so 'tokens', for some, e.g. Llama); the "
+                     "server's start-up line states the claim it serves")
             from ..sglang_plugin.resolve import setting_notes
 
             for note in setting_notes(bag):

@@ -84,9 +84,23 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["attention_backend"] = attention_backend_of(spec) if hasattr(spec, "attention_backend") else None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
+    values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
     settings = env_settings(environ)
     settings["verify"] = "coupled" if sampled_drafts else resolve_verify(settings["verify"], values["rejection_sampling"])
     return DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values)
+
+
+def resolved_eagle_topk(spec, algorithm: str | None, eagle_topk: int | None) -> int | None:
+    """The draft top-k SGLang serves ``spec`` with, also from flags as typed (so the ``logits`` claim is right).
+
+    SGLang's ``handle_speculative_decoding`` sets NGRAM's top-k to
+    ``--speculative-ngram-max-bfs-breadth`` whatever ``--speculative-eagle-topk``
+    says (10 by default: a tree); every other algorithm keeps ``eagle_topk``.
+    On a resolved record the two already agree; the runtime context's "spec"
+    namespace may not carry the breadth, and then ``eagle_topk`` (resolved) stays.
+    """
+    breadth = getattr(spec, "speculative_ngram_max_bfs_breadth", None)
+    return int(breadth) if algorithm == "NGRAM" and breadth is not None else eagle_topk
 
 
 def config_from_server_args(server_args, environ: Mapping[str, str] | None = None) -> DetSpecConfig:

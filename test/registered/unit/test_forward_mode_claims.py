@@ -81,6 +81,59 @@ def test_the_runtime_context_bag_reads_the_attention_backend(model_dir):
     reset_config()
 
 
+# SGLang resolves each algorithm's top-k its own way: NGRAM's is --speculative-ngram-max-bfs-breadth
+# (10 by default, whatever --speculative-eagle-topk says), STANDALONE left unset gets a chain, NEXTN is EAGLE.
+RESOLVED_CLAIMS = [
+    (CHAIN, 1, "bitwise"),
+    (TREE, 4, "tokens"),
+    (CHAIN.replace("EAGLE", "NEXTN"), 1, "bitwise"),
+    ("--speculative-algorithm NGRAM", 10, "tokens"),
+    ("--speculative-algorithm NGRAM --speculative-eagle-topk 1", 10, "tokens"),
+    ("--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1", 1, "bitwise"),
+    ("--speculative-algorithm STANDALONE", 1, "bitwise"),
+    (TREE.replace("EAGLE", "STANDALONE"), 4, "tokens"),
+]
+
+
+@pytest.mark.parametrize("flags, topk, logits", RESOLVED_CLAIMS, ids=[c[0] for c in RESOLVED_CLAIMS])
+def test_start_up_and_the_dry_run_claim_what_sglang_resolves(model_dir, capsys, monkeypatch, flags, topk, logits):
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    from sglang_detspec.cli.main import main
+
+    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_VERIFY", "SGLANG_DETSPEC_TREE_ATTENTION"):
+        monkeypatch.delenv(name, raising=False)
+    flags = f"{flags} --attention-backend triton"
+    reset_config()
+    record = _server_args(model_dir, flags)
+    view = resolved_view(record)
+    sglang_topk, sglang_backend = view.speculative_eagle_topk, resolve.attention_backend_of(view)
+    assert (sglang_topk, sglang_backend) == (topk, "triton")
+    bag = resolve.config_from_server_args(record)  # what the start-up hook installs and logs
+    assert bag.active and bag.eagle_topk == sglang_topk
+    assert bag.logits == logits_guarantee(sglang_backend, sglang_topk) == logits
+    assert main(["serve", "--dry-run", "--", "--model-path", model_dir, "--device", "cuda",
+                 "--speculative-draft-model-path", model_dir, *flags.split()]) == 0
+    passed = [line for line in capsys.readouterr().err.splitlines() if "start-up check passed" in line]
+    assert len(passed) == 1 and f"logits={logits!r}" in passed[0]
+    reset_config()
+
+
+def test_the_dry_run_says_when_sglang_picks_the_tree_shape(model_dir, capsys, monkeypatch):
+    from sglang_detspec.cli.main import main
+
+    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_VERIFY", "SGLANG_DETSPEC_TREE_ATTENTION"):
+        monkeypatch.delenv(name, raising=False)
+    flags = "--speculative-algorithm EAGLE --attention-backend triton"
+    reset_config()
+    # The tiny model is a Llama: SGLang gives it a tree at start-up, so the server claims 'tokens' ...
+    assert resolve.config_from_server_args(_server_args(model_dir, flags)).logits == "tokens"
+    reset_config()
+    # ... which the dry run, reading no model, cannot know: it says its claim assumes a chain.
+    assert main(["serve", "--dry-run", "--", "--model-path", model_dir, *flags.split()]) == 0
+    assert "the logits claim above assumes a chain" in capsys.readouterr().err
+
+
 # -- the decode hook ----------------------------------------------------------------
 
 
