@@ -15,8 +15,8 @@ Two kinds of data, kept apart on purpose:
   the GPU tests (``test_gemm_cuda.py``) check that claim for every bucket
   boundary, and :data:`VARIANTS` lets the benchmark compare tables side by side.
 
-A :class:`GemmTable` is plain data: the lead edits :data:`DEFAULT_TABLE`
-after measurements, nothing else changes.
+A :class:`GemmTable` is plain data: choosing another table after a
+measurement changes :data:`DEFAULT_TABLE` and nothing else.
 """
 
 from __future__ import annotations
