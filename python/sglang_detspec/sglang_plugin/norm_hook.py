@@ -33,6 +33,8 @@ it. Under ``--enable-torch-compile`` SGLang swaps its layers to
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..config import current_config
@@ -65,8 +67,6 @@ def batch_invariant_forward(original, layer, x, residual=None, post_residual_add
 
 def takes(layer, x, residual, post_residual_addition) -> bool:
     """The call is one the plugin's op computes with SGLang's semantics (the module docstring lists the rest)."""
-    from sglang.srt.layers.layernorm import RMSNorm
-
     if (layer.variance_size_override is not None or layer.cast_x_before_out_mul
             or layer.override_orig_dtype is not None or post_residual_addition is not None):
         return False
@@ -79,6 +79,14 @@ def takes(layer, x, residual, post_residual_addition) -> bool:
         return False
     if residual is None:
         return True
-    return (not layer.fp32_residual and type(layer).forward_native is RMSNorm.forward_native
+    return (not layer.fp32_residual and type(layer).forward_native is _base_forward_native()
             and isinstance(residual, torch.Tensor) and residual.shape == x.shape and residual.dtype == x.dtype
             and residual.device == x.device)
+
+
+@functools.cache
+def _base_forward_native():
+    """SGLang's ``RMSNorm.forward_native``, looked up once: :func:`takes` runs for every norm of every layer."""
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    return RMSNorm.forward_native
