@@ -36,7 +36,7 @@ kernel (the torch path serves CPU tensors, as in the unit tests).
 from __future__ import annotations
 
 from ..config import current_config
-from ..ops.gemm import mm, unsupported
+from ..ops.gemm import linear, unsupported
 
 TARGET = "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent"
 
@@ -44,14 +44,17 @@ TARGET = "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent"
 def plugin_matmul(original, a, b, bias=None, out_dtype=None):
     """AROUND hook of SGLang's ``matmul_persistent(a, b, bias=None, out_dtype=None)``: a [M, K] @ b [K, N] (+ bias).
 
-    Returns the plugin's :func:`~sglang_detspec.ops.gemm.mm` ([M, N] of a's
+    Returns the plugin's :func:`~sglang_detspec.ops.gemm.linear` of ``(a, b.t())`` ([M, N] of a's
     dtype) in the plugin's runs with ``SGLANG_DETSPEC_GEMM=plugin`` for the
     arguments it covers; SGLang's own result otherwise. Raises what the
     chosen implementation raises.
     """
     bag = current_config()
     if (not (bag.ours and bag.gemm == "plugin") or out_dtype not in (None, a.dtype)
-            or getattr(a, "ndim", 0) != 2 or getattr(b, "ndim", 0) != 2 or unsupported(a, b.t(), bias) is not None):
+            or getattr(a, "ndim", 0) != 2 or getattr(b, "ndim", 0) != 2):
+        return original(a, b, bias=bias, out_dtype=out_dtype)
+    weight = b.t()  # F.linear's [N, K] layout, a view
+    if unsupported(a, weight, bias) is not None:
         return original(a, b, bias=bias, out_dtype=out_dtype)
     # Never the torch path on CUDA: its matmuls are aten::mm, which lands back here under deterministic mode.
-    return mm(a, b, bias, kernel="triton" if a.is_cuda else "torch")
+    return linear(a, weight, bias, kernel="triton" if a.is_cuda else "torch")
