@@ -43,7 +43,8 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
 - ``gemm_hook``: SGLang's batch-invariant matmul runs the plugin's
-  batch-invariant GEMM (``SGLANG_DETSPEC_GEMM=plugin``, the default).
+  batch-invariant GEMM (opt-in: ``SGLANG_DETSPEC_GEMM=plugin``; the default
+  ``sglang`` keeps SGLang's own matmul).
 - ``norm_hook``: SGLang's RMSNorm, plain and with the residual add, runs one
   fused batch-invariant kernel per norm.
 
