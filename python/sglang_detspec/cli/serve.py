@@ -65,7 +65,13 @@ class _RefusingParser(argparse.ArgumentParser):
         raise _Refused(message)
 
 
+# Speculative algorithms the plugin wires and tests on CPU that no committed server run covers yet
+# (docs/plugin.md): the dry run says so beside its logits claim.
+UNMEASURED_ALGORITHMS = ("NGRAM", "STANDALONE")
+
+
 @functools.lru_cache(maxsize=1)
+
 def sglang_parser() -> argparse.ArgumentParser:
     """SGLang's ``launch_server`` parser, raising instead of exiting (imports SGLang).
 
@@ -239,6 +245,9 @@ def _run(args) -> int:
                 _say("note: the logits claim above assumes a chain: with --speculative-eagle-topk unset SGLang "
                      "picks the top-k per model at start-up (a tree, so 'tokens', for some, e.g. Llama); the "
                      "server's start-up line states the claim it serves")
+            if bag.algorithm in UNMEASURED_ALGORITHMS:
+                _say(f"note: {bag.algorithm} is wired and CPU-tested but has not yet run on a server: its "
+                     "logits claim is what the attention backend and top-k promise, not a measured figure")
             from ..sglang_plugin.resolve import setting_notes
 
             for note in setting_notes(bag):

@@ -134,6 +134,20 @@ def test_the_dry_run_says_when_sglang_picks_the_tree_shape(model_dir, capsys, mo
     assert "the logits claim above assumes a chain" in capsys.readouterr().err
 
 
+def test_the_dry_run_says_ngram_and_standalone_are_not_measured(model_dir, capsys, monkeypatch):
+    from sglang_detspec.cli.main import main
+
+    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_VERIFY", "SGLANG_DETSPEC_TREE_ATTENTION"):
+        monkeypatch.delenv(name, raising=False)
+    for algorithm, noted in (("NGRAM", True), ("EAGLE", False)):
+        reset_config()
+        flags = ["--speculative-algorithm", algorithm, "--attention-backend", "triton", "--speculative-eagle-topk", "1"]
+        extra = ["--speculative-draft-model-path", model_dir] if algorithm == "EAGLE" else []
+        assert main(["serve", "--dry-run", "--", "--model-path", model_dir, *extra, *flags]) == 0
+        assert ("has not yet run on a server" in capsys.readouterr().err) == noted
+    reset_config()
+
+
 # -- the decode hook ----------------------------------------------------------------
 
 
