@@ -31,6 +31,11 @@ TREE_ATTENTION_ENV = "SGLANG_DETSPEC_TREE_ATTENTION"
 # cascade: SGLang's tree verify attention (FA3: prefix and draft parts merged in bf16);
 # nodes: one decode query per tree node over its own key list (sglang_plugin/tree_attention_hook.py).
 TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
+DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
+# one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
+# prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
+# sglang: SGLang's split-KV decode kernel (faster from about 32 requests up, logits 'tokens').
+DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang")
 GEMM_ENV = "SGLANG_DETSPEC_GEMM"
 # sglang (the default): SGLang's own batch-invariant matmul (DeepGEMM on Hopper, else its persistent
 # Triton kernel), measured within 0.87-1.13x of cuBLAS on the H200 (docs/determinism_tax.md);
@@ -81,6 +86,11 @@ class DetSpecConfig:
             tree verify attention) or ``nodes`` (on FA3, each tree node's
             verify runs as the decode query of that token, so tree verify
             logits equal decode logits bit for bit).
+        decode_attention: ``SGLANG_DETSPEC_DECODE_ATTENTION``: ``one_pass``
+            (on Triton the target's decode runs the verify's single-pass
+            kernel, so chain verify, prefill and decode logits agree bit for
+            bit) or ``sglang`` (SGLang's split-KV decode: faster at large
+            batch, logits ``tokens`` on Triton).
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         gemm: ``SGLANG_DETSPEC_GEMM``: ``sglang`` (the default: SGLang's own
@@ -94,6 +104,7 @@ class DetSpecConfig:
     disabled: bool = False
     verify: str = "coupled"
     tree_attention: str = "cascade"
+    decode_attention: str = "one_pass"
     gemm: str = "sglang"
     deterministic: bool = False
     algorithm: str | None = None
@@ -245,7 +256,7 @@ class DetSpecConfig:
     def logits(self) -> str:
         """What "spec on = spec off" holds down to here: :func:`logits_guarantee` for this server."""
         return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
-                                self.tree_attention)
+                                self.tree_attention, self.decode_attention)
 
     def describe(self) -> str:
         """One line with every field, for the start-up log."""
@@ -261,9 +272,12 @@ class DetSpecConfig:
 BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
 # ... and whose tree verify does too, with SGLANG_DETSPEC_TREE_ATTENTION=nodes (tree_attention_hook.py).
 BITWISE_NODE_TREE_BACKENDS = ("fa3",)
+# ... whose decode is bitwise only through the plugin's one-pass decode hook (SGLANG_DETSPEC_DECODE_ATTENTION).
+ONE_PASS_DECODE_BACKENDS = ("triton",)
 
 
-def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade") -> str:
+def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
+                     decode_attention: str = "one_pass") -> str:
     """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
@@ -282,8 +296,12 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
         attention_backend: SGLang's resolved decode attention backend, or None (unknown).
         eagle_topk: ``speculative_eagle_topk``, or None without speculative decoding.
         tree_attention: ``cascade`` or ``nodes`` (:data:`TREE_ATTENTION_SETTINGS`).
+        decode_attention: ``one_pass`` or ``sglang`` (:data:`DECODE_ATTENTION_SETTINGS`); with
+            ``sglang`` a Triton server keeps SGLang's split-KV decode, which rounds apart from its verify.
     """
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
+        return "tokens"
+    if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention != "one_pass":
         return "tokens"
     if (eagle_topk or 1) == 1:
         return "bitwise"
@@ -345,14 +363,15 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
-    Returns ``{"kernel", "disabled", "verify", "tree_attention", "gemm"}``
+    Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "gemm"}``
     with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
 
     Raises:
         ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton,
             ``SGLANG_DETSPEC_DISABLE`` not a boolean word,
             ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection,
-            ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes, or
+            ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes,
+            ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang, or
             ``SGLANG_DETSPEC_GEMM`` not in sglang|plugin.
     """
     env = os.environ if environ is None else environ
@@ -360,8 +379,10 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
     verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
+    decode_attention = _word(env, DECODE_ATTENTION_ENV, "one_pass", DECODE_ATTENTION_SETTINGS)
     gemm = _word(env, GEMM_ENV, "sglang", GEMM_SETTINGS)
-    return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention, "gemm": gemm}
+    return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
+            "decode_attention": decode_attention, "gemm": gemm}
 
 
 _lock = threading.Lock()

@@ -59,11 +59,20 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
     """AFTER hook of ``TritonAttnBackend.__init__``: route the target's decode through the verify kernel.
 
     Only where the run is the plugin's (:attr:`DetSpecConfig.active`), SGLang's
-    deterministic mode is on for this backend, and the backend belongs to the
-    target model (``is_draft_runner`` false) without MLA or decode context
-    parallelism. Returns None (the constructor's result is kept).
+    deterministic mode is on for this backend, the bag's ``decode_attention``
+    is ``one_pass`` (the default; ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
+    keeps SGLang's faster split-KV decode and a ``tokens`` claim), and the
+    backend belongs to the target model (``is_draft_runner`` false) without
+    MLA or decode context parallelism. Returns None (the constructor's result
+    is kept).
     """
-    if not (current_config().active and getattr(backend, "enable_deterministic", False)) or backend.is_draft_runner:
+    bag = current_config()
+    if not (bag.active and getattr(backend, "enable_deterministic", False)) or backend.is_draft_runner:
+        return None
+    if bag.decode_attention != "one_pass":
+        logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel "
+                       "(SGLANG_DETSPEC_DECODE_ATTENTION=%s): this server's logits are 'tokens', not 'bitwise' "
+                       "(docs/forward_modes.md)", bag.decode_attention)
         return None
     if backend.use_mla or getattr(backend, "dcp_size", 1) > 1:
         logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel (MLA or decode context "

@@ -243,6 +243,38 @@ def test_the_hook_says_when_a_model_is_only_tokens(monkeypatch, caplog):
     assert sum("'tokens', not 'bitwise'" in r.getMessage() for r in caplog.records) == 2
 
 
+def test_decode_attention_sglang_keeps_sglangs_split_kv_decode_and_claims_tokens(monkeypatch, caplog):
+    from sglang_detspec import config
+
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
+                        decode_attention="sglang")
+    monkeypatch.setattr(config, "_current", bag)
+    backend = _backend()
+    with caplog.at_level("WARNING", logger="sglang_detspec"):
+        attention_hook.use_one_pass_decode(None, backend)
+    assert backend.decode_attention_fwd == "sglang's decode"
+    assert any("SGLANG_DETSPEC_DECODE_ATTENTION=sglang" in r.getMessage() for r in caplog.records)
+    assert bag.logits == "tokens" and "logits='tokens'" in bag.describe()
+    # FA3 has no decode hook: the setting leaves its claim alone.
+    assert logits_guarantee("fa3", 1, decode_attention="sglang") == "bitwise"
+    assert logits_guarantee("triton", None, decode_attention="one_pass") == "bitwise"
+
+
+@pytest.mark.parametrize("value, want", [(None, "one_pass"), ("sglang", "sglang"), ("ONE_PASS", "one_pass")])
+def test_decode_attention_setting_is_read_from_the_environment(value, want):
+    from sglang_detspec.config import DECODE_ATTENTION_ENV, env_settings
+
+    env = {} if value is None else {DECODE_ATTENTION_ENV: value}
+    assert env_settings(env)["decode_attention"] == want
+
+
+def test_a_bad_decode_attention_setting_is_named():
+    from sglang_detspec.config import DECODE_ATTENTION_ENV, env_settings
+
+    with pytest.raises(ValueError, match="SGLANG_DETSPEC_DECODE_ATTENTION must be one of"):
+        env_settings({DECODE_ATTENTION_ENV: "split"})
+
+
 def test_an_inactive_line_claims_nothing():
     assert "logits=" not in DetSpecConfig(deterministic=False, attention_backend="triton").describe()
 
