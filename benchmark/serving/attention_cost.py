@@ -1,0 +1,331 @@
+"""What a bitwise attention path costs a server: its inter-token latency against SGLang's own path, interleaved.
+
+Each pair is two servers that differ only in the target's attention path,
+both up at once on one GPU; every cell (prompt length, concurrency) runs one
+``bench_serving`` call per server per round, the order alternating between
+rounds (A B, then B A) so drift hits both alike, and the cost is the median
+over rounds of the per-round ratio ``itl(path) / itl(sglang)``:
+
+===================== ======== =============== ==============================================
+pair                  backend  path            the two servers
+===================== ======== =============== ==============================================
+fa3_tree_nodes        fa3      nodes           (e) coupled EAGLE tree top-k 4 / 8 tokens with
+                                               ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
+                                               against the same server with SGLang's cascade
+triton_one_pass       triton   one_pass_decode (f) no speculative decoding, the plugin's
+                                               one-pass decode against
+                                               ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
+===================== ======== =============== ==============================================
+
+(The Triton decode hook costs only servers that decode on the target, so
+its pair has no speculative decoding; the node path costs only tree
+verify.) A cell whose requests cannot all hold their KV at once
+(``concurrency x (prompt + output) > --max-total-tokens``) is skipped and
+listed as such, so a figure never comes from a queue instead of a batch.
+
+``itl_ms`` is ``bench_serving``'s ``mean_itl_ms`` (per output token: SGLang's
+client spreads a chunk's gap over its tokens), the median over rounds.
+Writes ``cost.json`` (the layout below), ``cost.md`` and every run in
+``runs.jsonl``::
+
+    {"date_utc": str, "machine": str, "settings": {...},
+     "rows": [{"backend", "path", "concurrency", "prompt_len", "itl_ms", "itl_ms_sglang",
+               "ratio", "ratio_min", "ratio_max", "rounds", "output_tokens_per_s",
+               "output_tokens_per_s_sglang"}],
+     "skipped": [{"pair", "concurrency", "prompt_len", "why"}]}
+
+    python benchmark/serving/attention_cost.py --out DIR --models DIR [--pairs fa3_tree_nodes,triton_one_pass]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from serving_configs import (CONFIGS, LoadSettings, ServerSettings, bench_args, parse_int_list,  # noqa: E402
+                             server_command)
+
+TREE_NODES_ENV = ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
+SGLANG_DECODE_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """Two servers of one configuration: ``path_env`` turns the plugin's path on, ``sglang_env`` keeps SGLang's."""
+
+    name: str
+    backend: str
+    path: str
+    config: str  # a key of serving_configs.CONFIGS
+    path_env: tuple[tuple[str, str], ...]
+    sglang_env: tuple[tuple[str, str], ...]
+
+
+PAIRS = {p.name: p for p in (
+    Pair("fa3_tree_nodes", "fa3", "nodes", "e", (TREE_NODES_ENV,), ()),
+    Pair("triton_one_pass", "triton", "one_pass_decode", "f", (), (SGLANG_DECODE_ENV,)),
+)}
+ARMS = ("sglang", "path")
+# KV slots a request holds beyond prompt and output: a tree's draft tokens and a page of slack.
+SLACK_TOKENS = 16
+
+
+def parse_pairs(text: str) -> list[Pair]:
+    """``"fa3_tree_nodes,triton_one_pass"`` -> the pairs; ValueError naming unknown or repeated ones."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"pairs must name at least one of {', '.join(PAIRS)}")
+    unknown = [n for n in names if n not in PAIRS]
+    if unknown:
+        raise ValueError(f"pairs: unknown {unknown} (known: {', '.join(PAIRS)})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"pairs: repeated names in {text!r}")
+    return [PAIRS[n] for n in names]
+
+
+def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[int], output_len: int,
+               max_total_tokens: int) -> tuple[list[tuple[Pair, int, int]], list[dict]]:
+    """``(cells, skipped)``: ``(pair, prompt_len, concurrency)`` in run order, and the cells whose KV does not fit.
+
+    Prompt lengths go outermost, so a command cut short has the short prompts
+    of every pair first.
+    """
+    cells, skipped = [], []
+    for prompt_len in prompt_lens:
+        for pair in pairs:
+            for conc in concurrencies:
+                need = conc * (prompt_len + output_len + SLACK_TOKENS)
+                if need > max_total_tokens:
+                    skipped.append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,
+                                    "why": f"{conc} x ({prompt_len} + {output_len} + {SLACK_TOKENS}) = {need} tokens "
+                                           f"of KV exceed the pool of {max_total_tokens}"})
+                else:
+                    cells.append((pair, prompt_len, conc))
+    return cells, skipped
+
+
+def arm_order(round_index: int) -> tuple[str, str]:
+    """Round 1 runs SGLang's path first, round 2 the plugin's, and so on (A B, B A, ...)."""
+    return ARMS if round_index % 2 == 1 else ARMS[::-1]
+
+
+def server_argv(pair: Pair, arm: str, settings: ServerSettings, port: int) -> tuple[list[str], dict[str, str]]:
+    """Command line and extra environment of one arm's server."""
+    config = CONFIGS[pair.config]
+    settings = dataclasses.replace(settings, attention_backend=pair.backend)
+    env = dict(config.env)
+    env.update(pair.path_env if arm == "path" else pair.sglang_env)
+    return server_command(config, settings, port=port) + ["--nccl-port", str(port + 500)], env
+
+
+def summarize(runs: list[dict], pair: Pair, prompt_len: int, conc: int) -> dict | None:
+    """One ``cost.json`` row from a cell's runs (None when no round has both arms)."""
+    by = {(r["round"], r["arm"]): r for r in runs if r["pair"] == pair.name and r["prompt_len"] == prompt_len
+          and r["concurrency"] == conc and r.get("mean_itl_ms", 0) > 0}
+    rounds = sorted({rnd for rnd, _ in by if (rnd, "path") in by and (rnd, "sglang") in by})
+    if not rounds:
+        return None
+    path = [by[(r, "path")] for r in rounds]
+    ref = [by[(r, "sglang")] for r in rounds]
+    ratios = [p["mean_itl_ms"] / s["mean_itl_ms"] for p, s in zip(path, ref)]
+    med = statistics.median
+    return {"backend": pair.backend, "path": pair.path, "concurrency": conc, "prompt_len": prompt_len,
+            "itl_ms": med(p["mean_itl_ms"] for p in path), "itl_ms_sglang": med(s["mean_itl_ms"] for s in ref),
+            "ratio": med(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": len(rounds),
+            "output_tokens_per_s": med(p["output_throughput"] for p in path),
+            "output_tokens_per_s_sglang": med(s["output_throughput"] for s in ref)}
+
+
+def render_markdown(cost: dict) -> str:
+    lines = [f"# Attention-path cost, {cost['date_utc']}, {cost['machine']}", "",
+             "Mean inter-token latency of the plugin's bitwise path against SGLang's own, same command, "
+             "interleaved rounds (median; ratio min-max over rounds). Measured, not asserted.", "",
+             "| backend | path | prompt | c | itl ms (path) | itl ms (SGLang) | ratio (min-max, rounds) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in cost["rows"]:
+        lines.append(f"| {r['backend']} | {r['path']} | {r['prompt_len']} | {r['concurrency']} | {r['itl_ms']:.2f} | "
+                     f"{r['itl_ms_sglang']:.2f} | {r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}, "
+                     f"{r['rounds']}) |")
+    if cost["skipped"]:
+        lines += ["", "Skipped (KV pool):", ""] + [f"- {s['pair']} prompt {s['prompt_len']} c={s['concurrency']}: "
+                                                   f"{s['why']}" for s in cost["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="result folder (created)")
+    p.add_argument("--models", required=True, help="model folder (serving_models.py), written when missing")
+    p.add_argument("--pairs", default=",".join(PAIRS))
+    p.add_argument("--prompt-lens", default="128,2048,8192")
+    p.add_argument("--concurrency", default="1,8,32,128")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per cell (default 2)")
+    p.add_argument("--waves", type=int, default=1, help="requests per run: waves x concurrency (at least 4)")
+    # Four 8B servers share one 141 GB H200: 16 GB of weights and 12.8 GB of KV each, plus graphs.
+    p.add_argument("--max-total-tokens", type=int, default=100000, help="KV pool of every server (tokens)")
+    p.add_argument("--mem-fraction-static", type=float, default=0.93,
+                   help="SGLang's static-memory fraction; the pool is capped by --max-total-tokens")
+    p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole command")
+    p.add_argument("--server-timeout-s", type=float, default=300.0)
+    p.add_argument("--port-base", type=int, default=32000)
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    return p
+
+
+def validate(args) -> dict:
+    """Checked settings; ValueError naming the argument and its bound otherwise."""
+    pairs = parse_pairs(args.pairs)
+    prompt_lens = parse_int_list(args.prompt_lens, "prompt_lens", maximum=32768)
+    concs = parse_int_list(args.concurrency, "concurrency", maximum=1024)
+    if not 1 <= args.output_len <= 4096:
+        raise ValueError(f"output_len must lie in [1, 4096], got {args.output_len}")
+    if not 1 <= args.rounds <= 20:
+        raise ValueError(f"rounds must lie in [1, 20], got {args.rounds}")
+    if not 1 <= args.waves <= 50:
+        raise ValueError(f"waves must lie in [1, 50], got {args.waves}")
+    if not 60 <= args.budget_s <= 86400:
+        raise ValueError(f"budget_s must lie in [60, 86400], got {args.budget_s}")
+    settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
+                              max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
+                              mem_fraction_static=args.mem_fraction_static)
+    cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, args.max_total_tokens)
+    return {"pairs": pairs, "cells": cells, "skipped": skipped, "settings": settings}
+
+
+def _healthy(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def _machine() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+        return f"one {out[0]}" if out else "unknown GPU"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown GPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        plan = validate(args)
+    except ValueError as exc:
+        print(f"attention_cost: {exc}", file=sys.stderr)
+        return 2
+    servers = {}
+    port = args.port_base
+    for pair in plan["pairs"]:
+        for arm in ARMS:
+            servers[(pair.name, arm)] = (port, *server_argv(pair, arm, plan["settings"], port))
+            port += 10
+    if args.dry_run:
+        for (name, arm), (p, cmd, env) in servers.items():
+            print(f"{name} {arm} :{p} env={env} {' '.join(cmd)}")
+        for pair, prompt_len, conc in plan["cells"]:
+            print(f"cell {pair.name} prompt={prompt_len} c={conc}")
+        for s in plan["skipped"]:
+            print(f"skip {s['pair']} prompt={s['prompt_len']} c={s['concurrency']}: {s['why']}")
+        return 0
+    return run(args, plan, servers)
+
+
+def run(args, plan: dict, servers: dict) -> int:
+    start = time.monotonic()
+    left = lambda: args.budget_s - (time.monotonic() - start)  # noqa: E731
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    if not os.path.exists(os.path.join(args.models, "models.json")):
+        subprocess.run([sys.executable, os.path.join(HERE, "serving_models.py"), args.models], check=True,
+                       timeout=max(30.0, min(300.0, left() - 120)))
+    procs = {}
+    for key, (port, cmd, env) in servers.items():
+        log = open(os.path.join(args.out, "logs", f"server_{key[0]}_{key[1]}.log"), "w")
+        procs[key] = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+    runs_path = os.path.join(args.out, "runs.jsonl")
+    runs, notes = [], []
+    try:
+        deadline = time.monotonic() + min(args.server_timeout_s, left() - 60)
+        while time.monotonic() < deadline and not all(_healthy(p) for p, _, _ in servers.values()):
+            if any(proc.poll() is not None for proc in procs.values()):
+                break
+            time.sleep(2)
+        down = [f"{k[0]}/{k[1]}" for k, (p, _, _) in servers.items() if not _healthy(p)]
+        if down:
+            notes.append(f"servers not healthy after {time.monotonic() - start:.0f} s: {down}")
+        notes.append(f"servers ready after {time.monotonic() - start:.0f} s")
+        from serving_driver import run_bench
+
+        tokenizer = plan["settings"].target
+        for pair, prompt_len, conc in plan["cells"]:
+            if any(f"{pair.name}/" in d for d in down):
+                continue
+            load = LoadSettings(input_len=prompt_len, output_len=args.output_len, rounds=args.waves)
+            for rnd in range(0, args.rounds + 1):  # round 0: a warm-up of each arm, not counted
+                for arm in arm_order(max(rnd, 1)):
+                    if left() < 30:
+                        notes.append(f"budget: stopped before {pair.name} prompt {prompt_len} c={conc} round {rnd}")
+                        raise TimeoutError
+                    port = servers[(pair.name, arm)][0]
+                    raw = os.path.join(args.out, "raw.jsonl")
+                    argv = bench_args(f"http://127.0.0.1:{port}", tokenizer, conc, load, output_file=raw,
+                                      tag=f"{pair.name}_{arm}", num_prompts=conc if rnd == 0 else None,
+                                      warmup_requests=0 if rnd else None)
+                    row = {"pair": pair.name, "arm": arm, "prompt_len": prompt_len, "concurrency": conc, "round": rnd}
+                    t0 = time.monotonic()
+                    try:
+                        result = run_bench(argv, raw)
+                        row.update({k: result.get(k) for k in ("mean_itl_ms", "median_itl_ms", "p90_itl_ms",
+                                                              "output_throughput", "duration", "completed")})
+                    except Exception as exc:  # a failed run is recorded; the cell's other runs still count
+                        row["error"] = repr(exc)[:500]
+                    row["wall_s"] = round(time.monotonic() - t0, 2)
+                    if rnd:
+                        runs.append(row)
+                    with open(runs_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+    except TimeoutError:
+        pass
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 15)
+                except ProcessLookupError:
+                    pass
+        write(args, plan, runs, notes)
+    return 0
+
+
+def write(args, plan: dict, runs: list[dict], notes: list[str]) -> None:
+    rows = [r for pair, prompt_len, conc in plan["cells"] if (r := summarize(runs, pair, prompt_len, conc))]
+    cost = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+            "machine": _machine(),
+            "settings": {"pairs": [dataclasses.asdict(p) for p in plan["pairs"]], "output_len": args.output_len,
+                         "rounds": args.rounds, "waves": args.waves, "max_total_tokens": args.max_total_tokens,
+                         "model": "8B-shape Llama target with an EAGLE draft (serving_models.py)"},
+            "rows": rows, "skipped": plan["skipped"], "notes": notes}
+    with open(os.path.join(args.out, "cost.json"), "w") as f:
+        json.dump(cost, f, indent=1)
+    with open(os.path.join(args.out, "cost.md"), "w") as f:
+        f.write(render_markdown(cost))
+    print(render_markdown(cost))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

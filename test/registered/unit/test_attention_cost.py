@@ -1,0 +1,97 @@
+"""The attention-path cost benchmark's plan, its server pairs and its summary (benchmark/serving/attention_cost.py).
+
+The servers themselves run on the GPU; here the plan, the command lines
+(SGLang's real argument parser reads them) and the ratio arithmetic are
+checked on CPU.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=20, suite="detspec-unit-cpu")
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmark" / "serving"
+sys.path.insert(0, str(BENCH))
+
+import attention_cost as ac  # noqa: E402
+from serving_configs import ServerSettings  # noqa: E402
+
+
+def test_pairs_are_parsed_and_bad_names_are_named():
+    assert [p.name for p in ac.parse_pairs("triton_one_pass")] == ["triton_one_pass"]
+    with pytest.raises(ValueError, match="unknown"):
+        ac.parse_pairs("fa3_tree_nodes,flash")
+    with pytest.raises(ValueError, match="repeated"):
+        ac.parse_pairs("triton_one_pass,triton_one_pass")
+    with pytest.raises(ValueError, match="at least one"):
+        ac.parse_pairs(" , ")
+
+
+def test_cells_whose_kv_does_not_fit_are_skipped_and_prompts_go_outermost():
+    pairs = ac.parse_pairs("fa3_tree_nodes,triton_one_pass")
+    cells, skipped = ac.plan_cells(pairs, [128, 8192], [1, 8, 32], 64, 100_000)
+    assert [(p.name, n, c) for p, n, c in cells][:3] == [("fa3_tree_nodes", 128, 1), ("fa3_tree_nodes", 128, 8),
+                                                          ("fa3_tree_nodes", 128, 32)]
+    assert {(s["pair"], s["prompt_len"], s["concurrency"]) for s in skipped} == {
+        ("fa3_tree_nodes", 8192, 32), ("triton_one_pass", 8192, 32)}
+    assert all(c * (n + 64 + ac.SLACK_TOKENS) <= 100_000 for _, n, c in cells)
+    assert "exceed the pool of 100000" in skipped[0]["why"]
+
+
+def test_rounds_alternate_which_arm_runs_first():
+    assert ac.arm_order(1) == ("sglang", "path") and ac.arm_order(2) == ("path", "sglang")
+    assert ac.arm_order(3) == ac.arm_order(1)
+
+
+@pytest.mark.parametrize("name, backend, env_path, env_sglang, spec", [
+    ("fa3_tree_nodes", "fa3", {"SGLANG_DETSPEC_TREE_ATTENTION": "nodes"}, {}, True),
+    ("triton_one_pass", "triton", {}, {"SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}, False),
+])
+def test_the_two_arms_differ_only_in_the_attention_setting(name, backend, env_path, env_sglang, spec):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    pair = ac.PAIRS[name]
+    settings = ServerSettings(target="m/target", draft="m/eagle")
+    argv_p, env_p = ac.server_argv(pair, "path", settings, 32000)
+    argv_s, env_s = ac.server_argv(pair, "sglang", settings, 32010)
+    assert [a for a in argv_p if a not in ("32000", "32500")] == [a for a in argv_s if a not in ("32010", "32510")]
+    for key, value in env_path.items():
+        assert env_p[key] == value and key not in env_s
+    for key, value in env_sglang.items():
+        assert env_s[key] == value and key not in env_p
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parsed = parser.parse_args(argv_p[argv_p.index("--model-path"):])
+    assert parsed.attention_backend == backend and parsed.enable_deterministic_inference
+    assert (parsed.speculative_algorithm == "EAGLE") is spec
+
+
+def _run(pair, arm, rnd, itl, tput=100.0, prompt=128, conc=8):
+    return {"pair": pair, "arm": arm, "round": rnd, "prompt_len": prompt, "concurrency": conc, "mean_itl_ms": itl,
+            "output_throughput": tput}
+
+
+def test_summary_pairs_runs_within_a_round_and_takes_medians():
+    pair = ac.PAIRS["fa3_tree_nodes"]
+    runs = [_run(pair.name, "sglang", 1, 10.0), _run(pair.name, "path", 1, 11.0),
+            _run(pair.name, "sglang", 2, 20.0), _run(pair.name, "path", 2, 21.0),
+            _run(pair.name, "path", 3, 99.0),  # a round without its reference does not count
+            _run(pair.name, "sglang", 1, 5.0, conc=1)]
+    row = ac.summarize(runs, pair, 128, 8)
+    assert row["rounds"] == 2 and row["itl_ms"] == 16.0 and row["itl_ms_sglang"] == 15.0
+    assert row["ratio_min"] == pytest.approx(1.05) and row["ratio_max"] == pytest.approx(1.1)
+    assert row["ratio"] == pytest.approx(1.075)
+    assert {"backend", "path", "concurrency", "prompt_len", "itl_ms", "itl_ms_sglang"} <= set(row)
+    assert ac.summarize(runs, pair, 128, 1) is None
+
+
+def test_bad_arguments_are_named(capsys):
+    assert ac.main(["--out", "o", "--models", "m", "--rounds", "0", "--dry-run"]) == 2
+    assert "rounds must lie in [1, 20]" in capsys.readouterr().err
+    assert ac.main(["--out", "o", "--models", "m", "--prompt-lens", "0", "--dry-run"]) == 2
+    assert "prompt_lens values must lie in" in capsys.readouterr().err
