@@ -95,3 +95,7 @@ def test_bad_arguments_are_named(capsys):
     assert "rounds must lie in [1, 20]" in capsys.readouterr().err
     assert ac.main(["--out", "o", "--models", "m", "--prompt-lens", "0", "--dry-run"]) == 2
     assert "prompt_lens values must lie in" in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

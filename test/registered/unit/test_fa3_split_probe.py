@@ -55,3 +55,7 @@ def test_a_part_without_keys_gives_the_other_part_back_exactly():
 @pytest.mark.parametrize("node, path", [(0, [0]), (5, [0, 1, 5]), (7, [0, 2, 7])])
 def test_ancestors_run_from_the_root_to_the_node(node, path):
     assert probe.ancestors(node) == path
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
