@@ -32,8 +32,17 @@ HTTP_TIMEOUT_S = 300.0
 
 def post(url: str, path: str, body: dict, timeout: float = HTTP_TIMEOUT_S) -> dict:
     """POST ``body`` as JSON: ``{"status": int or None, "body": parsed JSON or None, "text": first 500 chars}``."""
+    return _exchange("POST", url, path, body, timeout)
+
+
+def get(url: str, path: str, timeout: float = HTTP_TIMEOUT_S) -> dict:
+    """GET ``path`` (e.g. ``/server_info``): the same dict as :func:`post`."""
+    return _exchange("GET", url, path, None, timeout)
+
+
+def _exchange(method: str, url: str, path: str, body: dict | None, timeout: float) -> dict:
     try:
-        response = requests.post(f"{url}{path}", json=body, timeout=timeout)
+        response = requests.request(method, f"{url}{path}", json=body, timeout=timeout)
         status, text = response.status_code, response.text
     except requests.RequestException as exc:
         return {"status": None, "body": None, "text": f"{type(exc).__name__}: {exc}"[:500]}

@@ -1,48 +1,77 @@
-"""Forward modes: the target's logprobs with speculative decoding on, after a retraction and after a cache hit.
+"""Forward modes: the target's logprobs with speculative decoding on, after retraction, cache hit, chunked prefill.
 
 Every token of coupled mode is the TARGET-stream race over p_t, so "spec on =
 spec off" holds down to the logprob only where the target's verify (and
 prefill, and re-prefill) forward gives the decode forward's logits bit for bit
 (``docs/forward_modes.md``). This suite measures it per attention backend
-(``triton``; ``fa3`` where sgl-kernel's FA3 library is installed), each server
-against the server without speculative decoding on the same backend, 16 seeded
-requests x 64 tokens (temperatures 0.8-1.2, two filtered rows), with
-``return_logprob``:
+(``triton``, ``fa3`` where sgl-kernel's FA3 library is installed, and
+``flashinfer``), each server against the server without speculative decoding
+on the same model and backend, 16 seeded requests x 64 tokens (temperatures
+0.8-1.2, two filtered rows), with ``return_logprob``. The rows
+(``_forward_plan.py`` holds the table):
 
 * ``chain``: coupled chain EAGLE (3 steps);
 * ``tree``: coupled tree EAGLE (3 steps, top-k 4, 8 tokens), SGLang's tree
-  verify attention; on fa3 also with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
-  (one decode query per tree node; the row's ``tree_attention`` is ``nodes``,
-  and the server must log that the node path serves its target);
+  verify attention (no plugin variable set);
 * ``multi_layer``: multi-layer EAGLE on the MTP model, against that model's
   server without speculative decoding;
 * ``retraction``: the coupled chain with SGLang's retraction test switch
   (``SGLANG_TEST_RETRACT=1``: every third decode step retracts a request,
   which is prefilled again later);
+* ``eagle3_tree``: the same tree shape with the EAGLE3 draft over a reduced
+  vocabulary (a draft of the target: the target's ``no_spec`` is the
+  reference);
+* ``nextn_tree``: the tree shape with NEXTN on the MiMo model (its own MTP
+  layer drafts), against ``mimo_no_spec``;
+* ``chunked``: the coupled tree with ``--chunked-prefill-size 256`` against
+  the server without speculative decoding with the same flag, on prompts of
+  600-1500 tokens (3 to 6 chunks each; the tiny models hold 4096
+  positions); both servers must report that chunk size in ``/server_info``;
+* on fa3, every tree row again with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
+  (``tree_nodes``, ``eagle3_tree_nodes``, ``nextn_tree_nodes``,
+  ``chunked_nodes``: one decode query per tree node; the row's
+  ``tree_attention`` is ``nodes``, and the server must log that the node
+  path serves its target);
 * ``cache_hit``: on the server without speculative decoding, the radix cache
   flushed and warmed with the prompts alone, then each request sent again
   with its first 32 output tokens appended to the prompt: those 32 tokens go
   through one extend over the cached prompt (their KV, and the next token's
   logits, from the extend kernel instead of 32 decode steps); compared with
-  the first run's last 32 positions.
+  the first run's last 32 positions. SGLang's deterministic mode keeps the
+  radix cache only on the backends of its
+  ``RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND`` (not flashinfer): there
+  the row is written with ``applicable: false`` and the reason, and the
+  server's resolved ``disable_radix_cache`` must agree with that list.
 
-Per row (``forward_modes.json``, the layout of ``docs/e2e/README.md``): the
-positions compared (up to and including the first differing token), how many
-logprobs differ, the largest absolute difference, the token sequences that
+Servers are keyed by (family, extra environment, extra flags), so a reference
+server serves every row with its flags: 11 servers per backend, 15 on fa3,
+started in parallel.
+
+Per row (``forward_modes_<backend>.json``, the layout of
+``docs/e2e/README.md``): the row's name, the positions compared (up to and
+including the first differing token), ``differing_positions`` (how many
+logprobs differ), the largest absolute difference, the token sequences that
 differ, and the guarantee the plugin claims for the speculative server (its
 start-up line, ``logits='bitwise'`` or ``'tokens'``; the rule is
-``config.logits_guarantee``). Checks: the plugin logs the rule's claim; every
-row has 0 differing token sequences (``docs/e2e/README.md``); a ``bitwise``
-row also has 0 differing logprobs; the retraction row saw retractions; the
-cache-hit row's second requests were served from the cache (``cached_tokens``
-in ``meta_info`` covers the prompt), so a cache miss fails instead of passing
-as a hit. A ``tokens`` row's differing logprobs are recorded, not asserted:
-its promise is that logits differ by at most a rounding step, and a token
-flips only on a near-tie inside that gap (rare: a flip fails the row, to be
-read against the recorded logprobs).
+``config.logits_guarantee``: ``tokens`` on flashinfer). Checks: the plugin
+logs the rule's claim on every server; every row has 0 differing token
+sequences (``docs/e2e/README.md``); a ``bitwise`` row also has 0 differing
+logprobs; the retraction row saw retractions; the cache-hit row's second
+requests were served from the cache (``cached_tokens`` in ``meta_info``
+covers the prompt), so a cache miss fails instead of passing as a hit. A
+``tokens`` row's differing logprobs are recorded, not asserted: its promise
+is that logits differ by at most a rounding step, and a token flips only on
+a near-tie inside that gap (rare: a flip fails the row, to be read against
+the recorded logprobs).
 
-About 5 minutes on an H200 per backend: 6 server starts in parallel, then
-seconds of traffic.
+``DETSPEC_E2E_BACKENDS`` picks the backends, comma-separated, from
+``triton``, ``fa3``, ``flashinfer`` (e.g. ``DETSPEC_E2E_BACKENDS=fa3`` or
+``triton,flashinfer``); unset, all three run (fa3 where installed). Another
+name, a repeated name or an empty list stops collection with an error that
+names the variable and the allowed values; fa3 named where its library does
+not load fails the test. One backend per command keeps a run inside a 600 s
+limit: each backend starts its servers in parallel (several minutes on an
+H200), then sends seconds of traffic.
 """
 
 import concurrent.futures
@@ -53,6 +82,7 @@ import sys
 import pytest
 
 import _e2e
+import _forward_plan as plan
 import _requests
 from _register import register_cuda_ci
 
@@ -61,28 +91,18 @@ from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
-NUM_REQUESTS, NEW_TOKENS, CACHED_TOKENS = 16, 64, 32
+NUM_REQUESTS, CACHED_TOKENS = 16, 32
+NEW_TOKENS = plan.NEW_TOKENS
 PROMPT_SEED = 4242
-FORCE_RETRACT = (("SGLANG_TEST_RETRACT", "1"),)
-TREE_NODES = (("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),)
-BACKENDS = ("triton", "fa3") if _e2e.fa3_installed() else ("triton",)
-# row -> (drafting, family, reference family, extra environment, eagle top-k for the claim)
-ROWS = {
-    "chain": ("chain", "coupled_chain", "no_spec", (), 1),
-    "tree": ("tree", "coupled_tree", "no_spec", (), 4),
-    "multi_layer": ("multi_layer", "mtp_coupled", "mtp_no_spec", (), 1),
-    "retraction": ("retraction", "coupled_chain", "no_spec", FORCE_RETRACT, 1),
-}
-# The node path is FA3's (sglang_plugin/tree_attention_hook.py).
-BACKEND_ROWS = {"fa3": {"tree_nodes": ("tree", "coupled_tree", "no_spec", TREE_NODES, 4)}}
-ENV_TAGS = {FORCE_RETRACT: "_retract", TREE_NODES: "_nodes"}
+BACKENDS = plan.selected_backends()
 LOGITS_FIELD = re.compile(r"logits='(\w+)'")
 TEST_ORDER = ("test_forward_modes",)
 
 
-def request_set(vocab: int) -> tuple[list[list[int]], list[dict]]:
+def request_set(vocab: int, lengths: tuple[int, int]) -> tuple[list[list[int]], list[dict]]:
+    """NUM_REQUESTS seeded prompts of ``lengths`` (inclusive, tokens) over ``vocab`` and their sampling parameters."""
     rng = random.Random(PROMPT_SEED)
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(4, 40))] for _ in range(NUM_REQUESTS)]
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(*lengths))] for _ in range(NUM_REQUESTS)]
     filters = [{}] * (NUM_REQUESTS - 2) + [{"top_k": 20}, {"top_p": 0.9}]
     params = [{"max_new_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": round(rng.uniform(0.8, 1.2), 3),
                "sampling_seed": rng.randrange(2**64), **f} for f in filters]
@@ -122,56 +142,139 @@ def claimed_by(server) -> list[str]:
     return sorted({m for line in server.log_lines(_e2e.PLUGIN_ACTIVE) for m in LOGITS_FIELD.findall(line)})
 
 
-def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
-    backend_args = ("--attention-backend", backend)
-    rows = {**ROWS, **BACKEND_ROWS.get(backend, {})}
-    configs = {}
-    for _, family, ref, env, _ in rows.values():
-        for fam, extra in ((family, env), (ref, ())):
-            tag = backend + ENV_TAGS.get(extra, "")
-            configs[(fam, extra)] = _e2e.server_config(fam, models, extra_args=backend_args, tag=tag, extra_env=extra)
-    started = servers.ensure_group(list(configs.values()))
-    vocab = {"target": _e2e.vocab_size(models.target), "mtp": _e2e.vocab_size(models.mtp)}
-    sets = {m: request_set(v) for m, v in vocab.items()}
+def server_configs(models, backend: str) -> dict:
+    """(family, env, args) key -> the :class:`_e2e.ServerConfig` of every server ``backend`` starts."""
+    return {key: _e2e.server_config(key[0], models, extra_args=("--attention-backend", backend, *key[2]),
+                                    tag=plan.server_tag(backend, key[1], key[2]), extra_env=key[1])
+            for key in plan.server_keys(backend)}
 
-    def answers(config):
-        server = started[config.name]
+
+def server_info(server) -> dict | str:
+    """The server's ``/server_info`` (resolved arguments), or what went wrong (str)."""
+    got = _requests.get(server.url, "/server_info")
+    if got["status"] != 200 or not isinstance(got["body"], dict):
+        return f"/server_info answered {got['status']}: {got['text']}"
+    return got["body"]
+
+
+def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
+    rows = plan.rows_for(backend)
+    configs = server_configs(models, backend)
+    started = servers.ensure_group(list(configs.values()))
+    # Traffic: each server with the prompt lengths of the rows it serves (the cache-hit row
+    # reuses the short run of its server).
+    jobs = list(dict.fromkeys([(plan.CACHE_HIT_SERVER, plan.SHORT_PROMPTS)] + [
+        (key, row.prompts) for row in rows.values() for key in (row.server, row.reference_server)]))
+    sets = {(configs[key].model, lengths): request_set(_e2e.vocab_size(configs[key].model), lengths)
+            for key, lengths in jobs}
+
+    def answers(job):
+        key, lengths = job
+        server = started[configs[key].name]
         if isinstance(server, str):
             return [server] * NUM_REQUESTS
-        prompts, params = sets["mtp" if config.model == models.mtp else "target"]
-        return run(server, prompts, params, NEW_TOKENS)
+        return run(server, *sets[(configs[key].model, lengths)], NEW_TOKENS)
 
-    with concurrent.futures.ThreadPoolExecutor(len(configs)) as pool:
-        results = dict(zip(configs, pool.map(answers, configs.values())))
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        results = dict(zip(jobs, pool.map(answers, jobs)))
     out, problems = [], []
-    for row, (drafting, family, ref, env, topk) in rows.items():
-        spec, base = configs[(family, env)], configs[(ref, ())]
-        outcome = compare(results[(ref, ())], results[(family, env)])
+    for name, row in rows.items():
+        spec, base = configs[row.server], configs[row.reference_server]
+        outcome = compare(results[(row.reference_server, row.prompts)], results[(row.server, row.prompts)])
         server = started[spec.name]
         claims = [] if isinstance(server, str) else claimed_by(server)
-        tree_attention = "nodes" if env == TREE_NODES else "cascade"
-        expected = logits_guarantee(backend, topk, tree_attention)
+        expected = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention)
         if claims != [expected]:
-            problems.append(f"{backend} {row}: the plugin logged logits={claims}, expected [{expected!r}]")
-        if tree_attention == "nodes" and not isinstance(server, str) and (
+            problems.append(f"{backend} {name}: the plugin logged logits={claims}, expected [{expected!r}]")
+        if row.tree_attention == "nodes" and not isinstance(server, str) and (
                 not server.log_lines(NODE_PATH_ON) or server.log_lines(NODE_PATH_OFF)):
-            problems.append(f"{backend} {row}: the node path did not run (its start-up lines: "
+            problems.append(f"{backend} {name}: the node path did not run (its start-up lines: "
                             f"{server.log_lines('FA3 tree verify')[:2]})")
-        out.append({"backend": backend, "drafting": drafting, "tree_attention": tree_attention, "claimed": expected,
-                    "server": spec.name, "reference": base.name, **outcome})
-    retract_config = configs[("coupled_chain", FORCE_RETRACT)]
-    retracted = sum(r.retractions or 0 for r in results[("coupled_chain", FORCE_RETRACT)] if not isinstance(r, str))
+        out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
+                    "claimed": expected, "server": spec.name, "reference": base.name, "applicable": True,
+                    "not_applicable": None, **outcome})
+    retract_key = plan.ROWS["retraction"].server
+    retracted = sum(r.retractions or 0 for r in results[(retract_key, plan.SHORT_PROMPTS)] if not isinstance(r, str))
     if not retracted:
-        problems.append(f"{backend} retraction: no request was retracted on {retract_config.name} (the row did not run)")
-    # The cache hit: the reference server again, its cache holding each prompt alone, then each
-    # prompt followed by its first CACHED_TOKENS outputs (one extend of those tokens over the prompt).
-    ref_config = configs[("no_spec", ())]
-    first = results[("no_spec", ())]
-    server = started[ref_config.name]
+        problems.append(f"{backend} retraction: no request was retracted on {configs[retract_key].name} "
+                        "(the row did not run)")
+    out[[r["row"] for r in out].index("retraction")]["retracted_requests"] = retracted
+    problems += chunking_problems(backend, configs, started)
+    cache_row, cache_problems = cache_hit(backend, configs[plan.CACHE_HIT_SERVER], started,
+                                          results[(plan.CACHE_HIT_SERVER, plan.SHORT_PROMPTS)], sets)
+    out.append(cache_row)
+    problems += cache_problems
+    for key, config in configs.items():
+        server = started[config.name]
+        if isinstance(server, str):
+            problems.append(server)
+            continue
+        problems += _e2e.plugin_problems(server)
+        # A server without speculative decoding claims what its backend's decode promises.
+        if _e2e.family(key[0]).draft is None and claimed_by(server) != [logits_guarantee(backend, None)]:
+            problems.append(f"{backend} {config.name}: the plugin logged logits={claimed_by(server)}, "
+                            f"expected [{logits_guarantee(backend, None)!r}]")
+    for row in out:
+        label = f"{backend} {row['row']}"
+        problems += [f"{label}: {e}" for e in row["errors"][:3]]
+        if row["claimed"] == "bitwise" and (row["differing_positions"] or row["token_sequences_differing"]):
+            problems.append(f"{label}: {row['differing_positions']} of {row['positions']} "
+                            f"logprobs differ (max {row['max_abs']:.3g}) and {row['token_sequences_differing']} "
+                            f"of {NUM_REQUESTS} token sequences, claimed bitwise")
+        elif row["token_sequences_differing"]:
+            problems.append(f"{label}: {row['token_sequences_differing']} of {NUM_REQUESTS} token sequences differ "
+                            f"(0 required on every row; {row['differing_positions']} of {row['positions']} "
+                            f"logprobs differ, max {row['max_abs']:.3g})")
+    return out, problems
+
+
+def chunking_problems(backend: str, configs: dict, started: dict) -> list[str]:
+    """The chunked rows' servers must run with the chunk size asked for (every long prompt is then chunked)."""
+    problems = []
+    for key, config in configs.items():
+        server = started[config.name]
+        if key[2] != plan.CHUNKED_PREFILL or isinstance(server, str):
+            continue
+        info = server_info(server)
+        size = info.get("chunked_prefill_size") if isinstance(info, dict) else info
+        if size != plan.CHUNK_TOKENS:
+            problems.append(f"{backend} {config.name}: chunked_prefill_size is {size!r}, not {plan.CHUNK_TOKENS}: "
+                            f"the {plan.LONG_PROMPTS[0]}+ token prompts may not have been chunked")
+    return problems
+
+
+def cache_hit(backend: str, config, started: dict, first: list, sets: dict) -> tuple[dict, list[str]]:
+    """The cache-hit row and its problems.
+
+    The reference server again, its cache holding each prompt alone, then each
+    prompt followed by its first CACHED_TOKENS outputs (one extend of those
+    tokens over the prompt). Where SGLang turned the radix cache off (its
+    deterministic mode on flashinfer) the row is recorded as not applicable,
+    with the reason; the server's resolved ``disable_radix_cache`` decides,
+    and it must agree with SGLang's list of backends that keep the cache.
+    """
+    problems = []
+    server = started[config.name]
+    row = {"backend": backend, "row": plan.CACHE_HIT, "drafting": plan.CACHE_HIT, "tree_attention": "cascade",
+           "claimed": logits_guarantee(backend, None), "server": config.name, "reference": config.name,
+           "applicable": True, "not_applicable": None}
+    skip = plan.cache_hit_skip_reason(backend)
+    if not isinstance(server, str):
+        info = server_info(server)
+        if isinstance(info, str):
+            problems.append(f"{backend} cache_hit: {info}")
+        elif bool(info.get("disable_radix_cache")) != (skip is not None):
+            problems.append(f"{backend} cache_hit: the server's disable_radix_cache is "
+                            f"{info.get('disable_radix_cache')!r}, but SGLang's list of backends that keep the "
+                            f"radix cache in deterministic mode ({', '.join(plan.radix_cache_backends())}) says "
+                            f"{skip is not None}")
+    if skip is not None:
+        empty = compare([], [])
+        return {**row, "applicable": False, "not_applicable": skip, **empty}, problems
     if isinstance(server, str) or any(isinstance(r, str) for r in first):
         again = [server if isinstance(server, str) else "the first run failed"] * NUM_REQUESTS
     else:
-        prompts, params = sets["target"]
+        prompts, params = sets[(config.model, plan.SHORT_PROMPTS)]
         flushed = _requests.post(server.url, "/flush_cache", {})
         warm = run(server, prompts, [{**q, "max_new_tokens": 1} for q in params], 1)
         again = run(server, [p + list(r.output_ids[:CACHED_TOKENS]) for p, r in zip(prompts, first)],
@@ -185,32 +288,13 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         if misses:
             problems.append(f"{backend} cache_hit: requests {misses[:5]} were not served from the radix cache "
                             f"(meta_info cached_tokens below the prompt length): the row measured no cache hit")
-    out.append({"backend": backend, "drafting": "cache_hit", "tree_attention": "cascade",
-                "claimed": logits_guarantee(backend, None),
-                "server": ref_config.name, "reference": ref_config.name,
-                **compare(first, again, offset=CACHED_TOKENS)})
-    out[[r["drafting"] for r in out].index("retraction")]["retracted_requests"] = retracted
-    for config in configs.values():
-        if isinstance(started[config.name], str):
-            problems.append(started[config.name])
-        else:
-            problems += _e2e.plugin_problems(started[config.name])
-    for row in out:
-        label = f"{backend} {row['drafting']}" + (" (nodes)" if row["tree_attention"] == "nodes" else "")
-        problems += [f"{label}: {e}" for e in row["errors"][:3]]
-        if row["claimed"] == "bitwise" and (row["differing_positions"] or row["token_sequences_differing"]):
-            problems.append(f"{label}: {row['differing_positions']} of {row['positions']} "
-                            f"logprobs differ (max {row['max_abs']:.3g}) and {row['token_sequences_differing']} "
-                            f"of {NUM_REQUESTS} token sequences, claimed bitwise")
-        elif row["token_sequences_differing"]:
-            problems.append(f"{label}: {row['token_sequences_differing']} of {NUM_REQUESTS} token sequences differ "
-                            f"(0 required on every row; {row['differing_positions']} of {row['positions']} "
-                            f"logprobs differ, max {row['max_abs']:.3g})")
-    return out, problems
+    return {**row, **compare(first, again, offset=CACHED_TOKENS)}, problems
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_forward_modes(servers, models, backend):
+    if backend == "fa3" and not _e2e.fa3_installed():
+        pytest.fail(f"{plan.BACKENDS_ENV} names fa3, but sgl-kernel's FA3 library is not installed (or does not load)")
     rows, problems = measure(servers, models, backend)
     path = _e2e.write_result(f"forward_modes_{backend}", {"passed": not problems, "problems": problems,
                                                           "rows": rows})

@@ -1,0 +1,189 @@
+"""What ``test_forward_modes.py`` measures: its rows, the servers they need, the backends it runs on.
+
+Plain data and small functions, no server and no GPU: the CPU unit tests
+(``test/registered/unit/test_forward_modes_plan.py``) read the same table the
+GPU suite runs.
+
+A row compares one speculative server with the server without speculative
+decoding on the same model, backend and extra flags (its reference). Servers
+are keyed by (family, extra environment, extra flags), so rows that need the
+same server share it, and each backend starts each key once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import _e2e
+
+BACKENDS_ENV = "DETSPEC_E2E_BACKENDS"
+# The deterministic attention backends this suite measures (SGLang 0.5.23 also allows fa4,
+# ascend and intel_xpu: not on an H200).
+KNOWN_BACKENDS = ("triton", "fa3", "flashinfer")
+# The backend whose tree verify has the plugin's node path (sglang_plugin/tree_attention_hook.py).
+NODE_PATH_BACKEND = "fa3"
+
+FORCE_RETRACT = (("SGLANG_TEST_RETRACT", "1"),)
+TREE_NODES = (("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),)
+CHUNK_TOKENS = 256
+CHUNKED_PREFILL = ("--chunked-prefill-size", str(CHUNK_TOKENS))
+# Server-name tags of the extra environment and flags (names must stay distinct per backend).
+TAGS = {FORCE_RETRACT: "_retract", TREE_NODES: "_nodes", CHUNKED_PREFILL: "_chunked"}
+
+# Prompt lengths in tokens: short prompts fit one prefill; long ones span 3 to 6 chunks of
+# CHUNK_TOKENS. The tiny models' context is 4096 positions (scripts/make_tiny_models.py), which
+# the longest prompt plus NEW_TOKENS stays within.
+SHORT_PROMPTS = (4, 40)
+LONG_PROMPTS = (600, 1500)
+NEW_TOKENS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of ``forward_modes_<backend>.json``: a speculative server against its reference.
+
+    Attributes:
+        drafting: the row's ``drafting`` field (what kind of speculative decoding).
+        family: the speculative server's family in ``_e2e.FAMILIES``.
+        reference: the family of the server without speculative decoding on the same model.
+        env: extra environment of the speculative server only.
+        args: extra flags of both servers (the reference runs with them too).
+        prompts: :data:`SHORT_PROMPTS` or :data:`LONG_PROMPTS`.
+    """
+
+    drafting: str
+    family: str
+    reference: str
+    env: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()
+    prompts: tuple[int, int] = SHORT_PROMPTS
+
+    @property
+    def tree_attention(self) -> str:
+        return "nodes" if self.env == TREE_NODES else "cascade"
+
+    @property
+    def server(self) -> tuple:
+        """The key of the speculative server."""
+        return (self.family, self.env, self.args)
+
+    @property
+    def reference_server(self) -> tuple:
+        """The key of the reference server."""
+        return (self.reference, (), self.args)
+
+
+ROWS = {
+    "chain": Row("chain", "coupled_chain", "no_spec"),
+    "tree": Row("tree", "coupled_tree", "no_spec"),
+    "multi_layer": Row("multi_layer", "mtp_coupled", "mtp_no_spec"),
+    "retraction": Row("retraction", "coupled_chain", "no_spec", env=FORCE_RETRACT),
+    # The EAGLE3 drafts are drafts of target/, so the target's no_spec server is the reference.
+    "eagle3_tree": Row("eagle3_tree", "eagle3_tree", "no_spec"),
+    "nextn_tree": Row("nextn_tree", "nextn_tree", "mimo_no_spec"),
+    "chunked": Row("chunked", "coupled_tree", "no_spec", args=CHUNKED_PREFILL, prompts=LONG_PROMPTS),
+}
+# Extra rows per backend: on the node-path backend, each tree row again with the node path.
+NODE_SUFFIX = "_nodes"
+CACHE_HIT = "cache_hit"
+# The cache-hit row runs on this server: the short-prompt reference of the target model.
+CACHE_HIT_SERVER = ("no_spec", (), ())
+
+
+def eagle_topk(family_name: str) -> int:
+    """``--speculative-eagle-topk`` of a family (1 where it has none: a chain, or no speculative decoding).
+
+    Raises:
+        ValueError: unknown family (``_e2e.family``).
+    """
+    args = _e2e.family(family_name).spec_args
+    flag = "--speculative-eagle-topk"
+    return int(args[args.index(flag) + 1]) if flag in args else 1
+
+
+def is_tree(row: Row) -> bool:
+    return eagle_topk(row.family) > 1
+
+
+def rows_for(backend: str) -> dict[str, Row]:
+    """The rows measured on ``backend`` (the cache-hit row apart), by name.
+
+    On :data:`NODE_PATH_BACKEND` every tree row served with SGLang's cascade
+    also runs with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` as ``<name>_nodes``.
+
+    Raises:
+        ValueError: ``backend`` not in :data:`KNOWN_BACKENDS`.
+    """
+    if backend not in KNOWN_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(KNOWN_BACKENDS)}, got {backend!r}")
+    rows = dict(ROWS)
+    if backend == NODE_PATH_BACKEND:
+        rows.update({name + NODE_SUFFIX: dataclasses.replace(row, env=TREE_NODES)
+                     for name, row in ROWS.items() if is_tree(row) and not row.env})
+    return rows
+
+
+def server_keys(backend: str) -> list[tuple]:
+    """The distinct servers ``backend`` starts: (family, env, args) keys, in row order, each once."""
+    keys = [CACHE_HIT_SERVER]
+    for row in rows_for(backend).values():
+        keys += [row.server, row.reference_server]
+    return list(dict.fromkeys(keys))
+
+
+def server_tag(backend: str, env: tuple, args: tuple) -> str:
+    """The server name's tag for a key on ``backend``: the backend, then the flags' and environment's tags."""
+    return backend + TAGS.get(args, "") + TAGS.get(env, "")
+
+
+def selected_backends(environ=None, fa3_installed=None) -> tuple[str, ...]:
+    """The backends to measure: ``DETSPEC_E2E_BACKENDS`` (comma-separated), else all that can run here.
+
+    Unset or empty: ``triton``, ``fa3`` where sgl-kernel's FA3 library loads
+    (``_e2e.fa3_installed``) and ``flashinfer`` (it ships with SGLang).
+    Given: the backends named, in that order (fa3 is then kept even where it
+    is not installed: the test fails saying so instead of passing without it).
+
+    Args:
+        environ: the environment to read (default ``os.environ``).
+        fa3_installed: a no-argument callable (default ``_e2e.fa3_installed``).
+
+    Raises:
+        ValueError: a name outside :data:`KNOWN_BACKENDS`, a name given twice,
+            or no name at all (e.g. ``","``); the message names the variable
+            and the allowed values.
+    """
+    environ = os.environ if environ is None else environ
+    fa3_installed = _e2e.fa3_installed if fa3_installed is None else fa3_installed
+    raw = environ.get(BACKENDS_ENV)
+    if raw is None or raw.strip() == "":
+        return tuple(b for b in KNOWN_BACKENDS if b != "fa3" or fa3_installed())
+    names = [part.strip() for part in raw.split(",")]
+    allowed = f"allowed: {', '.join(KNOWN_BACKENDS)}, comma-separated"
+    unknown = [n for n in names if n not in KNOWN_BACKENDS]
+    if unknown:
+        raise ValueError(f"{BACKENDS_ENV}={raw!r} names unknown backends {unknown} ({allowed})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{BACKENDS_ENV}={raw!r} names a backend twice ({allowed})")
+    return tuple(names)
+
+
+def radix_cache_backends() -> tuple[str, ...]:
+    """The attention backends on which SGLang keeps the radix cache in deterministic mode.
+
+    SGLang's own list (``sglang.srt.arg_groups.choices``, read by
+    ``handle_deterministic_inference``, which turns the radix cache off
+    elsewhere); imported here so the plan follows the SGLang installed.
+    """
+    from sglang.srt.arg_groups.choices import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND
+
+    return tuple(RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND)
+
+
+def cache_hit_skip_reason(backend: str) -> str | None:
+    """Why the cache-hit row does not apply on ``backend`` (None: it applies)."""
+    if backend in radix_cache_backends():
+        return None
+    return (f"SGLang turns the radix cache off in deterministic mode on {backend} (it keeps it only on "
+            f"{', '.join(radix_cache_backends())}): no request can be served from the cache")

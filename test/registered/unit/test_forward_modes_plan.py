@@ -1,0 +1,174 @@
+"""The plan of the forward-modes E2E suite (``test/registered/e2e/_forward_plan.py``), checked without a GPU.
+
+The suite itself launches SGLang servers on an H200; its row table, server
+keys, backend selection and expected claims are plain data read here, and
+the radix-cache rule it records for flashinfer is checked against SGLang's
+real server-argument resolution.
+"""
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.config import logits_guarantee
+
+register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
+
+ROOT = Path(__file__).resolve().parents[3]
+E2E = ROOT / "test" / "registered" / "e2e"
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    """``_e2e`` and ``_forward_plan`` as the suite imports them (by bare name from its folder)."""
+    sys.path.insert(0, str(E2E))
+    try:
+        yield importlib.import_module("_e2e"), importlib.import_module("_forward_plan")
+    finally:
+        sys.path.remove(str(E2E))
+
+
+@pytest.fixture
+def plan(e2e):
+    return e2e[1]
+
+
+def test_every_row_names_known_families_with_a_reference_on_the_same_model(e2e):
+    _e2e, plan = e2e
+    for backend in plan.KNOWN_BACKENDS:
+        for name, row in plan.rows_for(backend).items():
+            spec, ref = _e2e.family(row.family), _e2e.family(row.reference)  # ValueError if unknown
+            assert spec.draft is not None and ref.draft is None, name
+            assert spec.model == ref.model, f"{name}: {row.family} serves {spec.model}, {row.reference} {ref.model}"
+
+
+def test_the_matrix_the_issue_asks_for_is_on_every_backend(plan):
+    wanted = {"chain", "tree", "multi_layer", "eagle3_tree", "nextn_tree", "retraction", "chunked"}
+    for backend in plan.KNOWN_BACKENDS:
+        rows = plan.rows_for(backend)
+        assert wanted <= {r.drafting for r in rows.values() if r.tree_attention == "cascade"}, backend
+    tree = plan.ROWS["tree"]
+    assert plan.eagle_topk(tree.family) == 4 and not tree.env and not tree.args  # no plugin variable set
+    assert plan.eagle_topk(plan.ROWS["chain"].family) == 1
+    assert plan.ROWS["eagle3_tree"].family == "eagle3_tree" and plan.ROWS["eagle3_tree"].reference == "no_spec"
+    assert plan.ROWS["nextn_tree"].reference == "mimo_no_spec"
+
+
+def test_every_tree_row_has_a_node_variant_on_fa3_only(plan):
+    fa3 = plan.rows_for("fa3")
+    trees = [name for name, row in plan.ROWS.items() if plan.is_tree(row)]
+    assert set(trees) == {"tree", "eagle3_tree", "nextn_tree", "chunked"}
+    for name in trees:
+        nodes = fa3[name + plan.NODE_SUFFIX]
+        assert nodes.env == plan.TREE_NODES and nodes.tree_attention == "nodes"
+        assert (nodes.family, nodes.reference, nodes.args) == (plan.ROWS[name].family, plan.ROWS[name].reference,
+                                                               plan.ROWS[name].args)
+    for backend in ("triton", "flashinfer"):
+        assert all(r.tree_attention == "cascade" for r in plan.rows_for(backend).values()), backend
+
+
+@pytest.mark.parametrize("backend", ["triton", "fa3", "flashinfer"])
+def test_the_claims_the_suite_expects(plan, backend):
+    claims = {name: logits_guarantee(backend, plan.eagle_topk(r.family), r.tree_attention)
+              for name, r in plan.rows_for(backend).items()}
+    if backend == "flashinfer":
+        assert set(claims.values()) == {"tokens"} and logits_guarantee(backend, None) == "tokens"
+        return
+    for name, row in plan.rows_for(backend).items():
+        bitwise = not plan.is_tree(row) or row.tree_attention == "nodes"
+        assert claims[name] == ("bitwise" if bitwise else "tokens"), name
+
+
+def test_rows_share_servers(plan):
+    # Each server started once whichever rows use it: 7 rows, 11 servers; fa3's 4 node rows add only their own.
+    assert len(plan.server_keys("triton")) == len(plan.server_keys("flashinfer")) == 11
+    assert len(plan.server_keys("fa3")) == 15
+    for backend in plan.KNOWN_BACKENDS:
+        keys = plan.server_keys(backend)
+        assert plan.CACHE_HIT_SERVER in keys
+        assert len({plan.server_tag(backend, env, args) + family for family, env, args in keys}) == len(keys)
+
+
+def test_server_configs_carry_the_backend_and_the_chunk_size(e2e):
+    _e2e, plan = e2e
+    models = _e2e.Models(*(f"/models/{f}" for f in ("target", "eagle", "eagle_random", "mtp", "mtp", "eagle3",
+                                                       "eagle3_full", "mimo")), None)
+    sys.path.insert(0, str(E2E))
+    try:
+        suite = importlib.import_module("test_forward_modes")
+    finally:
+        sys.path.remove(str(E2E))
+    for backend in plan.KNOWN_BACKENDS:
+        configs = suite.server_configs(models, backend)
+        assert len({c.name for c in configs.values()}) == len(configs)
+        for (family, env, args), config in configs.items():
+            # The last --attention-backend wins in SGLang's argparse.
+            flags = list(config.args)
+            assert flags[len(flags) - 1 - flags[::-1].index("--attention-backend") + 1] == backend, config.name
+            assert ("--chunked-prefill-size" in flags) == (args == plan.CHUNKED_PREFILL), config.name
+            assert set(env) <= set(config.env)
+        chunked = plan.ROWS["chunked"]
+        assert configs[chunked.server].model == configs[chunked.reference_server].model == models.target
+
+
+def test_the_long_prompts_are_chunked_and_fit_the_tiny_models(plan):
+    spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    context = tiny.llama_config("LlamaForCausalLM", 2)["max_position_embeddings"]
+    assert plan.LONG_PROMPTS[0] > 2 * plan.CHUNK_TOKENS
+    assert plan.LONG_PROMPTS[1] + plan.NEW_TOKENS <= context
+    assert plan.SHORT_PROMPTS[1] < plan.CHUNK_TOKENS
+    assert plan.ROWS["chunked"].prompts == plan.LONG_PROMPTS
+
+
+@pytest.mark.parametrize("raw, fa3, want", [
+    (None, True, ("triton", "fa3", "flashinfer")),
+    (None, False, ("triton", "flashinfer")),
+    ("  ", False, ("triton", "flashinfer")),
+    ("fa3,flashinfer", False, ("fa3", "flashinfer")),
+    (" flashinfer , triton", True, ("flashinfer", "triton")),
+])
+def test_backend_selection(plan, raw, fa3, want):
+    environ = {} if raw is None else {plan.BACKENDS_ENV: raw}
+    assert plan.selected_backends(environ, lambda: fa3) == want
+
+
+@pytest.mark.parametrize("raw", ["fa4", "triton,FA3", "triton,triton", ",", "triton,"])
+def test_a_bad_backend_selection_names_the_variable_and_the_choices(plan, raw):
+    with pytest.raises(ValueError) as info:
+        plan.selected_backends({plan.BACKENDS_ENV: raw}, lambda: True)
+    assert plan.BACKENDS_ENV in str(info.value) and "triton, fa3, flashinfer" in str(info.value)
+
+
+def test_rows_for_refuses_an_unknown_backend(plan):
+    with pytest.raises(ValueError, match="fa4"):
+        plan.rows_for("fa4")
+
+
+@pytest.mark.parametrize("backend, radix_off", [("triton", False), ("fa3", False), ("flashinfer", True)])
+def test_the_cache_hit_row_applies_where_sglang_keeps_the_radix_cache(plan, model_dir, backend, radix_off):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = ["--model-path", model_dir, "--device", "cuda", "--attention-backend", backend,
+            "--enable-deterministic-inference"]
+    args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    args.resolve_once()
+    # What the server's /server_info reports (build_server_info: the resolved arguments).
+    assert bool(args.resolved_dict()["disable_radix_cache"]) is radix_off
+    reason = plan.cache_hit_skip_reason(backend)
+    assert (reason is not None) is radix_off
+    if radix_off:
+        assert backend in reason and "radix cache" in reason
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
