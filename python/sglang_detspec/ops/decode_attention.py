@@ -44,3 +44,109 @@ def decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indi
             sm_scale=sm_scale, logit_cap=logit_cap, is_causal=True, sinks=sinks, page_size=page_size,
             score_mod=score_mod, aux_tensors=aux_tensors)
     return o
+
+
+# SGLang's Hopper tiling of the single-pass kernel for head dims <= 128: 128 query rows over 8 warps, i.e. two
+# warpgroups of 64 rows, each issuing the same 64-row matrix instructions. One warpgroup of 64 rows (4 warps)
+# computes every row as either half of the 128-row tile does; the GPU suite and the start-up check prove it.
+PACKED_BLOCK_M, PACKED_WARPS = 64, 4
+
+
+def packable(blocks: tuple, capability: tuple[int, int]) -> bool:
+    """Whether :func:`decode_packed` applies: Hopper, SGLang's 128-row / 8-warp tile, no rope part.
+
+    ``blocks``: SGLang's ``_get_block_sizes_for_extend_attention(Lq, Lv)``,
+    ``(BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV, BLOCK_M, BLOCK_N, num_warps)``.
+    ``capability``: the CUDA compute capability.
+    """
+    _, dpe, _, block_m, _, warps = blocks
+    return capability[0] == 9 and block_m == 2 * PACKED_BLOCK_M and warps == 2 * PACKED_WARPS and dpe == 0
+
+
+def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
+                  v_scale, *, logit_cap=0.0, page_size=1, num_stages=1):
+    """One decode step's attention through SGLang's single-pass kernel, a query-head group per tile.
+
+    The same arithmetic per row as :func:`decode_as_extend` (same kernel, key
+    tiles of ``BLOCK_N`` from key 0, one online softmax), but the ``G``
+    query heads that share a KV head go into one tile as ``G`` query rows of
+    that KV head, in a 64-row tile on 4 warps instead of one row per head in
+    a 128-row tile on 8 warps: each program reads its KV head's keys once for
+    ``G`` heads and does half the matrix work. Every key is visible to every
+    row (all keys are passed as the row's prefix).
+
+    Args:
+        kernel: SGLang's ``_fwd_kernel_unified`` (a Triton kernel).
+        blocks: SGLang's block sizes for the head dims (see :func:`packable`, which must hold).
+        rows: int64 ``arange`` on the device, at least ``n + 1`` long.
+        q: ``[n, heads, head_dim]`` bf16 / fp16, one query per request.
+        k_buffer, v_buffer: ``[slots, kv_heads, head_dim]`` / ``[slots, kv_heads, v_head_dim]`` (page size 1)
+            or paged as SGLang's kernel reads them with ``page_size``.
+        o: ``[n, heads, v_head_dim]`` output, written in place.
+        kv_indptr, kv_indices: request i's keys are ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``.
+        sm_scale, k_scale, v_scale: floats, as SGLang's decode receives them.
+        logit_cap, page_size: as SGLang's decode; ``num_stages``: the kernel's software pipelining depth.
+
+    Returns:
+        ``o``.
+
+    Raises:
+        ValueError: ``heads`` not a multiple of ``kv_heads``, or a KV buffer that is not 3-D.
+    """
+    n, heads, dim = q.shape
+    kv_heads, v_dim = k_buffer.shape[-2], v_buffer.shape[-1]
+    if heads % kv_heads or k_buffer.ndim != 3 or v_buffer.ndim != 3:
+        raise ValueError(f"q heads ({heads}) must be a multiple of the KV heads ({kv_heads}) and the KV buffers 3-D, "
+                         f"got {tuple(k_buffer.shape)} / {tuple(v_buffer.shape)}")
+    group = heads // kv_heads
+    if rows.numel() < n + 1:
+        rows = torch.arange(n + 1, dtype=torch.int64, device=q.device)
+    dmodel, dpe, dv, _, block_n, _ = blocks
+    # Row b * group + g of KV head h is query head h * group + g of request b.
+    qp = q.view(n, kv_heads, group, dim).transpose(1, 2).reshape(n * group, kv_heads, dim)
+    op = torch.empty(n * group, kv_heads, v_dim, dtype=o.dtype, device=o.device)
+    lens = (kv_indptr[1:n + 1] - kv_indptr[:n]).to(torch.int32)  # every key is a prefix key: none masked
+    kernel[(n, kv_heads, 1)](
+        qp, op, k_buffer, v_buffer, rows[:n + 1] * group, kv_indptr, kv_indices, lens, None, None, None, None,
+        sm_scale * k_scale, v_scale, 1, qp.stride(0), qp.stride(1), op.stride(0), op.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        k_buffer.stride(0) * page_size, k_buffer.stride(0), v_buffer.stride(0) * page_size, v_buffer.stride(0),
+        SLIDING_WINDOW_SIZE=-1, logit_cap=logit_cap, xai_temperature_len=-1, Lq=dim, Lv=v_dim,
+        BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv, BLOCK_M=PACKED_BLOCK_M, BLOCK_N=block_n, IS_CAUSAL=True,
+        USE_CUSTOM_MASK=False, HAS_SINK=False, IS_GFX1250=False, PAGE_SIZE=page_size, SCORE_MOD=None, Aux0=None,
+        aux0_stride_t=0, aux0_stride_h=0, aux0_len=0, num_warps=PACKED_WARPS, num_stages=num_stages)
+    o.view(n, kv_heads, group, v_dim).copy_(op.view(n, group, kv_heads, v_dim).transpose(1, 2))
+    return o
+
+
+def packed_matches(unified, kernel, blocks: tuple, heads: int, kv_heads: int, dim: int, v_dim: int, dtype,
+                   device, *, num_stages: int = 1, seed: int = 0) -> bool:
+    """Whether :func:`decode_packed` gives :func:`decode_as_extend`'s rows bit for bit on this GPU and shape.
+
+    Random queries and KV; key counts on both sides of the 64-key tile
+    edges and of a 128-row query tile (1 to 1000 keys), the batch in two
+    orders. Runs eagerly (allocates, synchronises): call it before CUDA-graph
+    capture.
+    """
+    lens = [1, 2, 63, 64, 65, 127, 128, 129, 300, 1000]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    slots = sum(lens) + 1
+    k = torch.randn(slots, kv_heads, dim, generator=gen, device=device).to(dtype)
+    v = torch.randn(slots, kv_heads, v_dim, generator=gen, device=device).to(dtype)
+    order = torch.randperm(slots - 1, generator=gen, device=device) + 1
+    q = torch.randn(len(lens), heads, dim, generator=gen, device=device).to(dtype)
+    rows = torch.arange(len(lens) + 1, dtype=torch.int64, device=device)
+    scale = dim ** -0.5
+    for perm in (list(range(len(lens))), list(reversed(range(len(lens))))):
+        ls = [lens[i] for i in perm]
+        starts = [sum(lens[:i]) for i in perm]
+        indices = torch.cat([order[s:s + n] for s, n in zip(starts, ls)])
+        indptr = torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32, device=device)
+        qq = q[perm].contiguous()
+        want = decode_as_extend(unified, rows, qq, k, v, torch.empty(len(ls), heads, v_dim, dtype=dtype,
+                                                                     device=device), indptr, indices, scale, 1.0, 1.0)
+        got = decode_packed(kernel, blocks, rows, qq, k, v, torch.empty_like(want), indptr, indices, scale, 1.0, 1.0,
+                            num_stages=num_stages)
+        if not torch.equal(got, want):
+            return False
+    return True

@@ -46,7 +46,7 @@ import logging
 import torch
 
 from ..config import current_config
-from ..ops.decode_attention import decode_as_extend
+from ..ops.decode_attention import decode_as_extend, decode_packed, packable, packed_matches
 
 _BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 TARGET = f"{_BACKEND}.__init__"
@@ -83,6 +83,7 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
                        "differently: this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
     rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
     unified, sglangs = backend.extend_attention_fwd_unified, backend.decode_attention_fwd
+    packed = _packed_kernel(backend, unified)
 
     @torch.compiler.disable  # as SGLang wraps its own decode: dynamo must not trace into the kernel launch
     def decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
@@ -92,10 +93,49 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
             return sglangs(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
                            max_kv_splits, sm_scale, k_scale, v_scale, logit_cap, sinks, xai_temperature_len, *args,
                            page_size=page_size, score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
+        if packed is not None and sinks is None and score_mod is None:  # sinks and score_mod index query heads
+            return decode_packed(*packed, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
+                                 v_scale, logit_cap=logit_cap, page_size=page_size)
         return decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
                                 v_scale, logit_cap=logit_cap, sinks=sinks, page_size=page_size, score_mod=score_mod,
                                 aux_tensors=aux_tensors)
 
     backend.decode_attention_fwd = decode
-    logger.info("sglang-detspec: target decode attention runs the verify's single-pass Triton kernel")
+    logger.info("sglang-detspec: target decode attention runs the verify's single-pass Triton kernel%s",
+                " (a query-head group per tile, checked bitwise at start-up)" if packed is not None else "")
+    return None
+
+
+def _packed_kernel(backend, unified):
+    """``(kernel, blocks)`` for ``ops.decode_attention.decode_packed`` on this backend, or None.
+
+    Only on Hopper with SGLang's 128-row tile for the model's head dims and a
+    bf16 / fp16 KV cache, and only after ``packed_matches`` found the packed
+    rows bit for bit equal to the one-row-per-head ones on this GPU with the
+    model's head counts (so a Triton or driver whose code generation differs
+    keeps the proven path, with a warning).
+    """
+    device = backend.kv_indptr.device
+    if device.type != "cuda":
+        return None
+    try:
+        from sglang.kernels.ops.attention import extend_attention as ext
+
+        pool = backend.token_to_kv_pool
+        layer = getattr(pool, "start_layer", 0) or 0
+        k_buf, v_buf = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
+        if k_buf.dtype not in (torch.bfloat16, torch.float16) or k_buf.ndim != 3:
+            return None
+        dim, v_dim = k_buf.shape[-1], v_buf.shape[-1]
+        blocks = ext._get_block_sizes_for_extend_attention(dim, v_dim)
+        if not packable(blocks, torch.cuda.get_device_capability(device)):
+            return None
+        kernel = ext._fwd_kernel_unified
+        if packed_matches(unified, kernel, blocks, backend.num_head, backend.num_kv_head, dim, v_dim, k_buf.dtype,
+                          device):
+            return kernel, blocks
+        logger.warning("sglang-detspec: the packed decode tile did not reproduce the one-row-per-head rows bit for bit "
+                       "on this GPU; the target decode keeps one query row per head (slower from about 32 requests up)")
+    except Exception as exc:  # any surprise keeps the proven path
+        logger.warning("sglang-detspec: packed decode tile not used (%r)", exc)
     return None

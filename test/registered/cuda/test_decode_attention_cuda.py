@@ -24,7 +24,7 @@ extend_mod = pytest.importorskip("sglang.kernels.ops.attention.extend_attention"
 decode_mod = pytest.importorskip("sglang.kernels.ops.attention.decode_attention",
                                  reason="needs SGLang's Triton attention kernels")
 
-from sglang_detspec.ops.decode_attention import decode_as_extend  # noqa: E402
+from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable  # noqa: E402
 
 DEV = "cuda"
 UNIFIED = extend_mod.extend_attention_fwd_unified
@@ -82,40 +82,78 @@ def verify_rows(k, v, q, slots, dim, masked=False):
     return o
 
 
-def decode_rows(k, v, q, slots, dim, pick):
-    """Our decode for the (request, row) pairs in ``pick``: keys = prefix + extend tokens up to the row."""
+def decode_rows(k, v, q, slots, dim, pick, path="one_row"):
+    """Our decode for the (request, row) pairs in ``pick``: keys = prefix + extend tokens up to the row.
+
+    ``path``: ``one_row`` (``decode_as_extend``, a query row per head) or
+    ``packed`` (``decode_packed``, a query-head group per tile).
+    """
     lists = [torch.cat([slots[i][0], slots[i][1][:j + 1]]) for i, j in pick]
     rows_q = torch.stack([q[i * DRAFT + j] for i, j in pick])
     o = torch.empty_like(rows_q)
     rows = torch.arange(len(pick) + 1, dtype=torch.int64, device=DEV)
-    decode_as_extend(UNIFIED, rows, rows_q, k, v, o, indptr([len(x) for x in lists]), torch.cat(lists),
-                     dim ** -0.5, 1.0, 1.0)
+    if path == "packed":
+        blocks = extend_mod._get_block_sizes_for_extend_attention(dim, dim)
+        if not packable(blocks, torch.cuda.get_device_capability()):
+            pytest.skip(f"the packed tile applies to Hopper with SGLang's 128-row tile (blocks {blocks})")
+        decode_packed(extend_mod._fwd_kernel_unified, blocks, rows, rows_q, k, v, o, indptr([len(x) for x in lists]),
+                      torch.cat(lists), dim ** -0.5, 1.0, 1.0)
+    else:
+        decode_as_extend(UNIFIED, rows, rows_q, k, v, o, indptr([len(x) for x in lists]), torch.cat(lists),
+                         dim ** -0.5, 1.0, 1.0)
     return o, lists, rows_q
 
 
 SHAPES = [(4, 4, 64), (32, 8, 128)]  # the tiny E2E models; an 8B Llama's attention
 
 
+PATHS = ["one_row", "packed"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "tree_mask"])
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
-def test_decode_equals_every_chain_verify_row_bitwise(heads, kv_heads, dim, masked):
+def test_decode_equals_every_chain_verify_row_bitwise(heads, kv_heads, dim, masked, path):
     k, v, order, q = cache(heads, kv_heads, dim, seed=heads)
     slots = slots_of(order)
     verify = verify_rows(k, v, q, slots, dim, masked)
     pick = [(i, j) for i in range(len(PREFIXES)) for j in range(DRAFT)]
-    decoded, _, _ = decode_rows(k, v, q, slots, dim, pick)
+    decoded, _, _ = decode_rows(k, v, q, slots, dim, pick, path)
     want = torch.stack([verify[i * DRAFT + j] for i, j in pick])
     assert torch.equal(decoded, want)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
-def test_decode_row_does_not_depend_on_its_batch(heads, kv_heads, dim):
+def test_decode_row_does_not_depend_on_its_batch(heads, kv_heads, dim, path):
     k, v, order, q = cache(heads, kv_heads, dim, seed=7)
     slots = slots_of(order)
     pick = [(i, DRAFT - 1) for i in range(len(PREFIXES))]
-    alone = torch.cat([decode_rows(k, v, q, slots, dim, [p])[0] for p in pick])
-    together, _, _ = decode_rows(k, v, q, slots, dim, list(reversed(pick)))
+    alone = torch.cat([decode_rows(k, v, q, slots, dim, [p], path)[0] for p in pick])
+    together, _, _ = decode_rows(k, v, q, slots, dim, list(reversed(pick)), path)
     assert torch.equal(alone, together.flip(0))
+    # Row permutations and batch sizes across the 128-row tile (two batches of 70 and 200 requests).
+    gen = torch.Generator().manual_seed(3)
+    for size in (70, 200):
+        many = [pick[int(x)] for x in torch.randint(0, len(pick), (size,), generator=gen)]
+        batched, _, _ = decode_rows(k, v, q, slots, dim, many, path)
+        for r, p in enumerate(many):
+            assert torch.equal(batched[r], alone[pick.index(p)]), (size, r, p)
+
+
+def test_the_start_up_check_accepts_the_packed_tile_here():
+    """``packed_matches`` (run at start-up before the hook uses the packed tile) passes on this GPU at both shapes."""
+    from sglang_detspec.ops.decode_attention import packed_matches
+
+    checked = 0
+    for heads, kv_heads, dim in SHAPES:
+        blocks = extend_mod._get_block_sizes_for_extend_attention(dim, dim)
+        if packable(blocks, torch.cuda.get_device_capability()):
+            assert packed_matches(UNIFIED, extend_mod._fwd_kernel_unified, blocks, heads, kv_heads, dim, dim,
+                                  torch.bfloat16, DEV), (heads, kv_heads, dim)
+            checked += 1
+    if not checked:
+        pytest.skip("the packed tile applies to Hopper with SGLang's 128-row, 8-warp tile (head dims 65-128)")
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
@@ -135,6 +173,12 @@ def test_decode_equals_the_last_row_of_a_prefill_bitwise(heads, kv_heads, dim):
         decode_as_extend(UNIFIED, torch.arange(2, device=DEV), q_all[-1:], k, v, last, indptr([n]), keys,
                          dim ** -0.5, 1.0, 1.0)
         assert torch.equal(last[0], o[-1]), f"request {i} (prefix {len(pre)})"
+        blocks = extend_mod._get_block_sizes_for_extend_attention(dim, dim)
+        if packable(blocks, torch.cuda.get_device_capability()):
+            packed = torch.empty_like(q_all[-1:])
+            decode_packed(extend_mod._fwd_kernel_unified, blocks, torch.arange(2, device=DEV), q_all[-1:], k, v,
+                          packed, indptr([n]), keys, dim ** -0.5, 1.0, 1.0)
+            assert torch.equal(packed[0], o[-1]), f"packed, request {i} (prefix {len(pre)})"
 
 
 def test_sglang_split_kv_decode_differs_in_the_last_bits(record_property):

@@ -1,0 +1,71 @@
+"""The packed decode tile's argument layout (ops.decode_attention.decode_packed), in Triton's interpreter.
+
+SGLang's real single-pass kernel (``_fwd_kernel_unified``) runs here on CPU
+under ``TRITON_INTERPRET=1`` (in a subprocess: the switch is read when
+Triton is imported) with fp16 (the interpreter has no bf16 arithmetic). The
+packed call (a query-head group as rows of one KV head) must give softmax
+attention over each request's keys, and the same values as the one-row-per-
+head call SGLang's verify shares. Whether the two agree bit for bit in the
+GPU's matrix instructions is the GPU suite's
+(``test/registered/cuda/test_decode_attention_cuda.py``) and the start-up
+check's (``ops.decode_attention.packed_matches``).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
+
+SCRIPT = r'''
+import sys, torch
+from sglang.kernels.ops.attention import extend_attention as ext
+from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable
+heads, kv_heads, dim = (int(x) for x in sys.argv[1:4])
+lens = [1, 5, 64, 70]
+slots = sum(lens) + 1
+g = torch.Generator().manual_seed(0)
+k = torch.randn(slots, kv_heads, dim, generator=g).half()
+v = torch.randn(slots, kv_heads, dim, generator=g).half()
+q = torch.randn(len(lens), heads, dim, generator=g).half()
+indices = (torch.randperm(slots - 1, generator=g) + 1)[: sum(lens)].to(torch.int32)
+indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+rows = torch.arange(len(lens) + 1)
+blocks = ext._get_block_sizes_for_extend_attention(dim, dim)
+hopper = (blocks[0], blocks[1], blocks[2], 128, 64, 8)  # what SGLang picks on Hopper; CPU has no capability
+assert packable(hopper, (9, 0)) and not packable(hopper, (8, 0)) and not packable(hopper[:3] + (64, 64, 4), (9, 0))
+out = decode_packed(ext._fwd_kernel_unified, hopper, rows, q, k, v, torch.empty_like(q), indptr, indices,
+                    dim ** -0.5, 1.0, 1.0)
+one_row = decode_as_extend(ext.extend_attention_fwd_unified, rows, q, k, v, torch.empty_like(q), indptr, indices,
+                           dim ** -0.5, 1.0, 1.0)
+group = heads // kv_heads
+worst = 0.0
+for i in range(len(lens)):
+    keys = indices[indptr[i]:indptr[i + 1]].long()
+    kk = k[keys].float().repeat_interleave(group, dim=1)
+    vv = v[keys].float().repeat_interleave(group, dim=1)
+    w = torch.softmax(torch.einsum("hd,nhd->hn", q[i].float(), kk) * dim ** -0.5, -1)
+    worst = max(worst, (out[i].float() - torch.einsum("hn,nhd->hd", w, vv)).abs().max().item())
+print("max_abs", worst, "equal_one_row", torch.equal(out, one_row))
+'''
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim", [(8, 2, 64), (4, 4, 32)])
+def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, dim):
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3] / "python"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(heads), str(kv_heads), str(dim)], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fields = done.stdout.split()
+    assert float(fields[fields.index("max_abs") + 1]) < 2e-3, done.stdout
+    assert fields[fields.index("equal_one_row") + 1] == "True", done.stdout
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
