@@ -7,7 +7,9 @@ side by side in one run with CUDA events:
 - **Triton decode**: SGLang's deterministic split-KV decode
   (``decode_attention_fwd``, splits of 256 keys) against the plugin's decode
   hook (``ops.decode_attention.decode_as_extend``: SGLang's single-pass
-  ``extend_attention_fwd_unified``, one query per request);
+  ``extend_attention_fwd_unified``, one query per request) and its packed
+  form on Hopper (``decode_packed``: a query-head group per 64-row tile; the
+  table says whether its outputs equal the one-row form's bit for bit);
 - **FA3 tree verify** (top-k 4, 8 draft tokens): SGLang's cascade (prefix
   call, ancestors call, ``merge_state_v2``) against the node path
   (``tree_attention_hook``: one decode query per node over its own page-table
@@ -66,9 +68,10 @@ def cache(slots: int, gen):
 
 def triton_decode(bs: int, ctx: int, reps: int, blocks: int) -> dict:
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.kernels.ops.attention import extend_attention as ext
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
 
-    from sglang_detspec.ops.decode_attention import decode_as_extend
+    from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable
 
     gen = torch.Generator(device="cuda").manual_seed(bs * 7 + ctx)
     k, v = cache(bs * ctx, gen)
@@ -87,7 +90,15 @@ def triton_decode(bs: int, ctx: int, reps: int, blocks: int) -> dict:
                                                 splits, scale, 1.0, 1.0), reps, blocks)
     hook = timed(lambda: decode_as_extend(extend_attention_fwd_unified, rows, q, k, v, out_hook, indptr, indices,
                                           scale, 1.0, 1.0), reps, blocks)
-    return {"sglang_split_kv": sglang, "plugin_one_pass": hook, "ratio": hook["median_us"] / sglang["median_us"]}
+    out = {"sglang_split_kv": sglang, "plugin_one_pass": hook, "ratio": hook["median_us"] / sglang["median_us"]}
+    kernel_blocks = ext._get_block_sizes_for_extend_attention(DIM, DIM)
+    if packable(kernel_blocks, torch.cuda.get_device_capability()):
+        out_packed = torch.empty_like(q)
+        packed = timed(lambda: decode_packed(ext._fwd_kernel_unified, kernel_blocks, rows, q, k, v, out_packed, indptr,
+                                             indices, scale, 1.0, 1.0), reps, blocks)
+        out.update(plugin_packed=packed, ratio_packed=packed["median_us"] / sglang["median_us"],
+                   packed_equal_one_pass=bool(torch.equal(out_packed, out_hook)))
+    return out
 
 
 def fa3_tree_verify(bs: int, ctx: int, reps: int, blocks: int, table_width: int) -> dict:
@@ -143,12 +154,18 @@ def table(rows: list[dict]) -> str:
         return f"{t['median_us']:.1f} ({t['min_us']:.1f}..{t['max_us']:.1f})"
 
     out = ["| batch | context | Triton decode: SGLang split-KV, us | plugin one-pass, us | ratio "
+           "| plugin packed one-pass, us (ratio; bits equal to one-pass) "
            "| FA3 tree verify: SGLang cascade, us | plugin nodes, us | ratio | node rows per forward, us "
            "(torch builder) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, f = r.get("triton_decode"), r.get("fa3_tree_verify")
         tri = f"{cell(t['sglang_split_kv'])} | {cell(t['plugin_one_pass'])} | {t['ratio']:.2f}" if t else "- | - | -"
+        if t and "plugin_packed" in t:
+            tri += (f" | {cell(t['plugin_packed'])} ({t['ratio_packed']:.2f}; "
+                    f"{'yes' if t['packed_equal_one_pass'] else 'NO'})")
+        else:
+            tri += " | -"
         fa = (f"{cell(f['sglang_cascade'])} | {cell(f['plugin_nodes'])} | {f['ratio']:.2f} | "
               f"{cell(f['node_rows_per_forward'])} ({cell(f['node_rows_per_forward_torch'])})") if f else "- | - | - | -"
         out.append(f"| {r['batch']} | {r['context']} | {tri} | {fa} |")
