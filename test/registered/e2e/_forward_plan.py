@@ -124,11 +124,38 @@ def rows_for(backend: str) -> dict[str, Row]:
     return rows
 
 
+def skipped_rows(backend: str) -> dict[str, str]:
+    """Rows of :func:`rows_for` that SGLang refuses to serve on ``backend``, with the reason.
+
+    Deterministic flashinfer aligns prefill chunks to its prefill split tile
+    (``SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE``, 4096 tokens by default) and
+    refuses at start-up a ``--chunked-prefill-size`` below it; a chunk that
+    large holds every prompt the tiny models' 4096-token context allows, so
+    nothing would be chunked.
+    """
+    if backend != "flashinfer":
+        return {}
+    from sglang.srt.environ import envs
+
+    tile = envs.SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE.get()
+    if CHUNK_TOKENS >= tile:
+        return {}
+    reason = (f"SGLang aligns prefill chunks to flashinfer's {tile}-token prefill split tile in deterministic mode "
+              f"and refuses --chunked-prefill-size {CHUNK_TOKENS} at start-up; chunks of {tile} tokens would leave "
+              "every prompt the tiny models' 4096-token context holds unchunked")
+    return {name: reason for name, row in rows_for(backend).items() if row.args == CHUNKED_PREFILL}
+
+
 def server_keys(backend: str) -> list[tuple]:
-    """The distinct servers ``backend`` starts: (family, env, args) keys, in row order, each once."""
+    """The distinct servers ``backend`` starts: (family, env, args) keys, in row order, each once.
+
+    Rows of :func:`skipped_rows` start no server.
+    """
     keys = [CACHE_HIT_SERVER]
-    for row in rows_for(backend).values():
-        keys += [row.server, row.reference_server]
+    skipped = skipped_rows(backend)
+    for name, row in rows_for(backend).items():
+        if name not in skipped:
+            keys += [row.server, row.reference_server]
     return list(dict.fromkeys(keys))
 
 

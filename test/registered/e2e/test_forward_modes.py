@@ -158,7 +158,8 @@ def server_info(server) -> dict | str:
 
 
 def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
-    rows = plan.rows_for(backend)
+    skipped = plan.skipped_rows(backend)
+    rows = {name: row for name, row in plan.rows_for(backend).items() if name not in skipped}
     configs = server_configs(models, backend)
     started = servers.ensure_group(list(configs.values()))
     # Traffic: each server with the prompt lengths of the rows it serves (the cache-hit row
@@ -193,6 +194,13 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
                     "claimed": expected, "server": spec.name, "reference": base.name, "applicable": True,
                     "not_applicable": None, **outcome})
+    for name, reason in skipped.items():
+        row = plan.rows_for(backend)[name]
+        out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
+                    "claimed": logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention),
+                    "server": None, "reference": None, "applicable": False, "not_applicable": reason,
+                    "positions": 0, "differing_positions": None, "max_abs": None, "token_sequences_differing": None,
+                    "errors": [], "requests": []})
     retract_key = plan.ROWS["retraction"].server
     retracted = sum(r.retractions or 0 for r in results[(retract_key, plan.SHORT_PROMPTS)] if not isinstance(r, str))
     if not retracted:
