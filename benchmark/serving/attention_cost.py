@@ -54,6 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from serving_configs import (CONFIGS, LoadSettings, ServerSettings, bench_args, parse_int_list,  # noqa: E402
                              server_command)
+from serving_models import CONTEXT_LEN  # noqa: E402
 
 TREE_NODES_ENV = ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
 SGLANG_DECODE_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")
@@ -94,9 +95,11 @@ def parse_pairs(text: str) -> list[Pair]:
 
 
 def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[int], output_len: int,
-               max_total_tokens: int) -> tuple[list[tuple[Pair, int, int]], list[dict]]:
-    """``(cells, skipped)``: ``(pair, prompt_len, concurrency)`` in run order, and the cells whose KV does not fit.
+               max_total_tokens: int, context_len: int = CONTEXT_LEN) -> tuple[list[tuple[Pair, int, int]], list[dict]]:
+    """``(cells, skipped)``: ``(pair, prompt_len, concurrency)`` in run order, and the cells that cannot run.
 
+    A cell is skipped when its requests' KV does not fit the pool at once, or
+    when a request is longer than the model's context (SGLang refuses it).
     Prompt lengths go outermost, so a command cut short has the short prompts
     of every pair first.
     """
@@ -105,7 +108,11 @@ def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[in
         for pair in pairs:
             for conc in concurrencies:
                 need = conc * (prompt_len + output_len + SLACK_TOKENS)
-                if need > max_total_tokens:
+                if prompt_len + output_len > context_len:
+                    skipped.append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,
+                                    "why": f"{prompt_len} + {output_len} tokens exceed the model's context of "
+                                           f"{context_len}"})
+                elif need > max_total_tokens:
                     skipped.append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,
                                     "why": f"{conc} x ({prompt_len} + {output_len} + {SLACK_TOKENS}) = {need} tokens "
                                            f"of KV exceed the pool of {max_total_tokens}"})

@@ -93,13 +93,17 @@ LOGIT_STD = 3.0  # spread of the bigram logits: sampled at temperature 1, not ne
 OUT_SCALE = 1e-3  # layer outputs: how far the target is from its bigram
 
 
+# Positions the written models take: 8K-token prompts (the attention-cost benchmark's longest) plus output.
+CONTEXT_LEN = 16384
+
+
 def llama_config(shape: ModelShape, architecture: str, layers: int) -> dict:
     return {
         "architectures": [architecture], "model_type": "llama",
         "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
         "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
         "num_hidden_layers": layers, "vocab_size": shape.vocab,
-        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "max_position_embeddings": CONTEXT_LEN, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
         "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "bos_token_id": shape.vocab - 256 if shape.vocab > 512 else 1,
         "eos_token_id": shape.vocab - 255 if shape.vocab > 512 else 2,
@@ -188,7 +192,7 @@ def write_tokenizer(folder: str, vocab: int) -> None:
     tok.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "w0",
-                   "model_max_length": 8192, "clean_up_tokenization_spaces": False}, f, indent=1)
+                   "model_max_length": CONTEXT_LEN, "clean_up_tokenization_spaces": False}, f, indent=1)
 
 
 def _save(folder: str, name: str, weights: dict, index: dict) -> None:

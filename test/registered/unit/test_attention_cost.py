@@ -41,6 +41,14 @@ def test_cells_whose_kv_does_not_fit_are_skipped_and_prompts_go_outermost():
     assert "exceed the pool of 100000" in skipped[0]["why"]
 
 
+def test_requests_longer_than_the_context_are_skipped():
+    pairs = ac.parse_pairs("fa3_tree_nodes")
+    cells, skipped = ac.plan_cells(pairs, [128, 8192], [1], 64, 10**7, context_len=8192)
+    assert [(n, c) for _, n, c in cells] == [(128, 1)]
+    assert "exceed the model's context of 8192" in skipped[0]["why"]
+    assert ac.plan_cells(pairs, [8192], [1], 64, 10**7)[0]  # the written models take 8K prompts
+
+
 def test_rounds_alternate_which_arm_runs_first():
     assert ac.arm_order(1) == ("sglang", "path") and ac.arm_order(2) == ("path", "sglang")
     assert ac.arm_order(3) == ac.arm_order(1)
