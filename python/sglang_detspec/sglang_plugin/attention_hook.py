@@ -33,10 +33,13 @@ sliding-window layers (deterministic extend pads the window to whole key
 tiles, decode does not). Where the hook skips the target, or the model has a
 sliding window, it logs that the server's logits are ``tokens``, not
 ``bitwise``. With an fp8 KV cache the single-pass kernel multiplies in fp8,
-as verify and prefill already do. Cost: decode loses split-KV and the
-shared K/V reads of a query-head group (one useful row in a 128-row tile per
-program), so long contexts at small batch run fewer, longer programs; not
-yet measured at 8B (``docs/forward_modes.md``).
+as verify and prefill already do. Cost: decode loses split-KV, so long
+contexts at small batch run few, long programs (measured at 8B: 2.03x the
+inter-token latency of SGLang's split-KV decode at one request with
+2048-token prompts, on a par at 128-token prompts; ``docs/forward_modes.md``).
+On Hopper a query-head group shares one 64-row tile (``ops.decode_attention.decode_packed``,
+checked bitwise at start-up), which reads each KV head once per group.
+``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps SGLang's decode (claim ``tokens``).
 """
 
 from __future__ import annotations
