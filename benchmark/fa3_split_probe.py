@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 
@@ -195,19 +194,10 @@ def probe_bits(case: Case, block: int, depth: int, chunk: int) -> dict:
 
 
 def timed(fn, reps: int = 20, blocks: int = 5) -> float:
-    """Median over blocks of the mean time per call, microseconds."""
-    fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(blocks):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        per.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(per)
+    """Median over blocks of the mean time per call, microseconds (``bench_attention_paths.timed``)."""
+    from bench_attention_paths import timed as timed_blocks
+
+    return timed_blocks(fn, reps, blocks)["median_us"]
 
 
 def probe_time(case: Case, block: int, depth: int) -> dict:
