@@ -38,6 +38,7 @@ rows = torch.arange(len(lens) + 1)
 blocks = ext._get_block_sizes_for_extend_attention(dim, dim)
 hopper = (blocks[0], blocks[1], blocks[2], 128, 64, 8)  # what SGLang picks on Hopper; CPU has no capability
 assert packable(hopper, (9, 0)) and not packable(hopper, (8, 0)) and not packable(hopper[:3] + (64, 64, 4), (9, 0))
+assert not packable(hopper, (9, 5), hip=True)  # ROCm's gfx9 reports major 9 too
 out = decode_packed(ext._fwd_kernel_unified, hopper, rows, q, k, v, torch.empty_like(q), indptr, indices,
                     dim ** -0.5, 1.0, 1.0)
 one_row = decode_as_extend(ext.extend_attention_fwd_unified, rows, q, k, v, torch.empty_like(q), indptr, indices,
@@ -54,7 +55,8 @@ print("max_abs", worst, "equal_one_row", torch.equal(out, one_row))
 '''
 
 
-@pytest.mark.parametrize("heads, kv_heads, dim", [(8, 2, 64), (4, 4, 32)])
+# (132, 2, 16): a group of 66 query heads per KV head spans two 64-row tiles.
+@pytest.mark.parametrize("heads, kv_heads, dim", [(8, 2, 64), (4, 4, 32), (132, 2, 16)])
 def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, dim):
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3] / "python"),
@@ -65,6 +67,25 @@ def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, d
     fields = done.stdout.split()
     assert float(fields[fields.index("max_abs") + 1]) < 2e-3, done.stdout
     assert fields[fields.index("equal_one_row") + 1] == "True", done.stdout
+
+
+def test_blocks_made_for_other_head_dims_are_refused_before_any_launch():
+    import torch
+
+    from sglang_detspec.ops.decode_attention import decode_packed, packed_shape
+
+    q, kv = torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(16, 2, 128, dtype=torch.float16)
+    blocks_64 = (64, 0, 64, 128, 64, 8)  # SGLang's blocks for head dim 64
+    with pytest.raises(ValueError, match=r"head dims \(128, 128\) must be at most .*BLOCK_DMODEL \+ BLOCK_DPE \(64\)"):
+        decode_packed(None, blocks_64, torch.arange(3), q, kv, kv, torch.empty_like(q), torch.tensor([0, 1, 2]),
+                      torch.tensor([0, 1]), 0.1, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"q heads \(8\) must be a multiple of the KV heads \(3\)"):
+        decode_packed(None, (128, 0, 128, 128, 64, 8), torch.arange(3), q, torch.zeros(16, 3, 128), kv,
+                      torch.empty_like(q), torch.tensor([0, 1, 2]), torch.tensor([0, 1]), 0.1, 1.0, 1.0)
+    with pytest.raises(ValueError, match="must be 3-D"):
+        decode_packed(None, (128, 0, 128, 128, 64, 8), torch.arange(3), q, kv.view(16, 1, 2, 128), kv,
+                      torch.empty_like(q), torch.tensor([0, 1, 2]), torch.tensor([0, 1]), 0.1, 1.0, 1.0)
+    assert packed_shape(q, kv, kv[..., :64]) == (8, 2, 128, 64, torch.float16)
 
 
 if __name__ == "__main__":
