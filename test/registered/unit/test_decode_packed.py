@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 
 SCRIPT = r'''
 import sys, torch
 from sglang.kernels.ops.attention import extend_attention as ext
 from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable
-heads, kv_heads, dim = (int(x) for x in sys.argv[1:4])
+heads, kv_heads, dim, page = (int(x) for x in sys.argv[1:5])
 lens = [1, 5, 64, 70]
 slots = sum(lens) + 1
 g = torch.Generator().manual_seed(0)
@@ -40,9 +40,9 @@ hopper = (blocks[0], blocks[1], blocks[2], 128, 64, 8)  # what SGLang picks on H
 assert packable(hopper, (9, 0)) and not packable(hopper, (8, 0)) and not packable(hopper[:3] + (64, 64, 4), (9, 0))
 assert not packable(hopper, (9, 5), hip=True)  # ROCm's gfx9 reports major 9 too
 out = decode_packed(ext._fwd_kernel_unified, hopper, rows, q, k, v, torch.empty_like(q), indptr, indices,
-                    dim ** -0.5, 1.0, 1.0)
+                    dim ** -0.5, 1.0, 1.0, page_size=page)
 one_row = decode_as_extend(ext.extend_attention_fwd_unified, rows, q, k, v, torch.empty_like(q), indptr, indices,
-                           dim ** -0.5, 1.0, 1.0)
+                           dim ** -0.5, 1.0, 1.0, page_size=page)
 group = heads // kv_heads
 worst = 0.0
 for i in range(len(lens)):
@@ -55,13 +55,13 @@ print("max_abs", worst, "equal_one_row", torch.equal(out, one_row))
 '''
 
 
-# (132, 2, 16): a group of 66 query heads per KV head spans two 64-row tiles.
-@pytest.mark.parametrize("heads, kv_heads, dim", [(8, 2, 64), (4, 4, 32), (132, 2, 16)])
-def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, dim):
+# (132, 2, 16): a group of 66 query heads per KV head spans two 64-row tiles; page 16: paged KV addressing.
+@pytest.mark.parametrize("heads, kv_heads, dim, page", [(8, 2, 64, 1), (4, 4, 32, 1), (132, 2, 16, 1), (8, 2, 32, 16)])
+def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, dim, page):
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3] / "python"),
                                           os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(heads), str(kv_heads), str(dim)], env=env,
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(heads), str(kv_heads), str(dim), str(page)], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     fields = done.stdout.split()
