@@ -14,9 +14,12 @@ so that a shared prefix read becomes possible everywhere:
 ``S`` depends on the row's own length only, so decode, chain verify, tree
 verify, prefill and extend would all split a row at the same key; ``D``
 bounds a tree's depth, so every node of a request splits at or before its
-prefix and the nodes can share one prefix call (``N`` query rows over the
-same keys), while each node's short tail goes through its own page-table
-row. For the rows to agree bit for bit, FA3's result for one query row must
+prefix, at one of at most two keys while the tree is shallower than ``B``:
+the nodes can share a prefix call per split point (query rows over the same
+keys), while each node's short tail goes through its own page-table row.
+The probe makes one shared call per request at node 0's split
+(``nodes_share_split`` says whether that is every node's), so where it is
+false the prefix and merged counts include nodes that read other keys. For the rows to agree bit for bit, FA3's result for one query row must
 not depend on the call's shape: how many rows share the keys (1 for decode,
 ``N`` for a tree's prefix call, a chunk for prefill), whether SGLang's
 FA3 packs query heads (it does for decode), or which rows are causal
@@ -249,6 +252,30 @@ def probe_time(case: Case, block: int, depth: int) -> dict:
             "decode_one_call_us": timed(decode_one), "decode_split_us": timed(decode_split)}
 
 
+def _sizes(text: str, name: str, maximum: int) -> list[int]:
+    """``"1,8,32"`` -> ``[1, 8, 32]``; ValueError naming ``name`` and the bounds otherwise."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not values or any(not 1 <= v <= maximum for v in values):
+        raise ValueError(f"{name} must list integers in [1, {maximum}], got {text!r}")
+    return values
+
+
+def validate(args) -> tuple[list[int], list[int]]:
+    """``(batches, contexts)`` of checked arguments; ValueError naming the argument and its bound otherwise."""
+    batches = _sizes(args.batches, "batches", 4096)
+    contexts = _sizes(args.contexts, "contexts", 131072)
+    if not 1 <= args.block <= 65536:
+        raise ValueError(f"block must lie in [1, 65536], got {args.block}")
+    if not 0 <= args.depth <= 65536:
+        raise ValueError(f"depth must lie in [0, 65536], got {args.depth}")
+    if args.chunk % N or not N <= args.chunk <= 65536:
+        raise ValueError(f"chunk must be a multiple of {N} in [{N}, 65536], got {args.chunk}")
+    return batches, contexts
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", default="1,8,32,128")
@@ -258,15 +285,17 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=64, help="rows of the prefill-shaped calls (a multiple of 8)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    try:
+        batches, contexts = validate(args)
+    except ValueError as exc:
+        print(f"fa3_split_probe: {exc}")
+        return 2
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("fa3_split_probe: needs a Hopper GPU (FA3 is built for sm90)")
         return 2
-    if args.chunk % N or args.chunk < N:
-        print(f"fa3_split_probe: chunk must be a positive multiple of {N}, got {args.chunk}")
-        return 2
     rows = []
-    for batch in [int(x) for x in args.batches.split(",")]:
-        for context in [int(x) for x in args.contexts.split(",")]:
+    for batch in batches:
+        for context in contexts:
             case = Case(batch, context, seed=batch * 7919 + context)
             row = {"batch": batch, "context": context}
             for part in (lambda: probe_bits(case, args.block, args.depth, args.chunk),

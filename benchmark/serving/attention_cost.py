@@ -121,6 +121,19 @@ def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[in
     return cells, skipped
 
 
+def model_context_len(models: str) -> int:
+    """Positions the target in ``models`` takes: its ``config.json``'s, else what ``serving_models.py`` writes.
+
+    A folder written by an older ``serving_models.py`` keeps its own context
+    (8192 before 16384), so the plan skips what that server would refuse.
+    """
+    path = os.path.join(models, "target", "config.json")
+    if not os.path.exists(path):
+        return CONTEXT_LEN
+    with open(path) as f:
+        return int(json.load(f)["max_position_embeddings"])
+
+
 def arm_order(round_index: int) -> tuple[str, str]:
     """Round 1 runs SGLang's path first, round 2 the plugin's, and so on (A B, B A, ...)."""
     return ARMS if round_index % 2 == 1 else ARMS[::-1]
@@ -138,7 +151,7 @@ def server_argv(pair: Pair, arm: str, settings: ServerSettings, port: int) -> tu
 def summarize(runs: list[dict], pair: Pair, prompt_len: int, conc: int) -> dict | None:
     """One ``cost.json`` row from a cell's runs (None when no round has both arms)."""
     by = {(r["round"], r["arm"]): r for r in runs if r["pair"] == pair.name and r["prompt_len"] == prompt_len
-          and r["concurrency"] == conc and r.get("mean_itl_ms", 0) > 0}
+          and r["concurrency"] == conc and (r.get("mean_itl_ms") or 0) > 0}  # None: the result had none
     rounds = sorted({rnd for rnd, _ in by if (rnd, "path") in by and (rnd, "sglang") in by})
     if not rounds:
         return None
@@ -164,7 +177,7 @@ def render_markdown(cost: dict) -> str:
                      f"{r['itl_ms_sglang']:.2f} | {r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}, "
                      f"{r['rounds']}) |")
     if cost["skipped"]:
-        lines += ["", "Skipped (KV pool):", ""] + [f"- {s['pair']} prompt {s['prompt_len']} c={s['concurrency']}: "
+        lines += ["", "Skipped (KV pool or context):", ""] + [f"- {s['pair']} prompt {s['prompt_len']} c={s['concurrency']}: "
                                                    f"{s['why']}" for s in cost["skipped"]]
     return "\n".join(lines) + "\n"
 
@@ -206,7 +219,8 @@ def validate(args) -> dict:
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
                               mem_fraction_static=args.mem_fraction_static)
-    cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, args.max_total_tokens)
+    cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, args.max_total_tokens,
+                                model_context_len(args.models))
     return {"pairs": pairs, "cells": cells, "skipped": skipped, "settings": settings}
 
 

@@ -52,15 +52,28 @@ def decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indi
 PACKED_BLOCK_M, PACKED_WARPS = 64, 4
 
 
-def packable(blocks: tuple, capability: tuple[int, int]) -> bool:
+def packable(blocks: tuple, capability: tuple[int, int], hip: bool = False) -> bool:
     """Whether :func:`decode_packed` applies: Hopper, SGLang's 128-row / 8-warp tile, no rope part.
 
     ``blocks``: SGLang's ``_get_block_sizes_for_extend_attention(Lq, Lv)``,
     ``(BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV, BLOCK_M, BLOCK_N, num_warps)``.
-    ``capability``: the CUDA compute capability.
+    ``capability``: the CUDA compute capability. ``hip``: a ROCm build
+    (``torch.version.hip``), whose gfx9 GPUs also report major version 9 but
+    are no Hopper: SGLang launches its kernel there with other tiles and
+    compiler options.
     """
     _, dpe, _, block_m, _, warps = blocks
-    return capability[0] == 9 and block_m == 2 * PACKED_BLOCK_M and warps == 2 * PACKED_WARPS and dpe == 0
+    return (not hip and capability[0] == 9 and block_m == 2 * PACKED_BLOCK_M and warps == 2 * PACKED_WARPS
+            and dpe == 0)
+
+
+def packed_shape(q, k_buffer, v_buffer) -> tuple:
+    """``(heads, kv_heads, head_dim, v_head_dim, kv dtype)`` of a decode call: what :func:`packed_matches` checked.
+
+    The start-up check holds for the shapes it ran; a layer with other head
+    counts, head dims or KV dtype (hybrid models) takes the one-row path.
+    """
+    return q.shape[1], k_buffer.shape[-2], q.shape[-1], v_buffer.shape[-1], k_buffer.dtype
 
 
 def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
@@ -91,22 +104,29 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
         ``o``.
 
     Raises:
-        ValueError: ``heads`` not a multiple of ``kv_heads``, or a KV buffer that is not 3-D.
+        ValueError: ``heads`` not a multiple of ``kv_heads``, a KV buffer that is not 3-D, or head dims
+            above the ``blocks``' ``BLOCK_DMODEL`` / ``BLOCK_DV`` (blocks made for other head dims).
     """
     n, heads, dim = q.shape
+    if k_buffer.ndim != 3 or v_buffer.ndim != 3:
+        raise ValueError(f"k_buffer and v_buffer must be 3-D [slots, kv_heads, dim], got {tuple(k_buffer.shape)} / "
+                         f"{tuple(v_buffer.shape)}")
     kv_heads, v_dim = k_buffer.shape[-2], v_buffer.shape[-1]
-    if heads % kv_heads or k_buffer.ndim != 3 or v_buffer.ndim != 3:
-        raise ValueError(f"q heads ({heads}) must be a multiple of the KV heads ({kv_heads}) and the KV buffers 3-D, "
-                         f"got {tuple(k_buffer.shape)} / {tuple(v_buffer.shape)}")
+    if heads % kv_heads:
+        raise ValueError(f"q heads ({heads}) must be a multiple of the KV heads ({kv_heads})")
+    dmodel, dpe, dv, _, block_n, _ = blocks
+    if dim > dmodel + dpe or v_dim > dv:
+        raise ValueError(f"head dims ({dim}, {v_dim}) must be at most the blocks' BLOCK_DMODEL + BLOCK_DPE "
+                         f"({dmodel + dpe}) and BLOCK_DV ({dv}): blocks were made for other head dims")
     group = heads // kv_heads
     if rows.numel() < n + 1:
         rows = torch.arange(n + 1, dtype=torch.int64, device=q.device)
-    dmodel, dpe, dv, _, block_n, _ = blocks
     # Row b * group + g of KV head h is query head h * group + g of request b.
     qp = q.view(n, kv_heads, group, dim).transpose(1, 2).reshape(n * group, kv_heads, dim)
     op = torch.empty(n * group, kv_heads, v_dim, dtype=o.dtype, device=o.device)
     lens = (kv_indptr[1:n + 1] - kv_indptr[:n]).to(torch.int32)  # every key is a prefix key: none masked
-    kernel[(n, kv_heads, 1)](
+    # A group above one tile's rows (MQA with more than 64 query heads) spans several row tiles.
+    kernel[(n, kv_heads, -(-group // PACKED_BLOCK_M))](
         qp, op, k_buffer, v_buffer, rows[:n + 1] * group, kv_indptr, kv_indices, lens, None, None, None, None,
         sm_scale * k_scale, v_scale, 1, qp.stride(0), qp.stride(1), op.stride(0), op.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
@@ -120,12 +140,14 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
 
 
 def packed_matches(unified, kernel, blocks: tuple, heads: int, kv_heads: int, dim: int, v_dim: int, dtype,
-                   device, *, num_stages: int = 1, seed: int = 0) -> bool:
+                   device, *, num_stages: int = 1, seed: int = 0, page_size: int = 1) -> bool:
     """Whether :func:`decode_packed` gives :func:`decode_as_extend`'s rows bit for bit on this GPU and shape.
 
     Random queries and KV; key counts on both sides of the 64-key tile
     edges and of a 128-row query tile (1 to 1000 keys), the batch in two
-    orders. Runs eagerly (allocates, synchronises): call it before CUDA-graph
+    orders. ``page_size``: the server's, so both calls compile the kernel
+    variant the server runs (a slot's address is the same at every page
+    size). Runs eagerly (allocates, synchronises): call it before CUDA-graph
     capture.
     """
     lens = [1, 2, 63, 64, 65, 127, 128, 129, 300, 1000]
@@ -144,9 +166,10 @@ def packed_matches(unified, kernel, blocks: tuple, heads: int, kv_heads: int, di
         indptr = torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32, device=device)
         qq = q[perm].contiguous()
         want = decode_as_extend(unified, rows, qq, k, v, torch.empty(len(ls), heads, v_dim, dtype=dtype,
-                                                                     device=device), indptr, indices, scale, 1.0, 1.0)
+                                                                     device=device), indptr, indices, scale, 1.0, 1.0,
+                                page_size=page_size)
         got = decode_packed(kernel, blocks, rows, qq, k, v, torch.empty_like(want), indptr, indices, scale, 1.0, 1.0,
-                            num_stages=num_stages)
+                            num_stages=num_stages, page_size=page_size)
         if not torch.equal(got, want):
             return False
     return True

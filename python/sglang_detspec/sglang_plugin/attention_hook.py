@@ -5,7 +5,9 @@ Hooked symbol:
 - ``sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__``
   (AFTER): on the target model's backend, the instance's
   ``decode_attention_fwd`` (the one name ``forward_decode`` calls for a
-  decode step) is replaced by ``ops.decode_attention.decode_as_extend``.
+  decode step) is replaced by ``ops.decode_attention.decode_as_extend``, or
+  on Hopper by ``decode_packed`` (the same kernel with a query-head group
+  per 64-row tile) where a bitwise check at start-up passes.
 
 Why: in deterministic mode SGLang 0.5.23's Triton backend runs prefill and
 target verify through one single-pass kernel (``extend_attention_fwd_unified``:
@@ -49,7 +51,7 @@ import logging
 import torch
 
 from ..config import current_config
-from ..ops.decode_attention import decode_as_extend, decode_packed, packable, packed_matches
+from ..ops.decode_attention import decode_as_extend, decode_packed, packable, packed_matches, packed_shape
 
 _BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 TARGET = f"{_BACKEND}.__init__"
@@ -96,9 +98,12 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
             return sglangs(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
                            max_kv_splits, sm_scale, k_scale, v_scale, logit_cap, sinks, xai_temperature_len, *args,
                            page_size=page_size, score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
-        if packed is not None and sinks is None and score_mod is None:  # sinks and score_mod index query heads
-            return decode_packed(*packed, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
-                                 v_scale, logit_cap=logit_cap, page_size=page_size)
+        # sinks and score_mod index query heads; the start-up check covers its own shapes only, without a logit
+        # cap (the cap is a layer's, unknown at start-up).
+        if (packed is not None and sinks is None and score_mod is None and not logit_cap
+                and packed_shape(q, k_buffer, v_buffer) == packed[2]):
+            return decode_packed(packed[0], packed[1], rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices,
+                                 sm_scale, k_scale, v_scale, logit_cap=logit_cap, page_size=page_size)
         return decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
                                 v_scale, logit_cap=logit_cap, sinks=sinks, page_size=page_size, score_mod=score_mod,
                                 aux_tensors=aux_tensors)
@@ -110,13 +115,15 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
 
 
 def _packed_kernel(backend, unified):
-    """``(kernel, blocks)`` for ``ops.decode_attention.decode_packed`` on this backend, or None.
+    """``(kernel, blocks, shape)`` for ``ops.decode_attention.decode_packed`` on this backend, or None.
 
-    Only on Hopper with SGLang's 128-row tile for the model's head dims and a
-    bf16 / fp16 KV cache, and only after ``packed_matches`` found the packed
-    rows bit for bit equal to the one-row-per-head ones on this GPU with the
-    model's head counts (so a Triton or driver whose code generation differs
-    keeps the proven path, with a warning).
+    Only on Hopper (not ROCm) with SGLang's 128-row tile for the model's head
+    dims and a bf16 / fp16 KV cache, and only after ``packed_matches`` found
+    the packed rows bit for bit equal to the one-row-per-head ones on this
+    GPU with the model's head counts and page size (so a Triton or driver
+    whose code generation differs keeps the proven path, with a warning).
+    ``shape``: the ``packed_shape`` checked (those of the first layer); a
+    decode call of another shape takes the one-row path.
     """
     device = backend.kv_indptr.device
     if device.type != "cuda":
@@ -131,12 +138,12 @@ def _packed_kernel(backend, unified):
             return None
         dim, v_dim = k_buf.shape[-1], v_buf.shape[-1]
         blocks = ext._get_block_sizes_for_extend_attention(dim, v_dim)
-        if not packable(blocks, torch.cuda.get_device_capability(device)):
+        if not packable(blocks, torch.cuda.get_device_capability(device), hip=torch.version.hip is not None):
             return None
         kernel = ext._fwd_kernel_unified
         if packed_matches(unified, kernel, blocks, backend.num_head, backend.num_kv_head, dim, v_dim, k_buf.dtype,
-                          device):
-            return kernel, blocks
+                          device, page_size=getattr(backend, "page_size", 1) or 1):
+            return kernel, blocks, (backend.num_head, backend.num_kv_head, dim, v_dim, k_buf.dtype)
         logger.warning("sglang-detspec: the packed decode tile did not reproduce the one-row-per-head rows bit for bit "
                        "on this GPU; the target decode keeps one query row per head (slower from about 32 requests up)")
     except Exception as exc:  # any surprise keeps the proven path

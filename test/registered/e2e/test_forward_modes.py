@@ -44,8 +44,8 @@ on the same model and backend, 16 seeded requests x 64 tokens (temperatures
   server's resolved ``disable_radix_cache`` must agree with that list.
 
 Servers are keyed by (family, extra environment, extra flags), so a reference
-server serves every row with its flags: 11 servers per backend, 15 on fa3,
-started in parallel.
+server serves every row with its flags: 11 servers on triton, 15 on fa3,
+9 on flashinfer (its chunked row starts none), started in parallel.
 
 Per row (``forward_modes_<backend>.json``, the layout of
 ``docs/e2e/README.md``): the row's name, the positions compared (up to and

@@ -49,6 +49,19 @@ def test_requests_longer_than_the_context_are_skipped():
     assert ac.plan_cells(pairs, [8192], [1], 64, 10**7)[0]  # the written models take 8K prompts
 
 
+def test_a_model_folder_written_with_a_shorter_context_keeps_its_own(tmp_path):
+    import json
+
+    assert ac.model_context_len(str(tmp_path)) == ac.CONTEXT_LEN  # not written yet: what serving_models writes
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    assert ac.model_context_len(str(tmp_path)) == 8192
+    plan = ac.validate(ac.build_parser().parse_args(["--out", "o", "--models", str(tmp_path), "--prompt-lens",
+                                                     "128,8192", "--concurrency", "1"]))
+    assert {n for _, n, _ in plan["cells"]} == {128}
+    assert all("context of 8192" in s["why"] for s in plan["skipped"])
+
+
 def test_rounds_alternate_which_arm_runs_first():
     assert ac.arm_order(1) == ("sglang", "path") and ac.arm_order(2) == ("path", "sglang")
     assert ac.arm_order(3) == ac.arm_order(1)
@@ -96,6 +109,10 @@ def test_summary_pairs_runs_within_a_round_and_takes_medians():
     assert row["ratio"] == pytest.approx(1.075)
     assert {"backend", "path", "concurrency", "prompt_len", "itl_ms", "itl_ms_sglang"} <= set(row)
     assert ac.summarize(runs, pair, 128, 1) is None
+    # A run whose result has no mean_itl_ms (recorded as None) or that failed (no key) does not count.
+    runs += [_run(pair.name, "sglang", 4, None), _run(pair.name, "path", 4, 9.0), _run(pair.name, "path", 2, None)]
+    runs[-1].pop("mean_itl_ms")
+    assert ac.summarize(runs, pair, 128, 8)["rounds"] == 2
 
 
 def test_bad_arguments_are_named(capsys):

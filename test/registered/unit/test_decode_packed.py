@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 
 SCRIPT = r'''
 import sys, torch
 from sglang.kernels.ops.attention import extend_attention as ext
 from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable
-heads, kv_heads, dim = (int(x) for x in sys.argv[1:4])
+heads, kv_heads, dim, page = (int(x) for x in sys.argv[1:5])
 lens = [1, 5, 64, 70]
 slots = sum(lens) + 1
 g = torch.Generator().manual_seed(0)
@@ -38,10 +38,11 @@ rows = torch.arange(len(lens) + 1)
 blocks = ext._get_block_sizes_for_extend_attention(dim, dim)
 hopper = (blocks[0], blocks[1], blocks[2], 128, 64, 8)  # what SGLang picks on Hopper; CPU has no capability
 assert packable(hopper, (9, 0)) and not packable(hopper, (8, 0)) and not packable(hopper[:3] + (64, 64, 4), (9, 0))
+assert not packable(hopper, (9, 5), hip=True)  # ROCm's gfx9 reports major 9 too
 out = decode_packed(ext._fwd_kernel_unified, hopper, rows, q, k, v, torch.empty_like(q), indptr, indices,
-                    dim ** -0.5, 1.0, 1.0)
+                    dim ** -0.5, 1.0, 1.0, page_size=page)
 one_row = decode_as_extend(ext.extend_attention_fwd_unified, rows, q, k, v, torch.empty_like(q), indptr, indices,
-                           dim ** -0.5, 1.0, 1.0)
+                           dim ** -0.5, 1.0, 1.0, page_size=page)
 group = heads // kv_heads
 worst = 0.0
 for i in range(len(lens)):
@@ -54,17 +55,37 @@ print("max_abs", worst, "equal_one_row", torch.equal(out, one_row))
 '''
 
 
-@pytest.mark.parametrize("heads, kv_heads, dim", [(8, 2, 64), (4, 4, 32)])
-def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, dim):
+# (132, 2, 16): a group of 66 query heads per KV head spans two 64-row tiles; page 16: paged KV addressing.
+@pytest.mark.parametrize("heads, kv_heads, dim, page", [(8, 2, 64, 1), (4, 4, 32, 1), (132, 2, 16, 1), (8, 2, 32, 16)])
+def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, dim, page):
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3] / "python"),
                                           os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(heads), str(kv_heads), str(dim)], env=env,
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(heads), str(kv_heads), str(dim), str(page)], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     fields = done.stdout.split()
     assert float(fields[fields.index("max_abs") + 1]) < 2e-3, done.stdout
     assert fields[fields.index("equal_one_row") + 1] == "True", done.stdout
+
+
+def test_blocks_made_for_other_head_dims_are_refused_before_any_launch():
+    import torch
+
+    from sglang_detspec.ops.decode_attention import decode_packed, packed_shape
+
+    q, kv = torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(16, 2, 128, dtype=torch.float16)
+    blocks_64 = (64, 0, 64, 128, 64, 8)  # SGLang's blocks for head dim 64
+    with pytest.raises(ValueError, match=r"head dims \(128, 128\) must be at most .*BLOCK_DMODEL \+ BLOCK_DPE \(64\)"):
+        decode_packed(None, blocks_64, torch.arange(3), q, kv, kv, torch.empty_like(q), torch.tensor([0, 1, 2]),
+                      torch.tensor([0, 1]), 0.1, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"q heads \(8\) must be a multiple of the KV heads \(3\)"):
+        decode_packed(None, (128, 0, 128, 128, 64, 8), torch.arange(3), q, torch.zeros(16, 3, 128), kv,
+                      torch.empty_like(q), torch.tensor([0, 1, 2]), torch.tensor([0, 1]), 0.1, 1.0, 1.0)
+    with pytest.raises(ValueError, match="must be 3-D"):
+        decode_packed(None, (128, 0, 128, 128, 64, 8), torch.arange(3), q, kv.view(16, 1, 2, 128), kv,
+                      torch.empty_like(q), torch.tensor([0, 1, 2]), torch.tensor([0, 1]), 0.1, 1.0, 1.0)
+    assert packed_shape(q, kv, kv[..., :64]) == (8, 2, 128, 64, torch.float16)
 
 
 if __name__ == "__main__":

@@ -57,5 +57,17 @@ def test_ancestors_run_from_the_root_to_the_node(node, path):
     assert probe.ancestors(node) == path
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--block", "0"], "block must lie in [1, 65536], got 0"),
+    (["--depth", "-1"], "depth must lie in [0, 65536], got -1"),
+    (["--chunk", "12"], "chunk must be a multiple of 8 in [8, 65536], got 12"),
+    (["--batches", "1,0"], "batches must list integers in [1, 4096], got '1,0'"),
+    (["--contexts", "2k"], "contexts must be comma-separated integers, got '2k'"),
+])
+def test_bad_arguments_are_named_before_any_gpu_work(capsys, argv, message):
+    assert probe.main(argv) == 2
+    assert message in capsys.readouterr().out
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

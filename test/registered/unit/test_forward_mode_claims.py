@@ -233,6 +233,33 @@ def test_the_replaced_decode_hands_grok_temperature_layers_to_sglang(monkeypatch
     assert len(calls) == 1  # the single-pass kernel ran (the torch contract above), not SGLang's decode
 
 
+def test_the_packed_decode_serves_only_the_shapes_its_start_up_check_ran(monkeypatch):
+    """A layer whose head dims, head counts or KV dtype differ from the checked first layer takes the one-row path."""
+    from sglang_detspec import config
+
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    packed_calls = []
+    monkeypatch.setattr(attention_hook, "_packed_kernel",
+                        lambda backend, unified: ("kernel", "blocks", (2, 2, 4, 4, torch.float32)))
+    monkeypatch.setattr(attention_hook, "decode_packed", lambda *a, **k: packed_calls.append(a[3].shape))
+    backend = _backend()
+    attention_hook.use_one_pass_decode(None, backend)
+
+    def call(heads, dim, kv_dtype=torch.float32, **kw):
+        q = torch.randn(1, heads, dim)
+        kv = torch.randn(4, 2, dim).to(kv_dtype)
+        backend.decode_attention_fwd(q, kv, kv, torch.empty_like(q), torch.tensor([0, 2], dtype=torch.int32),
+                                     torch.tensor([1, 3]), None, None, None, 1, 0.5, 1.0, 1.0, **kw)
+
+    call(2, 4)
+    assert packed_calls == [(1, 2, 4)]
+    call(2, 8)  # another head dim
+    call(4, 4)  # another head count
+    call(2, 4, torch.float16)  # another KV dtype
+    call(2, 4, sinks=torch.zeros(2))  # sinks index query heads
+    assert packed_calls == [(1, 2, 4)]
+
+
 def test_the_hook_says_when_a_model_is_only_tokens(monkeypatch, caplog):
     from sglang_detspec import config
 

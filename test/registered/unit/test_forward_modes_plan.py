@@ -109,6 +109,14 @@ def test_sglang_refuses_small_chunks_on_deterministic_flashinfer_and_the_row_is_
     assert plan.rows_for("flashinfer")["chunked"].server not in started
 
 
+def test_a_smaller_flashinfer_tile_is_still_refused_without_claiming_the_prompts_stay_unchunked(plan, monkeypatch):
+    monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "512")
+    reason = plan.skipped_rows("flashinfer")["chunked"]
+    assert "512-token" in reason and "unchunked" not in reason
+    monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", str(plan.CHUNK_TOKENS))
+    assert plan.skipped_rows("flashinfer") == {}
+
+
 def test_server_configs_carry_the_backend_and_the_chunk_size(e2e):
     _e2e, plan = e2e
     models = _e2e.Models(*(f"/models/{f}" for f in ("target", "eagle", "eagle_random", "mtp", "mtp", "eagle3",
@@ -140,7 +148,7 @@ def test_the_long_prompts_are_chunked_and_fit_the_tiny_models(plan):
     spec.loader.exec_module(tiny)
     context = tiny.llama_config("LlamaForCausalLM", 2)["max_position_embeddings"]
     assert plan.LONG_PROMPTS[0] > 2 * plan.CHUNK_TOKENS
-    assert plan.LONG_PROMPTS[1] + plan.NEW_TOKENS <= context
+    assert plan.LONG_PROMPTS[1] + plan.NEW_TOKENS <= context == plan.TINY_CONTEXT
     assert plan.SHORT_PROMPTS[1] < plan.CHUNK_TOKENS
     assert plan.ROWS["chunked"].prompts == plan.LONG_PROMPTS
 
