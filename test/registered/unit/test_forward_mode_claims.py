@@ -257,6 +257,7 @@ def test_the_packed_decode_serves_only_the_shapes_its_start_up_check_ran(monkeyp
     call(4, 4)  # another head count
     call(2, 4, torch.float16)  # another KV dtype
     call(2, 4, sinks=torch.zeros(2))  # sinks index query heads
+    call(2, 4, logit_cap=30.0)  # a soft cap the start-up check did not run
     assert packed_calls == [(1, 2, 4)]
 
 
