@@ -93,6 +93,7 @@ class DetSpecConfig:
             batch, logits ``tokens`` on Triton).
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
+        page_size: the KV cache's page size as SGLang resolved it (None when unknown).
         gemm: ``SGLANG_DETSPEC_GEMM``: ``sglang`` (the default: SGLang's own
             batch-invariant matmul) or ``plugin`` (it runs the plugin's GEMM
             in the plugin's runs).
@@ -118,6 +119,7 @@ class DetSpecConfig:
     tokenizer_workers: int = 1
     reduced_draft_vocab: bool = False
     attention_backend: str | None = None
+    page_size: int | None = None
     source: str = "env"
 
     @property
@@ -256,7 +258,7 @@ class DetSpecConfig:
     def logits(self) -> str:
         """What "spec on = spec off" holds down to here: :func:`logits_guarantee` for this server."""
         return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
-                                self.tree_attention, self.decode_attention)
+                                self.tree_attention, self.decode_attention, self.page_size)
 
     def describe(self) -> str:
         """One line with every field, for the start-up log."""
@@ -274,10 +276,12 @@ BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
 BITWISE_NODE_TREE_BACKENDS = ("fa3",)
 # ... whose decode is bitwise only through the plugin's one-pass decode hook (SGLANG_DETSPEC_DECODE_ATTENTION).
 ONE_PASS_DECODE_BACKENDS = ("triton",)
+# ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
+PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 
 
 def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
-                     decode_attention: str = "one_pass") -> str:
+                     decode_attention: str = "one_pass", page_size: int | None = None) -> str:
     """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
@@ -298,8 +302,13 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
         tree_attention: ``cascade`` or ``nodes`` (:data:`TREE_ATTENTION_SETTINGS`).
         decode_attention: ``one_pass`` or ``sglang`` (:data:`DECODE_ATTENTION_SETTINGS`); with
             ``sglang`` a Triton server keeps SGLang's split-KV decode, which rounds apart from its verify.
+        page_size: the KV cache's page size (None: unknown, taken as SGLang's default of 1). FA3 with
+            pages of more than one token is ``tokens``: its paged loads can pick another key tile in
+            decode than in prefill (``docs/forward_modes.md``), and that case is not measured.
     """
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
+        return "tokens"
+    if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
         return "tokens"
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention != "one_pass":
         return "tokens"

@@ -82,6 +82,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["reduced_draft_vocab"] = reduced_draft_vocab(spec) is True
     # The "spec" namespace of the runtime context has no attention fields: its caller reads "exec.kernel".
     values["attention_backend"] = attention_backend_of(spec) if hasattr(spec, "attention_backend") else None
+    values["page_size"] = getattr(spec, "page_size", None)
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
@@ -139,8 +140,11 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
     bag = bag_from(spec, det.enable_deterministic_inference, "runtime_context", environ,
                    sampled_drafts=declared_sampled_drafts(record))
     # The published "spec" namespace carries no attention fields; "exec.kernel" does.
+    from sglang.srt.arg_groups.overrides import resolved_view
+
     return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)),
                                attention_backend=attention_backend_of(exec_bag.kernel),
+                               page_size=getattr(resolved_view(record), "page_size", None) if record else None,
                                tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1))
 
 

@@ -63,6 +63,9 @@ def _server_args(model_dir, flags):
     (f"{TREE} --attention-backend triton", "triton", "tokens"),
     (f"{CHAIN} --attention-backend fa3", "fa3", "bitwise"),
     (f"{CHAIN} --attention-backend triton --prefill-attention-backend fa3", "fa3/triton", "tokens"),
+    # Pages of more than one token: FA3's decode and prefill may tile keys apart (not measured), Triton's do not.
+    (f"{CHAIN} --attention-backend fa3 --page-size 16", "fa3", "tokens"),
+    (f"{CHAIN} --attention-backend triton --page-size 16", "triton", "bitwise"),
 ])
 def test_the_bag_reads_the_resolved_attention_backend(model_dir, flags, backend, logits):
     reset_config()
@@ -79,6 +82,21 @@ def test_the_runtime_context_bag_reads_the_attention_backend(model_dir):
     bag = resolve.config_from_runtime_context()
     assert (bag.source, bag.attention_backend, bag.logits) == ("runtime_context", "triton", "bitwise")
     reset_config()
+
+
+def test_the_runtime_context_bag_reads_the_page_size(model_dir):
+    from sglang.srt.runtime_context import publish
+
+    reset_config()
+    publish(_server_args(model_dir, f"{CHAIN} --attention-backend fa3 --page-size 16"), role="test")
+    bag = resolve.config_from_runtime_context()
+    assert (bag.attention_backend, bag.page_size, bag.logits) == ("fa3", 16, "tokens")
+    reset_config()
+
+
+def test_fa3_pages_of_one_token_keep_the_bitwise_claim():
+    assert logits_guarantee("fa3", 1, page_size=1) == logits_guarantee("fa3", 1, page_size=None) == "bitwise"
+    assert logits_guarantee("fa3", 4, "nodes", page_size=64) == "tokens"
 
 
 # SGLang resolves each algorithm's top-k its own way: NGRAM's is --speculative-ngram-max-bfs-breadth
