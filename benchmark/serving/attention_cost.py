@@ -55,6 +55,7 @@ sys.path.insert(0, HERE)
 from serving_configs import (CONFIGS, LoadSettings, ServerSettings, bench_args, parse_int_list,  # noqa: E402
                              server_command)
 from serving_models import CONTEXT_LEN  # noqa: E402
+from serving_run import gpu_facts, healthy  # noqa: E402
 
 TREE_NODES_ENV = ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
 SGLANG_DECODE_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")
@@ -224,25 +225,6 @@ def validate(args) -> dict:
     return {"pairs": pairs, "cells": cells, "skipped": skipped, "settings": settings}
 
 
-def _healthy(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as r:
-            return r.status == 200
-    except Exception:
-        return False
-
-
-def _machine() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout.strip().splitlines()
-        return f"one {out[0]}" if out else "unknown GPU"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown GPU"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -283,11 +265,11 @@ def run(args, plan: dict, servers: dict) -> int:
     runs, notes = [], []
     try:
         deadline = time.monotonic() + min(args.server_timeout_s, left() - 60)
-        while time.monotonic() < deadline and not all(_healthy(p) for p, _, _ in servers.values()):
+        while time.monotonic() < deadline and not all(healthy(p) for p, _, _ in servers.values()):
             if any(proc.poll() is not None for proc in procs.values()):
                 break
             time.sleep(2)
-        down = [f"{k[0]}/{k[1]}" for k, (p, _, _) in servers.items() if not _healthy(p)]
+        down = [f"{k[0]}/{k[1]}" for k, (p, _, _) in servers.items() if not healthy(p)]
         if down:
             notes.append(f"servers not healthy after {time.monotonic() - start:.0f} s: {down}")
         notes.append(f"servers ready after {time.monotonic() - start:.0f} s")
@@ -339,7 +321,7 @@ def run(args, plan: dict, servers: dict) -> int:
 def write(args, plan: dict, runs: list[dict], notes: list[str]) -> None:
     rows = [r for pair, prompt_len, conc in plan["cells"] if (r := summarize(runs, pair, prompt_len, conc))]
     cost = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
-            "machine": _machine(),
+            "machine": gpu_facts()[1] or "unknown GPU",
             "settings": {"pairs": [dataclasses.asdict(p) for p in plan["pairs"]], "output_len": args.output_len,
                          "rounds": args.rounds, "waves": args.waves, "max_total_tokens": args.max_total_tokens,
                          "model": "8B-shape Llama target with an EAGLE draft (serving_models.py)"},
