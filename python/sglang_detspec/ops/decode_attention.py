@@ -77,7 +77,7 @@ def packed_shape(q, k_buffer, v_buffer) -> tuple:
 
 
 def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
-                  v_scale, *, logit_cap=0.0, page_size=1, num_stages=1):
+                  v_scale, *, logit_cap=0.0, page_size=1, num_stages=1, group_rows=None):
     """One decode step's attention through SGLang's single-pass kernel, a query-head group per tile.
 
     The same arithmetic per row as :func:`decode_as_extend` (same kernel, key
@@ -99,6 +99,8 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
         kv_indptr, kv_indices: request i's keys are ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``.
         sm_scale, k_scale, v_scale: floats, as SGLang's decode receives them.
         logit_cap, page_size: as SGLang's decode; ``num_stages``: the kernel's software pipelining depth.
+        group_rows: ``rows * G`` computed once by a caller that decodes every step (the packed rows'
+            offsets; sliced, so a decode step launches nothing for them); None computes it here.
 
     Returns:
         ``o``.
@@ -119,15 +121,17 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
         raise ValueError(f"head dims ({dim}, {v_dim}) must be at most the blocks' BLOCK_DMODEL + BLOCK_DPE "
                          f"({dmodel + dpe}) and BLOCK_DV ({dv}): blocks were made for other head dims")
     group = heads // kv_heads
-    if rows.numel() < n + 1:
-        rows = torch.arange(n + 1, dtype=torch.int64, device=q.device)
+    if group_rows is None or group_rows.numel() < n + 1:
+        if rows.numel() < n + 1:
+            rows = torch.arange(n + 1, dtype=torch.int64, device=q.device)
+        group_rows = rows[:n + 1] * group
     # Row b * group + g of KV head h is query head h * group + g of request b.
     qp = q.view(n, kv_heads, group, dim).transpose(1, 2).reshape(n * group, kv_heads, dim)
     op = torch.empty(n * group, kv_heads, v_dim, dtype=o.dtype, device=o.device)
     lens = (kv_indptr[1:n + 1] - kv_indptr[:n]).to(torch.int32)  # every key is a prefix key: none masked
     # A group above one tile's rows (MQA with more than 64 query heads) spans several row tiles.
     kernel[(n, kv_heads, -(-group // PACKED_BLOCK_M))](
-        qp, op, k_buffer, v_buffer, rows[:n + 1] * group, kv_indptr, kv_indices, lens, None, None, None, None,
+        qp, op, k_buffer, v_buffer, group_rows[:n + 1], kv_indptr, kv_indices, lens, None, None, None, None,
         sm_scale * k_scale, v_scale, 1, qp.stride(0), qp.stride(1), op.stride(0), op.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         k_buffer.stride(0) * page_size, k_buffer.stride(0), v_buffer.stride(0) * page_size, v_buffer.stride(0),

@@ -89,6 +89,8 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
     rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
     unified, sglangs = backend.extend_attention_fwd_unified, backend.decode_attention_fwd
     packed = _packed_kernel(backend, unified)
+    # The packed rows' offsets for the checked head counts (packed[2]), made once instead of at every layer call.
+    group_rows = rows * (packed[2][0] // packed[2][1]) if packed is not None else None
 
     @torch.compiler.disable  # as SGLang wraps its own decode: dynamo must not trace into the kernel launch
     def decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
@@ -103,7 +105,8 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
         if (packed is not None and sinks is None and score_mod is None and not logit_cap
                 and packed_shape(q, k_buffer, v_buffer) == packed[2]):
             return decode_packed(packed[0], packed[1], rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices,
-                                 sm_scale, k_scale, v_scale, logit_cap=logit_cap, page_size=page_size)
+                                 sm_scale, k_scale, v_scale, logit_cap=logit_cap, page_size=page_size,
+                                 group_rows=group_rows)
         return decode_as_extend(unified, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
                                 v_scale, logit_cap=logit_cap, sinks=sinks, page_size=page_size, score_mod=score_mod,
                                 aux_tensors=aux_tensors)

@@ -41,6 +41,9 @@ assert packable(hopper, (9, 0)) and not packable(hopper, (8, 0)) and not packabl
 assert not packable(hopper, (9, 5), hip=True)  # ROCm's gfx9 reports major 9 too
 out = decode_packed(ext._fwd_kernel_unified, hopper, rows, q, k, v, torch.empty_like(q), indptr, indices,
                     dim ** -0.5, 1.0, 1.0, page_size=page)
+given = decode_packed(ext._fwd_kernel_unified, hopper, rows, q, k, v, torch.empty_like(q), indptr, indices,
+                      dim ** -0.5, 1.0, 1.0, page_size=page, group_rows=rows * (heads // kv_heads))
+assert torch.equal(given, out)  # offsets made once by the caller: the same call
 one_row = decode_as_extend(ext.extend_attention_fwd_unified, rows, q, k, v, torch.empty_like(q), indptr, indices,
                            dim ** -0.5, 1.0, 1.0, page_size=page)
 group = heads // kv_heads
