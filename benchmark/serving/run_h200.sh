@@ -18,6 +18,9 @@ cd "$(dirname "$0")/../.."
 # SGLang finds the plugin through dist-info metadata: install this tree next to SGLang.
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . \
   > "$out/pip.log" 2>&1 || { tail -n 20 "$out/pip.log"; exit 1; }
+# py-spy for --host-profile (serving_host.py), when the kit carries its wheel.
+export PATH=/tmp/site/bin:$PATH
+bash scripts/h200/install_py_spy.sh || echo "run_h200.sh: py-spy not installed; --host-profile cells will be listed as missing" >&2
 # Budget: the caller's limit minus install time minus a margin for the final report.
 budget=${BUDGET_S:-$(( ${COMMAND_LIMIT_S:-590} - SECONDS - 20 ))}
 timeout -k 10 $(( budget + 15 )) python3 benchmark/serving/serving_run.py --out "$out" --models "${MODELS:-/tmp/detspec-serving-models}" \
@@ -28,4 +31,5 @@ if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$out")" "$(basename
 tail -n 5 "$out/serving.md" 2>/dev/null
 head -n 40 "$out/breakdown.md" 2>/dev/null
 cat "$out"/profile_*.txt 2>/dev/null | head -n 12
+head -n 60 "$out/host.md" 2>/dev/null
 exit $rc

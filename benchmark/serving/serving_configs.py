@@ -1,6 +1,6 @@
 """The server configurations of the end-to-end serving benchmark and the command lines that run them.
 
-Ten configurations, one SGLang 0.5.23 server each, on the same target and
+Eleven configurations, one SGLang 0.5.23 server each, on the same target and
 EAGLE draft (``serving_models.py``):
 
 ==== ================= ============================================================
@@ -19,6 +19,7 @@ h    plugin_coupled_race (d) with the user's own rejection flag and
                         drafts became the default; now the same path as (d))
 j    plugin_tree_nodes  (e) with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``: the FA3 tree verify
                         as one decode query per node (bitwise logits; its cost against (e))
+k    spec_fast_tree     (e)'s tree shape, no deterministic inference, no plugin: SGLang's own tree
 f    plugin_no_spec     deterministic inference without speculative decoding
 g    baseline           no speculative decoding, no deterministic inference
 ==== ================= ============================================================
@@ -49,7 +50,7 @@ class BenchConfig:
     """One server configuration.
 
     Attributes:
-        key: one letter, ``a``..``j``.
+        key: one letter, ``a``..``k``.
         name: file-name-safe identifier.
         title: one line for tables and plots.
         spec_args: speculative-decoding flags (without the draft path).
@@ -92,6 +93,10 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
                 (), True, (), True),
     BenchConfig("g", "baseline", "(g) no speculation, not deterministic",
                 (), False, (), False),
+    # Not in the default order: SGLang's own tree, not deterministic: what the tree costs SGLang itself
+    # (its host time per step beside (e)'s).
+    BenchConfig("k", "spec_fast_tree", "(k) EAGLE tree topk 4 / 8 tokens, not deterministic",
+                TREE, False, (), False),
     # Not in the default order: the node path's cost, measured beside (e) (--configs bej).
     BenchConfig("j", "plugin_tree_nodes", "(j) (e) with FA3 tree verify as decode queries per node",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")), True),

@@ -146,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--breakdown-start-tokens", type=int, default=64,
                    help="--breakdown: tokens every request has streamed when the profile starts (default 64: "
                         "the context then matches the cells' mean, input + output / 2)")
+    p.add_argument("--host-profile", default="",
+                   help="--breakdown: concurrencies at which the scheduler process is also sampled with py-spy "
+                        "during a lockstep wave (serving_host.py; e.g. 1,8); writes host.json. Default: none")
+    p.add_argument("--host-seconds", type=float, default=3.0,
+                   help="--host-profile: seconds of py-spy sampling per cell (default 3)")
+    p.add_argument("--host-output-len", type=int, default=1536,
+                   help="--host-profile: new tokens per request of the sampled wave; it must outlast the "
+                        "recording (default 1536)")
     p.add_argument("--breakdown-steps", type=int, default=8,
                    help="--breakdown: forwards profiled per cell (default 8; the first is left out)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
@@ -226,6 +234,17 @@ def validate(args) -> dict:
         if len(keys) > args.max_servers_per_gpu * gpus:
             raise ValueError(f"configs: --interleave holds every server at once: {len(keys)} servers need "
                              f"max_servers_per_gpu x gpus >= {len(keys)}, got {args.max_servers_per_gpu} x {gpus}")
+    host_concs = parse_int_list(args.host_profile, "host_profile", maximum=1024) if args.host_profile.strip() else []
+    if host_concs:
+        if mode not in ("breakdown", "combined"):
+            raise ValueError("host_profile: only with --breakdown (the host cells follow the breakdown cells)")
+        if not set(host_concs) <= set(concs):
+            raise ValueError(f"host_profile: {sorted(set(host_concs) - set(concs))} not in concurrency "
+                             f"{','.join(map(str, concs))}")
+        if not 0.5 <= args.host_seconds <= 60:
+            raise ValueError(f"host_seconds must lie in [0.5, 60], got {args.host_seconds}")
+        if not 256 <= args.host_output_len <= 32768:
+            raise ValueError(f"host_output_len must lie in [256, 32768], got {args.host_output_len}")
     if mode in ("breakdown", "combined"):
         capture = CaptureSettings(input_len=args.input_len, output_len=args.breakdown_output_len,
                                   start_tokens=args.breakdown_start_tokens, profile_steps=args.breakdown_steps)
@@ -237,6 +256,7 @@ def validate(args) -> dict:
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
                               mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend)
     needed = max(capture.kv_tokens(max(concs)) if capture else 0,
+                 max(host_concs, default=0) * (args.input_len + args.host_output_len + 16),
                  0 if mode == "breakdown" else max(il_concs) * (args.input_len + args.output_len + 16))
     if args.max_total_tokens < needed:
         raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)"
@@ -246,7 +266,7 @@ def validate(args) -> dict:
     label = args.label or os.path.basename(os.path.normpath(args.out)) or "run"
     return {"keys": keys, "concs": concs, "profile": profile, "load": load, "repeat": repeat, "settings": settings,
             "label": label, "mode": mode, "server_env": server_env, "server_args": server_args, "capture": capture,
-            "il_keys": il_keys, "il_concs": il_concs}
+            "il_keys": il_keys, "il_concs": il_concs, "host_concs": host_concs}
 
 
 def interleave_subset(args, mode: str, keys: list[str], concs: list[int]) -> tuple[list[str], list[int]]:
@@ -369,6 +389,8 @@ class Run:
         self.bd_rows: list[dict] = []  # breakdown.json rows so far
         self.bd_missing: list[dict] = []  # breakdown cells not measured, with the reason
         self.bd_anomalies: list[dict] = []
+        self.host_rows: list[dict] = []  # host.json rows so far
+        self.host_missing: list[dict] = []
 
     def left(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.t0)
@@ -626,6 +648,44 @@ class Run:
                      f"{result['steps']} steps, "
                      + ", ".join(f"{c} {v:.3f}" for c, v in top) + f" ({result['wall_s']:.0f} s)")
             self.write_breakdown()
+            if conc in self.plan["host_concs"]:
+                self.host_cell(s, conc, result)
+
+    def host_cell(self, s: Server, conc: int, bd: dict) -> None:
+        """The scheduler's host time at ``conc`` (``serving_host.capture``), beside breakdown cell ``bd``."""
+        import serving_host
+
+        config, capture = CONFIGS[s.key], self.plan["capture"]
+        left = self.left() - REPORT_RESERVE_S
+        why = None
+        if left < BREAKDOWN_MIN_CELL_S:
+            why = f"{self.left():.0f} s left of the command's budget"
+        elif serving_host.py_spy() is None:
+            why = "py-spy is not on PATH"
+        if why is None:
+            stacks = os.path.join(self.out, "host", f"{s.key}_{config.name}_c{conc}.txt")
+            os.makedirs(os.path.dirname(stacks), exist_ok=True)
+            try:
+                result = serving_host.capture(
+                    f"http://127.0.0.1:{s.port}", s.process.pid, conc, stacks, seconds=self.args.host_seconds,
+                    input_len=capture.input_len, output_len=self.args.host_output_len,
+                    start_tokens=capture.start_tokens, vocab=capture.vocab, seed=capture.seed + 7,
+                    time_left_s=min(left, 90.0))
+            except Exception as exc:  # the other cells are still worth measuring
+                why = f"{type(exc).__name__}: {exc}"[:500]
+        if why is not None:
+            self.host_missing.append({"config": s.key, "concurrency": conc, "why": why})
+            self.log(f"({s.key}) host c={conc} not measured: {why[:300]}")
+        else:
+            self.host_rows.append(serving_host.host_row(s.key, conc, result, bd["gpu_ms_per_step"].get("idle"),
+                                                        bd.get("step_ms")))
+            self.log(f"({s.key}) host c={conc}: {result['samples']} samples, split {result['split']}, "
+                     f"top {result['top_host_functions'][:3]}")
+        serving_host.write_host(self.out, {"date_utc": self.meta.get("date_utc"),
+                                           "machine": self.meta.get("gpu") or "unknown", "rows": self.host_rows,
+                                           "missing": self.host_missing, "label": self.plan["label"],
+                                           "server_env": self.plan["server_env"],
+                                           "server_args": self.plan["server_args"]})
 
     def write_breakdown(self, with_plot: bool = False) -> None:
         import serving_breakdown

@@ -68,19 +68,7 @@ chmod +x /tmp/site/bin/sglang
 
 # py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
 # stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed.
-if ! command -v py-spy >/dev/null; then
-  for w in /tmp/e2e/tools/py_spy-*.whl; do
-    [ -e "$w" ] || continue
-    python3 - "$w" <<'PY'
-import os, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z:
-    name = next(n for n in z.namelist() if n.endswith("/scripts/py-spy"))
-    with open("/tmp/site/bin/py-spy", "wb") as f:
-        f.write(z.read(name))
-os.chmod("/tmp/site/bin/py-spy", 0o755)
-PY
-  done
-fi
+bash "$(dirname "$0")/install_py_spy.sh"
 
 # A run that skips everything must not pass as a GPU run.
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
