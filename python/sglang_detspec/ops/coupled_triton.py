@@ -54,7 +54,7 @@ def _tree_positions_kernel(
     tl.store(out_ptr + b * N + lanes, t + depth, mask=lanes < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # the split count changes with the batch size
 def _coupled_walk_kernel(
     cand_ptr,  # tree: [B, N] int candidates; chain: [B, N-1] int draft tokens (node c holds cand[c-1])
     nxt_ptr,  # [B, N] int first child or -1 (tree only)
@@ -70,7 +70,7 @@ def _coupled_walk_kernel(
     nxt_sb,
     sib_sb,
     CHAIN: tl.constexpr,
-    SP: tl.constexpr,  # next power of two >= S
+    SP: tl.constexpr,  # a power of two >= S (triton_config.split_lanes: fixed per vocabulary)
     NP: tl.constexpr,  # next power of two >= N
     BIG: tl.constexpr,
 ):
@@ -126,7 +126,7 @@ def _walk(cand, nxt, sib, target_probs, seeds, positions, position_step, chain):
     _coupled_walk_kernel[(b,)](
         cand, nxt, sib, part_v, part_i, tokens, accept, path, n, splits,
         cand.stride(0), nxt.stride(0), sib.stride(0),
-        CHAIN=chain, SP=triton.next_power_of_2(splits), NP=triton.next_power_of_2(n), BIG=cfg.BIG,
+        CHAIN=chain, SP=cfg.split_lanes(target_probs.shape[2]), NP=triton.next_power_of_2(n), BIG=cfg.BIG,
     )
     return tokens, accept, path
 

@@ -26,7 +26,8 @@ def exponential_race(
     num_samples: int = 1,
     check: bool = True,
     kernel: str = "auto",
-) -> torch.Tensor:
+    return_scores: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Seeded categorical draw by exponential race (Gumbel-max), docs/design.md §3.
 
     Row b draws ``argmax_i w[b, i] * (1 / -log(u_i))`` with ``u_i`` the keyed
@@ -53,9 +54,14 @@ def exponential_race(
             to the host; pass False inside CUDA-graph capture. Shape, dtype and
             device checks always run.
         kernel: ``"auto"`` (Triton for CUDA tensors), ``"torch"`` or ``"triton"``.
+        return_scores: also return each winner's race score ``w * (1 / -log(u))``
+            (float64, the value the race compared; ``keys.race_keys`` of the
+            winners), so a caller that weighs the winners against each other
+            needs no second pass over their uniforms.
 
     Returns:
-        int64 [B, num_samples] token ids, on the weights' device.
+        int64 [B, num_samples] token ids, on the weights' device; with
+        ``return_scores`` the pair ``(ids, float64 [B, num_samples] scores)``.
 
     Memory: the torch reference walks V in chunks of ``clamp(2**20 // B, 1024, V)``
     columns, so its extra memory is about 64 MiB at most (8 temporaries of
@@ -92,10 +98,13 @@ def exponential_race(
                 f"{int((weights[row] > 0).sum())} positive entries"
             )
     if b == 0:
-        return torch.zeros(0, num_samples, dtype=torch.int64, device=dev)
+        empty = torch.zeros(0, num_samples, dtype=torch.int64, device=dev)
+        return (empty, empty.to(torch.float64)) if return_scores else empty
     if use_triton(kernel, dev):
         from .race_triton import race_triton
 
-        return race_triton(weights, seeds_t, pos_t, stream.salt, column_offset, num_samples)
+        return race_triton(weights, seeds_t, pos_t, stream.salt, column_offset, num_samples,
+                           return_scores=return_scores)
     lo, hi = key_words(seeds_t, stream.salt)
-    return race_reference(weights, row_prefix(lo, hi, pos_t), column_offset, num_samples)
+    return race_reference(weights, row_prefix(lo, hi, pos_t), column_offset, num_samples,
+                          return_scores=return_scores)

@@ -64,17 +64,21 @@ def race_reference(
     prefix: torch.Tensor,  # [B] int64, from hashing.row_prefix
     column_offset: torch.Tensor | int,  # int, or [B] int64: column of token 0
     num_samples: int,
-) -> torch.Tensor:
+    *,
+    return_scores: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Top-``num_samples`` race winners per row: int64 [B, num_samples].
 
-    Ties go to the smaller token index. Unchecked: callers validate.
+    With ``return_scores`` also their race scores (:func:`race_score`),
+    float64 [B, num_samples]. Ties go to the smaller token index.
+    Unchecked: callers validate.
     """
     b, v = weights.shape
     k = num_samples
     out_idx = torch.zeros(b, k, dtype=torch.int64, device=weights.device)
-    if b == 0:
-        return out_idx
     best_val = torch.full((b, k), -1.0, dtype=torch.float64, device=weights.device)
+    if b == 0:
+        return (out_idx, best_val) if return_scores else out_idx
     step = chunk_size(b, v)
     for start in range(0, v, step):
         w = weights[:, start : start + step]
@@ -96,5 +100,5 @@ def race_reference(
         order = torch.sort(cand_val, dim=1, descending=True, stable=True).indices[:, :k]
         best_val = cand_val.gather(1, order)
         out_idx = cand_idx.gather(1, order)
-    return out_idx
+    return (out_idx, best_val) if return_scores else out_idx
 

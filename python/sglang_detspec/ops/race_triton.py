@@ -20,7 +20,8 @@ from .triton_blocks import load_tile, race_split_argmax, split_bounds
 from .triton_hash import exact_score, may_reach, row_prefix, split_argmax
 
 
-@triton.jit(do_not_specialize=["col_offset"])
+# Split counts and widths change with the batch size: unspecialised, so a new batch size never compiles.
+@triton.jit(do_not_specialize=["col_offset", "num_splits", "split_cols"])
 def _race_argmax_kernel(
     w_ptr,  # [B, N, V] float (N = 1 for a plain race), strides (w_sb, w_sn, 1)
     seed_ptr,  # [B] int64, uint64 bits
@@ -55,7 +56,7 @@ def _race_argmax_kernel(
     tl.store(part_i_ptr + r.to(tl.int64) * num_splits + split, idx)
 
 
-@triton.jit(do_not_specialize=["col_offset"])
+@triton.jit(do_not_specialize=["col_offset", "num_splits", "split_cols"])
 def _race_topk_kernel(
     w_ptr,  # [B, V] float, row stride w_stride
     seed_ptr,  # [B] int64
@@ -109,15 +110,17 @@ def _race_topk_kernel(
     tl.store(part_i_ptr + base + slots, bi)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _race_reduce_kernel(
     part_v_ptr,  # [B, N] float64 candidates (N = S * KP), per-split lists in split order
     part_i_ptr,  # [B, N] int32 token ids
     out_ptr,  # [B, K] int64 out
+    score_ptr,  # [B, K] float64 out: each winner's race score (written with WITH_SCORES only)
     N,
     K: tl.constexpr,
-    NP: tl.constexpr,  # next power of two >= N
+    NP: tl.constexpr,  # a power of two >= N (triton_config.split_lanes: fixed per vocabulary)
     BIG: tl.constexpr,
+    WITH_SCORES: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.arange(0, NP)
@@ -127,6 +130,8 @@ def _race_reduce_kernel(
     for r in tl.static_range(K):
         m, i = split_argmax(v, ids, BIG)
         tl.store(out_ptr + row * K + r, i.to(tl.int64))
+        if WITH_SCORES:
+            tl.store(score_ptr + row * K + r, m)
         v = tl.where(ids == i, -3.0, v)
 
 
@@ -137,9 +142,13 @@ def race_triton(
     salt: int,  # stream salt, uint64
     column_offset: int,  # draft_step * V
     num_samples: int,
-) -> torch.Tensor:
+    *,
+    return_scores: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused exponential race: int64 [B, num_samples]. Unchecked: callers validate.
 
+    With ``return_scores`` also the winners' race scores, float64 [B,
+    num_samples] (``triton_hash.exact_score``, the value the race compared).
     CUDA-graph capturable: seeds and positions are read from device memory
     and nothing syncs with the host.
     """
@@ -165,8 +174,10 @@ def race_triton(
             num_warps=cfg.NUM_WARPS,
         )
     n = part_v.numel() // max(b, 1)
-    _race_reduce_kernel[(b,)](part_v, part_i, out, n, K=num_samples, NP=triton.next_power_of_2(n), BIG=cfg.BIG)
-    return out
+    scores = torch.empty(b, num_samples, dtype=torch.float64, device=dev) if return_scores else out
+    _race_reduce_kernel[(b,)](part_v, part_i, out, scores, n, K=num_samples, NP=cfg.split_lanes(v, kp), BIG=cfg.BIG,
+                              WITH_SCORES=return_scores)
+    return (out, scores) if return_scores else out
 
 
 def race_rows_argmax(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from .keys import race_keys
 from .race import exponential_race
 from .streams import Stream
 
@@ -32,7 +31,8 @@ def coupled_children(
     would make them the target's winner. Unchecked, no host sync
     (CUDA-graph capturable); callers pass valid weights, seeds, positions.
     """
-    children = exponential_race(weights, seeds, positions, stream=Stream.TARGET, num_samples=k, check=False,
-                                kernel=kernel)
-    keys = race_keys(weights.gather(1, children), seeds, positions, children, Stream.TARGET)
+    # The race's own scores of its winners: recomputing them (keys.race_keys) is a chain of small
+    # hash kernels, launched from the host at every draft extend outside the draft CUDA graph.
+    children, keys = exponential_race(weights, seeds, positions, stream=Stream.TARGET, num_samples=k, check=False,
+                                      kernel=kernel, return_scores=True)
     return children, keys / keys[:, :1].clamp(min=torch.finfo(torch.float64).tiny)

@@ -23,6 +23,21 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def max_splits(vocab: int) -> int:
+    """The most splits :func:`plan_splits` gives a row of ``vocab`` columns: one per tile."""
+    return max(1, -(-vocab // BLOCK))
+
+
+def split_lanes(vocab: int, per_split: int = 1) -> int:
+    """Lanes of a kernel that reads ``per_split`` partials of every split at once: a power of two.
+
+    Sized for :func:`max_splits`, not for the batch's own split count, so a
+    kernel is compiled once per vocabulary instead of once per batch size
+    (the batch's count is a run-time argument, masked).
+    """
+    return 1 << (max_splits(vocab) * per_split - 1).bit_length()
+
+
 def plan_splits(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
     """``(S, columns per split)`` for ``rows`` rows of ``vocab`` columns.
 

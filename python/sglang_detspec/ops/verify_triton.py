@@ -25,7 +25,8 @@ from .triton_hash import INV_2_32, hash_column, inverse_exponential, may_reach, 
 _ACC, _RES, _BON = Stream.ACCEPT.salt, Stream.RESAMPLE.salt, Stream.BONUS.salt
 
 
-@triton.jit
+# Split counts and widths change with the batch size: unspecialised, so a new batch size never compiles.
+@triton.jit(do_not_specialize=["num_splits", "split_cols"])
 def _verify_race_kernel(
     x_ptr,  # [B, K] int64 draft tokens, row stride K
     q_ptr,  # [B, K, V] float draft probs, strides (q_sb, q_sk, 1)
@@ -103,7 +104,7 @@ def _verify_race_kernel(
     tl.store(part_any_ptr + base, tl.max(any_pos, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _verify_emit_kernel(
     x_ptr,  # [B, K] int64 draft tokens
     acc_ptr,  # [B] int64 accept lengths
@@ -113,7 +114,7 @@ def _verify_emit_kernel(
     tok_ptr,  # [B, K+1] int64 out
     K,
     num_splits,
-    SP: tl.constexpr,  # next power of two >= S
+    SP: tl.constexpr,  # a power of two >= S (triton_config.split_lanes: fixed per vocabulary)
     KP1: tl.constexpr,  # next power of two >= K+1
     BIG: tl.constexpr,
 ):
@@ -172,6 +173,6 @@ def verify_triton(
     )
     _verify_emit_kernel[(b,)](
         draft_tokens, acc, part, part_i, part_any, tokens, k, splits,
-        SP=triton.next_power_of_2(splits), KP1=triton.next_power_of_2(k + 1), BIG=cfg.BIG,
+        SP=cfg.split_lanes(v), KP1=triton.next_power_of_2(k + 1), BIG=cfg.BIG,
     )
     return tokens, acc

@@ -47,6 +47,9 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   ``sglang`` keeps SGLang's own matmul).
 - ``norm_hook``: SGLang's RMSNorm, plain and with the residual add, runs one
   fused batch-invariant kernel per norm.
+- ``warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): the plugin's
+  Triton kernels that run outside CUDA graphs are compiled at start-up,
+  not inside the first requests.
 
 :func:`hook_table` is the one list of every change the plugin makes to
 SGLang: the registry's hooks (BEFORE, AFTER, AROUND) and the changes those
@@ -67,7 +70,7 @@ from ..config import current_config
 from . import (
     attention_hook, channels, draft_hook, gemm_hook, input_hook, norm_hook, probs_hook, request_hook, resolve,
     seed_hook, startup,
-    target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook,
+    target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook, warmup_hook,
 )
 
 ENTRY_POINT_NAME = "detspec"
@@ -165,6 +168,7 @@ def hook_table() -> list[Hook]:
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
+        Hook(warmup_hook.TARGET, warmup_hook.compile_kernels, "BEFORE"),
         Hook(gemm_hook.TARGET, gemm_hook.plugin_matmul, "AROUND", _GEMM_SETTING),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),

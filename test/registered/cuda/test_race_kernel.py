@@ -61,6 +61,11 @@ def test_kernel_equals_reference(b, v, k, step, kind, stream):
     want = exponential_race(w, seeds, pos, kernel="torch", **kw)
     assert got.device.type == "cuda"
     assert torch.equal(got, want)
+    # The winners' scores, as the kernel compared them, are the reference's float64 values bit for bit.
+    got_ids, got_scores = exponential_race(w, seeds, pos, kernel="triton", return_scores=True, **kw)
+    want_ids, want_scores = exponential_race(w, seeds, pos, kernel="torch", return_scores=True, **kw)
+    assert torch.equal(got_ids, got) and torch.equal(want_ids, want)
+    assert got_scores.dtype == torch.float64 and torch.equal(got_scores, want_scores)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])

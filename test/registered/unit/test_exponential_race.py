@@ -153,6 +153,30 @@ def test_zero_weight_never_drawn():
 def test_empty_batch_returns_empty():
     out = exponential_race(torch.ones(0, 10), [], [], stream="draft", num_samples=2)
     assert out.shape == (0, 2) and out.dtype == torch.int64
+    ids, scores = exponential_race(torch.ones(0, 10), [], [], stream="draft", num_samples=2, return_scores=True)
+    assert ids.shape == scores.shape == (0, 2) and scores.dtype == torch.float64
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_returned_scores_are_the_winners_race_keys_and_the_full_matrix_values(k, monkeypatch):
+    """The scores the race returns are its winners' keys: the materialized score matrix's values there,
+    and ``race_keys`` of the winners, bit for bit (the chunked walk keeps each value it compared)."""
+    from sglang_detspec.ops import race_keys
+
+    gen = torch.Generator().manual_seed(11)
+    b, v = 9, 3000
+    monkeypatch.setattr(race_ref, "CHUNK_ELEMENTS", 1)  # chunks of MIN_CHUNK = 1024 columns: three chunks
+    w = torch.rand(b, v, generator=gen, dtype=torch.float32) ** 4
+    w[:, ::7] = 0
+    seeds = torch.randint(0, 2**62, (b,), generator=gen)
+    pos = torch.randint(0, 2**31, (b,), generator=gen)
+    ids, scores = exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, return_scores=True)
+    assert torch.equal(ids, exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k))
+    u = hash_uniform(seeds.tolist(), pos.tolist(), range(v), salt=Stream.TARGET)
+    matrix = w.double() * torch.reciprocal(-torch.log(u))
+    assert torch.equal(scores, matrix.gather(1, ids))
+    assert torch.equal(scores, race_keys(w.gather(1, ids), seeds, pos, ids, Stream.TARGET))
+    assert bool((scores[:, :-1] >= scores[:, 1:]).all())  # in race order
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

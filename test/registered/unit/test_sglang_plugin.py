@@ -101,6 +101,7 @@ HOOKED = {
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
     "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent",
     "sglang.srt.layers.layernorm.RMSNorm.forward_cuda",
+    "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs",
     *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (
         "__init__", "init_cuda_graph_state", "init_forward_metadata", "init_forward_metadata_out_graph",
         "forward_extend")),

@@ -1,0 +1,100 @@
+"""Compile every Triton kernel a server launches outside its CUDA graphs before its first request.
+
+Triton compiles a kernel at its first launch with a new specialisation; on
+the serving path the first verify, draft extend or prefill sample of a
+server would pay that (hundreds of milliseconds per kernel) inside a
+request. The split counts that change with the batch size are unspecialised
+run-time arguments (``triton_config.split_lanes``), so one launch per
+(op, vocabulary, draft shape) compiles everything a server needs, whatever
+batch sizes follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .coupled import coupled_verify_chain, coupled_verify_tree
+from .kernel_choice import use_triton
+from .race import exponential_race
+from .streams import Stream
+from .verify import verify_chain
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupPlan:
+    """What one server launches eagerly.
+
+    Attributes:
+        vocabs: vocabulary sizes its races run over (the target's; a reduced
+            draft vocabulary's too), each >= 1.
+        draft_tokens: K of a coupled chain verify (``num_draft_tokens - 1``), or 0.
+        tree_nodes: N of a coupled tree verify (``num_draft_tokens``), or 0.
+        topk: children per tree node (``eagle_topk``), 1 for chains.
+        rejection: the chain verifies by rejection sampling (``verify_chain``).
+
+    Raises:
+        ValueError: a field out of range, naming it and the bound.
+    """
+
+    vocabs: tuple[int, ...]
+    draft_tokens: int = 0
+    tree_nodes: int = 0
+    topk: int = 1
+    rejection: bool = False
+
+    def __post_init__(self):
+        if not self.vocabs or any(not isinstance(v, int) or v < 1 for v in self.vocabs):
+            raise ValueError(f"vocabs must be a non-empty tuple of ints >= 1, got {self.vocabs!r}")
+        for name, lo in (("draft_tokens", 0), ("tree_nodes", 0), ("topk", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not lo <= value <= 4096:
+                raise ValueError(f"{name} must be an int in [{lo}, 4096], got {value!r}")
+
+
+def warm_up(plan: WarmupPlan, device: torch.device, *, kernel: str = "auto") -> int:
+    """Launch each op of ``plan`` once on ``device`` with one row; returns the number of launches.
+
+    The samplers' races (TARGET and DRAFT streams, top-1 and top-k with
+    scores, as the draft children take them), the coupled chain and tree
+    verifies and the rejection verify, over float32 weights as the hooks pass
+    them. Nothing is launched where ``kernel`` resolves to the torch
+    reference (it compiles nothing). Synchronises once at the end.
+    """
+    if not use_triton(kernel, device):
+        return 0
+    seeds = torch.zeros(1, dtype=torch.int64, device=device)
+    pos = torch.ones(1, dtype=torch.int64, device=device)
+    launched = 0
+    for v in plan.vocabs:
+        w = torch.ones(1, v, dtype=torch.float32, device=device)
+        for k in sorted({1, min(plan.topk, v)}):
+            exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, check=False, kernel=kernel)
+            exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, check=False, kernel=kernel,
+                             return_scores=True)
+            launched += 2
+        exponential_race(w, seeds, pos, stream=Stream.DRAFT, check=False, kernel=kernel)
+        launched += 1
+    v = plan.vocabs[0]
+    if plan.draft_tokens:
+        k = plan.draft_tokens
+        drafts = torch.zeros(1, k, dtype=torch.int64, device=device)
+        target = torch.ones(1, k + 1, v, dtype=torch.float32, device=device)
+        coupled_verify_chain(drafts, target, seeds, pos, check=False, kernel=kernel)
+        launched += 1
+        if plan.rejection:
+            draft = torch.ones(1, k, v, dtype=torch.float32, device=device)
+            verify_chain(drafts, draft, target, seeds, pos, check=False, kernel=kernel)
+            launched += 1
+    if plan.tree_nodes:
+        n = plan.tree_nodes
+        cand = torch.zeros(1, n, dtype=torch.int64, device=device)
+        first = torch.full((1, n), -1, dtype=torch.int64, device=device)
+        first[0, : n - 1] = torch.arange(1, n, device=device)  # a chain is a tree
+        sibling = torch.full((1, n), -1, dtype=torch.int64, device=device)
+        target = torch.ones(1, n, v, dtype=torch.float32, device=device)
+        coupled_verify_tree(cand, first, sibling, target, seeds, pos, check=False, kernel=kernel)
+        launched += 1
+    torch.cuda.synchronize(device)
+    return launched

@@ -1,0 +1,59 @@
+"""Start-up: the plugin's Triton kernels compiled before the server takes requests.
+
+Hooked symbol (BEFORE): ``sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs``,
+which every scheduler process calls once, after the models and attention
+backends are set up and before CUDA-graph capture. The plugin's verify,
+draft-extend children and prefill samples run outside CUDA graphs; without
+this their first launches compile inside the first requests (measured as
+Triton compilation in a serving profile, docs/benchmarks/determinism_tax/).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..config import current_config
+from ..ops.warmup import WarmupPlan, warm_up
+
+TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
+
+
+def plan_for(bag, target_vocab: int, draft_vocab: int | None = None) -> WarmupPlan:
+    """The eager launches of a server with bag ``bag``: its vocabularies and its draft shape.
+
+    A chain's verify may come through SGLang's chain sampler or its tree
+    sampler (without the rejection flag), so chains warm both.
+    """
+    vocabs = (target_vocab,) if draft_vocab in (None, target_vocab) else (target_vocab, draft_vocab)
+    if bag.algorithm is None or not bag.num_draft_tokens:
+        return WarmupPlan(vocabs)
+    topk = bag.eagle_topk or 1
+    n = bag.num_draft_tokens
+    return WarmupPlan(vocabs, draft_tokens=n - 1 if topk == 1 else 0, tree_nodes=n, topk=topk,
+                      rejection=not bag.coupled and topk == 1)
+
+
+def compile_kernels(scheduler, *args, **kwargs) -> None:
+    """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`ops.warmup.warm_up` of :func:`plan_for`.
+
+    Only in runs whose seeded streams are active, and only on CUDA. The
+    target's vocabulary comes from its model runner; a reduced draft
+    vocabulary (EAGLE3 ``d2t``, a token map) from the draft worker's
+    ``hot_token_id``.
+    """
+    bag = current_config()
+    if not bag.active or not torch.cuda.is_available():
+        return None
+    runner = scheduler.tp_worker.model_runner
+    draft = getattr(getattr(scheduler, "draft_worker", None), "draft_worker", None)
+    hot = getattr(draft, "hot_token_id", None)
+    plan = plan_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
+    started = time.monotonic()
+    launched = warm_up(plan, torch.device("cuda", torch.cuda.current_device()), kernel=bag.kernel)
+    logging.getLogger("sglang_detspec").info(
+        "sglang-detspec: %d kernel launches compiled before serving in %.1f s (%s)", launched,
+        time.monotonic() - started, plan)
+    return None

@@ -1,0 +1,76 @@
+"""The start-up warm-up compiles every kernel the serving path launches eagerly: later batch sizes compile nothing.
+
+A server's verify, draft-extend children and prefill samples run outside CUDA
+graphs with a batch size that changes every step; a kernel specialised on a
+batch-dependent argument (the split count, its power-of-two lane width)
+would compile again inside a request. After ``ops.warmup.warm_up`` of a
+plan, the same ops at batch sizes that cross every split-count change must
+hit Triton's kernel cache only, and give the reference's bits.
+"""
+
+import pytest
+import torch
+
+from _register import register_cuda_ci
+from sglang_detspec.ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race
+from sglang_detspec.ops import coupled_triton, race_triton, triton_config, verify_triton
+from sglang_detspec.ops.verify import verify_chain
+from sglang_detspec.ops.warmup import WarmupPlan, warm_up
+
+register_cuda_ci(est_time=90, suite="detspec-kernels-cuda")
+
+DEV = torch.device("cuda", 0)
+KERNELS = (race_triton._race_argmax_kernel, race_triton._race_topk_kernel, race_triton._race_reduce_kernel,
+           coupled_triton._coupled_walk_kernel, coupled_triton._tree_positions_kernel,
+           verify_triton._verify_race_kernel, verify_triton._verify_emit_kernel)
+
+
+def compiled() -> int:
+    """Kernels in Triton's in-process caches, over every device and every kernel above."""
+    return sum(len(cache[0]) for k in KERNELS for cache in k.device_caches.values())
+
+
+@pytest.mark.parametrize("vocab", [32000, 128256])
+def test_no_batch_size_compiles_after_the_warm_up(vocab):
+    plan = WarmupPlan((vocab,), draft_tokens=3, tree_nodes=8, topk=4, rejection=True)
+    assert warm_up(plan, DEV) > 0
+    before = compiled()
+    sm = torch.cuda.get_device_properties(DEV).multi_processor_count
+    target = triton_config.PROGRAMS_PER_SM * sm
+    # Batch sizes on both sides of the split count's changes, up to one split per row.
+    sizes = sorted({1, 2, 3, 5, 7, 16, 33, 64, 100, 128, 255, target // 8, target // 3, target, target + 1})
+    splits = {triton_config.plan_splits(b, vocab, DEV)[0] for b in sizes}
+    assert len(splits) >= 6  # the sizes do cross many split counts
+    gen = torch.Generator(device=DEV).manual_seed(vocab)
+    for b in sizes:
+        w = torch.rand(b, vocab, generator=gen, device=DEV) ** 8
+        seeds = torch.randint(0, 2**62, (b,), generator=gen, device=DEV)
+        pos = torch.randint(0, 2**31, (b,), generator=gen, device=DEV)
+        for k in (1, 4):
+            got = exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, return_scores=True)
+            want = exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, return_scores=True,
+                                    kernel="torch")
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (b, k)
+        rows = max(1, b // 8)
+        p = torch.rand(rows, 8, vocab, generator=gen, device=DEV) ** 8
+        x = torch.randint(0, vocab, (rows, 3), generator=gen, device=DEV)
+        got = coupled_verify_chain(x, p[:, :4], seeds[:rows], pos[:rows], check=False)
+        want = coupled_verify_chain(x, p[:, :4], seeds[:rows], pos[:rows], check=False, kernel="torch")
+        assert all(torch.equal(g, h) for g, h in zip(got, want)), b
+        nxt = torch.full((rows, 8), -1, dtype=torch.int64, device=DEV)
+        nxt[:, :7] = torch.arange(1, 8, device=DEV)
+        sib = torch.full((rows, 8), -1, dtype=torch.int64, device=DEV)
+        cand = torch.randint(0, vocab, (rows, 8), generator=gen, device=DEV)
+        got = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False)
+        want = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False, kernel="torch")
+        assert all(torch.equal(g, h) for g, h in zip(got, want)), b
+        q = torch.rand(rows, 3, vocab, generator=gen, device=DEV) ** 8
+        verify_chain(x, q, p[:, :4], seeds[:rows], pos[:rows], check=False)
+    assert compiled() == before, "a batch size compiled a kernel after the warm-up"
+
+
+def test_plan_checks_its_fields():
+    with pytest.raises(ValueError, match="vocabs must be a non-empty tuple"):
+        WarmupPlan(())
+    with pytest.raises(ValueError, match=r"topk must be an int in \[1, 4096\], got 0"):
+        WarmupPlan((10,), topk=0)

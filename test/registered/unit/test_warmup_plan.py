@@ -1,0 +1,46 @@
+"""What the start-up warm-up compiles for a server (sglang_plugin.warmup_hook.plan_for, ops.warmup.WarmupPlan)."""
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec import sglang_plugin
+from sglang_detspec.config import DetSpecConfig
+from sglang_detspec.ops.warmup import WarmupPlan, warm_up
+from sglang_detspec.sglang_plugin import warmup_hook
+
+register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
+
+
+def bag(**kw):
+    return DetSpecConfig(deterministic=True, **kw)
+
+
+def test_plans_follow_the_draft_shape():
+    assert warmup_hook.plan_for(bag(), 1000) == WarmupPlan((1000,))
+    chain = warmup_hook.plan_for(bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4), 1000)
+    assert chain == WarmupPlan((1000,), draft_tokens=3, tree_nodes=4, topk=1, rejection=False)
+    rejection = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4, verify="rejection")
+    assert warmup_hook.plan_for(rejection, 1000).rejection
+    tree = warmup_hook.plan_for(bag(algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8), 1000, 300)
+    assert tree == WarmupPlan((1000, 300), draft_tokens=0, tree_nodes=8, topk=4, rejection=False)
+    assert warmup_hook.plan_for(bag(algorithm="EAGLE3", eagle_topk=1, num_draft_tokens=4), 1000, 1000).vocabs == (1000,)
+
+
+def test_plan_bounds_name_the_field():
+    with pytest.raises(ValueError, match="vocabs must be a non-empty tuple of ints >= 1"):
+        WarmupPlan((0,))
+    with pytest.raises(ValueError, match=r"tree_nodes must be an int in \[0, 4096\], got -1"):
+        WarmupPlan((5,), tree_nodes=-1)
+
+
+def test_the_torch_reference_compiles_nothing():
+    assert warm_up(WarmupPlan((50,), draft_tokens=3, tree_nodes=4), torch.device("cpu")) == 0
+
+
+def test_the_hook_runs_before_cuda_graph_capture():
+    rows = [r for r in sglang_plugin.hook_table() if r.hook is warmup_hook.compile_kernels]
+    assert [(r.target, r.kind) for r in rows] == [(warmup_hook.TARGET, "BEFORE")]
+    from sglang.srt.managers.scheduler import Scheduler
+
+    assert callable(Scheduler.init_all_cuda_graphs)
