@@ -80,6 +80,7 @@ _KERNEL_ONLY = "None in SGLang builds without the CUDA kernel (CPU-only): nothin
 _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel's CUDA library): no FA3 "
               "backend to hook there")
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
+_WARMUP_ONLY = "speed only: without it the plugin's eager kernels compile inside the first requests"
 _GEMM_SETTING = "required only with SGLANG_DETSPEC_GEMM=plugin: SGLANG_DETSPEC_GEMM=sglang (the default) keeps SGLang's own matmul"
 
 _registered = False
@@ -168,7 +169,7 @@ def hook_table() -> list[Hook]:
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
-        Hook(warmup_hook.TARGET, warmup_hook.compile_kernels, "BEFORE"),
+        Hook(warmup_hook.TARGET, warmup_hook.compile_kernels, "BEFORE", _WARMUP_ONLY),
         Hook(gemm_hook.TARGET, gemm_hook.plugin_matmul, "AROUND", _GEMM_SETTING),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),
