@@ -3,8 +3,9 @@
 # written unless present, servers, bench_serving at concurrency 1/8/32/128 with repetitions,
 # profile, report). Results land in $OUT (default /tmp/detspec-serving), also packed into
 # $ARCHIVE when set; extra arguments go to serving_run.py, e.g. --configs bd --profile d, or
-# --breakdown (GPU time per step by kernel class) or --interleave (paired ratios to (a) and (b)),
-# or both on the same servers (--breakdown --interleave: the breakdown first).
+# --breakdown (GPU time per step by kernel class) or --interleave (at most three servers, rounds
+# in alternating order with equal prompt counts: paired ratios to (a), (b), (g)), or both on the
+# same servers (--breakdown --interleave: the breakdown first).
 # A 600 s command holds (b) and one or two more configurations (scripts/h200/README.md);
 # serving_report.py OUT1 OUT2 ... --out DIR merges several commands into one report.
 #   COMMAND_LIMIT_S=590 bash benchmark/serving/run_h200.sh --configs bd --profile d

@@ -34,7 +34,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serving_configs import LoadSettings, RepeatSettings, bench_args, shell_line  # noqa: E402
-from serving_interleave import schedule  # noqa: E402
+from serving_interleave import common_prompts, pairable, schedule  # noqa: E402
 
 
 def import_bench_serving():
@@ -256,12 +256,16 @@ def run_interleaved(spec: dict, *, run=run_bench, clock=time.monotonic) -> int:
     (LoadSettings / RepeatSettings fields: ``min_seconds``, ``margin`` and
     the first-run prompt rule apply), ``rounds``, optionally ``time_left_s``.
     Every run is one row of ``<out>/results.jsonl`` with ``round`` (0:
-    calibration, a warm-up never counted) and ``interleaved: true``. A
-    (round, concurrency) group of runs starts only when all of it is
-    predicted to end before the time limit (from each configuration's
-    calibration: seconds per prompt plus the call's overhead); a cell left
-    with fewer valid rounds than ``rounds`` gets a ``note`` row saying why.
-    ``run`` and ``clock`` are bench_serving and ``time.monotonic`` except in tests.
+    calibration, a warm-up never counted) and ``interleaved: true``; the
+    runs of one (round, concurrency) have the same ``num_prompts``
+    (``serving_interleave.common_prompts``). A (round, concurrency) group
+    starts only when all of it is predicted to end before the time limit
+    (from each configuration's last run: seconds per prompt plus the call's
+    overhead) and only with configurations that can still be paired (a
+    server that failed a run leaves the later rounds, and so does a
+    configuration whose reference left); a cell left with fewer valid
+    rounds than ``rounds`` gets a ``note`` row saying why. ``run`` and
+    ``clock`` are bench_serving and ``time.monotonic`` except in tests.
     """
     load = LoadSettings(**spec["load"])
     repeat = RepeatSettings(**spec["repeat"])
@@ -273,18 +277,26 @@ def run_interleaved(spec: dict, *, run=run_bench, clock=time.monotonic) -> int:
     os.makedirs(raw, exist_ok=True)
     results = os.path.join(out, "results.jsonl")
     plan = schedule(list(servers), list(spec["concurrencies"]), rounds)
-    prompts: dict[tuple[str, int], int] = {}
+    prompts: dict[int, int] = {}  # concurrency -> every configuration's prompt count
     cost: dict[tuple[str, int], tuple[float, float]] = {}  # seconds per prompt, overhead per call
     valid: dict[tuple[str, int], int] = {}
     skipped: dict[tuple[str, int], str] = {}
+    failed: dict[str, str] = {}  # key -> why its server left the protocol
     failures = 0
     groups: dict[tuple[int, int], list[str]] = {}
     for rnd, conc, key in plan:
         groups.setdefault((rnd, conc), []).append(key)
-    for (rnd, conc), keys in groups.items():
+    for (rnd, conc), planned in groups.items():
+        keys = pairable([k for k in planned if k not in failed])
+        if len(keys) < 2:
+            alone = f"round {rnd}: no pair left (failed: {', '.join(failed)})"
+            for k in planned:
+                skipped.setdefault((k, conc), failed.get(k) or alone)
+            continue
         if rnd > 0:
-            keys = [k for k in keys if (k, conc) in prompts]
-            predicted = sum(cost[(k, conc)][0] * prompts[(k, conc)] + cost[(k, conc)][1] for k in keys)
+            if conc not in prompts:
+                continue  # not calibrated: the reason is recorded already
+            predicted = sum(cost[(k, conc)][0] * prompts[conc] + cost[(k, conc)][1] for k in keys)
             if predicted > deadline - clock():
                 for k in keys:
                     skipped.setdefault((k, conc), f"round {rnd} predicted to take {predicted:.0f} s, "
@@ -294,9 +306,10 @@ def run_interleaved(spec: dict, *, run=run_bench, clock=time.monotonic) -> int:
             for k in keys:
                 skipped.setdefault((k, conc), "no time left to calibrate")
             continue
+        n = repeat.start_prompts(load, conc) if rnd == 0 else prompts[conc]
+        durations = []
         for key in keys:
             server = servers[key]
-            n = repeat.start_prompts(load, conc) if rnd == 0 else prompts[(key, conc)]
             tag = f"{server['name']}_c{conc}_i{rnd}"
             raw_file = os.path.join(raw, f"{tag}.jsonl")
             args = bench_args(server["url"], spec["tokenizer"], conc, load, output_file=raw_file, tag=tag,
@@ -311,20 +324,27 @@ def run_interleaved(spec: dict, *, run=run_bench, clock=time.monotonic) -> int:
                   + (row.get("error") or f"{row['duration_s']} s, {row.get('output_throughput', 0):.1f} tok/s"),
                   flush=True)
             if "error" in row:
-                prompts.pop((key, conc), None)  # no more runs of a cell whose server answers with errors
-                skipped[(key, conc)] = f"round {rnd} failed ({row['error'][:200]})"
+                failed[key] = f"round {rnd} c={conc} failed ({row['error'][:200]})"  # no more runs of it
+                skipped[(key, conc)] = failed[key]
                 continue
             duration = row["duration_s"]
+            durations.append(duration)
             cost[(key, conc)] = (duration / n, max(0.0, row["wall_s"] - duration))
             valid[(key, conc)] = valid.get((key, conc), 0) + int(row["valid"])
-            if rnd == 0 or not row["valid"]:  # calibrate (again): runs of about margin x min_seconds
-                prompts[(key, conc)] = n if duration >= repeat.margin * repeat.min_seconds else \
-                    repeat.next_prompts(n, duration, conc)
+            if rnd > 0 and not row["valid"]:
+                skipped.setdefault((key, conc), f"round {rnd} lasted {duration:g} s, less than min_seconds "
+                                                f"({repeat.min_seconds:g} s)")
+        # Calibrate (again) from the fastest run: after round 0, or when a round's fastest run was short.
+        if durations and (rnd == 0 or min(durations) < repeat.min_seconds):
+            prompts[conc] = common_prompts(repeat, n, durations, conc)
+        elif rnd == 0:
+            for k in keys:
+                skipped.setdefault((k, conc), "calibration failed")
     for key, server in servers.items():
         for conc in spec["concurrencies"]:
             got = valid.get((key, conc), 0)
             if got < rounds:
-                why = skipped.get((key, conc), "not reached")
+                why = skipped.get((key, conc)) or failed.get(key) or "not reached"
                 _append(results, {"key": key, "name": server["name"], "title": server["title"],
                                   "concurrency": conc, "interleaved": True, "valid": False,
                                   "note": f"{got} valid round(s) of {rounds}: {why}"})

@@ -28,7 +28,9 @@ Runs of the interleaved protocol (``serving_run.py --interleave``; rows with
 round of one command (``serving_interleave.py``): ``serving.json`` gets
 ``"interleaved": true``, ``"ratio_to_a": {"<config>": {"<concurrency>":
 median}}`` and ``ratio_to_a_spread`` (min, max, n rounds), the same to (b)
-and (g) where a command ran them, and ``serving.md`` their tables.
+and (g) where a command ran them, ``"rounds": {"<config>":
+{"<concurrency>": int}}`` (the rounds measured, summed over the commands),
+and ``serving.md`` their tables.
 
 Writes ``serving.md``, ``serving.json`` and one PNG per metric (medians, bars
 from min to max).
@@ -213,7 +215,8 @@ def summarize(commands: list[Command]) -> dict:
     ``ratios`` (label -> field -> key -> concurrency -> :func:`ratio` or None,
     for the keys of ``RATIO_KEYS`` that command measured), ``no_reference``
     ((label, key, concurrency) where that command measured the key but not
-    (b)), ``fewer`` ((label, key, concurrency, n, repeats, reasons) with
+    (b); interleaved commands left out, their references being paired per
+    round), ``fewer`` ((label, key, concurrency, n, repeats, reasons) with
     0 < n < repeats) and ``missing`` ((label, key, concurrency, reasons)
     planned without a valid run).
 
@@ -255,6 +258,7 @@ def summarize(commands: list[Command]) -> dict:
                 elif cell["n"] < repeats:
                     summary["fewer"].append((label, key, conc, cell["n"], repeats, cell["errors"] + cell["notes"]))
         measured = {(k, c) for (lab, k, c), cell in summary["cells"].items() if lab == label and cell["n"]}
+        paired = any(r.get("interleaved") is True for r in command.rows)
         per_field = {}
         for field in RATIO_FIELDS:
             per_key = {}
@@ -263,7 +267,8 @@ def summarize(commands: list[Command]) -> dict:
                 for conc in sorted({c for _, c in table} | set(concs)):
                     per_key[key][conc] = ratio(summary["cells"].get((label, key, conc)),
                                                summary["cells"].get((label, REFERENCE_KEY, conc)), field)
-                    if field == RATIO_FIELDS[0] and (key, conc) in measured and (REFERENCE_KEY, conc) not in measured:
+                    if (field == RATIO_FIELDS[0] and not paired and (key, conc) in measured
+                            and (REFERENCE_KEY, conc) not in measured):
                         summary["no_reference"].append((label, key, conc))
             per_field[field] = per_key
         summary["ratios"][label] = per_field

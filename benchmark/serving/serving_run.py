@@ -42,14 +42,16 @@ rewriting:
   A cell not measured (time, a failed server, a wave that never filled) is
   listed with the reason; a cell whose kernel sequence does not fit the layer
   pattern is still measured, by kernel name only (marked ``*``).
-- ``--interleave`` (default ``abd``; (a) required): every server is started
-  at once; when none is starting any more, the driver runs the interleaved
-  protocol over the ready ones (``serving_interleave.py``: per round and
-  concurrency a, X1, X2, ...) and ``serving.json`` gains ``ratio_to_a``
-  (and to (b), (g)) from runs of the same round.
-- ``--breakdown --interleave`` (default ``adefg``; (a) required): both on
-  the same servers, started once, all at once. Every breakdown cell runs
-  first (one server at a time, the others idle); the time left then goes to
+- ``--interleave`` (default ``abd``; at most three servers, each with its
+  reference: (a), or (g) for (f)): every server is started at once; when
+  none is starting any more, the driver runs the interleaved protocol over
+  the ready ones (``serving_interleave.py``: the order alternates from
+  round to round, every configuration runs the same prompt count) and
+  ``serving.json`` gains ``ratio_to_a`` (and to (b), (g)) from runs of the
+  same round and ``rounds``, the rounds measured per cell.
+- ``--breakdown --interleave`` (default ``ade``; at most three servers):
+  both on the same servers, started once, all at once. Every breakdown
+  cell runs first (one server at a time, the others idle); the time left then goes to
   the interleaved protocol over ``--interleave-configs`` (default: all) at
   ``--interleave-concurrency`` (default: ``--concurrency``), calibration
   first, then as many rounds as fit. Writes ``breakdown.json`` and
@@ -85,13 +87,13 @@ from serving_configs import (  # noqa: E402
     parse_env_pairs, parse_int_list, parse_keys, plugin_overrides, server_command, shell_line,
 )
 from serving_breakdown import CaptureSettings  # noqa: E402
-from serving_interleave import schedule  # noqa: E402
+from serving_interleave import MAX_SERVERS, pairable, schedule  # noqa: E402
 
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
 DRIVER_WRAP_UP_S = 5  # the driver starts no run predicted to end later than this before its limit
 DEFAULT_PROFILE = "dc"  # profiled unless --profile says otherwise, where --configs has them
 # --configs when it is not given ("combined": --breakdown --interleave)
-DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd", "combined": "adefg"}
+DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd", "combined": "ade"}
 BREAKDOWN_MIN_CELL_S = 30  # no breakdown cell starts with less left (warm-up, wave, profile export, parse)
 BREAKDOWN_TRACES = os.path.join("/tmp", "detspec-breakdown-traces")  # large traces stay out of the result folder
 # No server starts with less left: it needs 80-200 s to become healthy, so it would only delay the report.
@@ -120,17 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
     p.add_argument("--configs", default=None,
                    help="configuration keys in priority order (default bdeicagfh; adefg with --breakdown, "
-                        "abd with --interleave, adefg with both)")
+                        f"abd with --interleave, ade with both; at most {MAX_SERVERS} with --interleave)")
     p.add_argument("--breakdown", action="store_true",
                    help="instead of bench_serving cells: GPU time per decode step by kernel class at each "
                         "concurrency (serving_breakdown.py), one configuration at a time; writes breakdown.json. "
                         "With --interleave: both on the same servers, the breakdown first")
     p.add_argument("--interleave", action="store_true",
-                   help="every server up at once, each cell's runs alternating a, X, ... per round "
-                        "(serving_interleave.py); serving.json gains ratio_to_a / ratio_to_b")
+                   help="every server up at once, each cell's runs in rounds of alternating order with equal "
+                        "prompt counts (serving_interleave.py); serving.json gains ratio_to_a (ratio_to_b, "
+                        "ratio_to_g) and rounds")
     p.add_argument("--interleave-configs", default=None,
                    help="--breakdown --interleave: configuration keys of the interleaved part, a subset of "
-                        "--configs holding a (default: all of --configs)")
+                        "--configs holding each one's reference (default: all of --configs)")
     p.add_argument("--interleave-concurrency", default=None,
                    help="--breakdown --interleave: concurrencies of the interleaved part, a subset of "
                         "--concurrency (default: all of --concurrency)")
@@ -229,7 +232,10 @@ def validate(args) -> dict:
         raise ValueError(f"server_args: {exc}") from None
     capture = None
     if mode in ("interleave", "combined"):
-        schedule(il_keys, il_concs, args.alternations)  # raises on a missing (a) or a bad round count
+        if len(keys) > MAX_SERVERS:  # every server of the command stays up while the rounds run
+            raise ValueError(f"configs: --interleave starts at most {MAX_SERVERS} servers per command, "
+                             f"got {len(keys)} ({''.join(keys)})")
+        schedule(il_keys, il_concs, args.alternations)  # raises on a missing reference or a bad round count
         gpus = args.gpus or 1
         if len(keys) > args.max_servers_per_gpu * gpus:
             raise ValueError(f"configs: --interleave holds every server at once: {len(keys)} servers need "
@@ -753,8 +759,11 @@ class Run:
         limit = self.left() - REPORT_RESERVE_S
         concs = self.plan["il_concs"]
         why = None
-        if not any(s.key == "a" for s in ready) or len(ready) < 2:
-            why = f"interleaving needs (a) and one more server ready; ready: {''.join(s.key for s in ready)}"
+        keys = pairable([s.key for s in ready])
+        ready = [s for s in ready if s.key in keys]
+        if len(keys) < 2:
+            why = "interleaving needs a configuration and its reference ready; ready: " + "".join(
+                s.key for s in self.servers if s.state == "ready")
         elif limit < max(self.plan["repeat"].min_seconds, 1.0) + DRIVER_WRAP_UP_S:
             why = f"no time left to interleave ({self.left():.0f} s of the command's budget)"
         if why is not None:

@@ -1333,14 +1333,54 @@ def test_breakdown_report_rejects_bad_rows_and_lists_missing(tmp_path):
 # -- the interleaved protocol (serving_interleave.py, serving_driver.run_interleaved) ------------
 
 
-def test_interleaved_schedule_puts_a_first_in_every_round():
-    plan = inter.schedule(["b", "a", "d"], [1, 8], 2)
-    assert plan[:6] == [(0, 1, "a"), (0, 1, "b"), (0, 1, "d"), (0, 8, "a"), (0, 8, "b"), (0, 8, "d")]
-    assert len(plan) == 3 * 2 * 3 and plan[-1] == (2, 8, "d")
-    with pytest.raises(ValueError, match="must hold a"):
-        inter.schedule(["b", "d"], [1], 2)
+def test_interleaved_schedule_alternates_the_order_from_round_to_round():
+    # Two arms: ABBA, the reference first in round 0 (calibration) and round 1.
+    plan = inter.schedule(["d", "a"], [1, 8], 3)
+    assert plan == [(r, c, k) for r, order in enumerate(["ad", "ad", "da", "ad"]) for c in (1, 8) for k in order]
+    # Three arms: over three rounds each one runs first, second and last once.
+    orders = ["".join(inter.round_order(list("dea"), r)) for r in range(1, 4)]
+    assert orders == ["ade", "dea", "ead"]
+    assert all(sorted(o[i] for o in orders) == list("ade") for i in range(3))
+    # (f) is measured against (g), its reference first.
+    assert [k for _, _, k in inter.schedule(["f", "g"], [1], 3)] == list("gf" "gf" "fg" "gf")
     with pytest.raises(ValueError, match="rounds must lie"):
         inter.schedule(["a", "d"], [1], 0)
+    with pytest.raises(ValueError, match="at least one level"):
+        inter.schedule(["a", "d"], [], 3)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def test_williams_rows_balance_positions_and_neighbours(n):
+    rows = inter.williams_rows(n)
+    assert len(rows) == (n if n % 2 == 0 else 2 * n) and all(sorted(r) == list(range(n)) for r in rows)
+    per_position = collections.Counter((pos, t) for r in rows for pos, t in enumerate(r))
+    assert set(per_position.values()) == {len(rows) // n}  # each treatment in each position equally often
+    neighbours = collections.Counter((r[i], r[i + 1]) for r in rows for i in range(n - 1))
+    assert len(neighbours) == n * (n - 1) and len(set(neighbours.values())) == 1  # each ordered pair equally often
+
+
+def test_interleaved_keys_need_their_reference_and_at_most_three_servers():
+    for ok in ("ad", "abd", "ade", "fg", "gf"):
+        inter.check_keys(list(ok))
+    for bad, match in (("bd", r"must hold \(a\), the reference of \(b\)"),
+                       ("af", r"must hold \(g\), the reference of \(f\)"),
+                       ("afg", r"\(a\) is the reference of no other key"),
+                       ("ag", r"\(a\) is the reference of no other key"),
+                       ("a", "at least one more key"), ("aa", "at most once"),
+                       ("adef", r"at most 3 servers per interleaved command .*got 4")):
+        with pytest.raises(ValueError, match=match):
+            inter.check_keys(list(bad))
+    assert inter.pairable(list("adf")) == ["a", "d"] and inter.pairable(list("gfa")) == ["g", "f"]
+    assert inter.pairable(["a"]) == [] and inter.reference_of("f") == "g" and inter.reference_of("e") == "a"
+
+
+def test_common_prompt_count_follows_the_fastest_arm():
+    repeat = cfg.RepeatSettings(min_seconds=4.0, margin=1.25)
+    # The fastest lasted 2 s of the 5 wanted: 16 x 5 / 2 = 40 prompts, up to full waves of 8.
+    assert inter.common_prompts(repeat, 16, [2.0, 3.5, 0.0], 8) == 40
+    assert inter.common_prompts(repeat, 16, [5.0, 9.0], 8) == 16  # long enough already: kept
+    with pytest.raises(ValueError, match="durations"):
+        inter.common_prompts(repeat, 16, [0.0], 8)
 
 
 def _irow(key, conc, rnd, tput, valid=True, **extra):
@@ -1360,39 +1400,62 @@ def test_paired_ratios_stay_within_a_round():
     assert tables["interleaved"] is True and "ratio_to_g" not in tables
     assert tables["ratio_to_a"]["d"]["8"] == pytest.approx(0.8)  # pooled over both commands: 0.5, 0.8, 0.9
     assert tables["ratio_to_a_spread"]["d"]["8"] == {"min": 0.5, "max": 0.9, "n": 3}
+    # Rounds measured: valid runs of rounds >= 1, summed over the commands (d's round 3 was short).
+    assert tables["rounds"] == {"a": {"8": 4}, "b": {"8": 2}, "d": {"8": 3}}
     lines = "\n".join(inter.render_markdown(tables, [1, 8]))
-    assert "| (d) | - | 0.800 (0.500–0.900, n=3) |" in lines
+    assert "| (d) | - | 0.800 (0.500–0.900, n=3) |" in lines and "| (d) | 0 | 3 |" in lines
+    # (f) against (g) without (a): ratio_to_g, and an empty ratio_to_a (the layout stays the same).
+    fg = inter.ratio_tables([[_irow("g", 1, 1, 100.0), _irow("f", 1, 1, 97.0),
+                              _irow("f", 1, 2, 90.0), _irow("g", 1, 2, 100.0)]])
+    assert fg["ratio_to_a"] == {} and fg["ratio_to_g"]["f"]["1"] == pytest.approx(0.935)
+    assert fg["rounds"] == {"f": {"1": 2}, "g": {"1": 2}} and "ratio_to_a_spread" not in fg
+    assert inter.ratio_tables([[{"key": "a", "concurrency": 1, "output_throughput": 1.0}]]) == {"interleaved": False}
 
 
-def test_driver_interleaves_calibrates_and_stops_at_the_budget(tmp_path):
-    import serving_driver as driver
-
-    clock = {"t": 0.0}
-    speed = {"31000": 0.5, "31010": 0.8}  # seconds per prompt at c = 1: (a) faster than (d)
-    seen = []
-
+def _fake_bench(clock, speed, seen, errors=()):
+    """bench_serving as the driver calls it: ``speed[port]()`` seconds per prompt, 2 s of overhead per call;
+    raises for the (port, call number) in ``errors``."""
     def fake_run(argv, raw_file):
         port = _flag(argv, "--base-url").rsplit(":", 1)[1]
         n = int(_flag(argv, "--num-prompts"))
         seen.append((port, n, _flag(argv, "--warmup-requests")))
-        clock["t"] += speed[port] * n + 2.0
-        return {"duration": speed[port] * n, "completed": n, "output_throughput": 128 / speed[port],
+        if (port, sum(1 for p, _, _ in seen if p == port)) in errors:
+            raise RuntimeError("server answered 500")
+        per_prompt = speed[port]()
+        clock["t"] += per_prompt * n + 2.0
+        return {"duration": per_prompt * n, "completed": n, "output_throughput": 128 / per_prompt,
                 "concurrency": 1.0}
+    return fake_run
 
-    servers = {"a": {"url": "http://127.0.0.1:31000", "name": "spec_fast", "title": "(a) t"},
-               "d": {"url": "http://127.0.0.1:31010", "name": "plugin_coupled", "title": "(d) t"}}
-    spec = {"mode": "interleave", "servers": servers, "tokenizer": "/m/target", "out": str(tmp_path),
+
+def _servers(keys):
+    port = {"a": "31000", "d": "31010", "e": "31020", "f": "31030", "g": "31040"}
+    return {k: {"url": f"http://127.0.0.1:{port[k]}", "name": cfg.CONFIGS[k].name, "title": f"({k}) t"}
+            for k in keys}
+
+
+def _ispec(tmp_path, keys, rounds, time_left_s):
+    return {"mode": "interleave", "servers": _servers(keys), "tokenizer": "/m/target", "out": str(tmp_path),
             "concurrencies": [1], "load": {"input_len": 8, "output_len": 4},
-            "repeat": {"repeats": 1, "min_seconds": 5.0, "max_attempts": 1, "margin": 1.2}, "rounds": 3,
-            "time_left_s": 45.0}
-    assert driver.run_interleaved(spec, run=fake_run, clock=lambda: clock["t"]) == 0
-    # Calibration with 4 prompts (warm-up requests on), then runs scaled to about 1.2 x 5 s, a before d:
-    # 4 x 6 / 2.0 = 12 and 4 x 6 / 3.2 = 7.5, up to 8; a round then takes 8 + 8.4 s.
-    assert seen[:2] == [("31000", 4, "1"), ("31010", 4, "1")]
-    assert seen[2:4] == [("31000", 12, "0"), ("31010", 8, "0")]
+            "repeat": {"repeats": 1, "min_seconds": 5.0, "max_attempts": 1, "margin": 1.2}, "rounds": rounds,
+            "time_left_s": time_left_s}
+
+
+def test_driver_interleaves_with_equal_counts_and_stops_at_the_budget(tmp_path):
+    import serving_driver as driver
+
+    clock, seen = {"t": 0.0}, []
+    speed = {"31000": lambda: 0.5, "31010": lambda: 0.8}  # seconds per prompt at c = 1: (a) faster than (d)
+    spec = _ispec(tmp_path, "ad", 3, 60.0)
+    assert driver.run_interleaved(spec, run=_fake_bench(clock, speed, seen), clock=lambda: clock["t"]) == 0
+    # Calibration with 4 prompts each (warm-up requests on); the fastest, (a), sets every arm's count to about
+    # 1.2 x 5 s: 4 x 6 / 2.0 = 12. Round 1 a, d; round 2 d, a (4 + 2 + 6.4 + 2 s, then 2 x 19.6 s);
+    # round 3 is predicted to take 19.6 s with 11.6 left.
+    assert seen == [("31000", 4, "1"), ("31010", 4, "1"), ("31000", 12, "0"), ("31010", 12, "0"),
+                    ("31010", 12, "0"), ("31000", 12, "0")]
     rows = report.load_rows(str(tmp_path / "results.jsonl"))
     runs = [r for r in rows if "note" not in r]
-    assert [r["round"] for r in runs] == [0, 0, 1, 1, 2, 2]  # round 3 did not fit the 45 s
+    assert [(r["round"], r["key"]) for r in runs] == [(0, "a"), (0, "d"), (1, "a"), (1, "d"), (2, "d"), (2, "a")]
     assert all(r["valid"] is (r["round"] > 0) and r["interleaved"] for r in runs)
     notes = [r["note"] for r in rows if "note" in r]
     assert len(notes) == 2 and all("2 valid round(s) of 3" in n and "predicted" in n for n in notes)
@@ -1400,7 +1463,79 @@ def test_driver_interleaves_calibrates_and_stops_at_the_budget(tmp_path):
     js = json.loads(Path(written["json"]).read_text())
     assert js["interleaved"] is True and js["ratio_to_a"]["d"]["1"] == pytest.approx(0.5 / 0.8)
     assert js["ratio_to_a_spread"]["d"]["1"]["n"] == 2 and "ratio_to_b" not in js
+    assert js["rounds"] == {"a": {"1": 2}, "d": {"1": 2}}
+    assert [f["n"] for f in js["fewer_repetitions"]] == [2, 2]  # fewer than the 3 rounds wanted: listed
     assert "interleaved: output tokens/s relative to (a)" in Path(written["markdown"]).read_text()
+
+
+def test_driver_raises_every_count_when_the_fastest_run_falls_short(tmp_path):
+    """(a) gets faster after round 1: its round-2 run lasts 3.6 s of the 5 s wanted, so round 3 runs 20
+    prompts on both servers; the short run is not counted and its round has no pair."""
+    import serving_driver as driver
+
+    clock, seen = {"t": 0.0}, []
+    a_speed = iter([0.5, 0.5, 0.3, 0.3])
+    speed = {"31000": lambda: next(a_speed), "31010": lambda: 0.8}
+    spec = _ispec(tmp_path, "ad", 3, 1000.0)
+    assert driver.run_interleaved(spec, run=_fake_bench(clock, speed, seen), clock=lambda: clock["t"]) == 0
+    assert [n for _, n, _ in seen] == [4, 4, 12, 12, 12, 12, 20, 20]
+    rows = report.load_rows(str(tmp_path / "results.jsonl"))
+    short = [r for r in rows if r.get("round") == 2 and r["key"] == "a"]
+    assert len(short) == 1 and short[0]["valid"] is False and short[0]["duration_s"] == pytest.approx(3.6)
+    tables = inter.ratio_tables([rows])
+    assert tables["rounds"] == {"a": {"1": 2}, "d": {"1": 3}} and tables["ratio_to_a_spread"]["d"]["1"]["n"] == 2
+    assert [r["note"] for r in rows if "note" in r] == [
+        "2 valid round(s) of 3: round 2 lasted 3.6 s, less than min_seconds (5 s)"]
+
+
+def test_driver_pairs_f_with_g_and_drops_a_failed_server(tmp_path):
+    """(f) against (g) without (a); then three arms where (d) fails in round 2: (a) and (e) go on in the
+    balanced order, (d)'s cell says why."""
+    import serving_driver as driver
+
+    clock, seen = {"t": 0.0}, []
+    speed = {p: (lambda v=v: v) for p, v in (("31000", 0.5), ("31010", 0.6), ("31020", 0.55),
+                                              ("31030", 0.52), ("31040", 0.5))}
+    assert driver.run_interleaved(_ispec(tmp_path / "fg", "fg", 3, 1000.0), run=_fake_bench(clock, speed, seen),
+                                  clock=lambda: clock["t"]) == 0
+    assert [p[-2] for p, _, _ in seen] == list("4343" "34" "43")  # g, f; g, f; f, g; g, f
+    assert len({n for _, n, _ in seen[2:]}) == 1
+    fg = inter.ratio_tables([report.load_rows(str(tmp_path / "fg" / "results.jsonl"))])
+    assert fg["ratio_to_g"]["f"]["1"] == pytest.approx(0.5 / 0.52) and fg["ratio_to_a"] == {}
+
+    seen.clear()
+    rc = driver.run_interleaved(_ispec(tmp_path / "ade", "dae", 3, 1000.0),
+                                run=_fake_bench(clock, speed, seen, errors={("31010", 3)}), clock=lambda: clock["t"])
+    assert rc == 1
+    # Round 0 and 1: a, d, e; round 2: d (fails), e, a; round 3 without (d): the order of a, e in row 3: e, a.
+    assert [p[-2] for p, _, _ in seen] == list("012" "012" "120" "20")
+    rows = report.load_rows(str(tmp_path / "ade" / "results.jsonl"))
+    assert "server answered 500" in next(r["error"] for r in rows if "error" in r)
+    assert [r["note"] for r in rows if "note" in r] == [
+        "1 valid round(s) of 3: round 2 c=1 failed (RuntimeError: server answered 500)"]
+
+
+def test_report_merges_interleaved_commands_into_the_determinism_tax_layout(tmp_path, capsys):
+    """Two commands' folders, (a) (d) (e) and (f) (g): one serving.json with ratio_to_a, ratio_to_g and
+    rounds per configuration and concurrency, the layout the results folder is checked for."""
+    commands = {"il-1": [_irow(k, c, r, v) for r in (1, 2, 3) for c in (1, 8)
+                         for k, v in (("a", 100.0 + r), ("d", 90.0), ("e", 80.0 + r))],
+                "il-2": [_irow(k, 1, r, v) for r in (1, 2, 3) for k, v in (("g", 50.0), ("f", 49.0 - r))]}
+    for name, rows in commands.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "docs" / "benchmarks" / "determinism_tax" / "2026-12-05-h200"
+    assert report.main([str(tmp_path / "il-1"), str(tmp_path / "il-2"), "--out", str(out), "--no-plots"]) == 0
+    js = json.loads((out / "serving.json").read_text())
+    assert js["interleaved"] is True
+    assert js["rounds"] == {"a": {"1": 3, "8": 3}, "d": {"1": 3, "8": 3}, "e": {"1": 3, "8": 3}, "f": {"1": 3},
+                            "g": {"1": 3}}
+    assert js["ratio_to_a"]["d"]["8"] == pytest.approx(90.0 / 102.0)
+    assert js["ratio_to_a_spread"]["e"]["1"] == {"min": pytest.approx(81 / 101), "max": pytest.approx(83 / 103),
+                                                 "n": 3}
+    assert js["ratio_to_g"] == {"f": {"1": pytest.approx(47 / 50)}} and set(js["ratio_to_a"]) == {"d", "e"}
+    md = (out / "serving.md").read_text()
+    assert "relative to (g)" in md and "| (f) | 3 | 0 |" in md and "did not measure (b)" not in md
 
 
 def test_orchestrator_interleaves_every_ready_server(tmp_path, monkeypatch):
@@ -1413,9 +1548,11 @@ def test_orchestrator_interleaves_every_ready_server(tmp_path, monkeypatch):
                    "--min-seconds", "0", "--alternations", "2"])
     assert rc == 0
     rows = report.load_rows(str(out / "results.jsonl"))
-    assert [(r["round"], r["key"]) for r in rows] == [(0, "a"), (0, "d"), (1, "a"), (1, "d"), (2, "a"), (2, "d")]
+    assert [(r["round"], r["key"]) for r in rows] == [(0, "a"), (0, "d"), (1, "a"), (1, "d"), (2, "d"), (2, "a")]
+    assert len({r["num_prompts"] for r in rows}) == 1  # --min-seconds 0: the calibration's count throughout
     js = json.loads((out / "serving.json").read_text())
     assert js["interleaved"] is True and js["ratio_to_a_spread"]["d"]["2"]["n"] == 2
+    assert js["rounds"] == {"a": {"2": 2}, "d": {"2": 2}}
     assert js["meta"]["mode"] == "interleave" and js["meta"]["repeats"] == 2
 
 
@@ -1441,11 +1578,15 @@ def test_modes_validate_their_arguments():
 
     assert plan("--breakdown")["keys"] == list("adefg") and plan("--interleave")["keys"] == list("abd")
     assert plan()["mode"] == "cells" and plan("--breakdown")["capture"].output_len == 192
-    p = plan("--interleave", "--configs", "aefg", "--max-servers-per-gpu", "4", "--server-args", "--x 1 --y")
-    assert p["server_args"] == ["--x", "1", "--y"] and p["mode"] == "interleave"
+    p = plan("--interleave", "--configs", "fg", "--max-servers-per-gpu", "2", "--server-args", "--x 1 --y")
+    assert p["server_args"] == ["--x", "1", "--y"] and p["mode"] == "interleave" and p["keys"] == ["f", "g"]
+    assert run.build_parser().parse_args(["--out", "x", "--models", "m"]).alternations == 3
     for extra, match in ((["--breakdown", "--profile", "d"], "profile: not used"),
-                         (["--interleave", "--configs", "bd"], "must hold a"),
-                         (["--interleave", "--configs", "abdefg"], "max_servers_per_gpu x gpus >= 6"),
+                         (["--interleave", "--configs", "bd"], r"must hold \(a\), the reference of \(b\)"),
+                         (["--interleave", "--configs", "afg"], r"\(a\) is the reference of no other key"),
+                         (["--interleave", "--configs", "abdefg"],
+                          "configs: --interleave starts at most 3 servers per command, got 6"),
+                         (["--interleave", "--max-servers-per-gpu", "2"], "max_servers_per_gpu x gpus >= 3"),
                          (["--breakdown", "--max-total-tokens", "40000"], "max_total_tokens must be >= 43008"),
                          (["--breakdown", "--breakdown-start-tokens", "180"], "output_len - start_tokens"),
                          (["--server-env", "X"], "server_env entries"),
@@ -1454,17 +1595,18 @@ def test_modes_validate_their_arguments():
             plan(*extra)
     both = plan("--breakdown", "--interleave", "--interleave-configs", "da", "--interleave-concurrency", "8,1",
                 "--max-servers-per-gpu", "5")
-    assert both["mode"] == "combined" and both["keys"] == list("adefg") and both["capture"] is not None
+    assert both["mode"] == "combined" and both["keys"] == list("ade") and both["capture"] is not None
     assert both["il_keys"] == ["a", "d"] and both["il_concs"] == [8, 1]
-    assert plan("--breakdown", "--interleave", "--gpus", "2")["il_keys"] == list("adefg")
+    assert plan("--breakdown", "--interleave", "--gpus", "2")["il_keys"] == list("ade")
     both_on_two_gpus = ["--breakdown", "--interleave", "--gpus", "2"]
     for extra, match in ((["--interleave", "--interleave-configs", "ab"], "interleave_configs: only with"),
                          (["--breakdown", "--interleave-concurrency", "8"], "interleave_concurrency: only with"),
                          ([*both_on_two_gpus, "--interleave-configs", "ab"], r"keys \['b'\] are not in"),
                          ([*both_on_two_gpus, "--interleave-configs", "dx"], "interleave_configs: configs: unknown"),
-                         ([*both_on_two_gpus, "--interleave-configs", "de"], "must hold a"),
+                         ([*both_on_two_gpus, "--interleave-configs", "de"], r"must hold \(a\)"),
                          ([*both_on_two_gpus, "--interleave-concurrency", "2"], r"\[2\] not in"),
-                         (["--breakdown", "--interleave", "--max-servers-per-gpu", "4"], "max_servers_per_gpu x"),
+                         (["--breakdown", "--interleave", "--max-servers-per-gpu", "2"], "max_servers_per_gpu x"),
+                         (["--breakdown", "--interleave", "--configs", "adefg"], "at most 3 servers per command"),
                          ([*both_on_two_gpus, "--profile", "d"], "not used with --breakdown --interleave")):
         with pytest.raises(ValueError, match=match):
             plan(*extra)
@@ -1498,7 +1640,7 @@ def test_combined_mode_runs_the_breakdown_then_interleaves_on_the_same_servers(t
     assert {(r["config"], r["concurrency"]) for r in doc["rows"]} == {(k, c) for k in "ade" for c in (1, 3)}
     rows = report.load_rows(str(out / "results.jsonl"))
     assert [(r["round"], r["key"], r["concurrency"]) for r in rows] == [
-        (0, "a", 3), (0, "d", 3), (1, "a", 3), (1, "d", 3), (2, "a", 3), (2, "d", 3)]
+        (0, "a", 3), (0, "d", 3), (1, "a", 3), (1, "d", 3), (2, "d", 3), (2, "a", 3)]
     js = json.loads((out / "serving.json").read_text())
     assert js["interleaved"] is True and js["ratio_to_a_spread"]["d"]["3"]["n"] == 2 and not js["missing"]
     assert js["meta"]["mode"] == "combined" and js["meta"]["breakdown_configs"] == "ade"
@@ -1532,7 +1674,7 @@ def test_combined_mode_lists_interleaved_cells_that_did_not_fit(tmp_path, monkey
     missing = {(m["key"], m["concurrency"]): m["why"] for m in js["missing"]}
     assert set(missing) == {(k, c) for k in "ad" for c in (1, 2)}
     assert all("no time left to interleave" in " ".join(w) for w in missing.values())
-    assert "ratio_to_a" not in js
+    assert js["interleaved"] is True and js["ratio_to_a"] == {} and js["rounds"] == {}  # the layout, empty
 
 
 if __name__ == "__main__":
