@@ -34,7 +34,8 @@ TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
 # prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
-# sglang: SGLang's split-KV decode kernel (faster from about 32 requests up, logits 'tokens').
+# sglang: SGLang's split-KV decode kernel (faster with long prompts: docs/benchmarks/attention_cost/,
+# logits 'tokens').
 DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang")
 # Settings that no longer exist: setting one is an error, so a run never silently lacks what it asked for.
 REMOVED_ENV = {

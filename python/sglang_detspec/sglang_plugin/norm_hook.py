@@ -29,7 +29,7 @@ eager), so the plugin needs no norm of its own for any bitwise promise
   ``rms_norm_batch_invariant``: one Triton program per row, a fixed
   1024-column loop set by the hidden size alone, so a row's bits never
   depend on M or on the other rows. It is one kernel already, and the
-  plugin's plain kernel was measured slower than it at M >= 512 (results:
+  plugin's plain kernel was measured slower than it at large M (results:
   ``docs/benchmarks/determinism_tax/2026-12-02-h200-plugin-gemm/rmsnorm.md``),
   so it is not replaced. A switch by M is ruled out: two kernels round
   differently, and a row's bits would then depend on the batch size.
