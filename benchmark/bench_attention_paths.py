@@ -6,7 +6,7 @@ side by side in one run with CUDA events:
 
 - **Triton decode**: SGLang's deterministic split-KV decode
   (``decode_attention_fwd``, splits of 256 keys) against the plugin's decode
-  hook (``ops.decode_attention.decode_as_extend``: SGLang's single-pass
+  hook (``sglang_plugin.decode_attention.decode_as_extend``: SGLang's single-pass
   ``extend_attention_fwd_unified``, one query per request) and its packed
   form on Hopper (``decode_packed``: a query-head group per 64-row tile; the
   table says whether its outputs equal the one-row form's bit for bit);
@@ -71,7 +71,7 @@ def triton_decode(bs: int, ctx: int, reps: int, blocks: int) -> dict:
     from sglang.kernels.ops.attention import extend_attention as ext
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
 
-    from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable
+    from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend, decode_packed, packable
 
     gen = torch.Generator(device="cuda").manual_seed(bs * 7 + ctx)
     k, v = cache(bs * ctx, gen)

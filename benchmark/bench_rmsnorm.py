@@ -1,10 +1,14 @@
 """What an RMSNorm costs under deterministic inference: the plugin's fused kernel against SGLang's (CUDA GPU).
 
 Per hidden size, form (``norm(x)`` and the decoder layers' ``norm(x, residual)``)
-and row count M, three implementations are timed side by side in one run:
+and row count M, and for the per-head q / k norms of Qwen3-style attention
+(``qk_norm``: ``norm(x)`` over rows of one head's ``head_dim``, M = tokens x
+heads, as SGLang's ``apply_qk_norm`` calls it under deterministic inference),
+three implementations are timed side by side in one run:
 
 - **plugin**: ``ops.rms_norm`` / ``ops.fused_add_rms_norm`` (one Triton
-  program per row, batch-invariant; what the norm hook runs);
+  program per row, batch-invariant; the norm hook runs the fused add + norm
+  only, the plain ``ops.rms_norm`` is timed to show where it would win);
 - **SGLang deterministic**: what SGLang 0.5.23's ``RMSNorm.forward_cuda``
   runs under ``--enable-deterministic-inference``, called directly: its
   ``rms_norm_batch_invariant`` for ``norm(x)``, and ``RMSNorm.forward_native``
@@ -22,7 +26,9 @@ residual) over the time; inputs of small M stay in L2, as they do between a
 GEMM and the norm after it. H200 HBM peak: 4.8 TB/s.
 
     python benchmark/bench_rmsnorm.py [--hidden 4096,8192] [--rows 1,8,32,128,512,4096]
-        [--out docs/benchmarks/rmsnorm_<date>]
+        [--head-dim 128] [--heads 32,8] [--tokens 1,8,32,128,512,4096] [--out docs/benchmarks/rmsnorm_<date>]
+
+``--heads ''`` leaves the per-head rows out.
 """
 
 from __future__ import annotations
@@ -157,7 +163,8 @@ def table(rows: list[dict]) -> str:
            "| plugin / SGLang default | plugin GB/s | SGLang default GB/s |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['hidden']} | {r['form']} | {r['rows']} | {cell(r['plugin'])} | "
+        m = f"{r['tokens']} x {r['heads']}" if "heads" in r else r["rows"]
+        out.append(f"| {r['hidden']} | {r['form']} | {m} | {cell(r['plugin'])} | "
                    f"{cell(r['sglang_deterministic'])} | {cell(r['sglang_default'])} | "
                    f"{ratio(r, 'plugin', 'sglang_deterministic')} | {ratio(r, 'plugin', 'sglang_default')} | "
                    f"{gbs(r['plugin'])} | {gbs(r['sglang_default'])} |")
@@ -168,6 +175,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hidden", default="4096,8192", help="hidden sizes, comma-separated (1..32768)")
     p.add_argument("--rows", default="1,8,32,128,512,4096", help="row counts M, comma-separated (>= 1)")
+    p.add_argument("--head-dim", type=int, default=128, help="head_dim of the per-head q / k norm rows (1..32768)")
+    p.add_argument("--heads", default="32,8",
+                   help="head counts of the per-head rows (q heads, KV heads), comma-separated; '' for none")
+    p.add_argument("--tokens", default="1,8,32,128,512,4096", help="token counts of the per-head rows (>= 1)")
     p.add_argument("--reps", type=int, default=100, help="calls per CUDA graph (>= 1)")
     p.add_argument("--blocks", type=int, default=5, help="graph replays per cell (>= 2)")
     p.add_argument("--out", default=f"docs/benchmarks/rmsnorm_{datetime.date.today()}",
@@ -176,10 +187,16 @@ def main(argv=None) -> int:
     try:
         hidden = [int(x) for x in args.hidden.split(",")]
         rows_m = [int(x) for x in args.rows.split(",")]
+        heads = [int(x) for x in args.heads.split(",")] if args.heads.strip() else []
+        tokens = [int(x) for x in args.tokens.split(",")]
     except ValueError:
-        p.error(f"--hidden and --rows must be comma-separated integers, got {args.hidden!r} and {args.rows!r}")
+        p.error(f"--hidden, --rows, --heads and --tokens must be comma-separated integers, got {args.hidden!r}, "
+                f"{args.rows!r}, {args.heads!r} and {args.tokens!r}")
     if not all(1 <= h <= 32768 for h in hidden) or not all(m >= 1 for m in rows_m):
         p.error(f"--hidden values must lie in [1, 32768] and --rows values be >= 1, got {hidden} and {rows_m}")
+    if not 1 <= args.head_dim <= 32768 or not all(n >= 1 for n in heads + tokens):
+        p.error(f"--head-dim must lie in [1, 32768] and --heads / --tokens values be >= 1, got {args.head_dim}, "
+                f"{heads} and {tokens}")
     if args.reps < 1 or args.blocks < 2:
         p.error(f"--reps must be >= 1 and --blocks >= 2, got {args.reps} and {args.blocks}")
     if not torch.cuda.is_available():
@@ -193,9 +210,17 @@ def main(argv=None) -> int:
                 row = measure(h, m, residual, reps, args.blocks)
                 rows.append(row)
                 print(table([row]).splitlines()[-1], flush=True)
+    for n_heads in heads:
+        for t in tokens:
+            m = t * n_heads
+            reps = args.reps if m * args.head_dim <= 2**22 else max(10, args.reps // 10)
+            row = {**measure(args.head_dim, m, False, reps, args.blocks), "form": "qk_norm", "tokens": t,
+                   "heads": n_heads}
+            rows.append(row)
+            print(table([row]).splitlines()[-1], flush=True)
     meta = {"date_utc": str(datetime.datetime.now(datetime.timezone.utc).date()),
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bfloat16", "eps": EPS,
-            "reps": args.reps, "blocks": args.blocks,
+            "reps": args.reps, "blocks": args.blocks, "head_dim": args.head_dim,
             "timing": "CUDA graph of each row's reps calls, median of blocks replays"}
     try:
         import triton
@@ -210,7 +235,8 @@ def main(argv=None) -> int:
         f"# RMSNorm under deterministic inference, {meta['date_utc']}, {meta['device']}, torch {meta['torch']}\n\n"
         f"bf16; GPU time per call from a CUDA graph of {args.reps} calls ({max(10, args.reps // 10)} where "
         f"M x H > 2**22), median of {args.blocks} replays "
-        "(min..max). `norm` is `norm(x)`, `add_norm` is `norm(x, residual)`. SGLang deterministic: "
+        "(min..max). `norm` is `norm(x)`, `add_norm` is `norm(x, residual)`, `qk_norm` is `norm(x)` over rows of "
+        "one head (hidden = head_dim, M = tokens x heads). SGLang deterministic: "
         "`rms_norm_batch_invariant` (norm) and `RMSNorm.forward_native` in batch-invariant mode (add_norm), what "
         "`forward_cuda` runs under `--enable-deterministic-inference`; SGLang default: sgl_kernel's `rmsnorm` / "
         "`fused_add_rmsnorm` (not batch-invariant). GB/s: the bytes a fused norm must move over the time.\n\n"

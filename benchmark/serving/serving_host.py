@@ -160,13 +160,13 @@ def stage_of(stack: tuple[str, ...]) -> str:
 
 
 def summarize(stacks: collections.Counter, *, top: int = 12) -> dict:
-    """Summary of one recording (:func:`parse_collapsed`), over the thread with the most samples.
+    """Summary of one recording (:func:`parse_collapsed`), over its main thread (else the one with most samples).
 
     Returns ``{"samples": int, "threads": {thread: samples}, "thread": str,
     "top_host_functions": [str] ("<share>% <frame>", innermost frames by
     samples, at most ``top``), "top_inclusive": [str] (functions by the
     samples of the stacks they are on), "split": {stage: share}}``; shares
-    are fractions of the busiest thread's samples.
+    are fractions of that thread's samples.
 
     Raises:
         ValueError: no samples.
@@ -176,7 +176,10 @@ def summarize(stacks: collections.Counter, *, top: int = 12) -> dict:
         threads[stack[0]] += n
     if not threads:
         raise ValueError("the recording holds no samples")
-    thread, total = threads.most_common(1)[0]
+    # With --idle every thread holds a sample at every tick; SGLang's scheduler loop runs on the main thread.
+    main = [t for t in threads if t.endswith(": MainThread")]
+    thread = main[0] if main else threads.most_common(1)[0][0]
+    total = threads[thread]
     own = {s[1:]: n for s, n in stacks.items() if s[0] == thread and len(s) > 1}
     leaf: collections.Counter = collections.Counter()
     inclusive: collections.Counter = collections.Counter()
@@ -251,7 +254,7 @@ def render_markdown(doc: dict) -> str:
     """``host.md``: per (configuration, concurrency) the GPU idle per step, the stage split and the top lines."""
     lines = ["# Host time of the scheduler while the GPU waits", "",
              f"- date (UTC): {doc.get('date_utc')}", f"- machine: {doc.get('machine')}", "",
-             "py-spy samples of the scheduler process (its busiest thread) during a lockstep decode wave; "
+             "py-spy samples of the scheduler process (its main thread) during a lockstep decode wave; "
              "`idle` is the GPU idle time per step of the breakdown cell at the same concurrency. "
              "A line that calls into C is charged with that C time (a synchronisation shows as its caller).", ""]
     for r in sorted(doc["rows"], key=lambda r: (r["config"], r["concurrency"])):

@@ -67,7 +67,7 @@ ATTENTION_AUX_PATTERN = re.compile(r"prepare_varlen_num_blocks|FlashAttnFwdCombi
 ATTENTION_PATTERN = re.compile(
     r"flash::|FlashAttn|flash_fwd|fmha|^_fwd_(grouped_)?kernel|BatchDecodeWith|BatchPrefillWith|SinglePrefillWith"
     r"|SingleDecodeWith|cascade_", re.IGNORECASE)
-# A split-K GEMM's reduction kernel: cuBLAS's, and this package's (python/sglang_detspec/ops/gemm_triton.py).
+# A split-K GEMM's reduction kernel: cuBLAS's, and the split-K GEMM experiment's (benchmark/gemm_splitk/gemm_triton.py).
 GEMM_AUX_PATTERN = re.compile(r"splitKreduce|splitk_reduce|^_gemm_combine_kernel", re.IGNORECASE)
 GEMM_PATTERN = re.compile(
     r"nvjet|xmma_gemm|gemm|gemv|matmul_kernel_persistent|bmm_kernel_persistent|deep_gemm::|s16816|s1688"

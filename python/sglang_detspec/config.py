@@ -34,13 +34,15 @@ TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
 # prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
-# sglang: SGLang's split-KV decode kernel (faster from about 32 requests up, logits 'tokens').
+# sglang: SGLang's split-KV decode kernel (faster with long prompts: docs/benchmarks/attention_cost/,
+# logits 'tokens').
 DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang")
-GEMM_ENV = "SGLANG_DETSPEC_GEMM"
-# sglang (the default): SGLang's own batch-invariant matmul (DeepGEMM on Hopper, else its persistent
-# Triton kernel), measured within 0.87-1.13x of cuBLAS on the H200 (docs/determinism_tax.md);
-# plugin: the plugin's split-K GEMM (sglang_plugin/gemm_hook.py), measured slower, kept to compare.
-GEMM_SETTINGS = ("sglang", "plugin")
+# Settings that no longer exist: setting one is an error, so a run never silently lacks what it asked for.
+REMOVED_ENV = {
+    "SGLANG_DETSPEC_GEMM": "the plugin's split-K GEMM is no longer part of the package (measured slower than "
+                           "SGLang's deterministic GEMM; benchmark/gemm_splitk/ keeps it as an experiment); "
+                           "SGLang's own batch-invariant matmul always runs",
+}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -94,9 +96,6 @@ class DetSpecConfig:
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
-        gemm: ``SGLANG_DETSPEC_GEMM``: ``sglang`` (the default: SGLang's own
-            batch-invariant matmul) or ``plugin`` (it runs the plugin's GEMM
-            in the plugin's runs).
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
     """
@@ -106,7 +105,6 @@ class DetSpecConfig:
     verify: str = "coupled"
     tree_attention: str = "cascade"
     decode_attention: str = "one_pass"
-    gemm: str = "sglang"
     deterministic: bool = False
     algorithm: str | None = None
     num_steps: int | None = None
@@ -372,7 +370,7 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
-    Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "gemm"}``
+    Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention"}``
     with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
 
     Raises:
@@ -381,17 +379,19 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection,
             ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes,
             ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang, or
-            ``SGLANG_DETSPEC_GEMM`` not in sglang|plugin.
+            a removed setting (:data:`REMOVED_ENV`) set.
     """
     env = os.environ if environ is None else environ
+    for name, why in REMOVED_ENV.items():
+        if name in env:
+            raise ValueError(f"{name} is set ({env[name]!r}) but was removed: {why}; unset it")
     kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
     verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
     decode_attention = _word(env, DECODE_ATTENTION_ENV, "one_pass", DECODE_ATTENTION_SETTINGS)
-    gemm = _word(env, GEMM_ENV, "sglang", GEMM_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
-            "decode_attention": decode_attention, "gemm": gemm}
+            "decode_attention": decode_attention}
 
 
 _lock = threading.Lock()

@@ -11,8 +11,6 @@
   verification (the committed tokens are the TARGET-stream races).
 - :func:`target_weights`, :func:`id_ordered_filtered_probs`: the weights a
   TARGET race runs over (temperature, then top-k / top-p / min-p by token id).
-- :func:`linear`, :func:`mm`: the batch-invariant GEMM (a row's bits do not
-  depend on the other rows or on the batch size).
 - :func:`rms_norm`, :func:`fused_add_rms_norm`: batch-invariant RMSNorm and
   add + RMSNorm, one fused kernel each, pinned bit for bit to a torch reference.
 
@@ -48,8 +46,6 @@ __all__ = [
     "coupled_verify_tree",
     "id_ordered_filtered_probs",
     "target_weights",
-    "linear",
-    "mm",
     "rms_norm",
     "fused_add_rms_norm",
 ]
@@ -59,10 +55,9 @@ def _import_torch_ops() -> None:
     """Bind every torch op of :data:`__all__` in this namespace (imports torch)."""
     # Declared global so the imports below bind module names, as top-level imports would.
     global coupled_verify_chain, coupled_verify_tree, hash_uniform, keyed_hash, race_keys, exponential_race
-    global coupled_children, verify_chain, id_ordered_filtered_probs, target_weights, linear, mm
+    global coupled_children, verify_chain, id_ordered_filtered_probs, target_weights
     global rms_norm, fused_add_rms_norm
     from .coupled import coupled_verify_chain, coupled_verify_tree
-    from .gemm import linear, mm
     from .hashing import hash_uniform, keyed_hash
     from .keys import race_keys
     from .race import exponential_race

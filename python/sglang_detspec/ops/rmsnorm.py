@@ -16,6 +16,12 @@ dtype as the new residual. Nothing is written in place (SGLang's default
 CUDA kernels write in place; its deterministic path does not). The last bits
 differ from SGLang's own kernels: the reduction order and the IEEE square
 root here are the plugin's (``rmsnorm_ref`` states them).
+
+The norm hook (``sglang_plugin/norm_hook.py``) runs :func:`fused_add_rms_norm`
+only; SGLang's own plain-form kernel is already batch-invariant and one
+kernel, so :func:`rms_norm` serves the tests and the benchmark
+(``benchmark/bench_rmsnorm.py``), where it shows whether a plain form of
+this kernel would win at some shape.
 """
 
 from __future__ import annotations

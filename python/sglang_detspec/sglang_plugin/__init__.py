@@ -42,9 +42,6 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
-- ``gemm_hook``: SGLang's batch-invariant matmul runs the plugin's
-  batch-invariant GEMM (opt-in: ``SGLANG_DETSPEC_GEMM=plugin``; the default
-  ``sglang`` keeps SGLang's own matmul).
 - ``norm_hook``: SGLang's RMSNorm, plain and with the residual add, runs one
   fused batch-invariant kernel per norm.
 - ``warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): the plugin's
@@ -68,7 +65,7 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, gemm_hook, input_hook, norm_hook, probs_hook, request_hook, resolve,
+    attention_hook, channels, draft_hook, input_hook, norm_hook, probs_hook, request_hook, resolve,
     seed_hook, startup,
     target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook, warmup_hook,
 )
@@ -81,7 +78,6 @@ _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel
               "backend to hook there")
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
 _WARMUP_ONLY = "speed only: without it the plugin's eager kernels compile inside the first requests"
-_GEMM_SETTING = "required only with SGLANG_DETSPEC_GEMM=plugin: SGLANG_DETSPEC_GEMM=sglang (the default) keeps SGLang's own matmul"
 
 _registered = False
 _lock = threading.Lock()
@@ -170,7 +166,6 @@ def hook_table() -> list[Hook]:
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
         Hook(warmup_hook.TARGET, warmup_hook.compile_kernels, "BEFORE", _WARMUP_ONLY),
-        Hook(gemm_hook.TARGET, gemm_hook.plugin_matmul, "AROUND", _GEMM_SETTING),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),
         Hook(sh.SEND_ONE_TARGET, sh.seed_one_send, "AROUND"),
@@ -258,14 +253,11 @@ def hook_problems(*, applied: bool = True, config=None) -> list[str]:
 
 
 def required_by(config) -> set[str]:
-    """Optional targets a bag rests on: the FA3 node path's, where the bag claims bitwise trees with it;
-    SGLang's batch-invariant matmul, where the bag asks for the plugin's GEMM in its runs."""
+    """Optional targets a bag rests on: the FA3 node path's, where the bag claims bitwise trees with it."""
     required = set()
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
     if tree and config.tree_attention == "nodes" and config.logits == "bitwise":
         required |= {row.target for row in registry_rows() if row.target.startswith(tree_attention_hook.FA + ".")}
-    if config.ours and config.gemm == "plugin":
-        required.add(gemm_hook.TARGET)
     return required
 
 

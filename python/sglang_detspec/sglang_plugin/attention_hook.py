@@ -5,7 +5,7 @@ Hooked symbol:
 - ``sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__``
   (AFTER): on the target model's backend, the instance's
   ``decode_attention_fwd`` (the one name ``forward_decode`` calls for a
-  decode step) is replaced by ``ops.decode_attention.decode_as_extend``, or
+  decode step) is replaced by ``sglang_plugin.decode_attention.decode_as_extend``, or
   on Hopper by ``decode_packed`` (the same kernel with a query-head group
   per 64-row tile) where a bitwise check at start-up passes.
 
@@ -36,10 +36,10 @@ tiles, decode does not). Where the hook skips the target, or the model has a
 sliding window, it logs that the server's logits are ``tokens``, not
 ``bitwise``. With an fp8 KV cache the single-pass kernel multiplies in fp8,
 as verify and prefill already do. Cost: decode loses split-KV, so long
-contexts at small batch run few, long programs (measured at 8B: 2.03x the
-inter-token latency of SGLang's split-KV decode at one request with
-2048-token prompts, on a par at 128-token prompts; ``docs/forward_modes.md``).
-On Hopper a query-head group shares one 64-row tile (``ops.decode_attention.decode_packed``,
+contexts at small batch run few, long programs; the measured cost per
+serving step is in ``docs/benchmarks/attention_cost/2026-12-02-h200/`` and,
+summarised, ``docs/forward_modes.md`` ("What it costs").
+On Hopper a query-head group shares one 64-row tile (``sglang_plugin.decode_attention.decode_packed``,
 checked bitwise at start-up), which reads each KV head once per group.
 ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps SGLang's decode (claim ``tokens``).
 """
@@ -51,7 +51,7 @@ import logging
 import torch
 
 from ..config import current_config
-from ..ops.decode_attention import decode_as_extend, decode_packed, packable, packed_matches, packed_shape
+from .decode_attention import decode_as_extend, decode_packed, packable, packed_matches, packed_shape
 
 _BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 TARGET = f"{_BACKEND}.__init__"
@@ -118,7 +118,7 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
 
 
 def _packed_kernel(backend, unified):
-    """``(kernel, blocks, shape)`` for ``ops.decode_attention.decode_packed`` on this backend, or None.
+    """``(kernel, blocks, shape)`` for ``sglang_plugin.decode_attention.decode_packed`` on this backend, or None.
 
     Only on Hopper (not ROCm) with SGLang's 128-row tile for the model's head
     dims and a bf16 / fp16 KV cache, and only after ``packed_matches`` found
@@ -148,7 +148,8 @@ def _packed_kernel(backend, unified):
                           device, page_size=getattr(backend, "page_size", 1) or 1):
             return kernel, blocks, (backend.num_head, backend.num_kv_head, dim, v_dim, k_buf.dtype)
         logger.warning("sglang-detspec: the packed decode tile did not reproduce the one-row-per-head rows bit for bit "
-                       "on this GPU; the target decode keeps one query row per head (slower from about 32 requests up)")
+                       "on this GPU; the target decode keeps one query row per head (slower with many requests and long "
+                       "contexts: docs/benchmarks/attention_paths/2026-12-02-h200/)")
     except Exception as exc:  # any surprise keeps the proven path
         logger.warning("sglang-detspec: packed decode tile not used (%r)", exc)
     return None

@@ -6,8 +6,8 @@ Why: SGLang 0.5.23's FA3 backend verifies a draft tree (``topk > 1``) by
 cascade attention: one call over the cached prefix, one over each node's
 ancestors, merged by log-sum-exp from two bf16 outputs. A decode step of the
 same token is one call over prefix and path together, so the two round
-differently (measured: 114 of 1024 logprobs one bf16 step apart,
-``docs/forward_modes.md``). Here the tree verify runs SGLang's own
+differently (logprobs one bf16 step apart: ``docs/e2e/2026-12-02-h200-matrix/``,
+summarised in ``docs/forward_modes.md``). Here the tree verify runs SGLang's own
 ``forward_decode`` over a batch of ``bs * N`` one-token queries, node ``i``
 of request ``b`` reading the key list ``prefix(b) ++ ancestors(i)`` (root to
 node, itself last): the decode call of that token, with the same kernel,
@@ -15,7 +15,8 @@ split count and key order, so its logits are the decode step's bit for bit.
 Cost: each node reads its request's prefix keys itself (``N`` times per
 request instead of once), and the page table holds ``bs * N`` rows: under
 CUDA graphs ``[max_bs * N, context + N]`` int32 (``N`` times SGLang's own
-verify page table; 200 MB at 48 requests, 8 nodes, 131072 tokens), eagerly
+verify page table: 4 bytes x 48 x 8 x 131072 = 200 MB at 48 requests, 8 nodes,
+131072 tokens), eagerly
 ``N`` times the prefix table SGLang builds for the step. The rows are
 written up to each row's length (a Triton kernel on CUDA), once per verify
 forward, not per layer.

@@ -1,6 +1,6 @@
 """Decode attention through the verify's kernel: bitwise equal to every row of a chain verify and a prefill.
 
-``ops.decode_attention.decode_as_extend`` runs a decode step through SGLang's
+``sglang_plugin.decode_attention.decode_as_extend`` runs a decode step through SGLang's
 ``extend_attention_fwd_unified`` (the single-pass kernel deterministic mode
 runs for prefill and target verify), one query per request. Oracle: SGLang's
 own kernel called the way its Triton backend calls it for a chain verify
@@ -24,7 +24,7 @@ extend_mod = pytest.importorskip("sglang.kernels.ops.attention.extend_attention"
 decode_mod = pytest.importorskip("sglang.kernels.ops.attention.decode_attention",
                                  reason="needs SGLang's Triton attention kernels")
 
-from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable  # noqa: E402
+from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend, decode_packed, packable  # noqa: E402
 
 DEV = "cuda"
 UNIFIED = extend_mod.extend_attention_fwd_unified
@@ -143,7 +143,7 @@ def test_decode_row_does_not_depend_on_its_batch(heads, kv_heads, dim, path):
 
 def test_the_start_up_check_accepts_the_packed_tile_here():
     """``packed_matches`` (run at start-up before the hook uses the packed tile) passes on this GPU at both shapes."""
-    from sglang_detspec.ops.decode_attention import packed_matches
+    from sglang_detspec.sglang_plugin.decode_attention import packed_matches
 
     checked = 0
     for heads, kv_heads, dim in SHAPES:

@@ -131,7 +131,14 @@ layer = RMSNorm(4096, eps=1e-5).to(device="cuda", dtype=torch.bfloat16)
 layer.weight.data.copy_(w)
 install_config(DetSpecConfig(deterministic=True, source="server_args"))
 bits = lambda t: t.view(torch.int16)
-assert torch.equal(bits(layer(x)), bits(rms_norm(x, w, 1e-5, kernel="triton")))
+sglangs = RMSNorm.forward_cuda.__wrapped__
+# The plain form is handed to SGLang's forward_cuda (under --enable-deterministic-inference its branch runs
+# rms_norm_batch_invariant), per hidden row and per head (Qwen3's q / k norm): the same bits as calling it.
+assert torch.equal(bits(layer(x)), bits(sglangs(layer, x)))
+head = RMSNorm(128, eps=1e-6).to(device="cuda", dtype=torch.bfloat16)
+head.weight.data.copy_(w[:128])
+q = x.reshape(48 * 32, 128)
+assert torch.equal(bits(head(q)), bits(sglangs(head, q)))
 out, res = layer(x, r)
 want_out, want_res = fused_add_rms_norm(x, r, w, 1e-5, kernel="triton")
 assert torch.equal(bits(out), bits(want_out)) and torch.equal(bits(res), bits(want_res))
@@ -143,9 +150,10 @@ print("equal")
 
 
 def test_sglangs_rmsnorm_layer_runs_the_plugins_kernel_under_an_active_bag():
-    """SGLang's op dispatch on CUDA binds the hooked ``forward_cuda``: ``layer(x)`` and ``layer(x, residual)``
-    give the plugin's kernel's bits with the bag active, SGLang's own kernel's result without. In a child
-    process, so the hooks SGLang's loader applies do not reach the other tests of this session."""
+    """SGLang's op dispatch on CUDA binds the hooked ``forward_cuda``: with the bag active ``layer(x, residual)``
+    gives the plugin's fused kernel's bits and ``layer(x)`` (hidden rows and per-head rows) the bits of SGLang's
+    own ``forward_cuda``; without the bag, SGLang's own kernel's result. In a child process, so the hooks
+    SGLang's loader applies do not reach the other tests of this session."""
     import os
     import subprocess
     import sys

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.auditing import batch
@@ -13,6 +14,7 @@ from sglang_detspec.auditing.batch import DEFAULT_TRIALS, build_plan, group_size
 from sglang_detspec.cli.audit import REFERENCE_MAX_POSITIONS
 from sglang_detspec.cli.main import build_parser, main
 from sglang_detspec.reference import ReferenceEngine, build_model_pair
+from sglang_detspec.reference.samplers import KeyedSampler
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
@@ -107,6 +109,52 @@ def test_verdict_passes_seeded_and_fails_control(models):
     assert any("requests of the seeded run changed" in n for n in bad.notes)
     # A control that never varied means the trials proved nothing: say so.
     assert any("control also gave 1" in n for n in judge(seeded, seeded).notes)
+
+
+class RowKeyedSampler(KeyedSampler):
+    """A seeded sampler with the bug the audit guards against: each draw keyed by the row's own
+    ``sampling_seed`` but at ``position + row index``, so a request's uniforms depend on its slot in the
+    batch (``docs/design.md`` §1 forbids exactly this). Otherwise the keyed sampler, unchanged."""
+
+    name = "seeded-row-keyed"
+
+    @staticmethod
+    def slotted(positions):
+        return positions + torch.arange(positions.shape[0], dtype=positions.dtype)
+
+    def draft(self, probs, seeds, positions, draft_step):
+        return super().draft(probs, seeds, self.slotted(positions), draft_step)
+
+    def verify(self, draft_tokens, draft_probs, target_probs, seeds, positions):
+        return super().verify(draft_tokens, draft_probs, target_probs, seeds, self.slotted(positions))
+
+    def propose(self, probs, seeds, positions, num_samples=1):
+        return super().propose(probs, seeds, self.slotted(positions), num_samples)
+
+    def sample(self, probs, seeds, positions):
+        return super().sample(probs, seeds, self.slotted(positions))
+
+    def coupled_verify(self, draft_tokens, target_probs, seeds, positions):
+        return super().coupled_verify(draft_tokens, target_probs, seeds, self.slotted(positions))
+
+    def coupled_verify_tree(self, candidates, next_token, next_sibling, target_probs, seeds, positions):
+        return super().coupled_verify_tree(candidates, next_token, next_sibling, target_probs, seeds,
+                                           self.slotted(positions))
+
+
+@pytest.mark.parametrize("verify", ["coupled", "rejection"])
+def test_a_seeded_but_batch_dependent_sampler_fails_the_audit(models, verify):
+    """Positive control: the requests carry their seeds, yet the audit must catch draws keyed by batch slot."""
+    plan = build_plan(7, seed=1, max_new_tokens=6, vocab_size=VOCAB, max_batch=6)
+    assert len({t.probe_row for t in plan.trials}) > 1  # the probe changes slot, or nothing could be caught
+    honest = run_plan(ReferenceEngine(models, 2, verify=verify), plan)
+    buggy = run_plan(ReferenceEngine(models, 2, verify=verify, sampler=RowKeyedSampler()), plan)
+    assert judge(honest).passed
+    probe_seeds = {t.batches[t.probe_batch][t.probe_row].sampling_seed for t in plan.trials}
+    assert len(probe_seeds) == 1 and None not in probe_seeds  # one fixed seed: only the slot changes
+    verdict = judge(buggy)
+    assert not verdict.passed and buggy.unique_probe_outputs > 1, verdict.message
+    assert verdict.message.startswith("FAIL") and f"{buggy.unique_probe_outputs} different outputs" in verdict.message
 
 
 def test_verdict_needs_two_trials(models):

@@ -1,4 +1,4 @@
-"""The packed decode tile's argument layout (ops.decode_attention.decode_packed), in Triton's interpreter.
+"""The packed decode tile's argument layout (sglang_plugin.decode_attention.decode_packed), in Triton's interpreter.
 
 SGLang's real single-pass kernel (``_fwd_kernel_unified``) runs here on CPU
 under ``TRITON_INTERPRET=1`` (in a subprocess: the switch is read when
@@ -8,7 +8,7 @@ attention over each request's keys, and the same values as the one-row-per-
 head call SGLang's verify shares. Whether the two agree bit for bit in the
 GPU's matrix instructions is the GPU suite's
 (``test/registered/cuda/test_decode_attention_cuda.py``) and the start-up
-check's (``ops.decode_attention.packed_matches``).
+check's (``sglang_plugin.decode_attention.packed_matches``).
 """
 
 import os
@@ -24,7 +24,7 @@ register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 SCRIPT = r'''
 import sys, torch
 from sglang.kernels.ops.attention import extend_attention as ext
-from sglang_detspec.ops.decode_attention import decode_as_extend, decode_packed, packable
+from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend, decode_packed, packable
 heads, kv_heads, dim, page = (int(x) for x in sys.argv[1:5])
 lens = [1, 5, 64, 70]
 slots = sum(lens) + 1
@@ -75,7 +75,7 @@ def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, d
 def test_blocks_made_for_other_head_dims_are_refused_before_any_launch():
     import torch
 
-    from sglang_detspec.ops.decode_attention import decode_packed, packed_shape
+    from sglang_detspec.sglang_plugin.decode_attention import decode_packed, packed_shape
 
     q, kv = torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(16, 2, 128, dtype=torch.float16)
     blocks_64 = (64, 0, 64, 128, 64, 8)  # SGLang's blocks for head dim 64

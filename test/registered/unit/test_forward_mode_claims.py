@@ -17,7 +17,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 import torch
 
 from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
-from sglang_detspec.ops.decode_attention import decode_as_extend
+from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend
 from sglang_detspec.sglang_plugin import attention_hook, resolve
 
 register_cpu_ci(est_time=45, suite="detspec-unit-cpu")

@@ -1,18 +1,22 @@
-"""The batch-invariant GEMM on CPU: its config table, its argument errors, the torch path, and the
-Triton kernels' logic under Triton's interpreter (the GPU suite runs them compiled, bit for bit)."""
+"""The split-K GEMM experiment (benchmark/gemm_splitk/) on CPU: its config table, its argument errors, the
+torch path, and the Triton kernels' logic under Triton's interpreter (its GPU test runs them compiled, bit
+for bit). Kept in the unit suite so the experiment keeps working although it is not shipped."""
 
-import inspect
 import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.ops.gemm import linear, linear_reference, mm, unsupported
-from sglang_detspec.ops.gemm_config import (
+BENCH = Path(__file__).resolve().parents[3] / "benchmark"
+sys.path.insert(0, str(BENCH))
+from gemm_splitk import gemm_triton  # noqa: E402
+from gemm_splitk.gemm import linear, linear_reference, mm, unsupported  # noqa: E402
+from gemm_splitk.gemm_config import (  # noqa: E402
     DEFAULT_TABLE,
     MAX_SPLITS,
     MIN_CHUNK_STEPS,
@@ -43,10 +47,47 @@ def oracle_bound(out, a, w, b):
 # --- the config table ---------------------------------------------------------------------------------
 
 
-def test_the_reduction_order_is_looked_up_without_m():
-    assert list(inspect.signature(GemmTable.k_order).parameters) == ["self", "n", "k"]
-    assert list(inspect.signature(rule_k_order).parameters) == ["n", "k", "block_k"]
-    assert not {"block_k", "splits"} & {f.name for f in Tiling.__dataclass_fields__.values()}
+class _Launches:
+    """Stands in for one of the GEMM's Triton kernels: records the reduction order each launch receives."""
+
+    def __init__(self, name, seen):
+        self.name, self.seen = name, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if self.name == "combine":  # (ws, bias, c, m * n, n): the chunk count and the fixed combine order
+                self.seen.append(("combine", kwargs["SPLITS"]))
+            else:  # (..., m, n, k, chunk, 4 strides): K, its chunk length and the k-step
+                k, chunk = args[-6], args[-5]
+                self.seen.append((self.name, k, chunk, kwargs["BLOCK_K"], kwargs.get("SPLITS")))
+        return launch
+
+
+@pytest.mark.parametrize("table", list(VARIANTS.values()), ids=lambda t: t.name)
+def test_the_reduction_order_is_looked_up_without_m(table, monkeypatch):
+    """Every M, in every bucket and both schedules, launches the kernels with one K order for a given (N, K)."""
+    seen = []
+    for name, attr in (("split", "_gemm_split_kernel"), ("combine", "_gemm_combine_kernel"),
+                       ("fused", "_gemm_fused_kernel")):
+        monkeypatch.setattr(gemm_triton, attr, _Launches(name, seen))
+    n, k = 256, 4096
+    order = table.k_order(n, k)
+    chunk, splits = order.chunk_len(k), -(-k // order.chunk_len(k))
+    w = torch.zeros(n, k, dtype=torch.float16)
+    schedules = set()
+    for m in sorted({1, 2, 7, *table.boundaries(), *(b + 1 for b in table.boundaries()), 5000}):
+        seen.clear()
+        gemm_triton.gemm_triton(torch.zeros(m, k, dtype=torch.float16), w, None, table)
+        kinds = {launch[0] for launch in seen}
+        schedules.add(frozenset(kinds))
+        for launch in seen:
+            if launch[0] == "combine":
+                assert launch[1] == splits, (m, launch)
+            else:
+                assert launch[1:4] == (k, chunk, order.block_k), (m, launch)
+                assert launch[4] in (None, splits), (m, launch)
+    if any(b.schedule == "split" for b in table.buckets) and splits > 1:
+        assert {frozenset({"split", "combine"}), frozenset({"fused"})} <= schedules  # both schedules were seen
 
 
 @pytest.mark.parametrize("table", list(VARIANTS.values()), ids=lambda t: t.name)
@@ -167,9 +208,9 @@ def test_fp32_bias_is_added_before_the_one_rounding():
 
 INTERPRETED = r"""
 import torch
-from sglang_detspec.ops.gemm_config import GemmTable, KOrder, Tiling
-from sglang_detspec.ops.gemm_triton import gemm_triton
-from sglang_detspec.ops.gemm import linear_reference
+from gemm_splitk.gemm_config import GemmTable, KOrder, Tiling
+from gemm_splitk.gemm_triton import gemm_triton
+from gemm_splitk.gemm import linear_reference
 
 CASES = [  # (N, K, KOrder): splits that divide K, that do not, a short last chunk, masked K, one split
     (40, 192, KOrder(16, 3)), (24, 80, KOrder(16, 4)), (33, 200, KOrder(16, 3)), (16, 48, KOrder(16, 1)),
@@ -227,7 +268,8 @@ def test_the_kernels_under_tritons_interpreter():
     MMA lane's sum.
     """
     pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernels on CPU)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(BENCH), str(BENCH.parent / "python"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "checked 20", done.stderr[-3000:]
 

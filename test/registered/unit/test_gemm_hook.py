@@ -1,35 +1,58 @@
-"""SGLang's real batch-invariant matmul functions, wrapped by the plugin: ours in the plugin's runs, SGLang's otherwise.
+"""The split-K GEMM experiment's hook (benchmark/gemm_splitk/matmul_hook.py) on SGLang's real batch-invariant ops.
 
-On CPU the plugin's GEMM takes its torch path; SGLang's own (Triton) route
-cannot run without a GPU, so "SGLang's own" is recognised by giving exactly
-the outcome SGLang's unwrapped function gives.
+Which function ran is observed directly: SGLang's own ``matmul_persistent``
+and the experiment's ``linear`` are each wrapped in a recorder that calls the
+real function. On CPU SGLang's own (Triton) route cannot run, so where it is
+chosen its failure is what comes back; the recorder shows it was called.
 """
 
-import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec import sglang_plugin
-from sglang_detspec.config import GEMM_ENV, DetSpecConfig, env_settings, reset_config
-from sglang_detspec.ops.gemm import linear
-from sglang_detspec.sglang_plugin import gemm_hook
+from sglang_detspec.config import REMOVED_ENV, env_settings
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
-OURS = DetSpecConfig(deterministic=True, gemm="plugin", source="server_args")  # no speculative decoding: the GEMM still counts
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmark"))
+from gemm_splitk import matmul_hook  # noqa: E402
+from gemm_splitk.gemm import linear  # noqa: E402
+
+GEMM_ENV = "SGLANG_DETSPEC_GEMM"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def bio():
-    """SGLang's batch-invariant ops module after SGLang's own loader applied the plugin's hooks."""
     from sglang.srt.batch_invariant_ops import batch_invariant_ops
-    from sglang.srt.plugins import load_plugins
 
-    load_plugins()
-    yield batch_invariant_ops
-    reset_config()
+    return batch_invariant_ops
+
+
+@pytest.fixture()
+def calls(bio, monkeypatch):
+    """``{"sglang": [...], "split_k": [...]}``: the calls SGLang's matmul and the split-K ``linear`` received."""
+    seen = {"sglang": [], "split_k": []}
+    sglangs = bio.matmul_persistent
+
+    def sglang_matmul(*args, **kwargs):
+        seen["sglang"].append((args, kwargs))
+        return sglangs(*args, **kwargs)
+
+    def split_k_linear(*args, **kwargs):
+        seen["split_k"].append((args, kwargs))
+        return linear(*args, **kwargs)
+
+    import sglang.srt.batch_invariant_ops as package
+
+    # What installed() finds and keeps as the original, in the module and in the package's re-export.
+    monkeypatch.setattr(bio, "matmul_persistent", sglang_matmul)
+    monkeypatch.setattr(package, "matmul_persistent", sglang_matmul)
+    monkeypatch.setattr(matmul_hook, "linear", split_k_linear)
+    return seen
 
 
 def operands(m=5, k=200, n=48, seed=0):
@@ -47,29 +70,27 @@ def outcome(fn, *args, **kwargs):
         return type(err), str(err)
 
 
-def test_sglangs_matmul_is_wrapped_once_where_its_callers_look_it_up(bio):
-    import sglang.srt.batch_invariant_ops as package
-
-    wrapped = bio.matmul_persistent
-    assert wrapped.__wrapped__.__module__ == bio.__name__ and not hasattr(wrapped.__wrapped__, "__wrapped__")
-    assert package.matmul_persistent is wrapped  # the package's re-export is rebound too
-    assert gemm_hook.TARGET == f"{bio.__name__}.matmul_persistent"
-
-
-def test_the_plugins_runs_get_the_plugins_gemm(bio, bag):
-    bag(OURS)
+def test_sglangs_overrides_run_the_split_k_gemm_inside_installed(bio, calls):
     a, w, bias = operands()
     b = w.t()  # aten::mm's second operand for F.linear: the weight's transpose, a view
-    assert torch.equal(bio.mm_batch_invariant(a, b), linear(a, w))
-    assert torch.equal(bio.addmm_batch_invariant(bias, a, b), linear(a, w, bias))
     out = torch.empty(5, 48, dtype=torch.bfloat16)
-    assert bio.mm_out_batch_invariant(a, b, out=out) is out and torch.equal(out, linear(a, w))
-    assert torch.equal(bio.matmul_persistent(a, b, bias=bias), linear(a, w, bias))
+    with matmul_hook.installed():
+        import sglang.srt.batch_invariant_ops as package
+
+        assert package.matmul_persistent is bio.matmul_persistent  # the package's re-export follows
+        got = [bio.mm_batch_invariant(a, b), bio.addmm_batch_invariant(bias, a, b),
+               bio.mm_out_batch_invariant(a, b, out=out)]
+    assert calls["sglang"] == [] and len(calls["split_k"]) == 3
+    assert got[2] is out
+    product = a.double() @ w.double().T
+    for result, want, ref in zip(got, (linear(a, w), linear(a, w, bias), linear(a, w)),
+                                 (product, product + bias.double(), product)):
+        assert torch.equal(result, want)
+        assert torch.allclose(result.double(), ref, rtol=2**-7, atol=2**-7)  # one bf16 rounding of the product
 
 
 @pytest.mark.parametrize("case", ["fp32", "out_dtype", "2d_bias", "mixed"])
-def test_what_the_plugins_gemm_does_not_cover_goes_to_sglang(bio, bag, case):
-    bag(OURS)
+def test_what_the_split_k_gemm_does_not_cover_goes_to_sglang(bio, calls, case):
     a, w, bias = operands()
     args, kwargs = (a, w.t()), {}
     if case == "fp32":
@@ -80,46 +101,35 @@ def test_what_the_plugins_gemm_does_not_cover_goes_to_sglang(bio, bag, case):
         kwargs = {"bias": torch.zeros(5, 48, dtype=torch.bfloat16)}
     else:
         args = (a, w.t().half())
-    original = bio.matmul_persistent.__wrapped__
-    want = outcome(original, *args, **kwargs)
-    assert isinstance(want, tuple), "SGLang's own route ran on CPU: compare tensors instead"
-    assert outcome(bio.matmul_persistent, *args, **kwargs) == want
+    sglangs = bio.matmul_persistent
+    want = outcome(sglangs, *args, **kwargs)
+    calls["sglang"].clear()
+    with matmul_hook.installed():
+        got = outcome(bio.matmul_persistent, *args, **kwargs)
+    assert len(calls["sglang"]) == 1 and calls["split_k"] == []
+    assert type(got) is type(want) and (got == want if isinstance(want, tuple) else torch.equal(got, want))
 
 
-@pytest.mark.parametrize("config", [dataclasses.replace(OURS, deterministic=False),
-                                    dataclasses.replace(OURS, disabled=True),
-                                    dataclasses.replace(OURS, gemm="sglang")],
-                         ids=["not_deterministic", "disabled", "gemm_sglang"])
-def test_other_runs_keep_sglangs_matmul(bio, bag, config):
-    bag(config)
-    a, w, bias = operands()
-    original = bio.matmul_persistent.__wrapped__
-    want = outcome(original, a, w.t(), bias=bias)
-    assert isinstance(want, tuple), "SGLang's own route ran on CPU: compare tensors instead"
-    assert outcome(bio.addmm_batch_invariant, bias, a, w.t()) == want
-    assert outcome(bio.mm_batch_invariant, a, w.t()) == outcome(original, a, w.t())
+def test_leaving_installed_restores_sglangs_matmul_also_on_error(bio, calls):
+    sglangs = bio.matmul_persistent
+    a, w, _ = operands()
+    with pytest.raises(RuntimeError, match="inside"):
+        with matmul_hook.installed():
+            assert bio.matmul_persistent is not sglangs
+            raise RuntimeError("inside")
+    assert bio.matmul_persistent is sglangs
+    calls["sglang"].clear()
+    outcome(bio.mm_batch_invariant, a, w.t())
+    assert len(calls["sglang"]) == 1 and calls["split_k"] == []
 
 
-def test_the_setting():
-    assert env_settings({})["gemm"] == "sglang"  # SGLang's own GEMM measured faster on the H200
-    assert DetSpecConfig().gemm == "sglang"
-    assert env_settings({GEMM_ENV: " Plugin "})["gemm"] == "plugin"
-    with pytest.raises(ValueError, match=rf"{GEMM_ENV} must be one of \('sglang', 'plugin'\), got 'cublas'"):
-        env_settings({GEMM_ENV: "cublas"})
-    assert "gemm='plugin'" in OURS.describe()
-
-
-def test_the_hook_is_required_where_the_bag_asks_for_it(bio):
-    assert sglang_plugin.required_by(OURS) == {gemm_hook.TARGET}
-    for other in (dataclasses.replace(OURS, gemm="sglang"), dataclasses.replace(OURS, deterministic=False),
-                  dataclasses.replace(OURS, disabled=True)):
-        assert gemm_hook.TARGET not in sglang_plugin.required_by(other)
-    row = next(r for r in sglang_plugin.hook_table() if r.target == gemm_hook.TARGET)
-    assert row.kind == "AROUND" and row.absent_ok  # optional unless the bag asks for it
-    assert sglang_plugin.hook_problems(config=OURS) == []
+def test_the_package_neither_hooks_the_matmul_nor_takes_the_old_setting():
+    assert matmul_hook.TARGET not in {row.target for row in sglang_plugin.hook_table()}
+    assert "gemm" not in env_settings({})
+    with pytest.raises(ValueError, match=rf"{GEMM_ENV} is set \('plugin'\) but was removed: .*benchmark/gemm_splitk/"):
+        env_settings({GEMM_ENV: "plugin"})
+    assert GEMM_ENV in REMOVED_ENV
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(pytest.main([__file__, "-v"]))

@@ -2,8 +2,10 @@
 
 ``forward_cuda`` is the method SGLang's op dispatch binds on CUDA (on CPU it
 binds ``forward_cpu``), so the tests call it by name on CPU tensors: with the
-bag active it must return the plugin's op (its torch reference here), and
-otherwise do whatever SGLang's own ``forward_cuda`` does, error included.
+bag active ``norm(x, residual)`` must return the plugin's op (its torch
+reference here), and every other call (``norm(x)`` included) must do
+whatever SGLang's own ``forward_cuda`` does, error included, without the
+plugin's op running (a recorder around it counts its calls).
 """
 
 import dataclasses
@@ -58,6 +60,20 @@ def outcome(fn, *args, **kwargs):
     return out if isinstance(out, tuple) else (out,)
 
 
+@pytest.fixture()
+def plugin_calls(monkeypatch):
+    """The calls the hook made to the plugin's fused op (a recorder around the real op)."""
+    seen = []
+    real = norm_hook.fused_add_rms_norm
+
+    def recorded(*args, **kwargs):
+        seen.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(norm_hook, "fused_add_rms_norm", recorded)
+    return seen
+
+
 def same_outcome(a, b) -> bool:
     if isinstance(a[0], type) or isinstance(b[0], type):
         return a == b
@@ -76,13 +92,12 @@ def test_the_row_is_required_and_sglangs_loader_wraps_the_method_once(loaded):
 
 @pytest.mark.parametrize("dtype", list(BITS))
 @pytest.mark.parametrize("h", (128, 4096, 5120))
-def test_active_bag_runs_the_plugins_norm_through_sglangs_layer(loaded, bag, dtype, h):
+def test_active_bag_runs_the_plugins_norm_through_sglangs_layer(loaded, bag, plugin_calls, dtype, h):
     bag(ACTIVE)
     layer, x, r = layer_and_inputs(h, dtype)
     before = (x.clone(), r.clone())
-    want_plain, _ = rms_norm_reference(x, layer.weight.data, 1e-5)
-    assert same_bits(layer.forward_cuda(x), want_plain)
     out, res = layer.forward_cuda(x, r)
+    assert len(plugin_calls) == 1
     want_out, want_res = rms_norm_reference(x, layer.weight.data, 1e-5, r)
     assert same_bits(out, want_out) and same_bits(res, want_res)
     assert same_bits(x, before[0]) and same_bits(r, before[1])  # out of place, as SGLang's deterministic path
@@ -90,6 +105,24 @@ def test_active_bag_runs_the_plugins_norm_through_sglangs_layer(loaded, bag, dty
     out3, res3 = layer.forward_cuda(x.reshape(3, 4, h), residual=r.reshape(3, 4, h))
     assert out3.shape == (3, 4, h) and same_bits(out3.reshape(12, h), want_out) and same_bits(res3.reshape(12, h),
                                                                                                   want_res)
+
+
+@pytest.mark.parametrize("shape", [(12, 4096), (3, 4, 128), (40, 32, 128)], ids=["hidden", "qk_3d", "qk_heads"])
+def test_active_bag_leaves_the_plain_norm_to_sglang(loaded, bag, plugin_calls, shape):
+    """``norm(x)``, hidden-sized or per head (Qwen3's q / k norms): SGLang's own batch-invariant kernel runs.
+
+    On CPU that kernel is a Triton launch that cannot run, so SGLang's
+    outcome is its error; the recorder shows the plugin's op did not run.
+    """
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    bag(ACTIVE)
+    layer, x, _ = layer_and_inputs(shape[-1], m=1)
+    x = torch.randn(*shape).to(torch.bfloat16)
+    original = RMSNorm.forward_cuda.__wrapped__
+    assert same_outcome(outcome(layer.forward_cuda, x), outcome(original, layer, x))
+    assert same_outcome(outcome(layer.forward_cuda, x=x), outcome(original, layer, x))
+    assert plugin_calls == []
 
 
 def test_active_bag_matches_sglangs_own_residual_semantics(loaded, bag):
@@ -154,14 +187,22 @@ def test_variants_outside_the_op_keep_sglangs_path_with_an_active_bag(loaded, ba
         assert same_outcome(got, want), name
 
 
-def test_an_empty_batch_keeps_sglangs_path(loaded, bag):
+def test_an_empty_batch_keeps_sglangs_path(loaded, bag, plugin_calls):
+    """SGLang returns an empty batch's own tensors untouched (the residual with ``post_residual_addition``
+    added); the hook must hand back exactly that, without running the plugin's op."""
     from sglang.srt.layers.layernorm import RMSNorm
 
     bag(ACTIVE)
     layer, x, r = layer_and_inputs()
-    got = layer.forward_cuda(x[:0], r[:0])
-    want = RMSNorm.forward_cuda.__wrapped__(layer, x[:0], r[:0])
-    assert got[0].shape == want[0].shape == (0, 256) and got[1].shape == (0, 256)
+    x0, r0 = x[:0], r[:0]
+    original = RMSNorm.forward_cuda.__wrapped__
+    got, want = layer.forward_cuda(x0, r0), original(layer, x0, r0)
+    assert got[0] is x0 and got[1] is r0 and want[0] is x0 and want[1] is r0
+    assert layer.forward_cuda(x0) is x0 and original(layer, x0) is x0
+    post = torch.ones(0, 256, dtype=torch.bfloat16)
+    got_post = layer.forward_cuda(x0, r0, post)
+    assert got_post[0] is x0 and same_bits(got_post[1], original(layer, x0, r0, post)[1])
+    assert plugin_calls == []
 
 
 if __name__ == "__main__":

@@ -1050,7 +1050,7 @@ CUBLAS_C1 = {"qkv": ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"],
              "gate_up": ["nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT"],
              "down": ["nvjet_sm90_tst_128x8_64x12_2x1_v_bz_splitK_TNT", H_SPLITK],
              "lm_head": ["nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT"]}
-# This package's Triton GEMM (ops/gemm_triton.py): one fused kernel, or split over K then combined. Which one
+# The split-K GEMM experiment (benchmark/gemm_splitk/gemm_triton.py): one fused kernel, or split over K then combined. Which one
 # a GEMM takes depends on its shape (the draft decode at c = 128 splits fc, qkv, o, down; the verify fuses all).
 PLUGIN_FUSED = {s: ["_gemm_fused_kernel"] for s in ("fc", "qkv", "o", "gate_up", "down", "lm_head")}
 PLUGIN_SPLIT = {**PLUGIN_FUSED,
@@ -1566,10 +1566,10 @@ def test_server_env_and_args_reach_only_plugin_configurations():
             cfg.parse_env_pairs(bad)
     s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
     servers = run.plan_servers(list("abdefg"), 1, s, port_base=31000, out="/o", profile=[], max_conc=128,
-                               server_env={"SGLANG_DETSPEC_GEMM": "plugin"}, server_args=["--foo", "1"])
-    got = {sv.key: (sv.env.get("SGLANG_DETSPEC_GEMM"), sv.argv[-2:] == ["--foo", "1"]) for sv in servers}
-    assert got == {"a": (None, False), "b": (None, False), "d": ("plugin", True), "e": ("plugin", True),
-                   "f": ("plugin", True), "g": (None, False)}
+                               server_env={"SGLANG_DETSPEC_TREE_ATTENTION": "nodes"}, server_args=["--foo", "1"])
+    got = {sv.key: (sv.env.get("SGLANG_DETSPEC_TREE_ATTENTION"), sv.argv[-2:] == ["--foo", "1"]) for sv in servers}
+    assert got == {"a": (None, False), "b": (None, False), "d": ("nodes", True), "e": ("nodes", True),
+                   "f": ("nodes", True), "g": (None, False)}
 
 
 def test_modes_validate_their_arguments():

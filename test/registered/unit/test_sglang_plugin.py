@@ -99,7 +99,6 @@ HOOKED = {
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
     "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
-    "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent",
     "sglang.srt.layers.layernorm.RMSNorm.forward_cuda",
     "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs",
     *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (

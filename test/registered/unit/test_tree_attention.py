@@ -365,20 +365,16 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks():
     import dataclasses
 
     from sglang_detspec import sglang_plugin
-    from sglang_detspec.sglang_plugin import gemm_hook
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                         attention_backend="fa3", tree_attention="nodes", source="server_args")
     fa_rows = {row.target for row in sglang_plugin.hook_table()
                if row.target.startswith(tah.FA + ".") and row.kind in sglang_plugin.REGISTRY_KINDS}
 
-    def tree_rows(config):  # the GEMM row's own requirement: test_gemm_hook.py
-        return sglang_plugin.required_by(config) - {gemm_hook.TARGET}
-
-    assert len(fa_rows) == 5 and tree_rows(bag) == fa_rows
+    assert len(fa_rows) == 5 and sglang_plugin.required_by(bag) == fa_rows
     for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, eagle_topk=1),
                   dataclasses.replace(bag, attention_backend="triton")):
-        assert tree_rows(other) == set()
+        assert sglang_plugin.required_by(other) == set()
     if not torch.cuda.is_available():
         problems = sglang_plugin.hook_problems(applied=False, config=bag)
         assert sorted(problems) == sorted(f"{t} is not found in SGLang 0.5.23" for t in fa_rows)

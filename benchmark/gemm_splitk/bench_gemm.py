@@ -3,7 +3,7 @@
 For every shape (``N x K``: 8B Llama target layers, the EAGLE draft's fc, a
 70B-class dense model) and M, three things are timed on ``C = A @ W^T``:
 
-- ``us``: the plugin's GEMM (``sglang_detspec.ops.gemm.linear``, the default table);
+- ``us``: the split-K GEMM (``gemm_splitk.gemm.linear``, the default table);
 - ``cublas_us``: ``torch.nn.functional.linear`` with batch-invariant mode off;
 - ``sglang_us``: SGLang's deterministic GEMM called directly, by the route its
   ``matmul_persistent`` takes for these arguments (``sglang_route``:
@@ -24,11 +24,11 @@ the same row computed at the largest M of the run (the same input rows);
 the same rows in that order.
 
 ``--variants a,b`` (or ``all``) also times candidate tables of
-``sglang_detspec.ops.gemm_config.VARIANTS`` on the same inputs and checks each
+``gemm_splitk.gemm_config.VARIANTS`` on the same inputs and checks each
 against itself across M, so one command can choose the table
 (``gemm_variants.json`` and a table per variant in ``gemm.md``).
 
-    PYTHONPATH=$PWD/python python3 benchmark/bench_gemm.py [--quick] [--variants all]
+    PYTHONPATH=$PWD/python python3 benchmark/gemm_splitk/bench_gemm.py [--quick] [--variants all]
         [--dtypes bf16,fp16] [--bias] [--sglang-routes deepgemm,triton|none] [--out DIR]
 
 Writes ``DIR/gemm.json``, ``DIR/gemm.md`` (and ``DIR/gemm_variants.json``).
@@ -48,8 +48,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from sglang_detspec.ops.gemm import linear
-from sglang_detspec.ops.gemm_config import DEFAULT_TABLE, REFERENCE_SHAPES, VARIANTS
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmark/: the experiment's package
+from gemm_splitk.gemm import linear  # noqa: E402
+from gemm_splitk.gemm_config import DEFAULT_TABLE, REFERENCE_SHAPES, VARIANTS  # noqa: E402
 
 SHAPES = REFERENCE_SHAPES  # name: (N, K)
 QUICK_SHAPES = ("8b_qkv", "8b_o", "8b_gate_up", "8b_down", "8b_lm_head", "eagle_fc")
@@ -303,7 +304,7 @@ def main(argv=None) -> int:
     l2_bytes = getattr(props, "L2_cache_size", 50 * 2**20)
     date = datetime.datetime.now(datetime.timezone.utc)
     meta = {"date_utc": date.strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": f"{props.name}, {props.multi_processor_count} SMs",
-            "command": "python3 benchmark/bench_gemm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python3 benchmark/gemm_splitk/bench_gemm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "torch": torch.__version__, "sglang_routes": sorted(routes), "l2_bytes": l2_bytes,
             "tables": [t.name for t in tables]}
     print(f"{meta['machine']}; SGLang routes {sorted(routes)}; tables {meta['tables']}", flush=True)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm_config import GemmTable
+from gemm_splitk.gemm_config import GemmTable
 
 COMBINE_BLOCK = 1024
 

@@ -12,7 +12,7 @@ kernels, with the split count taken away from M.
 Covered: fp16 / bf16 ``a`` [..., K] and ``weight`` [N, K] of the same dtype,
 any strides, an optional bias [N] of that dtype or fp32, K >= 1, N >= 1, on
 CUDA. :func:`unsupported` names what is outside that (fp32, 2-D biases, mixed
-dtypes), so a caller with another GEMM (SGLang's, in the plugin's hook) can
+dtypes), so a caller with another GEMM (SGLang's, in :mod:`.matmul_hook`) can
 fall back to it; :func:`linear` raises ``ValueError`` for it.
 
 The torch path (``kernel="torch"``, the only one on CPU) computes the same
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from .gemm_config import DEFAULT_TABLE, GemmTable
-from .kernel_choice import use_triton
+from gemm_splitk.gemm_config import DEFAULT_TABLE, GemmTable
+from sglang_detspec.ops.kernel_choice import use_triton
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -91,7 +91,7 @@ def linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])  # a view whenever the leading dims allow one
     if use_triton(kernel, a.device):
-        from .gemm_triton import gemm_triton
+        from gemm_splitk.gemm_triton import gemm_triton
 
         out = gemm_triton(a2, weight, bias, table)
     else:

@@ -1,11 +1,19 @@
 """One decode step's attention through SGLang's single-pass extend kernel (one query per request).
 
-Why (``sglang_plugin/attention_hook.py``): in deterministic mode SGLang's
-Triton backend runs verify and prefill through ``extend_attention_fwd_unified``
-and decode through a split-KV kernel; the two round differently. Running the
-decode step as an extend of one token gives it the verify's tiles and
-rounding. The kernel is SGLang's, passed in as ``unified``: this op only lays
-out its arguments.
+Why (``attention_hook.py``): in deterministic mode SGLang's Triton backend
+runs verify and prefill through ``extend_attention_fwd_unified`` and decode
+through a split-KV kernel; the two round differently. Running the decode
+step as an extend of one token gives it the verify's tiles and rounding.
+
+This module is the adapter to SGLang 0.5.23's private kernel code
+(``sglang/kernels/ops/attention/extend_attention.py``): it lays out the
+arguments of ``extend_attention_fwd_unified`` and launches its Triton kernel
+``_fwd_kernel_unified`` directly, so it lives with the hooks, not in
+``ops/`` (which imports nothing of SGLang). The launch binds the kernel's
+parameters by name and takes the KV strides from SGLang's own
+``_extract_kv_strides``: a parameter SGLang renames or removes is a
+``TypeError`` at the first launch (the start-up check's), never an argument
+bound to the wrong slot.
 """
 
 from __future__ import annotations
@@ -76,6 +84,19 @@ def packed_shape(q, k_buffer, v_buffer) -> tuple:
     return q.shape[1], k_buffer.shape[-2], q.shape[-1], v_buffer.shape[-1], k_buffer.dtype
 
 
+def kv_strides(buf: torch.Tensor, page_size: int) -> tuple[int, int, int, int]:
+    """``(slot, head, page, token)`` strides of a 3-D KV buffer, by SGLang's own ``_extract_kv_strides``.
+
+    The helper SGLang's extend launch uses for the same kernel parameters
+    (``extend_attention.py`` imports it from ``decode_attention.py``), so the
+    packed call addresses the cache exactly as SGLang's call does. Raises
+    SGLang's ``ValueError`` for a buffer that is not 3-D.
+    """
+    from sglang.kernels.ops.attention.extend_attention import _extract_kv_strides
+
+    return _extract_kv_strides(buf, page_size)
+
+
 def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale, k_scale,
                   v_scale, *, logit_cap=0.0, page_size=1, num_stages=1, group_rows=None):
     """One decode step's attention through SGLang's single-pass kernel, a query-head group per tile.
@@ -129,12 +150,16 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
     qp = q.view(n, kv_heads, group, dim).transpose(1, 2).reshape(n * group, kv_heads, dim)
     op = torch.empty(n * group, kv_heads, v_dim, dtype=o.dtype, device=o.device)
     lens = (kv_indptr[1:n + 1] - kv_indptr[:n]).to(torch.int32)  # every key is a prefix key: none masked
+    k_slot, k_head, k_page, k_tok = kv_strides(k_buffer, page_size)
+    v_slot, v_head, v_page, v_tok = kv_strides(v_buffer, page_size)
     # A group above one tile's rows (MQA with more than 64 query heads) spans several row tiles.
     kernel[(n, kv_heads, -(-group // PACKED_BLOCK_M))](
-        qp, op, k_buffer, v_buffer, group_rows[:n + 1], kv_indptr, kv_indices, lens, None, None, None, None,
-        sm_scale * k_scale, v_scale, 1, qp.stride(0), qp.stride(1), op.stride(0), op.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        k_buffer.stride(0) * page_size, k_buffer.stride(0), v_buffer.stride(0) * page_size, v_buffer.stride(0),
+        Q=qp, O=op, K_Buffer=k_buffer, V_Buffer=v_buffer, qo_indptr=group_rows[:n + 1], kv_indptr=kv_indptr,
+        kv_indices=kv_indices, prefix_lens=lens, mask_ptr=None, mask_indptr=None, sink_ptr=None,
+        window_start_pos=None, sm_scale_withk=sm_scale * k_scale, v_scale=v_scale, kv_group_num=1,
+        stride_qbs=qp.stride(0), stride_qh=qp.stride(1), stride_obs=op.stride(0), stride_oh=op.stride(1),
+        stride_buf_kbs=k_slot, stride_buf_kh=k_head, stride_buf_vbs=v_slot, stride_buf_vh=v_head,
+        stride_buf_kpage=k_page, stride_buf_ktok=k_tok, stride_buf_vpage=v_page, stride_buf_vtok=v_tok,
         SLIDING_WINDOW_SIZE=-1, logit_cap=logit_cap, xai_temperature_len=-1, Lq=dim, Lv=v_dim,
         BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv, BLOCK_M=PACKED_BLOCK_M, BLOCK_N=block_n, IS_CAUSAL=True,
         USE_CUSTOM_MASK=False, HAS_SINK=False, IS_GFX1250=False, PAGE_SIZE=page_size, SCORE_MOD=None, Aux0=None,
