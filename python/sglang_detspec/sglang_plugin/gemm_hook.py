@@ -21,7 +21,7 @@ or on M) holds with more programs in flight. Measured on the H200
 0.87-1.13x of cuBLAS at every measured shape and M while this GEMM reaches
 0.3-1.0x, so SGLang's stays the default and this one is kept to compare.
 
-When: the plugin's runs (:attr:`DetSpecConfig.ours`: deterministic inference
+When: the plugin's runs (:attr:`DetSpecConfig.active`: deterministic inference
 on, ``SGLANG_DETSPEC_DISABLE`` unset) with ``SGLANG_DETSPEC_GEMM=plugin``
 (the default is ``sglang``). Arguments the plugin's GEMM does not cover (fp32, an
 ``out_dtype`` other than the inputs', a bias other than 1-D [N], mixed
@@ -50,7 +50,7 @@ def plugin_matmul(original, a, b, bias=None, out_dtype=None):
     chosen implementation raises.
     """
     bag = current_config()
-    if (not (bag.ours and bag.gemm == "plugin") or out_dtype not in (None, a.dtype)
+    if (not (bag.active and bag.gemm == "plugin") or out_dtype not in (None, a.dtype)
             or getattr(a, "ndim", 0) != 2 or getattr(b, "ndim", 0) != 2):
         return original(a, b, bias=bias, out_dtype=out_dtype)
     weight = b.t()  # F.linear's [N, K] layout, a view
