@@ -390,13 +390,13 @@ def _batch_case(rng, endpoint, model, fields) -> dict:
 # schema gate admits, so that a list of the wrong length is refused for its length.
 BATCH_LISTS: dict[str, object] = {
     "sampling_params": {"max_new_tokens": GOOD_NEW_TOKENS}, "rid": "rid", "image_data": None, "video_data": None,
-    "audio_data": None, "mm_hashes": [], "mm_content_hashes": [], "modalities": None, "watermark": None,
+    "audio_data": None, "mm_hashes": [], "mm_content_hashes": [], "modalities": "image", "watermark": None,
     "return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0, "token_ids_logprob": [5],
     "return_sampling_mask": False, "sampling_logprobs_mode": None, "return_hidden_states": False,
     "lora_path": None, "lora_id": None, "custom_logit_processor": None, "positional_embed_overrides": None,
     "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None,
     "decode_tp_size": None, "extra_key": "k", "cache_salt": "k", "kv_hints": None,
-    "multi_item_delimiter_indices": None, "token_indices_to_pool": None,
+    "multi_item_delimiter_indices": [], "token_indices_to_pool": [],
 }
 
 
