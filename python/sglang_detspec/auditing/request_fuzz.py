@@ -74,6 +74,10 @@ class Model:
 
 # -- valid requests -------------------------------------------------------------------
 
+# The test models' tokenizer (scripts/make_tiny_models.py): token i >= 3 is the word "t<i>", ids 0-2
+# are <unk>, <s>, </s> (the end of sequence).
+WORD = "t{}"
+
 
 def good_body(endpoint: str, model: Model, rng: random.Random) -> dict:
     """A valid seeded sampled request of ``endpoint`` with a short random prompt (4 new tokens)."""
@@ -85,7 +89,7 @@ def good_body(endpoint: str, model: Model, rng: random.Random) -> dict:
     common = {"model": model.name, "max_tokens": GOOD_NEW_TOKENS, "temperature": 1.0, "seed": seed}
     if endpoint == "/v1/completions":
         return {"prompt": ids, **common}
-    words = " ".join(f"t{i}" for i in ids)  # the tiny models' word-level tokenizer: word t<i> is id i
+    words = " ".join(WORD.format(i) for i in ids)
     return {"messages": [{"role": "user", "content": words}], **common}
 
 
@@ -112,11 +116,6 @@ def _bools(m: Model) -> list:
 
 def _strings(m: Model) -> list:
     return ["", "x", "x" * 100_000, "\u0000", "\ud7ff", "[" * 1000, 5, None, [], ["a", "b"], {"a": 1}, ["a"] * 64]
-
-
-# The test models' tokenizer (scripts/make_tiny_models.py): token i >= 3 is the word "t<i>", ids 0-2
-# are <unk>, <s>, </s> (the end of sequence).
-WORD = "t{}"
 
 
 class Grammars(NamedTuple):

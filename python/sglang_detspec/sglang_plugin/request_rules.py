@@ -225,7 +225,7 @@ PER_REQUEST_LISTS = (
 EMPTY_MEANS_UNSET = ("image_data", "modalities", "token_ids_logprob")
 
 
-def per_request_length(name: str, value: object) -> bool:
+def is_per_request_list(name: str, value: object) -> bool:
     """Whether ``value`` of field ``name`` is a list SGLang indexes per request of a batch.
 
     A list is per request, except an empty one of :data:`EMPTY_MEANS_UNSET`
@@ -254,7 +254,7 @@ def _batch_lists(obj) -> None:
     # parameter sets are indexed.
     for name in PER_REQUEST_LISTS if not single else ("sampling_params",):
         value = getattr(obj, name, None)
-        if per_request_length(name, value) and len(value) != size:
+        if is_per_request_list(name, value) and len(value) != size:
             raise RequestRuleError(
                 "batch_length_mismatch", name,
                 f"{name} must give one entry per request of the batch ({size}), got a list of {len(value)}")

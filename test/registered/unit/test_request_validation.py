@@ -4,11 +4,13 @@ Request validation goes through SGLang's own ``TokenizerManager.generate_request
 (the ``served`` of ``test_request_seeds.py``, model vocabulary 1000, context
 2048), the path of ``/generate`` and ``Engine.generate``, and through SGLang's
 own ``/v1/completions`` and ``/v1/chat/completions`` handlers: every rule of
-``request_rules.RULES`` (token ids outside the vocabulary, ``n``, logprob
-fields, ``top_k``, ``min_new_tokens``, stop ids, logit bias, grammars, number
-types) refuses a bad value with a ``ValueError`` naming the field, value and
+``request_rules.RULES`` (token ids outside the vocabulary, ``n``, a batch's
+per-request lists, ``sampling_seed``, logprob fields, ``top_k``,
+``min_new_tokens``, stop ids, logit bias, grammars, number types) refuses a bad value with a ``ValueError`` naming the field, value and
 bound and carrying the rule's code (SGLang's HTTP server answers it with 400),
-and the request never reaches the scheduler; ``top_k`` above 2**30 is clamped. The hook table: every
+and the request never reaches the scheduler; ``top_k`` above 2**30 is clamped. The batch rule
+covers every list SGLang's real ``GenerateReqInput.__getitem__`` indexes (read from its source),
+each shorter and longer than the batch, where SGLang alone fails. The hook table: every
 required target resolves in the installed SGLang and is wrapped after
 ``load_plugins``; a target that is missing or unpatched is named, with the
 SGLang version, by the start-up check and by ``detspec serve --dry-run``.
@@ -65,7 +67,7 @@ def test_n_outside_its_range_or_not_an_integer_is_refused(served, bag, n):
     assert caught.value.code == "n_out_of_range" and served.sent == []
 
 
-def test_only_runs_that_are_ours_are_checked(served, bag):
+def test_only_active_runs_are_checked(served, bag):
     for inactive in (DetSpecConfig(source="server_args"),  # no --enable-deterministic-inference
                      DetSpecConfig(deterministic=True, disabled=True, source="server_args")):  # DISABLE=1
         bag(inactive)  # SGLang's own path, untouched
@@ -377,7 +379,7 @@ def test_engine_generate_raises_in_the_callers_process(served, bag):
     assert served.sent == []
 
 
-def test_rules_leave_sglang_alone_when_not_ours(served, bag):
+def test_rules_leave_sglang_alone_when_inactive(served, bag):
     bag(DetSpecConfig(source="server_args"))  # no --enable-deterministic-inference: SGLang's own path
     generate(served, input_ids=[5, 6], sampling_params={**SAMPLED, "top_k": 2**40, "stop_token_ids": [5000]})
     assert served.sent[-1].sampling_params.top_k == 2**40
