@@ -122,7 +122,14 @@ class DetSpecConfig:
 
     @property
     def ours(self) -> bool:
-        """Deterministic inference is on and the plugin is not disabled: the run is ours."""
+        """Deterministic inference is on and the plugin is not disabled: the run is ours to check.
+
+        Start-up's question, asked before the refusals are known (they are
+        computed only for such runs; the CLI's dry run checks its hooks). No
+        hook tests it: hooks test :attr:`active`, which adds "and nothing
+        refused". A refused run stops at start-up, so in a serving process
+        the two agree.
+        """
         return self.deterministic and not self.disabled
 
     @property
@@ -207,7 +214,9 @@ class DetSpecConfig:
 
     @functools.cached_property
     def active(self) -> bool:
-        """True when our seeded streams replace SGLang's sampling.
+        """True when our seeded streams and request rules replace SGLang's: ours and nothing refused.
+
+        The one test every hook makes before it acts (and the start-up log's "active").
 
         Cached on the (frozen) bag: hooks on every layer's call (the RMSNorm
         hook) read it, and the refusal rules never change for one bag.

@@ -55,7 +55,7 @@ from . import DEFAULT_TIMEOUT_S
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
 # The error code an sglang-detspec server gives a sampling_seed outside [0, 2**64).
-SEED_RANGE_CODE = "sampling_seed_out_of_range"  # sglang_plugin/request_hook.py
+SEED_RANGE_CODE = "sampling_seed_out_of_range"  # sglang_plugin/request_rules.py
 _CODE_SUFFIX = re.compile(r"\(error code: ([a-z0-9_]+)\)")
 
 

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import random
 from collections.abc import Callable
+from typing import NamedTuple
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 GOOD_NEW_TOKENS = 4
@@ -37,7 +38,9 @@ class Case:
         body: the JSON body (any JSON value), or the raw text sent when ``raw``.
         raw: ``body`` is sent as it is (text that need not be JSON).
         known: the name of a :data:`KNOWN_CRASHES` input, else None.
-        expect: the HTTP status a known input must get (None: any answer below 500).
+        expect: the HTTP status the case must get (None: any answer below 500).
+        limit: the documented limit (a key of :data:`LIMITS`) whose 5xx the
+            case may get instead of its answer, else None.
     """
 
     index: int
@@ -48,6 +51,7 @@ class Case:
     raw: bool = False
     known: str | None = None
     expect: int | None = None
+    limit: str | None = None
 
     def payload(self) -> str:
         """The request body as sent."""
@@ -56,7 +60,7 @@ class Case:
     def summary(self) -> dict:
         """The case without its body (bodies can be megabytes), for result files."""
         return {"index": self.index, "endpoint": self.endpoint, "field": self.field, "mutation": self.mutation,
-                "known": self.known, "body_bytes": len(self.payload())}
+                "known": self.known, "expect": self.expect, "limit": self.limit, "body_bytes": len(self.payload())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +74,10 @@ class Model:
 
 # -- valid requests -------------------------------------------------------------------
 
+# The test models' tokenizer (scripts/make_tiny_models.py): token i >= 3 is the word "t<i>", ids 0-2
+# are <unk>, <s>, </s> (the end of sequence).
+WORD = "t{}"
+
 
 def good_body(endpoint: str, model: Model, rng: random.Random) -> dict:
     """A valid seeded sampled request of ``endpoint`` with a short random prompt (4 new tokens)."""
@@ -81,7 +89,7 @@ def good_body(endpoint: str, model: Model, rng: random.Random) -> dict:
     common = {"model": model.name, "max_tokens": GOOD_NEW_TOKENS, "temperature": 1.0, "seed": seed}
     if endpoint == "/v1/completions":
         return {"prompt": ids, **common}
-    words = " ".join(f"t{i}" for i in ids)  # the tiny models' word-level tokenizer: word t<i> is id i
+    words = " ".join(WORD.format(i) for i in ids)
     return {"messages": [{"role": "user", "content": words}], **common}
 
 
@@ -110,9 +118,34 @@ def _strings(m: Model) -> list:
     return ["", "x", "x" * 100_000, "\u0000", "\ud7ff", "[" * 1000, 5, None, [], ["a", "b"], {"a": 1}, ["a"] * 64]
 
 
-def _grammars(m: Model) -> list:
-    return ["", "{", "(((", "[a-z]+", "a{1,3}", '{"type": "object"}', '{"type": "nope"}', 'root ::= "a"',
-            "x" * (2 * 1024 * 1024), 5, {"type": "object"}, [], None]
+class Grammars(NamedTuple):
+    """A grammar field's values: ``good`` the vocabulary can satisfy (HTTP 200), ``unsatisfiable``
+    valid but startable by no token (:data:`GRAMMAR_LIMIT`), ``bad`` malformed (an answer below 500)."""
+
+    good: tuple
+    unsatisfiable: tuple
+    bad: tuple
+
+
+_NOT_A_GRAMMAR = ("x" * (2 * 1024 * 1024), 5, {"type": "object"}, [], None)
+GRAMMARS = {
+    "regex": Grammars(("t[0-9]+", "(t[1-9][0-9]*)+", "t5|t6", "t[1-9][0-9]{0,2}", ""),
+                      ("[a-z]+", "a{1,3}", 'root ::= "a"'), ("{", "(((", *_NOT_A_GRAMMAR)),
+    "ebnf": Grammars(('root ::= "t5"', 'root ::= ("t5" | "t6")+', 'root ::= "t" [1-9] [0-9]*', 'root ::= ""'),
+                     ('root ::= "a"', "root ::= [a-z]+"), ("{", "", "(((", *_NOT_A_GRAMMAR)),
+    # Every JSON text starts with one of {["-0-9tfn and no token of the vocabulary does ("t" is not a token).
+    "json_schema": Grammars((), ('{"type": "object"}', '{"type": "string"}', '{"type": "integer"}',
+                                 '{"type": "array"}'), ('{"type": "nope"}', "{", "", *_NOT_A_GRAMMAR)),
+    "structural_tag": Grammars((), (), ("{", "", '{"type": "nope"}', 'root ::= "a"', *_NOT_A_GRAMMAR)),
+}
+
+
+def grammar_value(field: str, rng: random.Random) -> tuple[object, int | None, str | None]:
+    """``(value, expect, limit)`` of a random value for grammar ``field`` (a key of :data:`GRAMMARS`)."""
+    table = GRAMMARS[field]
+    kind = rng.choice([k for k in ("good", "unsatisfiable", "bad") if getattr(table, k)])
+    value = rng.choice(getattr(table, kind))
+    return value, {"good": 200}.get(kind), GRAMMAR_LIMIT if kind == "unsatisfiable" else None
 
 
 def _biases(m: Model) -> list:
@@ -132,13 +165,19 @@ def _messages(m: Model) -> list:
             [{"role": "assistant", "content": "t5"}], [{"role": "user", "content": "t5"}] * 200]
 
 
+# JSON output formats: no token of the test vocabulary starts a JSON text (:data:`GRAMMARS`).
+JSON_FORMATS = ({"type": "json_object"},
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+
+
 def _formats(m: Model) -> list:
-    return [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
-            {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}, {"type": "nope"}, "json", 5, None, []]
+    return [*JSON_FORMATS, {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}, {"type": "nope"},
+            "json", 5, None, []]
 
 
+# Value lists by kind; "grammar" fields draw from GRAMMARS instead (:func:`value_for`).
 KINDS: dict[str, Callable[[Model], list]] = {
-    "int": _ints, "real": _reals, "ids": _ids, "bool": _bools, "str": _strings, "grammar": _grammars,
+    "int": _ints, "real": _reals, "ids": _ids, "bool": _bools, "str": _strings,
     "bias": _biases, "stop": _stops, "messages": _messages, "format": _formats,
 }
 
@@ -262,13 +301,28 @@ def _label(value) -> str:
     return text if len(text) <= 40 else f"{text[:24]}...({len(text)} chars)"
 
 
-def _field_case(rng, endpoint, model, fields) -> tuple[str, str, object]:
+def value_for(field: str, kind: str, model: Model, rng: random.Random) -> tuple[object, int | None, str | None]:
+    """``(value, expect, limit)``: a random value of ``kind`` for ``field``, the status it must get
+    (200 for a grammar the vocabulary satisfies, else None) and the limit it may hit."""
+    if kind == "grammar":
+        return grammar_value(field.rsplit(".", 1)[-1], rng)
+    value = rng.choice(KINDS[kind](model))
+    return value, None, GRAMMAR_LIMIT if kind == "format" and value in JSON_FORMATS else None
+
+
+def _field_case(rng, endpoint, model, fields) -> dict:
     field = rng.choice(sorted(fields))
-    value = rng.choice(KINDS[fields[field]](model))
-    return field, f"value:{_label(value)}", _set(good_body(endpoint, model, rng), field, value)
+    value, expect, limit = value_for(field, fields[field], model, rng)
+    body = _set(good_body(endpoint, model, rng), field, value)
+    return {"field": field, "mutation": f"value:{_label(value)}", "body": body, "expect": expect, "limit": limit}
 
 
-def _structure_case(rng, endpoint, model, fields) -> tuple[str, str, object]:
+def _structure_case(rng, endpoint, model, fields) -> dict:
+    field, mutation, body = _structure(rng, endpoint, model, fields)
+    return {"field": field, "mutation": mutation, "body": body}
+
+
+def _structure(rng, endpoint, model, fields) -> tuple[str, str, object]:
     body = good_body(endpoint, model, rng)
     field = rng.choice(sorted(fields))
     kind = rng.choice(("unknown_field", "unknown_sampling_field", "nested", "deep_nesting", "missing", "null"))
@@ -288,7 +342,7 @@ def _structure_case(rng, endpoint, model, fields) -> tuple[str, str, object]:
     return field, kind, _set(body, field, None)
 
 
-def _body_case(rng, endpoint, model, fields) -> tuple[str, str, object, bool]:
+def _body_case(rng, endpoint, model, fields) -> dict:
     good = json.dumps(good_body(endpoint, model, rng))
     kind, body = rng.choice((
         ("malformed_json", good[: len(good) // 2]), ("empty", ""), ("json_list", json.dumps([json.loads(good)])),
@@ -296,26 +350,25 @@ def _body_case(rng, endpoint, model, fields) -> tuple[str, str, object, bool]:
         ("lone_surrogate", good.replace("{", "{\"\\udc80\": 1,", 1)), ("trailing_garbage", good + "}}"),
         ("deep_array", "[" * 5000 + "]" * 5000),
     ))
-    return "body", kind, body, True
+    return {"field": "body", "mutation": kind, "body": body, "raw": True}
 
 
-def _batch_case(rng, endpoint, model, fields) -> tuple[str, str, object]:
+def _batch_case(rng, endpoint, model, fields) -> dict:
     """``/generate``: a batch of 2-5 good requests of which one has one bad field."""
     size = rng.randint(2, 5)
     bad = rng.randrange(size)
     goods = [good_body("/generate", model, rng) for _ in range(size)]
     field = rng.choice(("input_ids", "sampling_params", "top_logprobs_num", "return_logprob", "token_ids_logprob",
-                        "logprob_start_len", "lengths"))
+                        "logprob_start_len"))
     body = {"input_ids": [g["input_ids"] for g in goods], "sampling_params": [g["sampling_params"] for g in goods]}
+    limit = None
     if field == "input_ids":
         body["input_ids"][bad] = rng.choice([[model.vocab], [-1], [], [1.5], [2**63]])
     elif field == "sampling_params":
         key = rng.choice(sorted(SAMPLING))
-        body["sampling_params"][bad] = {**body["sampling_params"][bad], key: rng.choice(KINDS[SAMPLING[key]](model))}
+        value, _, limit = value_for(key, SAMPLING[key], model, rng)
+        body["sampling_params"][bad] = {**body["sampling_params"][bad], key: value}
         field = f"sampling_params.{key}"
-    elif field == "lengths":
-        body["sampling_params"] = body["sampling_params"][:-1]  # one parameter set short
-        return "batch", "batch_length_mismatch", body
     else:
         body["return_logprob"] = [True] * size
         values = [0] * size if field != "logprob_start_len" else [-1] * size
@@ -328,16 +381,48 @@ def _batch_case(rng, endpoint, model, fields) -> tuple[str, str, object]:
             body["top_logprobs_num"][bad] = rng.choice((10**6, model.vocab + 1, 5))
             body["return_logprob"][bad] = False
             field = "top_logprobs_num"
-    return f"batch:{field}", f"one_bad_of_{size}", body
+    return {"field": f"batch:{field}", "mutation": f"one_bad_of_{size}", "body": body, "limit": limit}
+
+
+# One entry of each per-request list SGLang indexes in a /generate batch
+# (sglang_plugin/request_rules.PER_REQUEST_LISTS; a unit test keeps the two equal): a value its
+# schema gate admits, so that a list of the wrong length is refused for its length.
+BATCH_LISTS: dict[str, object] = {
+    "sampling_params": {"max_new_tokens": GOOD_NEW_TOKENS}, "rid": "rid", "image_data": None, "video_data": None,
+    "audio_data": None, "mm_hashes": [], "mm_content_hashes": [], "modalities": "image", "watermark": None,
+    "return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0, "token_ids_logprob": [5],
+    "return_sampling_mask": False, "sampling_logprobs_mode": None, "return_hidden_states": False,
+    "lora_path": None, "lora_id": None, "custom_logit_processor": None, "positional_embed_overrides": None,
+    "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None,
+    "decode_tp_size": None, "extra_key": "k", "cache_salt": "k", "kv_hints": None,
+    "multi_item_delimiter_indices": [], "token_indices_to_pool": [],
+}
+
+
+def _length_cases(rng, model) -> list[tuple[str, str, dict]]:
+    """``(field, mutation, body)``: each of :data:`BATCH_LISTS` one entry short and one entry long in a batch."""
+    out = []
+    for name, entry in BATCH_LISTS.items():
+        for change in (-1, 1):
+            size = rng.randint(2, 5)  # never an empty list: SGLang reads some empty lists as "not given"
+            goods = [good_body("/generate", model, rng) for _ in range(size)]
+            body = {"input_ids": [g["input_ids"] for g in goods],
+                    "sampling_params": [g["sampling_params"] for g in goods]}
+            entries = [f"fuzz-{rng.getrandbits(64):016x}" if name == "rid" else entry for _ in range(size + change)]
+            body[name] = entries
+            out.append((f"batch:{name}", f"{'shorter' if change < 0 else 'longer'}:{size + change}_for_{size}", body))
+    return out
 
 
 def fuzz_cases(seed: int, count: int, model: Model) -> list[Case]:
-    """``count`` cases, :data:`KNOWN_CRASHES` first, the rest drawn from ``seed``.
+    """``count`` cases: :data:`KNOWN_CRASHES` first, then the batch-length cases, then cases drawn from ``seed``.
 
-    Endpoints take turns; each drawn case is a field mutation (70 %), a
-    structure mutation (unknown / missing / null / nested field, 12 %), a
-    malformed body (8 %), or on ``/generate`` a mixed batch (10 %; elsewhere a
-    field mutation).
+    The batch-length cases (each of :data:`BATCH_LISTS` one entry short and
+    one long, HTTP 400) come as far as ``count`` allows. In the drawn cases
+    endpoints take turns; each is a field mutation (70 %), a structure
+    mutation (unknown / missing / null / nested field, 12 %), a malformed
+    body (8 %), or on ``/generate`` a mixed batch (10 %; elsewhere a field
+    mutation).
 
     Args:
         seed: the draw's seed (``random.Random``): equal seeds, equal cases.
@@ -353,32 +438,45 @@ def fuzz_cases(seed: int, count: int, model: Model) -> list[Case]:
     cases = [Case(i, endpoint, field, f"known:{name}", body, known=name, expect=status)
              for i, (name, endpoint, field, body, status) in enumerate(known)]
     rng = random.Random(seed)
+    for field, mutation, body in _length_cases(rng, model)[:count - len(cases)]:
+        cases.append(Case(len(cases), "/generate", field, mutation, body, expect=400))
     while len(cases) < count:
         endpoint = ENDPOINTS[len(cases) % len(ENDPOINTS)]
         fields = FIELDS[endpoint]
         draw = rng.random()
-        raw = False
         if draw < 0.10 and endpoint == "/generate":
-            field, mutation, body = _batch_case(rng, endpoint, model, fields)
+            made = _batch_case(rng, endpoint, model, fields)
         elif draw < 0.22:
-            field, mutation, body = _structure_case(rng, endpoint, model, fields)
+            made = _structure_case(rng, endpoint, model, fields)
         elif draw < 0.30:
-            field, mutation, body, raw = _body_case(rng, endpoint, model, fields)
+            made = _body_case(rng, endpoint, model, fields)
         else:
-            field, mutation, body = _field_case(rng, endpoint, model, fields)
-        cases.append(Case(len(cases), endpoint, field, mutation, body, raw=raw))
+            made = _field_case(rng, endpoint, model, fields)
+        cases.append(Case(len(cases), endpoint, **made))
     return cases
 
 
-# SGLang answers these with HTTP 500 before any code the plugin can hook runs: the chat request
-# model's "before" validator reads the body and its response_format with .get(), and pydantic passes
-# the AttributeError through (not a validation error). The server stays up.
-CHAT_BODY_LIMIT = "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest.set_json_schema"
+# The documented limits (docs/request_fields.md, "Known limits"): 5xx answers the plugin cannot
+# prevent, each SGLang's own, the server staying up.
+# The chat request model's "before" validator reads the body and its response_format with .get(),
+# and pydantic passes the AttributeError through (not a validation error), before any hookable code.
+CHAT_BODY_LIMIT = "chat_body_not_an_object"
+# A grammar no token of the vocabulary can start: the mask leaves no token, the draw returns one
+# the grammar refuses, and SGLang's grammar backend aborts the request. Telling this apart at the
+# edge means compiling the grammar against the vocabulary, which SGLang does in the scheduler.
+GRAMMAR_LIMIT = "grammar_unsatisfiable"
+LIMITS = {
+    CHAT_BODY_LIMIT: "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest.set_json_schema",
+    GRAMMAR_LIMIT: "sglang.srt.constrained (grammar backend: \"Grammar accept_token failed\", request aborted)",
+}
+# The words of SGLang's abort of a request whose grammar refuses the drawn token.
+GRAMMAR_ABORT_TEXT = "Grammar accept_token failed"
 
 
 def known_limit(case: Case) -> str | None:
-    """The SGLang symbol that answers ``case`` with a 5xx the plugin cannot prevent (docs/request_fields.md,
-    "Known limits"), or None."""
+    """The documented limit (a key of :data:`LIMITS`) whose 5xx ``case`` may get, or None."""
+    if case.limit is not None:
+        return case.limit
     if case.endpoint != "/v1/chat/completions":
         return None
     try:
@@ -389,6 +487,28 @@ def known_limit(case: Case) -> str | None:
         return CHAT_BODY_LIMIT
     fmt = body.get("response_format")
     return CHAT_BODY_LIMIT if fmt and not isinstance(fmt, dict) else None
+
+
+def limit_answer(case: Case, status: int | None, text: str) -> str | None:
+    """The limit (a key of :data:`LIMITS`) that explains answer ``status`` / ``text`` to ``case``, or None.
+
+    A 5xx is a limit's only on a case :func:`known_limit` names, and for
+    :data:`GRAMMAR_LIMIT` only with SGLang's grammar-abort words in the answer.
+    """
+    limit = known_limit(case)
+    if status is None or status < 500 or limit is None:
+        return None
+    if limit == GRAMMAR_LIMIT and GRAMMAR_ABORT_TEXT not in text:
+        return None
+    return limit
+
+
+def failed(case: Case, status: int | None, text: str) -> bool:
+    """Whether the answer fails ``case``: none, a 5xx no documented limit explains, or another status
+    than the case must get (a limit's 5xx stands in for it)."""
+    if limit_answer(case, status, text) is not None:
+        return False
+    return status is None or status >= 500 or (case.expect is not None and status != case.expect)
 
 
 def coverage(cases: list[Case]) -> dict:

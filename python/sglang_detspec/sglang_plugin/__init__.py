@@ -5,8 +5,10 @@ Entry point ``detspec`` in SGLang's general plugin group ``sglang.srt.plugins``
 the launcher, each scheduler process (which hosts the TP and speculative
 workers), the detokenizer — and then applies the registered hooks. Hooks are
 registered unconditionally (server arguments are not resolved yet when
-plugins load) and decide per call from the config bag: under deterministic
-inference our streams run; otherwise SGLang's original code runs untouched.
+plugins load) and decide per call from the config bag, all by one test,
+:attr:`DetSpecConfig.active <sglang_detspec.config.DetSpecConfig.active>`:
+while it holds our streams and rules run; otherwise SGLang's original code
+runs untouched.
 
 Hooks (each module's docstring names the SGLang symbols it hooks and why;
 docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-hooks``):
@@ -31,12 +33,15 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   without SGLang's sampled-draft path draft the race winner (also over a
   reduced draft vocabulary, through its id map), eager and in the draft CUDA
   graphs.
-- ``request_hook``: ``SamplingParams.verify`` and the ``/generate`` schema
-  gate: ``sampling_seed`` must be an integer in [0, 2**64).
-- ``seed_hook``: request seeds.
-- ``input_hook``: the rules of ``request_rules`` (token ids inside the
-  vocabulary, ``n``, logprob fields, ``top_k``, ``min_new_tokens``, stop ids,
-  logit bias, grammars) before a request reaches the scheduler.
+- ``request_validation``: the one table of request rules (``request_rules``:
+  token ids inside the vocabulary, ``n``, a batch's per-request lists,
+  ``sampling_seed`` in [0, 2**64), logprob fields, ``top_k``,
+  ``min_new_tokens``, stop ids, logit bias, grammars) at SGLang's own check
+  points (``_validate_one_request``, ``_handle_parallel_sampling``,
+  ``SamplingParams.verify``, the ``/generate`` schema gate), before a request
+  reaches the scheduler.
+- ``request_seeds``: request seeds: a fresh seed for an unseeded sampled
+  request, one derived seed per parallel sample, the seed in every response.
 - ``attention_hook``: the target's Triton decode attention runs the kernel
   its verify and prefill run, so their logits are bitwise equal.
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
@@ -65,9 +70,8 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, input_hook, norm_hook, probs_hook, request_hook, resolve,
-    seed_hook, startup,
-    target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook, warmup_hook,
+    attention_hook, channels, draft_hook, norm_hook, probs_hook, request_seeds, request_validation,
+    resolve, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook, warmup_hook,
 )
 
 ENTRY_POINT_NAME = "detspec"
@@ -118,7 +122,7 @@ class Hook(NamedTuple):
 
 def hook_table() -> list[Hook]:
     """Every change the plugin makes to SGLang, in registration order (non-registry rows after their hook)."""
-    tah, tdh, sh = tree_attention_hook, topk_draft_hook, seed_hook
+    tah, tdh, sh, rv = tree_attention_hook, topk_draft_hook, request_seeds, request_validation
     return [
         Hook(startup.TARGET, startup.check_raw_flags, "BEFORE"),
         Hook(startup.TARGET, startup.resolve_and_announce, "AFTER"),
@@ -147,10 +151,10 @@ def hook_table() -> list[Hook]:
         Hook(probs_hook.COINS, probs_hook.skip_coins_in_coupled_verify, "AROUND", _SPEED_ONLY),
         Hook(probs_hook.TOP_K_RENORM, probs_hook.top_k_renorm_keep_neutral, "AROUND", _KERNEL_ONLY),
         Hook(probs_hook.TOP_P_RENORM, probs_hook.top_p_renorm_keep_neutral, "AROUND", _KERNEL_ONLY),
-        Hook(request_hook.TARGET, request_hook.verify_unsigned_seed, "AROUND"),
-        Hook(request_hook.CONTRACT_TARGET, request_hook.name_bad_seed, "AROUND"),
-        Hook(input_hook.TARGET, input_hook.validate_request, "AROUND"),
-        Hook(input_hook.N_TARGET, input_hook.validate_n, "BEFORE"),
+        Hook(rv.VERIFY_TARGET, rv.verify_unsigned_seed, "AROUND"),
+        Hook(rv.CONTRACT_TARGET, rv.name_bad_seed, "AROUND"),
+        Hook(rv.TARGET, rv.validate_request, "AROUND"),
+        Hook(rv.WHOLE_TARGET, rv.validate_whole_request, "BEFORE"),
         Hook(attention_hook.TARGET, attention_hook.use_one_pass_decode, "AFTER"),
         Hook(attention_hook.DECODE_FWD, attention_hook.use_one_pass_decode, "SWAP"),
         Hook(tah.INIT, tah.check_backend, "AFTER", _CUDA_ONLY),
@@ -264,14 +268,15 @@ def required_by(config) -> set[str]:
 def check_hooks_in_place(result, server_args) -> None:
     """AFTER hook for ``handle_speculative_decoding``: stop start-up when a required hook is not in place.
 
-    Only for runs that are ours (deterministic inference on, plugin not
-    disabled): elsewhere SGLang's own code runs anyway.
+    Only for active runs (:attr:`DetSpecConfig.active`, the test every hook
+    makes; a run the bag refuses has stopped before this hook): elsewhere
+    SGLang's own code runs anyway.
 
     Raises:
         RuntimeError: naming each missing symbol and the SGLang version.
     """
     bag = current_config()
-    if not bag.ours:
+    if not bag.active:
         return None
     problems = hook_problems(config=bag)
     if problems:

@@ -76,7 +76,7 @@ DRAFT_RULE: Channel = Channel("draft_rule")
 DRAFT_SITE: Channel = Channel("draft_site")
 # verify_hook.VerifyContext: what eagle_sample publishes for the verify sampler it calls.
 VERIFY: Channel = Channel("verify")
-# seed_hook.SampleCounter: the sends of one n > 1 request, until SGLang's first output.
+# request_seeds.SampleCounter: the sends of one n > 1 request, until SGLang's first output.
 SAMPLES: Channel = Channel("parallel_samples")
 
 # -- values kept on SGLang objects ---------------------------------------------------
@@ -85,5 +85,5 @@ TREE_NODES_OK: Slot = Slot("_detspec_tree_nodes_ok")  # bool: this backend takes
 TREE_NODES: Slot = Slot("_detspec_tree_nodes")  # node metadata of the forward in progress, or None
 TREE_BUFFERS: Slot = Slot("_detspec_tree_buffers")  # CUDA-graph buffers (dict of tensors), or None
 TREE_GRAPH_META: Slot = Slot("_detspec_tree_graph_metadata")  # per graph batch size: metadata over the buffers
-# On SGLang's ReqState (seed_hook): the uint64 seed the request was sent with (None: greedy).
+# On SGLang's ReqState (request_seeds): the uint64 seed the request was sent with (None: greedy).
 REQUEST_SEED: Slot = Slot("detspec_sampling_seed")

@@ -12,17 +12,18 @@ Applied by :func:`check_request` (per request, after tokenization, with the
 prompt's ids at hand) and :func:`check_whole` (the request as sent, before
 SGLang expands it into its requests and samples: ``n``, the lengths of a
 batch's per-request lists, ``rid``); the hooks that call them are in
-``input_hook``. Rules apply only while the config bag
-is ours (``--enable-deterministic-inference`` on, plugin not disabled), like
-every other hook.
+``request_validation``. Rules apply only while the config bag is active
+(:attr:`~sglang_detspec.config.DetSpecConfig.active`), like every other hook.
 
 Every refusal is a :class:`RequestRuleError`: a ``ValueError`` whose message
 names the field, the value sent and the bound, and ends with the rule's
 stable machine-readable ``code`` (also an attribute), e.g.
 ``"... got 1000000 (error code: top_logprobs_num_out_of_range)"``.
 
-``sampling_seed`` keeps its own check in ``request_hook`` (it also rewrites
-seeds >= 2**63 into SGLang's int64 carrier).
+The ``sampling_seed`` rule (:func:`check_sampling_seed`) is a row like the
+others; ``request_validation`` also applies it where SGLang reads the seed
+itself (its ``/generate`` schema gate and ``SamplingParams.verify``, where a
+seed >= 2**63 is stored as the int64 with the same bits).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from typing import NamedTuple
+
+from ..ops.seed_encoding import HTTP_SEED_RANGE, to_int64
 
 # SGLang's "whole vocabulary" top_k (sampling_params.TOP_K_ALL); SGLang packs top_k into an int32
 # tensor (SamplingBatchInfo.from_schedule_batch), so anything at or above it means the same.
@@ -204,8 +207,36 @@ def _n_of_every_set(obj) -> None:
             check_n(params["n"])
 
 
-# Fields a batch may give per request, as a list (io_struct.GenerateReqInput.__getitem__ indexes them).
-PER_REQUEST_LISTS = ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num")
+# Every field io_struct.GenerateReqInput.__getitem__ (SGLang 0.5.23) indexes with the request's
+# position in a batch, except the prompt fields that set the batch size (text, input_ids,
+# input_embeds). SGLang's own normalisation checks the length of some (rid, image_data, mm_hashes,
+# watermark, return_hidden_states, extra_key, cache_salt, kv_hints); for the others a short list is
+# an IndexError (HTTP 500) and a long one is silently cut. test_request_validation.py reads
+# __getitem__'s source and fails when SGLang indexes a field missing here.
+PER_REQUEST_LISTS = (
+    "sampling_params", "rid", "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
+    "modalities", "watermark", "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
+    "return_sampling_mask", "sampling_logprobs_mode", "return_hidden_states", "lora_path", "lora_id",
+    "custom_logit_processor", "positional_embed_overrides", "bootstrap_host", "bootstrap_port",
+    "bootstrap_room", "bootstrap_pair_key", "decode_tp_size", "extra_key", "cache_salt", "kv_hints",
+    "multi_item_delimiter_indices", "token_indices_to_pool",
+)
+# Fields whose empty list SGLang reads as "not given" (``if not x`` / ``if x`` before indexing).
+EMPTY_MEANS_UNSET = ("image_data", "modalities", "token_ids_logprob")
+
+
+def is_per_request_list(name: str, value: object) -> bool:
+    """Whether ``value`` of field ``name`` is a list SGLang indexes per request of a batch.
+
+    A list is per request, except an empty one of :data:`EMPTY_MEANS_UNSET`
+    and a flat ``token_ids_logprob`` (first element not a list), which SGLang
+    gives every request of the batch (``_normalize_logprob_params``).
+    """
+    if not isinstance(value, list):
+        return False
+    if not value:
+        return name not in EMPTY_MEANS_UNSET
+    return name != "token_ids_logprob" or isinstance(value[0], list)
 
 
 def _batch_lists(obj) -> None:
@@ -217,9 +248,13 @@ def _batch_lists(obj) -> None:
             if not isinstance(one, dict):
                 raise RequestRuleError("batch_length_mismatch", "sampling_params",
                                        f"sampling_params[{index}] must be an object, got {one!r:.80}")
+    if size is None:
+        return
+    # A single request's lists are SGLang's to read (e.g. several images of one prompt); only its
+    # parameter sets are indexed.
     for name in PER_REQUEST_LISTS if not single else ("sampling_params",):
         value = getattr(obj, name, None)
-        if isinstance(value, list) and size is not None and len(value) != size:
+        if is_per_request_list(name, value) and len(value) != size:
             raise RequestRuleError(
                 "batch_length_mismatch", name,
                 f"{name} must give one entry per request of the batch ({size}), got a list of {len(value)}")
@@ -336,6 +371,62 @@ def _grammar(name: str):
     return check
 
 
+# Stable codes of the seed refusals.
+SEED_RANGE_CODE = "sampling_seed_out_of_range"
+SEED_TYPE_CODE = "sampling_seed_not_integer"
+
+
+def check_sampling_seed(seed: object) -> int:
+    """The int64 that carries request seed ``seed`` through SGLang.
+
+    Every detspec stream is keyed by a seed in [0, 2**64) (docs/design.md
+    §1); SGLang admits [-2**63, 2**63) and keeps the seed in an int64 tensor,
+    whose bits the plugin's samplers read as unsigned.
+
+    Args:
+        seed: the request's ``sampling_seed`` as parsed from JSON.
+
+    Returns:
+        ``seed`` for seeds in [0, 2**63); ``seed - 2**64`` (same 64 bits,
+        two's complement) for seeds in [2**63, 2**64).
+
+    Raises:
+        RequestRuleError: ``seed`` is a bool or not an int, or lies outside
+            [0, 2**64 - 1]; the message names ``sampling_seed`` and the bound.
+    """
+    if isinstance(seed, float) and (seed >= 2.0**64 or seed <= -(2.0**63)):
+        # SGLang parses request bodies with orjson, which turns JSON integers outside
+        # [-2**63, 2**64) into floats: this was most likely an integer out of range.
+        raise RequestRuleError(
+            SEED_RANGE_CODE, "sampling_seed",
+            f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
+            f"unsigned 64-bit seed), got {seed!r} (beyond 64-bit integers: SGLang's JSON parser reads "
+            "such integers as floats)"
+        )
+    try:
+        return to_int64(seed, "sampling_seed")  # the int64 with the same 64 bits
+    except ValueError:
+        # The rule is check_seed's; an HTTP client gets it worded for the request field.
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise RequestRuleError(
+                SEED_TYPE_CODE, "sampling_seed",
+                f"sampling_seed must be an integer in {HTTP_SEED_RANGE}, got {type(seed).__name__} {seed!r}"
+            ) from None
+        raise RequestRuleError(
+            SEED_RANGE_CODE, "sampling_seed",
+            f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
+            f"unsigned 64-bit seed), got {seed}"
+        ) from None
+
+
+def _sampling_seed(value, req: Request):
+    # Checked only: the int64 form is stored where SGLang builds the request's own SamplingParams
+    # (request_validation.verify_unsigned_seed). Rewriting it here would rewrite a parameter dict that
+    # a batch shares between its requests, and the next request's check would refuse the int64.
+    check_sampling_seed(value)
+    return value
+
+
 _LOGPROBS = "layers.logprob_processor.get_top_logprobs_raw (logprobs.topk(max(top_logprobs_nums)))"
 
 RULES: tuple[Rule, ...] = (
@@ -347,10 +438,16 @@ RULES: tuple[Rule, ...] = (
          "io_struct.GenerateReqInput._handle_parallel_sampling (n copies in the tokenizer manager)",
          _n_of_every_set, stage="whole"),
     Rule("batch", ("batch_length_mismatch",),
-         "per-request lists (" + ", ".join(PER_REQUEST_LISTS) + ") as long as the batch; parameter sets objects",
-         "refuse", "io_struct.GenerateReqInput.__getitem__ (IndexError: HTTP 500)", _batch_lists, stage="whole"),
+         "every per-request list `GenerateReqInput.__getitem__` indexes (" + ", ".join(PER_REQUEST_LISTS)
+         + ") as long as the batch (an empty " + " / ".join(EMPTY_MEANS_UNSET) + " and a flat token_ids_logprob "
+         "are SGLang's \"not given\" and \"every request\"); parameter sets objects",
+         "refuse", "io_struct.GenerateReqInput.__getitem__ (IndexError: HTTP 500; a longer list silently cut)",
+         _batch_lists, stage="whole"),
     Rule("rid", ("rid_not_a_string",), "a string (a list of strings in a batch)", "refuse",
          "tokenizer_manager.TokenizerManager._init_req_state (rid as a dict key: HTTP 500)", _rid, stage="whole"),
+    Rule("sampling_params.sampling_seed", (SEED_RANGE_CODE, SEED_TYPE_CODE), f"an integer in {HTTP_SEED_RANGE}",
+         "refuse", "SGLang admits [-2**63, 2**63) and reads a negative seed as the uint64 with the same bits "
+         "(sampling.sampling_params.SamplingParams.verify)", _sampling_seed),
     Rule("top_logprobs_num", ("top_logprobs_num_out_of_range",), "integer in [0, V]", "refuse", _LOGPROBS,
          _top_logprobs_num),
     Rule("token_ids_logprob", ("token_ids_logprob_out_of_vocabulary",), "token ids in [0, V)", "refuse",

@@ -207,7 +207,7 @@ def test_probe_identical_under_256_concurrent_requests(servers, det_cuda_graph, 
 # (label, value) of sampling_seed values that must be refused with a 4xx: outside [0, 2**64) or
 # not an integer. SGLang's schema gate refuses what is not a JSON integer in the int64 range
 # (2**64 arrives as a float: SGLang parses bodies with orjson), the plugin's seed check the
-# negative integers; the plugin words both refusals (sglang_plugin/request_hook.py).
+# negative integers; the plugin words both refusals (sglang_plugin/request_validation.py).
 BAD_SEEDS = [
     ("negative", -1),
     ("int64_min", -(2**63)),

@@ -49,7 +49,7 @@ from sglang_detspec.reference import ReferenceEngine, build_model_pair
 from sglang_detspec.request import Request
 from sglang_detspec.ops.seed_encoding import U64, sglang_seed
 from sglang_detspec.seeds import derive_sample_seed, fresh_seed
-from sglang_detspec.sglang_plugin.request_hook import check_sampling_seed
+from sglang_detspec.sglang_plugin.request_rules import check_sampling_seed
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 

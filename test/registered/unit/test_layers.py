@@ -5,7 +5,8 @@
 - the plugin's hook modules import only ``ops``, the bag, the plugin's
   ``positions`` and ``channels`` modules, the request-seed rules (``seeds``), the
   request-field rules (``request_rules``) and SGLang; ``positions`` imports only ``ops``
-  and ``channels``; ``channels`` and ``request_rules`` nothing of the package; the bag's resolution from
+  and ``channels``; ``channels`` nothing of the package, ``request_rules`` only the torch-free
+  seed encoding (its seed rule is that range check's); the bag's resolution from
   SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag;
 - no module imports a hook module except the registration (``sglang_plugin/__init__.py``);
 - kernels live in ``ops/``: no ``@triton.jit`` (or ``@triton.autotune``, ``@triton.heuristics``) anywhere else;
@@ -96,7 +97,7 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     ("channels.py", ()),
     ("resolve.py", ("sglang_detspec.config",)),
     ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
-    ("request_rules.py", ()),
+    ("request_rules.py", ("sglang_detspec.ops.seed_encoding",)),
 ])
 def test_shared_plugin_modules(name, keep):
     bad = {n for n in own(imports(PLUGIN / name)) if not allowed(n, keep)}

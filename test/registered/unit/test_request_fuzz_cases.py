@@ -4,12 +4,16 @@ The end-to-end suite ``test_request_fuzz.py`` sends these cases to real
 servers; here the list itself is checked: the same seed gives the same cases
 and another seed others, 1,100 cases (one server's share) touch at least 25
 fields and the three endpoints, every known crash input leads the list with
-the status it must get, every body is what its case says (JSON where not
-raw, at most a few MB), the known inputs meet the plugin's rules through
-SGLang's real request path (``served``: SGLang's TokenizerManager), and 600
-cases sent through SGLang's own FastAPI app get answers below 500 except the
-documented known limits (the scheduler is a stand-in here: what a case does
-to a real scheduler is the E2E suite's to find).
+the status it must get, then every per-request batch list of the plugin's
+rule one entry short and one long, every body is what its case says (JSON
+where not raw, at most a few MB), the grammars' classes are what SGLang's own
+grammar backend makes of them over the test models' tokenizer, the checker
+passes a 5xx only for a documented limit's own answer, the known inputs meet
+the plugin's rules through SGLang's real request path (``served``: SGLang's
+TokenizerManager), and 600 cases sent through SGLang's own FastAPI app get
+answers below 500 except the documented known limits, and the status a case
+must get (the scheduler is a stand-in here: what a case does to a real
+scheduler is the E2E suite's to find).
 """
 
 import json
@@ -40,13 +44,19 @@ def test_one_servers_share_covers_25_fields_and_three_endpoints():
     covered = request_fuzz.coverage(cases)
     assert covered["endpoints"] == sorted(request_fuzz.ENDPOINTS)
     assert len(covered["fields"]) >= 25, covered["fields"]
-    for endpoint in request_fuzz.ENDPOINTS:
-        assert sum(c.endpoint == endpoint for c in cases) >= 350
+    for endpoint in request_fuzz.ENDPOINTS:  # the drawn cases take turns; the fixed ones are mostly /generate's
+        assert sum(c.endpoint == endpoint for c in cases) >= 330
     mutations = {c.mutation.split(":")[0] for c in cases}
-    assert {"value", "unknown_field", "nested", "missing", "null", "malformed_json", "one_bad_of_2"} <= mutations
-    # Every rule of the plugin's table is exercised by some /generate case.
+    assert {"value", "unknown_field", "nested", "missing", "null", "malformed_json", "one_bad_of_2", "shorter",
+            "longer"} <= mutations
+    # Grammar cases of all three classes: satisfiable (200), the unsatisfiable limit, malformed.
+    grammar = [c for c in cases if c.field.rsplit(".", 1)[-1] in request_fuzz.GRAMMARS]
+    assert {c.expect for c in grammar} >= {200, None}
+    assert {c.limit for c in grammar} >= {None, "grammar_unsatisfiable"}
+    # Every rule of the plugin's table is exercised by some /generate case (the batch rule: by each of its lists).
     fields = {c.field.removeprefix("batch:") for c in cases if c.endpoint == "/generate"}
-    assert {rule.field for rule in request_rules.RULES} <= fields
+    assert {rule.field for rule in request_rules.RULES} - {"batch"} <= fields
+    assert set(request_rules.PER_REQUEST_LISTS) <= fields
 
 
 def test_known_crash_inputs_lead_every_list_with_their_status():
@@ -62,6 +72,88 @@ def test_known_crash_inputs_lead_every_list_with_their_status():
                                            "sampling_params": {"max_new_tokens": 4, "temperature": 1.0}}
     with pytest.raises(ValueError, match=f"count must be at least {len(names)}"):
         request_fuzz.fuzz_cases(0, len(names) - 1, MODEL)
+
+
+def test_every_per_request_batch_list_comes_short_and_long_after_the_known_inputs():
+    assert list(request_fuzz.BATCH_LISTS) == list(request_rules.PER_REQUEST_LISTS)
+    known = len(request_fuzz.KNOWN_CRASHES)
+    cases = request_fuzz.fuzz_cases(5, 400, MODEL)[known:known + 2 * len(request_fuzz.BATCH_LISTS)]
+    assert [(c.field, c.mutation.split(":")[0]) for c in cases] == [
+        (f"batch:{name}", change) for name in request_fuzz.BATCH_LISTS for change in ("shorter", "longer")]
+    for case in cases:
+        body, name = case.body, case.field.removeprefix("batch:")
+        size = len(body["input_ids"])
+        assert case.endpoint == "/generate" and case.expect == 400 and size >= 2
+        assert len(body[name]) in (size - 1, size + 1) and len(body["sampling_params"]) >= 1
+
+
+def test_the_checker_passes_a_5xx_only_for_a_documented_limits_own_answer():
+    abort = '{"object":"error","message":"Grammar accept_token failed: Tokens not accepted: 0"}'
+    grammar = request_fuzz.Case(0, "/generate", "sampling_params.regex", "value", {}, limit="grammar_unsatisfiable")
+    assert request_fuzz.limit_answer(grammar, 500, abort) == "grammar_unsatisfiable"
+    assert not request_fuzz.failed(grammar, 500, abort) and not request_fuzz.failed(grammar, 200, "")
+    assert request_fuzz.failed(grammar, 500, "Internal Server Error")  # another 5xx is still a failure
+    assert request_fuzz.failed(grammar, None, "ConnectionError")
+    plain = request_fuzz.Case(1, "/generate", "sampling_params.regex", "value", {}, expect=200)
+    assert request_fuzz.failed(plain, 500, abort) and request_fuzz.failed(plain, 400, "")
+    assert not request_fuzz.failed(plain, 200, "")
+    chat = request_fuzz.Case(2, "/v1/chat/completions", "body", "json_list", "[]", raw=True)
+    assert request_fuzz.limit_answer(chat, 500, "AttributeError") == "chat_body_not_an_object"
+    assert set(request_fuzz.LIMITS) == {"chat_body_not_an_object", "grammar_unsatisfiable"}
+
+
+@pytest.fixture(scope="module")
+def tiny_grammar_backend(tmp_path_factory):
+    """SGLang's xgrammar backend over the test models' word-level tokenizer (scripts/make_tiny_models.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+    from transformers import AutoTokenizer
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "make_tiny_models.py"
+    spec = importlib.util.spec_from_file_location("make_tiny_models", script)
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    folder = tmp_path_factory.mktemp("tiny_tokenizer")
+    tiny.write_tokenizer(str(folder))
+    eos = tiny.SPECIAL_TOKENS.index("</s>")
+    return XGrammarGrammarBackend(AutoTokenizer.from_pretrained(folder), tiny.VOCAB, [eos]), tiny.VOCAB
+
+
+def first_tokens(backend, vocab: int, field: str, grammar: str) -> list[int] | None:
+    """The token ids the grammar admits first, as SGLang's backend masks them; None: SGLang refuses it."""
+    import torch
+    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+
+    dispatch = {"regex": backend.dispatch_regex, "ebnf": backend.dispatch_ebnf, "json_schema": backend.dispatch_json,
+                "structural_tag": backend.dispatch_structural_tag}[field]
+    try:
+        compiled = dispatch(grammar)
+    except Exception:  # the structural-tag parser raises where the others return an invalid object
+        return None
+    if compiled is None or isinstance(compiled, InvalidGrammarObject):
+        return None
+    mask = compiled.allocate_vocab_mask(vocab, 1, "cpu")
+    compiled.fill_vocab_mask(mask, 0)
+    logits = torch.zeros(1, vocab)
+    compiled.apply_vocab_mask(logits, mask)
+    return torch.nonzero(torch.isfinite(logits[0])).flatten().tolist()
+
+
+@pytest.mark.parametrize("field", sorted(request_fuzz.GRAMMARS))
+def test_grammar_classes_match_sglangs_backend_on_the_test_vocabulary(tiny_grammar_backend, field):
+    """Good grammars admit a first token; unsatisfiable ones compile and admit none (SGLang then aborts
+    the request: the documented limit); malformed strings do not compile."""
+    backend, vocab = tiny_grammar_backend
+    table = request_fuzz.GRAMMARS[field]
+    for grammar in table.good:
+        assert first_tokens(backend, vocab, field, grammar), (field, grammar)
+    for grammar in table.unsatisfiable:
+        assert first_tokens(backend, vocab, field, grammar) == [], (field, grammar)
+    for grammar in table.bad:
+        if isinstance(grammar, str) and len(grammar) < 1000:
+            assert first_tokens(backend, vocab, field, grammar) is None, (field, grammar)
 
 
 def test_bodies_are_json_unless_raw_and_bounded():
@@ -138,12 +230,18 @@ def test_sglangs_http_app_answers_every_case_below_500(served, bag, http_app):
         return answers
 
     answers = served.run(send_all(), timeout=600)
-    limits = [request_fuzz.known_limit(c) for c in cases]
-    wrong = [(c.summary(), status, text) for c, (status, text), limit in zip(cases, answers, limits)
-             if (status >= 500 and limit is None) or (c.known is not None and status != c.expect)]
+    wrong = [(c.summary(), status, text) for c, (status, text) in zip(cases, answers)
+             if request_fuzz.failed(c, status, text)]
     assert not wrong, wrong[:5]
     assert {status for status, _ in answers} >= {200, 400}
-    assert all(status >= 500 for (status, _), limit in zip(answers, limits) if limit)  # still SGLang's answer
+    chat_limit = [status for c, (status, _) in zip(cases, answers)
+                  if request_fuzz.known_limit(c) == request_fuzz.CHAT_BODY_LIMIT]
+    assert chat_limit and all(status >= 500 for status in chat_limit)  # still SGLang's answer
+    # Every batch list of the wrong length is refused for its length, by the plugin's rule or SGLang's own.
+    lengths = [(c.field, text) for c, (_, text) in zip(cases, answers) if c.mutation.startswith(("shorter", "longer"))]
+    assert len(lengths) == 2 * len(request_fuzz.BATCH_LISTS)
+    by_rule = {field for field, text in lengths if "batch_length_mismatch" in text}
+    assert by_rule == {f"batch:{name}" for name in request_fuzz.BATCH_LISTS}, [x for x in lengths if x[0] not in by_rule]
 
 
 if __name__ == "__main__":

@@ -32,12 +32,12 @@ from sglang_detspec.config import DetSpecConfig, reset_config
 from sglang_detspec.ops.seed_encoding import from_int64, to_int64
 from sglang_detspec.ops.murmur import murmur3_x86_32
 from sglang_detspec.seeds import derive_sample_seed, fresh_seed
-from sglang_detspec.sglang_plugin import seed_hook
+from sglang_detspec.sglang_plugin import request_seeds
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 
 # The registry rows of the request-seed hooks, as (target, hook, kind).
-SEED_ROWS = [(r.target, r.hook, r.kind) for r in sglang_plugin.registry_rows() if r.hook.__module__ == seed_hook.__name__]
+SEED_ROWS = [(r.target, r.hook, r.kind) for r in sglang_plugin.registry_rows() if r.hook.__module__ == request_seeds.__name__]
 
 U32, U64 = 1 << 32, 1 << 64
 SAMPLE_SALT = 0x53414D504C450000  # docs/design.md §2: the SAMPLE stream's salt, written out as an oracle

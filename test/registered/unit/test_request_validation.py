@@ -4,11 +4,13 @@ Request validation goes through SGLang's own ``TokenizerManager.generate_request
 (the ``served`` of ``test_request_seeds.py``, model vocabulary 1000, context
 2048), the path of ``/generate`` and ``Engine.generate``, and through SGLang's
 own ``/v1/completions`` and ``/v1/chat/completions`` handlers: every rule of
-``request_rules.RULES`` (token ids outside the vocabulary, ``n``, logprob
-fields, ``top_k``, ``min_new_tokens``, stop ids, logit bias, grammars, number
-types) refuses a bad value with a ``ValueError`` naming the field, value and
+``request_rules.RULES`` (token ids outside the vocabulary, ``n``, a batch's
+per-request lists, ``sampling_seed``, logprob fields, ``top_k``,
+``min_new_tokens``, stop ids, logit bias, grammars, number types) refuses a bad value with a ``ValueError`` naming the field, value and
 bound and carrying the rule's code (SGLang's HTTP server answers it with 400),
-and the request never reaches the scheduler; ``top_k`` above 2**30 is clamped. The hook table: every
+and the request never reaches the scheduler; ``top_k`` above 2**30 is clamped. The batch rule
+covers every list SGLang's real ``GenerateReqInput.__getitem__`` indexes (read from its source),
+each shorter and longer than the batch, where SGLang alone fails. The hook table: every
 required target resolves in the installed SGLang and is wrapped after
 ``load_plugins``; a target that is missing or unpatched is named, with the
 SGLang version, by the start-up check and by ``detspec serve --dry-run``.
@@ -24,7 +26,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec import sglang_plugin
 from sglang_detspec.config import DetSpecConfig
-from sglang_detspec.sglang_plugin import input_hook, request_rules
+from sglang_detspec.sglang_plugin import request_rules, request_validation
 from test_request_seeds import ACTIVE, generate, hooked, model_with_tokenizer, served, server_args  # noqa: F401
 
 register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
@@ -65,7 +67,7 @@ def test_n_outside_its_range_or_not_an_integer_is_refused(served, bag, n):
     assert caught.value.code == "n_out_of_range" and served.sent == []
 
 
-def test_only_runs_that_are_ours_are_checked(served, bag):
+def test_only_active_runs_are_checked(served, bag):
     for inactive in (DetSpecConfig(source="server_args"),  # no --enable-deterministic-inference
                      DetSpecConfig(deterministic=True, disabled=True, source="server_args")):  # DISABLE=1
         bag(inactive)  # SGLang's own path, untouched
@@ -84,7 +86,7 @@ def test_multimodal_requests_and_text_vocabularies_are_left_to_sglang(served, ba
     text_model = SimpleNamespace(vocab_size=16512, hf_text_config=SimpleNamespace(vocab_size=168064))
     assert request_rules.embedding_rows(text_model) == 168064
     with_image = GenerateReqInput(input_ids=[128256, 5], image_data=["img"], sampling_params={})
-    input_hook.validate_request(lambda *a: calls.append(a), served.manager, with_image, [128256, 5])
+    request_validation.validate_request(lambda *a: calls.append(a), served.manager, with_image, [128256, 5])
     assert len(calls) == 1  # placeholder ids beyond the vocabulary: SGLang's processors own them
 
 
@@ -148,6 +150,8 @@ BIG_GRAMMAR = "a" * (request_rules.MAX_GRAMMAR_BYTES + 1)
     ({}, {"top_k": 2.5}, "top_k_not_integer", "sampling_params.top_k must be an integer"),
     ({}, {"regex": BIG_GRAMMAR}, "grammar_too_large", f"at most {request_rules.MAX_GRAMMAR_BYTES} bytes"),
     ({}, {"json_schema": {"type": "object"}}, "grammar_invalid", "sampling_params.json_schema must be a string"),
+    ({}, {"sampling_seed": -1}, "sampling_seed_out_of_range", "sampling_seed must be in [0, 2**64 - 1]"),
+    ({}, {"sampling_seed": 2**64}, "sampling_seed_out_of_range", "got 18446744073709551616"),
 ])
 def test_each_rule_refuses_with_its_code(served, bag, fields, params, code, words):
     bag(ACTIVE)
@@ -155,6 +159,29 @@ def test_each_rule_refuses_with_its_code(served, bag, fields, params, code, word
         generate(served, input_ids=[5, 6], sampling_params={**SAMPLED, **params}, **fields)
     assert caught.value.code == code and str(caught.value).endswith(f"(error code: {code})")
     assert served.sent == []
+
+
+def test_the_seed_rule_runs_with_the_table_before_sglangs_verify(served, bag, monkeypatch):
+    """The table refuses a bad seed where every other rule runs, before ``SamplingParams`` exists."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    bag(ACTIVE)
+    built, normalize = [], SamplingParams.normalize
+    monkeypatch.setattr(SamplingParams, "normalize",  # SGLang's own, watched: it runs before verify
+                        lambda self, *a, **k: (built.append(self), normalize(self, *a, **k))[1])
+    with pytest.raises(ValueError, match="sampling_seed must be in") as caught:
+        generate(served, input_ids=[5, 6], sampling_params={**SAMPLED, "sampling_seed": -5})
+    assert caught.value.code == "sampling_seed_out_of_range" and built == []
+
+
+def test_a_seed_above_2_63_shared_by_a_batch_reaches_every_request(served, bag):
+    """SGLang gives every request of a batch the same parameter dict: the table only checks the seed, so
+    each request's SamplingParams gets the int64 form once."""
+    bag(ACTIVE)
+    seed = 2**63 + 5
+    outs = generate(served, input_ids=[[5, 6], [7, 8], [9, 10]], sampling_params={**SAMPLED, "sampling_seed": seed})
+    assert [o["meta_info"]["sampling_seed"] for o in outs] == [seed] * 3
+    assert [s.sampling_params.sampling_seed for s in served.sent] == [seed - 2**64] * 3
 
 
 def test_values_at_the_bounds_pass(served, bag):
@@ -208,6 +235,127 @@ def test_request_shapes_sglang_indexes_are_refused(served, bag, fields, code, wo
     assert caught.value.code == code and served.sent == []
 
 
+def _indexed_per_request() -> set[str]:
+    """The fields SGLang's ``GenerateReqInput.__getitem__(i)`` indexes with ``i``, read from its source
+    (and from the methods it calls with ``i``)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    def subscripts(method) -> tuple[set[str], set[str]]:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+        fields, helpers = set(), set()
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"
+                    and isinstance(node.slice, ast.Name)):
+                fields.add(node.value.attr)
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"
+                    and any(isinstance(a, ast.Name) and a.id == "i" for a in node.args)):
+                helpers.add(node.func.attr)
+        return fields, helpers
+
+    fields, helpers = subscripts(GenerateReqInput.__getitem__)
+    for name in helpers:
+        fields |= subscripts(getattr(GenerateReqInput, name))[0]
+    return fields
+
+
+# The prompt fields: SGLang counts the batch by them.
+BATCH_SIZE_FIELDS = {"text", "input_ids", "input_embeds"}
+
+
+def test_the_batch_rule_checks_every_list_sglang_indexes_per_request():
+    """A field SGLang 0.5.23 starts to index per request, and the rule does not check, fails here."""
+    indexed = _indexed_per_request()
+    assert {"token_ids_logprob", "lora_path", "bootstrap_room", "positional_embed_overrides"} <= indexed  # the parse
+    assert indexed - BATCH_SIZE_FIELDS == set(request_rules.PER_REQUEST_LISTS)
+
+
+# One entry of each per-request list that SGLang's normalisation and __getitem__ take.
+ENTRIES = {"sampling_params": {}, "rid": None, "image_data": None, "video_data": None, "audio_data": None,
+           "mm_hashes": [], "mm_content_hashes": [], "modalities": None, "watermark": None, "return_logprob": False,
+           "logprob_start_len": -1, "top_logprobs_num": 0, "token_ids_logprob": [5], "return_sampling_mask": False,
+           "sampling_logprobs_mode": None, "return_hidden_states": False, "lora_path": None, "lora_id": None,
+           "custom_logit_processor": None, "positional_embed_overrides": None, "bootstrap_host": None,
+           "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None, "decode_tp_size": None,
+           "extra_key": "k", "cache_salt": "k", "kv_hints": None, "multi_item_delimiter_indices": None,
+           "token_indices_to_pool": None}
+
+
+def batch_with(name: str, length: int, size: int = 3):
+    """SGLang's real GenerateReqInput: a batch of ``size`` prompts whose ``name`` list has ``length`` entries."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    entries = [f"r{k}" if name == "rid" else ENTRIES[name] for k in range(length)]
+    fields = {"input_ids": [[5, 6]] * size, "sampling_params": [{} for _ in range(size)], name: entries}
+    return GenerateReqInput(**fields)
+
+
+def sglang_reads(obj) -> None:
+    """What SGLang does with a request before tokenizing it: normalise, then take each request of a batch."""
+    obj.normalize_batch_and_arguments()
+    for i in range(0 if obj.is_single else obj.batch_size):
+        obj[i]
+
+
+def test_every_per_request_list_of_the_right_length_passes_sglang_and_the_rule(hooked, bag):
+    assert set(ENTRIES) == set(request_rules.PER_REQUEST_LISTS)
+    for active in (DetSpecConfig(source="server_args"), ACTIVE):
+        bag(active)
+        for name in ENTRIES:
+            sglang_reads(batch_with(name, 3))
+
+
+@pytest.mark.parametrize("name", request_rules.PER_REQUEST_LISTS)
+@pytest.mark.parametrize("length", [1, 2, 4])
+def test_a_batch_list_of_another_length_is_refused_naming_field_size_and_length(hooked, bag, name, length):
+    bag(ACTIVE)
+    with pytest.raises(ValueError) as caught:
+        sglang_reads(batch_with(name, length))
+    assert caught.value.code == "batch_length_mismatch" and caught.value.field == name
+    assert str(caught.value).startswith(
+        f"{name} must give one entry per request of the batch (3), got a list of {length}")
+
+
+def test_without_the_rule_sglang_fails_short_lists_with_an_index_error(hooked, bag):
+    """Why the rule exists: SGLang's own reading of a short list (HTTP 500 on /generate) for the fields
+    its normalisation does not count; it checks the others itself (a ValueError: HTTP 400)."""
+    bag(DetSpecConfig(source="server_args"))
+    index_errors, value_errors, silent = set(), set(), set()
+    for name in request_rules.PER_REQUEST_LISTS:
+        try:
+            sglang_reads(batch_with(name, 2))
+            silent.add(name)
+        except IndexError:
+            index_errors.add(name)
+        except ValueError:
+            value_errors.add(name)
+    assert {"token_ids_logprob", "return_sampling_mask", "sampling_logprobs_mode", "lora_path", "lora_id",
+            "custom_logit_processor", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+            "bootstrap_pair_key", "decode_tp_size", "sampling_params", "return_logprob"} <= index_errors
+    assert {"rid", "watermark", "extra_key", "cache_salt", "return_hidden_states"} <= value_errors
+    assert not silent, silent
+    longer = batch_with("token_ids_logprob", 4)
+    sglang_reads(longer)  # a longer list SGLang takes silently: the fourth entry is dropped
+    assert len(longer.token_ids_logprob) == 4 and longer.batch_size == 3
+
+
+def test_lists_sglang_reads_as_one_for_all_or_unset_pass(hooked, bag):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    bag(ACTIVE)
+    for extra in ({"token_ids_logprob": [5, 6]},  # flat: every request's
+                  {"token_ids_logprob": []}, {"image_data": []}, {"modalities": []},  # empty: not given
+                  {"lora_path": None, "return_logprob": True}):  # scalars: every request's
+        sglang_reads(GenerateReqInput(input_ids=[[5, 6]] * 3, sampling_params={}, **extra))
+    # A single request's lists are SGLang's (only its parameter sets are indexed).
+    sglang_reads(GenerateReqInput(input_ids=[5, 6], sampling_params={}, video_data=[None, None]))
+
+
 def test_engine_generate_raises_in_the_callers_process(served, bag):
     """``sglang.Engine.generate`` (SGLang's own method, on an Engine whose tokenizer manager is ``served``'s)
     raises the rule's ValueError where it is called, before anything is sent."""
@@ -231,7 +379,7 @@ def test_engine_generate_raises_in_the_callers_process(served, bag):
     assert served.sent == []
 
 
-def test_rules_leave_sglang_alone_when_not_ours(served, bag):
+def test_rules_leave_sglang_alone_when_inactive(served, bag):
     bag(DetSpecConfig(source="server_args"))  # no --enable-deterministic-inference: SGLang's own path
     generate(served, input_ids=[5, 6], sampling_params={**SAMPLED, "top_k": 2**40, "stop_token_ids": [5000]})
     assert served.sent[-1].sampling_params.top_k == 2**40
@@ -331,7 +479,7 @@ if __name__ == "__main__":
 
 def test_seed_refusals_carry_stable_codes():
     """Every sampling_seed refusal names the field and ends with a stable code the audit client matches."""
-    from sglang_detspec.sglang_plugin.request_hook import SEED_RANGE_CODE, SEED_TYPE_CODE, check_sampling_seed
+    from sglang_detspec.sglang_plugin.request_rules import SEED_RANGE_CODE, SEED_TYPE_CODE, check_sampling_seed
     from sglang_detspec.sglang_plugin.request_rules import RequestRuleError
 
     for bad, code in ((-1, SEED_RANGE_CODE), (2**64, SEED_RANGE_CODE), (2.0**64, SEED_RANGE_CODE),

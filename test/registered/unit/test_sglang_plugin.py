@@ -123,7 +123,7 @@ def test_every_hook_applied_exactly_once(loaded):
     per_target = {}
     for target, hook, kind, _ in sglang_plugin.registry_rows():
         per_target[target] = per_target.get(target, 0) + 1
-    seed_targets = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__.endswith(".seed_hook")}
+    seed_targets = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__.endswith(".request_seeds")}
     assert set(per_target) == HOOKED | seed_targets  # request seeds: their own module and tests
     absent, unimportable = set(), set()
     for target, count in per_target.items():
@@ -184,7 +184,7 @@ def test_every_patch_is_a_row_and_names_a_real_sglang_class():
 
 
 def test_no_hook_module_keeps_its_own_list_of_rows():
-    for name in ("seed_hook", "topk_draft_hook"):
+    for name in ("request_seeds", "topk_draft_hook"):
         assert not hasattr(getattr(sglang_plugin, name), "HOOKS"), name
 
 
@@ -808,7 +808,7 @@ def test_schema_gate_refusals_name_sampling_seed(loaded, bag, seed, match):
 
 
 def test_float_seed_messages_tell_range_from_type():
-    from sglang_detspec.sglang_plugin.request_hook import check_sampling_seed
+    from sglang_detspec.sglang_plugin.request_rules import check_sampling_seed
 
     # orjson turns integers outside [-2**63, 2**64) into floats: those are range errors ...
     for seed in (2.0**64, 1e30, float("inf"), -(2.0**63), -1e19):

@@ -67,11 +67,6 @@ COMPLETION_CHOICE_SEED = f"{_PROTOCOL}.CompletionResponseChoice.{REPORT_KEY}"
 CHAT_CHOICE_SEED = f"{_PROTOCOL}.ChatCompletionResponseChoice.{REPORT_KEY}"
 
 
-def plugin_active() -> bool:
-    """Whether the bag is active: the one place the request hooks read it."""
-    return current_config().active
-
-
 def _is_generate(obj) -> bool:
     # Embedding requests also pass through the tokenizer manager; they sample nothing.
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -103,7 +98,7 @@ def assign_fresh_seed(original, self, obj, *args, **kwargs):
     params = getattr(tokenized, "sampling_params", None)
     if (
         params is not None
-        and plugin_active()
+        and current_config().active
         and _is_generate(obj)
         and params.sampling_seed is None
         and is_sampled(params)
@@ -138,7 +133,7 @@ async def scope_parallel_samples(original, self, obj, *args, **kwargs):
     a :class:`SampleCounter` is current until SGLang's first output: SGLang
     sends every sample before it yields anything.
     """
-    scoped = getattr(obj, "parallel_sample_num", 1) > 1 and plugin_active()
+    scoped = getattr(obj, "parallel_sample_num", 1) > 1 and current_config().active
     token = SAMPLES.open(SampleCounter()) if scoped else None
     gen = original(self, obj, *args, **kwargs)
     try:
@@ -179,14 +174,14 @@ def _seed_one(manager, tokenized) -> None:
 
 async def seed_one_send(original, self, tokenized_obj, *args, **kwargs):
     """AROUND hook for ``TokenizerManager._send_one_request``: same signature and return value."""
-    if plugin_active():
+    if current_config().active:
         _seed_one(self, tokenized_obj)
     return await original(self, tokenized_obj, *args, **kwargs)
 
 
 async def seed_batch_send(original, self, tokenized_objs, *args, **kwargs):
     """AROUND hook for ``TokenizerManager._send_batch_request``: same signature and return value."""
-    if plugin_active():
+    if current_config().active:
         for tokenized in tokenized_objs:
             _seed_one(self, tokenized)
     return await original(self, tokenized_objs, *args, **kwargs)
@@ -218,7 +213,7 @@ def report_seed(original, self, obj, *args, **kwargs):
     the uint64 seed the request was sent with, None for greedy requests.
     """
     gen = original(self, obj, *args, **kwargs)
-    if not plugin_active() or not _is_generate(obj):
+    if not current_config().active or not _is_generate(obj):
         return gen
     return _reporting(gen, self.rid_to_state.get(obj.rid))
 
@@ -269,7 +264,7 @@ def report_completion_choices(original, self, request, ret, *args, **kwargs):
     output reported (choice ``index`` i is output ``ret[i]``).
     """
     response = original(self, request, ret, *args, **kwargs)
-    if plugin_active():
+    if current_config().active:
         _report_choices(response, ret)
     return response
 
@@ -277,7 +272,7 @@ def report_completion_choices(original, self, request, ret, *args, **kwargs):
 def report_chat_choices(original, self, request, ret, *args, **kwargs):
     """AROUND hook for ``OpenAIServingChat._build_chat_response``: as :func:`report_completion_choices`."""
     response = original(self, request, ret, *args, **kwargs)
-    if plugin_active():
+    if current_config().active:
         _report_choices(response, ret)
     return response
 

@@ -1,94 +1,86 @@
-"""Request validation: ``sampling_seed`` is an unsigned 64-bit integer.
+"""Request validation: the rules of ``request_rules`` at SGLang's own check points, before the scheduler.
 
-Hooked symbols (both AROUND, both in the HTTP server's process):
+Hooked symbols (all in the HTTP server's process; SGLang turns their
+``ValueError`` into an HTTP 400, ``Engine`` raises it in the caller's process):
 
-- ``sglang.srt.sampling.sampling_params.SamplingParams.verify``: SGLang
-  0.5.23 calls it once per request in the tokenizer manager and turns its
-  ``ValueError`` into an HTTP 400 whose message is the error text.
-- ``sglang.srt.entrypoints.api_contract.generate_contract_error``: the JSON
-  schema gate of ``/generate`` (HTTP 400). It
-  checks the type only: it refuses a seed that is not an integer (a float, a
-  string, a bool) before ``verify`` runs, in words that name neither the
-  field nor, for integers beyond 64 bits, the value sent (SGLang parses
-  bodies with orjson, which turns those into floats: 2**64 is reported as
-  "floating point `1.8446744073709552e+19`, expected i64"); the hook puts the
-  ``sampling_seed`` message in front.
+- ``sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request``
+  (AROUND): SGLang 0.5.23 calls it for every request it tokenizes or takes as
+  ids (``/generate`` single and batched, ``/v1/completions``,
+  ``/v1/chat/completions``, ``Engine.generate``; a batch per element), with
+  the prompt's ids at hand: every per-request rule of the table runs here
+  (``sampling_seed`` among them), then SGLang's own checks;
+- ``sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling``
+  (BEFORE): where SGLang first reads ``n``, while normalising a request (a
+  float ``n`` fails there with a ``TypeError`` otherwise), after it has
+  counted a batch's prompts: the rules on the request as sent (``n``, the
+  lengths of a batch's per-request lists, ``rid``);
+- ``sglang.srt.sampling.sampling_params.SamplingParams.verify`` (AROUND):
+  SGLang calls it once per request in the tokenizer manager, after the two
+  above; the seed rule again (for any path that skipped them), and a seed in
+  [2**63, 2**64) is stored as the int64 with the same 64 bits, which is how
+  SGLang's seed tensor carries it to the samplers (they read the bits as
+  unsigned). SGLang itself admits [-2**63, 2**63), so on its own a negative
+  seed is silently read as the uint64 with the same bits and seeds in
+  [2**63, 2**64) cannot be sent at all;
+- ``sglang.srt.entrypoints.api_contract.generate_contract_error`` (AROUND):
+  the JSON schema gate of ``/generate`` (HTTP 400). It checks the type only:
+  it refuses a seed that is not an integer (a float, a string, a bool) before
+  any of the above runs, in words that name neither the field nor, for
+  integers beyond 64 bits, the value sent (SGLang parses bodies with orjson,
+  which turns those into floats: 2**64 is reported as "floating point
+  `1.8446744073709552e+19`, expected i64"); the hook puts the seed rule's
+  message in front.
 
-Scope: requests that reach ``verify`` through the tokenizer manager of the
-HTTP server's main process: native ``/generate`` (single, batched, ``n > 1``),
-the OpenAI-compatible endpoints (whose pydantic models turn ``"7"``, ``true``
-and ``5.0`` into integers before this check sees them) and the offline
-``Engine``. Tokenizer worker processes (``--tokenizer-worker-num > 1``) load
-no plugins, so ``seed_hook`` refuses that flag at start-up while the bag is
-active. SGLang's Rust HTTP server bypasses this code: there SGLang's own
-check applies.
+Why: fields such as ``input_ids``, ``top_logprobs_num``, ``top_k``,
+``min_new_tokens`` and ``stop_token_ids`` become tensor indices or sizes in
+the scheduler, where a bad value aborts the scheduler process and loses every
+request in flight; a batch list shorter than the batch is an ``IndexError``
+(HTTP 500) in ``GenerateReqInput.__getitem__``; every detspec stream is keyed
+by a seed in [0, 2**64) (docs/request_fields.md lists them all).
 
-Why: every detspec stream is keyed by a seed in [0, 2**64) (docs/design.md
-§1). SGLang itself admits ``sampling_seed`` in [-2**63, 2**63) and keeps it
-in an int64 tensor, so on its own a negative seed is silently read as the
-uint64 with the same bits and seeds in [2**63, 2**64) cannot be sent at all.
-While the bag is active this hook:
+Scope: requests that reach these symbols through the tokenizer manager of the
+HTTP server's main process. Tokenizer worker processes
+(``--tokenizer-worker-num > 1``) load no plugins: the bag refuses that flag
+at start-up (``config.py``). SGLang's Rust HTTP server bypasses this code:
+there SGLang's own checks apply. The OpenAI endpoints' pydantic models turn
+``"7"``, ``true`` and ``5.0`` into integers before these checks see them.
 
-- refuses a seed that is a bool, not an int, negative, or >= 2**64, with a
-  message naming ``sampling_seed`` and the bound;
-- stores a seed in [2**63, 2**64) as the int64 with the same 64 bits, which
-  is how SGLang's seed tensor carries it to the samplers (they read the bits
-  as unsigned), then lets SGLang's own checks run.
-
-With the bag inactive SGLang's validation runs untouched.
+Every hook acts only while the bag is active
+(:attr:`~sglang_detspec.config.DetSpecConfig.active`, the test every hook
+makes); otherwise SGLang's validation runs untouched, crashes included. The checks are passes over fields already in
+host memory.
 """
 
 from __future__ import annotations
 
 from ..config import current_config
-from ..ops.seed_encoding import HTTP_SEED_RANGE, to_int64
-from .request_rules import RequestRuleError
+from .request_rules import RequestRuleError, check_request, check_sampling_seed, check_whole, limits_of
 
-TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
-# Stable codes of the seed refusals (the message ends with "(error code: ...)", as every request rule's).
-SEED_RANGE_CODE = "sampling_seed_out_of_range"
-SEED_TYPE_CODE = "sampling_seed_not_integer"
+TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+WHOLE_TARGET = "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling"
+VERIFY_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 CONTRACT_TARGET = "sglang.srt.entrypoints.api_contract.generate_contract_error"
 
 
-
-def check_sampling_seed(seed: object) -> int:
-    """The int64 that carries request seed ``seed`` through SGLang.
-
-    Args:
-        seed: the request's ``sampling_seed`` as parsed from JSON.
-
-    Returns:
-        ``seed`` for seeds in [0, 2**63); ``seed - 2**64`` (same 64 bits,
-        two's complement) for seeds in [2**63, 2**64).
+def validate_request(original, self, obj, input_ids, *args, **kwargs):
+    """AROUND hook for ``_validate_one_request(obj, input_ids)``: the table's per-request rules, then SGLang's checks.
 
     Raises:
-        ValueError: ``seed`` is a bool or not an int, or lies outside
-            [0, 2**64 - 1]; the message names ``sampling_seed`` and the bound.
+        RequestRuleError: a field breaks its rule (bag active; ``request_rules``).
     """
-    if isinstance(seed, float) and (seed >= 2.0**64 or seed <= -(2.0**63)):
-        # SGLang parses request bodies with orjson, which turns JSON integers outside
-        # [-2**63, 2**64) into floats: this was most likely an integer out of range.
-        raise RequestRuleError(
-            SEED_RANGE_CODE, "sampling_seed",
-            f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
-            f"unsigned 64-bit seed), got {seed!r} (beyond 64-bit integers: SGLang's JSON parser reads "
-            "such integers as floats)"
-        )
-    try:
-        return to_int64(seed, "sampling_seed")  # the int64 with the same 64 bits
-    except ValueError:
-        # The rule is check_seed's; an HTTP client gets it worded for the request field.
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise RequestRuleError(
-                SEED_TYPE_CODE, "sampling_seed",
-                f"sampling_seed must be an integer in {HTTP_SEED_RANGE}, got {type(seed).__name__} {seed!r}"
-            ) from None
-        raise RequestRuleError(
-            SEED_RANGE_CODE, "sampling_seed",
-            f"sampling_seed must be in {HTTP_SEED_RANGE} (sglang-detspec keys its random streams by an "
-            f"unsigned 64-bit seed), got {seed}"
-        ) from None
+    if current_config().active:
+        check_request(obj, input_ids, limits_of(self))
+    return original(self, obj, input_ids, *args, **kwargs)
+
+
+def validate_whole_request(self, *args, **kwargs) -> None:
+    """BEFORE hook for ``GenerateReqInput._handle_parallel_sampling()``: ``n``, batch lists, ``rid``, before SGLang.
+
+    Raises:
+        RequestRuleError: a rule broken (bag active; ``request_rules``).
+    """
+    if current_config().active:
+        check_whole(self)
 
 
 def verify_unsigned_seed(original, self, *args, **kwargs):
