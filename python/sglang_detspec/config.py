@@ -53,6 +53,11 @@ _FALSE = ("", "0", "false", "no", "off")
 COUPLED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 REJECTION_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+# Bag fields that mean something only with speculative decoding on (DetSpecConfig.shown_fields).
+SPECULATIVE_FIELDS = ("verify", "tree_attention", "num_steps", "eagle_topk", "num_draft_tokens",
+                      "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab")
+# ... and only with a draft model (NGRAM copies its drafts from earlier text).
+DRAFT_MODEL_FIELDS = ("multi_layer_eagle", "reduced_draft_vocab")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,9 +272,37 @@ class DetSpecConfig:
         return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
                                 self.tree_attention, self.decode_attention, self.page_size)
 
+    def shown_fields(self) -> dict[str, object]:
+        """The fields that apply to this server, by the name :meth:`describe` prints them under.
+
+        Left out: the speculative settings (:data:`SPECULATIVE_FIELDS`) without
+        speculative decoding; NGRAM's draft-model fields (it has no draft
+        model), and its top-k shown as ``ngram_max_bfs_breadth`` (SGLang sets
+        the top-k to that flag whatever ``--speculative-eagle-topk`` says);
+        ``decode_attention`` on a known decode backend it does not change
+        (:data:`ONE_PASS_DECODE_BACKENDS`); ``tree_attention`` on a known
+        backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain.
+        An unknown backend or top-k (None: SGLang picks it at start-up) keeps
+        the field.
+        """
+        skip = set()
+        algo, backend, topk = self.algorithm, self.attention_backend, self.eagle_topk
+        if algo is None:
+            skip.update(SPECULATIVE_FIELDS)
+        elif algo == "NGRAM":
+            skip.update(DRAFT_MODEL_FIELDS)
+        decode_backend = backend.split("/")[-1] if backend else None
+        if decode_backend is not None and decode_backend not in ONE_PASS_DECODE_BACKENDS:
+            skip.add("decode_attention")
+        if (backend is not None and backend not in BITWISE_NODE_TREE_BACKENDS) or topk == 1:
+            skip.add("tree_attention")
+        names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
+        return {names.get(f.name, f.name): getattr(self, f.name)
+                for f in dataclasses.fields(self) if f.name not in skip}
+
     def describe(self) -> str:
-        """One line with every field, for the start-up log."""
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        """One line with every field that applies to this server (:meth:`shown_fields`), for the start-up log."""
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.shown_fields().items())
         claim = f"logits={self.logits!r}, " if self.active else ""  # an inactive run promises nothing
         return f"DetSpecConfig(active={self.active}, {claim}{fields})"
 
@@ -331,7 +364,9 @@ class Refusal(str):
     while the message is free to change: ``algorithm_not_covered``,
     ``reduced_draft_vocab``, ``rl_on_policy``, ``tokenizer_workers``,
     ``block_verification``, ``rejection_needs_flag``, ``rejection_algorithm``,
-    ``rejection_chain_unset``, ``rejection_tree``.
+    ``rejection_chain_unset``, ``rejection_tree``; and ``attention_backend``,
+    SGLang's own refusal as ``detspec serve`` states it up front
+    (``sglang_plugin/startup.py``, ``sglang_refusals``).
     """
 
     code: str

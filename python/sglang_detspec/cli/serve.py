@@ -11,8 +11,11 @@ Before anything starts, the arguments are read by SGLang's own
 argument errors are SGLang's), and the plugin's start-up check
 (:meth:`sglang_detspec.config.DetSpecConfig.refusals`) runs on the
 config bag built from them, as the server's first check does with the flags
-as typed. A combination the server would refuse stops here with the same
-messages and exit status 2. The server checks again after SGLang resolved
+as typed, beside the refusal SGLang's own resolution makes of an
+``--attention-backend`` outside its deterministic set
+(:func:`sglang_detspec.sglang_plugin.startup.sglang_refusals`). A
+combination the server would refuse stops here with the same messages and
+exit status 2. The server checks again after SGLang resolved
 its flags (which needs the model), so ``--dry-run`` passing is necessary,
 not sufficient.
 """
@@ -41,7 +44,19 @@ SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 EXAMPLE = """\
   detspec serve -- --model-path M --speculative-algorithm EAGLE \\
       --speculative-draft-model-path D --speculative-num-steps 3 \\
-      --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"""
+      --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \\
+      --attention-backend fa3 --cuda-graph-backend-prefill disabled"""
+# Why the example's dry run claims what it claims (config.logits_guarantee), and what no server measured.
+CLAIM_NOTE = """\
+The server's start-up line claims logits='bitwise' (speculative decoding on
+gives the logits of decoding without it, bit for bit) for a chain, i.e.
+--speculative-eagle-topk 1, on fa3 or triton attention, as in the example
+below. Trees, other backends and a run without --attention-backend (SGLang
+picks the backend on the GPU, so the dry run cannot know it) claim
+logits='tokens': the same tokens, except where a draw is a near-tie inside
+one bf16 rounding step. Every measured server ran with
+--cuda-graph-backend-prefill disabled; with prefill CUDA graphs on (SGLang's
+default) determinism is not yet measured."""
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
 after '--', adding {DETERMINISTIC} if it is missing, with this
@@ -49,9 +64,10 @@ plugin admitted by SGLang's plugin loader (appended to SGLANG_PLUGINS when that
 whitelist is set).
 
 First SGLang's own launch_server parser reads the arguments and the plugin's
-start-up check runs on them: a combination the server would refuse stops here
-with the server's message and exit status 2."""
-EPILOG = f"example:\n{EXAMPLE}"
+start-up check runs on them, with SGLang's refusal of attention backends it
+does not admit under deterministic inference: a combination the server would
+refuse stops here with the server's message and exit status 2."""
+EPILOG = f"{CLAIM_NOTE}\n\nexample:\n{EXAMPLE}"
 USAGE_HINT = "put '--' before SGLang's launch_server arguments: detspec serve [--dry-run] -- --model-path M ..."
 
 
@@ -63,11 +79,6 @@ class _RefusingParser(argparse.ArgumentParser):
     # argparse prints and exits on bad arguments; serve reports them in its own words instead.
     def error(self, message):
         raise _Refused(message)
-
-
-# Speculative algorithms the plugin wires and tests on CPU that no committed server run covers yet
-# (docs/plugin.md): the dry run says so beside its logits claim.
-UNMEASURED_ALGORITHMS = ("NGRAM", "STANDALONE")
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,7 +138,10 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
     The bag is built as the server's first start-up check builds it (from
     the flags before SGLang resolves them, with the top-k SGLang gives NGRAM
     (``resolve.resolved_eagle_topk``), and the ``SGLANG_DETSPEC_*``
-    settings of ``environ``); ``problems`` is its
+    settings of ``environ``); ``problems`` is what SGLang's own resolution
+    refuses among these flags under deterministic inference
+    (``startup.sglang_refusals``: an ``--attention-backend`` outside SGLang's
+    deterministic set, even with the plugin disabled), its
     :meth:`~sglang_detspec.config.DetSpecConfig.refusals` (``--tokenizer-worker-num``
     above 1 among them) and, with ``check_hooks`` for a run that is ours, the
     required SGLang symbols the plugin would not find: one message per
@@ -138,10 +152,11 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
             ``SGLANG_DETSPEC_*`` setting in ``environ``.
     """
     from ..sglang_plugin.resolve import bag_from
+    from ..sglang_plugin.startup import sglang_refusals
 
     ns = read_launch_args(launch_args)
     bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)
-    problems = bag.refusals()
+    problems = sglang_refusals(ns) + bag.refusals()
     if bag.ours and check_hooks:
         problems += _hooks_not_in_place()
     return bag, problems
@@ -227,7 +242,7 @@ def _run(args) -> int:
             return _fail(str(exc))
         if problems:
             lines = [f"{p} [refusal: {p.code}]" if hasattr(p, "code") else p for p in problems]
-            return _fail("sglang-detspec would stop this server at start-up:\n  - " + "\n  - ".join(lines))
+            return _fail("this server would stop at start-up:\n  - " + "\n  - ".join(lines))
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
         elif args.dry_run:
@@ -245,12 +260,13 @@ def _run(args) -> int:
                 _say("note: the logits claim above assumes a chain: with --speculative-eagle-topk unset SGLang "
                      "picks the top-k per model at start-up (a tree, so 'tokens', for some, e.g. Llama); the "
                      "server's start-up line states the claim it serves")
-            if bag.algorithm in UNMEASURED_ALGORITHMS:
-                _say(f"note: {bag.algorithm} is wired and CPU-tested but has not yet run on a server: its "
-                     "logits claim is what the attention backend and top-k promise, not a measured figure")
-            from ..sglang_plugin.resolve import setting_notes
+            if bag.attention_backend is None:
+                _say("note: the logits claim above assumes nothing of the attention backend: without "
+                     "--attention-backend SGLang picks it on the GPU at start-up (fa3 on Hopper under "
+                     "deterministic inference), and the server's start-up line states the claim it serves")
+            from ..sglang_plugin.resolve import setting_notes, unmeasured_notes
 
-            for note in setting_notes(bag):
+            for note in setting_notes(bag) + unmeasured_notes(bag):
                 _say(f"note: {note}")
     if args.dry_run:
         print(dry_run_command(cmd, env))

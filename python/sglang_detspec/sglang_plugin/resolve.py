@@ -161,14 +161,43 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     return notes
 
 
-def announce(config: DetSpecConfig) -> None:
-    """The start-up log line: whether sglang-detspec is active, and the bag (verify mode included).
+# What committed server runs cover (docs/e2e/, docs/forward_modes.md): the attention backends of the
+# 2026-12-02 matrix, and the speculative algorithms no server has run yet (wired and CPU-tested).
+MEASURED_ATTENTION_BACKENDS = ("fa3", "triton", "flashinfer")
+UNMEASURED_ALGORITHMS = ("NGRAM", "STANDALONE")
 
-    Then one line per :func:`setting_notes`.
+
+def unmeasured_notes(config: DetSpecConfig) -> list[str]:
+    """What an active server's ``logits`` claim rests on without a server run behind it, one sentence each.
+
+    An attention backend SGLang admits under deterministic inference that no
+    committed run used (FA4, and the non-CUDA ones), a prefill/decode pair of
+    backends, and the speculative algorithms in :data:`UNMEASURED_ALGORITHMS`.
+    Empty for an inactive bag (it claims nothing) and for a backend not
+    resolved yet (None).
+    """
+    if not config.active:
+        return []
+    notes = []
+    backend = config.attention_backend
+    if backend is not None and backend not in MEASURED_ATTENTION_BACKENDS:
+        notes.append(f"attention backend {backend}: not measured (servers have run on "
+                     f"{', '.join(MEASURED_ATTENTION_BACKENDS)} only): the logits={config.logits!r} claim is "
+                     "the rule's, not a measured figure")
+    if config.algorithm in UNMEASURED_ALGORITHMS:
+        notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
+                     "claim is what the attention backend and top-k promise, not a measured figure")
+    return notes
+
+
+def announce(config: DetSpecConfig) -> None:
+    """The start-up log line: whether sglang-detspec is active, and the bag (the fields that apply).
+
+    Then one line per :func:`setting_notes` and per :func:`unmeasured_notes`.
     """
     state = "active" if config.active else "inactive (SGLang's own sampling runs)"
     logger.warning("sglang-detspec %s: %s", state, config.describe())
-    for note in setting_notes(config):
+    for note in setting_notes(config) + unmeasured_notes(config):
         logger.warning("sglang-detspec: %s", note)
 
 

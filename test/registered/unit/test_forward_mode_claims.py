@@ -44,6 +44,35 @@ def test_the_start_up_line_says_the_guarantee():
     assert DetSpecConfig(deterministic=True, eagle_topk=4, attention_backend="fa3").logits == "bitwise"
 
 
+def shown(**fields):
+    return DetSpecConfig(deterministic=True, **fields).shown_fields()
+
+
+def test_the_start_up_line_leaves_out_fields_that_do_not_apply():
+    # Without speculative decoding: no verify mode, no draft shape, no tree setting.
+    plain = shown(attention_backend="fa3", eagle_topk=4)
+    assert not {"verify", "eagle_topk", "num_steps", "tree_attention", "rejection_sampling"} & plain.keys()
+    assert plain["attention_backend"] == "fa3" and plain["gemm"] == "sglang"
+    # The one-pass decode setting applies to Triton's decode only (also as the decode half of a pair).
+    assert "decode_attention" in shown(algorithm="EAGLE", eagle_topk=1, attention_backend="triton")
+    assert "decode_attention" in shown(algorithm="EAGLE", eagle_topk=1, attention_backend="fa3/triton")
+    for backend in ("fa3", "fa4", "flashinfer"):
+        assert "decode_attention" not in shown(algorithm="EAGLE", eagle_topk=1, attention_backend=backend)
+    # The node path applies to FA3 trees only.
+    assert shown(algorithm="EAGLE", eagle_topk=4, attention_backend="fa3")["tree_attention"] == "cascade"
+    for backend, topk in (("fa3", 1), ("fa4", 4), ("triton", 4)):
+        assert "tree_attention" not in shown(algorithm="EAGLE", eagle_topk=topk, attention_backend=backend)
+    # Unknown until SGLang resolves them: kept.
+    unknown = shown(algorithm="EAGLE")
+    assert unknown["decode_attention"] == "one_pass" and unknown["tree_attention"] == "cascade"
+    # NGRAM: its top-k is its BFS breadth, and it has no draft model.
+    ngram = shown(algorithm="NGRAM", eagle_topk=10, attention_backend="fa3")
+    assert ngram["ngram_max_bfs_breadth"] == 10
+    assert not {"eagle_topk", "multi_layer_eagle", "reduced_draft_vocab"} & ngram.keys()
+    line = DetSpecConfig(deterministic=True, algorithm="NGRAM", eagle_topk=10, attention_backend="fa3").describe()
+    assert "ngram_max_bfs_breadth=10" in line and "eagle_topk" not in line
+
+
 def _server_args(model_dir, flags):
     import argparse
 

@@ -167,8 +167,93 @@ def test_dry_run_refuses_exactly_what_the_server_refuses(capsys, monkeypatch, na
     if refusal is None:
         assert rc == 0 and "sglang.launch_server" in out, err
     else:
-        assert rc == 2 and out == "" and "would stop this server at start-up" in err
+        assert rc == 2 and out == "" and "this server would stop at start-up" in err
         assert all(problem in err for problem in refusal), (refusal, err)
+
+
+# -- SGLang's own refusal of attention backends under deterministic inference ----------------
+
+def sglang_admits_backend(backend):
+    """Whether SGLang's own deterministic-inference check admits ``--attention-backend backend``.
+
+    SGLang runs it in its resolution pipeline (handle_deterministic_inference), before the plugin's hook.
+    """
+    from sglang.srt.arg_groups.overrides import _deterministic_attention_backend, resolved_view
+
+    record = ServerArgs.from_cli_args(sglang_parse(["--model-path", "m", "--attention-backend", backend, DETERMINISTIC]))
+    try:
+        _deterministic_attention_backend(resolved_view(record))
+    except ValueError:
+        return False
+    return True
+
+
+ATTENTION_BACKENDS = serve.sglang_parser()._option_string_actions["--attention-backend"].choices
+
+
+@pytest.mark.parametrize("backend", ATTENTION_BACKENDS)
+def test_the_check_refuses_exactly_the_attention_backends_sglang_refuses(backend):
+    _, problems = serve.startup_check(["--model-path", "m", "--attention-backend", backend, DETERMINISTIC], {},
+                                      check_hooks=False)
+    refused = [p for p in problems if p.code == "attention_backend"]
+    assert bool(refused) == (not sglang_admits_backend(backend)), problems
+
+
+def test_sglang_refuses_some_backends_the_check_is_tested_on():
+    # The parametrized test above compares both ways; it needs backends on either side of SGLang's rule.
+    admitted = [b for b in ATTENTION_BACKENDS if sglang_admits_backend(b)]
+    assert "trtllm_mha" not in admitted and "torch_native" not in admitted and "fa3" in admitted
+
+
+@pytest.mark.parametrize("backend", ["trtllm_mha", "torch_native"])
+@pytest.mark.parametrize("disabled", [False, True], ids=["plugin-on", "plugin-disabled"])
+def test_dry_run_stops_on_an_attention_backend_sglang_refuses(capsys, monkeypatch, backend, disabled):
+    from sglang.srt.server_args import DETERMINISTIC_ATTENTION_BACKEND_CHOICES
+
+    if disabled:  # SGLang refuses the backend whether or not the plugin runs
+        monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
+    rc, out, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                    "--attention-backend", backend])
+    assert rc == 2 and out == "" and "start-up check passed" not in err
+    assert f"--attention-backend {backend} is refused by SGLang under {DETERMINISTIC}" in err
+    assert f"it admits only {', '.join(DETERMINISTIC_ATTENTION_BACKEND_CHOICES)}" in err
+    assert "[refusal: attention_backend]" in err
+
+
+def start_up_line(err):
+    """The bag the dry run printed: the text after 'start-up check passed: '."""
+    return next(line for line in err.splitlines() if "start-up check passed" in line).split(": ", 2)[2]
+
+
+def test_fa4_passes_with_a_not_measured_note_and_without_the_triton_setting(capsys):
+    rc, out, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                    "--attention-backend", "fa4"])
+    assert rc == 0 and "sglang.launch_server" in out
+    assert "note: attention backend fa4: not measured" in err
+    line = start_up_line(err)
+    assert "attention_backend='fa4'" in line and "logits='tokens'" in line
+    # The decode setting changes Triton's decode only; FA4 trees keep SGLang's cascade.
+    assert "decode_attention=" not in line and "tree_attention=" not in line
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "triton"])
+    assert rc == 0 and "not measured" not in err and "decode_attention='one_pass'" in start_up_line(err)
+
+
+def test_ngram_dry_run_shows_its_bfs_breadth_not_a_top_k(capsys):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "NGRAM",
+                                  "--speculative-eagle-topk", "1", "--attention-backend", "fa3"])
+    assert rc == 0
+    line = start_up_line(err)
+    # SGLang serves NGRAM with top-k = --speculative-ngram-max-bfs-breadth (10) whatever the top-k flag says.
+    assert "eagle_topk=" not in line and "ngram_max_bfs_breadth=10" in line and "logits='tokens'" in line
+    assert "reduced_draft_vocab=" not in line and "multi_layer_eagle=" not in line  # no draft model
+    assert "note: NGRAM is wired and CPU-tested but has not yet run on a server" in err
+
+
+def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(capsys):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN])
+    assert rc == 0 and "logits='tokens'" in start_up_line(err)
+    assert "without --attention-backend SGLang picks it on the GPU at start-up" in err
 
 
 def test_a_tree_with_rejection_sampling_is_refused_up_front(capsys):
@@ -250,6 +335,14 @@ def test_help_example_can_be_copied_and_passes_the_check(capsys, monkeypatch):
     rc, cmd, err = dry_run(capsys, words[3:])
     assert rc == 0, err
     assert shlex.split(cmd)[3:] == [*words[3:], DETERMINISTIC]
+    # The claim the help explains is the one the example's dry run makes.
+    assert "logits='bitwise'" in start_up_line(err) and "claims logits='bitwise'" in out
+
+
+def test_help_says_prefill_cuda_graphs_are_not_measured(capsys, monkeypatch):
+    out = " ".join(serve_help(capsys, monkeypatch, 80).split())
+    assert "with prefill CUDA graphs on (SGLang's default) determinism is not yet measured" in out
+    assert "--cuda-graph-backend-prefill disabled" in out
 
 
 # The light demo venv has this package but no SGLang: serve must say so, not trace back.
