@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Mapping
 
+from .model_family import family_claim
 from .ops.kernel_choice import KERNELS
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
@@ -94,6 +95,8 @@ class DetSpecConfig:
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
+        model_family: the target's family (``model_family.ModelTraits.label``:
+            ``dense``, ``moe``, ``mla+moe+fp8``, ...), None when its config was not read.
         gemm: ``SGLANG_DETSPEC_GEMM``: ``sglang`` (the default: SGLang's own
             batch-invariant matmul) or ``plugin`` (it runs the plugin's GEMM
             in the plugin's runs).
@@ -120,6 +123,7 @@ class DetSpecConfig:
     reduced_draft_vocab: bool = False
     attention_backend: str | None = None
     page_size: int | None = None
+    model_family: str | None = None
     source: str = "env"
 
     @property
@@ -256,9 +260,13 @@ class DetSpecConfig:
 
     @property
     def logits(self) -> str:
-        """What "spec on = spec off" holds down to here: :func:`logits_guarantee` for this server."""
-        return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
-                                self.tree_attention, self.decode_attention, self.page_size)
+        """What "spec on = spec off" holds down to here: :func:`logits_guarantee`, then the target family's rule.
+
+        A family no run measured (MoE, MLA, quantized weights: ``model_family.family_claim``) claims ``tokens``.
+        """
+        claim = logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
+                                 self.tree_attention, self.decode_attention, self.page_size)
+        return family_claim(self.model_family, claim, self.attention_backend)
 
     def describe(self) -> str:
         """One line with every field, for the start-up log."""
