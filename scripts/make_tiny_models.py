@@ -28,8 +28,11 @@ No download: every weight comes from a fixed-seed generator. Written folders:
 - ``mimo/``: a ``MiMoForCausalLM`` target with one MTP layer in its own
   checkpoint, served with ``--speculative-algorithm NEXTN`` (see
   :func:`write_mimo` for why this architecture).
+- ``deepseek_v3/``, ``deepseek_v3_fp8/``, ``qwen3_moe/``, ``qwen3_moe_eagle3/``:
+  the MoE, MLA and FP8 families, written by ``tiny_families.py`` (its
+  docstring says what each holds).
 
-``target/``, ``mtp/`` and ``mimo/`` also get a word-level tokenizer (``tokenizer.json``:
+``target/``, ``mtp/``, ``mimo/`` and the family targets also get a word-level tokenizer (``tokenizer.json``:
 token ``i`` is the word ``t<i>``, ids 0-2 are ``<unk>``, ``<s>``, ``</s>``),
 so servers started without ``--skip-tokenizer-init`` (SGLang's OpenAI
 endpoints need one to build their responses' text) can load them.
@@ -357,13 +360,27 @@ def write_tokenizer(folder: str) -> None:
         json.dump(config, f, indent=1)
 
 
+# Float32 tensors that checkpoints keep in float32 (DeepSeek-V3's FP8 block scales and its
+# router's score-correction bias); every other float32 weight is written as bf16.
+FLOAT32_SUFFIXES = ("weight_scale_inv", "e_score_correction_bias")
+
+
 def write(folder: str, config: dict, weights: dict) -> None:
+    """``config.json`` and ``model.safetensors`` in ``folder``.
+
+    Float32 weights are written as bf16, except names ending in one of
+    :data:`FLOAT32_SUFFIXES`; other dtypes (FP8 codes, the EAGLE3 token map's
+    integers and booleans) are written as they are.
+    """
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    # Floating weights in bf16; the EAGLE3 token map keeps its integer / bool dtype.
-    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
-              os.path.join(folder, "model.safetensors"))
+
+    def stored(name: str, v: torch.Tensor) -> torch.Tensor:
+        keep = v.dtype != torch.float32 or name.endswith(FLOAT32_SUFFIXES)
+        return (v if keep else v.to(torch.bfloat16)).contiguous()
+
+    save_file({k: stored(k, v) for k, v in weights.items()}, os.path.join(folder, "model.safetensors"))
 
 
 def main(out_dir: str) -> None:
@@ -397,8 +414,16 @@ def main(out_dir: str) -> None:
     write_mimo(out_dir, gen, embed, target["lm_head.weight"])
     for folder in ("target", "mtp", "mimo"):
         write_tokenizer(os.path.join(out_dir, folder))
+    # Its own module (and generator); it imports this file's writers, so this folder goes on sys.path
+    # also when this file was loaded by path (the end-to-end suites' fixture).
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import tiny_families
+
+    tiny_families.main(out_dir)
     print(f"wrote target/, eagle/, eagle_random/, mtp/, eagle3/, eagle3_full/, mimo/ (tokenizers in target/, "
-          f"mtp/ and mimo/) under {out_dir}")
+          f"mtp/ and mimo/) and {', '.join(f + '/' for f in tiny_families.FOLDERS)} under {out_dir}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Mapping
 
+from .model_family import family_claim
 from .ops.kernel_choice import KERNELS
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
@@ -101,6 +102,8 @@ class DetSpecConfig:
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
+        model_family: the target's family (``model_family.ModelTraits.label``:
+            ``dense``, ``moe``, ``mla+moe+fp8``, ...), None when its config was not read.
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
     """
@@ -123,6 +126,7 @@ class DetSpecConfig:
     reduced_draft_vocab: bool = False
     attention_backend: str | None = None
     page_size: int | None = None
+    model_family: str | None = None
     source: str = "env"
 
     @property
@@ -268,9 +272,13 @@ class DetSpecConfig:
 
     @property
     def logits(self) -> str:
-        """What "spec on = spec off" holds down to here: :func:`logits_guarantee` for this server."""
-        return logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
-                                self.tree_attention, self.decode_attention, self.page_size)
+        """What "spec on = spec off" holds down to here: :func:`logits_guarantee`, then the target family's rule.
+
+        A family no run measured (MoE, MLA, quantized weights: ``model_family.family_claim``) claims ``tokens``.
+        """
+        claim = logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
+                                 self.tree_attention, self.decode_attention, self.page_size)
+        return family_claim(self.model_family, claim, self.attention_backend)
 
     def shown_fields(self) -> dict[str, object]:
         """The fields that apply to this server, by the name :meth:`describe` prints them under.

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import DetSpecConfig, current_config, env_settings, install_config, resolve_verify
+from ..model_family import family_note, model_family
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -83,6 +84,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     # The "spec" namespace of the runtime context has no attention fields: its caller reads "exec.kernel".
     values["attention_backend"] = attention_backend_of(spec) if hasattr(spec, "attention_backend") else None
     values["page_size"] = getattr(spec, "page_size", None)
+    values["model_family"] = model_family(getattr(spec, "model_path", None), getattr(spec, "quantization", None))
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
@@ -142,15 +144,25 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
     # The published "spec" namespace carries no attention fields; "exec.kernel" does.
     from sglang.srt.arg_groups.overrides import resolved_view
 
+    view = resolved_view(record) if record else None
     return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)),
                                attention_backend=attention_backend_of(exec_bag.kernel),
-                               page_size=getattr(resolved_view(record), "page_size", None) if record else None,
+                               page_size=getattr(view, "page_size", None),
+                               model_family=model_family(getattr(view, "model_path", None),
+                                                         getattr(view, "quantization", None)),
                                tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1))
 
 
 def setting_notes(config: DetSpecConfig) -> list[str]:
-    """Settings the bag accepts that change nothing for this server, one sentence each (logged, never silent)."""
+    """Notes for the start-up log, one sentence each (logged, never silent).
+
+    An unmeasured target family (``model_family.family_note``), and settings
+    the bag accepts that change nothing for this server.
+    """
     notes = []
+    family = family_note(config.model_family, config.attention_backend) if config.active else None
+    if family:
+        notes.append(family)
     if config.active and config.tree_attention == "nodes":
         if config.attention_backend not in (None, "fa3"):  # None: not resolved yet (SGLang picks it at start-up)
             notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only; with "

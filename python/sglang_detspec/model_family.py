@@ -1,0 +1,139 @@
+"""Which model family a server's target belongs to, and what that does to the logits claim.
+
+The logits claim (``config.logits_guarantee``) was measured on dense
+full-attention targets in bf16 (``docs/forward_modes.md``). Mixture-of-experts
+layers, multi-head latent attention (MLA) and FP8 weights take other kernels
+under SGLang's deterministic inference (the fused MoE kernel's fixed tile
+configuration, the MLA attention paths, the FP8 GEMMs with pinned tactics),
+and no end-to-end run has compared their logprobs across forward modes yet:
+for them the claim is ``tokens``, and the start-up line says it is not
+measured. A family enters :data:`MEASURED_BITWISE` when a committed run
+(``test/registered/e2e/test_model_families.py``) records 0 differing logprobs
+for it on a backend.
+
+The family is read from the target's ``config.json`` (and SGLang's
+``--quantization`` flag), never guessed from its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+DENSE = "dense"
+# Config keys that give a model's routed-expert count, by family (DeepSeek, Qwen-MoE,
+# Mixtral, Step): the model is MoE when one of them is above 1 and some layer uses it.
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+
+# (family label, attention backend) pairs whose bitwise logprobs a committed end-to-end run
+# recorded, with the run; none yet. Dense targets are not listed: config.logits_guarantee is theirs.
+MEASURED_BITWISE: dict[tuple[str, str], str] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTraits:
+    """What about a target takes it off the measured dense path.
+
+    Attributes:
+        moe: some decoder layer routes tokens to experts.
+        mla: multi-head latent attention (a ``kv_lora_rank`` in the config).
+        quantization: the weights' quantization method (``fp8``, ...), None for bf16/fp16 weights.
+    """
+
+    moe: bool = False
+    mla: bool = False
+    quantization: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``dense``, or the traits joined by ``+`` in a fixed order (``mla+moe+fp8``)."""
+        parts = [name for name, on in (("mla", self.mla), ("moe", self.moe)) if on]
+        if self.quantization:
+            parts.append(self.quantization)
+        return "+".join(parts) or DENSE
+
+
+def _uses_experts(config: Mapping) -> bool:
+    counts = [config.get(key) for key in EXPERT_COUNT_KEYS]
+    if not any(isinstance(c, int) and c > 1 for c in counts):
+        return False
+    layers = int(config.get("num_hidden_layers") or 0) + int(config.get("num_nextn_predict_layers") or 0)
+    # Step3p5 lists its MoE layer ids; the project's tiny Step3p5 names one past its depth (dense).
+    listed = config.get("moe_layers_enum")
+    if isinstance(listed, str) and listed.strip():
+        return any(int(i) < layers for i in listed.split(",") if i.strip().isdigit())
+    # DeepSeek: the first first_k_dense_replace layers are dense; Qwen-MoE: mlp_only_layers are.
+    dense_first = int(config.get("first_k_dense_replace") or 0)
+    mlp_only = set(config.get("mlp_only_layers") or ())
+    return any(i >= dense_first and i not in mlp_only for i in range(max(layers, 1)))
+
+
+def traits_of(config: Mapping, quantization_flag: str | None = None) -> ModelTraits:
+    """The :class:`ModelTraits` of a model from its ``config.json`` (a dict), multimodal ``text_config`` included.
+
+    Args:
+        config: the parsed ``config.json``.
+        quantization_flag: SGLang's ``--quantization`` (quantizes at load time), or None.
+
+    Raises:
+        ValueError: ``config`` is not a mapping.
+    """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a mapping (a parsed config.json), got {type(config).__name__}")
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        config = {**text, **{k: v for k, v in config.items() if k == "quantization_config"}}
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    method = quantization_flag or method
+    return ModelTraits(moe=_uses_experts(config), mla=config.get("kv_lora_rank") is not None,
+                       quantization=str(method).lower() if method else None)
+
+
+def model_family(model_path: str | None, quantization_flag: str | None = None) -> str | None:
+    """The :attr:`ModelTraits.label` of the model at ``model_path`` (a folder, or a repository id in the Hugging Face cache).
+
+    None when the path is not given or its ``config.json`` cannot be read: the
+    claim then follows the attention backend alone, as before the family was known.
+    """
+    if not model_path:
+        return None
+    local = Path(model_path) / "config.json"
+    path = local if local.is_file() else _cached_config(model_path)
+    try:
+        config = json.loads(Path(path).read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+    return traits_of(config, quantization_flag).label if isinstance(config, Mapping) else None
+
+
+def _cached_config(repo_id: str) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # not a repository id, or no hub client
+        return None
+    return cached if isinstance(cached, str) else None
+
+
+def family_claim(family: str | None, attention_claim: str, attention_backend: str | None) -> str:
+    """The logits claim for a target of ``family`` whose attention backend alone would give ``attention_claim``.
+
+    ``dense`` or unknown (None): ``attention_claim``. Any other family:
+    ``tokens``, unless :data:`MEASURED_BITWISE` records the family on this backend.
+    """
+    if family in (None, DENSE) or attention_claim != "bitwise":
+        return attention_claim
+    return "bitwise" if (family, attention_backend) in MEASURED_BITWISE else "tokens"
+
+
+def family_note(family: str | None, attention_backend: str | None) -> str | None:
+    """The start-up note for a family no run has measured on this backend (None for dense or measured ones)."""
+    if family in (None, DENSE) or (family, attention_backend) in MEASURED_BITWISE:
+        return None
+    where = f"{attention_backend} attention" if attention_backend else "any attention backend"
+    return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens', not measured "
+            f"(no end-to-end run has recorded its logprobs across forward modes on {where} yet)")

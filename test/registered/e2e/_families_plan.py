@@ -1,0 +1,127 @@
+"""What ``test_model_families.py`` measures: the model families, their servers, the backends SGLang accepts.
+
+Plain data and small functions, no GPU: the CPU unit tests
+(``test/registered/unit/test_model_family_claims.py``) read the same table and
+resolve the same flags through SGLang's real argument resolution.
+
+Per family and attention backend three servers run side by side: the target
+without speculative decoding (the reference), a chain and a tree, all with
+deterministic inference and CUDA graphs on. ``auto`` is SGLang's own choice
+(no ``--attention-backend``: fa3 on Hopper under deterministic inference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import _e2e
+
+BACKENDS_ENV = "DETSPEC_E2E_FAMILY_BACKENDS"
+AUTO = "auto"
+KNOWN_BACKENDS = (AUTO, "triton", "fa3", "flashinfer")
+SHAPES = {"chain": _e2e.CHAIN_SHAPE, "tree": _e2e.TREE_SHAPE}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+    """One target family of the tiny models (``scripts/tiny_families.py``).
+
+    Attributes:
+        folder: the target's folder under the tiny models' folder.
+        draft: the draft's folder (the target's own for NEXTN).
+        algorithm: ``--speculative-algorithm``.
+        quantization: the row's ``quantization`` field (``bf16`` or the checkpoint's method).
+    """
+
+    folder: str
+    draft: str
+    algorithm: str
+    quantization: str
+
+
+FAMILIES = {
+    "deepseek_v3": ModelFamily("deepseek_v3", "deepseek_v3", "NEXTN", "bf16"),
+    "deepseek_v3_fp8": ModelFamily("deepseek_v3_fp8", "deepseek_v3_fp8", "NEXTN", "fp8"),
+    "qwen3_moe": ModelFamily("qwen3_moe", "qwen3_moe_eagle3", "EAGLE3", "bf16"),
+}
+
+
+def backend_args(backend: str) -> tuple[str, ...]:
+    """The attention flag of ``backend`` (none for ``auto``).
+
+    Raises:
+        ValueError: ``backend`` not in :data:`KNOWN_BACKENDS`.
+    """
+    if backend not in KNOWN_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(KNOWN_BACKENDS)}, got {backend!r}")
+    return () if backend == AUTO else ("--attention-backend", backend)
+
+
+def spec_args(family: ModelFamily, shape: str, models_dir: str) -> tuple[str, ...]:
+    """The speculative flags of ``family`` drafting ``shape`` (a key of :data:`SHAPES`); empty for ``none``.
+
+    Raises:
+        ValueError: ``shape`` neither ``none`` nor a key of :data:`SHAPES`.
+    """
+    if shape == "none":
+        return ()
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be 'none' or one of {', '.join(SHAPES)}, got {shape!r}")
+    return ("--speculative-algorithm", family.algorithm, *SHAPES[shape],
+            "--speculative-draft-model-path", os.path.join(models_dir, family.draft))
+
+
+def server_flags(family: ModelFamily, shape: str, backend: str, models_dir: str) -> tuple[str, ...]:
+    """Every flag of one server but the model path, as ``_e2e.server_config`` lays them out (deterministic, CUDA graphs)."""
+    import shlex
+
+    common = shlex.split(_e2e.env_str("DETSPEC_E2E_SERVER_ARGS", _e2e.DEFAULT_SERVER_ARGS))
+    # The default flags name the triton backend; each row sets its own (or none: SGLang's choice).
+    common = [a for i, a in enumerate(common)
+              if a != "--attention-backend" and (i == 0 or common[i - 1] != "--attention-backend")]
+    return (*spec_args(family, shape, models_dir), "--device", "cuda", *common, *backend_args(backend),
+            "--enable-deterministic-inference")
+
+
+def sglang_refusal(model_path: str, flags: tuple[str, ...]) -> str | None:
+    """SGLang's own refusal of a server, from its real argument resolution (no GPU needed); None when it accepts.
+
+    Runs ``ServerArgs.resolve_once`` on the flags, the resolution
+    ``launch_server`` runs before it loads anything: e.g. deterministic
+    inference on a DeepSeek-family (absorbed-MLA) model accepts only the
+    radix-cache backends. Only SGLang's ``ValueError`` counts as a refusal.
+    """
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", model_path, *flags]))
+    try:
+        args.resolve_once()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def selected_backends(environ=None) -> tuple[str, ...]:
+    """The backends to run: ``DETSPEC_E2E_FAMILY_BACKENDS`` (comma-separated), else all of :data:`KNOWN_BACKENDS`.
+
+    Raises:
+        ValueError: an unknown name, a name given twice, or no name; the
+            message names the variable and the allowed values.
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get(BACKENDS_ENV)
+    if raw is None or raw.strip() == "":
+        return KNOWN_BACKENDS
+    names = [part.strip() for part in raw.split(",")]
+    allowed = f"allowed: {', '.join(KNOWN_BACKENDS)}, comma-separated"
+    unknown = [n for n in names if n not in KNOWN_BACKENDS]
+    if unknown:
+        raise ValueError(f"{BACKENDS_ENV}={raw!r} names unknown backends {unknown} ({allowed})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{BACKENDS_ENV}={raw!r} names a backend twice ({allowed})")
+    return tuple(names)

@@ -1,0 +1,176 @@
+"""The logits claim follows the target's family: MoE, MLA and FP8 targets claim 'tokens', not measured.
+
+The family is read from the model's ``config.json`` (``model_family``); the
+bags are built from SGLang's real resolved server arguments on the tiny
+family models of ``scripts/tiny_families.py``, and the dry run reads the
+same flags. The end-to-end plan's refusals (``_families_plan``) come from
+SGLang's own argument resolution too.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
+from sglang_detspec.model_family import (DENSE, MEASURED_BITWISE, ModelTraits, family_claim, family_note,
+                                         model_family, traits_of)
+from sglang_detspec.sglang_plugin import resolve
+
+register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
+
+ROOT = Path(__file__).resolve().parents[3]
+CHAIN = "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("tiny_families", ROOT / "scripts" / "tiny_families.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path_factory.mktemp("families")
+    module.main(str(out))
+    return out
+
+
+@pytest.mark.parametrize("config, label", [
+    ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}, DENSE),
+    ({"n_routed_experts": 8, "first_k_dense_replace": 1, "num_hidden_layers": 2, "kv_lora_rank": 512}, "mla+moe"),
+    ({"n_routed_experts": 8, "first_k_dense_replace": 4, "num_hidden_layers": 2, "kv_lora_rank": None}, DENSE),
+    ({"num_experts": 8, "num_hidden_layers": 2, "mlp_only_layers": [0, 1]}, DENSE),
+    ({"num_local_experts": 8, "num_hidden_layers": 2}, "moe"),
+    ({"num_experts": 1, "num_hidden_layers": 2}, DENSE),
+    # Step3p5 with its MoE layers named past its depth (the project's tiny MTP model) is dense.
+    ({"moe_num_experts": 2, "moe_layers_enum": "999", "num_hidden_layers": 45, "num_nextn_predict_layers": 2}, DENSE),
+    ({"moe_num_experts": 2, "moe_layers_enum": "3,4", "num_hidden_layers": 45}, "moe"),
+    ({"num_hidden_layers": 2, "quantization_config": {"quant_method": "FP8"}}, "fp8"),
+    ({"text_config": {"num_experts": 4, "num_hidden_layers": 2}, "quantization_config": {"quant_method": "fp8"}},
+     "moe+fp8"),
+])
+def test_traits_from_config(config, label):
+    assert traits_of(config).label == label
+
+
+def test_the_quantization_flag_counts_and_bad_configs_are_refused():
+    assert traits_of({"num_hidden_layers": 2}, "fp8").label == "fp8"
+    assert ModelTraits(moe=True, mla=True, quantization="fp8").label == "mla+moe+fp8"
+    with pytest.raises(ValueError, match="config must be a mapping"):
+        traits_of(["not", "a", "dict"])
+
+
+def test_unmeasured_families_claim_tokens_and_say_so():
+    assert MEASURED_BITWISE == {}  # a measured family enters with the run that recorded it
+    for backend in ("triton", "fa3"):
+        assert family_claim(DENSE, "bitwise", backend) == family_claim(None, "bitwise", backend) == "bitwise"
+        assert family_claim("mla+moe", "bitwise", backend) == "tokens"
+        assert family_claim("moe", "tokens", backend) == "tokens"
+        assert "not measured" in family_note("mla+moe+fp8", backend) and backend in family_note("moe", backend)
+    assert family_note(DENSE, "fa3") is None and family_note(None, "fa3") is None
+    chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
+    assert DetSpecConfig(**chain).logits == DetSpecConfig(**chain, model_family=DENSE).logits == "bitwise"
+    bag = DetSpecConfig(**chain, model_family="moe")
+    assert bag.logits == "tokens" and "logits='tokens'" in bag.describe() and "model_family='moe'" in bag.describe()
+
+
+def test_model_family_reads_the_folder_and_tolerates_what_it_cannot_read(tiny, tmp_path):
+    assert model_family(str(tiny / "deepseek_v3")) == "mla+moe"
+    assert model_family(str(tiny / "deepseek_v3_fp8")) == "mla+moe+fp8"
+    assert model_family(str(tiny / "qwen3_moe")) == "moe"
+    assert model_family(str(tiny / "qwen3_moe"), "fp8") == "moe+fp8"
+    assert model_family(None) is None and model_family(str(tmp_path / "absent")) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert model_family(str(tmp_path)) is None
+
+
+def _server_args(model, flags):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    sa = ServerArgs.from_cli_args(parser.parse_args(["--model-path", str(model), "--device", "cuda",
+                                                     "--enable-deterministic-inference", *flags.split()]))
+    sa.resolve_once()
+    return sa
+
+
+@pytest.mark.parametrize("folder, draft, algorithm, family", [
+    ("deepseek_v3", "deepseek_v3", "NEXTN", "mla+moe"),
+    ("deepseek_v3_fp8", "deepseek_v3_fp8", "NEXTN", "mla+moe+fp8"),
+    ("qwen3_moe", "qwen3_moe_eagle3", "EAGLE3", "moe"),
+])
+@pytest.mark.parametrize("backend", [None, "triton", "fa3"])
+def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algorithm, family, backend):
+    reset_config()
+    flags = f"--speculative-algorithm {algorithm} --speculative-draft-model-path {tiny / draft} {CHAIN}"
+    bag = resolve.config_from_server_args(_server_args(tiny / folder, flags + (f" --attention-backend {backend}"
+                                                                                if backend else "")))
+    # The same flags on the dense Llama would claim bitwise on both backends (chain, pages of one token).
+    assert bag.active and bag.model_family == family and bag.attention_backend in ("triton", "fa3")
+    assert logits_guarantee(bag.attention_backend, 1) == "bitwise" and bag.logits == "tokens"
+    assert any("not measured" in note for note in resolve.setting_notes(bag))
+    reset_config()
+
+
+def test_the_dense_target_keeps_its_measured_claim(tiny):
+    target = tiny / "dense"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float16"}))
+    reset_config()
+    bag = resolve.config_from_server_args(_server_args(
+        target, f"--speculative-algorithm EAGLE --speculative-draft-model-path {target} {CHAIN} --attention-backend triton"))
+    assert (bag.model_family, bag.logits) == (DENSE, "bitwise") and resolve.setting_notes(bag) == []
+    reset_config()
+
+
+def test_the_dry_run_claims_tokens_and_says_not_measured(tiny, capsys, monkeypatch):
+    from sglang_detspec.cli.main import main
+
+    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    model = tiny / "deepseek_v3_fp8"
+    assert main(["serve", "--dry-run", "--", "--model-path", str(model), "--device", "cuda",
+                 "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", str(model), *CHAIN.split(),
+                 "--attention-backend", "fa3"]) == 0
+    err = capsys.readouterr().err
+    passed = [line for line in err.splitlines() if "start-up check passed" in line]
+    assert len(passed) == 1 and "logits='tokens'" in passed[0] and "model_family='mla+moe+fp8'" in passed[0]
+    assert "not measured" in err
+    reset_config()
+
+
+def test_the_e2e_plan_records_what_sglang_refuses(tiny):
+    sys.path.insert(0, str(ROOT / "test" / "registered" / "e2e"))
+    try:
+        import _families_plan as plan
+    finally:
+        sys.path.pop(0)
+    deepseek = plan.FAMILIES["deepseek_v3"]
+    refusals = {backend: plan.sglang_refusal(str(tiny / deepseek.folder),
+                                             plan.server_flags(deepseek, "chain", backend, str(tiny)))
+                for backend in plan.KNOWN_BACKENDS}
+    # Deterministic inference on absorbed-MLA models: SGLang keeps only its radix-cache backends.
+    assert "absorbed-MLA" in refusals["flashinfer"]
+    assert [b for b, r in refusals.items() if r is None] == ["auto", "triton", "fa3"]
+    qwen = plan.FAMILIES["qwen3_moe"]
+    assert plan.sglang_refusal(str(tiny / qwen.folder), plan.server_flags(qwen, "tree", "flashinfer", str(tiny))) is None
+    flags = plan.server_flags(qwen, "none", "auto", str(tiny))
+    assert "--attention-backend" not in flags and "--speculative-algorithm" not in flags
+    assert plan.selected_backends({}) == plan.KNOWN_BACKENDS
+    assert plan.selected_backends({plan.BACKENDS_ENV: "fa3, auto"}) == ("fa3", "auto")
+    for raw, match in (("fa2", "unknown backends"), ("fa3,fa3", "twice")):
+        with pytest.raises(ValueError, match=match):
+            plan.selected_backends({plan.BACKENDS_ENV: raw})
+    with pytest.raises(ValueError, match="shape must be"):
+        plan.spec_args(qwen, "wide", str(tiny))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
