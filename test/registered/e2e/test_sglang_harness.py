@@ -83,7 +83,7 @@ def server_configs(models: _e2e.Models, backends) -> dict:
 def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[str]]:
     """The server's logged claim and what is wrong with its start-up lines."""
     claims = _e2e.claimed_logits(server)
-    expected = logits_guarantee(backend, _forward_plan.eagle_topk(label) if _e2e.family(label).draft else None)
+    expected = logits_guarantee(backend, _forward_plan.eagle_topk(label))
     problems = _e2e.plugin_problems(server)
     if claims != [expected]:
         problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{expected!r}]")
@@ -112,7 +112,10 @@ def measure(servers, models, backends) -> tuple[list[dict], list[str], dict]:
             except multiprocessing.TimeoutError:
                 outcomes[key] = (log, [plan.ModeOutcome(m, (), f"no answer within {TRAFFIC_TIMEOUT_S} s")
                                        for m in plan.MODES])
-        pool.terminate()  # a worker still waiting on a hung server
+            except Exception as exc:  # the worker itself failed (e.g. an import): every mode of that server
+                outcomes[key] = (log, [plan.ModeOutcome(m, (), f"worker: {type(exc).__name__}: {exc}"[:500])
+                                       for m in plan.MODES])
+        # Leaving the block terminates the pool: a worker still waiting on a hung server stops too.
     rows = []
     for (backend, label), config in configs.items():
         server = started[config.name]
