@@ -3,7 +3,7 @@
 No download: every weight comes from a fixed-seed generator. Written folders:
 
 - ``target/``: ``LlamaForCausalLM`` (hidden 256, 2 layers, 4 heads of 64, 4 KV
-  heads, intermediate 512, vocab 4096), bf16 safetensors. Attention and MLP
+  heads, intermediate 512, vocab 4096 unless ``--vocab`` says otherwise), bf16 safetensors. Attention and MLP
   outputs are scaled down so the model is close to a bigram model: its
   next-token distribution depends mostly on the current token.
 - ``eagle/``: an EAGLE draft for it (SGLang's ``LlamaForCausalLMEagle``): one
@@ -21,7 +21,7 @@ No download: every weight comes from a fixed-seed generator. Written folders:
   so it is a high-acceptance pair too. About 68 MB.
 - ``eagle3/`` and ``eagle3_full/``: EAGLE3 drafts for ``target/`` (SGLang's
   ``LlamaForCausalLMEagle3``, see :func:`write_eagle3`). ``eagle3/`` drafts
-  over a reduced vocabulary: ``EAGLE3_DRAFT_VOCAB`` target tokens in shuffled
+  over a reduced vocabulary: three quarters of the target's tokens in shuffled
   order, with the ``d2t`` / ``t2d`` token map EAGLE3 checkpoints carry, so a
   draft index is not the target token id it stands for. ``eagle3_full/``
   drafts over the whole vocabulary (no map, the target's lm_head).
@@ -37,14 +37,18 @@ token ``i`` is the word ``t<i>``, ids 0-2 are ``<unk>``, ``<s>``, ``</s>``),
 so servers started without ``--skip-tokenizer-init`` (SGLang's OpenAI
 endpoints need one to build their responses' text) can load them.
 
-Usage: python scripts/make_tiny_models.py OUT_DIR
+Usage: python scripts/make_tiny_models.py OUT_DIR [--vocab N]
+
+``--vocab`` (default 4096) sets every model's vocabulary and the tokenizer's;
+SGLang's own determinism harness (``sglang.test.test_deterministic``) sends
+token ids up to 50,000, so its suite writes a set at a 128K vocabulary.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 
 import torch
 from safetensors.torch import save_file
@@ -57,15 +61,15 @@ LOGIT_STD = 3.0  # spread of the bigram logits: sampled, not near-greedy
 # must have exactly 45 layers for that index to be 0.
 MTP_TRUNK_LAYERS = 45
 MTP_LAYERS = 2  # --speculative-num-steps 2: one MTP layer per draft step
-# The reduced EAGLE3 vocabulary: three quarters of the target's, so about a quarter of the
+# The reduced EAGLE3 vocabulary is this fraction of the target's, so about a quarter of the
 # target's mass at each position is out of the draft's reach (acceptance below the full draft's).
-EAGLE3_DRAFT_VOCAB = 3072
+EAGLE3_DRAFT_FRACTION = (3, 4)
 # EAGLE3's attention carries the embedding of the token read (see write_eagle3): query and
 # key are this multiple of it, so each position attends to itself.
 EAGLE3_SELF_ATTENTION_GAIN = 2.0
 
 
-def llama_config(architecture: str, layers: int) -> dict:
+def llama_config(architecture: str, layers: int, vocab: int = VOCAB) -> dict:
     return {
         "architectures": [architecture],
         "model_type": "llama",
@@ -75,7 +79,7 @@ def llama_config(architecture: str, layers: int) -> dict:
         "num_key_value_heads": HEADS,
         "head_dim": HIDDEN // HEADS,
         "num_hidden_layers": layers,
-        "vocab_size": VOCAB,
+        "vocab_size": vocab,
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
@@ -107,7 +111,7 @@ def layer_weights(prefix: str, gen: torch.Generator, out_scale: float, with_inpu
     return w
 
 
-def step3p5_config() -> dict:
+def step3p5_config(vocab: int = VOCAB) -> dict:
     """``config.json`` of the tiny Step3p5 target with ``MTP_LAYERS`` MTP layers.
 
     Fields are read by SGLang's ``Step3p5Config`` (``configs/step3p5.py``) and
@@ -125,7 +129,7 @@ def step3p5_config() -> dict:
         "head_dim": HIDDEN // HEADS,
         "num_hidden_layers": MTP_TRUNK_LAYERS,
         "num_nextn_predict_layers": MTP_LAYERS,
-        "vocab_size": VOCAB,
+        "vocab_size": vocab,
         "max_seq_len": 4096,
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
@@ -220,10 +224,10 @@ def write_mtp(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: 
         target[f"{prefix}.hnorm.weight"] = torch.zeros(HIDDEN)
         target[f"{prefix}.shared_head.norm.weight"] = torch.zeros(HIDDEN)
         target[f"{prefix}.shared_head.head.weight"] = lm_head
-    write(os.path.join(out_dir, "mtp"), step3p5_config(), target)
+    write(os.path.join(out_dir, "mtp"), step3p5_config(embed.shape[0]), target)
 
 
-def eagle3_config(draft_vocab: int | None) -> dict:
+def eagle3_config(draft_vocab: int | None, vocab: int = VOCAB) -> dict:
     """``config.json`` of a one-layer ``LlamaForCausalLMEagle3`` draft for ``target/``.
 
     One auxiliary hidden state (the output of the target's layer 0,
@@ -231,7 +235,7 @@ def eagle3_config(draft_vocab: int | None) -> dict:
     the target's own width. ``draft_vocab_size`` None: the full vocabulary, and
     SGLang loads the lm_head from the target.
     """
-    config = llama_config("LlamaForCausalLMEagle3", 1)
+    config = llama_config("LlamaForCausalLMEagle3", 1, vocab)
     config["draft_vocab_size"] = draft_vocab
     config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0]}
     return config
@@ -266,25 +270,33 @@ def eagle3_weights(embed: torch.Tensor, lm_head: torch.Tensor | None, gen: torch
     return w
 
 
+def eagle3_draft_vocab(vocab: int) -> int:
+    """The reduced EAGLE3 draft's vocabulary for a target of ``vocab`` tokens (3,072 at 4,096)."""
+    num, den = EAGLE3_DRAFT_FRACTION
+    return vocab * num // den
+
+
 def write_eagle3(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
     """``eagle3/`` (reduced vocabulary with its token map) and ``eagle3_full/`` (whole vocabulary).
 
-    The reduced draft's vocabulary is ``EAGLE3_DRAFT_VOCAB`` target ids in a
+    The reduced draft's vocabulary is :func:`eagle3_draft_vocab` target ids in a
     fixed random order (``hot``): draft index j stands for target id
     ``hot[j]``. Its lm_head is the target's rows in that order, and the
     checkpoint carries EAGLE3's map tensors: ``d2t[j] = hot[j] - j`` (SGLang
     adds ``arange`` back) and ``t2d`` (a bool mask over the target vocabulary,
     which SGLang ignores).
     """
-    order = torch.randperm(VOCAB, generator=gen)
-    hot = order[:EAGLE3_DRAFT_VOCAB]
+    vocab = embed.shape[0]
+    draft_vocab = eagle3_draft_vocab(vocab)
+    order = torch.randperm(vocab, generator=gen)
+    hot = order[:draft_vocab]
     reduced = eagle3_weights(embed, lm_head[hot], gen)
-    reduced["d2t"] = (hot - torch.arange(EAGLE3_DRAFT_VOCAB)).to(torch.int64)
-    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    reduced["d2t"] = (hot - torch.arange(draft_vocab)).to(torch.int64)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[hot] = True
     reduced["t2d"] = t2d
-    write(os.path.join(out_dir, "eagle3"), eagle3_config(EAGLE3_DRAFT_VOCAB), reduced)
-    write(os.path.join(out_dir, "eagle3_full"), eagle3_config(None), eagle3_weights(embed, None, gen))
+    write(os.path.join(out_dir, "eagle3"), eagle3_config(draft_vocab, vocab), reduced)
+    write(os.path.join(out_dir, "eagle3_full"), eagle3_config(None, vocab), eagle3_weights(embed, None, gen))
 
 
 def write_mimo(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
@@ -306,7 +318,7 @@ def write_mimo(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head:
     zero ``o_proj`` / ``down_proj`` make the block the identity, so the MTP
     layer predicts the target's bigram of its input token.
     """
-    config = llama_config("MiMoForCausalLM", LAYERS)
+    config = llama_config("MiMoForCausalLM", LAYERS, embed.shape[0])
     config.update({"model_type": "qwen2", "num_nextn_predict_layers": 1, "use_sliding_window": False,
                    "sliding_window": None, "max_window_layers": LAYERS})
 
@@ -330,8 +342,8 @@ def write_mimo(out_dir: str, gen: torch.Generator, embed: torch.Tensor, lm_head:
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: unk, and the configs' bos / eos
 
 
-def write_tokenizer(folder: str) -> None:
-    """A word-level tokenizer over the ``VOCAB`` ids: ``tokenizer.json`` and ``tokenizer_config.json``.
+def write_tokenizer(folder: str, vocab_size: int = VOCAB) -> None:
+    """A word-level tokenizer over ``vocab_size`` ids: ``tokenizer.json`` and ``tokenizer_config.json``.
 
     Whitespace-separated words ``t<i>`` map to id ``i``; any other word to
     ``<unk>`` (id 0). Decoding joins the words with spaces. Written as plain
@@ -341,7 +353,7 @@ def write_tokenizer(folder: str) -> None:
     ``AutoTokenizer`` loads it as a fast tokenizer.
     """
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"t{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB)})
+    vocab.update({f"t{i}": i for i in range(len(SPECIAL_TOKENS), vocab_size)})
     added = [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for i, token in enumerate(SPECIAL_TOKENS)]
     tokenizer = {
@@ -383,29 +395,36 @@ def write(folder: str, config: dict, weights: dict) -> None:
     save_file({k: stored(k, v) for k, v in weights.items()}, os.path.join(folder, "model.safetensors"))
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, vocab: int = VOCAB) -> None:
+    """Write every tiny model (and the tokenizers) under ``out_dir`` at a vocabulary of ``vocab`` tokens.
+
+    Raises:
+        ValueError: ``vocab`` below 8 (the special tokens and a reduced EAGLE3 vocabulary need room).
+    """
+    if not isinstance(vocab, int) or vocab < 8:
+        raise ValueError(f"vocab must be an integer >= 8, got {vocab!r}")
     gen = torch.Generator().manual_seed(20261129)
-    embed = torch.randn(VOCAB, HIDDEN, generator=gen)
+    embed = torch.randn(vocab, HIDDEN, generator=gen)
     embed /= embed.pow(2).mean(dim=1, keepdim=True).sqrt()  # RMS 1: the final norm is nearly the identity
     target = {
         "model.embed_tokens.weight": embed,
         "model.norm.weight": torch.ones(HIDDEN),
-        "lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=gen) * (LOGIT_STD / HIDDEN**0.5),
+        "lm_head.weight": torch.randn(vocab, HIDDEN, generator=gen) * (LOGIT_STD / HIDDEN**0.5),
     }
     for i in range(LAYERS):
         target.update(layer_weights(f"model.layers.{i}", gen, out_scale=1e-3, with_input_norm=True))
-    write(os.path.join(out_dir, "target"), llama_config("LlamaForCausalLM", LAYERS), target)
+    write(os.path.join(out_dir, "target"), llama_config("LlamaForCausalLM", LAYERS, vocab), target)
 
     # EAGLE draft: names without the "model." prefix; embed and lm_head are the target's.
     eagle = layer_weights("layers.0", gen, out_scale=0.0, with_input_norm=False)
     eagle["fc.weight"] = torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], dim=1)
     eagle["fc.bias"] = torch.zeros(HIDDEN)
-    write(os.path.join(out_dir, "eagle"), llama_config("LlamaForCausalLMEagle", 1), eagle)
+    write(os.path.join(out_dir, "eagle"), llama_config("LlamaForCausalLMEagle", 1, vocab), eagle)
 
     noisy = layer_weights("layers.0", gen, out_scale=1.0, with_input_norm=False)
     noisy["fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=gen) * (2 * HIDDEN) ** -0.5
     noisy["fc.bias"] = torch.zeros(HIDDEN)
-    write(os.path.join(out_dir, "eagle_random"), llama_config("LlamaForCausalLMEagle", 1), noisy)
+    write(os.path.join(out_dir, "eagle_random"), llama_config("LlamaForCausalLMEagle", 1, vocab), noisy)
 
     # Drawn after the folders above, so adding it changed none of their weights.
     write_mtp(out_dir, gen, embed, target["lm_head.weight"])
@@ -413,7 +432,11 @@ def main(out_dir: str) -> None:
     write_eagle3(out_dir, gen, embed, target["lm_head.weight"])
     write_mimo(out_dir, gen, embed, target["lm_head.weight"])
     for folder in ("target", "mtp", "mimo"):
-        write_tokenizer(os.path.join(out_dir, folder))
+        write_tokenizer(os.path.join(out_dir, folder), vocab)
+    if vocab != VOCAB:  # a vocabulary of its own is asked for by the suites that need it; the families keep theirs
+        print(f"wrote target/, eagle/, eagle_random/, mtp/, eagle3/, eagle3_full/, mimo/ (tokenizers in target/, "
+              f"mtp/ and mimo/) under {out_dir}")
+        return
     # Its own module (and generator); it imports this file's writers, so this folder goes on sys.path
     # also when this file was loaded by path (the end-to-end suites' fixture).
     here = os.path.dirname(os.path.abspath(__file__))
@@ -427,6 +450,8 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary of every model and tokenizer")
+    cli = parser.parse_args()
+    main(cli.out_dir, cli.vocab)

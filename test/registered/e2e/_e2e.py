@@ -195,6 +195,8 @@ PLUGIN_ACTIVE = "sglang-detspec active"
 PLUGIN_INACTIVE = "sglang-detspec inactive"
 # The verify mode in the active line: "... DetSpecConfig(active=True, ..., verify='coupled', ...)".
 VERIFY_FIELD = re.compile(r"verify='(\w+)'")
+# The logits guarantee in the active line (config.logits_guarantee): "... logits='bitwise' ...".
+LOGITS_FIELD = re.compile(r"logits='(\w+)'")
 
 # How much of a server log comes back with the results: its start (flags,
 # plugin line, CUDA-graph capture) and its end (the last requests, shutdown).
@@ -291,12 +293,12 @@ TINY_FILES = ("target/tokenizer.json", "target/tokenizer_config.json", "deepseek
               "qwen3_moe_eagle3/model.safetensors")
 
 
-def write_tiny_models(folder: Path) -> None:
-    """Run ``scripts/make_tiny_models.py`` into ``folder`` (fixed seed, no download)."""
+def write_tiny_models(folder: Path, vocab: int | None = None) -> None:
+    """Run ``scripts/make_tiny_models.py`` into ``folder`` (fixed seed, no download; ``vocab`` None: its default)."""
     spec = importlib.util.spec_from_file_location("make_tiny_models", REPO_ROOT / "scripts" / "make_tiny_models.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(str(folder))
+    module.main(str(folder), module.VOCAB if vocab is None else vocab)
 
 
 def tiny_models_complete(folder: Path) -> bool:
@@ -323,6 +325,30 @@ def resolve_models(make_temp_dir) -> Models:
     draft = os.environ.get("DETSPEC_E2E_MTP_DRAFT") or paths["mtp"]
     return Models(paths["target"], paths["eagle"], paths["eagle_random"], paths["mtp"], draft, paths["eagle3"],
                   paths["eagle3_full"], paths["mimo"], None if tiny is None else str(tiny))
+
+
+def tiny_models_with_vocab(base: Path, vocab: int) -> Models:
+    """The tiny models at a vocabulary of ``vocab`` tokens, in ``base/vocab<vocab>``, written when missing.
+
+    For a suite whose requests need a larger vocabulary than the default set's
+    (the ``DETSPEC_E2E_<MODEL>`` variables do not apply to it). The set is
+    written into a sibling folder of this process and renamed into place, so
+    two processes that need it at once never write one folder together: the
+    later rename fails and its copy is removed.
+    """
+    folder = base / f"vocab{vocab}"
+    if not tiny_models_complete(folder):
+        staging = base / f".vocab{vocab}.{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        write_tiny_models(staging, vocab)
+        try:
+            os.rename(staging, folder)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not tiny_models_complete(folder):
+                raise
+    paths = {key: str(folder / key) for key in TINY_FOLDERS}
+    return Models(**paths, mtp_draft=paths["mtp"], tiny_dir=str(folder))
 
 
 def vocab_size(model_path: str) -> int:
@@ -684,6 +710,11 @@ def verify_modes(lines) -> list[str]:
 def plugin_verify_modes(server: RunningServer) -> list[str]:
     """The verify modes the plugin logged at start-up (one per process that logged its line)."""
     return verify_modes(server.log_lines(PLUGIN_ACTIVE))
+
+
+def claimed_logits(server: RunningServer) -> list[str]:
+    """The logits guarantees (``bitwise`` / ``tokens``) the plugin's start-up lines claim, sorted, each once."""
+    return sorted({m for line in server.log_lines(PLUGIN_ACTIVE) for m in LOGITS_FIELD.findall(line)})
 
 
 def plugin_problems(server: RunningServer) -> list[str]:

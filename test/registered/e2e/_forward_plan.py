@@ -40,6 +40,11 @@ LONG_PROMPTS = (600, 1500)
 NEW_TOKENS = 64
 
 
+def tree_attention(env: tuple) -> str:
+    """The tree verify attention a server's extra environment selects: ``nodes`` or SGLang's ``cascade``."""
+    return "nodes" if env == TREE_NODES else "cascade"
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One row of ``forward_modes_<backend>.json``: a speculative server against its reference.
@@ -62,7 +67,7 @@ class Row:
 
     @property
     def tree_attention(self) -> str:
-        return "nodes" if self.env == TREE_NODES else "cascade"
+        return tree_attention(self.env)
 
     @property
     def server(self) -> tuple:
@@ -167,20 +172,22 @@ def server_tag(backend: str, env: tuple, args: tuple) -> str:
     return backend + TAGS.get(args, "") + TAGS.get(env, "")
 
 
-def selected_backends(environ=None, fa3_installed=None) -> tuple[str, ...]:
+def selected_backends(environ=None, fa3_installed=None, known: tuple[str, ...] = KNOWN_BACKENDS) -> tuple[str, ...]:
     """The backends to measure: ``DETSPEC_E2E_BACKENDS`` (comma-separated), else all that can run here.
 
-    Unset or empty: ``triton``, ``fa3`` where sgl-kernel's FA3 library loads
-    (``_e2e.fa3_installed``) and ``flashinfer`` (it ships with SGLang).
+    Unset or empty: the ``known`` backends (default ``triton``, ``fa3`` and
+    ``flashinfer``, which ships with SGLang), fa3 only where sgl-kernel's FA3
+    library loads (``_e2e.fa3_installed``).
     Given: the backends named, in that order (fa3 is then kept even where it
     is not installed: the test fails saying so instead of passing without it).
 
     Args:
         environ: the environment to read (default ``os.environ``).
         fa3_installed: a no-argument callable (default ``_e2e.fa3_installed``).
+        known: the backends a suite measures (a subset of :data:`KNOWN_BACKENDS`).
 
     Raises:
-        ValueError: a name outside :data:`KNOWN_BACKENDS`, a name given twice,
+        ValueError: a name outside ``known``, a name given twice,
             or no name at all (e.g. ``","``); the message names the variable
             and the allowed values.
     """
@@ -188,10 +195,10 @@ def selected_backends(environ=None, fa3_installed=None) -> tuple[str, ...]:
     fa3_installed = _e2e.fa3_installed if fa3_installed is None else fa3_installed
     raw = environ.get(BACKENDS_ENV)
     if raw is None or raw.strip() == "":
-        return tuple(b for b in KNOWN_BACKENDS if b != "fa3" or fa3_installed())
+        return tuple(b for b in known if b != "fa3" or fa3_installed())
     names = [part.strip() for part in raw.split(",")]
-    allowed = f"allowed: {', '.join(KNOWN_BACKENDS)}, comma-separated"
-    unknown = [n for n in names if n not in KNOWN_BACKENDS]
+    allowed = f"allowed: {', '.join(known)}, comma-separated"
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"{BACKENDS_ENV}={raw!r} names unknown backends {unknown} ({allowed})")
     if len(set(names)) != len(names):
@@ -217,3 +224,83 @@ def cache_hit_skip_reason(backend: str) -> str | None:
         return None
     return (f"SGLang turns the radix cache off in deterministic mode on {backend} (it keeps it only on "
             f"{', '.join(radix_cache_backends())}): no request can be served from the cache")
+
+
+# Decode against prefill: each server's own generated sequences, the logprobs its decode (or
+# verify) returned against those of one prefill of prompt + output. At temperature 1 without
+# truncation: SGLang returns decode logprobs as log_softmax(logits / T) and prefill (input)
+# logprobs as log_softmax(logits), the same function only at T = 1.
+PREFILL_ROW_PREFIX = "prefill_"
+DECODE_VS_PREFILL = "decode_vs_prefill"
+
+
+def prefill_rows(backend: str) -> dict[str, tuple]:
+    """The decode-against-prefill rows on ``backend``: row name -> server key, one per server it starts.
+
+    Named ``prefill_<family><flag tag><environment tag>`` (e.g.
+    ``prefill_no_spec``, ``prefill_coupled_tree_chunked_nodes``).
+
+    Raises:
+        ValueError: ``backend`` not in :data:`KNOWN_BACKENDS`.
+    """
+    return {PREFILL_ROW_PREFIX + key[0] + TAGS.get(key[2], "") + TAGS.get(key[1], ""): key
+            for key in server_keys(backend)}
+
+
+def prompt_lengths(key: tuple) -> tuple[int, int]:
+    """The prompt lengths a server's traffic uses: :data:`LONG_PROMPTS` with chunked prefill, else short."""
+    return LONG_PROMPTS if key[2] == CHUNKED_PREFILL else SHORT_PROMPTS
+
+
+def compare_with_prefill(decoded: list, prefilled: list, prompt_lens: list[int]) -> dict:
+    """Decode (or verify) logprobs against one prefill of the same sequences, request by request.
+
+    Args:
+        decoded: per request a ``_requests.Generated`` with ``logprobs`` (as
+            ``repr`` strings), or an error string.
+        prefilled: per request the ``meta_info["input_token_logprobs"]`` of
+            a ``/generate`` of prompt + output with ``logprob_start_len`` 0
+            (``[logprob, token_id, text]`` per input position, the first
+            ``[None, ...]``), or an error string.
+        prompt_lens: per request the prompt's length in tokens: output token
+            ``j`` is input position ``prompt_len + j`` of the prefill.
+
+    Returns:
+        the layout of the forward-mode rows: ``positions`` (output tokens
+        compared), ``differing_positions`` (logprobs not bitwise equal),
+        ``max_abs``, ``token_sequences_differing`` (sequences whose prefill
+        entries name other token ids than the output: 0 unless the answer is
+        out of line), ``errors`` and per-request ``requests``.
+
+    Raises:
+        ValueError: the three lists differ in length.
+    """
+    if not len(decoded) == len(prefilled) == len(prompt_lens):
+        raise ValueError(f"decoded, prefilled and prompt_lens must have one entry per request, got "
+                         f"{len(decoded)}, {len(prefilled)}, {len(prompt_lens)}")
+    positions = differing = sequences = 0
+    max_abs, errors, rows = 0.0, [], []
+    for i, (d, entries, start) in enumerate(zip(decoded, prefilled, prompt_lens)):
+        if isinstance(d, str) or isinstance(entries, str):
+            errors.append(f"request {i}: {d if isinstance(d, str) else entries}")
+            continue
+        n = len(d.output_ids)
+        if d.logprobs is None:
+            errors.append(f"request {i}: the decode returned no logprobs")
+            continue
+        if len(entries) != start + n:
+            errors.append(f"request {i}: {len(entries)} prefill logprob entries for {start} prompt and {n} output tokens")
+            continue
+        tail = entries[start:]
+        ids_apart = [e[1] for e in tail] != list(d.output_ids)
+        pre = [repr(None if e[0] is None else float(e[0])) for e in tail]
+        apart = [j for j, (x, y) in enumerate(zip(d.logprobs, pre)) if x != y]
+        diffs = [abs(float(d.logprobs[j]) - float(pre[j])) for j in apart if "None" not in (d.logprobs[j], pre[j])]
+        positions += n
+        differing += len(apart)
+        sequences += ids_apart
+        max_abs = max([max_abs, *diffs])
+        rows.append({"request": i, "prompt_tokens": start, "differing_logprobs": len(apart),
+                     "first_differing_logprob": apart[0] if apart else None, "token_ids_apart": ids_apart})
+    return {"positions": positions, "differing_positions": differing, "max_abs": max_abs,
+            "token_sequences_differing": sequences, "errors": errors, "requests": rows}

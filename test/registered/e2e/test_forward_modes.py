@@ -43,6 +43,21 @@ on the same model and backend, 16 seeded requests x 64 tokens (temperatures
   the row is written with ``applicable: false`` and the reason, and the
   server's resolved ``disable_radix_cache`` must agree with that list.
 
+* ``prefill_<server>``: decode against prefill, one row per server started
+  (``prefill_no_spec``, ``prefill_coupled_chain``, ...,
+  ``prefill_coupled_tree_chunked_nodes``): the server's request set again at
+  temperature 1 without truncation (same prompts and seeds), then one
+  ``/generate`` of each prompt + output with ``return_logprob`` and
+  ``logprob_start_len`` 0 (one whole prefill; the radix cache is not
+  used from position 0): the logprobs the decode (or verify) returned
+  against the prefill's input logprobs at the same positions. ``drafting``
+  is ``decode_vs_prefill``; ``claimed`` the server's own guarantee, whose
+  ``bitwise`` covers decode = prefill; ``token_sequences_differing`` counts
+  sequences whose prefill entries name other token ids (0 unless the
+  answer is out of line). Temperature 1 because SGLang returns decode
+  logprobs as ``log_softmax(logits / T)`` and prefill logprobs as
+  ``log_softmax(logits)``.
+
 Servers are keyed by (family, extra environment, extra flags), so a reference
 server serves every row with its flags: 11 servers on triton, 15 on fa3,
 9 on flashinfer (its chunked row starts none), started in parallel.
@@ -76,7 +91,6 @@ H200), then sends seconds of traffic.
 
 import concurrent.futures
 import random
-import re
 import sys
 
 import pytest
@@ -95,7 +109,6 @@ NUM_REQUESTS, CACHED_TOKENS = 16, 32
 NEW_TOKENS = plan.NEW_TOKENS
 PROMPT_SEED = 4242
 BACKENDS = plan.selected_backends()
-LOGITS_FIELD = re.compile(r"logits='(\w+)'")
 TEST_ORDER = ("test_forward_modes",)
 
 
@@ -138,8 +151,36 @@ def compare(reference, other, offset=0) -> dict:
             "token_sequences_differing": sequences, "errors": errors, "requests": rows}
 
 
-def claimed_by(server) -> list[str]:
-    return sorted({m for line in server.log_lines(_e2e.PLUGIN_ACTIVE) for m in LOGITS_FIELD.findall(line)})
+def decode_then_prefill(server, prompts, params) -> dict:
+    """The decode-against-prefill numbers of one server (``_forward_plan.compare_with_prefill``).
+
+    The request set again at temperature 1 without truncation (same prompts
+    and seeds), then one ``/generate`` of every prompt + output with
+    ``logprob_start_len`` 0: the logprob of every input token from one
+    prefill. Asking from position 0 also keeps SGLang from serving the
+    prompt from the radix cache (its prefix match stops at
+    ``logprob_start_len``), so it is a whole prefill.
+    """
+    plain = [{"max_new_tokens": q["max_new_tokens"], "ignore_eos": True, "temperature": 1.0,
+              "sampling_seed": q["sampling_seed"]} for q in params]
+    decoded = run(server, prompts, plain, NEW_TOKENS)
+    good = [i for i, d in enumerate(decoded) if not isinstance(d, str)]
+    prefilled = ["the decode failed"] * len(prompts)
+    if good:
+        body = {"input_ids": [prompts[i] + list(decoded[i].output_ids) for i in good],
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "return_logprob": True, "logprob_start_len": 0}
+        got = _requests.post(server.url, "/generate", body)
+        items = got["body"] if got["status"] == 200 and isinstance(got["body"], list) else None
+        for n, i in enumerate(good):
+            if items is None or len(items) != len(good):
+                prefilled[i] = f"prefill: HTTP {got['status']}: {got['text']}"
+            else:
+                meta = items[n].get("meta_info") if isinstance(items[n], dict) else None
+                entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+                prefilled[i] = (entries if isinstance(entries, list)
+                                else f"prefill: no input_token_logprobs in {str(items[n])[:200]}")
+    return plan.compare_with_prefill(decoded, prefilled, [len(p) for p in prompts])
 
 
 def server_configs(models, backend: str) -> dict:
@@ -178,12 +219,23 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
 
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         results = dict(zip(jobs, pool.map(answers, jobs)))
+    # Decode against prefill, after the rows' traffic so that traffic's batches stay as they were.
+    prefill_keys = plan.prefill_rows(backend)
+
+    def against_prefill(key):
+        server = started[configs[key].name]
+        if isinstance(server, str):
+            return plan.compare_with_prefill([server] * NUM_REQUESTS, [server] * NUM_REQUESTS, [0] * NUM_REQUESTS)
+        return decode_then_prefill(server, *sets[(configs[key].model, plan.prompt_lengths(key))])
+
+    with concurrent.futures.ThreadPoolExecutor(len(prefill_keys)) as pool:
+        prefill_results = dict(zip(prefill_keys, pool.map(against_prefill, prefill_keys.values())))
     out, problems = [], []
     for name, row in rows.items():
         spec, base = configs[row.server], configs[row.reference_server]
         outcome = compare(results[(row.reference_server, row.prompts)], results[(row.server, row.prompts)])
         server = started[spec.name]
-        claims = [] if isinstance(server, str) else claimed_by(server)
+        claims = [] if isinstance(server, str) else _e2e.claimed_logits(server)
         expected = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention)
         if claims != [expected]:
             problems.append(f"{backend} {name}: the plugin logged logits={claims}, expected [{expected!r}]")
@@ -212,6 +264,12 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
                                           results[(plan.CACHE_HIT_SERVER, plan.SHORT_PROMPTS)], sets)
     out.append(cache_row)
     problems += cache_problems
+    for name, key in prefill_keys.items():
+        attention = plan.tree_attention(key[1])
+        out.append({"backend": backend, "row": name, "drafting": plan.DECODE_VS_PREFILL, "tree_attention": attention,
+                    "claimed": logits_guarantee(backend, plan.eagle_topk(key[0]), attention),
+                    "server": configs[key].name, "reference": configs[key].name, "applicable": True,
+                    "not_applicable": None, **prefill_results[name]})
     for key, config in configs.items():
         server = started[config.name]
         if isinstance(server, str):
@@ -219,8 +277,8 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             continue
         problems += _e2e.plugin_problems(server)
         # A server without speculative decoding claims what its backend's decode promises.
-        if _e2e.family(key[0]).draft is None and claimed_by(server) != [logits_guarantee(backend, None)]:
-            problems.append(f"{backend} {config.name}: the plugin logged logits={claimed_by(server)}, "
+        if _e2e.family(key[0]).draft is None and _e2e.claimed_logits(server) != [logits_guarantee(backend, None)]:
+            problems.append(f"{backend} {config.name}: the plugin logged logits={_e2e.claimed_logits(server)}, "
                             f"expected [{logits_guarantee(backend, None)!r}]")
     for row in out:
         label = f"{backend} {row['row']}"

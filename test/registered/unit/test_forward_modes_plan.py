@@ -197,5 +197,64 @@ def test_the_cache_hit_row_applies_where_sglang_keeps_the_radix_cache(plan, mode
         assert backend in reason and "radix cache" in reason
 
 
+def test_every_server_gets_one_decode_against_prefill_row(plan):
+    for backend in plan.KNOWN_BACKENDS:
+        rows = plan.prefill_rows(backend)
+        assert sorted(rows.values()) == sorted(plan.server_keys(backend)), backend
+        assert all(name.startswith(plan.PREFILL_ROW_PREFIX) for name in rows)
+        assert not set(rows) & set(plan.rows_for(backend)) and plan.CACHE_HIT not in rows
+    assert {"prefill_no_spec", "prefill_coupled_chain", "prefill_coupled_chain_retract",
+            "prefill_coupled_tree_chunked", "prefill_no_spec_chunked"} <= set(plan.prefill_rows("triton"))
+    assert "prefill_coupled_tree_chunked_nodes" in plan.prefill_rows("fa3")
+
+
+def test_each_server_is_measured_on_the_prompts_its_rows_use(plan):
+    for backend in plan.KNOWN_BACKENDS:
+        for row in plan.rows_for(backend).values():
+            assert plan.prompt_lengths(row.server) == plan.prompt_lengths(row.reference_server) == row.prompts
+
+
+def _generated(ids, logprobs):
+    import _requests
+
+    entries = [[lp, t, f"t{t}"] for lp, t in zip(logprobs, ids)]
+    return _requests.parse_generated({"output_ids": list(ids), "meta_info": {"output_token_logprobs": entries}})
+
+
+@pytest.fixture
+def requests_module(e2e):
+    sys.path.insert(0, str(E2E))
+    try:
+        yield importlib.import_module("_requests")
+    finally:
+        sys.path.remove(str(E2E))
+
+
+def test_decode_against_prefill_counts_positions_apart(plan, requests_module):
+    prompt = [5, 6, 7]
+    head = [[None, 5, "t5"], [-1.5, 6, "t6"], [-2.0, 7, "t7"]]
+    same = _generated([8, 9], [-0.25, -0.5])
+    apart = _generated([8, 9], [-0.25, -0.5000001])
+    prefill = head + [[-0.25, 8, "t8"], [-0.5, 9, "t9"]]
+    got = plan.compare_with_prefill([same, apart], [prefill, prefill], [len(prompt)] * 2)
+    assert (got["positions"], got["differing_positions"], got["token_sequences_differing"]) == (4, 1, 0)
+    assert got["max_abs"] == pytest.approx(1e-7) and got["errors"] == []
+    assert [r["first_differing_logprob"] for r in got["requests"]] == [None, 1]
+    # Entries naming other token ids than the output: out of line, counted as a differing sequence.
+    shifted = head + [[-0.25, 9, "t9"], [-0.5, 9, "t9"]]
+    assert plan.compare_with_prefill([same], [shifted], [3])["token_sequences_differing"] == 1
+
+
+def test_decode_against_prefill_reports_what_went_wrong(plan, requests_module):
+    same = _generated([8], [-0.25])
+    got = plan.compare_with_prefill([same, "HTTP 500: boom", same], [[[None, 5, ""]], [], "prefill: HTTP 400"],
+                                    [2, 1, 1])
+    assert got["positions"] == 0 and len(got["errors"]) == 3
+    assert "1 prefill logprob entries for 2 prompt and 1 output tokens" in got["errors"][0]
+    assert "boom" in got["errors"][1] and "HTTP 400" in got["errors"][2]
+    with pytest.raises(ValueError, match="one entry per request"):
+        plan.compare_with_prefill([same], [], [1])
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

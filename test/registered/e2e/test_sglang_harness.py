@@ -1,0 +1,148 @@
+"""SGLang's own determinism harness (``sglang.test.test_deterministic``) against the plugin's servers.
+
+The harness is what a user of SGLang runs to check deterministic inference;
+this suite runs it, unchanged, on the servers the plugin ships:
+
+* ``no_spec``: no speculative decoding;
+* ``coupled_chain``: coupled chain EAGLE (3 steps);
+* ``coupled_tree``: the default coupled tree (3 steps, top-k 4, 8 tokens,
+  SGLang's tree verify attention);
+* ``eagle3_tree``: the same tree with the EAGLE3 draft over a reduced
+  vocabulary;
+
+each on every backend of ``DETSPEC_E2E_BACKENDS`` (``triton``, ``fa3``,
+comma-separated; unset: both, fa3 where sgl-kernel's FA3 library loads), all
+servers at once, with a tokenizer (the harness sends text) and SGLang's own
+prefill CUDA-graph choice (the other suites turn prefill graphs off to start
+faster). The tiny models are written at a 128,256-token vocabulary
+(``_harness_plan.VOCAB``: ``radix_cache`` sends ids up to 50,000), in
+``<DETSPEC_E2E_MODELS>/vocab128256``.
+
+Per server the modes ``single`` (8 trials), ``prefix`` (8 trials, with
+logprobs), ``radix_cache`` and ``p_vs_d`` (4 trials: 10 sequences, 3 of
+them long prompts) run in that order through the harness's own
+``test_deterministic``, in a spawned process per server
+(``_harness_run.py``: the harness uses the global ``random`` and prints).
+
+``sglang_harness.json`` in the result folder: ``{"date_utc", "machine",
+"rows": [{"backend", "server", "mode", "results", "passed", "claimed",
+"asserted", "trials", "expected_results", "logprobs_identical", "error",
+"log"}], "passed", "problems", "servers"}``, ``results`` the harness's own
+return value, ``passed`` from it (``_harness_plan.mode_passed``), the
+harness's printout in ``harness_<server>.log``. Every row is recorded; the
+test fails on the rows it asserts (``_harness_plan.asserted``: ``single``
+and ``prefix`` everywhere, ``radix_cache`` and ``p_vs_d`` where the server
+claims ``bitwise``), on a server that does not start, and where the plugin's
+start-up claim is not the one ``config.logits_guarantee`` gives.
+"""
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import _e2e
+import _forward_plan
+import _harness_plan as plan
+import _harness_run
+from _register import register_cuda_ci
+
+from sglang_detspec.config import logits_guarantee
+
+register_cuda_ci(est_time=480, suite="detspec-e2e-cuda")
+
+BACKENDS = plan.selected_backends()
+# The traffic of all servers at once (measured servers take well under a minute each).
+TRAFFIC_TIMEOUT_S = 300
+TEST_ORDER = ("test_sglang_harness",)
+
+
+@pytest.fixture(scope="module")
+def harness_models(tmp_path_factory) -> _e2e.Models:
+    base = os.environ.get("DETSPEC_E2E_MODELS")
+    return _e2e.tiny_models_with_vocab(Path(base) if base else tmp_path_factory.mktemp("tiny_models"), plan.VOCAB)
+
+
+def server_configs(models: _e2e.Models, backends) -> dict:
+    """(backend, server label) -> the :class:`_e2e.ServerConfig` of every server the suite starts."""
+    configs = {}
+    for backend in backends:
+        for label in plan.SERVERS:
+            config = _e2e.server_config(label, models, extra_args=("--attention-backend", backend),
+                                        tag=f"harness_{backend}", tokenizer=True)
+            configs[(backend, label)] = dataclasses.replace(
+                config, args=plan.without_flag(config.args, plan.PREFILL_GRAPH_FLAG))
+    return configs
+
+
+def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[str]]:
+    """The server's logged claim and what is wrong with its start-up lines."""
+    claims = _e2e.claimed_logits(server)
+    expected = logits_guarantee(backend, _forward_plan.eagle_topk(label))
+    problems = _e2e.plugin_problems(server)
+    if claims != [expected]:
+        problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{expected!r}]")
+    return (claims[0] if len(claims) == 1 else None), problems
+
+
+def measure(servers, models, backends) -> tuple[list[dict], list[str], dict]:
+    configs = server_configs(models, backends)
+    started = servers.ensure_group(list(configs.values()))
+    problems, pending = [], {}
+    # Spawned, not forked: this process runs the servers' log reader threads.
+    # One task per worker, so no worker takes a second server after its first.
+    with multiprocessing.get_context("spawn").Pool(len(configs), maxtasksperchild=1) as pool:
+        for key, config in configs.items():
+            server = started[config.name]
+            if isinstance(server, str):
+                problems.append(server)
+                continue
+            log = _e2e.out_dir() / f"harness_{config.name}.log"
+            pending[key] = (log.name, pool.apply_async(_harness_run.run_modes, (server.url, plan.MODES, str(log))))
+        deadline = time.monotonic() + TRAFFIC_TIMEOUT_S
+        outcomes = {}
+        for key, (log, job) in pending.items():
+            try:
+                outcomes[key] = (log, job.get(timeout=max(1.0, deadline - time.monotonic())))
+            except multiprocessing.TimeoutError:
+                outcomes[key] = (log, [plan.ModeOutcome(m, (), f"no answer within {TRAFFIC_TIMEOUT_S} s")
+                                       for m in plan.MODES])
+            except Exception as exc:  # the worker itself failed (e.g. an import): every mode of that server
+                outcomes[key] = (log, [plan.ModeOutcome(m, (), f"worker: {type(exc).__name__}: {exc}"[:500])
+                                       for m in plan.MODES])
+        # Leaving the block terminates the pool: a worker still waiting on a hung server stops too.
+    rows = []
+    for (backend, label), config in configs.items():
+        server = started[config.name]
+        claim = None
+        if not isinstance(server, str):
+            claim, found = claim_problems(backend, label, server)
+            problems += found
+        log, modes = outcomes.get((backend, label), (None, [plan.ModeOutcome(m, (), f"{config.name} did not start")
+                                                           for m in plan.MODES]))
+        rows += [plan.row(backend, label, outcome, claim, log) for outcome in modes]
+    facts = {name: {"error": server} if isinstance(server, str) else server.facts() for name, server in started.items()}
+    return rows, problems + plan.failures(rows), facts
+
+
+def test_sglang_harness(servers, harness_models):
+    if "fa3" in BACKENDS and not _e2e.fa3_installed():
+        pytest.fail(f"{_forward_plan.BACKENDS_ENV} names fa3, but sgl-kernel's FA3 library is not installed "
+                    "(or does not load)")
+    rows, problems, facts = measure(servers, harness_models, BACKENDS)
+    machine = _e2e.machine_facts()
+    doc = plan.document(rows, machine["date_utc"], machine.get("gpu") or "unknown GPU", passed=not problems,
+                        problems=problems, servers=facts, facts=machine,
+                        models={"vocab": plan.VOCAB, "target": harness_models.target})
+    path = _e2e.out_dir() / f"{plan.RESULT_FILE}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    assert not problems, "; ".join(problems[:6]) + f" ({path})"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,208 @@
+"""The plan of the SGLang-harness E2E suite (``test/registered/e2e/_harness_plan.py``), checked without a GPU.
+
+The rules are read against SGLang 0.5.23's own harness module
+(``sglang.test.test_deterministic``): its modes, its prompts, the ids it
+sends and the verdict lines it prints; the tiny tokenizer is loaded with
+transformers and encodes the harness's real prompts.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+
+ROOT = Path(__file__).resolve().parents[3]
+E2E = ROOT / "test" / "registered" / "e2e"
+
+
+@pytest.fixture(scope="module")
+def mods():
+    """``_harness_plan``, ``_harness_run`` and the suite module, imported by bare name from their folder."""
+    sys.path.insert(0, str(E2E))
+    try:
+        yield argparse.Namespace(plan=importlib.import_module("_harness_plan"),
+                                 run=importlib.import_module("_harness_run"), e2e=importlib.import_module("_e2e"),
+                                 suite=importlib.import_module("test_sglang_harness"))
+    finally:
+        sys.path.remove(str(E2E))
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from sglang.test import test_deterministic
+
+    return test_deterministic
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_modes_are_the_harness_modes(mods, harness):
+    parser = argparse.ArgumentParser()
+    harness.BenchArgs.add_cli_args(parser)
+    choices = next(a.choices for a in parser._actions if a.dest == "test_mode")
+    assert set(mods.plan.MODES) == set(choices)
+    assert mods.plan.TRIALS["p_vs_d"] >= mods.plan.MIN_P_VS_D_TRIALS == 4
+
+
+def test_the_constants_follow_the_harness_source(mods, harness):
+    source = inspect.getsource(harness)
+    plan = mods.plan
+    assert f"random.randint(100, {plan.RADIX_MAX_TOKEN_ID})" in source
+    assert "len_prefix = [1, 511, 2048, 4097]" in source and plan.PREFIX_PROMPTS == 4
+    assert plan.LONGEST_PROMPT_CHARS == 4097 and "random.randrange(1, 4096)" in source
+    assert harness.BenchArgs.max_new_tokens == plan.NEW_TOKENS
+    assert plan.PREFIX_LOGPROBS_SAME in source and plan.PREFIX_LOGPROBS_APART in source
+    assert plan.RADIX_MAX_TOKEN_ID < plan.VOCAB
+
+
+@pytest.mark.parametrize("mode, trials, want", [("single", 8, 1), ("prefix", 8, 4), ("radix_cache", 1, 1),
+                                                ("p_vs_d", 4, 10), ("p_vs_d", 5, 15)])
+def test_expected_results(mods, mode, trials, want):
+    assert mods.plan.expected_results(mode, trials) == want
+
+
+def test_pass_rules(mods):
+    passed = mods.plan.mode_passed
+    assert passed("single", [1], 8) and not passed("single", [2], 8) and not passed("single", [], 8)
+    assert passed("p_vs_d", [1] * 10, 4)
+    assert not passed("p_vs_d", [1] * 9 + [0], 4)
+    assert not passed("p_vs_d", [1] * 9, 4)  # a sequence went missing
+    assert passed("radix_cache", [1], 1) and not passed("radix_cache", [0], 1)
+    assert passed("prefix", [1, 1, 1, 1], 8, logprobs_identical=True)
+    assert not passed("prefix", [1, 1, 1, 1], 8, logprobs_identical=False)
+    assert not passed("prefix", [1, 1, 1, 1], 8, logprobs_identical=None)  # no verdict printed
+    assert not passed("prefix", [1, 1, 0, 1], 8, logprobs_identical=True)  # a prefix never sampled
+
+
+@pytest.mark.parametrize("bad", [("p_vs_d", 0), ("pvd", 4), ("single", 1.5)])
+def test_bad_mode_or_trials_are_refused_by_name(mods, bad):
+    with pytest.raises(ValueError, match="mode|trials"):
+        mods.plan.expected_results(*bad)
+
+
+def test_what_is_asserted_follows_the_claim(mods):
+    asserted = mods.plan.asserted
+    for claim in ("bitwise", "tokens", None):
+        assert asserted("single", claim) and asserted("prefix", claim)
+        assert asserted("p_vs_d", claim) == asserted("radix_cache", claim) == (claim == "bitwise")
+
+
+def test_prefix_verdict(mods):
+    plan = mods.plan
+    assert plan.prefix_logprob_verdict(f"x\n✓✓✓ {plan.PREFIX_LOGPROBS_SAME}! ✓✓✓\n") is True
+    assert plan.prefix_logprob_verdict(f"✗✗✗ {plan.PREFIX_LOGPROBS_APART}! ✗✗✗") is False
+    assert plan.prefix_logprob_verdict("Prompt 0 with prefix length 1: total samples: 3") is None
+    with pytest.raises(ValueError, match="both"):
+        plan.prefix_logprob_verdict(plan.PREFIX_LOGPROBS_SAME + plan.PREFIX_LOGPROBS_APART)
+
+
+def test_the_seeded_prefix_draws_reach_every_prefix(mods):
+    """Prefix mode draws ``random.randint(0, 3)`` per sample, batch sizes 1 .. n_trials, after the seed."""
+    plan = mods.plan
+    random.seed(plan.PREFIX_SEED)
+    drawn = {random.randint(0, plan.PREFIX_PROMPTS - 1) for b in range(1, plan.TRIALS["prefix"] + 1) for _ in range(b)}
+    assert drawn == set(range(plan.PREFIX_PROMPTS))
+
+
+def test_the_tiny_tokenizer_holds_the_harness_prompts(mods, harness, tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    plan = mods.plan
+    tiny.write_tokenizer(str(tmp_path), plan.VOCAB)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tokenizer) == plan.VOCAB
+    longest = len(tokenizer(harness.LONG_PROMPT[:plan.LONGEST_PROMPT_CHARS])["input_ids"])
+    context = tiny.llama_config("LlamaForCausalLM", 2, plan.VOCAB)["max_position_embeddings"]
+    assert 400 < longest and longest + plan.NEW_TOKENS <= context
+    assert tiny.llama_config("LlamaForCausalLM", 2, plan.VOCAB)["vocab_size"] == plan.VOCAB
+    assert plan.RADIX_MAX_TOKEN_ID < tiny.eagle3_draft_vocab(plan.VOCAB) < plan.VOCAB
+
+
+def test_without_flag(mods):
+    strip = mods.plan.without_flag
+    assert strip(("--a", "1", "--b", "2", "--a", "3"), "--a") == ("--b", "2")
+    assert strip(("--b", "2"), "--a") == ("--b", "2")
+    with pytest.raises(ValueError, match="--a"):
+        strip(("--b", "2", "--a"), "--a")
+
+
+def test_server_configs(mods):
+    e2e, plan = mods.e2e, mods.plan
+    models = e2e.Models(*(f"/models/{f}" for f in ("target", "eagle", "eagle_random", "mtp", "mtp", "eagle3",
+                                                     "eagle3_full", "mimo")), None)
+    configs = mods.suite.server_configs(models, plan.BACKENDS)
+    assert set(configs) == {(b, s) for b in plan.BACKENDS for s in plan.SERVERS}
+    assert len({c.name for c in configs.values()}) == len(configs)
+    for (backend, label), config in configs.items():
+        flags = list(config.args)
+        assert plan.PREFILL_GRAPH_FLAG not in flags and "--skip-tokenizer-init" not in flags, config.name
+        assert flags[len(flags) - 1 - flags[::-1].index("--attention-backend") + 1] == backend
+        assert "--enable-deterministic-inference" in flags and config.model == models.target
+        assert e2e.family(label).spec_args == tuple(flags[:len(e2e.family(label).spec_args)])
+
+
+@pytest.mark.parametrize("raw, fa3, want", [(None, True, ("triton", "fa3")), (None, False, ("triton",)),
+                                            ("fa3", False, ("fa3",))])
+def test_backend_selection(mods, raw, fa3, want):
+    environ = {} if raw is None else {"DETSPEC_E2E_BACKENDS": raw}
+    assert mods.plan.selected_backends(environ, lambda: fa3) == want
+
+
+def test_flashinfer_is_refused_naming_the_variable(mods):
+    with pytest.raises(ValueError, match="DETSPEC_E2E_BACKENDS.*allowed: triton, fa3,"):
+        mods.plan.selected_backends({"DETSPEC_E2E_BACKENDS": "flashinfer"}, lambda: True)
+
+
+def test_rows_and_failures(mods):
+    plan = mods.plan
+    outcome = plan.ModeOutcome
+    rows = [
+        plan.row("fa3", "no_spec", outcome("p_vs_d", (1,) * 7 + (0,) * 3), "bitwise", "harness_a.log"),
+        plan.row("fa3", "coupled_tree", outcome("p_vs_d", (0,) * 10), "tokens", "harness_b.log"),
+        plan.row("fa3", "coupled_tree", outcome("single", (1,)), "tokens", None),
+        plan.row("triton", "no_spec", outcome("radix_cache", (), "ConnectionError: refused"), "bitwise", None),
+    ]
+    assert [r["passed"] for r in rows] == [False, False, True, False]
+    assert [r["asserted"] for r in rows] == [True, False, True, True]
+    lines = plan.failures(rows)
+    assert len(lines) == 2 and lines[0].startswith("fa3 no_spec p_vs_d") and "ConnectionError" in lines[1]
+    doc = plan.document(rows, "2026-12-03T00:00:00+00:00", "NVIDIA H200", passed=False)
+    # The layout the issue fixes for sglang_harness.json.
+    assert {"date_utc", "machine", "rows"} <= set(doc)
+    assert all({"backend", "server", "mode", "results", "passed"} <= set(r) for r in doc["rows"])
+    assert all(isinstance(x, int) for r in doc["rows"] for x in r["results"])
+    with pytest.raises(ValueError, match="lacks"):
+        plan.document([{"backend": "fa3"}], "d", "m")
+
+
+def test_the_worker_records_each_mode_when_no_server_answers(mods, tmp_path):
+    """The real harness against a port nothing listens on: every mode ends in an error row, none raises."""
+    e2e = mods.e2e
+    log = tmp_path / "harness.log"
+    outcomes = mods.run.run_modes(f"http://127.0.0.1:{e2e.free_port()}", mods.plan.MODES, str(log))
+    assert [o.mode for o in outcomes] == list(mods.plan.MODES)
+    assert all(o.error and "Connection" in o.error and o.results == () for o in outcomes)
+    text = log.read_text()
+    assert all(f"===== {m}" in text for m in mods.plan.MODES)
+    with pytest.raises(ValueError, match="url"):
+        mods.run.run_modes("http://127.0.0.1", ("single",), str(log))
+    with pytest.raises(ValueError, match="mode"):
+        mods.run.run_modes("http://127.0.0.1:1", ("p_vs_p",), str(log))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
