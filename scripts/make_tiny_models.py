@@ -47,6 +47,7 @@ token ids up to 50,000, so its suite writes a set at a 128K vocabulary.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import os
 

@@ -374,7 +374,7 @@ class Refusal(str):
     ``block_verification``, ``rejection_needs_flag``, ``rejection_algorithm``,
     ``rejection_chain_unset``, ``rejection_tree``; and ``attention_backend``,
     SGLang's own refusal as ``detspec serve`` states it up front
-    (``sglang_plugin/startup.py``, ``sglang_refusals``).
+    (``sglang_plugin/resolve.py``, ``sglang_refusals``).
     """
 
     code: str

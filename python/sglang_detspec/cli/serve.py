@@ -13,7 +13,7 @@ argument errors are SGLang's), and the plugin's start-up check
 config bag built from them, as the server's first check does with the flags
 as typed, beside the refusal SGLang's own resolution makes of an
 ``--attention-backend`` outside its deterministic set
-(:func:`sglang_detspec.sglang_plugin.startup.sglang_refusals`). A
+(:func:`sglang_detspec.sglang_plugin.resolve.sglang_refusals`). A
 combination the server would refuse stops here with the same messages and
 exit status 2. The server checks again after SGLang resolved
 its flags (which needs the model), so ``--dry-run`` passing is necessary,
@@ -140,7 +140,7 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
     (``resolve.resolved_eagle_topk``), and the ``SGLANG_DETSPEC_*``
     settings of ``environ``); ``problems`` is what SGLang's own resolution
     refuses among these flags under deterministic inference
-    (``startup.sglang_refusals``: an ``--attention-backend`` outside SGLang's
+    (``resolve.sglang_refusals``: an ``--attention-backend`` outside SGLang's
     deterministic set, even with the plugin disabled), its
     :meth:`~sglang_detspec.config.DetSpecConfig.refusals` (``--tokenizer-worker-num``
     above 1 among them) and, with ``check_hooks`` for a run that is ours, the
@@ -151,8 +151,7 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
         ValueError: SGLang's parser refuses ``launch_args``, or a bad
             ``SGLANG_DETSPEC_*`` setting in ``environ``.
     """
-    from ..sglang_plugin.resolve import bag_from
-    from ..sglang_plugin.startup import sglang_refusals
+    from ..sglang_plugin.resolve import bag_from, sglang_refusals
 
     ns = read_launch_args(launch_args)
     bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import DetSpecConfig, current_config, env_settings, install_config, resolve_verify
+from ..config import DetSpecConfig, Refusal, current_config, env_settings, install_config, resolve_verify
 from ..model_family import family_note, model_family
 
 logger = logging.getLogger("sglang_detspec")
@@ -296,3 +296,39 @@ def _config_file(path: str):
     except Exception:  # not a repository id, or no hub client
         return None
     return cached if isinstance(cached, str) else None
+
+
+def sglang_refusals(args) -> list[Refusal]:
+    """What SGLang's own deterministic-inference resolution refuses among the flags as typed.
+
+    SGLang 0.5.23 admits under ``--enable-deterministic-inference`` only the
+    attention backends of its ``DETERMINISTIC_ATTENTION_BACKEND_CHOICES``
+    (``sglang.srt.server_args``; read at call time, not copied, since SGLang
+    plugins may extend it) and raises for any other ``--attention-backend``
+    (``arg_groups/overrides.py``, ``_deterministic_attention_backend``). That
+    check runs in SGLang's resolution pipeline, which needs the model, so
+    ``detspec serve`` (and its ``--dry-run``) states it up front from the
+    parsed flags. In the server SGLang's check runs before the plugin's hook
+    (``handle_deterministic_inference`` precedes ``handle_speculative_decoding``),
+    so :func:`check_raw_flags` does not repeat it. The split
+    ``--prefill-attention-backend`` / ``--decode-attention-backend`` flags
+    are not part of SGLang's rule, so not of this one.
+
+    Args:
+        args: SGLang's parsed ``launch_server`` arguments (``attention_backend``,
+            ``enable_deterministic_inference``).
+
+    Returns:
+        One :class:`~sglang_detspec.config.Refusal` (code ``attention_backend``)
+        naming the flag, the value and the accepted set; empty when SGLang admits the flags
+        or deterministic inference is off.
+    """
+    from sglang.srt.server_args import DETERMINISTIC_ATTENTION_BACKEND_CHOICES as accepted
+
+    backend = getattr(args, "attention_backend", None)
+    if not getattr(args, "enable_deterministic_inference", False) or backend is None or backend in accepted:
+        return []
+    return [Refusal("attention_backend",
+        f"--attention-backend {backend} is refused by SGLang under --enable-deterministic-inference: "
+        f"it admits only {', '.join(accepted)} there (fa3 and triton serve chains with bitwise logits; "
+        "docs/forward_modes.md)")]

@@ -4,16 +4,18 @@ Hooked around SGLang's ``handle_speculative_decoding`` resolution step, which
 runs in the launcher before any scheduler process starts, so a bad
 combination stops the server with a message that says what to change. The
 rules themselves live in the config bag (:meth:`DetSpecConfig.refusals`).
-:func:`sglang_refusals` states, for ``detspec serve``'s up-front check, what
-SGLang's own deterministic-inference resolution refuses among the flags.
+``resolve.sglang_refusals`` states, for ``detspec serve``'s up-front check,
+what SGLang's own deterministic-inference resolution refuses among the flags.
 """
 
 from __future__ import annotations
 
 import logging
 
-from ..config import DetSpecConfig, Refusal, install_config
-from .resolve import SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args, reduced_draft_vocab
+from ..config import DetSpecConfig, install_config
+from .resolve import (
+    SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args, reduced_draft_vocab, sglang_refusals,
+)
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 
@@ -37,42 +39,6 @@ def _raise(bag: DetSpecConfig) -> None:
     problems = bag.refusals()
     if problems:
         raise RefusedError(bag, problems)
-
-
-def sglang_refusals(args) -> list[Refusal]:
-    """What SGLang's own deterministic-inference resolution refuses among the flags as typed.
-
-    SGLang 0.5.23 admits under ``--enable-deterministic-inference`` only the
-    attention backends of its ``DETERMINISTIC_ATTENTION_BACKEND_CHOICES``
-    (``sglang.srt.server_args``; read at call time, not copied, since SGLang
-    plugins may extend it) and raises for any other ``--attention-backend``
-    (``arg_groups/overrides.py``, ``_deterministic_attention_backend``). That
-    check runs in SGLang's resolution pipeline, which needs the model, so
-    ``detspec serve`` (and its ``--dry-run``) states it up front from the
-    parsed flags. In the server SGLang's check runs before the plugin's hook
-    (``handle_deterministic_inference`` precedes ``handle_speculative_decoding``),
-    so :func:`check_raw_flags` does not repeat it. The split
-    ``--prefill-attention-backend`` / ``--decode-attention-backend`` flags
-    are not part of SGLang's rule, so not of this one.
-
-    Args:
-        args: SGLang's parsed ``launch_server`` arguments (``attention_backend``,
-            ``enable_deterministic_inference``).
-
-    Returns:
-        One :class:`~sglang_detspec.config.Refusal` (code ``attention_backend``)
-        naming the flag, the value and the accepted set; empty when SGLang admits the flags
-        or deterministic inference is off.
-    """
-    from sglang.srt.server_args import DETERMINISTIC_ATTENTION_BACKEND_CHOICES as accepted
-
-    backend = getattr(args, "attention_backend", None)
-    if not getattr(args, "enable_deterministic_inference", False) or backend is None or backend in accepted:
-        return []
-    return [Refusal("attention_backend",
-        f"--attention-backend {backend} is refused by SGLang under --enable-deterministic-inference: "
-        f"it admits only {', '.join(accepted)} there (fa3 and triton serve chains with bitwise logits; "
-        "docs/forward_modes.md)")]
 
 
 def check_raw_flags(server_args) -> None:

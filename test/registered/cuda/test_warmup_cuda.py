@@ -8,6 +8,8 @@ plan, the same ops at batch sizes that cross every split-count change must
 hit Triton's kernel cache only, and give the reference's bits.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -74,3 +76,7 @@ def test_plan_checks_its_fields():
         WarmupPlan(())
     with pytest.raises(ValueError, match=r"topk must be an int in \[1, 4096\], got 0"):
         WarmupPlan((10,), topk=0)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

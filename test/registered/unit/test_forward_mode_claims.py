@@ -52,7 +52,7 @@ def test_the_start_up_line_leaves_out_fields_that_do_not_apply():
     # Without speculative decoding: no verify mode, no draft shape, no tree setting.
     plain = shown(attention_backend="fa3", eagle_topk=4)
     assert not {"verify", "eagle_topk", "num_steps", "tree_attention", "rejection_sampling"} & plain.keys()
-    assert plain["attention_backend"] == "fa3" and plain["gemm"] == "sglang"
+    assert plain["attention_backend"] == "fa3" and plain["kernel"] == "auto"
     # The one-pass decode setting applies to Triton's decode only (also as the decode half of a pair).
     assert "decode_attention" in shown(algorithm="EAGLE", eagle_topk=1, attention_backend="triton")
     assert "decode_attention" in shown(algorithm="EAGLE", eagle_topk=1, attention_backend="fa3/triton")

@@ -68,7 +68,8 @@ def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 
 ALL = sorted(PACKAGE.rglob("*.py"))
 HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
-                                                                      "positions.py", "channels.py", "request_rules.py"))
+                                                                      "positions.py", "channels.py", "request_rules.py",
+                                                                      "decode_attention.py"))
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
@@ -79,15 +80,17 @@ def test_ops_import_only_ops(path):
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
-def test_the_bag_imports_only_the_kernel_choice():
-    assert own(imports(PACKAGE / "config.py")) <= {"sglang_detspec.ops", "sglang_detspec.ops.kernel_choice"}
+def test_the_bag_imports_only_the_kernel_choice_and_the_family_rule():
+    # The family rule is part of the claim the bag makes (torch- and SGLang-free, like the bag).
+    assert own(imports(PACKAGE / "config.py")) <= {"sglang_detspec.ops", "sglang_detspec.ops.kernel_choice",
+                                                   "sglang_detspec.model_family"}
 
 
 @pytest.mark.parametrize("path", HOOK_MODULES, ids=lambda p: p.name)
 def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     keep = ("sglang_detspec.ops", "sglang_detspec.config", "sglang_detspec.sglang_plugin.positions",
             "sglang_detspec.sglang_plugin.channels", "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding",
-            "sglang_detspec.sglang_plugin.request_rules")
+            "sglang_detspec.sglang_plugin.request_rules", "sglang_detspec.sglang_plugin.decode_attention")
     bad = {n for n in own(imports(path)) if not allowed(n, keep)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
@@ -95,7 +98,8 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
 @pytest.mark.parametrize("name, keep", [
     ("positions.py", ("sglang_detspec.ops", "sglang_detspec.sglang_plugin.channels")),
     ("channels.py", ()),
-    ("resolve.py", ("sglang_detspec.config",)),
+    ("resolve.py", ("sglang_detspec.config", "sglang_detspec.model_family")),
+    ("decode_attention.py", ()),
     ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
     ("request_rules.py", ("sglang_detspec.ops.seed_encoding",)),
 ])

@@ -123,3 +123,7 @@ def test_breakdown_with_host_profile_samples_the_scheduler(tmp_path, monkeypatch
     assert row["samples"] > 20 and row["split"].get("verify", 0) > 0.8
     assert "verify (" in row["top_host_functions"][0]
     assert "(e) c = 1" in (out / "host.md").read_text()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,5 +1,7 @@
 """What the start-up warm-up compiles for a server (sglang_plugin.warmup_hook.plan_for, ops.warmup.WarmupPlan)."""
 
+import sys
+
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -44,3 +46,7 @@ def test_the_hook_runs_before_cuda_graph_capture():
     from sglang.srt.managers.scheduler import Scheduler
 
     assert callable(Scheduler.init_all_cuda_graphs)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
