@@ -19,12 +19,13 @@ sampling profiler that reads a running CPython's stacks through the OS, with
 Nothing here imports SGLang or torch; py-spy is an executable (its wheel
 carries only the binary).
 
-    python serving_host.py summarize STACKS.txt   # the summary of one raw py-spy recording
+    python serving_host.py summarize STACKS.txt[.gz]   # the summary of one raw py-spy recording
 """
 
 from __future__ import annotations
 
 import collections
+import gzip
 import json
 import os
 import re
@@ -281,7 +282,7 @@ def write_host(out: str, doc: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python serving_host.py summarize STACKS [--top N]``: the summary of one raw recording as JSON."""
+    """``python serving_host.py summarize STACKS [--top N]``: the summary of one raw recording (or its ``.gz``) as JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(description="summary of a raw py-spy recording of an SGLang scheduler")
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args(argv)
     try:
-        with open(args.stacks) as f:
+        with (gzip.open(args.stacks, "rt") if args.stacks.endswith(".gz") else open(args.stacks)) as f:
             print(json.dumps(summarize(parse_collapsed(f.read()), top=args.top), indent=1))
     except (OSError, ValueError) as exc:
         parser.error(f"stacks: {exc}")
