@@ -73,15 +73,20 @@ FOLDERS = ("deepseek_v3", "deepseek_v3_fp8", "qwen3_moe", "qwen3_moe_eagle3")
 TOKENIZER_FOLDERS = ("deepseek_v3", "deepseek_v3_fp8", "qwen3_moe")
 
 
+# Fields both targets share (sizes, activation, norm, rope base, dtype).
+SHARED_CONFIG = {
+    "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": DENSE_INTER, "moe_intermediate_size": MOE_INTER,
+    "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
 def deepseek_v3_config() -> dict:
     """``config.json`` of the tiny DeepSeek-V3 target (fields read by SGLang's ``models/deepseek_v2.py``)."""
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": DENSE_INTER,
-        "moe_intermediate_size": MOE_INTER,
+        **SHARED_CONFIG,
         "num_hidden_layers": DEEPSEEK_LAYERS,
         "num_nextn_predict_layers": 1,
         "num_attention_heads": MLA_HEADS,
@@ -102,14 +107,8 @@ def deepseek_v3_config() -> dict:
         "scoring_func": "sigmoid",
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.0,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
         "rope_scaling": None,
         "attention_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
@@ -244,10 +243,7 @@ def qwen3_moe_config() -> dict:
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": DENSE_INTER,
-        "moe_intermediate_size": MOE_INTER,
+        **SHARED_CONFIG,
         "num_hidden_layers": QWEN3_LAYERS,
         "num_attention_heads": QWEN3_HEADS,
         "num_key_value_heads": QWEN3_KV_HEADS,
@@ -257,16 +253,10 @@ def qwen3_moe_config() -> dict:
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "norm_topk_prob": True,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
         "rope_scaling": None,
         "attention_bias": False,
         "use_sliding_window": False,
         "sliding_window": None,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
         "bos_token_id": 1,
         "eos_token_id": 2,
     }

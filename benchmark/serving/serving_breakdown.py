@@ -353,6 +353,17 @@ def plot(doc: dict, path: str) -> str:
     return path
 
 
+def write_report(out: str, name: str, doc: dict, markdown: str) -> list[str]:
+    """``<name>.json`` (``doc``) and ``<name>.md`` (``markdown``) into ``out`` (created); returns both paths."""
+    os.makedirs(out, exist_ok=True)
+    paths = [os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.md")]
+    with open(paths[0], "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(paths[1], "w") as f:
+        f.write(markdown)
+    return paths
+
+
 def write_breakdown(out: str, doc: dict, *, with_plot: bool = False) -> list[str]:
     """Write ``breakdown.json`` and ``breakdown.md`` of ``doc`` into ``out``; returns the paths.
 
@@ -372,12 +383,7 @@ def write_breakdown(out: str, doc: dict, *, with_plot: bool = False) -> list[str
         if not ok:
             raise ValueError(f"rows[{i}] needs config (str), concurrency (int), class (str) and a finite "
                              f"gpu_ms_per_step, got {r!r}")
-    os.makedirs(out, exist_ok=True)
-    paths = [os.path.join(out, "breakdown.json"), os.path.join(out, "breakdown.md")]
-    with open(paths[0], "w") as f:
-        json.dump(doc, f, indent=1)
-    with open(paths[1], "w") as f:
-        f.write(render_markdown(doc))
+    paths = write_report(out, "breakdown", doc, render_markdown(doc))
     if with_plot and doc["rows"]:
         try:
             paths.append(plot(doc, os.path.join(out, "breakdown.png")))

@@ -85,6 +85,14 @@ def scheduler_pids(root_pid: int, proc: str = "/proc") -> list[int]:
     return sorted(found)
 
 
+MIN_SECONDS, MAX_SECONDS = 1, 60  # py-spy records whole seconds
+
+
+def recorded_seconds(seconds: float) -> int:
+    """The whole seconds py-spy records for a request of ``seconds``."""
+    return max(MIN_SECONDS, round(seconds))
+
+
 def py_spy() -> str | None:
     """The py-spy executable on ``PATH`` or beside this interpreter (a venv's ``bin``), or None."""
     return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
@@ -101,14 +109,14 @@ def record(pid: int, seconds: float, out_path: str, *, rate: int = 250, exe: str
         ValueError: ``seconds`` outside [0.5, 120] or ``rate`` outside [10, 2000].
         RuntimeError: no py-spy executable, or py-spy failed (its output in the message).
     """
-    if not 0.5 <= seconds <= 120:
-        raise ValueError(f"seconds must lie in [0.5, 120], got {seconds}")
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise ValueError(f"seconds must lie in [{MIN_SECONDS}, {MAX_SECONDS}], got {seconds}")
     if not 10 <= rate <= 2000:
         raise ValueError(f"rate must lie in [10, 2000], got {rate}")
     exe = exe or py_spy()
     if exe is None:
         raise RuntimeError("py-spy is not on PATH (scripts/h200/install_py_spy.sh installs it from the kit)")
-    argv = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(rate),
+    argv = [exe, "record", "--pid", str(pid), "--duration", str(recorded_seconds(seconds)), "--rate", str(rate),
             "--format", "raw", "--output", out_path, "--nonblocking", "--idle", "--threads"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
     if done.returncode != 0 or not os.path.exists(out_path):
@@ -235,8 +243,8 @@ def capture(url: str, root_pid: int, concurrency: int, out_path: str, *, seconds
         raise RuntimeError(f"the wave failed: {wave.errors[:2]}")
     with open(out_path) as f:
         result = summarize(parse_collapsed(f.read()))
-    result.update({"pid": pids[0], "seconds": seconds, "stacks": out_path, "tokens_during": during,
-                   "wave_outlasted_recording": not finished})
+    result.update({"pid": pids[0], "seconds": recorded_seconds(seconds), "stacks": out_path,
+                   "tokens_during": during, "wave_outlasted_recording": not finished})
     return result
 
 
@@ -248,7 +256,9 @@ def host_row(config: str, concurrency: int, result: dict, idle_ms_per_step: floa
             "step_ms": None if step_ms is None else round(step_ms, 4),
             "top_host_functions": result["top_host_functions"], "top_inclusive": result["top_inclusive"],
             "split": result["split"], "samples": result["samples"], "seconds": result["seconds"],
-            "tokens_during": result["tokens_during"]}
+            "tokens_during": result["tokens_during"],
+            # False: some request ended while sampled, so the recording also holds the idle loop after it.
+            "wave_outlasted_recording": result["wave_outlasted_recording"]}
 
 
 def render_markdown(doc: dict) -> str:
@@ -261,8 +271,10 @@ def render_markdown(doc: dict) -> str:
     for r in sorted(doc["rows"], key=lambda r: (r["config"], r["concurrency"])):
         idle = "-" if r.get("idle_ms_per_step") is None else f"{r['idle_ms_per_step']:.3f} ms"
         split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["split"].items())
+        ended = ("" if r.get("wave_outlasted_recording", True)
+                 else " A request ended during the recording: it also holds the idle loop after that.")
         lines += [f"## ({r['config']}) c = {r['concurrency']}: GPU idle {idle} per step", "",
-                  f"{r['samples']} samples in {r['seconds']} s; stages: {split}", ""]
+                  f"{r['samples']} samples in {r['seconds']} s; stages: {split}.{ended}", ""]
         lines += [f"- {f}" for f in r["top_host_functions"]]
         lines.append("")
     for m in doc.get("missing", []):
@@ -272,13 +284,9 @@ def render_markdown(doc: dict) -> str:
 
 def write_host(out: str, doc: dict) -> list[str]:
     """``host.json`` and ``host.md`` of ``doc`` (``date_utc``, ``machine``, ``rows`` of :func:`host_row`)."""
-    os.makedirs(out, exist_ok=True)
-    paths = [os.path.join(out, "host.json"), os.path.join(out, "host.md")]
-    with open(paths[0], "w") as f:
-        json.dump(doc, f, indent=1)
-    with open(paths[1], "w") as f:
-        f.write(render_markdown(doc))
-    return paths
+    import serving_breakdown
+
+    return serving_breakdown.write_report(out, "host", doc, render_markdown(doc))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,6 +88,7 @@ from serving_configs import (  # noqa: E402
 )
 from serving_breakdown import CaptureSettings  # noqa: E402
 from serving_interleave import MAX_SERVERS, pairable, schedule  # noqa: E402
+import serving_host  # noqa: E402
 
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
 DRIVER_WRAP_UP_S = 5  # the driver starts no run predicted to end later than this before its limit
@@ -154,9 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "during a lockstep wave (serving_host.py; e.g. 1,8); writes host.json. Default: none")
     p.add_argument("--host-seconds", type=float, default=3.0,
                    help="--host-profile: seconds of py-spy sampling per cell (default 3)")
-    p.add_argument("--host-output-len", type=int, default=1536,
+    p.add_argument("--host-output-len", type=int, default=4096,
                    help="--host-profile: new tokens per request of the sampled wave; it must outlast the "
-                        "recording (default 1536)")
+                        "recording (default 4096: a chain at one request streams about 500 tokens/s)")
     p.add_argument("--breakdown-steps", type=int, default=8,
                    help="--breakdown: forwards profiled per cell (default 8; the first is left out)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
@@ -247,8 +248,9 @@ def validate(args) -> dict:
         if not set(host_concs) <= set(concs):
             raise ValueError(f"host_profile: {sorted(set(host_concs) - set(concs))} not in concurrency "
                              f"{','.join(map(str, concs))}")
-        if not 0.5 <= args.host_seconds <= 60:
-            raise ValueError(f"host_seconds must lie in [0.5, 60], got {args.host_seconds}")
+        if not serving_host.MIN_SECONDS <= args.host_seconds <= serving_host.MAX_SECONDS:
+            raise ValueError(f"host_seconds must lie in [{serving_host.MIN_SECONDS}, {serving_host.MAX_SECONDS}], "
+                             f"got {args.host_seconds}")
         if not 256 <= args.host_output_len <= 32768:
             raise ValueError(f"host_output_len must lie in [256, 32768], got {args.host_output_len}")
     if mode in ("breakdown", "combined"):
@@ -659,8 +661,6 @@ class Run:
 
     def host_cell(self, s: Server, conc: int, bd: dict) -> None:
         """The scheduler's host time at ``conc`` (``serving_host.capture``), beside breakdown cell ``bd``."""
-        import serving_host
-
         config, capture = CONFIGS[s.key], self.plan["capture"]
         left = self.left() - REPORT_RESERVE_S
         why = None

@@ -44,6 +44,9 @@ REMOVED_ENV = {
                            "SGLang's deterministic GEMM; benchmark/gemm_splitk/ keeps it as an experiment); "
                            "SGLang's own batch-invariant matmul always runs",
 }
+# A removed setting at the value that was its default asked for what now always happens: accepted, so
+# scripts that spelled the old default out keep working.
+REMOVED_DEFAULTS = {"SGLANG_DETSPEC_GEMM": "sglang"}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -431,11 +434,13 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection,
             ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes,
             ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang, or
-            a removed setting (:data:`REMOVED_ENV`) set.
+            a removed setting (:data:`REMOVED_ENV`) set to anything but
+            its old default (:data:`REMOVED_DEFAULTS`, accepted: it asks for
+            what now always runs).
     """
     env = os.environ if environ is None else environ
     for name, why in REMOVED_ENV.items():
-        if name in env:
+        if name in env and env[name].strip().lower() != REMOVED_DEFAULTS.get(name):
             raise ValueError(f"{name} is set ({env[name]!r}) but was removed: {why}; unset it")
     kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE

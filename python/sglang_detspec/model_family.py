@@ -9,7 +9,11 @@ and no end-to-end run has compared their logprobs across forward modes yet:
 for them the claim is ``tokens``, and the start-up line says it is not
 measured. A family enters :data:`MEASURED_BITWISE` when a committed run
 (``test/registered/e2e/test_model_families.py``) records 0 differing logprobs
-for it on a backend.
+for it on a backend, on a target whose logits those layers move: the tiny
+family targets scale every layer's output down (so their drafts copy a
+near-bigram model), which leaves a rounding difference inside an MoE, MLA
+or FP8 kernel too small to reach the logits, so a pass on them alone does
+not promote a family.
 
 The family is read from the target's ``config.json`` (and SGLang's
 ``--quantization`` flag), never guessed from its name.
@@ -100,8 +104,7 @@ def model_family(model_path: str | None, quantization_flag: str | None = None) -
     """
     if not model_path:
         return None
-    local = Path(model_path) / "config.json"
-    path = local if local.is_file() else _cached_config(model_path)
+    path = config_file(model_path)
     try:
         config = json.loads(Path(path).read_text()) if path else None
     except (OSError, ValueError):
@@ -109,11 +112,15 @@ def model_family(model_path: str | None, quantization_flag: str | None = None) -
     return traits_of(config, quantization_flag).label if isinstance(config, Mapping) else None
 
 
-def _cached_config(repo_id: str) -> str | None:
+def config_file(model_path: str) -> Path | str | None:
+    """A model's ``config.json``: in the local folder ``model_path``, else in the Hugging Face cache; None if absent."""
+    local = Path(model_path) / "config.json"
+    if local.is_file():
+        return local
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(repo_id, "config.json")
+        cached = try_to_load_from_cache(model_path, "config.json")
     except Exception:  # not a repository id, or no hub client
         return None
     return cached if isinstance(cached, str) else None

@@ -1,12 +1,14 @@
-"""Compile every Triton kernel a server launches outside its CUDA graphs before its first request.
+"""Compile the sampling and verify kernels a server launches outside its CUDA graphs before its first request.
 
 Triton compiles a kernel at its first launch with a new specialisation; on
 the serving path the first verify, draft extend or prefill sample of a
 server would pay that (hundreds of milliseconds per kernel) inside a
 request. The split counts that change with the batch size are unspecialised
 run-time arguments (``triton_config.split_lanes``), so one launch per
-(op, vocabulary, draft shape) compiles everything a server needs, whatever
-batch sizes follow.
+(op, vocabulary, draft shape) compiles them for every batch size that
+follows. Not warmed: the RMSNorm kernel (compiled while SGLang captures
+its CUDA graphs; an eager-only server compiles it at its first prefill)
+and the FA3 node-rows kernel of ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``.
 """
 
 from __future__ import annotations

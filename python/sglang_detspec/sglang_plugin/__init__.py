@@ -47,8 +47,9 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
-- ``norm_hook``: SGLang's RMSNorm, plain and with the residual add, runs one
-  fused batch-invariant kernel per norm.
+- ``norm_hook``: SGLang's RMSNorm with the residual add runs one fused
+  batch-invariant kernel per norm (the plain form keeps SGLang's
+  ``rms_norm_batch_invariant``).
 - ``warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): the plugin's
   Triton kernels that run outside CUDA graphs are compiled at start-up,
   not inside the first requests.

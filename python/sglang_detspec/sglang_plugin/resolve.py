@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import DetSpecConfig, Refusal, current_config, env_settings, install_config, resolve_verify
-from ..model_family import family_note, model_family
+from ..model_family import config_file, family_note, model_family
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -275,27 +275,13 @@ def reduced_draft_vocab(spec) -> bool | None:
         return True
     path = getattr(spec, "speculative_draft_model_path", None)
     try:
-        config = json.loads(Path(_config_file(path)).read_text()) if path else None
+        config = json.loads(Path(config_file(path)).read_text()) if path else None
     except (OSError, ValueError, TypeError):
         config = None
     if config is None:
         return None if algorithm == "EAGLE3" else False
     draft_vocab = config.get("draft_vocab_size")
     return draft_vocab is not None and draft_vocab != config.get("vocab_size")
-
-
-def _config_file(path: str):
-    """The draft's ``config.json``: in a local folder, else in the Hugging Face cache (None if absent)."""
-    local = Path(path) / "config.json"
-    if local.is_file():
-        return local
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(path, "config.json")
-    except Exception:  # not a repository id, or no hub client
-        return None
-    return cached if isinstance(cached, str) else None
 
 
 def sglang_refusals(args) -> list[Refusal]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 
 from ..config import DetSpecConfig, install_config
-from .resolve import (
-    SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args, reduced_draft_vocab, sglang_refusals,
-)
+from .resolve import SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args, reduced_draft_vocab
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 

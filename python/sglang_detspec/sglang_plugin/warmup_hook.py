@@ -47,15 +47,16 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
     bag = current_config()
     if not bag.active or not torch.cuda.is_available():
         return None
-    runner = scheduler.tp_worker.model_runner
-    draft = getattr(getattr(scheduler, "draft_worker", None), "draft_worker", None)
-    hot = getattr(draft, "hot_token_id", None)
-    plan = plan_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
     log = logging.getLogger("sglang_detspec")
     started = time.monotonic()
+    plan = None
     try:
+        runner = scheduler.tp_worker.model_runner
+        draft = getattr(getattr(scheduler, "draft_worker", None), "draft_worker", None)
+        hot = getattr(draft, "hot_token_id", None)
+        plan = plan_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
         launched = warm_up(plan, torch.device("cuda", torch.cuda.current_device()), kernel=bag.kernel)
-    except Exception:  # speed only: a kernel that cannot be compiled here fails at its first request instead
+    except Exception:  # speed only: what cannot be warmed here compiles at its first request instead
         log.warning("sglang-detspec: start-up kernel warm-up failed (%s); kernels compile at first use",
                     plan, exc_info=True)
         return None

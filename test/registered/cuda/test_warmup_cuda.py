@@ -53,6 +53,9 @@ def test_no_batch_size_compiles_after_the_warm_up(vocab):
             want = exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, return_scores=True,
                                     kernel="torch")
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (b, k)
+            assert torch.equal(exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k), want[0])
+        draft = exponential_race(w, seeds, pos, stream=Stream.DRAFT)
+        assert torch.equal(draft, exponential_race(w, seeds, pos, stream=Stream.DRAFT, kernel="torch")), b
         rows = max(1, b // 8)
         p = torch.rand(rows, 8, vocab, generator=gen, device=DEV) ** 8
         x = torch.randint(0, vocab, (rows, 3), generator=gen, device=DEV)
@@ -67,7 +70,9 @@ def test_no_batch_size_compiles_after_the_warm_up(vocab):
         want = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False, kernel="torch")
         assert all(torch.equal(g, h) for g, h in zip(got, want)), b
         q = torch.rand(rows, 3, vocab, generator=gen, device=DEV) ** 8
-        verify_chain(x, q, p[:, :4], seeds[:rows], pos[:rows], check=False)
+        got = verify_chain(x, q, p[:, :4], seeds[:rows], pos[:rows], check=False)
+        want = verify_chain(x, q, p[:, :4], seeds[:rows], pos[:rows], check=False, kernel="torch")
+        assert all(torch.equal(g, h) for g, h in zip(got, want)), b
     assert compiled() == before, "a batch size compiled a kernel after the warm-up"
 
 

@@ -129,6 +129,8 @@ def test_the_package_neither_hooks_the_matmul_nor_takes_the_old_setting():
     with pytest.raises(ValueError, match=rf"{GEMM_ENV} is set \('plugin'\) but was removed: .*benchmark/gemm_splitk/"):
         env_settings({GEMM_ENV: "plugin"})
     assert GEMM_ENV in REMOVED_ENV
+    # The old default asked for SGLang's matmul, which now always runs: scripts that spelled it out keep working.
+    assert env_settings({GEMM_ENV: "sglang"}) == env_settings({})
 
 
 if __name__ == "__main__":
