@@ -12,7 +12,7 @@ In-process (the default), two sections on the reference engine:
    and mean accept length of each;
 2. invariance (:func:`sglang_detspec.auditing.invariance.run_invariance`): the same
    seeded requests with speculative decoding off, chains of several lengths, a
-   tree and other draft models, in the ``--mode`` verify mode, with the other
+   tree and a random draft, in the ``--mode`` verify mode, with the other
    mode's unique-output count beside it.
 
 With ``--url`` the changing-batch trials run on a running SGLang server
@@ -152,7 +152,7 @@ _EPILOG_SECTIONS = (
         ("time", "seconds spent decoding"),
     )),
     ("invariance table (in-process; one row per configuration: speculative decoding off, chains "
-     "of several lengths, a tree, other draft models):", (
+     "of several lengths, a tree, a random draft):", (
         ("unique", "per probe request, distinct outputs among this configuration's and the "
          "speculative-decoding-off one (the most over the probes): 1 means the drafter changed no "
          "token; coupled verify gives 1"),
@@ -215,7 +215,7 @@ def register(subparsers) -> argparse.ArgumentParser:
             "in-process reference speculative decoding engine, and count its unique outputs: "
             "1 for the seeded sampler, many for the global-RNG control; then check that the same "
             "seeded requests give the same tokens with speculative decoding off, chains, a tree and "
-            "other draft models (the invariance section). With --url, run the changing-batch trials "
+            "a random draft (the invariance section). With --url, run the changing-batch trials "
             "on a running SGLang server through its /generate endpoint instead, then its request-seed checks.",
             width=HELP_WIDTH,
         ),

@@ -51,8 +51,10 @@ CLAIM_NOTE = """\
 The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) for a chain, i.e.
 --speculative-eagle-topk 1, on fa3 or triton attention, as in the example
-below. Trees, other backends and a run without --attention-backend (SGLang
-picks the backend on the GPU, so the dry run cannot know it) claim
+below (on triton with SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the
+default). Trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes,
+which claim bitwise), other backends and a run without --attention-backend
+(SGLang picks the backend on the GPU, so the dry run cannot know it) claim
 logits='tokens': the same tokens, except where a draw is a near-tie inside
 one bf16 rounding step. Every measured server ran with
 --cuda-graph-backend-prefill disabled; with prefill CUDA graphs on (SGLang's

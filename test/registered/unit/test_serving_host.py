@@ -110,7 +110,7 @@ def test_breakdown_with_host_profile_samples_the_scheduler(tmp_path, monkeypatch
     rc = run.main(["--out", str(out), "--models", str(model_dir), "--breakdown", "--configs", "e",
                    "--concurrency", "1", "--host-profile", "1", "--host-seconds", "1", "--host-output-len", "600",
                    "--input-len", "8", "--max-total-tokens", "4096", "--gpus", "1", "--budget-s", "200",
-                   "--port-base", "34300"])
+                   "--port-base", "34700"])
     assert rc == 0
     doc = json.loads((out / "host.json").read_text())
     assert set(doc) >= {"date_utc", "machine", "rows"} and not doc["missing"], doc.get("missing")
