@@ -152,6 +152,12 @@ class SamplingRows(NamedTuple):
         return (self.top_ks, self.top_ps, self.min_ps) if self.cut else (None, None, None)
 
 
+def cuts(sampling_info) -> bool:
+    """Some row of SGLang's ``SamplingBatchInfo`` truncates (its ``need_top_k/top_p/min_p_sampling``)."""
+    info = sampling_info
+    return bool(info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling)
+
+
 def sampling_rows(sampling_info, repeat: int) -> SamplingRows:
     """SGLang's ``SamplingBatchInfo`` of B requests as the rows of a [B * repeat, V] logits tensor.
 
@@ -162,7 +168,7 @@ def sampling_rows(sampling_info, repeat: int) -> SamplingRows:
         return torch.repeat_interleave(values, repeat, dim=0) if repeat > 1 else values
 
     info = sampling_info
-    cut = bool(info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling)
+    cut = cuts(info)
     seeds = info.sampling_seed
     return SamplingRows(rows(info.temperatures), rows(info.top_ks), rows(info.top_ps),
                         rows(info.min_ps) if cut and info.need_min_p_sampling else None, cut,

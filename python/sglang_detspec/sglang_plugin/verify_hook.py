@@ -47,7 +47,7 @@ from ..ops.verify import verify_chain
 from ..ops.verify_outputs import write_verify_outputs
 from ..ops.weights import target_weights
 from .channels import VERIFY
-from .positions import after_root, sampling_rows
+from .positions import after_root, cuts, sampling_rows
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 CHAIN_SAMPLER = "sglang.kernels.ops.speculative.verify_sampling.chain_speculative_sampling_triton"
@@ -81,9 +81,14 @@ def verify_weights(ctx: VerifyContext, width: int) -> torch.Tensor:
     its ``width`` nodes, applied as the non-speculative sampler applies them.
     """
     logits = ctx.logits_output.next_token_logits  # [B*width, V]
-    rows = sampling_rows(ctx.sampling_info, width)
-    weights = target_weights(logits, rows.temperatures, *rows.cut_args())
-    return weights.view(logits.shape[0] // width, width, -1)
+    b = logits.shape[0] // width
+    info = ctx.sampling_info
+    if not cuts(info):
+        # Each request's temperature broadcast over its nodes: the division and the row softmax
+        # are the repeated rows' own, bit for bit, without materialising the repeats.
+        return target_weights(logits.view(b, width, -1), info.temperatures.view(b, 1, 1))
+    rows = sampling_rows(info, width)
+    return target_weights(logits, rows.temperatures, *rows.cut_args()).view(b, width, -1)
 
 
 def coupled_tree_outputs(

@@ -441,13 +441,14 @@ def test_chain_sampler_in_coupled_mode_equals_the_tree_hook_on_a_chain(loaded, b
 # -- SGLang's own eagle_sample: coupled verify computes no target probabilities -------------
 
 
-def softmaxes_of(shape, run):
-    """How many softmaxes over a tensor of ``shape`` ``run()`` computes (torch's CPU profiler)."""
+def softmaxes_of(shapes, run):
+    """How many softmaxes over a tensor of one of ``shapes`` ``run()`` computes (torch's CPU profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         run()
-    return sum(1 for e in prof.events() if e.name == "aten::_softmax" and e.input_shapes[:1] == [list(shape)])
+    wanted = [[list(shape)] for shape in shapes]
+    return sum(1 for e in prof.events() if e.name == "aten::_softmax" and e.input_shapes[:1] in wanted)
 
 
 @pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "sglang_softmax"])
@@ -459,8 +460,8 @@ def test_sglang_eagle_sample_verifies_a_coupled_chain_without_its_target_probs(l
     flag lowered its sampling branch runs as on CUDA, through the hooked chain
     sampler (start-up declares the rejection flag for coupled chains). Its
     softmax of the target logits and its temperature division are then left
-    out: one softmax over [B*W, V] remains, the coupled
-    verify's own. With the softmax hook taken out (``sglang_softmax``) SGLang's
+    out: one softmax over the [B*W, V] logits remains (as [B, W, V]), the
+    coupled verify's own. With the softmax hook taken out (``sglang_softmax``) SGLang's
     runs as well, and the emitted tokens are the same.
     """
     from sglang.kernels.ops import sampling as sampling_ops
@@ -510,7 +511,7 @@ def test_sglang_eagle_sample_verifies_a_coupled_chain_without_its_target_probs(l
         tp_group.world_size = 1
         out = []
         with get_parallel().override(tp_group=tp_group):
-            count = softmaxes_of((b * w, v), lambda: out.append(eagle_utils.eagle_sample(
+            count = softmaxes_of([(b * w, v), (b, w, v)], lambda: out.append(eagle_utils.eagle_sample(
                 verify_input, batch, LogitsProcessorOutput(next_token_logits=logits.clone()))))
     finally:
         restore_context(saved)
@@ -707,6 +708,26 @@ def test_hooked_verify_samplers_bind_where_sglang_calls_them(loaded):
     while hasattr(original, "__wrapped__"):
         original = original.__wrapped__
     assert original is not bound and original.__name__ == "chain_speculative_sampling_triton"
+
+def test_verify_weights_broadcast_equals_the_repeated_rows_bit_for_bit(loaded):
+    """Without a cut, each request's temperature is broadcast over its nodes instead of repeated per row:
+    the weights must be the repeated rows' own, bit for bit; with a cut, the repeated path runs."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang_detspec.ops.weights import target_weights
+    from sglang_detspec.sglang_plugin.positions import sampling_rows
+
+    gen = torch.Generator().manual_seed(5)
+    b, width, v = 3, 8, 1000
+    logits = torch.randn(b * width, v, generator=gen) * 4
+    seeds = torch.tensor([1, 2, 3])
+    for info in (sampling_info([v] * 3, [1.0, 0.7, 1.3], seeds, vocab=v),  # no row truncates
+                 sampling_info([v, 5, v], [1.0, 0.7, 1.3], seeds, top_ps=[1.0, 1.0, 0.9], vocab=v)):
+        ctx = VerifyContext(seeds, torch.tensor([10, 20, 30]), LogitsProcessorOutput(next_token_logits=logits), info)
+        got = verify_hook.verify_weights(ctx, width)
+        rows = sampling_rows(info, width)
+        want = target_weights(logits, rows.temperatures, *rows.cut_args()).view(b, width, v)
+        assert got.shape == (b, width, v) and torch.equal(got, want)
+
 
 if __name__ == "__main__":
     import sys
