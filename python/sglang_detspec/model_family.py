@@ -9,11 +9,21 @@ and no end-to-end run has compared their logprobs across forward modes yet:
 for them the claim is ``tokens``, and the start-up line says it is not
 measured. A family enters :data:`MEASURED_BITWISE` when a committed run
 (``test/registered/e2e/test_model_families.py``) records 0 differing logprobs
-for it on a backend, on a target whose logits those layers move: the tiny
-family targets scale every layer's output down (so their drafts copy a
-near-bigram model), which leaves a rounding difference inside an MoE, MLA
-or FP8 kernel too small to reach the logits, so a pass on them alone does
-not promote a family.
+for it on a backend, on a target whose logits those layers move. The tiny
+family targets (``scripts/tiny_families.py``) are such targets: their
+attention and expert outputs are large enough (its ``LAYER_OUT_SCALE``) that
+a relative 1e-3 change of one routed expert's, the shared expert's, the MLA
+attention's or an FP8 projection's output before its bf16 rounding (the size
+of a kernel's rounding difference) changes some bf16 logit of a short
+prompt, shown on transformers' own forwards of the written checkpoints
+(``test/registered/unit/test_tiny_families.py``). So 0 differing logprobs
+there on a backend may promote the family on that backend, for the kernel
+paths those shapes take (8 experts of intermediate 128, hidden 256, one
+GPU): a full-size model can take other tile configurations or expert
+parallelism, which the entry's run does not cover and its record names.
+A run on a set written before the targets were made sensitive (no
+``tiny_families-v2.json`` beside the folders; layer outputs at 1e-3, a
+rounding difference rounded away before the logits) promotes nothing.
 
 The family is read from the target's ``config.json`` (and SGLang's
 ``--quantization`` flag), never guessed from its name.

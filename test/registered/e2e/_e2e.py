@@ -288,9 +288,10 @@ class Models:
 TINY_FOLDERS = ("target", "eagle", "eagle_random", "mtp", "eagle3", "eagle3_full", "mimo")
 # Files whose absence means a tiny-model folder is from an older generator (the target's
 # tokenizer serves the OpenAI endpoints of the request-seed suite; the MoE / MLA / FP8 family
-# folders of scripts/tiny_families.py serve test_model_families.py).
+# folders of scripts/tiny_families.py serve test_model_families.py; its version file marks the
+# family targets whose layer outputs reach the logits, tiny_families.VERSION_FILE).
 TINY_FILES = ("target/tokenizer.json", "target/tokenizer_config.json", "deepseek_v3_fp8/model.safetensors",
-              "qwen3_moe_eagle3/model.safetensors")
+              "qwen3_moe_eagle3/model.safetensors", "tiny_families-v2.json")
 
 
 def write_tiny_models(folder: Path, vocab: int | None = None) -> None:

@@ -5,6 +5,13 @@ KV-cache modules import GPU kernels), so the weight names are checked against
 the loader's own mappings: ``FusedMoE.make_expert_params_mapping`` for the
 experts, the DeepSeek loader's NEXTN configuration for the NEXTN layer, and
 SGLang's ``Fp8Config`` and ``block_quant_dequant`` for the FP8 blocks.
+
+Hugging Face transformers' own ``DeepseekV3ForCausalLM`` and
+``Qwen3MoeForCausalLM`` do run on a CPU: they load the written checkpoints
+(the FP8 copy dequantized with SGLang's ``block_quant_dequant``: transformers'
+own FP8 path needs ``accelerate``, no dependency of this project) and show, in bf16, that
+the targets are sensitive (a relative 1e-3 change of one layer's output moves
+some logit), reproducible, and still near the bigram their drafts copy.
 """
 
 import importlib.util
@@ -16,9 +23,11 @@ from types import SimpleNamespace
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
+from torch.overrides import TorchFunctionMode
 
-register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
+register_cpu_ci(est_time=120, suite="detspec-unit-cpu")
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -158,6 +167,176 @@ def test_family_targets_carry_the_word_level_tokenizer(tiny, folder):
 
     tok = AutoTokenizer.from_pretrained(str(tiny / folder))
     assert tok.encode("t7 t4095", add_special_tokens=False) == [7, 4095]
+
+
+def test_the_set_carries_the_version_file_the_e2e_suites_require(tiny, families):
+    """An older set (no version file) counts as incomplete, so the E2E suites write the sensitive targets again."""
+    written = json.loads((tiny / families.VERSION_FILE).read_text())
+    assert written == {"seed": families.SEED, "layer_out_scale": families.LAYER_OUT_SCALE,
+                       "folders": list(families.FOLDERS)}
+    sys.path.insert(0, str(ROOT / "test" / "registered" / "e2e"))
+    try:
+        e2e = importlib.import_module("_e2e")
+    finally:
+        sys.path.remove(str(ROOT / "test" / "registered" / "e2e"))
+    assert families.VERSION_FILE in e2e.TINY_FILES
+
+
+# -- sensitivity, on transformers' own forwards ------------------------------------------
+
+# The size of a kernel's rounding difference relative to a layer's output: about one bf16 step of it.
+RELATIVE_CHANGE = 1e-3
+PROMPT_TOKENS = 8
+
+
+class ScaledLinear(TorchFunctionMode):
+    """Every ``F.linear`` on ``weight`` (matched by storage, so a per-expert slice works) computed once in float32 and
+    scaled by ``factor`` before its single rounding to the activation dtype.
+
+    A relative 1e-3 change cannot be written into bf16 weights or outputs (it
+    rounds back to the same value): it has to enter before the output's
+    rounding, where a kernel's accumulation order does. The reference runs
+    under the same mode with ``factor`` 1, so only the factor differs.
+    """
+
+    def __init__(self, weight: torch.Tensor, factor: float):
+        super().__init__()
+        self.key = (weight.data_ptr(), tuple(weight.shape))
+        self.factor = factor
+        self.rows = 0  # activation rows that went through the weight
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and (args[1].data_ptr(), tuple(args[1].shape)) == self.key:
+            x, w = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            assert bias is None, "the scaled projections have no bias"
+            self.rows += x.reshape(-1, x.shape[-1]).shape[0]
+            return (F.linear(x.float(), w.float()) * self.factor).to(x.dtype)
+        return func(*args, **kwargs)
+
+
+def dequantized_copy(fp8_folder: Path, out: Path, families) -> Path:
+    """The FP8 checkpoint with every block-quantized weight dequantized by SGLang's ``block_quant_dequant``."""
+    from sglang.srt.layers.quantization.fp8_utils import block_quant_dequant
+
+    config = json.loads((fp8_folder / "config.json").read_text())
+    block = config.pop("quantization_config")["weight_block_size"]
+    stored = tensors(fp8_folder)
+    weights = {}
+    for name, value in stored.items():
+        if name.endswith(".weight_scale_inv"):
+            continue
+        if value.dtype == torch.float8_e4m3fn:
+            value = block_quant_dequant(value, stored[name[: -len("weight")] + "weight_scale_inv"], block, torch.float32)
+        weights[name] = value
+    families.base.write(str(out), config, weights)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_models(tiny, families, tmp_path_factory):
+    """transformers' own model of each family target, bf16 on the CPU, eager experts (a per-expert ``F.linear``)."""
+    from transformers import AutoModelForCausalLM
+
+    paths = {"deepseek_v3": tiny / "deepseek_v3", "qwen3_moe": tiny / "qwen3_moe",
+             "deepseek_v3_fp8": dequantized_copy(tiny / "deepseek_v3_fp8", tmp_path_factory.mktemp("fp8_dequant"),
+                                                 families)}
+    loaded = {}
+    for folder, path in paths.items():
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, experts_implementation="eager",
+                                                           output_loading_info=True)
+        loaded[folder] = (model.eval(), info)
+    return loaded
+
+
+def prompt(model, shape=(1, PROMPT_TOKENS), seed=0) -> torch.Tensor:
+    """Fixed random token ids of the model's vocabulary, past the special ids 0-2."""
+    return torch.randint(3, model.config.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def logits_with(model, weight: torch.Tensor, factor: float) -> tuple[torch.Tensor, int]:
+    with torch.no_grad(), ScaledLinear(weight, factor) as mode:
+        return model(prompt(model)).logits, mode.rows
+
+
+def perturbed_projections(model) -> dict[str, torch.Tensor]:
+    """Every output projection whose rounding a family's kernels own: MLA / attention o_proj, experts' down_proj."""
+    out = {}
+    for i, layer in enumerate(model.model.layers):
+        out[f"layer{i}.o_proj"] = layer.self_attn.o_proj.weight
+        mlp = layer.mlp
+        if hasattr(mlp, "experts"):
+            for e in range(mlp.experts.down_proj.shape[0]):
+                out[f"layer{i}.expert{e}.down_proj"] = mlp.experts.down_proj[e]
+            if hasattr(mlp, "shared_experts"):
+                out[f"layer{i}.shared_expert.down_proj"] = mlp.shared_experts.down_proj.weight
+    return out
+
+
+@pytest.mark.parametrize("folder", ["deepseek_v3", "deepseek_v3_fp8", "qwen3_moe"])
+def test_transformers_loads_every_trunk_weight_of_the_written_targets(hf_models, families, folder):
+    model, info = hf_models[folder]
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    # Only DeepSeek's NEXTN layer (SGLang's draft, not part of transformers' model) is left unread.
+    nextn = f"model.layers.{families.DEEPSEEK_LAYERS}."
+    assert all(k.startswith(nextn) for k in info["unexpected_keys"]), info["unexpected_keys"]
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("folder", ["deepseek_v3", "deepseek_v3_fp8", "qwen3_moe"])
+def test_a_relative_1e3_change_of_any_one_expert_or_attention_output_moves_the_bf16_logits(hf_models, folder):
+    model, _ = hf_models[folder]
+    used = []
+    for name, weight in perturbed_projections(model).items():
+        reference, rows = logits_with(model, weight, 1.0)
+        if rows == 0:  # an expert the prompt's router did not pick
+            continue
+        changed, _ = logits_with(model, weight, 1.0 + RELATIVE_CHANGE)
+        assert not torch.equal(changed, reference), f"{folder}: {name} x (1 + 1e-3) left every bf16 logit as it was"
+        used.append(name)
+    assert sum(".expert" in n for n in used) >= 4 and any("o_proj" in n for n in used), used
+
+
+@pytest.mark.parametrize("folder", ["deepseek_v3", "deepseek_v3_fp8", "qwen3_moe"])
+def test_the_unperturbed_bf16_forward_is_reproducible(hf_models, folder):
+    model, _ = hf_models[folder]
+    with torch.no_grad():
+        first, second = model(prompt(model)).logits, model(prompt(model)).logits
+    assert first.dtype == torch.bfloat16 and torch.equal(first, second)
+    # And the float32 reference path of the sensitivity test gives one answer too.
+    weight = model.model.layers[0].self_attn.o_proj.weight
+    assert torch.equal(logits_with(model, weight, 1.0)[0], logits_with(model, weight, 1.0)[0])
+
+
+def test_the_fp8_copy_is_the_block_quantized_model_not_the_bf16_one(hf_models):
+    bf16, fp8 = hf_models["deepseek_v3"][0], hf_models["deepseek_v3_fp8"][0]
+    with torch.no_grad():
+        assert not torch.equal(bf16(prompt(bf16)).logits, fp8(prompt(fp8)).logits)
+
+
+# Lowest mean per-position acceptance (1 - total variation at temperature 1) of the bigram drafts
+# the sensitive targets keep: a 3-step chain then accepts about 3 tokens per verify.
+MIN_BIGRAM_ACCEPT = 0.8
+
+
+@pytest.mark.parametrize("folder", ["deepseek_v3", "qwen3_moe"])
+def test_the_targets_stay_near_the_bigram_their_drafts_copy(hf_models, tiny, families, folder):
+    model, _ = hf_models[folder]
+    if folder == "deepseek_v3":  # the NEXTN layer reads only the token's embedding and its block adds nothing
+        stored, nextn = tensors(tiny / folder), f"model.layers.{families.DEEPSEEK_LAYERS}"
+        eh = stored[f"{nextn}.eh_proj.weight"].float()
+        assert torch.equal(eh, torch.cat([torch.eye(families.HIDDEN), torch.zeros(families.HIDDEN, families.HIDDEN)], 1))
+        assert not stored[f"{nextn}.self_attn.o_proj.weight"].any()
+        assert not stored[f"{nextn}.mlp.shared_experts.down_proj.weight"].any()
+    ids = prompt(model, (4, 64), seed=1)
+    with torch.no_grad():
+        target = model(ids).logits.float().softmax(-1)
+    embed, head = model.model.embed_tokens.weight.float(), model.lm_head.weight.float()
+    bigram = (F.rms_norm(embed[ids], (families.HIDDEN,), eps=1e-6) @ head.T).softmax(-1)
+    accept = 1 - 0.5 * (target - bigram).abs().sum(-1)
+    assert accept.mean() >= MIN_BIGRAM_ACCEPT, accept.mean()
+    assert accept.mean() < 0.97  # and not the bigram itself: the layers' outputs count
 
 
 if __name__ == "__main__":
