@@ -894,3 +894,20 @@ def check_same_tokens(runs: list[AuditRun], result_name: str) -> None:
         f"the probe gave {len(outputs)} different outputs across {', '.join(measured['configs'])} "
         f"(1 required) ({path})"
     )
+
+
+def backend_list(variable: str, raw: str, known) -> tuple[str, ...]:
+    """``raw``, the comma-separated value of the environment variable ``variable``, as a tuple of backends.
+
+    Raises:
+        ValueError: a name outside ``known``, a name given twice, or no name
+            at all (e.g. ``","``); the message names the variable and the allowed values.
+    """
+    names = [part.strip() for part in raw.split(",")]
+    allowed = f"allowed: {', '.join(known)}, comma-separated"
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"{variable}={raw!r} names unknown backends {unknown} ({allowed})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{variable}={raw!r} names a backend twice ({allowed})")
+    return tuple(names)

@@ -196,14 +196,7 @@ def selected_backends(environ=None, fa3_installed=None, known: tuple[str, ...] =
     raw = environ.get(BACKENDS_ENV)
     if raw is None or raw.strip() == "":
         return tuple(b for b in known if b != "fa3" or fa3_installed())
-    names = [part.strip() for part in raw.split(",")]
-    allowed = f"allowed: {', '.join(known)}, comma-separated"
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"{BACKENDS_ENV}={raw!r} names unknown backends {unknown} ({allowed})")
-    if len(set(names)) != len(names):
-        raise ValueError(f"{BACKENDS_ENV}={raw!r} names a backend twice ({allowed})")
-    return tuple(names)
+    return _e2e.backend_list(BACKENDS_ENV, raw, known)
 
 
 def radix_cache_backends() -> tuple[str, ...]:
