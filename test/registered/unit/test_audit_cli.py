@@ -416,9 +416,12 @@ def test_ctrl_c_in_a_real_process_exits_130(tmp_path):
     import time
 
     # SIGINT to a running `detspec audit`: the interpreter raises KeyboardInterrupt wherever it is.
+    # A command started in the background by a non-interactive shell inherits SIGINT ignored, and Python
+    # then installs no handler; a user's terminal gives Python's own, which the child sets explicitly.
+    child = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "from sglang_detspec.cli.main import main; sys.exit(main())")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from sglang_detspec.cli.main import main; sys.exit(main())",
-         "audit", "--trials", "25"],
+        [sys.executable, "-c", child, "audit", "--trials", "25"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     time.sleep(3)
