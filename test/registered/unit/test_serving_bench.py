@@ -1267,23 +1267,30 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_foreve
 """
 
 
+def stand_in_servers(tmp_path, monkeypatch, source: str, *extra_args: str):
+    """Every server of ``serving_run`` becomes ``source`` run as a script (port, "ok", this folder, extra_args);
+    returns a model folder the run accepts as written. Traces go under ``tmp_path``."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(source)
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+
+    def stand_in_command(config, settings, *, port, **kwargs):
+        return [sys.executable, str(script), str(port), "ok", str(Path(__file__).parent), *extra_args]
+
+    monkeypatch.setattr(run, "server_command", stand_in_command)
+    monkeypatch.setattr(run, "BREAKDOWN_TRACES", str(tmp_path / "traces"))
+    return model_dir
+
+
 def test_breakdown_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
     """serving_run --breakdown: waves, /start_profile, the written trace classified, breakdown.json / .md.
 
     The stand-in (not SGLang, which needs a GPU) streams /generate as SGLang does and, on
     /start_profile, writes a synthetic chain-step trace where SGLang would.
     """
-    script = tmp_path / "stand_in.py"
-    script.write_text(BREAKDOWN_STAND_IN)
-    model_dir = tmp_path / "models"
-    model_dir.mkdir()
-    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
-
-    def stand_in_command(config, settings, *, port, **kwargs):
-        return [sys.executable, str(script), str(port), "ok", str(Path(__file__).parent)]
-
-    monkeypatch.setattr(run, "server_command", stand_in_command)
-    monkeypatch.setattr(run, "BREAKDOWN_TRACES", str(tmp_path / "traces"))
+    model_dir = stand_in_servers(tmp_path, monkeypatch, BREAKDOWN_STAND_IN)
     out = tmp_path / "out"
     rc = run.main(["--out", str(out), "--models", str(model_dir), "--breakdown", "--configs", "ad",
                    "--concurrency", "1,3", "--input-len", "8", "--max-total-tokens", "2048", "--gpus", "1",

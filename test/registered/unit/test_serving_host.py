@@ -95,17 +95,9 @@ exec(t.BREAKDOWN_STAND_IN)
 
 @pytest.mark.skipif(host.py_spy() is None, reason="py-spy is not installed (the bench extra installs it)")
 def test_breakdown_with_host_profile_samples_the_scheduler(tmp_path, monkeypatch):
-    script = tmp_path / "stand_in.py"
-    script.write_text(STAND_IN)
-    model_dir = tmp_path / "models"
-    model_dir.mkdir()
-    (model_dir / "models.json").write_text(json.dumps({"stand_in": True}))
+    from test_serving_bench import stand_in_servers
 
-    def stand_in_command(config, settings, *, port, **kwargs):
-        return [sys.executable, str(script), str(port), "ok", str(Path(__file__).parent), SPINNER]
-
-    monkeypatch.setattr(run, "server_command", stand_in_command)
-    monkeypatch.setattr(run, "BREAKDOWN_TRACES", str(tmp_path / "traces"))
+    model_dir = stand_in_servers(tmp_path, monkeypatch, STAND_IN, SPINNER)
     out = tmp_path / "out"
     rc = run.main(["--out", str(out), "--models", str(model_dir), "--breakdown", "--configs", "e",
                    "--concurrency", "1", "--host-profile", "1", "--host-seconds", "1", "--host-output-len", "600",
