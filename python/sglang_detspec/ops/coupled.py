@@ -16,6 +16,7 @@ from .checks import (
 from .coupled_ref import coupled_walk_reference
 from .kernel_choice import use_triton
 from .tree import check_link_tensor, tree_max_depth
+from .verify_outputs import VerifyOutputs, check_verify_outputs, write_verify_outputs
 
 
 def coupled_verify_chain(
@@ -26,6 +27,7 @@ def coupled_verify_chain(
     *,
     check: bool = True,
     kernel: str = "auto",
+    out: VerifyOutputs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Coupled chain verification: commit the target race tokens the draft agrees with.
 
@@ -52,6 +54,11 @@ def coupled_verify_chain(
             False inside CUDA-graph capture. Shape, dtype and device checks
             always run.
         kernel: ``"auto"`` (Triton for CUDA tensors), ``"torch"`` or ``"triton"``.
+        out: SGLang's verify buffers over the chain's K + 1 nodes (node 0
+            the root, node j + 1 draft ``x_j``), written in place as
+            :func:`~.verify_outputs.write_verify_outputs` writes them with
+            ``path = arange(K + 1)``: by the kernel's own walk on the Triton
+            path (no scatter launched after it), by that function on the torch path.
 
     Returns:
         ``(tokens, accept_lengths)``: int64 [B, K+1], accepted drafts then the
@@ -62,18 +69,22 @@ def coupled_verify_chain(
         ValueError: shape, dtype or device mismatch (including K); draft
             tokens outside [0, V); NaN, inf or negative probabilities or an
             all-zero row; a seed outside uint64; t + K outside [0, 2**32);
-            an unknown ``kernel``.
+            an unknown ``kernel``; ``out`` of the wrong shape, dtype or device.
     """
     b, k, v, dev, seeds_t, pos_t = check_chain_args(draft_tokens, target_probs, seeds, positions, check)
     triton_path = use_triton(kernel, dev)
+    if out is not None:
+        check_verify_outputs(out, b, k + 1, dev)
     if b == 0:
         return torch.zeros(0, k + 1, dtype=torch.int64, device=dev), torch.zeros(0, dtype=torch.int64, device=dev)
     if triton_path:
         from .coupled_triton import coupled_chain_triton
 
-        return coupled_chain_triton(draft_tokens, target_probs, seeds_t, pos_t)
+        return coupled_chain_triton(draft_tokens, target_probs, seeds_t, pos_t, out)
     cand, nxt, sib = chain_links(draft_tokens.to(torch.int64))
-    tokens, accept, _ = coupled_walk_reference(cand, nxt, sib, target_probs, seeds_t, pos_t)
+    tokens, accept, path = coupled_walk_reference(cand, nxt, sib, target_probs, seeds_t, pos_t)
+    if out is not None:
+        write_verify_outputs(tokens, accept, path, *out)
     return tokens, accept
 
 
@@ -101,6 +112,7 @@ def coupled_verify_tree(
     *,
     check: bool = True,
     kernel: str = "auto",
+    out: VerifyOutputs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Coupled tree verification over SGLang's draft-tree layout.
 
@@ -129,6 +141,10 @@ def coupled_verify_tree(
         check: value checks, including the link checks (read back to the
             host); pass False inside CUDA-graph capture.
         kernel: ``"auto"``, ``"torch"`` or ``"triton"``.
+        out: SGLang's verify buffers, written in place as
+            :func:`~.verify_outputs.write_verify_outputs` writes them from the
+            three results: by the kernel's own walk on the Triton path, by
+            that function on the torch path.
 
     Returns:
         ``(tokens, accept_lengths, path)``, int64: ``path[b, 0] = 0`` and
@@ -143,7 +159,7 @@ def coupled_verify_tree(
             parent's, a sibling of the root, a node with two incoming links,
             a cycle; NaN, inf or negative probabilities or an all-zero row; a
             seed outside uint64; t + max depth outside [0, 2**32); an unknown
-            ``kernel``.
+            ``kernel``; ``out`` of the wrong shape, dtype or device.
     """
     if not isinstance(candidates, torch.Tensor) or candidates.dtype not in INT_DTYPES:
         got = candidates.dtype if isinstance(candidates, torch.Tensor) else type(candidates).__name__
@@ -170,6 +186,8 @@ def coupled_verify_tree(
             check_token_range("candidates[:, 1:]", candidates[:, 1:], v)
         span = tree_max_depth(retrieve_next_token.cpu(), retrieve_next_sibling.cpu()) + 1
     pos_t = as_position_tensor(positions, b, dev, check, span=span)
+    if out is not None:
+        check_verify_outputs(out, b, n, dev)
     if b == 0:
         empty = torch.zeros(0, n, dtype=torch.int64, device=dev)
         return empty, torch.zeros(0, dtype=torch.int64, device=dev), empty.clone()
@@ -177,9 +195,12 @@ def coupled_verify_tree(
         from .coupled_triton import coupled_tree_triton
 
         return coupled_tree_triton(
-            candidates, retrieve_next_token, retrieve_next_sibling, target_probs, seeds_t, pos_t
+            candidates, retrieve_next_token, retrieve_next_sibling, target_probs, seeds_t, pos_t, out
         )
-    return coupled_walk_reference(
+    result = coupled_walk_reference(
         candidates.to(torch.int64), retrieve_next_token.to(torch.int64), retrieve_next_sibling.to(torch.int64),
         target_probs, seeds_t, pos_t,
     )
+    if out is not None:
+        write_verify_outputs(*result, *out)
+    return result

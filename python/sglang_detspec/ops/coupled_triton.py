@@ -64,12 +64,20 @@ def _coupled_walk_kernel(
     tok_ptr,  # [B, N] int64 out: token committed after path[j], -1 padded
     acc_ptr,  # [B] int64 out: accepted draft nodes
     path_ptr,  # [B, N] int64 out (tree only): accepted nodes, path[0] = 0, -1 padded
+    slot_ptr,  # [B, N] int: SGLang's retrive_index, flat slot of each node (SGL_OUT only)
+    pred_ptr,  # [>= B*N] int out: SGLang's predicts, one token per slot (SGL_OUT only)
+    aidx_ptr,  # [B, D] int out: SGLang's accept_index, slots of the path (SGL_OUT only)
+    anum_ptr,  # [B] int out: SGLang's accept_token_num (SGL_OUT only)
     N,
     num_splits,
     cand_sb,
     nxt_sb,
     sib_sb,
+    slot_sb,
+    aidx_sb,
+    D,
     CHAIN: tl.constexpr,
+    SGL_OUT: tl.constexpr,  # also write SGLang's verify buffers (ops.verify_outputs layout)
     SP: tl.constexpr,  # a power of two >= S (triton_config.split_lanes: fixed per vocabulary)
     NP: tl.constexpr,  # next power of two >= N
     BIG: tl.constexpr,
@@ -88,6 +96,11 @@ def _coupled_walk_kernel(
         _, y = split_argmax(v, ids, BIG)
         y = y.to(tl.int64)
         tl.store(tok_ptr + b * N + depth, y, mask=walking)
+        if SGL_OUT:
+            # The node the walk stands on is path[depth]; y is the token committed after it.
+            slot = tl.load(slot_ptr + b * slot_sb + cur, mask=walking, other=0).to(tl.int64)
+            tl.store(pred_ptr + slot, y.to(pred_ptr.dtype.element_ty), mask=walking)
+            tl.store(aidx_ptr + b * aidx_sb + depth, slot.to(aidx_ptr.dtype.element_ty), mask=walking & (depth < D))
         if CHAIN:
             c = cur + 1
             tok = tl.load(cand_ptr + b * cand_sb + cur, mask=walking & (c < N), other=-1).to(tl.int64)
@@ -109,13 +122,15 @@ def _coupled_walk_kernel(
         cur = tl.where(moved, found, cur)
         walking = moved
     tl.store(acc_ptr + b, n)
+    if SGL_OUT:
+        tl.store(anum_ptr + b, n.to(anum_ptr.dtype.element_ty))
     pad = (lanes > n) & (lanes < N)
     tl.store(tok_ptr + b * N + lanes, tl.full([NP], -1, tl.int64), mask=pad)
     if not CHAIN:
         tl.store(path_ptr + b * N + lanes, tl.where(lanes == 0, 0, -1).to(tl.int64), mask=(lanes == 0) | pad)
 
 
-def _walk(cand, nxt, sib, target_probs, seeds, positions, position_step, chain):
+def _walk(cand, nxt, sib, target_probs, seeds, positions, position_step, chain, out):
     b, n, _ = target_probs.shape
     dev = target_probs.device
     part_v, part_i = race_rows_argmax(target_probs, seeds, positions, Stream.TARGET.salt, position_step=position_step)
@@ -123,10 +138,18 @@ def _walk(cand, nxt, sib, target_probs, seeds, positions, position_step, chain):
     tokens = torch.empty(b, n, dtype=torch.int64, device=dev)
     accept = torch.empty(b, dtype=torch.int64, device=dev)
     path = tokens if chain else torch.empty(b, n, dtype=torch.int64, device=dev)
+    if out is None:
+        slots = pred = aidx = anum = accept
+        slot_sb = aidx_sb = depth_cols = 0
+    else:
+        slots = out.retrive_index if out.retrive_index.stride(1) == 1 else out.retrive_index.contiguous()
+        pred, aidx, anum = out.predicts, out.accept_index, out.accept_token_num
+        slot_sb, aidx_sb, depth_cols = slots.stride(0), aidx.stride(0), aidx.shape[1]
     _coupled_walk_kernel[(b,)](
-        cand, nxt, sib, part_v, part_i, tokens, accept, path, n, splits,
-        cand.stride(0), nxt.stride(0), sib.stride(0),
-        CHAIN=chain, SP=cfg.split_lanes(target_probs.shape[2]), NP=triton.next_power_of_2(n), BIG=cfg.BIG,
+        cand, nxt, sib, part_v, part_i, tokens, accept, path, slots, pred, aidx, anum, n, splits,
+        cand.stride(0), nxt.stride(0), sib.stride(0), slot_sb, aidx_sb, depth_cols,
+        CHAIN=chain, SGL_OUT=out is not None, SP=cfg.split_lanes(target_probs.shape[2]),
+        NP=triton.next_power_of_2(n), BIG=cfg.BIG,
     )
     return tokens, accept, path
 
@@ -136,14 +159,19 @@ def coupled_chain_triton(
     target_probs: torch.Tensor,  # [B, K+1, V] float, unit last-dim stride
     seeds: torch.Tensor,  # [B] int64, uint64 bits
     positions: torch.Tensor,  # [B] int64: t, position decided by row 0
+    out=None,  # ops.verify_outputs.VerifyOutputs over the chain's K+1 nodes, or None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused coupled chain verify: ``(tokens int64 [B, K+1], accept_lengths int64 [B])``. Unchecked."""
+    """Fused coupled chain verify: ``(tokens int64 [B, K+1], accept_lengths int64 [B])``. Unchecked.
+
+    With ``out``, the walk also writes SGLang's verify buffers (node j of the
+    chain is candidate j; ``ops.write_verify_outputs`` with ``path = arange``).
+    """
     if target_probs.stride(2) != 1:
         target_probs = target_probs.contiguous()
     x = draft_tokens.contiguous()
     if x.shape[1] == 0:  # K = 0: a [B, 0] tensor may have stride 0; the kernel reads nothing from it
         x = torch.zeros(x.shape[0], 1, dtype=x.dtype, device=x.device)
-    tokens, accept, _ = _walk(x, x, x, target_probs, seeds, positions, 1, True)
+    tokens, accept, _ = _walk(x, x, x, target_probs, seeds, positions, 1, True, out)
     return tokens, accept
 
 
@@ -154,8 +182,13 @@ def coupled_tree_triton(
     target_probs: torch.Tensor,  # [B, N, V] float, unit last-dim stride
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B] int64: t, position after the root
+    out=None,  # ops.verify_outputs.VerifyOutputs, or None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused coupled tree verify: ``(tokens [B, N], accept_lengths [B], path [B, N])``, int64. Unchecked."""
+    """Fused coupled tree verify: ``(tokens [B, N], accept_lengths [B], path [B, N])``, int64. Unchecked.
+
+    With ``out``, the walk also writes SGLang's verify buffers as
+    ``ops.write_verify_outputs`` of the three results would.
+    """
     if target_probs.stride(2) != 1:
         target_probs = target_probs.contiguous()
     cand, nxt, sib = (t if t.stride(1) == 1 else t.contiguous() for t in (candidates, next_token, next_sibling))
@@ -163,4 +196,4 @@ def coupled_tree_triton(
     node_pos = torch.empty(b, n, dtype=torch.int64, device=cand.device)
     _tree_positions_kernel[(b,)](nxt, sib, positions, node_pos, n, nxt.stride(0), sib.stride(0),
                                  NP=triton.next_power_of_2(n))
-    return _walk(cand, nxt, sib, target_probs, seeds, node_pos, 0, False)
+    return _walk(cand, nxt, sib, target_probs, seeds, node_pos, 0, False, out)

@@ -3,12 +3,64 @@
 SGLang's verify samplers write ``predicts`` (one token per tree node's flat
 slot), ``accept_index`` (the accepted nodes' slots) and ``accept_token_num``
 in place; the plugin's coupled and rejection verifies produce per-path
-results, which this op scatters into those buffers without a host sync.
+results, which :func:`write_verify_outputs` scatters into those buffers
+without a host sync. The coupled verify kernels write the same buffers from
+inside their walk when handed a :class:`VerifyOutputs` (no scatter launched
+after them); this scatter is their torch reference and the rejection path's
+writer.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class VerifyOutputs(NamedTuple):
+    """SGLang's verify-sampler buffers, written in place (the layout of ``write_verify_outputs``).
+
+    Attributes:
+        retrive_index: int [B, N]: flat slot of each tree node (chain: each
+            candidate), distinct.
+        predicts: int32 [B*N]: one token per flat slot.
+        accept_index: int32 [B, D]: accepted nodes' slots, -1 padded; D may
+            be smaller than N (SGLang sizes it to the deepest path).
+        accept_token_num: int32 [B]: accepted draft nodes.
+    """
+
+    retrive_index: torch.Tensor
+    predicts: torch.Tensor
+    accept_index: torch.Tensor
+    accept_token_num: torch.Tensor
+
+
+def check_verify_outputs(out: VerifyOutputs, b: int, n: int, device: torch.device) -> None:
+    """Shape, dtype and device checks of ``out`` for a batch of ``b`` trees of ``n`` nodes (no host sync).
+
+    Raises:
+        ValueError: ``out`` is not a :class:`VerifyOutputs`; a buffer is not an
+            integer tensor on ``device``; ``retrive_index`` is not [b, n],
+            ``predicts`` has fewer than b * n entries or is not 1-D,
+            ``accept_index`` is not 2-D [b, D >= 1], ``accept_token_num`` is not [b].
+    """
+    if not isinstance(out, VerifyOutputs):
+        raise ValueError(f"out must be a VerifyOutputs, got {type(out).__name__}")
+    for name, t in out._asdict().items():
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"out.{name} must be an int32 or int64 tensor, got {got}")
+        if t.device != device:
+            raise ValueError(f"out.{name} is on {t.device} but the verify inputs are on {device}")
+    if tuple(out.retrive_index.shape) != (b, n):
+        raise ValueError(f"out.retrive_index must be [B, N] = {(b, n)}, got {tuple(out.retrive_index.shape)}")
+    if out.predicts.dim() != 1 or out.predicts.shape[0] < b * n:
+        raise ValueError(f"out.predicts must be 1-D with at least B*N = {b * n} entries, "
+                         f"got {tuple(out.predicts.shape)}")
+    if out.accept_index.dim() != 2 or out.accept_index.shape[0] != b or out.accept_index.shape[1] < 1:
+        raise ValueError(f"out.accept_index must be [B, D] with B = {b} and D >= 1, got {tuple(out.accept_index.shape)}")
+    if tuple(out.accept_token_num.shape) != (b,):
+        raise ValueError(f"out.accept_token_num must be [B] = {(b,)}, got {tuple(out.accept_token_num.shape)}")
 
 
 def write_verify_outputs(

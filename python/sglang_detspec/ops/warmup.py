@@ -22,6 +22,7 @@ from .kernel_choice import use_triton
 from .race import exponential_race
 from .streams import Stream
 from .verify import verify_chain
+from .verify_outputs import VerifyOutputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,8 @@ class WarmupPlan:
         tree_nodes: N of a coupled tree verify (``num_draft_tokens``), or 0.
         topk: children per tree node (``eagle_topk``), 1 for chains.
         rejection: the chain verifies by rejection sampling (``verify_chain``).
+        accept_width: columns of SGLang's ``accept_index`` (``num_steps + 1``),
+            which the coupled verifies write in place; 0: the verify's node count.
 
     Raises:
         ValueError: a field out of range, naming it and the bound.
@@ -45,11 +48,12 @@ class WarmupPlan:
     tree_nodes: int = 0
     topk: int = 1
     rejection: bool = False
+    accept_width: int = 0
 
     def __post_init__(self):
         if not self.vocabs or any(not isinstance(v, int) or v < 1 for v in self.vocabs):
             raise ValueError(f"vocabs must be a non-empty tuple of ints >= 1, got {self.vocabs!r}")
-        for name, lo in (("draft_tokens", 0), ("tree_nodes", 0), ("topk", 1)):
+        for name, lo in (("draft_tokens", 0), ("tree_nodes", 0), ("topk", 1), ("accept_width", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or not lo <= value <= 4096:
                 raise ValueError(f"{name} must be an int in [{lo}, 4096], got {value!r}")
@@ -60,8 +64,9 @@ def warm_up(plan: WarmupPlan, device: torch.device, *, kernel: str = "auto") -> 
 
     The samplers' races (TARGET and DRAFT streams, top-1 and top-k with
     scores, as the draft children take them), the coupled chain and tree
-    verifies and the rejection verify, over float32 weights as the hooks pass
-    them. Nothing is launched where ``kernel`` resolves to the torch
+    verifies (writing SGLang's verify buffers in place, int32 as SGLang
+    allocates them, as the verify hook calls them) and the rejection verify,
+    over float32 weights as the hooks pass them. Nothing is launched where ``kernel`` resolves to the torch
     reference (it compiles nothing). Synchronises once at the end.
     """
     if not use_triton(kernel, device):
@@ -83,7 +88,8 @@ def warm_up(plan: WarmupPlan, device: torch.device, *, kernel: str = "auto") -> 
         k = plan.draft_tokens
         drafts = torch.zeros(1, k, dtype=torch.int64, device=device)
         target = torch.ones(1, k + 1, v, dtype=torch.float32, device=device)
-        coupled_verify_chain(drafts, target, seeds, pos, check=False, kernel=kernel)
+        coupled_verify_chain(drafts, target, seeds, pos, check=False, kernel=kernel,
+                             out=_sglang_buffers(k + 1, plan.accept_width, device))
         launched += 1
         if plan.rejection:
             draft = torch.ones(1, k, v, dtype=torch.float32, device=device)
@@ -96,7 +102,19 @@ def warm_up(plan: WarmupPlan, device: torch.device, *, kernel: str = "auto") -> 
         first[0, : n - 1] = torch.arange(1, n, device=device)  # a chain is a tree
         sibling = torch.full((1, n), -1, dtype=torch.int64, device=device)
         target = torch.ones(1, n, v, dtype=torch.float32, device=device)
-        coupled_verify_tree(cand, first, sibling, target, seeds, pos, check=False, kernel=kernel)
+        coupled_verify_tree(cand, first, sibling, target, seeds, pos, check=False, kernel=kernel,
+                            out=_sglang_buffers(n, plan.accept_width, device))
         launched += 1
     torch.cuda.synchronize(device)
     return launched
+
+
+def _sglang_buffers(nodes: int, accept_width: int, device: torch.device) -> VerifyOutputs:
+    """One request's verify buffers as SGLang's ``eagle_sample`` allocates them (int64 slots, int32 outputs)."""
+    width = accept_width or nodes
+    return VerifyOutputs(
+        torch.arange(nodes, dtype=torch.int64, device=device).view(1, nodes),
+        torch.zeros(nodes, dtype=torch.int32, device=device),
+        torch.full((1, width), -1, dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device),
+    )

@@ -21,7 +21,8 @@ and by inverse-CDF scans, so its tokens depend on the draft and on float32
 prefix-sum order; coupled verify emits the TARGET-stream token of every
 position (the non-speculative sampler's token), rejection mode uses separate
 streams at absolute positions (DESIGN section 4). Both write SGLang's outputs
-(``predicts``, ``accept_index``, ``accept_token_num``) without a host sync.
+(``predicts``, ``accept_index``, ``accept_token_num``) without a host sync;
+coupled verify writes them from inside its kernel's walk.
 
 Coupled verify (docs/design.md, "Coupled verification"): at each accepted node the target token of
 the next position is ``y = race(w, TARGET, t)``; a child whose token equals
@@ -44,7 +45,7 @@ from typing import NamedTuple
 from ..config import current_config
 from ..ops.coupled import coupled_verify_chain, coupled_verify_tree
 from ..ops.verify import verify_chain
-from ..ops.verify_outputs import write_verify_outputs
+from ..ops.verify_outputs import VerifyOutputs, write_verify_outputs
 from ..ops.weights import target_weights
 from .channels import VERIFY
 from .positions import after_root, cuts, sampling_rows
@@ -97,31 +98,33 @@ def coupled_tree_outputs(
     retrive_next_token: torch.Tensor,  # [B, N] int: first child or -1
     retrive_next_sibling: torch.Tensor,  # [B, N] int: next sibling or -1
     kernel: str,
+    out: VerifyOutputs | None = None,
 ):
     """Coupled tree verify of one batch: ``(tokens int64 [B, N], accepted int64 [B], path int64 [B, N])``.
 
-    See ``ops.coupled_verify_tree`` for the outputs; a chain is the tree whose
+    See ``ops.coupled_verify_tree`` for the outputs and ``out`` (SGLang's
+    buffers, written by the verify kernel itself); a chain is the tree whose
     ``next_token[i] = i + 1``.
     """
     weights = verify_weights(ctx, candidates.shape[1])
     return coupled_verify_tree(
         candidates, retrive_next_token, retrive_next_sibling, weights, ctx.seeds, ctx.positions,
-        check=False, kernel=kernel,
+        check=False, kernel=kernel, out=out,
     )
 
 
-def coupled_chain_outputs(ctx: VerifyContext, candidates: torch.Tensor, kernel: str):
-    """Coupled chain verify: ``(tokens int64 [B, W], accepted int64 [B], path int64 [B, W])``.
+def coupled_chain_outputs(ctx: VerifyContext, candidates: torch.Tensor, kernel: str,
+                          out: VerifyOutputs | None = None):
+    """Coupled chain verify: ``(tokens int64 [B, W], accepted int64 [B])``.
 
-    ``candidates`` [B, W]: the root then ``W - 1`` draft tokens; ``path`` is ``arange(W)``.
+    ``candidates`` [B, W]: the root then ``W - 1`` draft tokens; ``out``:
+    SGLang's buffers over the W nodes, written by the verify kernel itself
+    (``ops.coupled_verify_chain``).
     """
-    b, w = candidates.shape
-    weights = verify_weights(ctx, w)
-    tokens, accepted = coupled_verify_chain(
-        candidates[:, 1:], weights, ctx.seeds, ctx.positions, check=False, kernel=kernel,
+    weights = verify_weights(ctx, candidates.shape[1])
+    return coupled_verify_chain(
+        candidates[:, 1:], weights, ctx.seeds, ctx.positions, check=False, kernel=kernel, out=out,
     )
-    path = torch.arange(w, device=candidates.device).expand(b, w)
-    return tokens, accepted, path
 
 
 def verify_context(ctx: VerifyContext):
@@ -190,10 +193,9 @@ def coupled_tree_sampling(
             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
             draft_probs, threshold_single, threshold_acc, deterministic,
         )
-    tokens, accepted, path = coupled_tree_outputs(
-        ctx, candidates, retrive_next_token, retrive_next_sibling, current_config().kernel
-    )
-    write_verify_outputs(tokens, accepted, path, retrive_index, predicts, accept_index, accept_token_num)
+    # The verify kernel's walk writes SGLang's buffers itself: no scatter launched after it.
+    coupled_tree_outputs(ctx, candidates, retrive_next_token, retrive_next_sibling, current_config().kernel,
+                         VerifyOutputs(retrive_index, predicts, accept_index, accept_token_num))
 
 
 def seeded_chain_sampling(
@@ -231,10 +233,11 @@ def seeded_chain_sampling(
         )
     bag = current_config()
     if bag.coupled:
-        tokens, accepted, path = coupled_chain_outputs(ctx, candidates, bag.kernel)
-    else:
-        tokens, accepted = verify_chain(
-            candidates[:, 1:], draft_probs, target_probs, ctx.seeds, ctx.positions, check=False, kernel=bag.kernel,
-        )
-        path = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        coupled_chain_outputs(ctx, candidates, bag.kernel,
+                              VerifyOutputs(retrive_index, predicts, accept_index, accept_token_num))
+        return
+    tokens, accepted = verify_chain(
+        candidates[:, 1:], draft_probs, target_probs, ctx.seeds, ctx.positions, check=False, kernel=bag.kernel,
+    )
+    path = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
     write_verify_outputs(tokens, accepted, path, retrive_index, predicts, accept_index, accept_token_num)

@@ -33,7 +33,8 @@ def plan_for(bag, target_vocab: int, draft_vocab: int | None = None) -> WarmupPl
     topk = bag.eagle_topk or 1
     n = bag.num_draft_tokens
     return WarmupPlan(vocabs, draft_tokens=n - 1 if topk == 1 else 0, tree_nodes=n, topk=topk,
-                      rejection=not bag.coupled and topk == 1)
+                      rejection=not bag.coupled and topk == 1,
+                      accept_width=bag.num_steps + 1 if bag.num_steps else 0)
 
 
 def compile_kernels(scheduler, *args, **kwargs) -> None:

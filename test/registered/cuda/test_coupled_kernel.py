@@ -7,6 +7,7 @@ import torch
 
 from _register import register_cuda_ci
 from sglang_detspec.ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race, hash_uniform
+from sglang_detspec.ops.verify_outputs import VerifyOutputs
 
 register_cuda_ci(est_time=120, suite="detspec-kernels-cuda")
 
@@ -207,6 +208,66 @@ def test_tree_cuda_graph_replay_sees_new_inputs():
         want = coupled_verify_tree(*new, kernel="torch")
         for g, w in zip(out, want):
             assert torch.equal(g, w), shape
+
+
+def sglang_buffers(b, n, width, gen, slot_dtype=torch.int64, out_dtype=torch.int32):
+    """eagle_sample's buffers: distinct, shuffled slots and garbage where the verify writes nothing."""
+    slots = torch.randperm(b * n + 5, generator=gen, device=DEV)[: b * n].view(b, n).to(slot_dtype)
+    return VerifyOutputs(slots, torch.randint(-99, 99, (b * n + 5,), generator=gen, device=DEV, dtype=out_dtype),
+                         torch.randint(-99, 99, (b, width), generator=gen, device=DEV, dtype=out_dtype),
+                         torch.randint(-99, 99, (b,), generator=gen, device=DEV, dtype=out_dtype))
+
+
+def twin(out):
+    return VerifyOutputs(*(t.clone() for t in out))
+
+
+@pytest.mark.parametrize("b, n, v, shape, match, kind", TREE_CASES)
+@pytest.mark.parametrize("width, dtypes", [(4, (torch.int64, torch.int32)), (2, (torch.int32, torch.int64))])
+def test_tree_kernel_writes_sglang_buffers_as_the_reference(b, n, v, shape, match, kind, width, dtypes):
+    """The walk's own writes of predicts / accept_index / accept_token_num == the torch scatter, every entry."""
+    gen = torch.Generator(device=DEV).manual_seed(b * n + v + width)
+    args = tree_case(b, n, v, gen, random.Random(b * n), shape, match, kind)
+    out = sglang_buffers(b, n, width, gen, *dtypes)
+    want = twin(out)
+    got = coupled_verify_tree(*args, kernel="triton", out=out)
+    ref = coupled_verify_tree(*args, kernel="torch", out=want)
+    assert all(torch.equal(g, w) for g, w in zip(got, ref))
+    for name, g, w in zip(VerifyOutputs._fields, out, want):
+        assert torch.equal(g, w), name
+
+
+@pytest.mark.parametrize("b, k, v, match, kind", CHAIN_CASES)
+def test_chain_kernel_writes_sglang_buffers_as_the_reference(b, k, v, match, kind):
+    gen = torch.Generator(device=DEV).manual_seed(b + k + v + 1)
+    x, p, seeds, pos = chain_case(b, k, v, gen, match, kind)
+    out = sglang_buffers(b, k + 1, k + 1, gen)
+    want = twin(out)
+    got = coupled_verify_chain(x, p, seeds, pos, kernel="triton", out=out)
+    ref = coupled_verify_chain(x, p, seeds, pos, kernel="torch", out=want)
+    assert all(torch.equal(g, w) for g, w in zip(got, ref))
+    for name, g, w in zip(VerifyOutputs._fields, out, want):
+        assert torch.equal(g, w), name
+
+
+def test_tree_cuda_graph_replay_writes_sglang_buffers():
+    gen = torch.Generator(device=DEV).manual_seed(24)
+    rng = random.Random(24)
+    b, n, v = 32, 8, 32000
+    bufs = [t.clone() for t in tree_case(b, n, v, gen, rng, "topk", 0.7)]
+    out = sglang_buffers(b, n, 4, gen)
+    graph, _ = capture(lambda: coupled_verify_tree(*bufs, check=False, kernel="triton", out=out))
+    for shape in ("random", "star", "topk"):
+        new = tree_case(b, n, v, gen, rng, shape, 0.7)
+        for dst, src in zip(bufs, new):
+            dst.copy_(src)
+        fresh = sglang_buffers(b, n, 4, gen)
+        for dst, src in zip(out, fresh):
+            dst.copy_(src)
+        graph.replay()
+        coupled_verify_tree(*new, kernel="torch", out=fresh)
+        for name, g, w in zip(VerifyOutputs._fields, out, fresh):
+            assert torch.equal(g, w), (shape, name)
 
 
 def test_unchecked_garbage_links_finish():

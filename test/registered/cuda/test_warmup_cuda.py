@@ -17,6 +17,7 @@ from _register import register_cuda_ci
 from sglang_detspec.ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race
 from sglang_detspec.ops import coupled_triton, race_triton, triton_config, verify_triton
 from sglang_detspec.ops.verify import verify_chain
+from sglang_detspec.ops.verify_outputs import VerifyOutputs
 from sglang_detspec.ops.warmup import WarmupPlan, warm_up
 
 register_cuda_ci(est_time=90, suite="detspec-kernels-cuda")
@@ -34,7 +35,7 @@ def compiled() -> int:
 
 @pytest.mark.parametrize("vocab", [32000, 128256])
 def test_no_batch_size_compiles_after_the_warm_up(vocab):
-    plan = WarmupPlan((vocab,), draft_tokens=3, tree_nodes=8, topk=4, rejection=True)
+    plan = WarmupPlan((vocab,), draft_tokens=3, tree_nodes=8, topk=4, rejection=True, accept_width=4)
     assert warm_up(plan, DEV) > 0
     before = compiled()
     sm = torch.cuda.get_device_properties(DEV).multi_processor_count
@@ -59,14 +60,15 @@ def test_no_batch_size_compiles_after_the_warm_up(vocab):
         rows = max(1, b // 8)
         p = torch.rand(rows, 8, vocab, generator=gen, device=DEV) ** 8
         x = torch.randint(0, vocab, (rows, 3), generator=gen, device=DEV)
-        got = coupled_verify_chain(x, p[:, :4], seeds[:rows], pos[:rows], check=False)
+        # The verify hook's call: SGLang's int32 buffers written in place.
+        got = coupled_verify_chain(x, p[:, :4], seeds[:rows], pos[:rows], check=False, out=buffers(rows, 4))
         want = coupled_verify_chain(x, p[:, :4], seeds[:rows], pos[:rows], check=False, kernel="torch")
         assert all(torch.equal(g, h) for g, h in zip(got, want)), b
         nxt = torch.full((rows, 8), -1, dtype=torch.int64, device=DEV)
         nxt[:, :7] = torch.arange(1, 8, device=DEV)
         sib = torch.full((rows, 8), -1, dtype=torch.int64, device=DEV)
         cand = torch.randint(0, vocab, (rows, 8), generator=gen, device=DEV)
-        got = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False)
+        got = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False, out=buffers(rows, 8))
         want = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False, kernel="torch")
         assert all(torch.equal(g, h) for g, h in zip(got, want)), b
         q = torch.rand(rows, 3, vocab, generator=gen, device=DEV) ** 8
@@ -74,6 +76,14 @@ def test_no_batch_size_compiles_after_the_warm_up(vocab):
         want = verify_chain(x, q, p[:, :4], seeds[:rows], pos[:rows], check=False, kernel="torch")
         assert all(torch.equal(g, h) for g, h in zip(got, want)), b
     assert compiled() == before, "a batch size compiled a kernel after the warm-up"
+
+
+def buffers(rows: int, nodes: int) -> VerifyOutputs:
+    """SGLang's verify buffers for ``rows`` requests of ``nodes`` nodes, accept_index 4 wide (num_steps + 1)."""
+    return VerifyOutputs(torch.arange(rows * nodes, device=DEV).view(rows, nodes),
+                         torch.zeros(rows * nodes, dtype=torch.int32, device=DEV),
+                         torch.full((rows, 4), -1, dtype=torch.int32, device=DEV),
+                         torch.zeros(rows, dtype=torch.int32, device=DEV))
 
 
 def test_plan_checks_its_fields():

@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race
+from sglang_detspec.ops.verify_outputs import VerifyOutputs, write_verify_outputs
 
 register_cpu_ci(est_time=120, suite="detspec-unit-cpu")
 
@@ -370,6 +371,76 @@ def test_last_valid_position_and_empty_batch():
     assert tok.shape == (B, N) and path[:, 0].tolist() == [0, 0]
     t, a = coupled_verify_chain(torch.zeros(0, 2, dtype=torch.int64), torch.ones(0, 3, 4), [], [])
     assert t.shape == (0, 3) and a.shape == (0,)
+
+
+# ---- SGLang's verify buffers (out=) ------------------------------------------
+
+
+def sglang_buffers(b, n, width, gen, slot_dtype=torch.int64):
+    """Buffers as eagle_sample hands them, pre-filled with garbage the verify must keep where it does not write."""
+    slots = torch.randperm(b * n + 3, generator=gen)[: b * n].view(b, n).to(slot_dtype)  # distinct, not arange
+    return VerifyOutputs(slots, torch.randint(-9, 9, (b * n + 3,), generator=gen, dtype=torch.int32),
+                         torch.randint(-9, 9, (b, width), generator=gen, dtype=torch.int32),
+                         torch.randint(-9, 9, (b,), generator=gen, dtype=torch.int32))
+
+
+def clone(out):
+    return VerifyOutputs(*(t.clone() for t in out))
+
+
+@pytest.mark.parametrize("width", [1, 3, 5])
+def test_tree_out_writes_what_the_scatter_writes(width):
+    parents = SHAPES["topk2_10"]
+    n, b, v = len(parents), 12, 5  # small V: long accept paths, so width < depth + 1 truncates
+    gen = torch.Generator().manual_seed(width)
+    p, seeds, pos, cand = make_tree_case(parents, b, v, gen, random.Random(width), 0.9)
+    nxt, sib = (torch.tensor([l[i] for l in [tree_from_parents(parents, None)] * b]) for i in (0, 1))
+    out = sglang_buffers(b, n, width, gen)
+    want = clone(out)
+    result = coupled_verify_tree(torch.tensor(cand), nxt, sib, p, seeds, pos, out=out)
+    write_verify_outputs(*result, *want)
+    assert all(torch.equal(g, w) for g, w in zip(out, want))
+    assert int(result[1].max()) + 1 > width or width == 5  # the narrow buffers did truncate a path
+
+
+def test_chain_out_is_the_scatter_along_arange():
+    gen = torch.Generator().manual_seed(8)
+    b, k, v = 9, 3, 4
+    p = torch.softmax(torch.randn(b, k + 1, v, generator=gen), -1)
+    # Drafts equal to the target races up to a row-dependent depth: every accept length occurs.
+    x = torch.tensor([[y_at(p[r, j], r, 50 + j) if j < r % (k + 1) else (y_at(p[r, j], r, 50 + j) + 1) % v
+                       for j in range(k)] for r in range(b)])
+    out = sglang_buffers(b, k + 1, k + 1, gen)
+    want = clone(out)
+    tokens, acc = coupled_verify_chain(x, p, list(range(b)), [50] * b, out=out)
+    path = torch.where(torch.arange(k + 1) <= acc.view(-1, 1), torch.arange(k + 1), -1)
+    write_verify_outputs(tokens, acc, path, *want)
+    assert all(torch.equal(g, w) for g, w in zip(out, want))
+    assert out.accept_token_num.tolist() == acc.tolist() == [r % (k + 1) for r in range(b)]
+
+
+OUT_OK = VerifyOutputs(torch.arange(B * N).view(B, N), torch.zeros(B * N, dtype=torch.int32),
+                       torch.zeros(B, 3, dtype=torch.int32), torch.zeros(B, dtype=torch.int32))
+
+OUT_CASES = [
+    ((1, 2, 3, 4), "out must be a VerifyOutputs, got tuple"),
+    (OUT_OK._replace(predicts=OUT_OK.predicts.float()), r"out.predicts must be an int32 or int64 tensor, got torch.float32"),
+    (OUT_OK._replace(retrive_index=OUT_OK.retrive_index[:, :4]), r"out.retrive_index must be \[B, N\] = \(2, 5\), got \(2, 4\)"),
+    (OUT_OK._replace(predicts=OUT_OK.predicts[:9]), r"out.predicts must be 1-D with at least B\*N = 10 entries, got \(9,\)"),
+    (OUT_OK._replace(accept_index=OUT_OK.accept_index[:, :0]), r"out.accept_index must be \[B, D\] with B = 2 and D >= 1"),
+    (OUT_OK._replace(accept_token_num=OUT_OK.accept_token_num[:1]), r"out.accept_token_num must be \[B\] = \(2,\), got \(1,\)"),
+]
+
+
+@pytest.mark.parametrize("out, match", OUT_CASES)
+def test_out_buffers_are_checked_before_anything_is_written(out, match):
+    with pytest.raises(ValueError, match=match):
+        tree(out=out)
+
+
+def test_chain_out_is_sized_to_the_k_plus_1_nodes():
+    with pytest.raises(ValueError, match=r"out.retrive_index must be \[B, N\] = \(2, 4\)"):
+        chain(out=OUT_OK)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,11 @@ def bag(**kw):
 def test_plans_follow_the_draft_shape():
     assert warmup_hook.plan_for(bag(), 1000) == WarmupPlan((1000,))
     chain = warmup_hook.plan_for(bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4), 1000)
-    assert chain == WarmupPlan((1000,), draft_tokens=3, tree_nodes=4, topk=1, rejection=False)
+    assert chain == WarmupPlan((1000,), draft_tokens=3, tree_nodes=4, topk=1, rejection=False, accept_width=4)
     rejection = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4, verify="rejection")
     assert warmup_hook.plan_for(rejection, 1000).rejection
     tree = warmup_hook.plan_for(bag(algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8), 1000, 300)
-    assert tree == WarmupPlan((1000, 300), draft_tokens=0, tree_nodes=8, topk=4, rejection=False)
+    assert tree == WarmupPlan((1000, 300), draft_tokens=0, tree_nodes=8, topk=4, rejection=False, accept_width=4)
     assert warmup_hook.plan_for(bag(algorithm="EAGLE3", eagle_topk=1, num_draft_tokens=4), 1000, 1000).vocabs == (1000,)
 
 
