@@ -104,6 +104,10 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # raced drafts needed the user's rejection flag; it now takes the same path as (d).
     BenchConfig("h", "plugin_coupled_race", "(h) EAGLE chain, plugin coupled, coupled-race drafts",
                 CHAIN + REJECTION, True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
+    # Not in the default order: (d) with SGLang's adaptive speculation (draft steps by batch size
+    # and accept rate, its default table), which coupled verify keeps out of the tokens (--configs adl).
+    BenchConfig("l", "plugin_coupled_adaptive", "(l) (d) with --speculative-adaptive, plugin coupled",
+                CHAIN + ("--speculative-adaptive",), True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
 )}
 
 # Measured first: the ratios against (b) of the plugin's configurations survive a run cut short.

@@ -59,7 +59,8 @@ REJECTION_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 # Bag fields that mean something only with speculative decoding on (DetSpecConfig.shown_fields).
 SPECULATIVE_FIELDS = ("verify", "tree_attention", "num_steps", "eagle_topk", "num_draft_tokens",
-                      "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab")
+                      "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab",
+                      "adaptive_steps")
 # ... and only with a draft model (NGRAM copies its drafts from earlier text).
 DRAFT_MODEL_FIELDS = ("multi_layer_eagle", "reduced_draft_vocab")
 
@@ -83,6 +84,11 @@ class DetSpecConfig:
         num_steps: ``speculative_num_steps`` (draft steps / MTP layers).
         eagle_topk: ``speculative_eagle_topk``.
         num_draft_tokens: ``speculative_num_draft_tokens``.
+        adaptive_steps: the draft step counts SGLang's ``--speculative-adaptive``
+            switches among with the running batch size and accept rate
+            (sorted, 0 = no drafts), from its candidate config; empty when
+            adaptive speculation is off. Coupled verify keeps the tokens the
+            same whichever count drafts them.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -121,6 +127,7 @@ class DetSpecConfig:
     num_steps: int | None = None
     eagle_topk: int | None = None
     num_draft_tokens: int | None = None
+    adaptive_steps: tuple[int, ...] = ()
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False

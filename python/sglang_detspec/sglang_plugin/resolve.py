@@ -88,9 +88,29 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
+    values["adaptive_steps"] = adaptive_steps(spec) if values["algorithm"] else ()
     settings = env_settings(environ)
     settings["verify"] = "coupled" if sampled_drafts else resolve_verify(settings["verify"], values["rejection_sampling"])
     return DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values)
+
+
+def adaptive_steps(spec) -> tuple[int, ...]:
+    """The step counts SGLang's ``--speculative-adaptive`` switches among, sorted; () when it is off.
+
+    Read with SGLang's own ``resolve_candidate_steps_from_config`` (its
+    default table, or ``--speculative-adaptive-config``): the union over
+    every batch-size slot, as SGLang sizes its runtime states. SGLang turns
+    the flag off itself where it cannot run (top-k > 1, multi-layer EAGLE,
+    ...; ``_maybe_disable_adaptive``), so a resolved record says whether it runs.
+
+    Raises:
+        ValueError: SGLang's, for a malformed adaptive config file.
+    """
+    if not getattr(spec, "speculative_adaptive", False):
+        return ()
+    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
+    return tuple(int(s) for s in resolve_candidate_steps_from_config(getattr(spec, "speculative_adaptive_config", None)))
 
 
 def resolved_eagle_topk(spec, algorithm: str | None, eagle_topk: int | None) -> int | None:
@@ -196,6 +216,10 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(f"attention backend {backend}: not measured (servers have run on "
                      f"{', '.join(MEASURED_ATTENTION_BACKENDS)} only): the logits={config.logits!r} claim is "
                      "the rule's, not a measured figure")
+    if config.adaptive_steps:
+        notes.append(f"--speculative-adaptive (draft steps {list(config.adaptive_steps)} by batch size): coupled "
+                     "verify makes the tokens independent of the step count, but no committed server run has "
+                     "switched steps with the plugin yet")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

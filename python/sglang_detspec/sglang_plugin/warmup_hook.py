@@ -10,6 +10,7 @@ Triton compilation in a serving profile, docs/benchmarks/determinism_tax/).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -37,8 +38,20 @@ def plan_for(bag, target_vocab: int, draft_vocab: int | None = None) -> WarmupPl
                       accept_width=bag.num_steps + 1 if bag.num_steps else 0)
 
 
+def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[WarmupPlan]:
+    """:func:`plan_for`, then one chain plan per other draft step count ``--speculative-adaptive`` may switch to.
+
+    Each step count s > 0 verifies s drafts with an ``accept_index`` of
+    s + 1 columns, a shape of its own for the verify kernel; s = 0 drafts
+    nothing (the target sampler's races, warmed by the first plan).
+    """
+    base = plan_for(bag, target_vocab, draft_vocab)
+    others = [s for s in bag.adaptive_steps if s > 0 and s != bag.num_steps]
+    return [base, *(dataclasses.replace(base, draft_tokens=s, tree_nodes=s + 1, accept_width=s + 1) for s in others)]
+
+
 def compile_kernels(scheduler, *args, **kwargs) -> None:
-    """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`ops.warmup.warm_up` of :func:`plan_for`.
+    """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`ops.warmup.warm_up` of each of :func:`plans_for`.
 
     Only in runs whose seeded streams are active, and only on CUDA. The
     target's vocabulary comes from its model runner; a reduced draft
@@ -50,17 +63,18 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
         return None
     log = logging.getLogger("sglang_detspec")
     started = time.monotonic()
-    plan = None
+    plans = None
     try:
         runner = scheduler.tp_worker.model_runner
         draft = getattr(getattr(scheduler, "draft_worker", None), "draft_worker", None)
         hot = getattr(draft, "hot_token_id", None)
-        plan = plan_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
-        launched = warm_up(plan, torch.device("cuda", torch.cuda.current_device()), kernel=bag.kernel)
+        plans = plans_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
+        device = torch.device("cuda", torch.cuda.current_device())
+        launched = sum(warm_up(plan, device, kernel=bag.kernel) for plan in plans)
     except Exception:  # speed only: what cannot be warmed here compiles at its first request instead
         log.warning("sglang-detspec: start-up kernel warm-up failed (%s); kernels compile at first use",
-                    plan, exc_info=True)
+                    plans, exc_info=True)
         return None
     log.info("sglang-detspec: %d kernel launches compiled before serving in %.1f s (%s)", launched,
-             time.monotonic() - started, plan)
+             time.monotonic() - started, plans)
     return None

@@ -173,6 +173,9 @@ FAMILIES = {
     "coupled_tree": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled"),
     "coupled_tree_16": Family("target", "eagle", (*EAGLE, *WIDE_TREE_SHAPE), "coupled"),
     "coupled_chain_random_draft": Family("target", "eagle_random", (*EAGLE, *CHAIN_SHAPE), "coupled"),
+    # SGLang's adaptive speculation: the draft step count follows the batch size and accept rate
+    # (its default table), a change of drafts that coupled verify keeps out of the tokens
+    "coupled_chain_adaptive": Family("target", "eagle", (*EAGLE, *CHAIN_SHAPE, "--speculative-adaptive"), "coupled"),
     "mtp_coupled": Family("mtp", "mtp_draft", (*EAGLE, *MULTI_LAYER_SHAPE), "coupled"),
     # coupled verification with drafts that race q on the TARGET stream (the chain sampler)
     "coupled_race_chain": Family("target", "eagle", CHAIN_EAGLE_ARGS, "coupled", (("SGLANG_DETSPEC_VERIFY", "coupled"),)),

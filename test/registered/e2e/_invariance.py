@@ -72,12 +72,17 @@ def accept_length(results: list) -> float | None:
     return sum(len(r.output_ids) for r in done) / rounds if rounds else None
 
 
+# SGLang's log line when adaptive speculation swaps its draft-step state (eagle_worker_v2.apply_runtime_state).
+ADAPTIVE_SWITCH = "Switch adaptive runtime state"
+
+
 def run_group(servers: _e2e.Servers, configs, vocab: int, result_name: str,
               temperature: float | None = None) -> dict:
     """Start ``configs`` side by side, query each, write ``<result_name>.json`` with every output.
 
     Returns name -> ``{"config", "error" (str or None), "results", "plugin_problems",
-    "accept_length", "server"}``.
+    "accept_length", "adaptive_switches", "server"}``; ``adaptive_switches``: how many
+    times the server's log says SGLang's adaptive speculation switched its draft steps.
     """
     started = servers.ensure_group(configs)
     live = {name: s for name, s in started.items() if not isinstance(s, str)}
@@ -88,20 +93,22 @@ def run_group(servers: _e2e.Servers, configs, vocab: int, result_name: str,
         server = started[config.name]
         if isinstance(server, str):
             group[config.name] = {"config": config, "error": server, "results": [], "plugin_problems": [],
-                                  "accept_length": None, "server": config.to_json()}
+                                  "accept_length": None, "adaptive_switches": None, "server": config.to_json()}
             continue
         results = answers[config.name]
         group[config.name] = {
             "config": config, "error": None, "results": results,
             "plugin_problems": _e2e.plugin_problems(server),
-            "accept_length": accept_length(results), "server": server.facts(),
+            "accept_length": accept_length(results),
+            "adaptive_switches": len(server.log_lines(ADAPTIVE_SWITCH)), "server": server.facts(),
         }
     prompts, params = request_set(vocab, temperature)
     _e2e.write_result(result_name, {
         "requests": [{"input_ids": p, "sampling_params": {**q, "sampling_seed": str(q["sampling_seed"])}}
                      for p, q in zip(prompts, params)],
         "servers": {name: {"error": g["error"], "plugin_problems": g["plugin_problems"],
-                           "accept_length": g["accept_length"], "server": g["server"],
+                           "accept_length": g["accept_length"], "adaptive_switches": g["adaptive_switches"],
+                           "server": g["server"],
                            "results": [r if isinstance(r, str) else r.to_json() for r in g["results"]]}
                     for name, g in group.items()},
     })

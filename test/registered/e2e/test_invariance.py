@@ -11,6 +11,8 @@ Six servers on the tiny Llama target, started side by side, all with
 * ``coupled_chain_random_draft``: the coupled chain with an unrelated random EAGLE draft;
 * ``coupled_race_chain``: the chain with ``--speculative-use-rejection-sampling``
   and ``SGLANG_DETSPEC_VERIFY=coupled`` (drafts race q on the TARGET stream);
+* ``coupled_chain_adaptive``: the coupled chain with SGLang's ``--speculative-adaptive``
+  (its default table: the draft step count follows the batch size and the accept rate);
 * ``chain_eagle``: rejection-sampling chain EAGLE (a figure: its tokens depend on the draft).
 
 Each gets the same 8 seeded sampled requests (64 new tokens; 6 plain rows in
@@ -30,6 +32,10 @@ Checks (``<DETSPEC_E2E_OUT>/invariance_*.json``; all outputs in
    target's own uniforms, so a draft that copies the target is almost always
    accepted; a lower figure means the drafts race at other positions or on
    another stream than the verify.
+4. The adaptive chain switched its draft steps at least once while it served
+   these requests (its log's ``Switch adaptive runtime state`` lines): the
+   positive control that check 1 compared tokens drafted with more than one
+   step count.
 
 About 3-4 minutes on an H200: six starts in parallel (100-150 s), then seconds of traffic.
 """
@@ -45,7 +51,8 @@ from _register import register_cuda_ci
 register_cuda_ci(est_time=240, suite="detspec-e2e-cuda")
 
 REFERENCE = "no_spec"
-COUPLED = ("coupled_chain", "coupled_tree", "coupled_chain_random_draft", "coupled_race_chain")
+COUPLED = ("coupled_chain", "coupled_tree", "coupled_chain_random_draft", "coupled_race_chain", "coupled_chain_adaptive")
+ADAPTIVE = "coupled_chain_adaptive"
 REJECTION = "chain_eagle"
 GROUP = (REFERENCE, *COUPLED, REJECTION)
 MIN_RACE_ACCEPT_LENGTH = 2.0  # of 4 (3 drafts + 1); the copying pair measured 3.86 in rejection mode
@@ -53,6 +60,7 @@ TEST_ORDER = (
     "test_same_tokens_as_without_speculative_decoding",
     "test_rejection_chain_figure",
     "test_accept_lengths",
+    "test_adaptive_chain_switched_its_steps",
 )
 
 
@@ -98,6 +106,21 @@ def test_accept_lengths(group):
         "passed": not problems, "problems": problems, "accept_length_of_max": 4,
         "requests": _invariance.NUM_REQUESTS, "new_tokens_per_request": _invariance.NEW_TOKENS,
         "accept_lengths": figures, "min_race_accept_length": MIN_RACE_ACCEPT_LENGTH,
+    })
+    assert not problems, "; ".join(problems) + f" ({path})"
+
+
+def test_adaptive_chain_switched_its_steps(group):
+    """Check 1 proves drafter invariance across step counts only if the counts did change while it served."""
+    entry = group[name_of(ADAPTIVE)]
+    switches = entry["adaptive_switches"]
+    problems = [] if switches else [
+        f"{ADAPTIVE}: no 'Switch adaptive runtime state' line in its log "
+        f"({'the server failed: ' + entry['error'] if entry['error'] else 'its steps never changed'}), "
+        "so its tokens were drafted with one step count only"]
+    path = _e2e.write_result("invariance_adaptive_switches", {
+        "passed": not problems, "problems": problems, "adaptive_switches": switches,
+        "accept_length": entry["accept_length"],
     })
     assert not problems, "; ".join(problems) + f" ({path})"
 

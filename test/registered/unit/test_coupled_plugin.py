@@ -90,6 +90,28 @@ def test_active_bag_and_verify_mode(loaded, model_dir, monkeypatch, flags, env, 
     reset_config()
 
 
+def test_adaptive_chain_resolves_sglang_candidate_steps(loaded, model_dir, tmp_path):
+    """--speculative-adaptive: the bag carries SGLang's own candidate step counts (its default table, or the
+    config file), the start-up notes say no server run switched steps yet; a tree has SGLang turn it off."""
+    from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG
+
+    default = sorted({s for slot in DEFAULT_ADAPTIVE_CONFIG.values() for s in slot["candidate_steps"]})
+    bag = resolve.config_from_server_args(server_args(model_dir, f"{eagle(model_dir, CHAIN)} --speculative-adaptive {DET}"))
+    assert bag.active and bag.adaptive_steps == tuple(default) and 3 in bag.adaptive_steps
+    assert any("--speculative-adaptive" in note and "no committed server run" in note
+               for note in resolve.unmeasured_notes(bag))
+    custom = tmp_path / "adaptive.json"
+    custom.write_text('{"1": {"candidate_steps": [1, 3]}, "16": {"candidate_steps": [2, 3]}}')
+    bag = resolve.config_from_server_args(server_args(
+        model_dir, f"{eagle(model_dir, CHAIN)} --speculative-adaptive --speculative-adaptive-config {custom} {DET}"))
+    assert bag.adaptive_steps == (1, 2, 3)
+    tree = resolve.config_from_server_args(server_args(model_dir, f"{eagle(model_dir, TREE)} --speculative-adaptive {DET}"))
+    assert tree.adaptive_steps == () and not any("adaptive" in n for n in resolve.unmeasured_notes(tree))
+    plain = resolve.config_from_server_args(server_args(model_dir, f"{eagle(model_dir, CHAIN)} {DET}"))
+    assert plain.adaptive_steps == () and "adaptive_steps" in plain.shown_fields()
+    reset_config()
+
+
 def test_not_ours_without_deterministic_inference(loaded, model_dir):
     bag = resolve.config_from_server_args(server_args(model_dir, eagle(model_dir, TREE)))
     assert not bag.ours and not bag.active and bag.refusals() == []

@@ -29,11 +29,22 @@ def test_plans_follow_the_draft_shape():
     assert warmup_hook.plan_for(bag(algorithm="EAGLE3", eagle_topk=1, num_draft_tokens=4), 1000, 1000).vocabs == (1000,)
 
 
+def test_adaptive_chains_warm_every_step_count_they_may_switch_to():
+    chain = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4, adaptive_steps=(0, 1, 3, 5, 7))
+    plans = warmup_hook.plans_for(chain, 1000)
+    assert plans[0] == warmup_hook.plan_for(chain, 1000)
+    assert [(p.draft_tokens, p.tree_nodes, p.accept_width) for p in plans] == [(3, 4, 4), (1, 2, 2), (5, 6, 6), (7, 8, 8)]
+    assert warmup_hook.plans_for(bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4), 1000) == [
+        plans[0]]
+
+
 def test_plan_bounds_name_the_field():
     with pytest.raises(ValueError, match="vocabs must be a non-empty tuple of ints >= 1"):
         WarmupPlan((0,))
     with pytest.raises(ValueError, match=r"tree_nodes must be an int in \[0, 4096\], got -1"):
         WarmupPlan((5,), tree_nodes=-1)
+    with pytest.raises(ValueError, match=r"accept_width must be an int in \[0, 4096\], got -2"):
+        WarmupPlan((5,), accept_width=-2)
 
 
 def test_the_torch_reference_compiles_nothing():
