@@ -1,7 +1,10 @@
 """Fixtures several unit test files share."""
 
+import importlib
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,28 @@ def no_detspec_environment(monkeypatch):
     """Every test starts without SGLANG_DETSPEC_* settings, whatever the calling shell exports."""
     for name in [n for n in os.environ if n.startswith("SGLANG_DETSPEC_")]:
         monkeypatch.delenv(name)
+
+
+# The E2E suites' folder: its modules import each other by bare name (``import _e2e``).
+E2E_DIR = Path(__file__).resolve().parents[1] / "e2e"
+
+
+@pytest.fixture(scope="session")
+def e2e_import():
+    """``e2e_import("_e2e")``: a module of ``test/registered/e2e`` imported by bare name, as its suites do.
+
+    The folder is on ``sys.path`` only while the import runs; the suite's
+    modules import their siblings at module level, so those stay in
+    ``sys.modules`` for later calls.
+    """
+    def load(name: str):
+        sys.path.insert(0, str(E2E_DIR))
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.path.remove(str(E2E_DIR))
+
+    return load
 
 
 @pytest.fixture

@@ -9,10 +9,8 @@ suite would read wrong fails here instead of on the H200.
 """
 
 import argparse
-import importlib
 import shlex
 import sys
-from pathlib import Path
 
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -22,16 +20,10 @@ from sglang_detspec.sglang_plugin import resolve
 
 register_cpu_ci(est_time=20, suite="detspec-unit-cpu")
 
-E2E = Path(__file__).resolve().parents[3] / "test" / "registered" / "e2e"
-
 
 @pytest.fixture(scope="module")
-def e2e():
-    sys.path.insert(0, str(E2E))
-    try:
-        yield importlib.import_module("_e2e")
-    finally:
-        sys.path.remove(str(E2E))
+def e2e(e2e_import):
+    return e2e_import("_e2e")
 
 
 @pytest.fixture(scope="module")

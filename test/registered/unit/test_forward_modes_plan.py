@@ -19,17 +19,12 @@ from sglang_detspec.config import logits_guarantee
 register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
 
 ROOT = Path(__file__).resolve().parents[3]
-E2E = ROOT / "test" / "registered" / "e2e"
 
 
 @pytest.fixture(scope="module")
-def e2e():
+def e2e(e2e_import):
     """``_e2e`` and ``_forward_plan`` as the suite imports them (by bare name from its folder)."""
-    sys.path.insert(0, str(E2E))
-    try:
-        yield importlib.import_module("_e2e"), importlib.import_module("_forward_plan")
-    finally:
-        sys.path.remove(str(E2E))
+    return e2e_import("_e2e"), e2e_import("_forward_plan")
 
 
 @pytest.fixture
@@ -117,15 +112,11 @@ def test_a_smaller_flashinfer_tile_is_still_refused_without_claiming_the_prompts
     assert plan.skipped_rows("flashinfer") == {}
 
 
-def test_server_configs_carry_the_backend_and_the_chunk_size(e2e):
+def test_server_configs_carry_the_backend_and_the_chunk_size(e2e, e2e_import):
     _e2e, plan = e2e
     models = _e2e.Models(*(f"/models/{f}" for f in ("target", "eagle", "eagle_random", "mtp", "mtp", "eagle3",
                                                        "eagle3_full", "mimo")), None)
-    sys.path.insert(0, str(E2E))
-    try:
-        suite = importlib.import_module("test_forward_modes")
-    finally:
-        sys.path.remove(str(E2E))
+    suite = e2e_import("test_forward_modes")
     for backend in plan.KNOWN_BACKENDS:
         configs = suite.server_configs(models, backend)
         assert len({c.name for c in configs.values()}) == len(configs)
@@ -222,12 +213,8 @@ def _generated(ids, logprobs):
 
 
 @pytest.fixture
-def requests_module(e2e):
-    sys.path.insert(0, str(E2E))
-    try:
-        yield importlib.import_module("_requests")
-    finally:
-        sys.path.remove(str(E2E))
+def requests_module(e2e, e2e_import):
+    return e2e_import("_requests")
 
 
 def test_decode_against_prefill_counts_positions_apart(plan, requests_module):

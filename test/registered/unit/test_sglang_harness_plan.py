@@ -20,19 +20,13 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
 ROOT = Path(__file__).resolve().parents[3]
-E2E = ROOT / "test" / "registered" / "e2e"
 
 
 @pytest.fixture(scope="module")
-def mods():
+def mods(e2e_import):
     """``_harness_plan``, ``_harness_run`` and the suite module, imported by bare name from their folder."""
-    sys.path.insert(0, str(E2E))
-    try:
-        yield argparse.Namespace(plan=importlib.import_module("_harness_plan"),
-                                 run=importlib.import_module("_harness_run"), e2e=importlib.import_module("_e2e"),
-                                 suite=importlib.import_module("test_sglang_harness"))
-    finally:
-        sys.path.remove(str(E2E))
+    return argparse.Namespace(plan=e2e_import("_harness_plan"), run=e2e_import("_harness_run"),
+                              e2e=e2e_import("_e2e"), suite=e2e_import("test_sglang_harness"))
 
 
 @pytest.fixture(scope="module")
