@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .tree_children import coupled_children
+from .kernel_choice import use_triton
+from .tree_children import children_and_keys, relative_scores
 from .weights import id_ordered_filtered_probs, target_weights
 
 
@@ -44,8 +45,10 @@ def draft_children(
     (the race winner at 1), back in draft columns. Greedy rows
     (``top_ks <= 1``) return q itself, so a top-k of q drafts them. No host
     sync: safe inside CUDA-graph capture (so greedy rows are raced too and
-    their children thrown away: picking rows out would need one). Unchecked
-    (called inside capture); ``coupled_children`` raises ValueError for an
+    their children thrown away: picking rows out would need one). On the
+    Triton path the scores, the dense tensor and the greedy rows' q come
+    from one kernel after the race (``draft_children_triton``), bit for bit
+    the torch path's. Unchecked (called inside capture); ValueError for an
     unknown ``kernel``.
     """
     rows, v = logits.shape
@@ -54,13 +57,17 @@ def draft_children(
     if hot_token_id is not None:
         spread = torch.zeros(rows, target_vocab, dtype=weights.dtype, device=weights.device)
         weights = spread.index_copy_(1, hot_token_id, weights)
-    children, score = coupled_children(weights, seeds, positions, min(k, v), kernel=kernel)
+    children, keys = children_and_keys(weights, seeds, positions, min(k, v), kernel=kernel)
     if hot_token_id is not None:
         # Target ids back to draft columns; a zero-weight child off the draft vocabulary lands in
         # a spare last column and drops out.
         column = torch.full((target_vocab,), v, dtype=torch.int64, device=logits.device)
         column[hot_token_id] = torch.arange(v, device=logits.device)
         children = column[children]
+    if use_triton(kernel, logits.device):
+        from .draft_children_triton import dense_children_triton
+
+        return dense_children_triton(q, children, keys, top_ks)
     sparse = torch.zeros(rows, v + 1, dtype=torch.float32, device=logits.device)
-    sparse.scatter_(1, children, score.float())
+    sparse.scatter_(1, children, relative_scores(keys).float())
     return torch.where((top_ks <= 1).view(-1, 1), q, sparse[:, :v])

@@ -31,8 +31,26 @@ def coupled_children(
     would make them the target's winner. Unchecked, no host sync
     (CUDA-graph capturable); callers pass valid weights, seeds, positions.
     """
+    children, keys = children_and_keys(weights, seeds, positions, k, kernel=kernel)
+    return children, relative_scores(keys)
+
+
+def children_and_keys(weights, seeds, positions, k: int, *, kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """The k children of each node and their raw race keys: ``(int64 [R, k], float64 [R, k])``, keys descending.
+
+    :func:`coupled_children` before :func:`relative_scores`; for callers that
+    fuse the normalisation into a later kernel. Unchecked, no host sync.
+    """
     # The race's own scores of its winners: recomputing them (keys.race_keys) is a chain of small
     # hash kernels, launched from the host at every draft extend outside the draft CUDA graph.
-    children, keys = exponential_race(weights, seeds, positions, stream=Stream.TARGET, num_samples=k, check=False,
-                                      kernel=kernel, return_scores=True)
-    return children, keys / keys[:, :1].clamp(min=torch.finfo(torch.float64).tiny)
+    return exponential_race(weights, seeds, positions, stream=Stream.TARGET, num_samples=k, check=False,
+                            kernel=kernel, return_scores=True)
+
+
+def relative_scores(keys: torch.Tensor) -> torch.Tensor:
+    """float64 [R, k]: each key over its row's first (largest), the first exactly 1; 0 keys stay 0.
+
+    The first key is floored at the smallest normal float64 so a row of zero
+    keys divides by a positive number.
+    """
+    return keys / keys[:, :1].clamp(min=torch.finfo(torch.float64).tiny)

@@ -15,7 +15,8 @@ import torch
 
 from _register import register_cuda_ci
 from sglang_detspec.ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race
-from sglang_detspec.ops import coupled_triton, race_triton, triton_config, verify_triton
+from sglang_detspec.ops import coupled_triton, draft_children_triton, race_triton, triton_config, verify_triton
+from sglang_detspec.ops.draft_children import draft_children
 from sglang_detspec.ops.verify import verify_chain
 from sglang_detspec.ops.verify_outputs import VerifyOutputs
 from sglang_detspec.ops.warmup import WarmupPlan, warm_up
@@ -25,7 +26,8 @@ register_cuda_ci(est_time=90, suite="detspec-kernels-cuda")
 DEV = torch.device("cuda", 0)
 KERNELS = (race_triton._race_argmax_kernel, race_triton._race_topk_kernel, race_triton._race_reduce_kernel,
            coupled_triton._coupled_walk_kernel, coupled_triton._tree_positions_kernel,
-           verify_triton._verify_race_kernel, verify_triton._verify_emit_kernel)
+           verify_triton._verify_race_kernel, verify_triton._verify_emit_kernel,
+           draft_children_triton._dense_children_kernel)
 
 
 def compiled() -> int:
@@ -55,6 +57,12 @@ def test_no_batch_size_compiles_after_the_warm_up(vocab):
                                     kernel="torch")
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (b, k)
             assert torch.equal(exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k), want[0])
+        # The draft extend's children as the tree hook asks for them: SGLang's int32 top-k.
+        top_ks = torch.where(torch.arange(b, device=DEV) % 3 == 0, 1, 20).to(torch.int32)
+        temps = torch.ones(b, 1, device=DEV)
+        for k in (1, 4):
+            got = draft_children(w, temps, top_ks, seeds, pos, k)
+            assert torch.equal(got, draft_children(w, temps, top_ks, seeds, pos, k, kernel="torch")), (b, k)
         draft = exponential_race(w, seeds, pos, stream=Stream.DRAFT)
         assert torch.equal(draft, exponential_race(w, seeds, pos, stream=Stream.DRAFT, kernel="torch")), b
         rows = max(1, b // 8)
