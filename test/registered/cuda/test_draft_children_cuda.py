@@ -83,3 +83,9 @@ def test_cuda_graph_replay_sees_new_inputs():
             dst.copy_(src)
         graph.replay()
         assert torch.equal(out, draft_children(*new, 4, kernel="torch")), seed
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))
