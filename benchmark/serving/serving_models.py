@@ -1,15 +1,20 @@
 """Write a realistic-size target, an EAGLE draft for it and a tokenizer, with no download.
 
-Target: ``LlamaForCausalLM`` with the shape of a common 8B model (hidden 4096,
-32 layers, 32 query / 8 KV heads of 128, intermediate 14336, vocabulary
-128,256, bf16 safetensors). Its compute per token is that of any model of this
-shape; only the weight values are synthetic.
+Target (``--shape``, :data:`SHAPES`): ``llama-8b`` (default), a
+``LlamaForCausalLM`` with the shape of a common 8B model (hidden 4096, 32
+layers, 32 query / 8 KV heads of 128, intermediate 14336, vocabulary 128,256);
+or ``qwen3-moe-a3b-24l``, a ``Qwen3MoeForCausalLM`` with the layer shape of
+Qwen3-30B-A3B (hidden 2048, 32 query / 4 KV heads of 128 with per-head q/k
+RMSNorms, 128 routed experts of intermediate 768, 8 per token, vocabulary
+151,936) at half its 48 layers, so its 31 GB of bf16 weights fit the disk of
+a one-H200 machine beside SGLang. bf16 safetensors. Their compute per token
+is that of any model of their shape; only the weight values are synthetic.
 
 Why this construction gives a high, controllable acceptance (the near-bigram
 pair of ``scripts/make_tiny_models.py``, scaled up, plus one knob):
 
 - Embedding rows have RMS 1 and every layer's output projections
-  (``o_proj``, ``down_proj``) are scaled by ``out_scale`` (1e-3), so the
+  (``o_proj``, ``down_proj``, each expert's ``down_proj``) are scaled by ``out_scale`` (1e-3), so the
   residual stream stays within about ``out_scale * layers`` of the
   embedding of the current token and the final RMSNorm is nearly the
   identity: the target's next-token distribution is close to the bigram
@@ -52,7 +57,13 @@ import time
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    """Dimensions of the Llama target (defaults: the common 8B shape)."""
+    """Dimensions of the target (defaults: the common 8B Llama shape).
+
+    ``head_size`` 0 means ``hidden // heads``; ``experts`` > 0 makes every
+    layer a Qwen3-MoE layer (router, ``experts`` SwiGLU experts of
+    ``moe_intermediate``, ``experts_per_token`` of them per token, per-head
+    q/k RMSNorms); ``intermediate`` is then the EAGLE draft's dense MLP.
+    """
 
     hidden: int = 4096
     layers: int = 32
@@ -60,24 +71,50 @@ class ModelShape:
     kv_heads: int = 8
     intermediate: int = 14336
     vocab: int = 128256
+    head_size: int = 0
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
 
     def __post_init__(self):
         for name in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        for name in ("head_size", "experts", "experts_per_token", "moe_intermediate"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if not self.head_size and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads}) when head_size is 0")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.experts and not (1 <= self.experts_per_token <= self.experts and self.moe_intermediate >= 1):
+            raise ValueError(f"with experts = {self.experts}, experts_per_token must lie in [1, {self.experts}] "
+                             f"and moe_intermediate be >= 1, got {self.experts_per_token} and {self.moe_intermediate}")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def architecture(self) -> str:
+        return "Qwen3MoeForCausalLM" if self.moe else "LlamaForCausalLM"
+
+    def attention_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 2 * q * self.hidden + 2 * kv * self.hidden
 
     def layer_params(self) -> int:
-        kv = self.kv_heads * self.head_dim
-        return 2 * self.hidden * self.hidden + 2 * kv * self.hidden + 3 * self.intermediate * self.hidden
+        if self.moe:
+            mlp = self.experts * (3 * self.moe_intermediate * self.hidden + self.hidden)
+        else:
+            mlp = 3 * self.intermediate * self.hidden
+        return self.attention_params() + mlp
 
     def target_params(self) -> int:
         return self.layers * self.layer_params() + 2 * self.vocab * self.hidden
@@ -88,6 +125,10 @@ class ModelShape:
 
 
 EIGHT_B = ModelShape()
+# Qwen3-30B-A3B's layer (its config.json) at 24 of its 48 layers; intermediate: the EAGLE draft's MLP.
+QWEN3_MOE_A3B_24L = ModelShape(hidden=2048, layers=24, heads=32, kv_heads=4, intermediate=6144, vocab=151936,
+                               head_size=128, experts=128, experts_per_token=8, moe_intermediate=768)
+SHAPES = {"llama-8b": EIGHT_B, "qwen3-moe-a3b-24l": QWEN3_MOE_A3B_24L}
 SEED = 20261130
 LOGIT_STD = 3.0  # spread of the bigram logits: sampled at temperature 1, not near-greedy
 OUT_SCALE = 1e-3  # layer outputs: how far the target is from its bigram
@@ -98,6 +139,7 @@ CONTEXT_LEN = 16384
 
 
 def llama_config(shape: ModelShape, architecture: str, layers: int) -> dict:
+    """``config.json`` of a Llama model (the dense target, and every EAGLE draft) of ``shape``."""
     return {
         "architectures": [architecture], "model_type": "llama",
         "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
@@ -110,25 +152,52 @@ def llama_config(shape: ModelShape, architecture: str, layers: int) -> dict:
     }
 
 
-def layer_weights(prefix: str, shape: ModelShape, gen, device, *, out_scale: float, input_norm: bool) -> dict:
-    """One Llama decoder layer under checkpoint names, float32 on ``device`` (converted at write time)."""
+def qwen3_moe_config(shape: ModelShape) -> dict:
+    """``config.json`` of the Qwen3-MoE target of ``shape`` (the fields SGLang's ``models/qwen3_moe.py`` reads)."""
+    return {
+        **llama_config(shape, "Qwen3MoeForCausalLM", shape.layers), "model_type": "qwen3_moe",
+        "moe_intermediate_size": shape.moe_intermediate, "num_experts": shape.experts,
+        "num_experts_per_tok": shape.experts_per_token, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None,
+        "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+        "output_router_logits": False, "router_aux_loss_coef": 0.001,
+    }
+
+
+def layer_weights(prefix: str, shape: ModelShape, gen, device, *, out_scale: float, input_norm: bool,
+                  moe: bool = False) -> dict:
+    """One decoder layer under checkpoint names, float32 on ``device`` (converted at write time).
+
+    Llama's (the dense target, the EAGLE draft), or with ``moe`` Qwen3-MoE's:
+    per-head q/k RMSNorms, a router ``mlp.gate`` and ``shape.experts`` experts
+    ``mlp.experts.<e>``, each expert's ``down_proj`` scaled like the dense one.
+    """
     import torch
 
     def rand(rows, cols, std):
         return torch.randn(rows, cols, generator=gen, device=device).mul_(std)
 
-    h, kv, inter = shape.hidden, shape.kv_heads * shape.head_dim, shape.intermediate
+    def swiglu(name, inter):
+        return {f"{name}.gate_proj.weight": rand(inter, h, std), f"{name}.up_proj.weight": rand(inter, h, std),
+                f"{name}.down_proj.weight": rand(h, inter, inter ** -0.5 * out_scale)}
+
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     std = h ** -0.5
     w = {
-        f"{prefix}.self_attn.q_proj.weight": rand(h, h, std),
+        f"{prefix}.self_attn.q_proj.weight": rand(q, h, std),
         f"{prefix}.self_attn.k_proj.weight": rand(kv, h, std),
         f"{prefix}.self_attn.v_proj.weight": rand(kv, h, std),
-        f"{prefix}.self_attn.o_proj.weight": rand(h, h, std * out_scale),
-        f"{prefix}.mlp.gate_proj.weight": rand(inter, h, std),
-        f"{prefix}.mlp.up_proj.weight": rand(inter, h, std),
-        f"{prefix}.mlp.down_proj.weight": rand(h, inter, inter ** -0.5 * out_scale),
+        f"{prefix}.self_attn.o_proj.weight": rand(h, q, q ** -0.5 * out_scale),
         f"{prefix}.post_attention_layernorm.weight": torch.ones(h, device=device),
     }
+    if moe:
+        w[f"{prefix}.self_attn.q_norm.weight"] = torch.ones(shape.head_dim, device=device)
+        w[f"{prefix}.self_attn.k_norm.weight"] = torch.ones(shape.head_dim, device=device)
+        w[f"{prefix}.mlp.gate.weight"] = rand(shape.experts, h, std)
+        for e in range(shape.experts):
+            w.update(swiglu(f"{prefix}.mlp.experts.{e}", shape.moe_intermediate))
+    else:
+        w.update(swiglu(f"{prefix}.mlp", shape.intermediate))
     if input_norm:
         w[f"{prefix}.input_layernorm.weight"] = torch.ones(h, device=device)
     return w
@@ -252,13 +321,15 @@ def write_models(out_dir: str, *, shape: ModelShape = EIGHT_B, accept: float = 0
     for s in range(shards - 1):
         weights = {}
         for i in range(s * layers_per_shard, min(shape.layers, (s + 1) * layers_per_shard)):
-            weights.update(layer_weights(f"model.layers.{i}", shape, gen, device, out_scale=OUT_SCALE, input_norm=True))
+            weights.update(layer_weights(f"model.layers.{i}", shape, gen, device, out_scale=OUT_SCALE, input_norm=True,
+                                         moe=shape.moe))
         _save(target_dir, f"model-{s + 2:05d}-of-{shards:05d}.safetensors", weights, index)
         del weights
     with open(os.path.join(target_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": 2 * shape.target_params()}, "weight_map": index}, f)
     with open(os.path.join(target_dir, "config.json"), "w") as f:
-        json.dump(llama_config(shape, "LlamaForCausalLM", shape.layers), f, indent=1)
+        json.dump(qwen3_moe_config(shape) if shape.moe else llama_config(shape, "LlamaForCausalLM", shape.layers),
+                  f, indent=1)
     write_tokenizer(target_dir, shape.vocab)
 
     # EAGLE draft: names without "model."; embed and lm_head are the target's (SGLang shares them).
@@ -271,7 +342,8 @@ def write_models(out_dir: str, *, shape: ModelShape = EIGHT_B, accept: float = 0
         json.dump(llama_config(shape, "LlamaForCausalLMEagle", 1), f, indent=1)
 
     facts = {
-        "shape": dataclasses.asdict(shape), "target_params": shape.target_params(), "seed": seed,
+        "shape": dataclasses.asdict(shape), "shape_name": shape_name(shape), "architecture": shape.architecture,
+        "target_params": shape.target_params(), "seed": seed,
         "logit_std": LOGIT_STD, "out_scale": OUT_SCALE, "requested_accept": accept,
         "draft_noise_eps": eps, "bigram_accept": achieved,
         "predicted_chain_accept_length_3_steps": chain_accept_length(min(1.0, achieved), 3),
@@ -283,15 +355,21 @@ def write_models(out_dir: str, *, shape: ModelShape = EIGHT_B, accept: float = 0
     return facts
 
 
+def shape_name(shape: ModelShape) -> str | None:
+    """The :data:`SHAPES` name of ``shape``, or None for a shape of its own (tests)."""
+    return next((name for name, known in SHAPES.items() if known == shape), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-8b", help="target shape (default llama-8b)")
     parser.add_argument("--accept", type=float, default=0.85,
                         help="per-token acceptance of the draft under rejection sampling (default 0.85)")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
     try:
-        facts = write_models(args.out_dir, accept=args.accept, device=args.device)
+        facts = write_models(args.out_dir, shape=SHAPES[args.shape], accept=args.accept, device=args.device)
     except ValueError as exc:
         parser.error(str(exc))
     print(json.dumps(facts))

@@ -88,6 +88,7 @@ from serving_configs import (  # noqa: E402
 )
 from serving_breakdown import CaptureSettings  # noqa: E402
 from serving_interleave import MAX_SERVERS, pairable, schedule  # noqa: E402
+from serving_models import SHAPES  # noqa: E402
 import serving_host  # noqa: E402
 
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", required=True,
                    help="model folder, written when missing (about 16 GB; keep it outside --out)")
     p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
+    p.add_argument("--shape", default="llama-8b", choices=sorted(SHAPES),
+                   help="target shape serving_models.py writes into --models (default llama-8b); a --models "
+                        "folder written with another shape is refused")
     p.add_argument("--configs", default=None,
                    help="configuration keys in priority order (default bdeicagfh; adefg with --breakdown, "
                         f"abd with --interleave, ade with both; at most {MAX_SERVERS} with --interleave)")
@@ -195,8 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def written_shape(models: str) -> str | None:
+    """The ``--shape`` a models folder was written with (``serving_models.py``); None when none is written yet."""
+    path = os.path.join(models, "models.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("shape_name") or "llama-8b"  # folders from before --shape hold the 8B shape
+
+
 def validate(args) -> dict:
     """Parsed and checked settings; ValueError naming the argument otherwise."""
+    written = written_shape(args.models)
+    if written is not None and written != args.shape:
+        raise ValueError(f"--models {args.models} holds the {written} shape but --shape is {args.shape}: "
+                         "name another --models folder (MODELS= for run_h200.sh)")
     mode = ("combined" if args.breakdown and args.interleave else "breakdown" if args.breakdown
             else "interleave" if args.interleave else "cells")
     keys = parse_keys(args.configs if args.configs is not None else DEFAULT_MODE_CONFIGS.get(mode, DEFAULT_ORDER))
@@ -426,11 +443,12 @@ class Run:
 
     def ensure_models(self) -> None:
         models = self.args.models
-        if os.path.exists(os.path.join(models, "models.json")):
+        if os.path.exists(os.path.join(models, "models.json")):  # its shape was checked by validate()
             self.meta["models"] = json.load(open(os.path.join(models, "models.json")))
             return
         self.log(f"writing models into {models}")
-        cmd = [sys.executable, os.path.join(HERE, "serving_models.py"), models, "--accept", str(self.args.accept)]
+        cmd = [sys.executable, os.path.join(HERE, "serving_models.py"), models, "--accept", str(self.args.accept),
+               "--shape", self.args.shape]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, min(240.0, self.left() - 60)))
         if done.returncode != 0:
             raise RuntimeError(f"model writing failed: {done.stderr[-3000:]}")

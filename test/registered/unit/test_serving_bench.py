@@ -384,6 +384,59 @@ def test_written_models_have_the_layouts_sglang_loads(tmp_path):
     assert abs(facts["bigram_accept"] - 0.8) < 0.01
 
 
+SMALL_MOE = models.ModelShape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=96, vocab=512, head_size=32,
+                              experts=4, experts_per_token=2, moe_intermediate=48)
+
+
+def test_moe_target_loads_in_transformers_and_sglang_and_stays_near_its_bigram(tmp_path):
+    """The Qwen3-MoE writer: Hugging Face's Qwen3-MoE loads every tensor (no missing, unexpected or mismatched
+    key), its next-token distribution is the bigram the draft is calibrated on (TV < 0.01), SGLang's
+    ModelConfig reads the config, and the EAGLE draft's attention has the target's head size."""
+    import torch
+    from safetensors import safe_open
+    from sglang.srt.configs.model_config import ModelConfig
+    from transformers import AutoModelForCausalLM
+
+    facts = models.write_models(str(tmp_path), shape=SMALL_MOE, accept=0.8, device="cpu", layers_per_shard=1,
+                                calibration_tokens=64)
+    assert facts["architecture"] == "Qwen3MoeForCausalLM" and facts["shape_name"] is None
+    model, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "target"), output_loading_info=True,
+                                                       dtype=torch.float32)
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids = torch.tensor([[5, 17, 300, 42, 511]])
+    with torch.no_grad():
+        p = torch.softmax(model(ids).logits[0], -1)
+        embed, lm_head = model.get_input_embeddings().weight, model.lm_head.weight
+        bigram = torch.softmax(embed[ids[0]] @ lm_head.T, -1)
+    assert float((p - bigram).abs().sum(-1).max()) / 2 < 0.01
+    config = ModelConfig(str(tmp_path / "target"))
+    assert config.hf_config.num_experts == 4 and config.head_dim == 32
+    with safe_open(str(tmp_path / "eagle" / "model.safetensors"), "pt") as f:
+        assert tuple(f.get_slice("layers.0.self_attn.q_proj.weight").get_shape()) == (4 * 32, 64)
+    assert abs(facts["bigram_accept"] - 0.8) < 0.01
+
+
+def test_named_shapes_and_their_bounds():
+    assert models.SHAPES["llama-8b"] == models.EIGHT_B and models.shape_name(models.EIGHT_B) == "llama-8b"
+    moe = models.SHAPES["qwen3-moe-a3b-24l"]
+    assert moe.moe and moe.head_dim == 128 and 30e9 < 2 * moe.target_params() < 32e9  # bf16 bytes: fits 64 GiB
+    with pytest.raises(ValueError, match=r"experts_per_token must lie in \[1, 4\]"):
+        models.ModelShape(experts=4, experts_per_token=5, moe_intermediate=8)
+    with pytest.raises(ValueError, match="head_size must be a non-negative integer, got -1"):
+        models.ModelShape(head_size=-1)
+
+
+def test_a_models_folder_of_another_shape_is_refused(tmp_path):
+    (tmp_path / "models.json").write_text(json.dumps({"shape_name": "qwen3-moe-a3b-24l"}))
+    args = run.build_parser().parse_args(["--out", str(tmp_path / "o"), "--models", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"--models .* holds the qwen3-moe-a3b-24l shape but --shape is llama-8b"):
+        run.validate(args)
+    args = run.build_parser().parse_args(["--out", str(tmp_path / "o"), "--models", str(tmp_path),
+                                          "--shape", "qwen3-moe-a3b-24l"])
+    assert run.validate(args)
+
+
 def test_acceptance_knob_is_calibrated_and_monotone():
     """1 - TV from an independent exact computation (float64 numpy) equals the calibrated acceptance."""
     import numpy as np
