@@ -8,7 +8,9 @@ every request on the TARGET stream, each at its own position, in parallel,
 writing per-split partials; rows off the accepted path are raced too, which
 costs bandwidth but needs no host round trip. Phase 3 (grid [B]): reduce the
 partials of the current node in split order, compare with its children's
-candidates, move or stop, and write tokens, accept lengths and the path.
+candidates, move or stop, and write tokens, accept lengths and the path;
+given SGLang's verify buffers, also ``predicts``, ``accept_index`` and
+``accept_token_num`` at the accepted nodes' slots (``ops.verify_outputs``).
 Nothing syncs with the host, so the whole op is CUDA-graph capturable. Bit
 for bit equal to ``coupled_ref.coupled_walk_reference`` on the same CUDA
 device (the same race arithmetic; the walk is integer logic).

@@ -42,7 +42,10 @@ def check_verify_outputs(out: VerifyOutputs, b: int, n: int, device: torch.devic
         ValueError: ``out`` is not a :class:`VerifyOutputs`; a buffer is not an
             integer tensor on ``device``; ``retrive_index`` is not [b, n],
             ``predicts`` has fewer than b * n entries or is not 1-D,
-            ``accept_index`` is not 2-D [b, D >= 1], ``accept_token_num`` is not [b].
+            ``accept_index`` is not 2-D [b, D >= 1], ``accept_token_num`` is not [b];
+            ``predicts``, ``accept_index`` or ``accept_token_num`` without a
+            unit stride in its last dimension (the kernel writes them so; SGLang
+            allocates them contiguous).
     """
     if not isinstance(out, VerifyOutputs):
         raise ValueError(f"out must be a VerifyOutputs, got {type(out).__name__}")
@@ -61,6 +64,10 @@ def check_verify_outputs(out: VerifyOutputs, b: int, n: int, device: torch.devic
         raise ValueError(f"out.accept_index must be [B, D] with B = {b} and D >= 1, got {tuple(out.accept_index.shape)}")
     if tuple(out.accept_token_num.shape) != (b,):
         raise ValueError(f"out.accept_token_num must be [B] = {(b,)}, got {tuple(out.accept_token_num.shape)}")
+    for name in ("predicts", "accept_index", "accept_token_num"):
+        t = getattr(out, name)
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"out.{name} must have unit stride in its last dimension, got stride {t.stride(-1)}")
 
 
 def write_verify_outputs(

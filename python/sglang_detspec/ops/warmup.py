@@ -37,8 +37,13 @@ class WarmupPlan:
         tree_nodes: N of a coupled tree verify (``num_draft_tokens``), or 0.
         topk: children per tree node (``eagle_topk``), 1 for chains.
         rejection: the chain verifies by rejection sampling (``verify_chain``).
-        accept_width: columns of SGLang's ``accept_index`` (``num_steps + 1``),
-            which the coupled verifies write in place; 0: the verify's node count.
+        accept_width: columns of SGLang's ``accept_index`` (the verify input's
+            ``max_tree_depth``: ``num_steps + 1`` for EAGLE, the draft token
+            count for NGRAM), which the coupled verifies write in place; 0:
+            the verify's node count.
+        one_token_verify: also the verify of a batch that drafted nothing
+            (``--speculative-adaptive`` at 0 steps: one node, K = 0, an
+            ``accept_index`` of one column), through both of SGLang's samplers.
 
     Raises:
         ValueError: a field out of range, naming it and the bound.
@@ -50,6 +55,7 @@ class WarmupPlan:
     topk: int = 1
     rejection: bool = False
     accept_width: int = 0
+    one_token_verify: bool = False
 
     def __post_init__(self):
         if not self.vocabs or any(not isinstance(v, int) or v < 1 for v in self.vocabs):
@@ -101,6 +107,15 @@ def warm_up(plan: WarmupPlan, device: torch.device, *, kernel: str = "auto") -> 
             draft = torch.ones(1, k, v, dtype=torch.float32, device=device)
             verify_chain(drafts, draft, target, seeds, pos, check=False, kernel=kernel)
             launched += 1
+    if plan.one_token_verify:  # every size is 1 here: a specialisation of its own
+        target = torch.ones(1, 1, v, dtype=torch.float32, device=device)
+        root = torch.zeros(1, 1, dtype=torch.int64, device=device)
+        none = torch.full((1, 1), -1, dtype=torch.int64, device=device)
+        coupled_verify_chain(root[:, :0], target, seeds, pos, check=False, kernel=kernel,
+                             out=_sglang_buffers(1, 1, device))
+        coupled_verify_tree(root, none, none, target, seeds, pos, check=False, kernel=kernel,
+                            out=_sglang_buffers(1, 1, device))
+        launched += 2
     if plan.tree_nodes:
         n = plan.tree_nodes
         cand = torch.zeros(1, n, dtype=torch.int64, device=device)

@@ -22,7 +22,8 @@ prefix-sum order; coupled verify emits the TARGET-stream token of every
 position (the non-speculative sampler's token), rejection mode uses separate
 streams at absolute positions (DESIGN section 4). Both write SGLang's outputs
 (``predicts``, ``accept_index``, ``accept_token_num``) without a host sync;
-coupled verify writes them from inside its kernel's walk.
+on the Triton path coupled verify writes them from inside its kernel's walk
+(the torch path scatters them after it).
 
 Coupled verify (docs/design.md, "Coupled verification"): at each accepted node the target token of
 the next position is ``y = race(w, TARGET, t)``; a child whose token equals
@@ -193,7 +194,7 @@ def coupled_tree_sampling(
             retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
             draft_probs, threshold_single, threshold_acc, deterministic,
         )
-    # The verify kernel's walk writes SGLang's buffers itself: no scatter launched after it.
+    # On the Triton path the verify kernel's walk writes SGLang's buffers itself: no scatter after it.
     coupled_tree_outputs(ctx, candidates, retrive_next_token, retrive_next_sibling, current_config().kernel,
                          VerifyOutputs(retrive_index, predicts, accept_index, accept_token_num))
 

@@ -33,21 +33,26 @@ def plan_for(bag, target_vocab: int, draft_vocab: int | None = None) -> WarmupPl
         return WarmupPlan(vocabs)
     topk = bag.eagle_topk or 1
     n = bag.num_draft_tokens
+    # SGLang sizes accept_index to the verify input's max_tree_depth: NGRAM trees have no depth cap.
+    width = n if bag.algorithm == "NGRAM" else (bag.num_steps + 1 if bag.num_steps else 0)
     return WarmupPlan(vocabs, draft_tokens=n - 1 if topk == 1 else 0, tree_nodes=n, topk=topk,
-                      rejection=not bag.coupled and topk == 1,
-                      accept_width=bag.num_steps + 1 if bag.num_steps else 0)
+                      rejection=not bag.coupled and topk == 1, accept_width=width)
 
 
 def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[WarmupPlan]:
     """:func:`plan_for`, then one chain plan per other draft step count ``--speculative-adaptive`` may switch to.
 
     Each step count s > 0 verifies s drafts with an ``accept_index`` of
-    s + 1 columns, a shape of its own for the verify kernel; s = 0 drafts
-    nothing (the target sampler's races, warmed by the first plan).
+    s + 1 columns, a shape of its own for the verify kernel; s = 0 still
+    verifies one token per request (SGLang's trivial verify input), every
+    size 1, which the first plan warms too (``one_token_verify``).
     """
     base = plan_for(bag, target_vocab, draft_vocab)
+    if 0 in bag.adaptive_steps:
+        base = dataclasses.replace(base, one_token_verify=True)
     others = [s for s in bag.adaptive_steps if s > 0 and s != bag.num_steps]
-    return [base, *(dataclasses.replace(base, draft_tokens=s, tree_nodes=s + 1, accept_width=s + 1) for s in others)]
+    return [base, *(dataclasses.replace(base, draft_tokens=s, tree_nodes=s + 1, accept_width=s + 1,
+                                        one_token_verify=False) for s in others)]
 
 
 def compile_kernels(scheduler, *args, **kwargs) -> None:

@@ -37,7 +37,8 @@ def compiled() -> int:
 
 @pytest.mark.parametrize("vocab", [32000, 128256])
 def test_no_batch_size_compiles_after_the_warm_up(vocab):
-    plan = WarmupPlan((vocab,), draft_tokens=3, tree_nodes=8, topk=4, rejection=True, accept_width=4)
+    plan = WarmupPlan((vocab,), draft_tokens=3, tree_nodes=8, topk=4, rejection=True, accept_width=4,
+                      one_token_verify=True)
     assert warm_up(plan, DEV) > 0
     before = compiled()
     sm = torch.cuda.get_device_properties(DEV).multi_processor_count
@@ -79,6 +80,16 @@ def test_no_batch_size_compiles_after_the_warm_up(vocab):
         got = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False, out=buffers(rows, 8))
         want = coupled_verify_tree(cand, nxt, sib, p, seeds[:rows], pos[:rows], check=False, kernel="torch")
         assert all(torch.equal(g, h) for g, h in zip(got, want)), b
+        # A batch that drafted nothing (adaptive speculation at 0 steps): one node, every size 1.
+        one = VerifyOutputs(torch.arange(b, device=DEV).view(b, 1), torch.zeros(b, dtype=torch.int32, device=DEV),
+                            torch.full((b, 1), -1, dtype=torch.int32, device=DEV),
+                            torch.zeros(b, dtype=torch.int32, device=DEV))
+        got = coupled_verify_chain(torch.zeros(b, 0, dtype=torch.int64, device=DEV), w.view(b, 1, vocab),
+                                   seeds, pos, check=False, out=one)
+        want = exponential_race(w, seeds, pos, stream=Stream.TARGET, kernel="torch")[:, 0]
+        assert torch.equal(got[0][:, 0], want) and torch.equal(one.predicts.long(), want), b
+        assert not got[1].any() and not one.accept_token_num.any() and torch.equal(one.accept_index[:, 0].long(),
+                                                                                   torch.arange(b, device=DEV))
         q = torch.rand(rows, 3, vocab, generator=gen, device=DEV) ** 8
         got = verify_chain(x, q, p[:, :4], seeds[:rows], pos[:rows], check=False)
         want = verify_chain(x, q, p[:, :4], seeds[:rows], pos[:rows], check=False, kernel="torch")

@@ -1,5 +1,6 @@
 """What the start-up warm-up compiles for a server (sglang_plugin.warmup_hook.plan_for, ops.warmup.WarmupPlan)."""
 
+import dataclasses
 import sys
 
 import pytest
@@ -32,10 +33,20 @@ def test_plans_follow_the_draft_shape():
 def test_adaptive_chains_warm_every_step_count_they_may_switch_to():
     chain = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4, adaptive_steps=(0, 1, 3, 5, 7))
     plans = warmup_hook.plans_for(chain, 1000)
-    assert plans[0] == warmup_hook.plan_for(chain, 1000)
+    # Step 0 still verifies one token per request (SGLang's trivial verify input): the first plan warms it.
+    assert plans[0] == dataclasses.replace(warmup_hook.plan_for(chain, 1000), one_token_verify=True)
     assert [(p.draft_tokens, p.tree_nodes, p.accept_width) for p in plans] == [(3, 4, 4), (1, 2, 2), (5, 6, 6), (7, 8, 8)]
-    assert warmup_hook.plans_for(bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4), 1000) == [
-        plans[0]]
+    assert [p.one_token_verify for p in plans] == [True, False, False, False]
+    no_zero = dataclasses.replace(chain, adaptive_steps=(1, 3))
+    assert [p.one_token_verify for p in warmup_hook.plans_for(no_zero, 1000)] == [False, False]
+    fixed = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4)
+    assert warmup_hook.plans_for(fixed, 1000) == [warmup_hook.plan_for(fixed, 1000)]
+
+
+def test_ngram_accept_index_is_as_wide_as_its_draft_tokens():
+    """SGLang sizes NGRAM's accept_index to max_tree_depth = draft_token_num (no depth cap), not num_steps + 1."""
+    ngram = bag(algorithm="NGRAM", num_steps=2, eagle_topk=8, num_draft_tokens=16)
+    assert warmup_hook.plan_for(ngram, 1000).accept_width == 16
 
 
 def test_plan_bounds_name_the_field():
