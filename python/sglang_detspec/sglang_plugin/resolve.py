@@ -101,12 +101,19 @@ def adaptive_steps(spec) -> tuple[int, ...]:
     default table, or ``--speculative-adaptive-config``): the union over
     every batch-size slot, as SGLang sizes its runtime states. SGLang turns
     the flag off itself where it cannot run (top-k > 1, multi-layer EAGLE,
-    ...; ``_maybe_disable_adaptive``), so a resolved record says whether it runs.
+    ...; ``_maybe_disable_adaptive``); for flags as typed its rules on the
+    algorithm, top-k and multi-layer EAGLE apply here too.
 
     Raises:
         ValueError: SGLang's, for a malformed adaptive config file.
     """
     if not getattr(spec, "speculative_adaptive", False):
+        return ()
+    # Flags as typed (the dry run's raw record) have not met _maybe_disable_adaptive yet: its
+    # rules on what this bag reads (SGLang 0.5.23's adaptive_unsupported_reason).
+    algorithm = str(getattr(spec, "speculative_algorithm", None) or "").upper()
+    if (algorithm not in ("EAGLE", "EAGLE3") or getattr(spec, "speculative_eagle_topk", None) not in (None, 1)
+            or getattr(spec, "enable_multi_layer_eagle", False)):
         return ()
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
@@ -217,7 +224,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      f"{', '.join(MEASURED_ATTENTION_BACKENDS)} only): the logits={config.logits!r} claim is "
                      "the rule's, not a measured figure")
     if config.adaptive_steps:
-        notes.append(f"--speculative-adaptive (draft steps {list(config.adaptive_steps)} by batch size): coupled "
+        notes.append(f"--speculative-adaptive (draft steps {list(config.adaptive_steps)} by batch size and accept "
+                     "rate): coupled "
                      "verify makes the tokens independent of the step count, but no committed server run has "
                      "switched steps with the plugin yet")
     if config.algorithm in UNMEASURED_ALGORITHMS:

@@ -250,6 +250,18 @@ def test_ngram_dry_run_shows_its_bfs_breadth_not_a_top_k(capsys):
     assert "note: NGRAM is wired and CPU-tested but has not yet run on a server" in err
 
 
+def test_adaptive_dry_run_lists_steps_for_a_chain_and_none_for_a_tree(capsys):
+    """SGLang runs --speculative-adaptive for EAGLE chains only (it turns the flag off for trees at start-up):
+    the dry run, which reads the flags as typed, must say the same."""
+    base = ["--model-path", "m", "--speculative-algorithm", "EAGLE", "--attention-backend", "fa3",
+            "--speculative-adaptive"]
+    rc, _, err = dry_run(capsys, [*base, *CHAIN])
+    assert rc == 0 and "adaptive_steps=(0, 1, 3, 5, 7)" in start_up_line(err)
+    assert "by batch size and accept rate" in err and "no committed server run has switched steps" in err
+    rc, _, err = dry_run(capsys, [*base, *TREE])
+    assert rc == 0 and "adaptive_steps=()" in start_up_line(err) and "--speculative-adaptive (" not in err
+
+
 def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(capsys):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN])
     assert rc == 0 and "logits='tokens'" in start_up_line(err)
