@@ -50,6 +50,9 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``norm_hook``: SGLang's RMSNorm with the residual add runs one fused
   batch-invariant kernel per norm (the plain form keeps SGLang's
   ``rms_norm_batch_invariant``).
+- ``kv_rows_hook``: ``get_req_to_token_extra_context_len`` (AFTER): a
+  request's KV row holds the slots a tree's decode step reserves, so a
+  request that decodes up to the context length cannot write past its row.
 - ``warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): the plugin's
   Triton kernels that run outside CUDA graphs are compiled at start-up,
   not inside the first requests.
@@ -71,8 +74,9 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, norm_hook, probs_hook, request_seeds, request_validation,
-    resolve, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook, verify_hook, warmup_hook,
+    attention_hook, channels, draft_hook, kv_rows_hook, norm_hook, probs_hook, request_seeds,
+    request_validation, resolve, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook,
+    verify_hook, warmup_hook,
 )
 
 ENTRY_POINT_NAME = "detspec"
@@ -170,6 +174,7 @@ def hook_table() -> list[Hook]:
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
+        Hook(kv_rows_hook.TARGET, kv_rows_hook.hold_decode_reserve, "AFTER"),
         Hook(warmup_hook.TARGET, warmup_hook.compile_kernels, "BEFORE", _WARMUP_ONLY),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),

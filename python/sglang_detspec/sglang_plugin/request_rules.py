@@ -250,6 +250,7 @@ def _batch_lists(obj) -> None:
                                        f"sampling_params[{index}] must be an object, got {one!r:.80}")
     if size is None:
         return
+    _ids_beside_text(obj, single, size)
     # A single request's lists are SGLang's to read (e.g. several images of one prompt); only its
     # parameter sets are indexed.
     for name in PER_REQUEST_LISTS if not single else ("sampling_params",):
@@ -258,6 +259,20 @@ def _batch_lists(obj) -> None:
             raise RequestRuleError(
                 "batch_length_mismatch", name,
                 f"{name} must give one entry per request of the batch ({size}), got a list of {len(value)}")
+
+
+def _ids_beside_text(obj, single: bool, size: int) -> None:
+    # ``text`` sets a batch's size when both prompt fields are given; __getitem__ then indexes
+    # ``input_ids`` per request like any other list (a flat list there: IndexError, HTTP 500).
+    ids = getattr(obj, "input_ids", None)
+    if single or getattr(obj, "text", None) is None or ids is None:
+        return
+    if not isinstance(ids, list) or len(ids) != size or not all(isinstance(one, list) for one in ids):
+        got = f"a list of {len(ids)}" if isinstance(ids, list) else type(ids).__name__
+        raise RequestRuleError(
+            "batch_length_mismatch", "input_ids",
+            f"input_ids beside a batch of text must give one list of token ids per request of the batch "
+            f"({size}), got {got}")
 
 
 def _rid(obj) -> None:
@@ -440,7 +455,8 @@ RULES: tuple[Rule, ...] = (
     Rule("batch", ("batch_length_mismatch",),
          "every per-request list `GenerateReqInput.__getitem__` indexes (" + ", ".join(PER_REQUEST_LISTS)
          + ") as long as the batch (an empty " + " / ".join(EMPTY_MEANS_UNSET) + " and a flat token_ids_logprob "
-         "are SGLang's \"not given\" and \"every request\"); parameter sets objects",
+         "are SGLang's \"not given\" and \"every request\"); parameter sets objects; input_ids beside a "
+         "batch of text (which sets the batch size) one list of ids per request",
          "refuse", "io_struct.GenerateReqInput.__getitem__ (IndexError: HTTP 500; a longer list silently cut)",
          _batch_lists, stage="whole"),
     Rule("rid", ("rid_not_a_string",), "a string (a list of strings in a batch)", "refuse",

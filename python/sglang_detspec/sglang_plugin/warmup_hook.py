@@ -55,8 +55,31 @@ def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[Wa
                                         one_token_verify=False) for s in others)]
 
 
+def warm_sglang_renorm(device: torch.device) -> int:
+    """SGLang's verify renorms (``top_k_renorm_prob``, ``top_p_renorm_prob``) called once; returns the call count.
+
+    On CUDA they are flashinfer's, which builds its sampling module with nvcc
+    at the first call: a rejection verify's first top-k or top-p request
+    waited for that build inside a request (over 120 s on a host building
+    for ten servers at once, 2026-12-04). The calls go through SGLang's
+    module bindings, so the plugin's renorm hook and its deterministic flag
+    are what gets built. Inputs: one row of 8 uniform probabilities, float32;
+    k int32, p float32, SGLang's dtypes for them.
+    """
+    from sglang.kernels.ops.sampling import renorm
+
+    if renorm.top_k_renorm_prob is None or renorm.top_p_renorm_prob is None:
+        return 0
+    probs = torch.full((1, 8), 1.0 / 8, dtype=torch.float32, device=device)
+    renorm.top_k_renorm_prob(probs, torch.tensor([2], dtype=torch.int32, device=device))
+    renorm.top_p_renorm_prob(probs, torch.tensor([0.5], dtype=torch.float32, device=device))
+    return 2
+
+
 def compile_kernels(scheduler, *args, **kwargs) -> None:
     """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`ops.warmup.warm_up` of each of :func:`plans_for`.
+
+    A rejection verify also gets SGLang's renorms built (:func:`warm_sglang_renorm`).
 
     Only in runs whose seeded streams are active, and only on CUDA. The
     target's vocabulary comes from its model runner; a reduced draft
@@ -76,6 +99,8 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
         plans = plans_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
         device = torch.device("cuda", torch.cuda.current_device())
         launched = sum(warm_up(plan, device, kernel=bag.kernel) for plan in plans)
+        if bag.algorithm is not None and not bag.coupled:  # a coupled verify never renorms (probs_hook)
+            launched += warm_sglang_renorm(device)
     except Exception:  # speed only: what cannot be warmed here compiles at its first request instead
         log.warning("sglang-detspec: start-up kernel warm-up failed (%s); kernels compile at first use",
                     plans, exc_info=True)

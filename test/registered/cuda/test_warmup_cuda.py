@@ -105,6 +105,15 @@ def buffers(rows: int, nodes: int) -> VerifyOutputs:
                          torch.zeros(rows, dtype=torch.int32, device=DEV))
 
 
+def test_sglang_renorm_is_built_at_start_up():
+    """A rejection server's start-up loads flashinfer's sampling module (a JIT build at its first call)."""
+    sampling = pytest.importorskip("flashinfer.sampling", reason="SGLang's CUDA renorms are flashinfer's")
+    from sglang_detspec.sglang_plugin import warmup_hook
+
+    assert warmup_hook.warm_sglang_renorm(DEV) == 2
+    assert sampling.get_sampling_module.cache_info().currsize == 1
+
+
 def test_plan_checks_its_fields():
     with pytest.raises(ValueError, match="vocabs must be a non-empty tuple"):
         WarmupPlan(())

@@ -224,6 +224,15 @@ def test_a_batch_with_one_bad_request_is_refused_whole(served, bag):
      "batch_length_mismatch", "top_logprobs_num must give one entry per request of the batch (2)"),
     ({"input_ids": [1, 2], "sampling_params": []}, "batch_length_mismatch", "(1), got a list of 0"),
     ({"input_ids": [[1, 2]], "sampling_params": [5]}, "batch_length_mismatch", "sampling_params[0] must be an object"),
+    # text sets the batch size beside input_ids, which __getitem__ then indexes per request (found by the
+    # H200 fuzz of 2026-12-04: a flat input_ids beside 64 texts was an IndexError, HTTP 500).
+    ({"text": ["a"] * 64, "input_ids": [1, 2, 3], "sampling_params": dict(SAMPLED)}, "batch_length_mismatch",
+     "input_ids beside a batch of text must give one list of token ids per request of the batch (64), got a list "
+     "of 3"),
+    ({"text": ["a", "b"], "input_ids": [5, 6], "sampling_params": dict(SAMPLED)}, "batch_length_mismatch",
+     "per request of the batch (2), got a list of 2"),
+    ({"text": ["a", "b"], "input_ids": [[5], [6], [7]], "sampling_params": dict(SAMPLED)}, "batch_length_mismatch",
+     "(2), got a list of 3"),
     # The rid is a dict key in the tokenizer manager: a list raised TypeError (HTTP 500).
     ({"input_ids": [1, 2], "sampling_params": dict(SAMPLED), "rid": []}, "rid_not_a_string", "rid must be a string"),
     ({"input_ids": [[1, 2], [3]], "sampling_params": dict(SAMPLED), "rid": ["a", 5]}, "rid_not_a_string", "got 5"),

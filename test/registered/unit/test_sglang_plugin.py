@@ -101,6 +101,7 @@ HOOKED = {
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
     "sglang.srt.layers.layernorm.RMSNorm.forward_cuda",
     "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs",
+    "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
     *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (
         "__init__", "init_cuda_graph_state", "init_forward_metadata", "init_forward_metadata_out_graph",
         "forward_extend")),
@@ -861,3 +862,35 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+# -- KV rows: a tree's decode reserve fits the request-to-token row ------------------------------------
+
+ROW_CASES = [
+    # flags, SGLang's own headroom, the plugin's (2 * max(steps * topk, draft tokens) at page size 1)
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+     "--speculative-num-draft-tokens 8 --enable-deterministic-inference", 12, 24),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 5 --speculative-eagle-topk 8 "
+     "--speculative-num-draft-tokens 16 --enable-deterministic-inference", 20, 80),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+     "--speculative-num-draft-tokens 4 --enable-deterministic-inference", 8, 8),
+    # SGLang's own tree (not deterministic): the plugin is inactive and leaves SGLang's number
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+     "--speculative-num-draft-tokens 8", 12, 12),
+]
+
+
+@pytest.mark.parametrize("flags, sglang_extra, extra", ROW_CASES)
+def test_the_kv_row_holds_a_decode_steps_reserve(loaded, model_dir, context, flags, sglang_extra, extra):
+    """The headroom SGLang's KV configurator reads (its own binding) holds one decode step's reserve."""
+    from sglang.srt.mem_cache import allocation_sizing, kv_cache_configurator
+    from sglang.srt.runtime_context import publish
+
+    sa = server_args(model_dir, flags)
+    publish(sa, role="test")
+    original = allocation_sizing.get_req_to_token_extra_context_len
+    while hasattr(original, "__wrapped__"):
+        original = original.__wrapped__
+    assert original() == sglang_extra  # SGLang 0.5.23's formula: 4 + draft tokens at page size 1
+    assert kv_cache_configurator.get_req_to_token_extra_context_len() == extra
+    assert extra >= allocation_sizing.get_alloc_reserve_per_decode() or not current_config().active
