@@ -108,6 +108,10 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # and accept rate, its default table), which coupled verify keeps out of the tokens (--configs adl).
     BenchConfig("l", "plugin_coupled_adaptive", "(l) (d) with --speculative-adaptive, plugin coupled",
                 CHAIN + ("--speculative-adaptive",), True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
+    # Not in the default order: (e) drafting a chain of its depth for decode batches of more than 16
+    # requests (sglang_plugin/shape_hook.py), which coupled verify keeps out of the tokens (--configs aem).
+    BenchConfig("m", "plugin_tree_switch", "(m) (e) drafting a 3-step chain above 16 requests, plugin coupled",
+                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")), True),
 )}
 
 # Measured first: the ratios against (b) of the plugin's configurations survive a run cut short.

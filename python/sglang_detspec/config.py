@@ -32,6 +32,9 @@ TREE_ATTENTION_ENV = "SGLANG_DETSPEC_TREE_ATTENTION"
 # cascade: SGLang's tree verify attention (FA3: prefix and draft parts merged in bf16);
 # nodes: one decode query per tree node over its own key list (sglang_plugin/tree_attention_hook.py).
 TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
+TREE_CHAIN_BATCH_ENV = "SGLANG_DETSPEC_TREE_CHAIN_BATCH"
+# Largest accepted value: SGLang's own batch-size fields stay far below it.
+MAX_TREE_CHAIN_BATCH = 1 << 20
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
 # prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
@@ -60,7 +63,7 @@ CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--specula
 # Bag fields that mean something only with speculative decoding on (DetSpecConfig.shown_fields).
 SPECULATIVE_FIELDS = ("verify", "tree_attention", "num_steps", "eagle_topk", "num_draft_tokens",
                       "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab",
-                      "adaptive_steps")
+                      "adaptive_steps", "tree_chain_batch")
 # ... and only with a draft model (NGRAM copies its drafts from earlier text).
 DRAFT_MODEL_FIELDS = ("multi_layer_eagle", "reduced_draft_vocab")
 
@@ -89,6 +92,13 @@ class DetSpecConfig:
             (sorted, 0 = no drafts), from its candidate config; empty when
             adaptive speculation is off. Coupled verify keeps the tokens the
             same whichever count drafts them.
+        tree_chain_batch: ``SGLANG_DETSPEC_TREE_CHAIN_BATCH``: a coupled tree
+            drafts as a chain of its step count (top-k 1, steps + 1 draft
+            tokens) for decode batches of more than this many requests
+            (``sglang_plugin/shape_hook.py``); 0 (the default) keeps the tree
+            at every batch size. Coupled verify keeps the tokens the same
+            whichever shape drafts them. See :attr:`chain_at_batch` for the
+            servers it applies to.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -128,6 +138,7 @@ class DetSpecConfig:
     eagle_topk: int | None = None
     num_draft_tokens: int | None = None
     adaptive_steps: tuple[int, ...] = ()
+    tree_chain_batch: int = 0
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
@@ -265,6 +276,22 @@ class DetSpecConfig:
         return (self.active and self.coupled and self.algorithm is not None
                 and ((self.eagle_topk or 1) > 1 or not self.rejection_sampling))
 
+    @property
+    def chain_at_batch(self) -> int:
+        """The batch size above which this tree server drafts as a chain; 0: its tree at every size.
+
+        :attr:`tree_chain_batch` where it applies: an active coupled EAGLE /
+        EAGLE3 tree (``topk > 1``, SGLang's ``EAGLEWorkerV2``: not multi-layer
+        EAGLE) with a KV page size of 1 (above it SGLang lays a tree's draft
+        slots out per branch). Coupled verify is what makes the switch free:
+        the tokens do not depend on the drafts.
+        """
+        if not (self.tree_chain_batch and self.active and self.coupled and self.algorithm in ("EAGLE", "EAGLE3")
+                and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
+                and self.page_size in (None, 1)):
+            return 0
+        return self.tree_chain_batch
+
     def wants_sampled_drafts(self) -> bool:
         """Whether start-up should turn on SGLang's sampled-draft path for this coupled chain.
 
@@ -299,7 +326,8 @@ class DetSpecConfig:
         the top-k to that flag whatever ``--speculative-eagle-topk`` says);
         ``decode_attention`` on a known decode backend it does not change
         (:data:`ONE_PASS_DECODE_BACKENDS`); ``tree_attention`` on a known
-        backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain.
+        backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
+        ``tree_chain_batch`` for a chain and for NGRAM.
         An unknown backend or top-k (None: SGLang picks it at start-up) keeps
         the field.
         """
@@ -314,6 +342,8 @@ class DetSpecConfig:
             skip.add("decode_attention")
         if (backend is not None and backend not in BITWISE_NODE_TREE_BACKENDS) or topk == 1:
             skip.add("tree_attention")
+        if topk == 1 or algo == "NGRAM":
+            skip.add("tree_chain_batch")
         names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
         return {names.get(f.name, f.name): getattr(self, f.name)
                 for f in dataclasses.fields(self) if f.name not in skip}
@@ -432,7 +462,7 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
-    Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention"}``
+    Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "tree_chain_batch"}``
     with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
 
     Raises:
@@ -440,7 +470,9 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_DISABLE`` not a boolean word,
             ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection,
             ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes,
-            ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang, or
+            ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang,
+            ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` not an integer in
+            [0, :data:`MAX_TREE_CHAIN_BATCH`], or
             a removed setting (:data:`REMOVED_ENV`) set to anything but
             its old default (:data:`REMOVED_DEFAULTS`, accepted: it asks for
             what now always runs).
@@ -455,7 +487,20 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
     decode_attention = _word(env, DECODE_ATTENTION_ENV, "one_pass", DECODE_ATTENTION_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
-            "decode_attention": decode_attention}
+            "decode_attention": decode_attention, "tree_chain_batch": _batch_size(env, TREE_CHAIN_BATCH_ENV)}
+
+
+def _batch_size(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_TREE_CHAIN_BATCH:
+        raise ValueError(f"{name} must be an integer batch size in [0, {MAX_TREE_CHAIN_BATCH}] (0: off), got {raw!r}")
+    return value
 
 
 _lock = threading.Lock()

@@ -53,6 +53,10 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``kv_rows_hook``: ``get_req_to_token_extra_context_len`` (AFTER): a
   request's KV row holds the slots a tree's decode step reserves, so a
   request that decodes up to the context length cannot write past its row.
+- ``shape_hook``: ``EAGLEWorkerV2.init_cuda_graphs`` (AFTER),
+  ``forward_batch_generation`` and ``EagleDraftWorker.draft`` (AROUND): with
+  ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` a coupled tree drafts as a chain of its
+  depth for large decode batches (one runtime state per draft shape).
 - ``warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): the plugin's
   Triton kernels that run outside CUDA graphs are compiled at start-up,
   not inside the first requests.
@@ -75,7 +79,7 @@ from typing import NamedTuple
 from ..config import current_config
 from . import (
     attention_hook, channels, draft_hook, kv_rows_hook, norm_hook, probs_hook, request_seeds,
-    request_validation, resolve, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook,
+    request_validation, resolve, shape_hook, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook,
     verify_hook, warmup_hook,
 )
 
@@ -175,6 +179,11 @@ def hook_table() -> list[Hook]:
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
         Hook(kv_rows_hook.TARGET, kv_rows_hook.hold_decode_reserve, "AFTER"),
+        Hook(shape_hook.INIT_GRAPHS, shape_hook.install_shapes, "AFTER"),
+        Hook(f"{shape_hook.INIT_GRAPHS.rsplit('.', 1)[0]}.{shape_hook.SHAPES_ATTR}", shape_hook.install_shapes, "ATTR"),
+        Hook(shape_hook.FORWARD, shape_hook.run_in_shape, "AROUND"),
+        Hook(shape_hook.DRAFT, shape_hook.draft_in_shape, "AROUND"),
+        Hook(f"{shape_hook.DRAFT.rsplit('.', 1)[0]}.{shape_hook.DRAFT_TOPK_ATTR}", shape_hook.apply_state, "ATTR"),
         Hook(warmup_hook.TARGET, warmup_hook.compile_kernels, "BEFORE", _WARMUP_ONLY),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),

@@ -197,6 +197,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
                          "only; this server verifies no trees")
+    if config.active and config.tree_chain_batch and not config.chain_at_batch:
+        notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.tree_chain_batch} applies to coupled EAGLE / EAGLE3 "
+                     "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1; this "
+                     "server keeps its draft shape")
     return notes
 
 
@@ -228,6 +232,11 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "rate): coupled "
                      "verify makes the tokens independent of the step count, but no committed server run has "
                      "switched steps with the plugin yet")
+    if config.chain_at_batch:
+        notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.chain_at_batch}: decode batches of more than "
+                     f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the "
+                     "tree; coupled verify makes the tokens independent of the draft shape, but no committed "
+                     "server run has switched shapes yet")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

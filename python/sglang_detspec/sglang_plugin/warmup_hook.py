@@ -42,6 +42,9 @@ def plan_for(bag, target_vocab: int, draft_vocab: int | None = None) -> WarmupPl
 def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[WarmupPlan]:
     """:func:`plan_for`, then one chain plan per other draft step count ``--speculative-adaptive`` may switch to.
 
+    A tree server with :attr:`DetSpecConfig.chain_at_batch` also gets the
+    chain plan of its own step count (``shape_hook``'s chain state).
+
     Each step count s > 0 verifies s drafts with an ``accept_index`` of
     s + 1 columns, a shape of its own for the verify kernel; s = 0 still
     verifies one token per request (SGLang's trivial verify input), every
@@ -51,7 +54,9 @@ def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[Wa
     if 0 in bag.adaptive_steps:
         base = dataclasses.replace(base, one_token_verify=True)
     others = [s for s in bag.adaptive_steps if s > 0 and s != bag.num_steps]
-    return [base, *(dataclasses.replace(base, draft_tokens=s, tree_nodes=s + 1, accept_width=s + 1,
+    if bag.chain_at_batch:  # a tree that drafts as a chain of its depth at large batches (shape_hook)
+        others.append(bag.num_steps)
+    return [base, *(dataclasses.replace(base, draft_tokens=s, tree_nodes=s + 1, topk=1, accept_width=s + 1,
                                         one_token_verify=False) for s in others)]
 
 

@@ -172,6 +172,9 @@ FAMILIES = {
     "coupled_chain": Family("target", "eagle", (*EAGLE, *CHAIN_SHAPE), "coupled"),
     "coupled_tree": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled"),
     "coupled_tree_16": Family("target", "eagle", (*EAGLE, *WIDE_TREE_SHAPE), "coupled"),
+    # the tree drafting as a chain of its depth for decode batches of more than 3 requests (shape_hook)
+    "coupled_tree_chain_switch": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",
+                                        (("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "3"),)),
     "coupled_chain_random_draft": Family("target", "eagle_random", (*EAGLE, *CHAIN_SHAPE), "coupled"),
     # SGLang's adaptive speculation: the draft step count follows the batch size and accept rate
     # (its default table), a change of drafts that coupled verify keeps out of the tokens

@@ -102,6 +102,9 @@ HOOKED = {
     "sglang.srt.layers.layernorm.RMSNorm.forward_cuda",
     "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs",
     "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft",
     *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (
         "__init__", "init_cuda_graph_state", "init_forward_metadata", "init_forward_metadata_out_graph",
         "forward_extend")),
@@ -894,3 +897,32 @@ def test_the_kv_row_holds_a_decode_steps_reserve(loaded, model_dir, context, fla
     assert original() == sglang_extra  # SGLang 0.5.23's formula: 4 + draft tokens at page size 1
     assert kv_cache_configurator.get_req_to_token_extra_context_len() == extra
     assert extra >= allocation_sizing.get_alloc_reserve_per_decode() or not current_config().active
+
+
+# -- draft shape by batch size: the published values a chain state is built under -----------------------
+
+
+@pytest.mark.parametrize("graph_flags, want_sizes", [
+    ("--cuda-graph-bs-decode 1 2 4 8 16 24 32", [24, 32]),
+    ("--cuda-graph-bs-decode 1 2 4 8 16", []),  # no size above the bound: the chain runs eagerly
+    ("--disable-cuda-graph", None),
+])
+def test_a_chain_state_is_built_under_sglangs_own_leaves(loaded, model_dir, context, graph_flags, want_sizes):
+    """The leaves the build overrides exist in SGLang's published context, take effect, and come back."""
+    from sglang.srt.runtime_context import get_context, get_exec, get_spec, publish
+    from sglang_detspec.sglang_plugin import shape_hook
+
+    sa = server_args(model_dir, "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+                                f"--speculative-num-draft-tokens 8 --enable-deterministic-inference {graph_flags}")
+    publish(sa, role="test")
+    saved = shape_hook.published_shape()
+    assert saved["speculative_eagle_topk"] == 4 and saved["speculative_num_draft_tokens"] == 8
+    overrides = shape_hook.capture_overrides(16, 4)
+    assert overrides.get("cuda_graph_bs_decode") == want_sizes
+    assert overrides.get("disable_cuda_graph", False) == (want_sizes == [])
+    get_context().override("test", **overrides)  # SGLang refuses a name that is not a resolved leaf
+    assert get_spec().speculative_eagle_topk == 1 and get_spec().speculative_num_draft_tokens == 4
+    if want_sizes is not None:
+        assert get_exec().graph.cuda_graph_bs_decode == want_sizes
+    get_context().override("test", **saved)
+    assert shape_hook.published_shape() == saved

@@ -30,6 +30,15 @@ def test_plans_follow_the_draft_shape():
     assert warmup_hook.plan_for(bag(algorithm="EAGLE3", eagle_topk=1, num_draft_tokens=4), 1000, 1000).vocabs == (1000,)
 
 
+def test_a_tree_that_drafts_chains_at_large_batches_warms_the_chain_too():
+    tree = bag(algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8, tree_chain_batch=16, page_size=1)
+    plans = warmup_hook.plans_for(tree, 1000)
+    assert plans == [warmup_hook.plan_for(tree, 1000),
+                     WarmupPlan((1000,), draft_tokens=3, tree_nodes=4, topk=1, rejection=False, accept_width=4)]
+    # Where the switch does not apply (a KV page size above 1), the tree alone.
+    assert len(warmup_hook.plans_for(dataclasses.replace(tree, page_size=16), 1000)) == 1
+
+
 def test_adaptive_chains_warm_every_step_count_they_may_switch_to():
     chain = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4, adaptive_steps=(0, 1, 3, 5, 7))
     plans = warmup_hook.plans_for(chain, 1000)

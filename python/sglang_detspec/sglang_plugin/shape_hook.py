@@ -1,0 +1,293 @@
+"""Draft shape by batch size: a coupled tree drafts as a chain when the running batch is large.
+
+A tree verifies ``num_draft_tokens`` nodes per request, a chain of the same
+depth ``steps + 1``: at large batches the target's verify is compute-bound
+and the tree pays for every node (docs/determinism_tax.md: the default tree
+at 0.57-0.59x of SGLang's chain at c >= 32, its chain at 0.81-0.86x).
+Coupled verification makes every emitted token the target's race winner,
+whatever was drafted (drafter invariance), so a server may change its draft
+shape from one step to the next without changing a token. With
+``SGLANG_DETSPEC_TREE_CHAIN_BATCH=B`` (:attr:`DetSpecConfig.chain_at_batch`)
+a tree server drafts a chain of its step count for decode batches of more
+than B requests and its tree otherwise.
+
+SGLang 0.5.23's adaptive speculation swaps one runtime state per draft step
+count, keyed by steps and with top-k fixed at 1; this module keeps one state
+per shape (top-k, steps, draft tokens) the same way: the draft worker's
+attention backends and CUDA graphs, its draft-extend backend and graphs, the
+target's verify attention backend and verify CUDA graphs. Switching is a
+handful of attribute writes between two steps.
+
+What stays the tree's in the chain state: the KV reserve per step (SGLang
+sizes it from the published top-k, larger than a chain needs), the draft
+extend's children (each request keeps the tree's top-k children, so the
+next step can draft either shape; a chain drafts from the first, the race
+winner), and prefill / extend batches, which run in the tree state the
+server started with.
+
+Hooked symbols:
+
+- ``EAGLEWorkerV2.init_cuda_graphs`` (AFTER): builds the chain state beside
+  the tree state SGLang built, with graphs for the batch sizes above B only.
+- ``EAGLEWorkerV2.forward_batch_generation`` (AROUND): activates the state of
+  the batch before SGLang's step runs.
+- ``EagleDraftWorker.draft`` (AROUND): in the chain state, the draft reads
+  the first of the draft input's top-k children with the draft worker's
+  top-k at 1 for the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from ..config import current_config
+
+_V2 = "sglang.srt.speculative.eagle_worker_v2"
+INIT_GRAPHS = f"{_V2}.EAGLEWorkerV2.init_cuda_graphs"
+FORWARD = f"{_V2}.EAGLEWorkerV2.forward_batch_generation"
+DRAFT = f"{_V2}.EagleDraftWorker.draft"
+# Kept on the EAGLEWorkerV2 (its two shapes) and on its draft worker (the active state's draft top-k).
+SHAPES_ATTR = "_detspec_shapes"
+DRAFT_TOPK_ATTR = "_detspec_draft_topk"
+# Logged at the first switch to the chain and the first back to the tree (the suites' positive control).
+SWITCH_LOG = "sglang-detspec: draft shape switched to"
+_CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
+_RESTORE_SOURCE = "sglang_detspec.tree_chain_restore"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeState:
+    """One draft shape's runtime resources on an ``EAGLEWorkerV2`` (SGLang objects, held by reference).
+
+    Attributes:
+        topk, steps, draft_tokens: the shape (``speculative_eagle_topk``,
+            ``speculative_num_steps``, ``speculative_num_draft_tokens``).
+        draft_attn_backend, draft_graph: the draft worker's multi-step
+            attention backend and draft CUDA-graph runner (None: eager).
+        draft_extend_attn_backend, draft_extend_graph: the draft extend's.
+        draft_runner_attn_backend: the draft model runner's ``attn_backend``
+            (the draft extend's backend where SGLang made one).
+        target_attn_backend, target_graph: the target model runner's
+            attention backend and verify CUDA-graph runner.
+        topk1_buffers: the chain draft's constant parent and score-index
+            tensors (SGLang's ``_topk1_*_prealloc``), (None, None) for a tree.
+    """
+
+    topk: int
+    steps: int
+    draft_tokens: int
+    draft_attn_backend: object
+    draft_graph: object
+    draft_extend_attn_backend: object
+    draft_extend_graph: object
+    draft_runner_attn_backend: object
+    target_attn_backend: object
+    target_graph: object
+    topk1_buffers: tuple
+
+
+@dataclasses.dataclass
+class Shapes:
+    """The two states of a switching worker, the batch-size bound between them and the active one."""
+
+    tree: ShapeState
+    chain: ShapeState
+    threshold: int
+    active: ShapeState
+    switches: int = 0
+
+    def for_batch(self, decode: bool, batch_size: int) -> ShapeState:
+        """The chain for decode batches of more than :attr:`threshold` requests, else the tree."""
+        return self.chain if decode and batch_size > self.threshold else self.tree
+
+
+def current_state(worker) -> ShapeState:
+    """The state ``worker`` (an ``EAGLEWorkerV2``) runs in now."""
+    dw = worker._draft_worker
+    runner = worker._target_worker.model_runner
+    return ShapeState(
+        worker.topk, worker.speculative_num_steps, worker.speculative_num_draft_tokens,
+        dw.draft_attn_backend, dw.cuda_graph_runner, dw.draft_extend_attn_backend,
+        dw.cuda_graph_runner_for_draft_extend, dw.draft_runner.attn_backend,
+        runner.attn_backend, runner.decode_cuda_graph_runner,
+        (getattr(dw, "_topk1_parents_prealloc", None), getattr(dw, "_topk1_score_indices_prealloc", None)))
+
+
+def apply_state(worker, state: ShapeState, tree_topk: int) -> None:
+    """Point ``worker`` and its draft worker at ``state``'s resources (attribute writes only).
+
+    The draft worker's own ``topk`` stays ``tree_topk``, so its draft extend
+    keeps emitting the tree's children; :func:`draft_in_shape` narrows it
+    to the state's top-k for the draft itself.
+    """
+    dw = worker._draft_worker
+    worker.topk = state.topk
+    worker.speculative_num_steps = dw.speculative_num_steps = state.steps
+    worker.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = state.draft_tokens
+    dw.topk = tree_topk
+    setattr(dw, DRAFT_TOPK_ATTR, state.topk)
+    dw.draft_attn_backend = dw.draft_runner.draft_attn_backend = state.draft_attn_backend
+    dw.cuda_graph_runner = state.draft_graph
+    dw.draft_extend_attn_backend = state.draft_extend_attn_backend
+    dw.draft_runner.attn_backend = state.draft_runner_attn_backend
+    dw.cuda_graph_runner_for_draft_extend = state.draft_extend_graph
+    dw._topk1_parents_prealloc, dw._topk1_score_indices_prealloc = state.topk1_buffers
+    runner = worker._target_worker.model_runner
+    runner.attn_backend = state.target_attn_backend
+    runner.decode_cuda_graph_runner = state.target_graph
+
+
+def chain_graph_batch_sizes(batch_sizes, threshold: int) -> list[int]:
+    """The CUDA-graph batch sizes a chain state serves: those above ``threshold`` (it runs no smaller batch)."""
+    return [b for b in sorted(batch_sizes or ()) if b > threshold]
+
+
+def published_shape() -> dict:
+    """The published values :func:`capture_overrides` changes, by SGLang's leaf names (to restore them)."""
+    from sglang.srt.runtime_context import get_exec, get_spec
+
+    spec, graph = get_spec(), get_exec().graph
+    return {"speculative_eagle_topk": spec.speculative_eagle_topk,
+            "speculative_num_draft_tokens": spec.speculative_num_draft_tokens,
+            "cuda_graph_bs_decode": graph.cuda_graph_bs_decode, "disable_cuda_graph": graph.disable_cuda_graph}
+
+
+def capture_overrides(threshold: int, draft_tokens: int) -> dict:
+    """The published values a chain state is built under: top-k 1, its draft tokens, its graph batch sizes.
+
+    With decode CUDA graphs on, only the batch sizes above ``threshold``
+    are captured (graphs off for the chain when none is left), as SGLang's
+    adaptive speculation prunes its per-step graphs.
+    """
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+    from sglang.srt.runtime_context import get_exec
+
+    overrides = {"speculative_eagle_topk": 1, "speculative_num_draft_tokens": draft_tokens}
+    if not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
+        sizes = chain_graph_batch_sizes(get_exec().graph.cuda_graph_bs_decode, threshold)
+        overrides["cuda_graph_bs_decode"] = sizes
+        if not sizes:
+            overrides["disable_cuda_graph"] = True
+    return overrides
+
+
+def build_chain_state(worker, threshold: int) -> ShapeState:
+    """Build the chain state of a tree ``worker``: top-k 1, its step count, ``steps + 1`` draft tokens.
+
+    Mirrors SGLang's ``EAGLEWorkerV2.build_adaptive_runtime_state`` with the
+    top-k published as 1 while the backends and graphs are made (SGLang's
+    attention backends and graph runners read it from the runtime context
+    when built). The worker is back in its tree state afterwards, with every
+    published value restored.
+    """
+    from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context, speculative_moe_backend_context
+    from sglang.srt.runtime_context import get_context
+    from sglang.srt.speculative import eagle_worker_v2 as v2
+    from sglang.srt.speculative.spec_utils import draft_tp_context
+
+    tree = current_state(worker)
+    dw = worker._draft_worker
+    steps, tokens = tree.steps, tree.steps + 1
+    saved = published_shape()
+    capture = capture_overrides(threshold, tokens)
+    graphs, sizes = "cuda_graph_bs_decode" in capture, capture.get("cuda_graph_bs_decode")
+    context = get_context()
+    context.override(_CAPTURE_SOURCE, **capture)
+    worker.topk = dw.topk = 1
+    worker.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = tokens
+    try:
+        with (draft_tp_context(dw.parallel_layout), speculative_moe_backend_context(),
+              speculative_moe_a2a_backend_context()):
+            dw._rebuild_topk1_chain_buffers()
+            dw.init_attention_backend()
+            dw._capture_cuda_graphs()
+            runner = worker._target_worker.model_runner
+            kept = runner.init_new_workspace
+            try:
+                target_backend = runner._get_attention_backend(init_new_workspace=True)
+            finally:
+                runner.init_new_workspace = kept
+            target_graph = None
+            if graphs and sizes:
+                runner_cls = v2._select_spec_graph_runner_cls(
+                    builtin_runner_cls=lambda: v2.NPUGraphRunner if v2._is_npu else v2.DecodeCudaGraphRunner,
+                    oot_runner_cls=v2.current_platform.get_graph_runner_cls)
+                target_graph = runner_cls(runner, attn_backend=target_backend, speculative_num_steps=steps,
+                                          speculative_num_draft_tokens=tokens)
+            chain = dataclasses.replace(current_state(worker), target_attn_backend=target_backend,
+                                        target_graph=target_graph)
+    finally:
+        context.override(_RESTORE_SOURCE, **saved)
+        apply_state(worker, tree, tree.topk)
+    return chain
+
+
+def install_shapes(result, worker, *args, **kwargs):
+    """AFTER hook for ``EAGLEWorkerV2.init_cuda_graphs(self)``: the chain state beside the tree's, where the bag asks.
+
+    Only on a worker that hosts the draft (the last pipeline stage) and runs
+    no adaptive speculation of SGLang's own (it refuses trees anyway).
+    """
+    bag = current_config()
+    threshold = bag.chain_at_batch
+    if (not threshold or getattr(worker, "_draft_worker", None) is None
+            or getattr(worker, "adaptive_controller", None) is not None or worker.topk <= 1):
+        return result
+    log = logging.getLogger("sglang_detspec")
+    started = time.monotonic()
+    tree = current_state(worker)
+    chain = build_chain_state(worker, threshold)
+    setattr(worker, SHAPES_ATTR, Shapes(tree, chain, threshold, tree))
+    setattr(worker._draft_worker, DRAFT_TOPK_ATTR, tree.topk)
+    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches above "
+             "%d in %.1f s; the tree (top-k %d, %d draft tokens) serves the rest", chain.steps, chain.draft_tokens,
+             threshold, time.monotonic() - started, tree.topk, tree.draft_tokens)
+    return result
+
+
+def run_in_shape(original, self, batch, *args, **kwargs):
+    """AROUND hook for ``EAGLEWorkerV2.forward_batch_generation(batch, ...)``: the batch's state, then SGLang's step.
+
+    Decode batches of more than the bound run the chain; prefill and extend
+    batches (and idle ones) the tree. ``batch.seq_lens.shape`` is host
+    metadata: no device synchronisation.
+    """
+    shapes = getattr(self, SHAPES_ATTR, None)
+    if shapes is not None:
+        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+        state = shapes.for_batch(decode, batch.seq_lens.shape[0] if batch.seq_lens is not None else 0)
+        if state is not shapes.active:
+            apply_state(self, state, shapes.tree.topk)
+            shapes.active = state
+            shapes.switches += 1
+            if shapes.switches <= 2:  # the first switch each way; later ones are routine
+                logging.getLogger("sglang_detspec").info(
+                    "%s %s (decode batch of %d requests, bound %d)", SWITCH_LOG,
+                    "chain" if state is shapes.chain else "tree", batch.seq_lens.shape[0], shapes.threshold)
+    return original(self, batch, *args, **kwargs)
+
+
+def draft_in_shape(original, self, batch, *args, **kwargs):
+    """AROUND hook for ``EagleDraftWorker.draft(batch)``: a chain state drafts from each request's first child.
+
+    The draft input carries the tree's top-k children of every request (the
+    draft extend keeps the tree's width); the chain takes the first, the
+    race winner (Gumbel-top-k's first draw), with the worker's ``topk`` at 1
+    while SGLang drafts. Outside a switching worker, SGLang's draft as is.
+    """
+    width = getattr(self, DRAFT_TOPK_ATTR, None)
+    if width is None or width == self.topk:
+        return original(self, batch, *args, **kwargs)
+    info = batch.spec_info
+    if info is not None and info.topk_index is not None and info.topk_index.shape[-1] > width:
+        # Contiguous: SGLang's chain kernels index the [B, 1] inputs by row.
+        info.topk_p = info.topk_p[:, :width].contiguous()
+        info.topk_index = info.topk_index[:, :width].contiguous()
+    kept = self.topk
+    self.topk = width
+    try:
+        return original(self, batch, *args, **kwargs)
+    finally:
+        self.topk = kept

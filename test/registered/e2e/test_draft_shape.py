@@ -1,0 +1,155 @@
+"""A coupled tree that drafts as a chain at large batches gives the tokens of no speculative decoding.
+
+Servers, side by side, on the tiny Llama target with ``--enable-deterministic-inference``
+and CUDA graphs:
+
+* ``no_spec``: no speculative decoding (the reference);
+* ``coupled_tree``: tree EAGLE (steps 3, top-k 4, 8 draft tokens), coupled verify;
+* ``coupled_tree_chain_switch``: the same tree with ``SGLANG_DETSPEC_TREE_CHAIN_BATCH=3``
+  (``sglang_plugin/shape_hook.py``): decode batches of more than 3 requests draft a chain
+  of 3 steps (top-k 1, 4 draft tokens), smaller ones the tree.
+
+Requests: 12 seeded sampled requests (prompts of 4..40 random ids, temperature 1,
+``ignore_eos``) with ``max_new_tokens`` 8, 16, ..., 96, in three rounds:
+
+1. as one ``/generate`` batch: the decode batch shrinks from 12 to 1 as they
+   finish, so the switching server drafts chains, then trees, switching with
+   requests in flight (their draft inputs made in the other shape);
+2. as 12 concurrent single requests (batches as the scheduler forms them);
+3. the longest one alone (the tree throughout).
+
+Checks (``<DETSPEC_E2E_OUT>/draft_shape_*.json``):
+
+1. Every request of every round: the switching server's tokens equal
+   ``no_spec``'s, and so do ``coupled_tree``'s (the control that the
+   reference holds for the fixed tree).
+2. The switching server built its chain state and switched both ways
+   (its log's ``draft shape switched to chain`` and ``... to tree`` lines):
+   the positive control that check 1 compared tokens drafted in both shapes.
+3. Accept lengths of both speculative servers per round (a figure).
+
+About 3 minutes on an H200: three server starts side by side, then seconds of traffic.
+"""
+
+import concurrent.futures
+import random
+import sys
+
+import pytest
+
+import _e2e
+import _requests
+from _register import register_cuda_ci
+from _invariance import accept_length
+
+register_cuda_ci(est_time=200, suite="detspec-e2e-cuda")
+
+REFERENCE = "no_spec"
+TREE = "coupled_tree"
+SWITCH = "coupled_tree_chain_switch"
+GROUP = (REFERENCE, TREE, SWITCH)
+NUM_REQUESTS = 12
+PROMPT_SEED = 20261204
+TIMEOUT_S = 180.0
+# shape_hook.SWITCH_LOG and the two shape names it logs.
+SWITCH_LOG = "sglang-detspec: draft shape switched to"
+TEST_ORDER = (
+    "test_switching_tree_gives_the_tokens_of_no_speculative_decoding",
+    "test_switching_tree_switched_both_ways",
+)
+
+
+def requests_of(vocab: int) -> tuple[list[list[int]], list[dict]]:
+    """The 12 prompts and sampling params (seeded; ``max_new_tokens`` 8 * (i + 1))."""
+    rng = random.Random(PROMPT_SEED)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(4, 40))] for _ in range(NUM_REQUESTS)]
+    params = [{"max_new_tokens": 8 * (i + 1), "temperature": 1.0, "ignore_eos": True,
+               "sampling_seed": rng.randrange(2**63)} for i in range(NUM_REQUESTS)]
+    return prompts, params
+
+
+def rounds(url: str, vocab: int) -> dict[str, list]:
+    """The three rounds on one server: round name -> one result per request (Generated or an error string)."""
+    prompts, params = requests_of(vocab)
+    batch = _requests.generate(url, prompts, params, timeout=TIMEOUT_S)
+    if len(batch) != NUM_REQUESTS:
+        batch = [batch[0] if _requests.errors(batch) else f"{len(batch)} results"] * NUM_REQUESTS
+    with concurrent.futures.ThreadPoolExecutor(NUM_REQUESTS) as pool:
+        single = list(pool.map(lambda i: _requests.generate(url, prompts[i], params[i], timeout=TIMEOUT_S)[0],
+                               range(NUM_REQUESTS)))
+    alone = _requests.generate(url, prompts[-1], params[-1], timeout=TIMEOUT_S)[:1]
+    return {"batch": batch, "concurrent": single, "alone": alone}
+
+
+@pytest.fixture(scope="module")
+def group(servers, models):
+    vocab = _e2e.vocab_size(models.target)
+    configs = [_e2e.server_config(name, models) for name in GROUP]
+
+    def run():
+        started = servers.ensure_group(configs)
+        out = {}
+        for family in GROUP:
+            server = started[f"{family}_det_cuda_graph"]
+            if isinstance(server, str):
+                out[family] = {"error": server}
+                continue
+            out[family] = {"error": None, "rounds": rounds(server.url, vocab),
+                           "plugin_problems": _e2e.plugin_problems(server),
+                           "switch_lines": server.log_lines(SWITCH_LOG), "server": server.facts()}
+        return out
+
+    return servers.remember("draft_shape", run)
+
+
+def differences(group: dict, family: str) -> tuple[list[dict], list[str]]:
+    """Per request and round, ``family`` against the reference; and the problems (errors, other tokens)."""
+    ref, got = group[REFERENCE], group[family]
+    problems = [f"{name}: {g['error']}" for name, g in ((REFERENCE, ref), (family, got)) if g["error"]]
+    if problems:
+        return [], problems
+    problems += got["plugin_problems"]
+    rows = []
+    for name, results in got["rounds"].items():
+        for i, (a, b) in enumerate(zip(ref["rounds"][name], results)):
+            if isinstance(a, str) or isinstance(b, str):
+                problems.append(f"{family} round {name} request {i}: {b if isinstance(b, str) else a}")
+                continue
+            same = a.output_ids == b.output_ids
+            rows.append({"round": name, "request": i, "same_tokens": same, "tokens": len(b.output_ids),
+                         "first_different_token": _requests.first_difference(a.output_ids, b.output_ids)})
+            if not same:
+                problems.append(f"{family} round {name} request {i}: other tokens from position "
+                                f"{rows[-1]['first_different_token']}")
+    return rows, problems
+
+
+def test_switching_tree_gives_the_tokens_of_no_speculative_decoding(group):
+    result, problems = {}, []
+    for family in (TREE, SWITCH):
+        rows, found = differences(group, family)
+        entry = group[family]
+        lengths = ({name: accept_length(results) for name, results in entry["rounds"].items()}
+                   if not entry["error"] else {})
+        result[family] = {"rows": rows, "problems": found, "accept_lengths": lengths}
+        problems += found
+    path = _e2e.write_result("draft_shape_tokens", {"passed": not problems, "problems": problems,
+                                                    "requests": NUM_REQUESTS, **result})
+    assert not problems, "; ".join(problems[:6]) + f" ({path})"
+
+
+def test_switching_tree_switched_both_ways(group):
+    entry = group[SWITCH]
+    lines = entry.get("switch_lines", [])
+    problems = [] if not entry["error"] else [f"{SWITCH}: {entry['error']}"]
+    for shape in ("chain", "tree"):
+        if not any(f"{SWITCH_LOG} {shape}" in line for line in lines):
+            problems.append(f"{SWITCH}: no '{SWITCH_LOG} {shape}' line in its log: its tokens were not drafted "
+                            "in both shapes")
+    path = _e2e.write_result("draft_shape_switches", {"passed": not problems, "problems": problems,
+                                                      "switch_lines": lines})
+    assert not problems, "; ".join(problems) + f" ({path})"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

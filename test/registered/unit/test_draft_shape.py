@@ -1,0 +1,152 @@
+"""Draft shape by batch size (sglang_plugin.shape_hook) against SGLang 0.5.23's own code, on the CPU.
+
+The chain state is built and swapped on a GPU server only (the E2E file of
+the same name); here: which servers switch (real ``ServerArgs``), the
+setting's checks, the policy, the draft's narrowing on SGLang's own
+``EagleDraftInput`` and ``EagleDraftWorker``, and that the swap covers every
+field SGLang's own adaptive state swap writes.
+"""
+
+import ast
+import dataclasses
+import inspect
+import sys
+import textwrap
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.config import MAX_TREE_CHAIN_BATCH, DetSpecConfig, env_settings
+from sglang_detspec.sglang_plugin import resolve, shape_hook
+
+register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
+
+TREE = dict(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8, page_size=1,
+            tree_chain_batch=16)
+
+
+def test_the_setting_is_a_batch_size_and_names_its_bound():
+    assert env_settings({})["tree_chain_batch"] == 0
+    assert env_settings({"SGLANG_DETSPEC_TREE_CHAIN_BATCH": " 32 "})["tree_chain_batch"] == 32
+    for bad in ("-1", "x", "1.5", str(MAX_TREE_CHAIN_BATCH + 1)):
+        with pytest.raises(ValueError, match=rf"SGLANG_DETSPEC_TREE_CHAIN_BATCH must be an integer batch size in "
+                                             rf"\[0, {MAX_TREE_CHAIN_BATCH}\] \(0: off\), got '{bad}'"):
+            env_settings({"SGLANG_DETSPEC_TREE_CHAIN_BATCH": bad})
+
+
+@pytest.mark.parametrize("change, applies", [
+    ({}, True),
+    ({"algorithm": "EAGLE3"}, True),
+    ({"page_size": None}, True),  # not resolved yet: SGLang's default is 1
+    ({"eagle_topk": 1, "num_draft_tokens": 4}, False),  # a chain
+    ({"page_size": 16}, False),  # SGLang lays a tree's draft slots out per branch above page size 1
+    ({"multi_layer_eagle": True}, False),  # another worker
+    ({"algorithm": "NGRAM"}, False),
+    ({"verify": "rejection", "rejection_sampling": True}, False),  # refused anyway (a tree), never switched
+    ({"deterministic": False}, False),  # SGLang's own code runs
+    ({"tree_chain_batch": 0}, False),
+])
+def test_which_servers_switch(change, applies):
+    bag = DetSpecConfig(**{**TREE, **change})
+    assert bag.chain_at_batch == (bag.tree_chain_batch if applies else 0)
+
+
+def test_the_start_up_says_what_the_setting_does_or_that_it_does_nothing():
+    notes = resolve.unmeasured_notes(DetSpecConfig(**TREE))
+    assert any("decode batches of more than 16 requests draft a chain of 3 steps" in n for n in notes)
+    ignored = resolve.setting_notes(DetSpecConfig(**{**TREE, "page_size": 16}))
+    assert any("this server keeps its draft shape" in n for n in ignored)
+    assert not any("TREE_CHAIN" in n for n in resolve.setting_notes(DetSpecConfig(**TREE)))
+    assert "tree_chain_batch=16" in DetSpecConfig(**TREE).describe()
+    assert "tree_chain_batch" not in DetSpecConfig(**{**TREE, "eagle_topk": 1, "num_draft_tokens": 4}).describe()
+
+
+def test_the_policy_and_the_graph_batch_sizes():
+    tree, chain = object(), object()
+    shapes = shape_hook.Shapes(tree, chain, threshold=16, active=tree)
+    assert shapes.for_batch(True, 17) is chain and shapes.for_batch(True, 16) is tree
+    assert shapes.for_batch(False, 200) is tree  # prefill and extend batches run the state the server started in
+    assert shape_hook.chain_graph_batch_sizes([32, 1, 16, 24, 2, 17], 16) == [17, 24, 32]
+    assert shape_hook.chain_graph_batch_sizes(None, 16) == []
+
+
+def draft_input(rows: int, k: int):
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    p = torch.rand(rows, k).sort(dim=1, descending=True).values
+    index = torch.randint(0, 1000, (rows, k))
+    return EagleDraftInput(topk_p=p, topk_index=index, hidden_states=torch.zeros(rows, 8))
+
+
+def draft_worker(topk: int, draft_topk: int | None):
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    worker = object.__new__(EagleDraftWorker)  # SGLang's class; its __init__ loads a model
+    worker.topk = topk
+    if draft_topk is not None:
+        setattr(worker, shape_hook.DRAFT_TOPK_ATTR, draft_topk)
+    return worker
+
+
+def test_a_chain_state_drafts_from_each_requests_first_child():
+    info = draft_input(5, 4)
+    first_p, first_index = info.topk_p[:, :1].clone(), info.topk_index[:, :1].clone()
+    batch = type("Batch", (), {"spec_info": info})()
+    worker = draft_worker(topk=4, draft_topk=1)
+    seen = {}
+
+    def sglang_draft(self, batch, **kwargs):
+        seen.update(topk=self.topk, p=batch.spec_info.topk_p, index=batch.spec_info.topk_index, kwargs=kwargs)
+        return "verify input"
+
+    assert shape_hook.draft_in_shape(sglang_draft, worker, batch, with_topology=False) == "verify input"
+    assert seen["topk"] == 1 and seen["kwargs"] == {"with_topology": False}
+    assert torch.equal(seen["p"], first_p) and torch.equal(seen["index"], first_index)
+    assert seen["p"].is_contiguous() and seen["index"].is_contiguous()
+    assert worker.topk == 4  # the draft extend that follows keeps the tree's width
+
+
+@pytest.mark.parametrize("draft_topk", [None, 4])
+def test_a_tree_state_and_a_worker_that_never_switches_draft_as_sglang_does(draft_topk):
+    info = draft_input(3, 4)
+    batch = type("Batch", (), {"spec_info": info})()
+    worker = draft_worker(topk=4, draft_topk=draft_topk)
+    seen = {}
+    shape_hook.draft_in_shape(lambda self, b: seen.update(topk=self.topk, p=b.spec_info.topk_p), worker, batch)
+    assert seen["topk"] == 4 and seen["p"] is info.topk_p
+
+
+def assigned_attributes(function) -> set[str]:
+    """``owner.attr`` targets a function assigns (``self`` renamed ``worker``; SGLang's ``dw`` kept)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    names = set()
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            for leaf in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(leaf, ast.Attribute):
+                    names.add(ast.unparse(leaf).replace("self.", "worker."))
+    return names
+
+
+def test_the_swap_writes_every_field_sglangs_own_adaptive_swap_writes():
+    """SGLang's ``apply_runtime_state`` lists what a draft-step state owns; ours owns that and the top-k."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    sglang = assigned_attributes(EAGLEWorkerV2.apply_runtime_state)
+    ours = assigned_attributes(shape_hook.apply_state)
+    # SGLang reaches the target runner as self._target_worker.model_runner; ours through a local name.
+    ours = {name.replace("runner.", "worker._target_worker.model_runner.") if name.startswith("runner.") else name
+            for name in ours}
+    assert sglang, "SGLang's apply_runtime_state assigns nothing any more: re-read it"
+    assert sglang <= ours, sorted(sglang - ours)
+    assert {"worker.topk", "dw.topk"} <= ours
+    # The state records every field the swap writes from it.
+    fields = {f.name for f in dataclasses.fields(shape_hook.ShapeState)}
+    source = inspect.getsource(shape_hook.apply_state)
+    assert all(f"state.{name}" in source for name in fields)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
