@@ -28,7 +28,8 @@ server started with.
 Hooked symbols:
 
 - ``EAGLEWorkerV2.init_cuda_graphs`` (AFTER): builds the chain state beside
-  the tree state SGLang built, with graphs for the batch sizes above B only.
+  the tree state SGLang built (its own draft, draft-extend and target verify
+  CUDA graphs, at SGLang's capture batch sizes).
 - ``EAGLEWorkerV2.forward_batch_generation`` (AROUND): activates the state of
   the batch before SGLang's step runs.
 - ``EagleDraftWorker.draft`` (AROUND): in the chain state, the draft reads
@@ -139,41 +140,26 @@ def apply_state(worker, state: ShapeState, tree_topk: int) -> None:
     runner.decode_cuda_graph_runner = state.target_graph
 
 
-def chain_graph_batch_sizes(batch_sizes, threshold: int) -> list[int]:
-    """The CUDA-graph batch sizes a chain state serves: those above ``threshold`` (it runs no smaller batch)."""
-    return [b for b in sorted(batch_sizes or ()) if b > threshold]
-
-
 def published_shape() -> dict:
     """The published values :func:`capture_overrides` changes, by SGLang's leaf names (to restore them)."""
-    from sglang.srt.runtime_context import get_exec, get_spec
+    from sglang.srt.runtime_context import get_spec
 
-    spec, graph = get_spec(), get_exec().graph
+    spec = get_spec()
     return {"speculative_eagle_topk": spec.speculative_eagle_topk,
-            "speculative_num_draft_tokens": spec.speculative_num_draft_tokens,
-            "cuda_graph_bs_decode": graph.cuda_graph_bs_decode, "disable_cuda_graph": graph.disable_cuda_graph}
+            "speculative_num_draft_tokens": spec.speculative_num_draft_tokens}
 
 
-def capture_overrides(threshold: int, draft_tokens: int) -> dict:
-    """The published values a chain state is built under: top-k 1, its draft tokens, its graph batch sizes.
+def capture_overrides(draft_tokens: int) -> dict:
+    """The published values a chain state is built under: top-k 1 and its draft tokens.
 
-    With decode CUDA graphs on, only the batch sizes above ``threshold``
-    are captured (graphs off for the chain when none is left), as SGLang's
-    adaptive speculation prunes its per-step graphs.
+    Its CUDA graphs are captured for every batch size SGLang captures
+    (``cuda_graph_config.decode.bs``, derived at start-up: overriding
+    ``cuda_graph_bs_decode`` later does not prune it).
     """
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
-    from sglang.srt.runtime_context import get_exec
-
-    overrides = {"speculative_eagle_topk": 1, "speculative_num_draft_tokens": draft_tokens}
-    if not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
-        sizes = chain_graph_batch_sizes(get_exec().graph.cuda_graph_bs_decode, threshold)
-        overrides["cuda_graph_bs_decode"] = sizes
-        if not sizes:
-            overrides["disable_cuda_graph"] = True
-    return overrides
+    return {"speculative_eagle_topk": 1, "speculative_num_draft_tokens": draft_tokens}
 
 
-def build_chain_state(worker, threshold: int) -> ShapeState:
+def build_chain_state(worker) -> ShapeState:
     """Build the chain state of a tree ``worker``: top-k 1, its step count, ``steps + 1`` draft tokens.
 
     Mirrors SGLang's ``EAGLEWorkerV2.build_adaptive_runtime_state`` with the
@@ -183,6 +169,7 @@ def build_chain_state(worker, threshold: int) -> ShapeState:
     published value restored.
     """
     from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context, speculative_moe_backend_context
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
     from sglang.srt.runtime_context import get_context
     from sglang.srt.speculative import eagle_worker_v2 as v2
     from sglang.srt.speculative.spec_utils import draft_tp_context
@@ -191,10 +178,9 @@ def build_chain_state(worker, threshold: int) -> ShapeState:
     dw = worker._draft_worker
     steps, tokens = tree.steps, tree.steps + 1
     saved = published_shape()
-    capture = capture_overrides(threshold, tokens)
-    graphs, sizes = "cuda_graph_bs_decode" in capture, capture.get("cuda_graph_bs_decode")
+    graphs = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
     context = get_context()
-    context.override(_CAPTURE_SOURCE, **capture)
+    context.override(_CAPTURE_SOURCE, **capture_overrides(tokens))
     worker.topk = dw.topk = 1
     worker.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = tokens
     try:
@@ -210,7 +196,7 @@ def build_chain_state(worker, threshold: int) -> ShapeState:
             finally:
                 runner.init_new_workspace = kept
             target_graph = None
-            if graphs and sizes:
+            if graphs:
                 runner_cls = v2._select_spec_graph_runner_cls(
                     builtin_runner_cls=lambda: v2.NPUGraphRunner if v2._is_npu else v2.DecodeCudaGraphRunner,
                     oot_runner_cls=v2.current_platform.get_graph_runner_cls)
@@ -238,7 +224,7 @@ def install_shapes(result, worker, *args, **kwargs):
     log = logging.getLogger("sglang_detspec")
     started = time.monotonic()
     tree = current_state(worker)
-    chain = build_chain_state(worker, threshold)
+    chain = build_chain_state(worker)
     setattr(worker, SHAPES_ATTR, Shapes(tree, chain, threshold, tree))
     setattr(worker._draft_worker, DRAFT_TOPK_ATTR, tree.topk)
     log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches above "

@@ -62,13 +62,11 @@ def test_the_start_up_says_what_the_setting_does_or_that_it_does_nothing():
     assert "tree_chain_batch" not in DetSpecConfig(**{**TREE, "eagle_topk": 1, "num_draft_tokens": 4}).describe()
 
 
-def test_the_policy_and_the_graph_batch_sizes():
+def test_the_policy():
     tree, chain = object(), object()
     shapes = shape_hook.Shapes(tree, chain, threshold=16, active=tree)
     assert shapes.for_batch(True, 17) is chain and shapes.for_batch(True, 16) is tree
     assert shapes.for_batch(False, 200) is tree  # prefill and extend batches run the state the server started in
-    assert shape_hook.chain_graph_batch_sizes([32, 1, 16, 24, 2, 17], 16) == [17, 24, 32]
-    assert shape_hook.chain_graph_batch_sizes(None, 16) == []
 
 
 def draft_input(rows: int, k: int):
