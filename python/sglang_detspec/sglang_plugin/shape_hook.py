@@ -29,7 +29,7 @@ Hooked symbols:
 
 - ``EAGLEWorkerV2.init_cuda_graphs`` (AFTER): builds the chain state beside
   the tree state SGLang built (its own draft, draft-extend and target verify
-  CUDA graphs, at SGLang's capture batch sizes).
+  CUDA graphs, at SGLang's capture batch sizes above B).
 - ``EAGLEWorkerV2.forward_batch_generation`` (AROUND): activates the state of
   the batch before SGLang's step runs.
 - ``EagleDraftWorker.draft`` (AROUND): in the chain state, the draft reads
@@ -141,25 +141,38 @@ def apply_state(worker, state: ShapeState, tree_topk: int) -> None:
 
 
 def published_shape() -> dict:
-    """The published values :func:`capture_overrides` changes, by SGLang's leaf names (to restore them)."""
-    from sglang.srt.runtime_context import get_spec
+    """The published values :func:`capture_overrides` may change, by SGLang's leaf names (to restore them)."""
+    from sglang.srt.runtime_context import get_exec, get_spec
 
     spec = get_spec()
     return {"speculative_eagle_topk": spec.speculative_eagle_topk,
-            "speculative_num_draft_tokens": spec.speculative_num_draft_tokens}
+            "speculative_num_draft_tokens": spec.speculative_num_draft_tokens,
+            "cuda_graph_config": get_exec().graph.cuda_graph_config}
 
 
-def capture_overrides(draft_tokens: int) -> dict:
-    """The published values a chain state is built under: top-k 1 and its draft tokens.
+def capture_overrides(draft_tokens: int, threshold: int) -> dict:
+    """The published values a chain state is built under.
 
-    Its CUDA graphs are captured for every batch size SGLang captures
-    (``cuda_graph_config.decode.bs``, derived at start-up: overriding
-    ``cuda_graph_bs_decode`` later does not prune it).
+    Top-k 1 and its draft tokens; and, with decode CUDA graphs on, their
+    batch sizes cut to those above ``threshold`` (the chain runs no smaller
+    batch), decode graphs off where none is left. The sizes live in the
+    ``cuda_graph_config`` leaf (``decode.bs``), which SGLang's capture reads
+    (``get_batch_sizes_to_capture``); it is replaced by a copy, as SGLang's
+    own resolution does (``with_phase``), never edited in place.
     """
-    return {"speculative_eagle_topk": 1, "speculative_num_draft_tokens": draft_tokens}
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+    from sglang.srt.runtime_context import get_exec
+
+    overrides = {"speculative_eagle_topk": 1, "speculative_num_draft_tokens": draft_tokens}
+    config = get_exec().graph.cuda_graph_config
+    if config is not None and config.decode.backend != Backend.DISABLED and config.decode.bs:
+        sizes = [b for b in config.decode.bs if b > threshold]
+        overrides["cuda_graph_config"] = (with_phase(config, Phase.DECODE, bs=sizes) if sizes
+                                          else with_phase(config, Phase.DECODE, backend=Backend.DISABLED))
+    return overrides
 
 
-def build_chain_state(worker) -> ShapeState:
+def build_chain_state(worker, threshold: int) -> ShapeState:
     """Build the chain state of a tree ``worker``: top-k 1, its step count, ``steps + 1`` draft tokens.
 
     Mirrors SGLang's ``EAGLEWorkerV2.build_adaptive_runtime_state`` with the
@@ -178,12 +191,12 @@ def build_chain_state(worker) -> ShapeState:
     dw = worker._draft_worker
     steps, tokens = tree.steps, tree.steps + 1
     saved = published_shape()
-    graphs = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
     context = get_context()
-    context.override(_CAPTURE_SOURCE, **capture_overrides(tokens))
-    worker.topk = dw.topk = 1
-    worker.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = tokens
     try:
+        context.override(_CAPTURE_SOURCE, **capture_overrides(tokens, threshold))
+        graphs = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+        worker.topk = dw.topk = 1
+        worker.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = tokens
         with (draft_tp_context(dw.parallel_layout), speculative_moe_backend_context(),
               speculative_moe_a2a_backend_context()):
             dw._rebuild_topk1_chain_buffers()
@@ -224,7 +237,7 @@ def install_shapes(result, worker, *args, **kwargs):
     log = logging.getLogger("sglang_detspec")
     started = time.monotonic()
     tree = current_state(worker)
-    chain = build_chain_state(worker)
+    chain = build_chain_state(worker, threshold)
     setattr(worker, SHAPES_ATTR, Shapes(tree, chain, threshold, tree))
     setattr(worker._draft_worker, DRAFT_TOPK_ATTR, tree.topk)
     log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches above "

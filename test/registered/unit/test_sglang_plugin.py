@@ -902,17 +902,33 @@ def test_the_kv_row_holds_a_decode_steps_reserve(loaded, model_dir, context, fla
 # -- draft shape by batch size: the published values a chain state is built under -----------------------
 
 
-def test_a_chain_state_is_built_under_sglangs_own_leaves(loaded, model_dir, context):
+@pytest.mark.parametrize("graph_flags, bound, want", [
+    ("", 16, "above"),  # SGLang's own capture sizes, cut to those above the bound
+    ("--cuda-graph-bs-decode 1 2 4 8 16 24 32", 16, [24, 32]),
+    ("--cuda-graph-bs-decode 1 2 4 8 16", 16, "disabled"),  # no size above the bound: the chain runs eagerly
+    ("--disable-cuda-graph", 16, "disabled"),
+])
+def test_a_chain_state_is_built_under_sglangs_own_leaves(loaded, model_dir, context, graph_flags, bound, want):
     """The leaves the build overrides exist in SGLang's published context, take effect, and come back."""
-    from sglang.srt.runtime_context import get_context, get_spec, publish
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+    from sglang.srt.runtime_context import get_context, get_exec, get_spec, publish
     from sglang_detspec.sglang_plugin import shape_hook
 
     sa = server_args(model_dir, "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
-                                "--speculative-num-draft-tokens 8 --enable-deterministic-inference")
+                                f"--speculative-num-draft-tokens 8 --enable-deterministic-inference {graph_flags}")
     publish(sa, role="test")
     saved = shape_hook.published_shape()
-    assert saved == {"speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8}
-    get_context().override("test", **shape_hook.capture_overrides(4))  # SGLang refuses a name that is no leaf
+    assert saved["speculative_eagle_topk"] == 4 and saved["speculative_num_draft_tokens"] == 8
+    sizes = list(get_exec().graph.cuda_graph_config.decode.bs or [])
+    get_context().override("test", **shape_hook.capture_overrides(4, bound))  # SGLang refuses a non-leaf name
     assert get_spec().speculative_eagle_topk == 1 and get_spec().speculative_num_draft_tokens == 4
+    if want == "disabled":
+        assert check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+    else:
+        # What SGLang's get_batch_sizes_to_capture reads.
+        got = get_exec().graph.cuda_graph_config.decode.bs
+        assert got == ([b for b in sizes if b > bound] if want == "above" else want) and got and min(got) > bound
+        assert not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
     get_context().override("test", **saved)
     assert shape_hook.published_shape() == saved
+    assert list(get_exec().graph.cuda_graph_config.decode.bs or []) == sizes
