@@ -283,12 +283,17 @@ class DetSpecConfig:
         :attr:`tree_chain_batch` where it applies: an active coupled EAGLE /
         EAGLE3 tree (``topk > 1``, SGLang's ``EAGLEWorkerV2``: not multi-layer
         EAGLE) with a KV page size of 1 (above it SGLang lays a tree's draft
-        slots out per branch). Coupled verify is what makes the switch free:
-        the tokens do not depend on the drafts.
+        slots out per branch) and at least ``steps + 1`` draft tokens (SGLang
+        sizes the verify's logits buffers to the published draft tokens, and a
+        chain of the tree's depth verifies ``steps + 1`` rows per request).
+        Coupled verify is what makes the switch free: the tokens do not depend
+        on the drafts. The serving process also leaves it off under attention
+        data parallelism and pipeline parallelism (``shape_hook.install_shapes``).
         """
         if not (self.tree_chain_batch and self.active and self.coupled and self.algorithm in ("EAGLE", "EAGLE3")
                 and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
-                and self.page_size in (None, 1)):
+                and self.page_size in (None, 1)
+                and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1)):
             return 0
         return self.tree_chain_batch
 

@@ -85,5 +85,9 @@ TREE_NODES_OK: Slot = Slot("_detspec_tree_nodes_ok")  # bool: this backend takes
 TREE_NODES: Slot = Slot("_detspec_tree_nodes")  # node metadata of the forward in progress, or None
 TREE_BUFFERS: Slot = Slot("_detspec_tree_buffers")  # CUDA-graph buffers (dict of tensors), or None
 TREE_GRAPH_META: Slot = Slot("_detspec_tree_graph_metadata")  # per graph batch size: metadata over the buffers
+# On SGLang's EAGLEWorkerV2 (shape_hook): shape_hook.Shapes, the tree and chain states of a switching tree.
+DRAFT_SHAPES: Slot = Slot("_detspec_shapes")
+# On SGLang's EagleDraftWorker (shape_hook): int, the active state's draft top-k that draft() narrows to.
+DRAFT_TOPK: Slot = Slot("_detspec_draft_topk")
 # On SGLang's ReqState (request_seeds): the uint64 seed the request was sent with (None: greedy).
 REQUEST_SEED: Slot = Slot("detspec_sampling_seed")

@@ -267,12 +267,17 @@ def _ids_beside_text(obj, single: bool, size: int) -> None:
     ids = getattr(obj, "input_ids", None)
     if single or getattr(obj, "text", None) is None or ids is None:
         return
-    if not isinstance(ids, list) or len(ids) != size or not all(isinstance(one, list) for one in ids):
+    if not isinstance(ids, list) or len(ids) != size:
         got = f"a list of {len(ids)}" if isinstance(ids, list) else type(ids).__name__
-        raise RequestRuleError(
-            "batch_length_mismatch", "input_ids",
-            f"input_ids beside a batch of text must give one list of token ids per request of the batch "
-            f"({size}), got {got}")
+    else:
+        bad = next((i for i, one in enumerate(ids) if not isinstance(one, list)), None)
+        if bad is None:
+            return
+        got = f"input_ids[{bad}] = {ids[bad]!r:.40} (not a list)"
+    raise RequestRuleError(
+        "batch_length_mismatch", "input_ids",
+        f"input_ids beside a batch of text must give one list of token ids per request of the batch "
+        f"({size}), got {got}")
 
 
 def _rid(obj) -> None:

@@ -198,9 +198,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
                          "only; this server verifies no trees")
     if config.active and config.tree_chain_batch and not config.chain_at_batch:
+        kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
         notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.tree_chain_batch} applies to coupled EAGLE / EAGLE3 "
-                     "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1; this "
-                     "server keeps its draft shape")
+                     "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
+                     f"least steps + 1 draft tokens; this server {kept}")
     return notes
 
 
@@ -229,14 +230,16 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "the rule's, not a measured figure")
     if config.adaptive_steps:
         notes.append(f"--speculative-adaptive (draft steps {list(config.adaptive_steps)} by batch size and accept "
-                     "rate): coupled "
-                     "verify makes the tokens independent of the step count, but no committed server run has "
-                     "switched steps with the plugin yet")
+                     "rate): coupled verify makes the tokens independent of the step count (tokens equal to no "
+                     "speculative decoding while the steps switched: the tiny-model invariance run of "
+                     "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
         notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.chain_at_batch}: decode batches of more than "
                      f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the "
-                     "tree; coupled verify makes the tokens independent of the draft shape, but no committed "
-                     "server run has switched shapes yet")
+                     "tree; coupled verify makes the tokens independent of the draft shape (tokens equal to no "
+                     "speculative decoding while switching both ways: the tiny-model run of 2026-12-04, whose "
+                     "chain verified without CUDA graphs); with the chain's verify CUDA graphs and its serving "
+                     "cost: not measured")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

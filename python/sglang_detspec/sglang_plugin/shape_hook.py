@@ -18,7 +18,9 @@ attention backends and CUDA graphs, its draft-extend backend and graphs, the
 target's verify attention backend and verify CUDA graphs. Switching is a
 handful of attribute writes between two steps.
 
-What stays the tree's in the chain state: the KV reserve per step (SGLang
+Not supported with it: SGLang's weight update with CUDA-graph recapture
+(``recapture_decode_cuda_graph``) rebuilds the graphs of the active state
+only. What stays the tree's in the chain state: the KV reserve per step (SGLang
 sizes it from the published top-k, larger than a chain needs), the draft
 extend's children (each request keeps the tree's top-k children, so the
 next step can draft either shape; a chain drafts from the first, the race
@@ -44,14 +46,12 @@ import logging
 import time
 
 from ..config import current_config
+from .channels import DRAFT_SHAPES, DRAFT_TOPK
 
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
 INIT_GRAPHS = f"{_V2}.EAGLEWorkerV2.init_cuda_graphs"
 FORWARD = f"{_V2}.EAGLEWorkerV2.forward_batch_generation"
 DRAFT = f"{_V2}.EagleDraftWorker.draft"
-# Kept on the EAGLEWorkerV2 (its two shapes) and on its draft worker (the active state's draft top-k).
-SHAPES_ATTR = "_detspec_shapes"
-DRAFT_TOPK_ATTR = "_detspec_draft_topk"
 # Logged at the first switch to the chain and the first back to the tree (the suites' positive control).
 SWITCH_LOG = "sglang-detspec: draft shape switched to"
 _CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
@@ -73,7 +73,9 @@ class ShapeState:
         target_attn_backend, target_graph: the target model runner's
             attention backend and verify CUDA-graph runner.
         topk1_buffers: the chain draft's constant parent and score-index
-            tensors (SGLang's ``_topk1_*_prealloc``), (None, None) for a tree.
+            tensors (SGLang's ``_topk1_parents_prealloc`` int64
+            [max_bs, steps - 1] and ``_topk1_score_indices_prealloc`` int64
+            [max_bs, steps]), (None, None) for a tree.
     """
 
     topk: int
@@ -122,13 +124,21 @@ def apply_state(worker, state: ShapeState, tree_topk: int) -> None:
     The draft worker's own ``topk`` stays ``tree_topk``, so its draft extend
     keeps emitting the tree's children; :func:`draft_in_shape` narrows it
     to the state's top-k for the draft itself.
+
+    Unlike SGLang's ``apply_runtime_state`` this publishes nothing: the KV
+    reserve per step, which the scheduler sizes from the published top-k,
+    steps and draft tokens, stays the tree's, larger than a chain needs, so a
+    step that follows a switch either way finds its slots; each step's result
+    carries its own draft-token count for the output processing. (SGLang's
+    accept-rate metric keeps dividing by the tree's draft tokens.) The chain
+    buffers SGLang rebuilds on a switch are kept per state instead.
     """
     dw = worker._draft_worker
     worker.topk = state.topk
     worker.speculative_num_steps = dw.speculative_num_steps = state.steps
     worker.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = state.draft_tokens
     dw.topk = tree_topk
-    setattr(dw, DRAFT_TOPK_ATTR, state.topk)
+    DRAFT_TOPK.write(dw, state.topk)
     dw.draft_attn_backend = dw.draft_runner.draft_attn_backend = state.draft_attn_backend
     dw.cuda_graph_runner = state.draft_graph
     dw.draft_extend_attn_backend = state.draft_extend_attn_backend
@@ -179,7 +189,12 @@ def build_chain_state(worker, threshold: int) -> ShapeState:
     top-k published as 1 while the backends and graphs are made (SGLang's
     attention backends and graph runners read it from the runtime context
     when built). The worker is back in its tree state afterwards, with every
-    published value restored.
+    published value restored, also when the build raises.
+
+    Raises:
+        whatever SGLang's backend or graph construction raises (a CUDA
+        out-of-memory error: the chain's graphs come on top of the memory
+        SGLang planned); start-up then stops with it.
     """
     from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context, speculative_moe_backend_context
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
@@ -223,27 +238,66 @@ def build_chain_state(worker, threshold: int) -> ShapeState:
     return chain
 
 
+def not_applied_reason(server_args, max_running_requests: int | None, threshold: int) -> str | None:
+    """Why a serving process keeps its tree although the bag asks for the switch; None when it switches.
+
+    Under attention data parallelism every rank would pick its shape from
+    its own batch while SGLang pads the ranks' gathers with the local rank's
+    tokens per request; under pipeline parallelism only the last stage
+    drafts, the others verify with the tree's backends. A bound at or above
+    ``max_running_requests`` leaves the chain state nothing to run.
+    """
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    view = resolved_view(server_args)
+    if attn_dp_enabled_of(view):
+        return "attention data parallelism (each rank would pick its own shape)"
+    if (getattr(view, "pp_size", 1) or 1) > 1:
+        return "pipeline parallelism (only the last stage drafts)"
+    if max_running_requests is not None and threshold >= max_running_requests:
+        return f"the bound {threshold} is not below --max-running-requests {max_running_requests}"
+    return None
+
+
 def install_shapes(result, worker, *args, **kwargs):
     """AFTER hook for ``EAGLEWorkerV2.init_cuda_graphs(self)``: the chain state beside the tree's, where the bag asks.
 
-    Only on a worker that hosts the draft (the last pipeline stage) and runs
-    no adaptive speculation of SGLang's own (it refuses trees anyway).
+    Only on a worker that hosts the draft and runs no adaptive speculation
+    of SGLang's own (it refuses trees anyway), and where
+    :func:`not_applied_reason` finds nothing (logged otherwise).
     """
+    from sglang.srt.runtime_context import get_schedule
+
     bag = current_config()
     threshold = bag.chain_at_batch
     if (not threshold or getattr(worker, "_draft_worker", None) is None
             or getattr(worker, "adaptive_controller", None) is not None or worker.topk <= 1):
         return result
     log = logging.getLogger("sglang_detspec")
-    started = time.monotonic()
+    reason = not_applied_reason(worker.server_args, get_schedule().max_running_requests, threshold)
+    if reason:
+        log.warning("sglang-detspec: SGLANG_DETSPEC_TREE_CHAIN_BATCH=%d not applied: %s; the tree drafts at every "
+                    "batch size", threshold, reason)
+        return result
+    started, free_before = time.monotonic(), _free_device_memory()
     tree = current_state(worker)
     chain = build_chain_state(worker, threshold)
-    setattr(worker, SHAPES_ATTR, Shapes(tree, chain, threshold, tree))
-    setattr(worker._draft_worker, DRAFT_TOPK_ATTR, tree.topk)
+    DRAFT_SHAPES.write(worker, Shapes(tree, chain, threshold, tree))
+    DRAFT_TOPK.write(worker._draft_worker, tree.topk)
+    used = free_before - _free_device_memory()
     log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches above "
-             "%d in %.1f s; the tree (top-k %d, %d draft tokens) serves the rest", chain.steps, chain.draft_tokens,
-             threshold, time.monotonic() - started, tree.topk, tree.draft_tokens)
+             "%d in %.1f s, %.2f GB of device memory; the tree (top-k %d, %d draft tokens) serves the rest",
+             chain.steps, chain.draft_tokens, threshold, time.monotonic() - started, used / 2**30, tree.topk,
+             tree.draft_tokens)
     return result
+
+
+def _free_device_memory() -> int:
+    """Free bytes on the current CUDA device (0 without CUDA), for the start-up log."""
+    import torch
+
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
 
 def run_in_shape(original, self, batch, *args, **kwargs):
@@ -253,30 +307,37 @@ def run_in_shape(original, self, batch, *args, **kwargs):
     batches (and idle ones) the tree. ``batch.seq_lens.shape`` is host
     metadata: no device synchronisation.
     """
-    shapes = getattr(self, SHAPES_ATTR, None)
+    shapes = DRAFT_SHAPES.read(self)  # None: not a switching tree, SGLang's step as is
     if shapes is not None:
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
-        state = shapes.for_batch(decode, batch.seq_lens.shape[0] if batch.seq_lens is not None else 0)
+        size = batch.seq_lens.shape[0] if batch.seq_lens is not None else 0
+        state = shapes.for_batch(decode, size)
         if state is not shapes.active:
             apply_state(self, state, shapes.tree.topk)
             shapes.active = state
             shapes.switches += 1
             if shapes.switches <= 2:  # the first switch each way; later ones are routine
                 logging.getLogger("sglang_detspec").info(
-                    "%s %s (decode batch of %d requests, bound %d)", SWITCH_LOG,
-                    "chain" if state is shapes.chain else "tree", batch.seq_lens.shape[0], shapes.threshold)
+                    "%s %s (%s batch of %d requests, bound %d)", SWITCH_LOG,
+                    "chain" if state is shapes.chain else "tree", "decode" if decode else "prefill or extend",
+                    size, shapes.threshold)
     return original(self, batch, *args, **kwargs)
 
 
 def draft_in_shape(original, self, batch, *args, **kwargs):
     """AROUND hook for ``EagleDraftWorker.draft(batch)``: a chain state drafts from each request's first child.
 
-    The draft input carries the tree's top-k children of every request (the
-    draft extend keeps the tree's width); the chain takes the first, the
-    race winner (Gumbel-top-k's first draw), with the worker's ``topk`` at 1
-    while SGLang drafts. Outside a switching worker, SGLang's draft as is.
+    The draft input (``batch.spec_info``) carries the tree's top-k children of
+    every request, ``topk_p`` float32 [B, k] and ``topk_index`` int64 [B, k]
+    (the draft extend keeps the tree's width); the chain takes the first
+    column, the race winner (Gumbel-top-k's first draw), as contiguous [B, 1]
+    copies set on the draft input, with the worker's ``topk`` at 1 while
+    SGLang drafts. Outside a switching worker, SGLang's draft as is. (The
+    draft input is the scheduler's own object for this step; without
+    pipeline parallelism, which :func:`not_applied_reason` excludes, nothing
+    reads its top-k columns after the draft.)
     """
-    width = getattr(self, DRAFT_TOPK_ATTR, None)
+    width = DRAFT_TOPK.read(self)
     if width is None or width == self.topk:
         return original(self, batch, *args, **kwargs)
     info = batch.spec_info

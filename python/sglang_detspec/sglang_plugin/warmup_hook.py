@@ -54,10 +54,15 @@ def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[Wa
     if 0 in bag.adaptive_steps:
         base = dataclasses.replace(base, one_token_verify=True)
     others = [s for s in bag.adaptive_steps if s > 0 and s != bag.num_steps]
-    if bag.chain_at_batch:  # a tree that drafts as a chain of its depth at large batches (shape_hook)
+    if bag.chain_at_batch:  # its chain state verifies steps + 1 nodes per request, a shape of its own
         others.append(bag.num_steps)
     return [base, *(dataclasses.replace(base, draft_tokens=s, tree_nodes=s + 1, topk=1, accept_width=s + 1,
                                         one_token_verify=False) for s in others)]
+
+
+def renorms_in_verify(bag) -> bool:
+    """Whether this server's verify calls SGLang's renorms: a rejection verify (a coupled one never does: probs_hook)."""
+    return bag.algorithm is not None and not bag.coupled
 
 
 def warm_sglang_renorm(device: torch.device) -> int:
@@ -104,7 +109,7 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
         plans = plans_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
         device = torch.device("cuda", torch.cuda.current_device())
         launched = sum(warm_up(plan, device, kernel=bag.kernel) for plan in plans)
-        if bag.algorithm is not None and not bag.coupled:  # a coupled verify never renorms (probs_hook)
+        if renorms_in_verify(bag):
             launched += warm_sglang_renorm(device)
     except Exception:  # speed only: what cannot be warmed here compiles at its first request instead
         log.warning("sglang-detspec: start-up kernel warm-up failed (%s); kernels compile at first use",

@@ -10,9 +10,10 @@ and CUDA graphs:
   of 3 steps (top-k 1, 4 draft tokens), smaller ones the tree.
 
 Requests: 12 seeded sampled requests (prompts of 4..40 random ids, temperature 1,
-``ignore_eos``) with ``max_new_tokens`` 8, 16, ..., 96, in three rounds:
+``ignore_eos``; a top-k, a top-p, a min-p, a top-k and top-p, and a
+temperature-0.7 row) with ``max_new_tokens`` 8, 16, ..., 96, in three rounds:
 
-1. as one ``/generate`` batch: the decode batch shrinks from 12 to 1 as they
+1. as one ``/generate`` batch with logprobs: the decode batch shrinks from 12 to 1 as they
    finish, so the switching server drafts chains, then trees, switching with
    requests in flight (their draft inputs made in the other shape);
 2. as 12 concurrent single requests (batches as the scheduler forms them);
@@ -24,8 +25,10 @@ Checks (``<DETSPEC_E2E_OUT>/draft_shape_*.json``):
    ``no_spec``'s, and so do ``coupled_tree``'s (the control that the
    reference holds for the fixed tree).
 2. The switching server built its chain state and switched both ways
-   (its log's ``draft shape switched to chain`` and ``... to tree`` lines):
-   the positive control that check 1 compared tokens drafted in both shapes.
+   (its log's ``draft shape switched to chain`` and ``... to tree`` lines),
+   and captured the chain's target-verify CUDA graphs (SGLang's capture line
+   with 4 tokens per request): the positive controls that check 1 compared
+   tokens drafted in both shapes, verified as a server runs them.
 3. Accept lengths of both speculative servers per round (a figure).
 
 About 3 minutes on an H200: three server starts side by side, then seconds of traffic.
@@ -41,6 +44,7 @@ import _e2e
 import _requests
 from _register import register_cuda_ci
 from _invariance import accept_length
+from sglang_detspec.sglang_plugin.shape_hook import SWITCH_LOG
 
 register_cuda_ci(est_time=200, suite="detspec-e2e-cuda")
 
@@ -49,10 +53,15 @@ TREE = "coupled_tree"
 SWITCH = "coupled_tree_chain_switch"
 GROUP = (REFERENCE, TREE, SWITCH)
 NUM_REQUESTS = 12
+# Rows with the sampling settings a verify handles apart (penalties are a documented limit: SGLang applies
+# them once per verify round, so they differ between speculative decoding on and off).
+FILTERS = {3: {"top_k": 20}, 5: {"top_p": 0.9}, 7: {"min_p": 0.05}, 9: {"top_k": 5, "top_p": 0.8},
+           11: {"temperature": 0.7}}
 PROMPT_SEED = 20261204
 TIMEOUT_S = 180.0
-# shape_hook.SWITCH_LOG and the two shape names it logs.
-SWITCH_LOG = "sglang-detspec: draft shape switched to"
+# SGLang's log line for each target-verify CUDA-graph capture; the chain state's has 4 tokens per request.
+VERIFY_CAPTURE = "Capture target verify CUDA graph begin"
+CHAIN_VERIFY_WIDTH = "num_tokens_per_req=4"
 TEST_ORDER = (
     "test_switching_tree_gives_the_tokens_of_no_speculative_decoding",
     "test_switching_tree_switched_both_ways",
@@ -64,14 +73,14 @@ def requests_of(vocab: int) -> tuple[list[list[int]], list[dict]]:
     rng = random.Random(PROMPT_SEED)
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(4, 40))] for _ in range(NUM_REQUESTS)]
     params = [{"max_new_tokens": 8 * (i + 1), "temperature": 1.0, "ignore_eos": True,
-               "sampling_seed": rng.randrange(2**63)} for i in range(NUM_REQUESTS)]
+               "sampling_seed": rng.randrange(2**63), **FILTERS.get(i, {})} for i in range(NUM_REQUESTS)]
     return prompts, params
 
 
 def rounds(url: str, vocab: int) -> dict[str, list]:
     """The three rounds on one server: round name -> one result per request (Generated or an error string)."""
     prompts, params = requests_of(vocab)
-    batch = _requests.generate(url, prompts, params, timeout=TIMEOUT_S)
+    batch = _requests.generate(url, prompts, params, return_logprob=True, timeout=TIMEOUT_S)
     if len(batch) != NUM_REQUESTS:
         batch = [batch[0] if _requests.errors(batch) else f"{len(batch)} results"] * NUM_REQUESTS
     with concurrent.futures.ThreadPoolExecutor(NUM_REQUESTS) as pool:
@@ -96,7 +105,8 @@ def group(servers, models):
                 continue
             out[family] = {"error": None, "rounds": rounds(server.url, vocab),
                            "plugin_problems": _e2e.plugin_problems(server),
-                           "switch_lines": server.log_lines(SWITCH_LOG), "server": server.facts()}
+                           "switch_lines": server.log_lines(SWITCH_LOG),
+                           "verify_captures": server.log_lines(VERIFY_CAPTURE), "server": server.facts()}
         return out
 
     return servers.remember("draft_shape", run)
@@ -139,15 +149,19 @@ def test_switching_tree_gives_the_tokens_of_no_speculative_decoding(group):
 
 
 def test_switching_tree_switched_both_ways(group):
+    """The positive controls of the token check: both shapes drafted, the chain's verify under a CUDA graph."""
     entry = group[SWITCH]
-    lines = entry.get("switch_lines", [])
+    lines, captures = entry.get("switch_lines", []), entry.get("verify_captures", [])
     problems = [] if not entry["error"] else [f"{SWITCH}: {entry['error']}"]
     for shape in ("chain", "tree"):
         if not any(f"{SWITCH_LOG} {shape}" in line for line in lines):
             problems.append(f"{SWITCH}: no '{SWITCH_LOG} {shape}' line in its log: its tokens were not drafted "
                             "in both shapes")
+    if not entry["error"] and not any(CHAIN_VERIFY_WIDTH in line for line in captures):
+        problems.append(f"{SWITCH}: no '{VERIFY_CAPTURE} ... {CHAIN_VERIFY_WIDTH}' line: the chain state's target "
+                        "verify ran without CUDA graphs")
     path = _e2e.write_result("draft_shape_switches", {"passed": not problems, "problems": problems,
-                                                      "switch_lines": lines})
+                                                      "switch_lines": lines, "verify_captures": captures})
     assert not problems, "; ".join(problems) + f" ({path})"
 
 

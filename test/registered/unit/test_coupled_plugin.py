@@ -92,13 +92,14 @@ def test_active_bag_and_verify_mode(loaded, model_dir, monkeypatch, flags, env, 
 
 def test_adaptive_chain_resolves_sglang_candidate_steps(loaded, model_dir, tmp_path):
     """--speculative-adaptive: the bag carries SGLang's own candidate step counts (its default table, or the
-    config file), the start-up notes say no server run switched steps yet; a tree has SGLang turn it off."""
+    config file), the start-up notes say what ran and that the serving cost is not measured; a tree has SGLang turn
+    it off."""
     from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG
 
     default = sorted({s for slot in DEFAULT_ADAPTIVE_CONFIG.values() for s in slot["candidate_steps"]})
     bag = resolve.config_from_server_args(server_args(model_dir, f"{eagle(model_dir, CHAIN)} --speculative-adaptive {DET}"))
     assert bag.active and bag.adaptive_steps == tuple(default) and 3 in bag.adaptive_steps
-    assert any("--speculative-adaptive" in note and "no committed server run" in note
+    assert any("--speculative-adaptive" in note and "serving cost is not measured" in note
                for note in resolve.unmeasured_notes(bag))
     custom = tmp_path / "adaptive.json"
     custom.write_text('{"1": {"candidate_steps": [1, 3]}, "16": {"candidate_steps": [2, 3]}}')

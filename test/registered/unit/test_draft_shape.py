@@ -1,10 +1,12 @@
 """Draft shape by batch size (sglang_plugin.shape_hook) against SGLang 0.5.23's own code, on the CPU.
 
 The chain state is built and swapped on a GPU server only (the E2E file of
-the same name); here: which servers switch (real ``ServerArgs``), the
-setting's checks, the policy, the draft's narrowing on SGLang's own
-``EagleDraftInput`` and ``EagleDraftWorker``, and that the swap covers every
-field SGLang's own adaptive state swap writes.
+the same name); here: which bags switch, the setting's checks, the policy,
+the draft's narrowing on SGLang's own ``EagleDraftInput`` and
+``EagleDraftWorker``, that the swap covers every field SGLang's own adaptive
+state swap writes, and that a failed build leaves the worker and SGLang's
+published context as they were. (The serving-process checks on real
+``ServerArgs`` sit in ``test_sglang_plugin.py``.)
 """
 
 import ast
@@ -18,7 +20,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import MAX_TREE_CHAIN_BATCH, DetSpecConfig, env_settings
-from sglang_detspec.sglang_plugin import resolve, shape_hook
+from sglang_detspec.sglang_plugin import channels, resolve, shape_hook
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
@@ -41,6 +43,8 @@ def test_the_setting_is_a_batch_size_and_names_its_bound():
     ({"page_size": None}, True),  # not resolved yet: SGLang's default is 1
     ({"eagle_topk": 1, "num_draft_tokens": 4}, False),  # a chain
     ({"page_size": 16}, False),  # SGLang lays a tree's draft slots out per branch above page size 1
+    ({"num_steps": 8, "num_draft_tokens": 6}, False),  # the chain would verify more rows than the tree
+    ({"num_steps": 7, "num_draft_tokens": 8}, True),
     ({"multi_layer_eagle": True}, False),  # another worker
     ({"algorithm": "NGRAM"}, False),
     ({"verify": "rejection", "rejection_sampling": True}, False),  # refused anyway (a tree), never switched
@@ -83,7 +87,7 @@ def draft_worker(topk: int, draft_topk: int | None):
     worker = object.__new__(EagleDraftWorker)  # SGLang's class; its __init__ loads a model
     worker.topk = topk
     if draft_topk is not None:
-        setattr(worker, shape_hook.DRAFT_TOPK_ATTR, draft_topk)
+        channels.DRAFT_TOPK.write(worker, draft_topk)
     return worker
 
 
@@ -140,10 +144,12 @@ def test_the_swap_writes_every_field_sglangs_own_adaptive_swap_writes():
     assert sglang, "SGLang's apply_runtime_state assigns nothing any more: re-read it"
     assert sglang <= ours, sorted(sglang - ours)
     assert {"worker.topk", "dw.topk"} <= ours
-    # The state records every field the swap writes from it.
+    # The swap reads every field of the state.
     fields = {f.name for f in dataclasses.fields(shape_hook.ShapeState)}
-    source = inspect.getsource(shape_hook.apply_state)
-    assert all(f"state.{name}" in source for name in fields)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(shape_hook.apply_state)))
+    read = {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "state"}
+    assert read == fields, sorted(fields ^ read)
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ def test_a_batch_with_one_bad_request_is_refused_whole(served, bag):
      "input_ids beside a batch of text must give one list of token ids per request of the batch (64), got a list "
      "of 3"),
     ({"text": ["a", "b"], "input_ids": [5, 6], "sampling_params": dict(SAMPLED)}, "batch_length_mismatch",
-     "per request of the batch (2), got a list of 2"),
+     "per request of the batch (2), got input_ids[0] = 5 (not a list)"),
     ({"text": ["a", "b"], "input_ids": [[5], [6], [7]], "sampling_params": dict(SAMPLED)}, "batch_length_mismatch",
      "(2), got a list of 3"),
     # The rid is a dict key in the tokenizer manager: a list raised TypeError (HTTP 500).

@@ -932,3 +932,55 @@ def test_a_chain_state_is_built_under_sglangs_own_leaves(loaded, model_dir, cont
     get_context().override("test", **saved)
     assert shape_hook.published_shape() == saved
     assert list(get_exec().graph.cuda_graph_config.decode.bs or []) == sizes
+
+
+@pytest.mark.parametrize("flags, max_running, words", [
+    ("", 48, None),
+    ("--pp-size 2", 48, "pipeline parallelism"),
+    ("--tp-size 2 --dp-size 2 --enable-dp-attention", 48, "attention data parallelism"),
+    ("", 16, "the bound 16 is not below --max-running-requests 16"),
+])
+def test_a_serving_process_keeps_its_tree_where_ranks_or_the_bound_forbid(loaded, model_dir, flags, max_running,
+                                                                           words):
+    from sglang_detspec.sglang_plugin import shape_hook
+
+    sa = server_args(model_dir, "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+                                f"--speculative-num-draft-tokens 8 --enable-deterministic-inference {flags}")
+    reason = shape_hook.not_applied_reason(sa, max_running, 16)
+    assert reason is None if words is None else words in reason
+
+
+def test_a_failed_chain_build_leaves_the_worker_and_the_published_context_as_they_were(loaded, model_dir, context,
+                                                                                      monkeypatch):
+    """SGLang's own worker classes, not initialised (their __init__ loads models): the build's first SGLang call
+    fails on them, and the tree state and every published value must come back."""
+    from sglang.srt.runtime_context import get_context, publish
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+    from sglang_detspec.sglang_plugin import shape_hook
+
+    publish(server_args(model_dir, "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+                                   "--speculative-num-draft-tokens 8 --enable-deterministic-inference"), role="test")
+    worker, draft = object.__new__(EAGLEWorkerV2), object.__new__(EagleDraftWorker)
+    worker.topk, worker.speculative_num_steps, worker.speculative_num_draft_tokens = 4, 3, 8
+    draft.topk, draft.speculative_num_steps, draft.speculative_num_draft_tokens = 4, 3, 8
+    draft.draft_attn_backend, draft.cuda_graph_runner = "draft backend", "draft graph"
+    draft.draft_extend_attn_backend, draft.cuda_graph_runner_for_draft_extend = "extend backend", "extend graph"
+    draft.draft_runner = types.SimpleNamespace(attn_backend="extend backend", draft_attn_backend="draft backend")
+    worker._draft_worker = draft
+    worker._target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+        attn_backend="target backend", decode_cuda_graph_runner="verify graph"))
+    tree, published = shape_hook.current_state(worker), shape_hook.published_shape()
+    seen = {}
+    original_override = type(get_context()).override
+
+    def override(self, source, **fields):  # records what the build published before it failed
+        seen.setdefault(source, fields)
+        return original_override(self, source, **fields)
+
+    monkeypatch.setattr(type(get_context()), "override", override)
+    with pytest.raises(AttributeError):  # the draft worker has no model runner state
+        shape_hook.build_chain_state(worker, 16)
+    assert seen[shape_hook._CAPTURE_SOURCE]["speculative_eagle_topk"] == 1  # it failed after publishing the chain
+    assert shape_hook._RESTORE_SOURCE in seen
+    assert shape_hook.current_state(worker) == tree and shape_hook.published_shape() == published
+    assert (worker.topk, draft.topk, draft.speculative_num_draft_tokens) == (4, 4, 8)

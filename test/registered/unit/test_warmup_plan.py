@@ -39,6 +39,13 @@ def test_a_tree_that_drafts_chains_at_large_batches_warms_the_chain_too():
     assert len(warmup_hook.plans_for(dataclasses.replace(tree, page_size=16), 1000)) == 1
 
 
+def test_only_a_rejection_verify_builds_sglangs_renorms():
+    chain = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4)
+    assert warmup_hook.renorms_in_verify(dataclasses.replace(chain, verify="rejection"))
+    assert not warmup_hook.renorms_in_verify(chain)  # coupled: probs_hook skips them
+    assert not warmup_hook.renorms_in_verify(bag(verify="rejection"))  # no speculative decoding, no verify
+
+
 def test_adaptive_chains_warm_every_step_count_they_may_switch_to():
     chain = bag(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4, adaptive_steps=(0, 1, 3, 5, 7))
     plans = warmup_hook.plans_for(chain, 1000)
