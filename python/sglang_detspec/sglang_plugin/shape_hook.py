@@ -2,8 +2,8 @@
 
 A tree verifies ``num_draft_tokens`` nodes per request, a chain of the same
 depth ``steps + 1``: at large batches the target's verify is compute-bound
-and the tree pays for every node (docs/determinism_tax.md: the default tree
-at 0.57-0.59x of SGLang's chain at c >= 32, its chain at 0.81-0.86x).
+and the tree pays for every node (docs/determinism_tax.md has the figures:
+the tree falls behind the chain from about 32 concurrent requests).
 Coupled verification makes every emitted token the target's race winner,
 whatever was drafted (drafter invariance), so a server may change its draft
 shape from one step to the next without changing a token. With
