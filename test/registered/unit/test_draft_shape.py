@@ -152,5 +152,58 @@ def test_the_swap_writes_every_field_sglangs_own_adaptive_swap_writes():
     assert read == fields, sorted(fields ^ read)
 
 
+def state(tag: str, topk: int, tokens: int) -> shape_hook.ShapeState:
+    """A state whose resources are strings naming them (what the swap moves is references)."""
+    return shape_hook.ShapeState(topk, 3, tokens, *(f"{tag} {name}" for name in (
+        "draft backend", "draft graph", "extend backend", "extend graph", "runner backend", "target backend",
+        "verify graph")), (f"{tag} parents", f"{tag} scores"))
+
+
+def switching_worker():
+    """SGLang's EAGLEWorkerV2 and EagleDraftWorker, not initialised (their __init__ loads models), in the tree state."""
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    worker, draft = object.__new__(EAGLEWorkerV2), object.__new__(EagleDraftWorker)
+    draft.draft_runner = type("Runner", (), {})()
+    worker._draft_worker = draft
+    worker._target_worker = type("Target", (), {"model_runner": type("Runner", (), {})()})()
+    tree, chain = state("tree", 4, 8), state("chain", 1, 4)
+    shape_hook.apply_state(worker, tree, 4)
+    channels.DRAFT_SHAPES.write(worker, shape_hook.Shapes(tree, chain, threshold=3, active=tree))
+    return worker, tree, chain
+
+
+def test_each_step_runs_in_the_state_of_its_batch(caplog):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    worker, tree, chain = switching_worker()
+    seen = []
+
+    def sglang_step(self, batch, **kwargs):
+        seen.append(shape_hook.current_state(self))
+        return "result"
+
+    def batch(mode, size):
+        return type("Batch", (), {"forward_mode": mode, "is_extend_in_batch": False,
+                                  "seq_lens": torch.zeros(size, dtype=torch.int64)})()
+
+    caplog.set_level("INFO", logger="sglang_detspec")
+    steps = [(ForwardMode.DECODE, 4), (ForwardMode.DECODE, 3), (ForwardMode.DECODE, 12), (ForwardMode.EXTEND, 12),
+             (ForwardMode.DECODE, 5), (ForwardMode.IDLE, 0)]
+    for mode, size in steps:
+        assert shape_hook.run_in_shape(sglang_step, worker, batch(mode, size)) == "result"
+    assert seen == [chain, tree, chain, tree, chain, tree]
+    draft = worker._draft_worker
+    assert draft.topk == 4 and channels.DRAFT_TOPK.read(draft) == 4  # the draft extend keeps the tree's width
+    shape_hook.run_in_shape(sglang_step, worker, batch(ForwardMode.DECODE, 9))
+    assert worker.topk == 1 and draft.topk == 4 and channels.DRAFT_TOPK.read(draft) == 1
+    assert draft.draft_runner.draft_attn_backend == "chain draft backend"
+    assert worker._target_worker.model_runner.decode_cuda_graph_runner == "chain verify graph"
+    logged = [r.getMessage() for r in caplog.records if shape_hook.SWITCH_LOG in r.getMessage()]
+    assert logged == [f"{shape_hook.SWITCH_LOG} chain (decode batch of 4 requests, bound 3)",
+                      f"{shape_hook.SWITCH_LOG} tree (decode batch of 3 requests, bound 3)"]
+    assert channels.DRAFT_SHAPES.read(worker).switches == 7
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
