@@ -18,14 +18,16 @@ attention backends and CUDA graphs, its draft-extend backend and graphs, the
 target's verify attention backend and verify CUDA graphs. Switching is a
 handful of attribute writes between two steps.
 
-Not supported with it: SGLang's weight update with CUDA-graph recapture
-(``recapture_decode_cuda_graph``) rebuilds the graphs of the active state
-only. What stays the tree's in the chain state: the KV reserve per step (SGLang
+What stays the tree's in the chain state: the KV reserve per step (SGLang
 sizes it from the published top-k, larger than a chain needs), the draft
 extend's children (each request keeps the tree's top-k children, so the
 next step can draft either shape; a chain drafts from the first, the race
 winner), and prefill / extend batches, which run in the tree state the
 server started with.
+
+Not supported with it: SGLang's weight update with CUDA-graph recapture
+(``recapture_decode_cuda_graph``), which rebuilds the graphs of the active
+state only.
 
 Hooked symbols:
 
