@@ -393,6 +393,20 @@ def stop(server: Server) -> None:
             pass
 
 
+def deepgemm_kernels() -> int | None:
+    """Kernels in DeepGEMM's JIT cache folder (SGLang's ``SGLANG_DG_CACHE_DIR``, default under ``~/.cache/sglang``).
+
+    One folder per compiled kernel, shared by every server of the machine:
+    the same count before and after the measured runs means no server
+    compiled a DeepGEMM kernel inside a request. None where the folder does
+    not exist (no server compiled one yet, or another cache location).
+    """
+    root = os.environ.get("SGLANG_DG_CACHE_DIR") or os.path.join(
+        os.path.expanduser(os.environ.get("SGLANG_CACHE_DIR", "~/.cache/sglang")), "deep_gemm")
+    folder = os.path.join(root, "cache")
+    return len(os.listdir(folder)) if os.path.isdir(folder) else None
+
+
 def log_tail(path: str, lines: int = 25) -> str:
     try:
         return "\n".join(open(path, errors="replace").read().splitlines()[-lines:])
@@ -637,8 +651,10 @@ class Run:
         if self.plan["mode"] == "breakdown":
             self.breakdown(s)
             return
+        before = deepgemm_kernels()
         rc = self.drive(s, self.plan["concs"])
-        self.log(f"({s.key}) measured (driver rc {rc})")
+        self.log(f"({s.key}) measured (driver rc {rc}); DeepGEMM kernels cached: {before} before, "
+                 f"{deepgemm_kernels()} after")
         if s.key in self.plan["profile"] and self.left() > 60:
             self.profile(s)
 
@@ -793,9 +809,10 @@ class Run:
                                     "title": CONFIGS[s.key].title} for s in ready},
                 "concurrencies": concs, "load": dataclasses.asdict(self.plan["load"]),
                 "repeat": dataclasses.asdict(self.plan["repeat"]), "rounds": self.args.alternations}
-        self.log(f"interleaving {''.join(s.key for s in ready)}, {limit:.0f} s left")
+        self.log(f"interleaving {''.join(s.key for s in ready)}, {limit:.0f} s left; DeepGEMM kernels cached: "
+                 f"{deepgemm_kernels()}")
         rc = self.send(spec, limit, "interleave")
-        self.log(f"interleaved runs done (driver rc {rc})")
+        self.log(f"interleaved runs done (driver rc {rc}); DeepGEMM kernels cached: {deepgemm_kernels()}")
 
     def note_cells(self, servers: list[Server], concs: list[int], why: str) -> None:
         """One ``note`` row per (server, concurrency) in ``results.jsonl``: the report lists it as missing."""

@@ -237,9 +237,9 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.chain_at_batch}: decode batches of more than "
                      f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the "
                      "tree; coupled verify makes the tokens independent of the draft shape (tokens equal to no "
-                     "speculative decoding while switching both ways: the tiny-model run of 2026-12-04, whose "
-                     "chain verified without CUDA graphs); with the chain's verify CUDA graphs and its serving "
-                     "cost: not measured")
+                     "speculative decoding while switching both ways, the chain verifying under CUDA graphs: "
+                     "the tiny-model runs of 2026-12-04); its serving cost with the chain's verify CUDA graphs "
+                     "is not measured")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

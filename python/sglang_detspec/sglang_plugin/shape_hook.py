@@ -56,6 +56,8 @@ FORWARD = f"{_V2}.EAGLEWorkerV2.forward_batch_generation"
 DRAFT = f"{_V2}.EagleDraftWorker.draft"
 # Logged at the first switch to the chain and the first back to the tree (the suites' positive control).
 SWITCH_LOG = "sglang-detspec: draft shape switched to"
+# Beside each logged switch: SGLang's flag for the step's target verify under a CUDA graph (True / False).
+VERIFY_GRAPH_LOG = "verify CUDA graph:"
 _CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
 _RESTORE_SOURCE = "sglang_detspec.tree_chain_restore"
 
@@ -289,10 +291,23 @@ def install_shapes(result, worker, *args, **kwargs):
     DRAFT_TOPK.write(worker._draft_worker, tree.topk)
     used = free_before - _free_device_memory()
     log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches above "
-             "%d in %.1f s, %.2f GB of device memory; the tree (top-k %d, %d draft tokens) serves the rest",
-             chain.steps, chain.draft_tokens, threshold, time.monotonic() - started, used / 2**30, tree.topk,
-             tree.draft_tokens)
+             "%d in %.1f s, %.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves the rest",
+             chain.steps, chain.draft_tokens, threshold, time.monotonic() - started, used / 2**30,
+             graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens)
     return result
+
+
+def graph_sizes_note(target_graph) -> str:
+    """What the start-up line says of a chain state's target verify: its CUDA-graph batch sizes, or eager.
+
+    ``target_graph`` is SGLang's graph runner (its ``capture_bs``, the
+    batch sizes captured) or None. SGLang logs no capture line for a graph
+    runner built outside its model runner's set-up, so this is the record.
+    """
+    sizes = sorted(getattr(target_graph, "capture_bs", None) or ())
+    if not sizes:
+        return "its target verify eager (no decode CUDA graphs)"
+    return f"its target verify CUDA graphs at batch sizes {sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
 
 
 def _free_device_memory() -> int:
@@ -310,20 +325,25 @@ def run_in_shape(original, self, batch, *args, **kwargs):
     metadata: no device synchronisation.
     """
     shapes = DRAFT_SHAPES.read(self)  # None: not a switching tree, SGLang's step as is
-    if shapes is not None:
-        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
-        size = batch.seq_lens.shape[0] if batch.seq_lens is not None else 0
-        state = shapes.for_batch(decode, size)
-        if state is not shapes.active:
-            apply_state(self, state, shapes.tree.topk)
-            shapes.active = state
-            shapes.switches += 1
-            if shapes.switches <= 2:  # the first switch each way; later ones are routine
-                logging.getLogger("sglang_detspec").info(
-                    "%s %s (%s batch of %d requests, bound %d)", SWITCH_LOG,
-                    "chain" if state is shapes.chain else "tree", "decode" if decode else "prefill or extend",
-                    size, shapes.threshold)
-    return original(self, batch, *args, **kwargs)
+    if shapes is None:
+        return original(self, batch, *args, **kwargs)
+    decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+    size = batch.seq_lens.shape[0] if batch.seq_lens is not None else 0
+    state = shapes.for_batch(decode, size)
+    announce = False
+    if state is not shapes.active:
+        apply_state(self, state, shapes.tree.topk)
+        shapes.active = state
+        shapes.switches += 1
+        announce = shapes.switches <= 2  # the first switch each way; later ones are routine
+    result = original(self, batch, *args, **kwargs)
+    if announce:
+        # SGLang's result says whether this step's target verify replayed a CUDA graph (host flag, no sync).
+        logging.getLogger("sglang_detspec").info(
+            "%s %s (%s batch of %d requests, bound %d; %s %s)", SWITCH_LOG,
+            "chain" if state is shapes.chain else "tree", "decode" if decode else "prefill or extend", size,
+            shapes.threshold, VERIFY_GRAPH_LOG, getattr(result, "can_run_cuda_graph", None))
+    return result
 
 
 def draft_in_shape(original, self, batch, *args, **kwargs):

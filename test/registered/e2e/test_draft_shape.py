@@ -26,9 +26,12 @@ Checks (``<DETSPEC_E2E_OUT>/draft_shape_*.json``):
    reference holds for the fixed tree).
 2. The switching server built its chain state and switched both ways
    (its log's ``draft shape switched to chain`` and ``... to tree`` lines),
-   and captured the chain's target-verify CUDA graphs (SGLang's capture line
-   with 4 tokens per request): the positive controls that check 1 compared
-   tokens drafted in both shapes, verified as a server runs them.
+   built the chain's target-verify CUDA graphs (the plugin's start-up line
+   names their batch sizes: SGLang logs no capture line for a graph runner
+   built outside its model runner's set-up) and replayed one at the first
+   chain step (``verify CUDA graph: True`` on the switch line, SGLang's own
+   flag from that step's result): the positive controls that check 1
+   compared tokens drafted in both shapes, verified as a server runs them.
 3. Accept lengths of both speculative servers per round (a figure).
 
 About 3 minutes on an H200: three server starts side by side, then seconds of traffic.
@@ -44,7 +47,7 @@ import _e2e
 import _requests
 from _register import register_cuda_ci
 from _invariance import accept_length
-from sglang_detspec.sglang_plugin.shape_hook import SWITCH_LOG
+from sglang_detspec.sglang_plugin.shape_hook import SWITCH_LOG, VERIFY_GRAPH_LOG
 
 register_cuda_ci(est_time=200, suite="detspec-e2e-cuda")
 
@@ -59,9 +62,8 @@ FILTERS = {3: {"top_k": 20}, 5: {"top_p": 0.9}, 7: {"min_p": 0.05}, 9: {"top_k":
            11: {"temperature": 0.7}}
 PROMPT_SEED = 20261204
 TIMEOUT_S = 180.0
-# SGLang's log line for each target-verify CUDA-graph capture; the chain state's has 4 tokens per request.
-VERIFY_CAPTURE = "Capture target verify CUDA graph begin"
-CHAIN_VERIFY_WIDTH = "num_tokens_per_req=4"
+# The plugin's start-up line for the chain state names its target-verify graph sizes (shape_hook.graph_sizes_note).
+CHAIN_GRAPHS = "its target verify CUDA graphs at batch sizes"
 TEST_ORDER = (
     "test_switching_tree_gives_the_tokens_of_no_speculative_decoding",
     "test_switching_tree_switched_both_ways",
@@ -106,7 +108,7 @@ def group(servers, models):
             out[family] = {"error": None, "rounds": rounds(server.url, vocab),
                            "plugin_problems": _e2e.plugin_problems(server),
                            "switch_lines": server.log_lines(SWITCH_LOG),
-                           "verify_captures": server.log_lines(VERIFY_CAPTURE), "server": server.facts()}
+                           "chain_graphs": server.log_lines(CHAIN_GRAPHS), "server": server.facts()}
         return out
 
     return servers.remember("draft_shape", run)
@@ -151,17 +153,21 @@ def test_switching_tree_gives_the_tokens_of_no_speculative_decoding(group):
 def test_switching_tree_switched_both_ways(group):
     """The positive controls of the token check: both shapes drafted, the chain's verify under a CUDA graph."""
     entry = group[SWITCH]
-    lines, captures = entry.get("switch_lines", []), entry.get("verify_captures", [])
+    lines, graphs = entry.get("switch_lines", []), entry.get("chain_graphs", [])
     problems = [] if not entry["error"] else [f"{SWITCH}: {entry['error']}"]
     for shape in ("chain", "tree"):
         if not any(f"{SWITCH_LOG} {shape}" in line for line in lines):
             problems.append(f"{SWITCH}: no '{SWITCH_LOG} {shape}' line in its log: its tokens were not drafted "
                             "in both shapes")
-    if not entry["error"] and not any(CHAIN_VERIFY_WIDTH in line for line in captures):
-        problems.append(f"{SWITCH}: no '{VERIFY_CAPTURE} ... {CHAIN_VERIFY_WIDTH}' line: the chain state's target "
-                        "verify ran without CUDA graphs")
+    if not entry["error"] and not graphs:
+        problems.append(f"{SWITCH}: no '{CHAIN_GRAPHS}' start-up line: the chain state has no target-verify "
+                        "CUDA graphs")
+    if not entry["error"] and not any(f"{SWITCH_LOG} chain" in line and f"{VERIFY_GRAPH_LOG} True" in line
+                                      for line in lines):
+        problems.append(f"{SWITCH}: the first chain step did not replay a target-verify CUDA graph (no "
+                        f"'{VERIFY_GRAPH_LOG} True' on its switch line)")
     path = _e2e.write_result("draft_shape_switches", {"passed": not problems, "problems": problems,
-                                                      "switch_lines": lines, "verify_captures": captures})
+                                                      "switch_lines": lines, "chain_graphs": graphs})
     assert not problems, "; ".join(problems) + f" ({path})"
 
 

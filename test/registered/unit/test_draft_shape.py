@@ -176,12 +176,15 @@ def switching_worker():
 def test_each_step_runs_in_the_state_of_its_batch(caplog):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    from sglang.srt.managers.utils import GenerationBatchResult
+
     worker, tree, chain = switching_worker()
     seen = []
 
     def sglang_step(self, batch, **kwargs):
         seen.append(shape_hook.current_state(self))
-        return "result"
+        # SGLang's result flags a replayed verify graph; here the chain's steps "replay" and the tree's not.
+        return GenerationBatchResult(can_run_cuda_graph=self.topk == 1)
 
     def batch(mode, size):
         return type("Batch", (), {"forward_mode": mode, "is_extend_in_batch": False,
@@ -191,7 +194,7 @@ def test_each_step_runs_in_the_state_of_its_batch(caplog):
     steps = [(ForwardMode.DECODE, 4), (ForwardMode.DECODE, 3), (ForwardMode.DECODE, 12), (ForwardMode.EXTEND, 12),
              (ForwardMode.DECODE, 5), (ForwardMode.IDLE, 0)]
     for mode, size in steps:
-        assert shape_hook.run_in_shape(sglang_step, worker, batch(mode, size)) == "result"
+        assert isinstance(shape_hook.run_in_shape(sglang_step, worker, batch(mode, size)), GenerationBatchResult)
     assert seen == [chain, tree, chain, tree, chain, tree]
     draft = worker._draft_worker
     assert draft.topk == 4 and channels.DRAFT_TOPK.read(draft) == 4  # the draft extend keeps the tree's width
@@ -200,9 +203,27 @@ def test_each_step_runs_in_the_state_of_its_batch(caplog):
     assert draft.draft_runner.draft_attn_backend == "chain draft backend"
     assert worker._target_worker.model_runner.decode_cuda_graph_runner == "chain verify graph"
     logged = [r.getMessage() for r in caplog.records if shape_hook.SWITCH_LOG in r.getMessage()]
-    assert logged == [f"{shape_hook.SWITCH_LOG} chain (decode batch of 4 requests, bound 3)",
-                      f"{shape_hook.SWITCH_LOG} tree (decode batch of 3 requests, bound 3)"]
+    assert logged == [f"{shape_hook.SWITCH_LOG} chain (decode batch of 4 requests, bound 3; "
+                      f"{shape_hook.VERIFY_GRAPH_LOG} True)",
+                      f"{shape_hook.SWITCH_LOG} tree (decode batch of 3 requests, bound 3; "
+                      f"{shape_hook.VERIFY_GRAPH_LOG} False)"]
     assert channels.DRAFT_SHAPES.read(worker).switches == 7
+
+
+def test_the_start_up_line_names_the_chain_verify_graph_sizes():
+    """SGLang logs no capture line for the chain's verify graph runner: the plugin's line is the record."""
+
+    import inspect
+
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    assert "self.capture_bs" in inspect.getsource(DecodeCudaGraphRunner.__init__)  # where SGLang keeps them
+
+    class Runner:
+        capture_bs = [48, 4, 5, 40]
+
+    assert shape_hook.graph_sizes_note(Runner()) == "its target verify CUDA graphs at batch sizes 4..48 (4 sizes)"
+    assert shape_hook.graph_sizes_note(None) == "its target verify eager (no decode CUDA graphs)"
 
 
 if __name__ == "__main__":

@@ -1740,5 +1740,19 @@ def test_combined_mode_lists_interleaved_cells_that_did_not_fit(tmp_path, monkey
     assert js["interleaved"] is True and js["ratio_to_a"] == {} and js["rounds"] == {}  # the layout, empty
 
 
+
+def test_deepgemm_kernels_counts_the_jit_cache_folders(tmp_path, monkeypatch):
+    """One folder per compiled kernel under <cache>/cache; None before DeepGEMM compiled anything."""
+    monkeypatch.setenv("SGLANG_DG_CACHE_DIR", str(tmp_path))
+    assert run.deepgemm_kernels() is None
+    for name in ("sm90_bf16_gemm.aa", "sm90_bf16_gemm.bb"):
+        (tmp_path / "cache" / name).mkdir(parents=True)
+    assert run.deepgemm_kernels() == 2
+    monkeypatch.delenv("SGLANG_DG_CACHE_DIR")
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "elsewhere"))
+    (tmp_path / "elsewhere" / "deep_gemm" / "cache" / "k").mkdir(parents=True)
+    assert run.deepgemm_kernels() == 1  # SGLang's default: <SGLANG_CACHE_DIR>/deep_gemm
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

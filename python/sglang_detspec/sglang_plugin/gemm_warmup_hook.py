@@ -1,0 +1,194 @@
+"""Start-up: DeepGEMM's kernels for SGLang's batch-invariant matmul compiled before the server takes requests.
+
+Under ``--enable-deterministic-inference`` SGLang replaces ``aten::mm`` and
+``aten::addmm`` with its batch-invariant matmul
+(``batch_invariant_ops.matmul_persistent``), which on Hopper runs DeepGEMM's
+``bf16_gemm_nn`` in its deterministic mode. DeepGEMM compiles one kernel per
+configuration its heuristic picks from (M, N, K) at the first call that
+needs it. CUDA-graph capture meets the row counts of the captured decode and
+verify batches; a prefill's row count (anything up to the chunk) meets new
+configurations inside requests. On the H200 (2026-12-04, 8B shape,
+``DG_JIT_DEBUG=1``) a deterministic server compiled 10 kernels in its first
+two minutes of serving, a round at 128 concurrent requests serving 0.09x of
+SGLang's non-deterministic path (which runs cuBLAS and compiles nothing);
+``docs/determinism_tax.md`` has the run.
+
+Which row counts: DeepGEMM's SM90 heuristic (``get_best_config``) reads M
+only through the block counts ``ceil(M / block_m)`` of its block-M
+candidates (16 and 32 for M <= 16 / 32, then 64, 128, 256), the rule that a
+tie picks no block larger than M, and multicast from M >= 512: all constant
+on each interval (64(j - 1), 64 j] except at its right end. So every M up to
+64 and both ends of each such interval reach every configuration
+(:func:`warm_rows`), about 2 * max_rows / 64 launches per weight shape, one
+shape per distinct (N, K), not per layer.
+
+Registered BEFORE ``Scheduler.init_all_cuda_graphs`` (``warmup_hook.TARGET``),
+so the capture that follows finds its kernels compiled too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..config import current_config
+
+# DeepGEMM's M granularity that matters (see the module docstring); every M up to it is warmed one by one.
+ROW_CLASS = 64
+# Largest transient output one warm-up launch may allocate (an LM head at many rows is the large one).
+MAX_OUTPUT_BYTES = 1 << 30
+# SGLang's conditions for its DeepGEMM branch (batch_invariant_ops.matmul_persistent): N >= 16, 16-byte rows.
+MIN_N = 16
+ALIGN_BYTES = 16
+
+
+def warm_rows(max_rows: int) -> list[int]:
+    """Row counts M whose launches compile every DeepGEMM configuration for M in [1, ``max_rows``].
+
+    Every M up to :data:`ROW_CLASS`, then both ends of each interval
+    (64(j - 1), 64 j] that reaches ``max_rows``, and ``max_rows`` itself.
+    Sorted, distinct.
+
+    Raises:
+        ValueError: ``max_rows`` < 1.
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    rows = set(range(1, min(max_rows, ROW_CLASS) + 1))
+    for end in range(2 * ROW_CLASS, max_rows + ROW_CLASS, ROW_CLASS):
+        rows.update((end - ROW_CLASS + 1, end))
+    rows.add(max_rows)
+    return sorted(r for r in rows if r <= max_rows)
+
+
+def max_rows_for(chunked_prefill_size: int | None, max_prefill_tokens: int, max_running_requests: int | None,
+                 tokens_per_request: int, mixed_chunk: bool) -> int:
+    """The most rows one matmul of this server multiplies: a prefill batch's tokens or a decode step's.
+
+    Args:
+        chunked_prefill_size: SGLang's chunk (tokens per prefill batch); None or < 1 when chunking is off,
+            then ``max_prefill_tokens`` bounds a prefill batch.
+        max_prefill_tokens: SGLang's ``max_prefill_tokens`` (>= 1).
+        max_running_requests: the decode batch bound (None: unknown, taken as 0).
+        tokens_per_request: rows per request in a decode or verify step (draft tokens; 1 without
+            speculative decoding).
+        mixed_chunk: ``--enable-mixed-chunk`` (a prefill chunk and a decode batch in one forward).
+    """
+    prefill = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else max_prefill_tokens
+    decode = (max_running_requests or 0) * max(tokens_per_request, 1)
+    return max(prefill + (decode if mixed_chunk else 0), decode, 1)
+
+
+def gemm_weights(models) -> dict[tuple[int, int], torch.Tensor]:
+    """One weight per distinct (N, K) the models multiply by through ``aten::mm``, by (N, K).
+
+    ``models``: ``torch.nn.Module`` s (the target, the draft). A weight
+    counts when it is the 2-D bfloat16 ``weight`` parameter, [N, K], of a
+    linear layer (SGLang's ``LinearBase``) or an LM head (``ParallelLMHead``:
+    its logits are one matmul) and meets SGLang's DeepGEMM conditions
+    (N >= 16, rows of a multiple of 16 bytes). Embedding tables are looked
+    up, not multiplied.
+    """
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+    weights = {}
+    for model in models:
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if (not isinstance(module, (LinearBase, ParallelLMHead)) or not isinstance(weight, torch.Tensor)
+                    or weight.dim() != 2 or weight.dtype != torch.bfloat16):
+                continue
+            n, k = (int(d) for d in weight.shape)
+            if n >= MIN_N and (n * 2) % ALIGN_BYTES == 0 and (k * 2) % ALIGN_BYTES == 0:
+                weights.setdefault((n, k), weight)
+    return dict(sorted(weights.items()))
+
+
+def models_of(scheduler) -> list:
+    """The target model of a scheduler and, where it has one, its draft model (SGLang's EAGLE workers)."""
+    models = [scheduler.tp_worker.model_runner.model]
+    worker = getattr(scheduler, "draft_worker", None)
+    for path in (("_draft_worker", "draft_runner"), ("draft_runner",), ("model_runner",)):
+        runner = worker
+        for name in path:
+            runner = getattr(runner, name, None)
+        if getattr(runner, "model", None) is not None and runner.model is not models[0]:
+            return models + [runner.model]
+    return models
+
+
+def deepgemm_matmul_applies() -> str | None:
+    """Why SGLang's matmul does not run DeepGEMM in this process (nothing to warm); None when it does."""
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
+
+    if not bio.is_batch_invariant_mode_enabled():
+        return "SGLang's batch-invariant mode is off"
+    if not (bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM):
+        return "SGLang's batch-invariant matmul does not use DeepGEMM here"
+    return None
+
+
+def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
+               max_output_bytes: int = MAX_OUTPUT_BYTES) -> tuple[int, list[str]]:
+    """One ``torch.mm`` per (weight, row count): SGLang's batch-invariant matmul compiles what it needs.
+
+    Each weight [N, K] (bfloat16, on the device) is multiplied transposed,
+    as SGLang's linear layers call it, by zero rows [M, K]. Row counts whose
+    [M, N] bfloat16 output would exceed ``max_output_bytes`` are left to
+    their first use (named in the returned notes). Returns (launches, notes).
+    """
+    launched, notes = 0, []
+    for (n, k), weight in weights.items():
+        fit = [m for m in rows if m * n * 2 <= max_output_bytes]
+        if len(fit) < len(rows):
+            notes.append(f"N={n} K={k}: rows above {fit[-1] if fit else 0} compile at first use")
+        if not fit:
+            continue
+        x = torch.zeros(fit[-1], k, dtype=weight.dtype, device=weight.device)
+        for m in fit:
+            torch.mm(x[:m], weight.t())
+            launched += 1
+        del x
+    if any(w.is_cuda for w in weights.values()):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return launched, notes
+
+
+def compile_gemms(scheduler, *args, **kwargs) -> None:
+    """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`warm_gemms` of the target's and draft's shapes.
+
+    Only in runs whose seeded streams are active with deterministic
+    inference, on CUDA, where SGLang's matmul runs DeepGEMM
+    (:func:`deepgemm_matmul_applies`). Rows up to :func:`max_rows_for` the
+    scheduler's limits. Speed only: a failure is logged and the kernels
+    compile at first use, as they would without the plugin.
+    """
+    bag = current_config()
+    if not (bag.active and bag.deterministic and torch.cuda.is_available()):
+        return None
+    log = logging.getLogger("sglang_detspec")
+    started = time.monotonic()
+    try:
+        reason = deepgemm_matmul_applies()
+        if reason:
+            log.info("sglang-detspec: no DeepGEMM warm-up: %s", reason)
+            return None
+        from sglang.srt.runtime_context import get_schedule
+
+        schedule = get_schedule()
+        rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens,
+                                      schedule.max_running_requests, bag.num_draft_tokens or 1,
+                                      bool(getattr(scheduler.server_args, "enable_mixed_chunk", False))))
+        weights = gemm_weights(models_of(scheduler))
+        launched, notes = warm_gemms(weights, rows)
+    except Exception:  # speed only: what is not warmed here compiles at its first request instead
+        log.warning("sglang-detspec: DeepGEMM warm-up failed; its kernels compile at first use", exc_info=True)
+        return None
+    log.info("sglang-detspec: DeepGEMM matmul warmed before serving: %d launches over %d weight shapes %s and %d "
+             "row counts up to %d in %.1f s%s", launched, len(weights), list(weights), len(rows), rows[-1],
+             time.monotonic() - started, f" ({'; '.join(notes)})" if notes else "")
+    return None

@@ -1,0 +1,100 @@
+"""The DeepGEMM warm-up's row counts, row bound and weight shapes (CPU; the compile check is test_gemm_warmup_cuda).
+
+The oracle for the row counts is written from DeepGEMM's SM90 heuristic
+(``get_best_config``) as a function of M alone: block-M candidates 16 / 32
+added for M <= 16 / 32; block counts ceil(M / b) for each candidate b; the
+tie rule "no block larger than M" for b in 64, 128, 256; multicast from
+M >= 512. Two row counts with the same value of every one of those reach
+the same configuration for a given (N, K), so the warm-up must hold one row
+count of each value that occurs up to its bound.
+"""
+
+import math
+import sys
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.sglang_plugin import gemm_warmup_hook as g
+
+register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
+
+
+def heuristic_inputs(m: int) -> tuple:
+    """Everything DeepGEMM's SM90 configuration choice reads of M."""
+    blocks = (16,) * (m <= 16) + (32,) * (m <= 32) + (64, 128, 256)  # the candidates at this M
+    return (blocks, tuple(math.ceil(m / b) for b in blocks), tuple(m >= b for b in (64, 128, 256)), m >= 512)
+
+
+@pytest.mark.parametrize("max_rows", [1, 2, 31, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1100, 4096, 8192, 8193])
+def test_the_rows_reach_every_configuration_up_to_the_bound(max_rows):
+    rows = g.warm_rows(max_rows)
+    assert rows == sorted(set(rows)) and rows[0] == 1 and rows[-1] == max_rows
+    warmed = {heuristic_inputs(m) for m in rows}
+    missed = [m for m in range(1, max_rows + 1) if heuristic_inputs(m) not in warmed]
+    assert not missed, missed[:10]
+    assert len(rows) <= g.ROW_CLASS + 2 * math.ceil(max_rows / g.ROW_CLASS) + 1
+
+
+def test_the_oracle_can_fail():
+    """Row counts at one end of each interval only would miss the threshold rows (M = 64 j): the check sees it."""
+    rows = [m for m in g.warm_rows(1100) if m <= g.ROW_CLASS or m % g.ROW_CLASS == 1]
+    warmed = {heuristic_inputs(m) for m in rows}
+    assert heuristic_inputs(512) not in warmed
+
+
+def test_a_bad_bound_is_named():
+    with pytest.raises(ValueError, match="max_rows must be >= 1, got 0"):
+        g.warm_rows(0)
+
+
+@pytest.mark.parametrize("chunk, prefill, running, tokens, mixed, expected", [
+    (8192, 16384, 128, 4, False, 8192),       # the chunk bounds a prefill batch
+    (-1, 16384, 128, 4, False, 16384),        # chunking off: max_prefill_tokens does
+    (None, 16384, None, 1, False, 16384),
+    (256, 16384, 128, 8, False, 1024),        # a tree verify of 128 requests outgrows a small chunk
+    (8192, 16384, 128, 4, True, 8192 + 512),  # a mixed chunk carries a decode batch too
+])
+def test_the_row_bound(chunk, prefill, running, tokens, mixed, expected):
+    assert g.max_rows_for(chunk, prefill, running, tokens, mixed) == expected
+
+
+def _module(cls, n: int, k: int, dtype=torch.bfloat16):
+    """An SGLang layer object (its __init__ needs a tensor-parallel group) carrying an [n, k] weight."""
+    module = object.__new__(cls)
+    torch.nn.Module.__init__(module)
+    module.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=dtype), requires_grad=False)
+    return module
+
+
+def test_the_weights_are_sglang_linear_layers_and_lm_heads_one_per_shape():
+    from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    target = torch.nn.ModuleList([
+        _module(QKVParallelLinear, 96, 64), _module(RowParallelLinear, 64, 64),
+        _module(QKVParallelLinear, 96, 64),                     # same shape: one entry
+        _module(MergedColumnParallelLinear, 256, 64),
+        _module(RowParallelLinear, 64, 128, dtype=torch.float32),  # not bf16: not DeepGEMM's
+        _module(RowParallelLinear, 8, 64),                       # N < 16: SGLang multiplies it elsewhere
+        _module(RowParallelLinear, 64, 60),                      # K rows of 120 bytes: not 16-byte aligned
+        _module(VocabParallelEmbedding, 1000, 64),               # looked up, not multiplied
+        _module(ParallelLMHead, 1024, 64),
+    ])
+    draft = torch.nn.ModuleList([_module(RowParallelLinear, 64, 128), _module(ParallelLMHead, 1024, 64)])
+    weights = g.gemm_weights([target, draft])
+    assert list(weights) == [(64, 64), (64, 128), (96, 64), (256, 64), (1024, 64)]
+    assert all(tuple(w.shape) == key for key, w in weights.items())
+
+
+def test_the_warm_up_launches_each_row_count_and_leaves_what_does_not_fit_to_first_use():
+    weights = {(64, 16): torch.zeros(64, 16, dtype=torch.bfloat16), (32, 16): torch.zeros(32, 16, dtype=torch.bfloat16)}
+    launched, notes = g.warm_gemms(weights, list(range(1, 11)), max_output_bytes=64 * 2 * 5)
+    assert launched == 5 + 10  # 64 columns: 5 rows fit; 32 columns: all 10
+    assert notes == ["N=64 K=16: rows above 5 compile at first use"]
+    assert g.warm_gemms({}, [1, 2, 3]) == (0, [])
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
