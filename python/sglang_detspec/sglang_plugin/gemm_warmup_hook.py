@@ -35,6 +35,10 @@ import torch
 
 from ..config import current_config
 
+# The start-up lines (the E2E suites require one of the first two on every deterministic server, never the third).
+WARMED_LOG = "sglang-detspec: DeepGEMM matmul warmed before serving"
+SKIPPED_LOG = "sglang-detspec: no DeepGEMM warm-up"
+FAILED_LOG = "sglang-detspec: DeepGEMM warm-up failed"
 # DeepGEMM's M granularity that matters (see the module docstring); every M up to it is warmed one by one.
 ROW_CLASS = 64
 # Largest transient output one warm-up launch may allocate (an LM head at many rows is the large one).
@@ -161,21 +165,22 @@ def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
 def compile_gemms(scheduler, *args, **kwargs) -> None:
     """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`warm_gemms` of the target's and draft's shapes.
 
-    Only in runs whose seeded streams are active with deterministic
-    inference, on CUDA, where SGLang's matmul runs DeepGEMM
-    (:func:`deepgemm_matmul_applies`). Rows up to :func:`max_rows_for` the
+    Only in runs whose seeded streams are active, on CUDA, with
+    deterministic inference, where SGLang's matmul runs DeepGEMM
+    (:func:`deepgemm_matmul_applies`); elsewhere on CUDA it logs why not
+    (:data:`SKIPPED_LOG`). Rows up to :func:`max_rows_for` the
     scheduler's limits. Speed only: a failure is logged and the kernels
     compile at first use, as they would without the plugin.
     """
     bag = current_config()
-    if not (bag.active and bag.deterministic and torch.cuda.is_available()):
+    if not (bag.active and torch.cuda.is_available()):
         return None
     log = logging.getLogger("sglang_detspec")
     started = time.monotonic()
     try:
-        reason = deepgemm_matmul_applies()
+        reason = deepgemm_matmul_applies() if bag.deterministic else "deterministic inference is off"
         if reason:
-            log.info("sglang-detspec: no DeepGEMM warm-up: %s", reason)
+            log.info("%s: %s", SKIPPED_LOG, reason)
             return None
         from sglang.srt.runtime_context import get_schedule
 
@@ -186,9 +191,9 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         weights = gemm_weights(models_of(scheduler))
         launched, notes = warm_gemms(weights, rows)
     except Exception:  # speed only: what is not warmed here compiles at its first request instead
-        log.warning("sglang-detspec: DeepGEMM warm-up failed; its kernels compile at first use", exc_info=True)
+        log.warning("%s; its kernels compile at first use", FAILED_LOG, exc_info=True)
         return None
-    log.info("sglang-detspec: DeepGEMM matmul warmed before serving: %d launches over %d weight shapes %s and %d "
-             "row counts up to %d in %.1f s%s", launched, len(weights), list(weights), len(rows), rows[-1],
+    log.info("%s: %d launches over %d weight shapes %s and %d row counts up to %d in %.1f s%s", WARMED_LOG,
+             launched, len(weights), list(weights), len(rows), rows[-1],
              time.monotonic() - started, f" ({'; '.join(notes)})" if notes else "")
     return None

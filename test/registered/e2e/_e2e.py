@@ -727,13 +727,21 @@ def claimed_logits(server: RunningServer) -> list[str]:
 def plugin_problems(server: RunningServer) -> list[str]:
     """What is wrong with the plugin's start-up lines of a deterministic server (empty: nothing).
 
-    The plugin must log itself active (never inactive) and, where the
+    The plugin must log itself active (never inactive), no failed start-up
+    warm-up, its DeepGEMM warm-up (done, or why not), and, where the
     configuration names a verify mode, log that mode and no other.
     """
     active, lines = plugin_state(server)
     if not active:
         shown = "; ".join(lines[:2]) or "no sglang-detspec line at all"
         return [f"{server.config.name}: the plugin did not log itself active and only active ({shown})"]
+    from sglang_detspec.sglang_plugin import gemm_warmup_hook as gemms  # imports torch: only where servers ran
+
+    failed = [line for line in lines if "warm-up failed" in line]
+    if failed:
+        return [f"{server.config.name}: a start-up warm-up failed ({failed[0]})"]
+    if not any(gemms.WARMED_LOG in line or gemms.SKIPPED_LOG in line for line in lines):
+        return [f"{server.config.name}: no DeepGEMM warm-up line ('{gemms.WARMED_LOG}' or '{gemms.SKIPPED_LOG}')"]
     want = server.config.verify
     modes = plugin_verify_modes(server)
     if want is not None and (not modes or set(modes) != {want}):
