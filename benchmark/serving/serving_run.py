@@ -398,8 +398,11 @@ def deepgemm_kernels() -> int | None:
 
     One folder per compiled kernel, shared by every server of the machine:
     the same count before and after the measured runs means no server
-    compiled a DeepGEMM kernel inside a request. None where the folder does
-    not exist (no server compiled one yet, or another cache location).
+    compiled a DeepGEMM kernel inside a request (the count before any server
+    starts says what earlier runs on the machine left). Read from this
+    process's environment: a ``--server-env`` that moves the servers' cache
+    elsewhere is not seen. None where the folder does not exist (no server
+    compiled one yet, or another cache location).
     """
     root = os.environ.get("SGLANG_DG_CACHE_DIR") or os.path.join(
         os.path.expanduser(os.environ.get("SGLANG_CACHE_DIR", "~/.cache/sglang")), "deep_gemm")
@@ -456,6 +459,7 @@ class Run:
             self.log(f"report failed: {type(exc).__name__}: {exc}")
 
     def ensure_models(self) -> None:
+        self.log(f"DeepGEMM kernels cached before any server starts: {deepgemm_kernels()}")
         models = self.args.models
         if os.path.exists(os.path.join(models, "models.json")):  # its shape was checked by validate()
             self.meta["models"] = json.load(open(os.path.join(models, "models.json")))

@@ -318,9 +318,19 @@ class DetSpecConfig:
 
         A family no run measured (MoE, MLA, quantized weights: ``model_family.family_claim``) claims ``tokens``.
         """
-        claim = logits_guarantee(self.attention_backend, self.eagle_topk if self.algorithm else None,
-                                 self.tree_attention, self.decode_attention, self.page_size)
-        return family_claim(self.model_family, claim, self.attention_backend)
+        return family_claim(self.model_family, self._attention_guarantee()[0], self.attention_backend)
+
+    @property
+    def logits_reason(self) -> str | None:
+        """Why the attention rule gives ``tokens`` (:func:`guarantee_and_reason`), or None where it gives ``bitwise``.
+
+        A family's own ``tokens`` has its note in ``model_family.family_note``.
+        """
+        return self._attention_guarantee()[1]
+
+    def _attention_guarantee(self) -> tuple[str, str | None]:
+        return guarantee_and_reason(self.attention_backend, self.eagle_topk if self.algorithm else None,
+                                    self.tree_attention, self.decode_attention, self.page_size)
 
     def shown_fields(self) -> dict[str, object]:
         """The fields that apply to this server, by the name :meth:`describe` prints them under.
@@ -380,8 +390,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
     the same bits in decode, verify, prefill, re-prefill after a retraction
     and extend after a radix-cache hit (on fa3, decode against a prefill of
-    the same tokens only where the prompt was prefilled in one chunk: a
-    chunked prompt was 6 of 1,024 logprobs apart, ``docs/forward_modes.md``). ``tokens``: the forwards may round one
+    the same tokens only where they were prefilled in one chunk: a chunked
+    prefill was 6 of 1,024 logprobs apart, ``docs/forward_modes.md``). ``tokens``: the forwards may round one
     logit apart (about one bf16 step), so a token equals the other mode's
     unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
     are ``tokens`` (their verify masks interleave other branches' keys, or, on
@@ -401,15 +411,35 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
             pages of more than one token is ``tokens``: its paged loads can pick another key tile in
             decode than in prefill (``docs/forward_modes.md``), and that case is not measured.
     """
+    return guarantee_and_reason(attention_backend, eagle_topk, tree_attention, decode_attention, page_size)[0]
+
+
+def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
+                         decode_attention: str = "one_pass", page_size: int | None = None) -> tuple[str, str | None]:
+    """:func:`logits_guarantee` (same arguments) and, for ``tokens``, why: one clause naming the rule that applied.
+
+    The reason is None for ``bitwise``. The start-up notes and the dry run
+    print it (``sglang_plugin/resolve.setting_notes``).
+    """
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
-        return "tokens"
+        which = "no attention backend named yet" if attention_backend is None else f"{attention_backend} attention"
+        return "tokens", (f"{which}: bitwise verify = decode is proven on {' and '.join(BITWISE_CHAIN_BACKENDS)} "
+                          "only")
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
-        return "tokens"
+        return "tokens", (f"{attention_backend} with --page-size {page_size}: its paged loads can pick another key "
+                          "tile in decode than in prefill (bitwise needs --page-size 1)")
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention != "one_pass":
-        return "tokens"
+        return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
+                          "apart from its verify")
     if (eagle_topk or 1) == 1:
-        return "bitwise"
-    return "bitwise" if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS else "tokens"
+        return "bitwise", None
+    if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS:
+        return "bitwise", None
+    if attention_backend in BITWISE_NODE_TREE_BACKENDS:
+        return "tokens", (f"a tree (top-k {eagle_topk}) verified with SGLang's cascade attention: "
+                          "SGLANG_DETSPEC_TREE_ATTENTION=nodes makes it bitwise")
+    return "tokens", (f"a tree (top-k {eagle_topk}) on {attention_backend}: its verify mask interleaves other "
+                      "branches' keys")
 
 
 class Refusal(str):

@@ -163,6 +163,53 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
     return bag, problems
 
 
+def switch_notes(bag: DetSpecConfig, notes: list[str], ns: argparse.Namespace) -> list[str]:
+    """``notes`` with the switching tree's note replaced by why it is not applied, where the server would not apply it.
+
+    The server decides at start-up (``shape_hook.install_shapes``) with the
+    same rule (``shape_rules.not_applied_reason``); the dry run reads the
+    flags as typed, so its bound is ``--max-running-requests`` as given
+    (SGLang's default is worked out at start-up).
+    """
+    if not bag.chain_at_batch:
+        return notes
+    from ..sglang_plugin.shape_rules import not_applied_note, not_applied_reason
+
+    reason = not_applied_reason(ns, getattr(ns, "max_running_requests", None), bag.chain_at_batch)
+    if reason is None:
+        return notes
+    kept = [n for n in notes if not n.startswith(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={bag.chain_at_batch}:")]
+    return kept + [not_applied_note(bag.chain_at_batch, reason)]
+
+
+def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str]:
+    """A note when the dry run cannot read the target's ``config.json`` (``model_family`` is None).
+
+    The claim then follows the attention backend alone, as for a dense
+    target; the server reads the model and states its own claim.
+    """
+    if bag.model_family is not None:
+        return []
+    return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
+            "assumes a dense target with full attention; MoE, MLA and quantized targets claim 'tokens' (the "
+            "server's start-up line states the claim for the model it loads)"]
+
+
+def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
+    """A note when SGLang's prefill CUDA graphs stay on (its default): no committed server run had them on.
+
+    ``ns``: SGLang's parsed ``launch_server`` arguments. Off means any of
+    ``--cuda-graph-backend-prefill disabled``, ``--disable-prefill-cuda-graph``
+    or ``--disable-cuda-graph``.
+    """
+    off = (str(getattr(ns, "cuda_graph_backend_prefill", None) or "").lower() == "disabled"
+           or getattr(ns, "disable_prefill_cuda_graph", False) or getattr(ns, "disable_cuda_graph", False))
+    if off:
+        return []
+    return ["SGLang's prefill CUDA graphs are on (its default): the plugin's committed server runs had them off "
+            "(--cuda-graph-backend-prefill disabled), so this setting is not measured"]
+
+
 def _hooks_not_in_place() -> list[str]:
     """The required SGLang symbols the plugin would not find (the server's own check also sees unpatched ones)."""
     from ..sglang_plugin import hook_problems
@@ -267,7 +314,9 @@ def _run(args) -> int:
                      "deterministic inference), and the server's start-up line states the claim it serves")
             from ..sglang_plugin.resolve import setting_notes, unmeasured_notes
 
-            for note in setting_notes(bag) + unmeasured_notes(bag):
+            ns = read_launch_args(cmd[3:])
+            for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
+                         + family_unknown_notes(bag, ns)):
                 _say(f"note: {note}")
     if args.dry_run:
         print(dry_run_command(cmd, env))

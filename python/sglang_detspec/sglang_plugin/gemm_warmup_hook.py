@@ -7,20 +7,25 @@ Under ``--enable-deterministic-inference`` SGLang replaces ``aten::mm`` and
 configuration its heuristic picks from (M, N, K) at the first call that
 needs it. CUDA-graph capture meets the row counts of the captured decode and
 verify batches; a prefill's row count (anything up to the chunk) meets new
-configurations inside requests. On the H200 (2026-12-04, 8B shape,
-``DG_JIT_DEBUG=1``) a deterministic server compiled 10 kernels in its first
-two minutes of serving, a round at 128 concurrent requests serving 0.09x of
-SGLang's non-deterministic path (which runs cuBLAS and compiles nothing);
-``docs/determinism_tax.md`` has the run.
+configurations inside requests, each compile a stall of its batch (the
+measured run: ``docs/benchmarks/determinism_tax/2026-12-04-h200-jit-probe/``).
 
-Which row counts: DeepGEMM's SM90 heuristic (``get_best_config``) reads M
-only through the block counts ``ceil(M / block_m)`` of its block-M
-candidates (16 and 32 for M <= 16 / 32, then 64, 128, 256), the rule that a
-tie picks no block larger than M, and multicast from M >= 512: all constant
-on each interval (64(j - 1), 64 j] except at its right end. So every M up to
-64 and both ends of each such interval reach every configuration
-(:func:`warm_rows`), about 2 * max_rows / 64 launches per weight shape, one
-shape per distinct (N, K), not per layer.
+Which row counts: DeepGEMM's SM90 heuristic reads M only through the block
+counts ceil(M / b) of its block-M candidates (16 and 32 while M <= 16 / 32,
+then 64, 128 and 256); the release SGLang 0.5.23 installs weighs those counts
+in a cost model, earlier releases also broke ties at M = b and turned
+multicast on from M >= 512. Either way nothing changes inside an interval
+(64(j - 1), 64 j] but at its right end, so every M up to 64 and both ends of
+each such interval reach every configuration (:func:`warm_rows`), about
+2 * max_rows / 64 launches per weight shape, one shape per distinct (N, K),
+not per layer. On other architectures (SM100's swap-AB candidates step by
+16 rows) the hook does not warm: it logs why.
+
+Not warmed (they compile at first use, as without the plugin): row counts
+above :func:`max_rows_for` (with chunked prefill off, a first request longer
+than ``max_prefill_tokens``), launches whose tensors would pass
+:data:`MAX_TENSOR_BYTES`, and the float32-output LM head of
+``--enable-fp32-lm-head`` (``aten::mm.dtype``).
 
 Registered BEFORE ``Scheduler.init_all_cuda_graphs`` (``warmup_hook.TARGET``),
 so the capture that follows finds its kernels compiled too.
@@ -41,8 +46,10 @@ SKIPPED_LOG = "sglang-detspec: no DeepGEMM warm-up"
 FAILED_LOG = "sglang-detspec: DeepGEMM warm-up failed"
 # DeepGEMM's M granularity that matters (see the module docstring); every M up to it is warmed one by one.
 ROW_CLASS = 64
-# Largest transient output one warm-up launch may allocate (an LM head at many rows is the large one).
-MAX_OUTPUT_BYTES = 1 << 30
+# Largest transient input or output one warm-up launch may allocate (an LM head at many rows is the large one).
+MAX_TENSOR_BYTES = 1 << 30
+# The architecture whose DeepGEMM heuristic warm_rows covers (compute capability major).
+WARMED_ARCH = 9
 # SGLang's conditions for its DeepGEMM branch (batch_invariant_ops.matmul_persistent): N >= 16, 16-byte rows.
 MIN_N = 16
 ALIGN_BYTES = 16
@@ -86,28 +93,37 @@ def max_rows_for(chunked_prefill_size: int | None, max_prefill_tokens: int, max_
 
 
 def gemm_weights(models) -> dict[tuple[int, int], torch.Tensor]:
-    """One weight per distinct (N, K) the models multiply by through ``aten::mm``, by (N, K).
+    """One weight per distinct (N, K) the models multiply by through ``aten::mm`` / ``aten::addmm``, by (N, K).
 
     ``models``: ``torch.nn.Module`` s (the target, the draft). A weight
-    counts when it is the 2-D bfloat16 ``weight`` parameter, [N, K], of a
-    linear layer (SGLang's ``LinearBase``) or an LM head (``ParallelLMHead``:
-    its logits are one matmul) and meets SGLang's DeepGEMM conditions
-    (N >= 16, rows of a multiple of 16 bytes). Embedding tables are looked
-    up, not multiplied.
+    counts when it is the 2-D bfloat16 ``weight``, [N, K], of a linear layer
+    (SGLang's ``LinearBase``, or ``torch.nn.Linear``: EAGLE's ``fc``, NEXTN's
+    ``eh_proj``), of an LM head (``ParallelLMHead``), or of the module a
+    model names ``lm_head`` (a tied head is the embedding table, multiplied
+    as one matmul there), and meets SGLang's DeepGEMM conditions (N >= 16,
+    rows of a multiple of 16 bytes). Other embedding tables are looked up,
+    not multiplied.
     """
     from sglang.srt.layers.linear import LinearBase
     from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 
     weights = {}
+
+    def add(module) -> None:
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.dtype != torch.bfloat16:
+            return
+        n, k = (int(d) for d in weight.shape)
+        if n >= MIN_N and (n * 2) % ALIGN_BYTES == 0 and (k * 2) % ALIGN_BYTES == 0:
+            weights.setdefault((n, k), weight)
+
     for model in models:
         for module in model.modules():
-            weight = getattr(module, "weight", None)
-            if (not isinstance(module, (LinearBase, ParallelLMHead)) or not isinstance(weight, torch.Tensor)
-                    or weight.dim() != 2 or weight.dtype != torch.bfloat16):
-                continue
-            n, k = (int(d) for d in weight.shape)
-            if n >= MIN_N and (n * 2) % ALIGN_BYTES == 0 and (k * 2) % ALIGN_BYTES == 0:
-                weights.setdefault((n, k), weight)
+            if isinstance(module, (LinearBase, ParallelLMHead, torch.nn.Linear)):
+                add(module)
+        head = getattr(model, "lm_head", None)
+        if isinstance(head, torch.nn.Module):
+            add(head)
     return dict(sorted(weights.items()))
 
 
@@ -125,9 +141,13 @@ def models_of(scheduler) -> list:
 
 
 def deepgemm_matmul_applies() -> str | None:
-    """Why SGLang's matmul does not run DeepGEMM in this process (nothing to warm); None when it does."""
+    """Why this process's matmul needs no warm-up here (not DeepGEMM's SM90 kernels); None when it does."""
     from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
 
+    major = torch.cuda.get_device_capability()[0]
+    if major != WARMED_ARCH:
+        return (f"compute capability {major}.x: the row counts warmed follow DeepGEMM's SM90 heuristic, not this "
+                "architecture's; its kernels compile at first use")
     if not bio.is_batch_invariant_mode_enabled():
         return "SGLang's batch-invariant mode is off"
     if not (bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM):
@@ -136,29 +156,33 @@ def deepgemm_matmul_applies() -> str | None:
 
 
 def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
-               max_output_bytes: int = MAX_OUTPUT_BYTES) -> tuple[int, list[str]]:
+               max_tensor_bytes: int = MAX_TENSOR_BYTES) -> tuple[int, list[str]]:
     """One ``torch.mm`` per (weight, row count): SGLang's batch-invariant matmul compiles what it needs.
 
     Each weight [N, K] (bfloat16, on the device) is multiplied transposed,
-    as SGLang's linear layers call it, by zero rows [M, K]. Row counts whose
-    [M, N] bfloat16 output would exceed ``max_output_bytes`` are left to
-    their first use (named in the returned notes). Returns (launches, notes).
+    as SGLang's linear layers call it, by zero rows [M, K], without autograd.
+    Row counts whose [M, K] input or [M, N] output (bfloat16) would pass
+    ``max_tensor_bytes`` are left to their first use (named in the returned
+    notes). Returns (launches, notes).
     """
     launched, notes = 0, []
-    for (n, k), weight in weights.items():
-        fit = [m for m in rows if m * n * 2 <= max_output_bytes]
-        if len(fit) < len(rows):
-            notes.append(f"N={n} K={k}: rows above {fit[-1] if fit else 0} compile at first use")
-        if not fit:
-            continue
-        x = torch.zeros(fit[-1], k, dtype=weight.dtype, device=weight.device)
-        for m in fit:
-            torch.mm(x[:m], weight.t())
-            launched += 1
-        del x
-    if any(w.is_cuda for w in weights.values()):
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+    try:
+        with torch.no_grad():
+            for (n, k), weight in weights.items():
+                fit = [m for m in rows if m * max(n, k) * 2 <= max_tensor_bytes]
+                if len(fit) < len(rows):
+                    notes.append(f"N={n} K={k}: rows above {fit[-1] if fit else 0} compile at first use")
+                if not fit:
+                    continue
+                x = torch.zeros(fit[-1], k, dtype=weight.dtype, device=weight.device)
+                for m in fit:
+                    torch.mm(x[:m], weight.t())
+                    launched += 1
+                del x
+    finally:  # the graph capture that follows gets the memory back, also after a failed launch
+        if any(w.is_cuda for w in weights.values()):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
     return launched, notes
 
 
@@ -185,9 +209,11 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         from sglang.srt.runtime_context import get_schedule
 
         schedule = get_schedule()
+        # The model runner's bound is the resolved one (the schedule's is the command line's, often None).
+        running = getattr(scheduler.tp_worker.model_runner, "max_running_requests", None)
         rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens,
-                                      schedule.max_running_requests, bag.num_draft_tokens or 1,
-                                      bool(getattr(scheduler.server_args, "enable_mixed_chunk", False))))
+                                      running or schedule.max_running_requests, bag.num_draft_tokens or 1,
+                                      bool(schedule.enable_mixed_chunk)))
         weights = gemm_weights(models_of(scheduler))
         launched, notes = warm_gemms(weights, rows)
     except Exception:  # speed only: what is not warmed here compiles at its first request instead

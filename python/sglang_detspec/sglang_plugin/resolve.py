@@ -72,7 +72,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
             coupled drafts (:func:`declared_sampled_drafts`): the verify stays coupled.
 
     Raises:
-        ValueError: a bad ``SGLANG_DETSPEC_*`` setting.
+        ValueError: a bad ``SGLANG_DETSPEC_*`` setting, or a flag out of its bound (:func:`check_bounds`).
     """
     values = {field: getattr(spec, name, None) for field, name in SPEC_FIELDS.items()}
     for flag in _FLAGS:
@@ -88,6 +88,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
+    check_bounds(values)
     values["adaptive_steps"] = adaptive_steps(spec) if values["algorithm"] else ()
     settings = env_settings(environ)
     settings["verify"] = "coupled" if sampled_drafts else resolve_verify(settings["verify"], values["rejection_sampling"])
@@ -118,6 +119,26 @@ def adaptive_steps(spec) -> tuple[int, ...]:
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 
     return tuple(int(s) for s in resolve_candidate_steps_from_config(getattr(spec, "speculative_adaptive_config", None)))
+
+
+def check_bounds(values: dict) -> None:
+    """Refuse the flags the bag reads that no server can run with, naming the flag and its bound.
+
+    ``values``: the bag's fields as :func:`bag_from` read them. A draft
+    top-k below 1 (NGRAM's is its BFS breadth) with speculative decoding on,
+    and a KV page size below 1, would otherwise pass the dry run with a
+    claim and fail later inside SGLang.
+
+    Raises:
+        ValueError: naming the flag, the bound and the value.
+    """
+    topk, algorithm = values.get("eagle_topk"), values.get("algorithm")
+    if algorithm and topk is not None and int(topk) < 1:
+        flag = "--speculative-ngram-max-bfs-breadth" if algorithm == "NGRAM" else "--speculative-eagle-topk"
+        raise ValueError(f"{flag} must be >= 1 with --speculative-algorithm {algorithm}, got {topk}")
+    page = values.get("page_size")
+    if page is not None and int(page) < 1:
+        raise ValueError(f"--page-size must be >= 1, got {page}")
 
 
 def resolved_eagle_topk(spec, algorithm: str | None, eagle_topk: int | None) -> int | None:
@@ -183,10 +204,13 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
 def setting_notes(config: DetSpecConfig) -> list[str]:
     """Notes for the start-up log, one sentence each (logged, never silent).
 
-    An unmeasured target family (``model_family.family_note``), and settings
+    Why the attention rule claims ``tokens`` (``DetSpecConfig.logits_reason``),
+    an unmeasured target family (``model_family.family_note``), and settings
     the bag accepts that change nothing for this server.
     """
     notes = []
+    if config.active and config.algorithm and config.logits_reason:
+        notes.append(f"logits='tokens' because of {config.logits_reason}")
     family = family_note(config.model_family, config.attention_backend) if config.active else None
     if family:
         notes.append(family)

@@ -49,6 +49,7 @@ import time
 
 from ..config import current_config
 from .channels import DRAFT_SHAPES, DRAFT_TOPK
+from .shape_rules import not_applied_note, not_applied_reason
 
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
 INIT_GRAPHS = f"{_V2}.EAGLEWorkerV2.init_cuda_graphs"
@@ -56,7 +57,7 @@ FORWARD = f"{_V2}.EAGLEWorkerV2.forward_batch_generation"
 DRAFT = f"{_V2}.EagleDraftWorker.draft"
 # Logged at the first switch to the chain and the first back to the tree (the suites' positive control).
 SWITCH_LOG = "sglang-detspec: draft shape switched to"
-# Beside each logged switch: SGLang's flag for the step's target verify under a CUDA graph (True / False).
+# Beside each logged switch on a decode batch: SGLang's flag for its target verify under a CUDA graph (True / False).
 VERIFY_GRAPH_LOG = "verify CUDA graph:"
 _CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
 _RESTORE_SOURCE = "sglang_detspec.tree_chain_restore"
@@ -242,34 +243,12 @@ def build_chain_state(worker, threshold: int) -> ShapeState:
     return chain
 
 
-def not_applied_reason(server_args, max_running_requests: int | None, threshold: int) -> str | None:
-    """Why a serving process keeps its tree although the bag asks for the switch; None when it switches.
-
-    Under attention data parallelism every rank would pick its shape from
-    its own batch while SGLang pads the ranks' gathers with the local rank's
-    tokens per request; under pipeline parallelism only the last stage
-    drafts, the others verify with the tree's backends. A bound at or above
-    ``max_running_requests`` leaves the chain state nothing to run.
-    """
-    from sglang.srt.arg_groups.overrides import resolved_view
-    from sglang.srt.runtime_context import attn_dp_enabled_of
-
-    view = resolved_view(server_args)
-    if attn_dp_enabled_of(view):
-        return "attention data parallelism (each rank would pick its own shape)"
-    if (getattr(view, "pp_size", 1) or 1) > 1:
-        return "pipeline parallelism (only the last stage drafts)"
-    if max_running_requests is not None and threshold >= max_running_requests:
-        return f"the bound {threshold} is not below --max-running-requests {max_running_requests}"
-    return None
-
-
 def install_shapes(result, worker, *args, **kwargs):
     """AFTER hook for ``EAGLEWorkerV2.init_cuda_graphs(self)``: the chain state beside the tree's, where the bag asks.
 
     Only on a worker that hosts the draft and runs no adaptive speculation
     of SGLang's own (it refuses trees anyway), and where
-    :func:`not_applied_reason` finds nothing (logged otherwise).
+    :func:`~.shape_rules.not_applied_reason` finds nothing (logged otherwise).
     """
     from sglang.srt.runtime_context import get_schedule
 
@@ -281,8 +260,7 @@ def install_shapes(result, worker, *args, **kwargs):
     log = logging.getLogger("sglang_detspec")
     reason = not_applied_reason(worker.server_args, get_schedule().max_running_requests, threshold)
     if reason:
-        log.warning("sglang-detspec: SGLANG_DETSPEC_TREE_CHAIN_BATCH=%d not applied: %s; the tree drafts at every "
-                    "batch size", threshold, reason)
+        log.warning("sglang-detspec: %s", not_applied_note(threshold, reason))
         return result
     started, free_before = time.monotonic(), _free_device_memory()
     tree = current_state(worker)
@@ -338,11 +316,11 @@ def run_in_shape(original, self, batch, *args, **kwargs):
         announce = shapes.switches <= 2  # the first switch each way; later ones are routine
     result = original(self, batch, *args, **kwargs)
     if announce:
-        # SGLang's result says whether this step's target verify replayed a CUDA graph (host flag, no sync).
+        # A decode step's result says whether its target verify replayed a CUDA graph (host flag, no sync).
+        graph = f"; {VERIFY_GRAPH_LOG} {getattr(result, 'can_run_cuda_graph', None)}" if decode else ""
         logging.getLogger("sglang_detspec").info(
-            "%s %s (%s batch of %d requests, bound %d; %s %s)", SWITCH_LOG,
-            "chain" if state is shapes.chain else "tree", "decode" if decode else "prefill or extend", size,
-            shapes.threshold, VERIFY_GRAPH_LOG, getattr(result, "can_run_cuda_graph", None))
+            "%s %s (%s batch of %d requests, bound %d%s)", SWITCH_LOG, "chain" if state is shapes.chain else "tree",
+            "decode" if decode else "prefill or extend", size, shapes.threshold, graph)
     return result
 
 
@@ -356,7 +334,7 @@ def draft_in_shape(original, self, batch, *args, **kwargs):
     copies set on the draft input, with the worker's ``topk`` at 1 while
     SGLang drafts. Outside a switching worker, SGLang's draft as is. (The
     draft input is the scheduler's own object for this step; without
-    pipeline parallelism, which :func:`not_applied_reason` excludes, nothing
+    pipeline parallelism, which :func:`~.shape_rules.not_applied_reason` excludes, nothing
     reads its top-k columns after the draft.)
     """
     width = DRAFT_TOPK.read(self)

@@ -7,8 +7,9 @@ fresh process with an empty cache folder: ``gemm_warmup_hook.warm_gemms`` of
 two weight shapes at :func:`warm_rows` up to ``MAX_ROWS``, then every row
 count 1..``MAX_ROWS`` through ``torch.mm`` (SGLang's batch-invariant mode on):
 the cache holds no kernel more than after the warm-up, and the warm-up
-compiled more than one (the check can see a compile). ``MAX_ROWS`` crosses
-the heuristic's M >= 512 multicast threshold.
+compiled more than one (the check can see a compile). ``MAX_ROWS`` reaches
+past several waves of blocks on 132 SMs and past M = 512 (an earlier
+release's multicast threshold).
 """
 
 import json

@@ -174,8 +174,11 @@ def test_algorithm_coverage_per_mode():
 def test_startup_line_names_the_verify_mode(loaded, model_dir, caplog):
     caplog.set_level(logging.WARNING, logger="sglang_detspec")
     server_args(model_dir, f"{eagle(model_dir, TREE)} {DET}")
-    line = [r.getMessage() for r in caplog.records if "sglang-detspec" in r.getMessage()][-1]
+    messages = [r.getMessage() for r in caplog.records if "sglang-detspec" in r.getMessage()]
+    line = [m for m in messages if m.startswith("sglang-detspec active")][-1]
     assert line.startswith("sglang-detspec active: DetSpecConfig(active=True, ") and "verify='coupled'" in line
+    # A tree on its backend claims tokens, and a note after the line says why.
+    assert "logits='tokens'" in line and any("logits='tokens' because of a tree (top-k" in m for m in messages)
     reset_config()
 
 

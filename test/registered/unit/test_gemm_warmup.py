@@ -1,12 +1,13 @@
 """The DeepGEMM warm-up's row counts, row bound and weight shapes (CPU; the compile check is test_gemm_warmup_cuda).
 
-The oracle for the row counts is written from DeepGEMM's SM90 heuristic
-(``get_best_config``) as a function of M alone: block-M candidates 16 / 32
-added for M <= 16 / 32; block counts ceil(M / b) for each candidate b; the
-tie rule "no block larger than M" for b in 64, 128, 256; multicast from
-M >= 512. Two row counts with the same value of every one of those reach
-the same configuration for a given (N, K), so the warm-up must hold one row
-count of each value that occurs up to its bound.
+The oracle for the row counts is everything DeepGEMM's SM90 heuristic reads
+of M, in the release SGLang 0.5.23 installs and in the earlier one: the
+block-M candidates (16 / 32 added for M <= 16 / 32), the block counts
+ceil(M / b) for each candidate b, the earlier release's tie rule "no block
+larger than M" (M >= 64, 128, 256) and its multicast from M >= 512. Two row
+counts with the same value of every one of those reach the same
+configuration for a given (N, K), so the warm-up must hold one row count of
+each value that occurs up to its bound.
 """
 
 import math
@@ -82,16 +83,46 @@ def test_the_weights_are_sglang_linear_layers_and_lm_heads_one_per_shape():
         _module(VocabParallelEmbedding, 1000, 64),               # looked up, not multiplied
         _module(ParallelLMHead, 1024, 64),
     ])
-    draft = torch.nn.ModuleList([_module(RowParallelLinear, 64, 128), _module(ParallelLMHead, 1024, 64)])
+    draft = torch.nn.ModuleList([_module(RowParallelLinear, 64, 128), _module(ParallelLMHead, 1024, 64),
+                                 torch.nn.Linear(128, 32, bias=True, dtype=torch.bfloat16)])  # EAGLE's fc
+    draft.lm_head = _module(VocabParallelEmbedding, 512, 64)  # a head tied to the embedding table
     weights = g.gemm_weights([target, draft])
-    assert list(weights) == [(64, 64), (64, 128), (96, 64), (256, 64), (1024, 64)]
+    assert list(weights) == [(32, 128), (64, 64), (64, 128), (96, 64), (256, 64), (512, 64), (1024, 64)]
     assert all(tuple(w.shape) == key for key, w in weights.items())
+
+
+def test_the_models_are_the_target_and_the_draft_of_sglang_workers():
+    """The attributes read are SGLang 0.5.23's: Scheduler.tp_worker.model_runner, EAGLEWorkerV2._draft_worker.draft_runner."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    target, draft = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    scheduler = object.__new__(Scheduler)
+    scheduler.tp_worker = type("TpWorker", (), {})()
+    scheduler.tp_worker.model_runner = object.__new__(ModelRunner)
+    scheduler.tp_worker.model_runner.model = target
+    scheduler.draft_worker = None
+    assert g.models_of(scheduler) == [target]
+    scheduler.draft_worker = object.__new__(EAGLEWorkerV2)
+    scheduler.draft_worker._draft_worker = object.__new__(EagleDraftWorker)
+    scheduler.draft_worker._draft_worker.draft_runner = object.__new__(ModelRunner)
+    scheduler.draft_worker._draft_worker.draft_runner.model = draft
+    assert g.models_of(scheduler) == [target, draft]
+
+
+def test_the_schedule_fields_read_are_sglangs():
+    """compile_gemms reads these from SGLang's published schedule (a typo would only log a failed warm-up)."""
+    from sglang.srt.arg_groups.fields.schedule import Schedule
+
+    fields = set(Schedule.__struct_fields__)
+    assert {"chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "enable_mixed_chunk"} <= fields
 
 
 def test_the_warm_up_launches_each_row_count_and_leaves_what_does_not_fit_to_first_use():
     weights = {(64, 16): torch.zeros(64, 16, dtype=torch.bfloat16), (32, 16): torch.zeros(32, 16, dtype=torch.bfloat16)}
-    launched, notes = g.warm_gemms(weights, list(range(1, 11)), max_output_bytes=64 * 2 * 5)
-    assert launched == 5 + 10  # 64 columns: 5 rows fit; 32 columns: all 10
+    launched, notes = g.warm_gemms(weights, list(range(1, 11)), max_tensor_bytes=64 * 2 * 5)
+    assert launched == 5 + 10  # [M, 64] outputs: 5 rows fit; [M, 32] outputs and [M, 16] inputs: all 10
     assert notes == ["N=64 K=16: rows above 5 compile at first use"]
     assert g.warm_gemms({}, [1, 2, 3]) == (0, [])
 

@@ -69,7 +69,7 @@ def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 ALL = sorted(PACKAGE.rglob("*.py"))
 HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
                                                                       "positions.py", "channels.py", "request_rules.py",
-                                                                      "decode_attention.py"))
+                                                                      "decode_attention.py", "shape_rules.py"))
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
@@ -90,7 +90,8 @@ def test_the_bag_imports_only_the_kernel_choice_and_the_family_rule():
 def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     keep = ("sglang_detspec.ops", "sglang_detspec.config", "sglang_detspec.sglang_plugin.positions",
             "sglang_detspec.sglang_plugin.channels", "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding",
-            "sglang_detspec.sglang_plugin.request_rules", "sglang_detspec.sglang_plugin.decode_attention")
+            "sglang_detspec.sglang_plugin.request_rules", "sglang_detspec.sglang_plugin.decode_attention",
+            "sglang_detspec.sglang_plugin.shape_rules")
     bad = {n for n in own(imports(path)) if not allowed(n, keep)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
@@ -102,6 +103,7 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     ("decode_attention.py", ()),
     ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
     ("request_rules.py", ("sglang_detspec.ops.seed_encoding",)),
+    ("shape_rules.py", ()),
 ])
 def test_shared_plugin_modules(name, keep):
     bad = {n for n in own(imports(PLUGIN / name)) if not allowed(n, keep)}

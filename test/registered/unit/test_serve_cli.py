@@ -236,7 +236,7 @@ def test_fa4_passes_with_a_not_measured_note_and_without_the_triton_setting(caps
     assert "decode_attention=" not in line and "tree_attention=" not in line
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "triton"])
-    assert rc == 0 and "not measured" not in err and "decode_attention='one_pass'" in start_up_line(err)
+    assert rc == 0 and "note: attention backend" not in err and "decode_attention='one_pass'" in start_up_line(err)
 
 
 def test_ngram_dry_run_shows_its_bfs_breadth_not_a_top_k(capsys):
@@ -266,6 +266,75 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN])
     assert rc == 0 and "logits='tokens'" in start_up_line(err)
     assert "without --attention-backend SGLang picks it on the GPU at start-up" in err
+
+
+@pytest.mark.parametrize("extra, why", [
+    (["--attention-backend", "fa3", *TREE], "a tree (top-k 4) verified with SGLang's cascade attention: "
+                                            "SGLANG_DETSPEC_TREE_ATTENTION=nodes makes it bitwise"),
+    (["--attention-backend", "triton", *TREE], "a tree (top-k 4) on triton: its verify mask interleaves"),
+    (["--attention-backend", "flashinfer", *CHAIN], "flashinfer attention: bitwise verify = decode is proven on"),
+    (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with --page-size 16: its paged loads"),
+])
+def test_every_tokens_claim_says_why(capsys, extra, why):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *extra])
+    assert rc == 0 and "logits='tokens'" in start_up_line(err)
+    assert f"note: logits='tokens' because of {why}" in err
+
+
+@pytest.mark.parametrize("extra, noted", [([], True), (["--cuda-graph-backend-prefill", "disabled"], False),
+                                           (["--disable-cuda-graph"], False)])
+def test_prefill_cuda_graphs_on_are_noted_as_not_measured(capsys, extra, noted):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "fa3", *extra])
+    assert rc == 0 and ("prefill CUDA graphs are on (its default)" in err) is noted
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ([], None),
+    (["--max-running-requests", "8"], "the bound 16 is not below --max-running-requests 8"),
+    (["--attn-dp-size", "2", "--tp-size", "2"], "attention data parallelism"),
+    (["--dp-size", "2", "--enable-dp-attention"], "attention data parallelism"),
+    (["--pp-size", "2"], "pipeline parallelism"),
+])
+def test_the_dry_run_says_where_the_switching_tree_is_not_applied(capsys, monkeypatch, extra, reason):
+    """The server's own rule (shape_rules.not_applied_reason), from the flags as typed."""
+    monkeypatch.setenv("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *TREE,
+                                  "--attention-backend", "fa3", *extra])
+    assert rc == 0
+    if reason is None:
+        assert "decode batches of more than 16 requests draft a chain" in err and "not applied" not in err
+    else:
+        assert f"SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 not applied: {reason}" in err
+        assert "decode batches of more than 16 requests draft a chain" not in err
+
+
+def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path):
+    rc, _, err = dry_run(capsys, ["--model-path", "/nonexistent/M", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and "config.json could not be read here ('/nonexistent/M')" in err
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and "could not be read" not in err
+
+
+def test_a_bitwise_claim_has_no_tokens_note(capsys):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and "logits='bitwise'" in start_up_line(err) and "because of" not in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "0"],
+     "--speculative-eagle-topk must be >= 1 with --speculative-algorithm EAGLE, got 0"),
+    (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "0"],
+     "--speculative-ngram-max-bfs-breadth must be >= 1 with --speculative-algorithm NGRAM, got 0"),
+    (["--page-size", "0"], "--page-size must be >= 1, got 0"),
+])
+def test_flags_out_of_their_bound_are_named(capsys, extra, message):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--attention-backend", "fa3", *extra])
+    assert rc != 0 and message in err
 
 
 def test_a_tree_with_rejection_sampling_is_refused_up_front(capsys):

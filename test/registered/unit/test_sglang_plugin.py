@@ -942,11 +942,11 @@ def test_a_chain_state_is_built_under_sglangs_own_leaves(loaded, model_dir, cont
 ])
 def test_a_serving_process_keeps_its_tree_where_ranks_or_the_bound_forbid(loaded, model_dir, flags, max_running,
                                                                            words):
-    from sglang_detspec.sglang_plugin import shape_hook
+    from sglang_detspec.sglang_plugin import shape_rules
 
     sa = server_args(model_dir, "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
                                 f"--speculative-num-draft-tokens 8 --enable-deterministic-inference {flags}")
-    reason = shape_hook.not_applied_reason(sa, max_running, 16)
+    reason = shape_rules.not_applied_reason(sa, max_running, 16)
     assert reason is None if words is None else words in reason
 
 
