@@ -1,0 +1,135 @@
+"""Where does FA3 give a chunked prefill other bits than decode? A kernel-level probe (Hopper GPU).
+
+On the H200 (``docs/e2e/2026-12-04-h200-shape-modes/``, forward modes) a
+server with ``--chunked-prefill-size 256`` gave 6 of 1,024 decode logprobs
+other bits than one prefill of the same tokens, without speculative
+decoding too, while every unchunked server's were the same. This probe
+calls SGLang's FA3 (``flash_attn_with_kvcache``, ``ver=3``, one split) the
+way SGLang's FlashAttention backend calls it, on random KV at page size 1,
+for one sequence of ``L`` tokens:
+
+- ``decode``: one query row per position p, keys ``[0, p]`` (a batch of
+  one-row requests, ``max_seqlen_q`` 1), as ``forward_decode`` does;
+- ``prefill``: all ``L`` rows in one causal call over keys ``[0, L)``
+  (``cu_seqlens_k_new`` given, as ``forward_extend`` passes it);
+- ``chunked``: the rows of chunk c (``[c C, min((c + 1) C, L))``) in one
+  causal call over keys ``[0, (c + 1) C)``, one call per chunk, as a
+  chunked prefill's extend does.
+
+Per configuration (head count, KV heads, head size, ``L``, chunk ``C``) it
+counts the rows whose output differs in any bit, for chunked against decode,
+prefill against decode and chunked against prefill, and for the differing
+rows of chunked against decode it records each row's offset inside its
+chunk and its position modulo 128 (FA3's tile widths are multiples of 16 up
+to 192), to tell a chunk-start effect from a tile effect. Variants force
+``pack_gqa`` off and on in every call, since SGLang's decode packs query
+heads and its prefill may not. It writes ``chunk_probe.json``; it asserts
+nothing (a measurement, for deciding what to build).
+
+    python benchmark/fa3_chunk_probe.py [--out DIR] [--lengths 1100,2100] [--chunks 256,512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+
+import torch
+
+DEV = "cuda"
+# (query heads, KV heads, head size): the tiny E2E target's, and a common 8B model's.
+SHAPES = ((4, 4, 64), (32, 8, 128))
+PACK_GQA = (None, False, True)  # None: FA3's own choice per call, as SGLang leaves it
+
+
+def chunks_of(length: int, chunk: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` row ranges of a prefill of ``length`` tokens in chunks of ``chunk`` (the last may be short).
+
+    Raises:
+        ValueError: ``length`` < 1 or ``chunk`` < 1.
+    """
+    if length < 1 or chunk < 1:
+        raise ValueError(f"length and chunk must be >= 1, got {length} and {chunk}")
+    return [(s, min(s + chunk, length)) for s in range(0, length, chunk)]
+
+
+def differing_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """Indices of the rows of two ``[rows, ...]`` tensors (same shape and dtype) that differ in any bit.
+
+    Bits, not values: -0.0 against 0.0 differs, a NaN against the same NaN does not.
+    """
+    bits_a = a.contiguous().view(torch.uint8).reshape(a.shape[0], -1)
+    bits_b = b.contiguous().view(torch.uint8).reshape(b.shape[0], -1)
+    return torch.nonzero((bits_a != bits_b).any(dim=1)).flatten().tolist()
+
+
+def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None):
+    from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
+
+    return flash_attn_with_kvcache(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens,
+                                   cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_k_new, max_seqlen_q=max_q,
+                                   softmax_scale=q.shape[-1] ** -0.5, causal=True, num_splits=1,
+                                   pack_gqa=pack_gqa, ver=3)
+
+
+def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa, seed: int = 0) -> dict:
+    """One configuration: the three comparisons of the module docstring."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    k = torch.randn(length + 8, 1, kv_heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    v = torch.randn(length + 8, 1, kv_heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    q = torch.randn(length, heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    slots = torch.randperm(length + 8, generator=gen, device=DEV)[:length].to(torch.int32)  # page size 1
+    i32 = dict(dtype=torch.int32, device=DEV)
+    # decode: row p is request p, keys [0, p]
+    table = slots.unsqueeze(0).expand(length, length).contiguous()
+    decode = _fa3(q, k, v, table, torch.arange(1, length + 1, **i32), torch.arange(0, length + 1, **i32), 1,
+                  pack_gqa=pack_gqa)
+    # prefill: one request, all rows
+    one = torch.tensor([0, length], **i32)
+    prefill = _fa3(q, k, v, slots.unsqueeze(0), torch.tensor([length], **i32), one, length, pack_gqa=pack_gqa,
+                   cu_k_new=one)
+    # chunked: one call per chunk, keys [0, end)
+    parts = []
+    for start, end in chunks_of(length, chunk):
+        cu_q = torch.tensor([0, end - start], **i32)
+        parts.append(_fa3(q[start:end], k, v, slots[:end].unsqueeze(0), torch.tensor([end], **i32), cu_q,
+                          end - start, pack_gqa=pack_gqa, cu_k_new=torch.tensor([0, end], **i32)))
+    chunked = torch.cat(parts)
+    apart = differing_rows(chunked, decode)
+    return {"heads": heads, "kv_heads": kv_heads, "dim": dim, "length": length, "chunk": chunk,
+            "pack_gqa": pack_gqa,
+            "chunked_vs_decode": len(apart), "prefill_vs_decode": len(differing_rows(prefill, decode)),
+            "chunked_vs_prefill": len(differing_rows(chunked, prefill)), "rows": length,
+            "apart_offset_in_chunk": dict(collections.Counter(p % chunk for p in apart).most_common(8)),
+            "apart_position_mod_128": dict(collections.Counter(p % 128 for p in apart).most_common(8)),
+            "apart_first_chunk": sum(1 for p in apart if p < chunk)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--lengths", default="1100,2100")
+    parser.add_argument("--chunks", default="256,512")
+    args = parser.parse_args(argv)
+    rows = []
+    for heads, kv_heads, dim in SHAPES:
+        for length in (int(x) for x in args.lengths.split(",")):
+            for chunk in (int(x) for x in args.chunks.split(",")):
+                for pack in PACK_GQA:
+                    try:
+                        row = probe(heads, kv_heads, dim, length, chunk, pack)
+                    except Exception as exc:  # a variant FA3 refuses is a row too
+                        row = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "length": length, "chunk": chunk,
+                               "pack_gqa": pack, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                    rows.append(row)
+                    print(json.dumps(row))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "chunk_probe.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
