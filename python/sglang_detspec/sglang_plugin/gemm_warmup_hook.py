@@ -214,7 +214,8 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens,
                                       running or schedule.max_running_requests, bag.num_draft_tokens or 1,
                                       bool(schedule.enable_mixed_chunk)))
-        weights = gemm_weights(models_of(scheduler))
+        # Weights kept on the host (--cpu-offload-gb) are multiplied elsewhere: only device weights reach DeepGEMM.
+        weights = {shape: w for shape, w in gemm_weights(models_of(scheduler)).items() if w.is_cuda}
         launched, notes = warm_gemms(weights, rows)
     except Exception:  # speed only: what is not warmed here compiles at its first request instead
         log.warning("%s; its kernels compile at first use", FAILED_LOG, exc_info=True)
