@@ -1,0 +1,53 @@
+"""The E2E suites' check of a deterministic server's plugin lines (``test/registered/e2e/_e2e.plugin_problems``).
+
+Real ``RunningServer`` and ``LogSink`` objects over a log file written here;
+the lines are the plugin's own strings (its start-up line, the warm-up lines
+of ``gemm_warmup_hook`` and ``warmup_hook``).
+"""
+
+import sys
+
+import pytest
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.sglang_plugin import gemm_warmup_hook as gemms
+
+register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
+
+ACTIVE = "[2026-12-04 15:48:47] sglang-detspec active: DetSpecConfig(active=True, logits='bitwise', verify='coupled')"
+WARMED = f"[2026-12-04 15:49:47] {gemms.WARMED_LOG}: 120 launches over 6 weight shapes"
+SKIPPED = f"[2026-12-04 15:49:47] {gemms.SKIPPED_LOG}: compute capability 10.x: ..."
+
+
+@pytest.fixture
+def e2e(e2e_import):
+    return e2e_import("_e2e")
+
+
+def server_with(e2e, tmp_path, lines):
+    sink = e2e.LogSink(tmp_path / "server.log")
+    sink.write("\n".join(lines) + "\n")
+    config = e2e.ServerConfig(name="coupled_chain_det_cuda_graph", model="m", args=(), deterministic=True,
+                              cuda_graph=True, verify="coupled")
+    return e2e.RunningServer(config, "http://127.0.0.1:1", None, sink, 0.0)
+
+
+@pytest.mark.parametrize("lines, problem", [
+    ([ACTIVE, WARMED], None),
+    ([ACTIVE, SKIPPED], None),
+    ([ACTIVE], "no DeepGEMM warm-up line"),
+    ([ACTIVE, WARMED, f"[t] {gemms.FAILED_LOG}; its kernels compile at first use"], "a start-up warm-up failed"),
+    ([ACTIVE, WARMED, "[t] sglang-detspec: start-up kernel warm-up failed (plans); kernels compile at first use"],
+     "a start-up warm-up failed"),
+    (["[t] sglang-detspec inactive (SGLang's own sampling runs): ..."], "did not log itself active"),
+])
+def test_the_plugin_lines_a_deterministic_server_must_log(e2e, tmp_path, lines, problem):
+    problems = e2e.plugin_problems(server_with(e2e, tmp_path, lines))
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
