@@ -35,6 +35,12 @@ TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
 TREE_CHAIN_BATCH_ENV = "SGLANG_DETSPEC_TREE_CHAIN_BATCH"
 # Largest accepted value: SGLang's own batch-size fields stay far below it.
 MAX_TREE_CHAIN_BATCH = 1 << 20
+GEMM_WARMUP_ENV = "SGLANG_DETSPEC_GEMM_WARMUP_S"
+# Seconds the start-up DeepGEMM warm-up may take (sglang_plugin/gemm_warmup_hook.py); 0 turns it off.
+# Bounded because each new kernel is a JIT compile: what the budget leaves compiles at first use
+# (and DeepGEMM's on-disk cache carries what was compiled to the next start on the machine).
+DEFAULT_GEMM_WARMUP_S = 60.0
+MAX_GEMM_WARMUP_S = 3600.0
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
 # prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
@@ -99,6 +105,11 @@ class DetSpecConfig:
             at every batch size. Coupled verify keeps the tokens the same
             whichever shape drafts them. See :attr:`chain_at_batch` for the
             servers it applies to.
+        gemm_warmup_s: ``SGLANG_DETSPEC_GEMM_WARMUP_S``: seconds the start-up
+            warm-up of DeepGEMM's matmul kernels may take under deterministic
+            inference (``sglang_plugin/gemm_warmup_hook.py``), in
+            [0, :data:`MAX_GEMM_WARMUP_S`]; 0 turns it off. Shown in the
+            start-up line only when not :data:`DEFAULT_GEMM_WARMUP_S`.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -139,6 +150,7 @@ class DetSpecConfig:
     num_draft_tokens: int | None = None
     adaptive_steps: tuple[int, ...] = ()
     tree_chain_batch: int = 0
+    gemm_warmup_s: float = DEFAULT_GEMM_WARMUP_S
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
@@ -342,8 +354,8 @@ class DetSpecConfig:
         ``decode_attention`` on a known decode backend it does not change
         (:data:`ONE_PASS_DECODE_BACKENDS`); ``tree_attention`` on a known
         backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
-        ``tree_chain_batch`` for a chain and for NGRAM.
-        An unknown backend or top-k (None: SGLang picks it at start-up) keeps
+        ``tree_chain_batch`` for a chain and for NGRAM; ``gemm_warmup_s`` at
+        its default. An unknown backend or top-k (None: SGLang picks it at start-up) keeps
         the field.
         """
         skip = set()
@@ -359,6 +371,8 @@ class DetSpecConfig:
             skip.add("tree_attention")
         if topk == 1 or algo == "NGRAM":
             skip.add("tree_chain_batch")
+        if self.gemm_warmup_s == DEFAULT_GEMM_WARMUP_S:
+            skip.add("gemm_warmup_s")
         names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
         return {names.get(f.name, f.name): getattr(self, f.name)
                 for f in dataclasses.fields(self) if f.name not in skip}
@@ -499,8 +513,8 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
-    Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "tree_chain_batch"}``
-    with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
+    Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "tree_chain_batch",
+    "gemm_warmup_s"}`` with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
 
     Raises:
         ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton,
@@ -509,7 +523,9 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes,
             ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang,
             ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` not an integer in
-            [0, :data:`MAX_TREE_CHAIN_BATCH`], or
+            [0, :data:`MAX_TREE_CHAIN_BATCH`],
+            ``SGLANG_DETSPEC_GEMM_WARMUP_S`` not a number of seconds in
+            [0, :data:`MAX_GEMM_WARMUP_S`], or
             a removed setting (:data:`REMOVED_ENV`) set to anything but
             its old default (:data:`REMOVED_DEFAULTS`, accepted: it asks for
             what now always runs).
@@ -524,7 +540,8 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
     decode_attention = _word(env, DECODE_ATTENTION_ENV, "one_pass", DECODE_ATTENTION_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
-            "decode_attention": decode_attention, "tree_chain_batch": _batch_size(env, TREE_CHAIN_BATCH_ENV)}
+            "decode_attention": decode_attention, "tree_chain_batch": _batch_size(env, TREE_CHAIN_BATCH_ENV),
+            "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S)}
 
 
 def _batch_size(env: Mapping[str, str], name: str) -> int:
@@ -537,6 +554,19 @@ def _batch_size(env: Mapping[str, str], name: str) -> int:
         value = -1
     if not 0 <= value <= MAX_TREE_CHAIN_BATCH:
         raise ValueError(f"{name} must be an integer batch size in [0, {MAX_TREE_CHAIN_BATCH}] (0: off), got {raw!r}")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, bound: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= bound:  # NaN fails both
+        raise ValueError(f"{name} must be a number of seconds in [0, {bound:g}] (0: off), got {raw!r}")
     return value
 
 

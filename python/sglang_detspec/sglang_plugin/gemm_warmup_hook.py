@@ -21,11 +21,15 @@ each such interval reach every configuration (:func:`warm_rows`), about
 not per layer. On other architectures (SM100's swap-AB candidates step by
 16 rows) the hook does not warm: it logs why.
 
-Not warmed (they compile at first use, as without the plugin): row counts
-above :func:`max_rows_for` (with chunked prefill off, a first request longer
-than ``max_prefill_tokens``), launches whose tensors would pass
-:data:`MAX_TENSOR_BYTES`, and the float32-output LM head of
-``--enable-fp32-lm-head`` (``aten::mm.dtype``).
+The warm-up runs the row counts in ascending order for at most
+``SGLANG_DETSPEC_GEMM_WARMUP_S`` seconds (the bag's ``gemm_warmup_s``; 0
+turns it off): each new configuration is a JIT compile, and DeepGEMM keeps
+what it compiled on disk, so a later start on the same machine loads those
+and goes further. Not warmed (they compile at first use, as without the
+plugin): row counts past the budget or above :func:`max_rows_for` (with
+chunked prefill off, a first request longer than ``max_prefill_tokens``),
+launches whose tensors would pass :data:`MAX_TENSOR_BYTES`, and the
+float32-output LM head of ``--enable-fp32-lm-head`` (``aten::mm.dtype``).
 
 Registered BEFORE ``Scheduler.init_all_cuda_graphs`` (``warmup_hook.TARGET``),
 so the capture that follows finds its kernels compiled too.
@@ -38,7 +42,7 @@ import time
 
 import torch
 
-from ..config import current_config
+from ..config import GEMM_WARMUP_ENV, current_config
 
 # The start-up lines (the E2E suites require one of the first two on every deterministic server, never the third).
 WARMED_LOG = "sglang-detspec: DeepGEMM matmul warmed before serving"
@@ -156,34 +160,52 @@ def deepgemm_matmul_applies() -> str | None:
 
 
 def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
-               max_tensor_bytes: int = MAX_TENSOR_BYTES) -> tuple[int, list[str]]:
-    """One ``torch.mm`` per (weight, row count): SGLang's batch-invariant matmul compiles what it needs.
+               max_tensor_bytes: int = MAX_TENSOR_BYTES, deadline: float | None = None) -> tuple[int, int, list[str]]:
+    """One ``torch.mm`` per (row count, weight): SGLang's batch-invariant matmul compiles what it needs.
 
-    Each weight [N, K] (bfloat16, on the device) is multiplied transposed,
-    as SGLang's linear layers call it, by zero rows [M, K], without autograd.
-    Row counts whose [M, K] input or [M, N] output (bfloat16) would pass
-    ``max_tensor_bytes`` are left to their first use (named in the returned
-    notes). Returns (launches, notes).
+    Row counts in ascending order, every weight at each (the small batches
+    of decode and verify first, then ever larger prefills). Each weight
+    [N, K] (bfloat16, on the device) is multiplied transposed, as SGLang's
+    linear layers call it, by zero rows [M, K] (contiguous), without
+    autograd. A (row count, weight) whose [M, K] input or [M, N] output
+    (bfloat16) would pass ``max_tensor_bytes`` is left to its first use.
+    Launching stops once ``time.monotonic()`` passes ``deadline`` (None: no
+    limit); each new configuration is a JIT compile, the rest of each launch
+    is queued on the GPU.
+
+    Returns:
+        (launches, the largest row count reached for every weight, notes on
+        what was left to first use).
     """
-    launched, notes = 0, []
+    def fits(m: int, n: int, k: int) -> bool:
+        return m * max(n, k) * 2 <= max_tensor_bytes
+
+    launched, reached, notes = 0, 0, []
     try:
         with torch.no_grad():
+            inputs = {}  # one zero input per K and device, as many rows as any weight of that K takes
             for (n, k), weight in weights.items():
-                fit = [m for m in rows if m * max(n, k) * 2 <= max_tensor_bytes]
-                if len(fit) < len(rows):
-                    notes.append(f"N={n} K={k}: rows above {fit[-1] if fit else 0} compile at first use")
-                if not fit:
-                    continue
-                x = torch.zeros(fit[-1], k, dtype=weight.dtype, device=weight.device)
-                for m in fit:
-                    torch.mm(x[:m], weight.t())
-                    launched += 1
-                del x
+                most = max((m for m in rows if fits(m, n, k)), default=0)
+                key = (k, weight.device)
+                if most and most > (inputs[key].shape[0] if key in inputs else 0):
+                    inputs[key] = torch.zeros(most, k, dtype=weight.dtype, device=weight.device)
+                if most < rows[-1]:
+                    notes.append(f"N={n} K={k}: rows above {most} compile at first use")
+            for m in rows:
+                if deadline is not None and time.monotonic() > deadline:
+                    notes.append(f"the time budget ran out: rows above {reached} compile at first use")
+                    break
+                for (n, k), weight in weights.items():
+                    if fits(m, n, k):
+                        torch.mm(inputs[(k, weight.device)][:m], weight.t())
+                        launched += 1
+                reached = m
+            del inputs
     finally:  # the graph capture that follows gets the memory back, also after a failed launch
         if any(w.is_cuda for w in weights.values()):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-    return launched, notes
+    return launched, reached, notes
 
 
 def compile_gemms(scheduler, *args, **kwargs) -> None:
@@ -202,7 +224,12 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
     log = logging.getLogger("sglang_detspec")
     started = time.monotonic()
     try:
-        reason = deepgemm_matmul_applies() if bag.deterministic else "deterministic inference is off"
+        if not bag.deterministic:
+            reason = "deterministic inference is off"
+        elif not bag.gemm_warmup_s:
+            reason = f"{GEMM_WARMUP_ENV}=0"
+        else:
+            reason = deepgemm_matmul_applies()
         if reason:
             log.info("%s: %s", SKIPPED_LOG, reason)
             return None
@@ -216,11 +243,11 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
                                       bool(schedule.enable_mixed_chunk)))
         # Weights kept on the host (--cpu-offload-gb) are multiplied elsewhere: only device weights reach DeepGEMM.
         weights = {shape: w for shape, w in gemm_weights(models_of(scheduler)).items() if w.is_cuda}
-        launched, notes = warm_gemms(weights, rows)
+        launched, reached, notes = warm_gemms(weights, rows, deadline=started + bag.gemm_warmup_s)
     except Exception:  # speed only: what is not warmed here compiles at its first request instead
         log.warning("%s; its kernels compile at first use", FAILED_LOG, exc_info=True)
         return None
-    log.info("%s: %d launches over %d weight shapes %s and %d row counts up to %d in %.1f s%s", WARMED_LOG,
-             launched, len(weights), list(weights), len(rows), rows[-1],
-             time.monotonic() - started, f" ({'; '.join(notes)})" if notes else "")
+    log.info("%s: %d launches over %d weight shapes %s, row counts up to %d of %d, in %.1f s (budget %g s, %s)%s",
+             WARMED_LOG, launched, len(weights), list(weights), reached, rows[-1], time.monotonic() - started,
+             bag.gemm_warmup_s, GEMM_WARMUP_ENV, f"; {'; '.join(notes)}" if notes else "")
     return None

@@ -42,7 +42,7 @@ CHILD = textwrap.dedent("""
     if out["applies"] is None:
         weights = {tuple(s): torch.randn(*s, dtype=torch.bfloat16, device="cuda") for s in shapes}
         rows = g.warm_rows(max_rows)
-        out["launched"], out["notes"] = g.warm_gemms(weights, rows)
+        out["launched"], out["reached"], out["notes"] = g.warm_gemms(weights, rows)
         out["after_warmup"] = count()
         for weight in weights.values():
             x = torch.randn(max_rows, weight.shape[1], dtype=torch.bfloat16, device="cuda")
@@ -66,7 +66,7 @@ def test_no_row_count_compiles_after_the_warm_up(tmp_path):
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     out = json.loads(lines[-1][len("RESULT "):])
     assert out["applies"] is None, out["applies"]
-    assert out["launched"] == len(SHAPES) * out["rows"] and not out["notes"], out
+    assert out["launched"] == len(SHAPES) * out["rows"] and out["reached"] == MAX_ROWS and not out["notes"], out
     assert out["after_warmup"] > 1, out  # the cache folder sees compiles (else the check below proves nothing)
     assert out["after_every_row"] == out["after_warmup"], (
         f"row counts the warm-up missed compiled {out['after_every_row'] - out['after_warmup']} kernels: {out}")

@@ -121,10 +121,29 @@ def test_the_schedule_fields_read_are_sglangs():
 
 def test_the_warm_up_launches_each_row_count_and_leaves_what_does_not_fit_to_first_use():
     weights = {(64, 16): torch.zeros(64, 16, dtype=torch.bfloat16), (32, 16): torch.zeros(32, 16, dtype=torch.bfloat16)}
-    launched, notes = g.warm_gemms(weights, list(range(1, 11)), max_tensor_bytes=64 * 2 * 5)
-    assert launched == 5 + 10  # [M, 64] outputs: 5 rows fit; [M, 32] outputs and [M, 16] inputs: all 10
+    launched, reached, notes = g.warm_gemms(weights, list(range(1, 11)), max_tensor_bytes=64 * 2 * 5)
+    assert launched == 5 + 10 and reached == 10  # [M, 64] outputs: 5 rows fit; [M, 32] outputs and [M, 16] inputs: 10
     assert notes == ["N=64 K=16: rows above 5 compile at first use"]
-    assert g.warm_gemms({}, [1, 2, 3]) == (0, [])
+    assert g.warm_gemms({}, [1, 2, 3]) == (0, 3, [])
+
+
+def test_the_warm_up_stops_at_its_deadline_small_rows_first():
+    weights = {(32, 16): torch.zeros(32, 16, dtype=torch.bfloat16)}
+    launched, reached, notes = g.warm_gemms(weights, [1, 2, 3], deadline=0.0)  # long past
+    assert (launched, reached) == (0, 0) and notes == ["the time budget ran out: rows above 0 compile at first use"]
+    launched, reached, notes = g.warm_gemms(weights, [1, 2, 3], deadline=float("inf"))
+    assert (launched, reached, notes) == (3, 3, [])
+
+
+def test_the_budget_setting_is_checked_and_named():
+    from sglang_detspec.config import DEFAULT_GEMM_WARMUP_S, GEMM_WARMUP_ENV, env_settings
+
+    assert env_settings({})["gemm_warmup_s"] == DEFAULT_GEMM_WARMUP_S
+    assert env_settings({GEMM_WARMUP_ENV: "0"})["gemm_warmup_s"] == 0.0
+    assert env_settings({GEMM_WARMUP_ENV: " 300 "})["gemm_warmup_s"] == 300.0
+    for bad in ("-1", "abc", "nan", "1e9"):
+        with pytest.raises(ValueError, match=rf"{GEMM_WARMUP_ENV} must be a number of seconds in \[0, 3600\]"):
+            env_settings({GEMM_WARMUP_ENV: bad})
 
 
 if __name__ == "__main__":
