@@ -9,7 +9,9 @@ way SGLang's FlashAttention backend calls it, on random KV at page size 1,
 for one sequence of ``L`` tokens:
 
 - ``decode``: one query row per position p, keys ``[0, p]`` (a batch of
-  one-row requests, ``max_seqlen_q`` 1), as ``forward_decode`` does;
+  one-row requests, ``max_seqlen_q`` 1), as ``forward_decode`` does, once
+  without and once with the scheduler metadata SGLang precomputes for it
+  (``get_scheduler_metadata``, one split);
 - ``prefill``: all ``L`` rows in one causal call over keys ``[0, L)``
   (``cu_seqlens_k_new`` given, as ``forward_extend`` passes it);
 - ``chunked``: the rows of chunk c (``[c C, min((c + 1) C, L))``) in one
@@ -65,13 +67,26 @@ def differing_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     return torch.nonzero((bits_a != bits_b).any(dim=1)).flatten().tolist()
 
 
-def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None):
+def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None, scheduler_metadata=None):
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
     return flash_attn_with_kvcache(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens,
                                    cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_k_new, max_seqlen_q=max_q,
                                    softmax_scale=q.shape[-1] ** -0.5, causal=True, num_splits=1,
-                                   pack_gqa=pack_gqa, ver=3)
+                                   pack_gqa=pack_gqa, scheduler_metadata=scheduler_metadata, ver=3)
+
+
+def _decode_metadata(heads: int, kv_heads: int, dim: int, lens: torch.Tensor, cu_q: torch.Tensor, pack_gqa):
+    """The FA3 scheduler metadata SGLang's decode precomputes (``FlashAttentionBackend._compute_scheduler_metadata``).
+
+    ``pack_gqa`` as the probe forces it on the call (SGLang leaves it None).
+    """
+    from sgl_kernel.flash_attn import get_scheduler_metadata
+
+    return get_scheduler_metadata(batch_size=lens.numel(), max_seqlen_q=1, max_seqlen_k=int(lens.max()),
+                                  num_heads=heads, num_heads_k=kv_heads, headdim=dim, cache_seqlens=lens,
+                                  qkv_dtype=torch.bfloat16, cu_seqlens_q=cu_q, page_size=1, causal=True,
+                                  has_softcap=False, num_splits=1, pack_gqa=pack_gqa)
 
 
 def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa, seed: int = 0) -> dict:
@@ -82,10 +97,17 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
     q = torch.randn(length, heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
     slots = torch.randperm(length + 8, generator=gen, device=DEV)[:length].to(torch.int32)  # page size 1
     i32 = dict(dtype=torch.int32, device=DEV)
-    # decode: row p is request p, keys [0, p]
+    # decode: row p is request p, keys [0, p]; without and with SGLang's precomputed scheduler metadata
     table = slots.unsqueeze(0).expand(length, length).contiguous()
-    decode = _fa3(q, k, v, table, torch.arange(1, length + 1, **i32), torch.arange(0, length + 1, **i32), 1,
-                  pack_gqa=pack_gqa)
+    lens, cu = torch.arange(1, length + 1, **i32), torch.arange(0, length + 1, **i32)
+    decode = _fa3(q, k, v, table, lens, cu, 1, pack_gqa=pack_gqa)
+    try:
+        meta = _decode_metadata(heads, kv_heads, dim, lens, cu, pack_gqa)
+        decode_meta = _fa3(q, k, v, table, lens, cu, 1, pack_gqa=pack_gqa, scheduler_metadata=meta)
+    except Exception as exc:  # recorded, the other comparisons still count
+        decode_meta, meta_error = None, f"{type(exc).__name__}: {exc}"[:200]
+    else:
+        meta_error = None
     # prefill: one request, all rows
     one = torch.tensor([0, length], **i32)
     prefill = _fa3(q, k, v, slots.unsqueeze(0), torch.tensor([length], **i32), one, length, pack_gqa=pack_gqa,
@@ -102,6 +124,10 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
             "pack_gqa": pack_gqa,
             "chunked_vs_decode": len(apart), "prefill_vs_decode": len(differing_rows(prefill, decode)),
             "chunked_vs_prefill": len(differing_rows(chunked, prefill)), "rows": length,
+            "decode_with_metadata_vs_decode": None if decode_meta is None else len(differing_rows(decode_meta, decode)),
+            "chunked_vs_decode_with_metadata": None if decode_meta is None else len(differing_rows(chunked,
+                                                                                                   decode_meta)),
+            "metadata_error": meta_error,
             "apart_offset_in_chunk": dict(collections.Counter(p % chunk for p in apart).most_common(8)),
             "apart_position_mod_128": dict(collections.Counter(p % 128 for p in apart).most_common(8)),
             "apart_first_chunk": sum(1 for p in apart if p < chunk)}

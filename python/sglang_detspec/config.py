@@ -436,12 +436,17 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     print it (``sglang_plugin/resolve.setting_notes``).
     """
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
-        which = "no attention backend named yet" if attention_backend is None else f"{attention_backend} attention"
+        if attention_backend is None:
+            which = "no attention backend named yet"
+        elif "/" in attention_backend:
+            which = f"prefill / decode attention {attention_backend}: two backends, which round apart"
+        else:
+            which = f"{attention_backend} attention"
         return "tokens", (f"{which}: bitwise verify = decode is proven on {' and '.join(BITWISE_CHAIN_BACKENDS)} "
                           "only")
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
-        return "tokens", (f"{attention_backend} with --page-size {page_size}: its paged loads can pick another key "
-                          "tile in decode than in prefill (bitwise needs --page-size 1)")
+        return "tokens", (f"{attention_backend} with a KV page size of {page_size}: its paged loads can pick another "
+                          "key tile in decode than in prefill (bitwise needs a page size of 1)")
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention != "one_pass":
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
                           "apart from its verify")

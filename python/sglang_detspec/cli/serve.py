@@ -198,12 +198,18 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
 def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
     """A note when SGLang's prefill CUDA graphs stay on (its default): no committed server run had them on.
 
-    ``ns``: SGLang's parsed ``launch_server`` arguments. Off means any of
-    ``--cuda-graph-backend-prefill disabled``, ``--disable-prefill-cuda-graph``
-    or ``--disable-cuda-graph``.
+    ``ns``: SGLang's parsed ``launch_server`` arguments, read in SGLang's
+    order of precedence: a ``--cuda-graph-config`` decides (not read here:
+    no note), then ``--cuda-graph-backend-prefill`` (off: ``disabled``),
+    then ``--disable-prefill-cuda-graph`` or ``--disable-cuda-graph``.
     """
-    off = (str(getattr(ns, "cuda_graph_backend_prefill", None) or "").lower() == "disabled"
-           or getattr(ns, "disable_prefill_cuda_graph", False) or getattr(ns, "disable_cuda_graph", False))
+    if getattr(ns, "cuda_graph_config", None):
+        return []
+    backend = getattr(ns, "cuda_graph_backend_prefill", None)
+    if backend is not None:
+        off = str(backend).lower() == "disabled"
+    else:
+        off = bool(getattr(ns, "disable_prefill_cuda_graph", False) or getattr(ns, "disable_cuda_graph", False))
     if off:
         return []
     return ["SGLang's prefill CUDA graphs are on (its default): the plugin's committed server runs had them off "

@@ -174,16 +174,16 @@ def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
     is queued on the GPU.
 
     Returns:
-        (launches, the largest row count reached for every weight, notes on
-        what was left to first use).
+        (launches, the last row count the loop reached (where every weight
+        that fits was launched), notes on what was left to first use).
     """
     def fits(m: int, n: int, k: int) -> bool:
         return m * max(n, k) * 2 <= max_tensor_bytes
 
     launched, reached, notes = 0, 0, []
+    inputs = {}  # one zero input per K and device, as many rows as any weight of that K takes
     try:
         with torch.no_grad():
-            inputs = {}  # one zero input per K and device, as many rows as any weight of that K takes
             for (n, k), weight in weights.items():
                 most = max((m for m in rows if fits(m, n, k)), default=0)
                 key = (k, weight.device)
@@ -200,8 +200,8 @@ def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
                         torch.mm(inputs[(k, weight.device)][:m], weight.t())
                         launched += 1
                 reached = m
-            del inputs
     finally:  # the graph capture that follows gets the memory back, also after a failed launch
+        inputs.clear()
         if any(w.is_cuda for w in weights.values()):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -243,6 +243,10 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
                                       bool(schedule.enable_mixed_chunk)))
         # Weights kept on the host (--cpu-offload-gb) are multiplied elsewhere: only device weights reach DeepGEMM.
         weights = {shape: w for shape, w in gemm_weights(models_of(scheduler)).items() if w.is_cuda}
+        if not weights:
+            log.info("%s: no bfloat16 weight on the device reaches SGLang's matmul (quantized or offloaded)",
+                     SKIPPED_LOG)
+            return None
         launched, reached, notes = warm_gemms(weights, rows, deadline=started + bag.gemm_warmup_s)
     except Exception:  # speed only: what is not warmed here compiles at its first request instead
         log.warning("%s; its kernels compile at first use", FAILED_LOG, exc_info=True)

@@ -19,7 +19,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import DetSpecConfig, Refusal, current_config, env_settings, install_config, resolve_verify
+from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
+                      resolve_verify)
 from ..model_family import config_file, family_note, model_family
 
 logger = logging.getLogger("sglang_detspec")
@@ -88,11 +89,13 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
-    check_bounds(values)
     values["adaptive_steps"] = adaptive_steps(spec) if values["algorithm"] else ()
     settings = env_settings(environ)
     settings["verify"] = "coupled" if sampled_drafts else resolve_verify(settings["verify"], values["rejection_sampling"])
-    return DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values)
+    bag = DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values)
+    if bag.ours:  # a run the plugin serves; others meet SGLang's own rules only
+        check_bounds(values)
+    return bag
 
 
 def adaptive_steps(spec) -> tuple[int, ...]:
@@ -124,16 +127,17 @@ def adaptive_steps(spec) -> tuple[int, ...]:
 def check_bounds(values: dict) -> None:
     """Refuse the flags the bag reads that no server can run with, naming the flag and its bound.
 
-    ``values``: the bag's fields as :func:`bag_from` read them. A draft
-    top-k below 1 (NGRAM's is its BFS breadth) with speculative decoding on,
-    and a KV page size below 1, would otherwise pass the dry run with a
-    claim and fail later inside SGLang.
+    ``values``: the bag's fields as :func:`bag_from` read them, for a run
+    the plugin serves. A draft top-k below 1 (NGRAM's is its BFS breadth)
+    for an algorithm that keeps it (:data:`COUPLED_ALGORITHMS`; SGLang sets
+    others' top-k itself), and a KV page size below 1, would otherwise pass
+    the dry run with a claim and fail later inside SGLang.
 
     Raises:
         ValueError: naming the flag, the bound and the value.
     """
     topk, algorithm = values.get("eagle_topk"), values.get("algorithm")
-    if algorithm and topk is not None and int(topk) < 1:
+    if algorithm in COUPLED_ALGORITHMS and topk is not None and int(topk) < 1:
         flag = "--speculative-ngram-max-bfs-breadth" if algorithm == "NGRAM" else "--speculative-eagle-topk"
         raise ValueError(f"{flag} must be >= 1 with --speculative-algorithm {algorithm}, got {topk}")
     page = values.get("page_size")
@@ -209,7 +213,8 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     the bag accepts that change nothing for this server.
     """
     notes = []
-    if config.active and config.algorithm and config.logits_reason:
+    # An unknown backend (None: SGLang picks it at start-up) has its own note in the dry run.
+    if config.active and config.attention_backend is not None and config.logits_reason:
         notes.append(f"logits='tokens' because of {config.logits_reason}")
     family = family_note(config.model_family, config.attention_backend) if config.active else None
     if family:

@@ -724,17 +724,26 @@ def claimed_logits(server: RunningServer) -> list[str]:
     return sorted({m for line in server.log_lines(PLUGIN_ACTIVE) for m in LOGITS_FIELD.findall(line)})
 
 
+def hopper() -> bool:
+    """The suites run on a Hopper GPU (compute capability 9.x), where the DeepGEMM warm-up must run."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
 def plugin_problems(server: RunningServer) -> list[str]:
     """What is wrong with the plugin's start-up lines of a deterministic server (empty: nothing).
 
     The plugin must log itself active (never inactive), no failed start-up
-    warm-up, its DeepGEMM warm-up (done, or why not), and, where the
-    configuration names a verify mode, log that mode and no other.
+    warm-up, its DeepGEMM warm-up (done, or why not; done on Hopper unless
+    the configuration turns it off), and, where the configuration names a
+    verify mode, log that mode and no other.
     """
     active, lines = plugin_state(server)
     if not active:
         shown = "; ".join(lines[:2]) or "no sglang-detspec line at all"
         return [f"{server.config.name}: the plugin did not log itself active and only active ({shown})"]
+    from sglang_detspec.config import GEMM_WARMUP_ENV
     from sglang_detspec.sglang_plugin import gemm_warmup_hook as gemms  # imports torch: only where servers ran
 
     failed = [line for line in lines if "warm-up failed" in line]
@@ -742,6 +751,10 @@ def plugin_problems(server: RunningServer) -> list[str]:
         return [f"{server.config.name}: a start-up warm-up failed ({failed[0]})"]
     if not any(gemms.WARMED_LOG in line or gemms.SKIPPED_LOG in line for line in lines):
         return [f"{server.config.name}: no DeepGEMM warm-up line ('{gemms.WARMED_LOG}' or '{gemms.SKIPPED_LOG}')"]
+    if hopper() and dict(server.config.env).get(GEMM_WARMUP_ENV, "").strip() not in ("0", "0.0") and not any(
+            gemms.WARMED_LOG in line for line in lines):
+        skipped = next(line for line in lines if gemms.SKIPPED_LOG in line)
+        return [f"{server.config.name}: DeepGEMM was not warmed on Hopper ({skipped})"]
     want = server.config.verify
     modes = plugin_verify_modes(server)
     if want is not None and (not modes or set(modes) != {want}):

@@ -24,11 +24,11 @@ def e2e(e2e_import):
     return e2e_import("_e2e")
 
 
-def server_with(e2e, tmp_path, lines):
+def server_with(e2e, tmp_path, lines, env=()):
     sink = e2e.LogSink(tmp_path / "server.log")
     sink.write("\n".join(lines) + "\n")
     config = e2e.ServerConfig(name="coupled_chain_det_cuda_graph", model="m", args=(), deterministic=True,
-                              cuda_graph=True, verify="coupled")
+                              cuda_graph=True, env=tuple(env), verify="coupled")
     return e2e.RunningServer(config, "http://127.0.0.1:1", None, sink, 0.0)
 
 
@@ -41,12 +41,24 @@ def server_with(e2e, tmp_path, lines):
      "a start-up warm-up failed"),
     (["[t] sglang-detspec inactive (SGLang's own sampling runs): ..."], "did not log itself active"),
 ])
-def test_the_plugin_lines_a_deterministic_server_must_log(e2e, tmp_path, lines, problem):
+def test_the_plugin_lines_a_deterministic_server_must_log(e2e, tmp_path, monkeypatch, lines, problem):
+    monkeypatch.setattr(e2e, "hopper", lambda: False)  # the GPU rule has its own test below
     problems = e2e.plugin_problems(server_with(e2e, tmp_path, lines))
     if problem is None:
         assert problems == []
     else:
         assert len(problems) == 1 and problem in problems[0], problems
+
+
+@pytest.mark.parametrize("lines, env, problem", [
+    ([ACTIVE, WARMED], (), None),
+    ([ACTIVE, SKIPPED], (), "DeepGEMM was not warmed on Hopper"),
+    ([ACTIVE, SKIPPED], (("SGLANG_DETSPEC_GEMM_WARMUP_S", "0"),), None),
+])
+def test_on_hopper_the_warm_up_must_have_run(e2e, tmp_path, monkeypatch, lines, env, problem):
+    monkeypatch.setattr(e2e, "hopper", lambda: True)
+    problems = e2e.plugin_problems(server_with(e2e, tmp_path, lines, env))
+    assert problems == [] if problem is None else (len(problems) == 1 and problem in problems[0]), problems
 
 
 if __name__ == "__main__":

@@ -370,5 +370,19 @@ def test_the_hook_is_in_the_table_and_required():
     assert len(rows) == 1 and rows[0].kind == "AFTER" and rows[0].absent_ok is None
 
 
+@pytest.mark.parametrize("backend", [None, "fa3", "triton", "flashinfer", "fa4", "fa3/triton", "trtllm_mha"])
+@pytest.mark.parametrize("topk", [None, 1, 4])
+@pytest.mark.parametrize("tree_attention", ["cascade", "nodes"])
+@pytest.mark.parametrize("decode_attention", ["one_pass", "sglang"])
+@pytest.mark.parametrize("page_size", [None, 1, 16])
+def test_every_tokens_claim_has_a_reason_and_every_bitwise_claim_none(backend, topk, tree_attention,
+                                                                     decode_attention, page_size):
+    from sglang_detspec.config import guarantee_and_reason
+
+    claim, reason = guarantee_and_reason(backend, topk, tree_attention, decode_attention, page_size)
+    assert claim == logits_guarantee(backend, topk, tree_attention, decode_attention, page_size)
+    assert (reason is None) == (claim == "bitwise"), (claim, reason)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

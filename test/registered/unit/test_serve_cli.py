@@ -273,7 +273,7 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
                                             "SGLANG_DETSPEC_TREE_ATTENTION=nodes makes it bitwise"),
     (["--attention-backend", "triton", *TREE], "a tree (top-k 4) on triton: its verify mask interleaves"),
     (["--attention-backend", "flashinfer", *CHAIN], "flashinfer attention: bitwise verify = decode is proven on"),
-    (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with --page-size 16: its paged loads"),
+    (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with a KV page size of 16: its paged loads"),
 ])
 def test_every_tokens_claim_says_why(capsys, extra, why):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *extra])
@@ -281,8 +281,12 @@ def test_every_tokens_claim_says_why(capsys, extra, why):
     assert f"note: logits='tokens' because of {why}" in err
 
 
-@pytest.mark.parametrize("extra, noted", [([], True), (["--cuda-graph-backend-prefill", "disabled"], False),
-                                           (["--disable-cuda-graph"], False)])
+@pytest.mark.parametrize("extra, noted", [
+    ([], True), (["--cuda-graph-backend-prefill", "disabled"], False), (["--disable-cuda-graph"], False),
+    (["--disable-prefill-cuda-graph"], False),
+    # SGLang's precedence: the prefill backend flag beats the disable flags.
+    (["--disable-prefill-cuda-graph", "--cuda-graph-backend-prefill", "full"], True),
+])
 def test_prefill_cuda_graphs_on_are_noted_as_not_measured(capsys, extra, noted):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3", *extra])
@@ -319,10 +323,24 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     assert rc == 0 and "could not be read" not in err
 
 
+def test_a_server_without_speculative_decoding_says_why_it_claims_tokens_too(capsys):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--attention-backend", "flashinfer"])
+    assert rc == 0 and "logits='tokens'" in start_up_line(err)
+    assert "note: logits='tokens' because of flashinfer attention" in err
+
+
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
     assert rc == 0 and "logits='bitwise'" in start_up_line(err) and "because of" not in err
+
+
+def test_bounds_are_left_to_sglang_where_the_plugin_does_not_serve(capsys, monkeypatch):
+    """A disabled plugin, or an algorithm whose top-k SGLang sets itself, meets SGLang's own rules only."""
+    monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--attention-backend", "fa3", "--speculative-algorithm",
+                                  "EAGLE", "--speculative-eagle-topk", "0"])
+    assert rc == 0 and "must be >= 1" not in err
 
 
 @pytest.mark.parametrize("extra, message", [
