@@ -404,9 +404,9 @@ def deepgemm_kernels() -> int | None:
     elsewhere is not seen. None where the folder does not exist (no server
     compiled one yet, or another cache location).
     """
-    root = os.environ.get("SGLANG_DG_CACHE_DIR") or os.path.join(
-        os.path.expanduser(os.environ.get("SGLANG_CACHE_DIR", "~/.cache/sglang")), "deep_gemm")
-    folder = os.path.join(root, "cache")
+    from sglang.srt.environ import envs  # SGLang's own resolution of the folder (read at call time)
+
+    folder = os.path.join(envs.SGLANG_DG_CACHE_DIR.get(), "cache")
     return len(os.listdir(folder)) if os.path.isdir(folder) else None
 
 

@@ -173,13 +173,13 @@ def switch_notes(bag: DetSpecConfig, notes: list[str], ns: argparse.Namespace) -
     """
     if not bag.chain_at_batch:
         return notes
+    from ..sglang_plugin.resolve import chain_note
     from ..sglang_plugin.shape_rules import not_applied_note, not_applied_reason
 
     reason = not_applied_reason(ns, getattr(ns, "max_running_requests", None), bag.chain_at_batch)
     if reason is None:
         return notes
-    kept = [n for n in notes if not n.startswith(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={bag.chain_at_batch}:")]
-    return kept + [not_applied_note(bag.chain_at_batch, reason)]
+    return [n for n in notes if n != chain_note(bag)] + [not_applied_note(bag.chain_at_batch, reason)]
 
 
 def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str]:

@@ -263,16 +263,20 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "speculative decoding while the steps switched: the tiny-model invariance run of "
                      "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
-        notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.chain_at_batch}: decode batches of more than "
-                     f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the "
-                     "tree; coupled verify makes the tokens independent of the draft shape (tokens equal to no "
-                     "speculative decoding while switching both ways, the chain verifying under CUDA graphs: "
-                     "the tiny-model runs of 2026-12-04); its serving cost with the chain's verify CUDA graphs "
-                     "is not measured")
+        notes.append(chain_note(config))
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")
     return notes
+
+
+def chain_note(config: DetSpecConfig) -> str:
+    """:func:`unmeasured_notes`' sentence for a switching tree (``config.chain_at_batch`` set)."""
+    return (f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.chain_at_batch}: decode batches of more than "
+            f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the tree; "
+            "coupled verify makes the tokens independent of the draft shape (tokens equal to no speculative "
+            "decoding while switching both ways, the chain verifying under CUDA graphs: the tiny-model runs of "
+            "2026-12-04); its serving cost with the chain's verify CUDA graphs is not measured")
 
 
 def announce(config: DetSpecConfig) -> None:
