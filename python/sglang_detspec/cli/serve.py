@@ -195,6 +195,19 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
             "server's start-up line states the claim for the model it loads)"]
 
 
+def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
+    """What start-up will spend warming DeepGEMM (``gemm_warmup_hook``), for a deterministic run of the plugin."""
+    from ..config import GEMM_WARMUP_ENV
+
+    if not bag.deterministic:
+        return []
+    if not bag.gemm_warmup_s:
+        return [f"{GEMM_WARMUP_ENV}=0: DeepGEMM's matmul kernels compile at first use, inside requests"]
+    return [f"on a Hopper GPU start-up spends up to {bag.gemm_warmup_s:g} s compiling DeepGEMM's matmul kernels "
+            f"for the batch sizes it will meet ({GEMM_WARMUP_ENV}; 0 turns it off); kernels already in DeepGEMM's "
+            "disk cache load instead"]
+
+
 def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
     """A note when SGLang's prefill CUDA graphs stay on (its default): no committed server run had them on.
 
@@ -322,7 +335,7 @@ def _run(args) -> int:
 
             ns = read_launch_args(cmd[3:])
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
-                         + family_unknown_notes(bag, ns)):
+                         + family_unknown_notes(bag, ns) + gemm_warmup_notes(bag)):
                 _say(f"note: {note}")
     if args.dry_run:
         print(dry_run_command(cmd, env))

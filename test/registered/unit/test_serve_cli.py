@@ -329,6 +329,17 @@ def test_a_server_without_speculative_decoding_says_why_it_claims_tokens_too(cap
     assert "note: logits='tokens' because of flashinfer attention" in err
 
 
+@pytest.mark.parametrize("budget, words", [(None, "spends up to 60 s compiling DeepGEMM"),
+                                            ("120", "spends up to 120 s compiling DeepGEMM"),
+                                            ("0", "SGLANG_DETSPEC_GEMM_WARMUP_S=0: DeepGEMM's matmul kernels compile")])
+def test_the_dry_run_says_what_the_deepgemm_warm_up_will_spend(capsys, monkeypatch, budget, words):
+    if budget is not None:
+        monkeypatch.setenv("SGLANG_DETSPEC_GEMM_WARMUP_S", budget)
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and words in err
+
+
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
