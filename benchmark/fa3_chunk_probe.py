@@ -18,9 +18,16 @@ for one sequence of ``L`` tokens:
   causal call over keys ``[0, (c + 1) C)``, one call per chunk, as a
   chunked prefill's extend does.
 
+- ``retiled``: the decode rows through the plugin's FA3 decode re-tiling
+  (``sglang_plugin/fa3_decode_tile_hook.retiled_kwargs``: at head sizes up to
+  64 a whole-sequence attention chunk, so FA3 keeps the prefill's 128-key
+  blocks); at larger head sizes the rule leaves the call as it is.
+
 Per configuration (head count, KV heads, head size, ``L``, chunk ``C``) it
 counts the rows whose output differs in any bit, for chunked against decode,
-prefill against decode and chunked against prefill, and for the differing
+prefill against decode, chunked against prefill (with the first differing
+rows and their offsets in the chunk) and the re-tiled decode against the
+prefill and the chunked prefill, and for the differing
 rows of chunked against decode it records each row's offset inside its
 chunk and its position modulo 128 (FA3's tile widths are multiples of 16 up
 to 192), to tell a chunk-start effect from a tile effect. Variants force
@@ -67,13 +74,19 @@ def differing_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     return torch.nonzero((bits_a != bits_b).any(dim=1)).flatten().tolist()
 
 
-def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None, scheduler_metadata=None):
+def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None, scheduler_metadata=None, retile=False):
+    """One FA3 call as SGLang's backend makes it; ``retile``: through the plugin's decode re-tiling rule."""
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
-    return flash_attn_with_kvcache(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens,
-                                   cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_k_new, max_seqlen_q=max_q,
-                                   softmax_scale=q.shape[-1] ** -0.5, causal=True, num_splits=1,
-                                   pack_gqa=pack_gqa, scheduler_metadata=scheduler_metadata, ver=3)
+    from sglang_detspec.sglang_plugin.fa3_decode_tile_hook import retiled_kwargs
+
+    kwargs = dict(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens, cu_seqlens_q=cu_q,
+                  cu_seqlens_k_new=cu_k_new, max_seqlen_q=max_q, softmax_scale=q.shape[-1] ** -0.5, causal=True,
+                  window_size=(-1, -1), num_splits=1, pack_gqa=pack_gqa, scheduler_metadata=scheduler_metadata,
+                  ver=3)
+    if retile:
+        kwargs = retiled_kwargs(q, kwargs) or kwargs
+    return flash_attn_with_kvcache(**kwargs)
 
 
 def _decode_metadata(heads: int, kv_heads: int, dim: int, lens: torch.Tensor, cu_q: torch.Tensor, pack_gqa):
@@ -120,10 +133,16 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
                           end - start, pack_gqa=pack_gqa, cu_k_new=torch.tensor([0, end], **i32)))
     chunked = torch.cat(parts)
     apart = differing_rows(chunked, decode)
+    retiled = _fa3(q, k, v, table, lens, cu, 1, pack_gqa=pack_gqa, retile=True)
+    chunk_apart = differing_rows(chunked, prefill)
     return {"heads": heads, "kv_heads": kv_heads, "dim": dim, "length": length, "chunk": chunk,
             "pack_gqa": pack_gqa,
             "chunked_vs_decode": len(apart), "prefill_vs_decode": len(differing_rows(prefill, decode)),
-            "chunked_vs_prefill": len(differing_rows(chunked, prefill)), "rows": length,
+            "chunked_vs_prefill": len(chunk_apart), "rows": length,
+            "retiled_decode_vs_prefill": len(differing_rows(retiled, prefill)),
+            "retiled_decode_vs_chunked": len(differing_rows(retiled, chunked)),
+            "chunked_vs_prefill_first_rows": chunk_apart[:16],
+            "chunked_vs_prefill_offset_in_chunk": dict(collections.Counter(p % chunk for p in chunk_apart).most_common(8)),
             "decode_with_metadata_vs_decode": None if decode_meta is None else len(differing_rows(decode_meta, decode)),
             "chunked_vs_decode_with_metadata": None if decode_meta is None else len(differing_rows(chunked,
                                                                                                    decode_meta)),

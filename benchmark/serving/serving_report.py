@@ -360,9 +360,12 @@ def render_markdown(summary: dict) -> str:
             texts = [_cell_text(cells.get((label, key, c)), field, digits) for c in concs]
             lines.append(f"| {_row_name(summary, label, key)} | " + " | ".join(texts) + " |")
         lines.append("")
+    measured_b = any(cells.get((label, "b", c), {}).get("n") for label in labels for c in concs)
     for field, label_text in (("output_throughput", "output tokens/s"), ("mean_itl_ms", "mean inter-token latency")):
         rows = [(label, key) for label in labels for key in RATIO_KEYS
                 if any(cells.get((label, key, c), {}).get("n") for c in concs)]
+        if not measured_b:  # a command without (b) has no ratio to it: no table of dashes
+            break
         lines += [f"## ratio to (b), {label_text} (measured, not asserted)", "",
                   "Ratio of the medians, median(X) / median(b), both measured by the same command.", "", *header]
         for label, key in rows:

@@ -44,6 +44,9 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   request, one derived seed per parallel sample, the seed in every response.
 - ``attention_hook``: the target's Triton decode attention runs the kernel
   its verify and prefill run, so their logits are bitwise equal.
+- ``fa3_decode_tile_hook``: FA3's one-row (decode) calls at head sizes up
+  to 64 run over the 128-key blocks its prefill and verify use, so decode
+  logits equal prefill logits bit for bit there too.
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
@@ -81,7 +84,8 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, gemm_warmup_hook, kv_rows_hook, norm_hook, probs_hook, request_seeds,
+    attention_hook, channels, draft_hook, fa3_decode_tile_hook, gemm_warmup_hook, kv_rows_hook, norm_hook, probs_hook,
+    request_seeds,
     request_validation, resolve, shape_hook, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook,
     verify_hook, warmup_hook,
 )
@@ -179,6 +183,8 @@ def hook_table() -> list[Hook]:
         Hook(tah.INIT_GRAPH, tah.build_after_graph_metadata, "AFTER", _CUDA_ONLY),
         Hook(f"{tah.FA}.{channels.TREE_NODES.attr}", tah.build_after_eager_metadata, "ATTR"),
         Hook(tah.FORWARD_EXTEND, tah.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
+        Hook(fa3_decode_tile_hook.TARGET, fa3_decode_tile_hook.decode_on_prefill_tiles, "AROUND", _CUDA_ONLY),
+        Hook(fa3_decode_tile_hook.INIT, fa3_decode_tile_hook.log_retiling, "AFTER", _CUDA_ONLY),
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
@@ -256,7 +262,7 @@ def register() -> None:
 
 
 def hook_problems(*, applied: bool = True, config=None) -> list[str]:
-    """Required hooks that are not in place in this process: one message each, empty when all are.
+    """Required hooks that are not in place in this process: one message per target, empty when all are.
 
     A required target is missing (it does not resolve: a renamed symbol, a
     missing module, another SGLang build), or, with ``applied`` (after SGLang
@@ -265,10 +271,11 @@ def hook_problems(*, applied: bool = True, config=None) -> list[str]:
     (:func:`required_by`).
     """
     extra = required_by(config) if config is not None else set()
-    problems = []
+    problems, seen = [], set()
     for row in registry_rows():
-        if row.absent_ok and row.target not in extra:
+        if (row.absent_ok and row.target not in extra) or row.target in seen:
             continue
+        seen.add(row.target)
         obj = _resolve(row.target)
         if obj is None:
             problems.append(f"{row.target} is not found in SGLang {_sglang_version()}")
@@ -278,11 +285,18 @@ def hook_problems(*, applied: bool = True, config=None) -> list[str]:
 
 
 def required_by(config) -> set[str]:
-    """Optional targets a bag rests on: the FA3 node path's, where the bag claims bitwise trees with it."""
+    """Optional targets a bag rests on, by the claim it makes.
+
+    A ``bitwise`` claim on FA3 rests on the decode re-tiling
+    (``fa3_decode_tile_hook``: decode = prefill at head sizes up to 64); a
+    ``bitwise`` tree through the node path also on the node path's hooks.
+    """
     required = set()
+    if config.attention_backend == "fa3" and config.logits == "bitwise":
+        required.add(fa3_decode_tile_hook.TARGET)
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
     if tree and config.tree_attention == "nodes" and config.logits == "bitwise":
-        required |= {row.target for row in registry_rows() if row.target.startswith(tree_attention_hook.FA + ".")}
+        required |= {row.target for row in registry_rows() if row.hook.__module__ == tree_attention_hook.__name__}
     return required
 
 

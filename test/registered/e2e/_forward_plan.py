@@ -89,6 +89,9 @@ ROWS = {
     "eagle3_tree": Row("eagle3_tree", "eagle3_tree", "no_spec"),
     "nextn_tree": Row("nextn_tree", "nextn_tree", "mimo_no_spec"),
     "chunked": Row("chunked", "coupled_tree", "no_spec", args=CHUNKED_PREFILL, prompts=LONG_PROMPTS),
+    # A chain's verify against no speculative decoding's decode past 128 keys: at the tiny models' head
+    # size (64) FA3 tiles a one-row decode call apart from a verify unless the plugin re-tiles it.
+    "chunked_chain": Row("chunked_chain", "coupled_chain", "no_spec", args=CHUNKED_PREFILL, prompts=LONG_PROMPTS),
 }
 # Extra rows per backend: on the node-path backend, each tree row again with the node path.
 NODE_SUFFIX = "_nodes"

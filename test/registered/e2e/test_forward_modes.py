@@ -27,6 +27,10 @@ on the same model and backend, 16 seeded requests x 64 tokens (temperatures
   the server without speculative decoding with the same flag, on prompts of
   600-1500 tokens (3 to 6 chunks each; the tiny models hold 4096
   positions); both servers must report that chunk size in ``/server_info``;
+* ``chunked_chain``: the coupled chain on the same long prompts and flag: its
+  verify against no speculative decoding's decode past 128 keys (at the tiny
+  models' head size FA3 tiles a one-row call apart from a verify unless the
+  plugin re-tiles it, ``sglang_plugin/fa3_decode_tile_hook.py``);
 * on fa3, every tree row again with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
   (``tree_nodes``, ``eagle3_tree_nodes``, ``nextn_tree_nodes``,
   ``chunked_nodes``: one decode query per tree node; the row's

@@ -79,10 +79,10 @@ def test_the_claims_the_suite_expects(plan, backend):
 
 
 def test_rows_share_servers(plan):
-    # Each server started once whichever rows use it: 7 rows, 11 servers; fa3's 4 node rows add only their own.
-    assert len(plan.server_keys("triton")) == 11
-    assert len(plan.server_keys("fa3")) == 15
-    # flashinfer: the chunked row's two servers are not started (SGLang refuses them, test below).
+    # Each server started once whichever rows use it: 8 rows, 12 servers; fa3's 4 node rows add only their own.
+    assert len(plan.server_keys("triton")) == 12
+    assert len(plan.server_keys("fa3")) == 16
+    # flashinfer: the chunked rows' three servers are not started (SGLang refuses them, test below).
     assert len(plan.server_keys("flashinfer")) == 9
     for backend in plan.KNOWN_BACKENDS:
         keys = plan.server_keys(backend)
@@ -98,7 +98,8 @@ def test_sglang_refuses_small_chunks_on_deterministic_flashinfer_and_the_row_is_
     tile = envs.SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE.get()
     assert plan.CHUNK_TOKENS < tile
     skipped = plan.skipped_rows("flashinfer")
-    assert set(skipped) == {"chunked"} and f"{tile}-token" in skipped["chunked"]
+    assert set(skipped) == {"chunked", "chunked_chain"}
+    assert all(f"{tile}-token" in reason for reason in skipped.values())
     assert plan.skipped_rows("fa3") == plan.skipped_rows("triton") == {}
     started = {key for key in plan.server_keys("flashinfer")}
     assert plan.rows_for("flashinfer")["chunked"].server not in started

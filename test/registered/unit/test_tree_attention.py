@@ -360,24 +360,26 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks():
     """Where the bag claims bitwise trees through the node path, its FA3 hooks are required at start-up.
 
     On a CPU-only SGLang build the FA3 backend does not import, so start-up
-    would name all five instead of logging a claim nothing backs.
+    would name them (and the decode re-tiling every bitwise FA3 claim rests
+    on) instead of logging a claim nothing backs.
     """
     import dataclasses
 
     from sglang_detspec import sglang_plugin
+    from sglang_detspec.sglang_plugin import fa3_decode_tile_hook
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                         attention_backend="fa3", tree_attention="nodes", source="server_args")
-    fa_rows = {row.target for row in sglang_plugin.hook_table()
-               if row.target.startswith(tah.FA + ".") and row.kind in sglang_plugin.REGISTRY_KINDS}
+    node_rows = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__ == tah.__name__}
+    retile = fa3_decode_tile_hook.TARGET  # every bitwise FA3 claim rests on it (test_fa3_decode_tile.py)
 
-    assert len(fa_rows) == 5 and sglang_plugin.required_by(bag) == fa_rows
-    for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, eagle_topk=1),
-                  dataclasses.replace(bag, attention_backend="triton")):
+    assert len(node_rows) == 5 and sglang_plugin.required_by(bag) == node_rows | {retile}
+    assert sglang_plugin.required_by(dataclasses.replace(bag, eagle_topk=1)) == {retile}
+    for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, attention_backend="triton")):
         assert sglang_plugin.required_by(other) == set()
     if not torch.cuda.is_available():
         problems = sglang_plugin.hook_problems(applied=False, config=bag)
-        assert sorted(problems) == sorted(f"{t} is not found in SGLang 0.5.23" for t in fa_rows)
+        assert sorted(problems) == sorted(f"{t} is not found in SGLang 0.5.23" for t in node_rows | {retile})
         assert sglang_plugin.hook_problems(applied=False, config=dataclasses.replace(bag, tree_attention="cascade")) == []
 
 
