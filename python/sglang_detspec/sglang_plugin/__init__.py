@@ -77,6 +77,7 @@ place (:func:`hook_problems`), the tests and ``docs/plugin.md`` all follow it.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -288,16 +289,28 @@ def required_by(config) -> set[str]:
     """Optional targets a bag rests on, by the claim it makes.
 
     A ``bitwise`` claim on FA3 rests on the decode re-tiling
-    (``fa3_decode_tile_hook``: decode = prefill at head sizes up to 64); a
-    ``bitwise`` tree through the node path also on the node path's hooks.
+    (``fa3_decode_tile_hook``: decode = prefill at head sizes up to 64)
+    where SGLang's FA3 backend imports (where it does not, no FA3 server
+    can start, so nothing rests on it); a ``bitwise`` tree through the node
+    path also on the node path's hooks (opt-in: asked for, they are required
+    whatever the build).
     """
     required = set()
-    if config.attention_backend == "fa3" and config.logits == "bitwise":
+    if config.attention_backend == "fa3" and config.logits == "bitwise" and _fa3_backend_imports():
         required.add(fa3_decode_tile_hook.TARGET)
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
     if tree and config.tree_attention == "nodes" and config.logits == "bitwise":
         required |= {row.target for row in registry_rows() if row.hook.__module__ == tree_attention_hook.__name__}
     return required
+
+
+def _fa3_backend_imports() -> bool:
+    """SGLang's FA3 backend module imports in this build (it loads sgl_kernel's CUDA library)."""
+    try:
+        importlib.import_module(fa3_decode_tile_hook.FA_MODULE)
+    except Exception:  # ImportError, or the CUDA library failing to load: either way no FA3 server here
+        return False
+    return True
 
 
 def check_hooks_in_place(result, server_args) -> None:

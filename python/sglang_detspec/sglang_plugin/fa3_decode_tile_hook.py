@@ -104,5 +104,6 @@ def log_retiling(result, backend, *args, **kwargs):
         return None
     role = "draft" if backend.is_draft_runner else "target"
     logger.info("%s (%s model, head size %d: one-row calls run as a whole-sequence attention chunk, so "
-                "decode rounds as prefill and verify do)", RETILED_LOG, role, head_dim)
+                "decode rounds as prefill and verify do; the first server measurement of this path is pending, "
+                "docs/forward_modes.md)", RETILED_LOG, role, head_dim)
     return None

@@ -12,6 +12,8 @@ prefill at head size 64 (the comparison can see what the hook removes). At
 head size 128 the rewrite does not apply and FA3's decode already matches.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -117,3 +119,7 @@ def test_head_size_128_is_left_as_fa3_runs_it_and_already_matches():
     assert retiled_kwargs(kwargs_q, {"ver": 3, "causal": True, "max_seqlen_q": 1}) is None
     ref = prefill(q, k, v, slots)
     assert apart(decode(q, k, v, slots, list(range(LENGTH)), retile=False), ref) == []
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

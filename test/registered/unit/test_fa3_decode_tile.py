@@ -13,13 +13,17 @@ import ast
 import dataclasses
 import logging
 import os
+import sys
 import types
 
 import pytest
 import torch
+from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import DetSpecConfig
 from sglang_detspec.sglang_plugin import fa3_decode_tile_hook as tile
+
+register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
 
 ACTIVE = DetSpecConfig(deterministic=True, attention_backend="fa3", source="server_args")
 
@@ -159,3 +163,7 @@ def test_the_row_is_registered_around_the_backend_module_function():
 
     rows = [r for r in sglang_plugin.registry_rows() if r.hook is tile.decode_on_prefill_tiles]
     assert [(r.target, r.kind) for r in rows] == [(tile.TARGET, "AROUND")]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
