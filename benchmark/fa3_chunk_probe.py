@@ -133,14 +133,18 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
                           end - start, pack_gqa=pack_gqa, cu_k_new=torch.tensor([0, end], **i32)))
     chunked = torch.cat(parts)
     apart = differing_rows(chunked, decode)
-    retiled = _fa3(q, k, v, table, lens, cu, 1, pack_gqa=pack_gqa, retile=True)
+    try:  # FA3 refusing the re-tiled call is a finding of its own; the other comparisons still count
+        retiled, retile_error = _fa3(q, k, v, table, lens, cu, 1, pack_gqa=pack_gqa, retile=True), None
+    except Exception as exc:
+        retiled, retile_error = None, f"{type(exc).__name__}: {exc}"[:200]
     chunk_apart = differing_rows(chunked, prefill)
     return {"heads": heads, "kv_heads": kv_heads, "dim": dim, "length": length, "chunk": chunk,
             "pack_gqa": pack_gqa,
             "chunked_vs_decode": len(apart), "prefill_vs_decode": len(differing_rows(prefill, decode)),
             "chunked_vs_prefill": len(chunk_apart), "rows": length,
-            "retiled_decode_vs_prefill": len(differing_rows(retiled, prefill)),
-            "retiled_decode_vs_chunked": len(differing_rows(retiled, chunked)),
+            "retiled_decode_vs_prefill": None if retiled is None else len(differing_rows(retiled, prefill)),
+            "retiled_decode_vs_chunked": None if retiled is None else len(differing_rows(retiled, chunked)),
+            "retile_error": retile_error,
             "chunked_vs_prefill_first_rows": chunk_apart[:16],
             "chunked_vs_prefill_offset_in_chunk": dict(collections.Counter(p % chunk for p in chunk_apart).most_common(8)),
             "decode_with_metadata_vs_decode": None if decode_meta is None else len(differing_rows(decode_meta, decode)),

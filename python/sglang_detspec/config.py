@@ -387,7 +387,8 @@ class DetSpecConfig:
 # Attention backends whose target decode, chain verify and prefill forwards give bitwise-equal
 # logits in deterministic mode: triton through the plugin's decode hook (attention_hook.py),
 # fa3 through one causal call over the same key tiles in all three (at head sizes up to 64 the
-# plugin's decode re-tiling keeps decode on the prefill's tiles: fa3_decode_tile_hook.py). Measured:
+# plugin's decode re-tiling keeps decode on the prefill's tiles: fa3_decode_tile_hook.py, not yet
+# measured on a server). Measured for the rest:
 # docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
 BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
 # ... and whose tree verify does too, with SGLANG_DETSPEC_TREE_ATTENTION=nodes (tree_attention_hook.py).

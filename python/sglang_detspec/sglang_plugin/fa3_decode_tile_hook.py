@@ -25,8 +25,13 @@ none is given.
 Hooked symbol: ``sglang.srt.layers.attention.flashattention_backend.flash_attn_with_kvcache``
 (AROUND; SGLang's registry also rebinds the modules that imported the same
 function), and ``FlashAttentionBackend.__init__`` (AFTER) for the start-up
-line. Applies in the plugin's active runs only; every other call, and every
-call on other head sizes, is SGLang's as made.
+line. Applies in the plugin's active runs only. The registry's rebinding
+also reaches the other callers of the same function (the local-attention
+decode call, MiniCPM's sparse adapter, the draft's decode, extends of one
+token per request): each such one-row causal call at head size <= 64 gets
+the same chunk, which masks no key there either. Every other call is
+SGLang's as made. FA3's tile table is Hopper's (sm90); sgl-kernel's FA3 on
+other GPUs picks tiles elsewhere, not measured.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ WHOLE_SEQUENCE_CHUNK = 1 << 30
 FA3 = 3
 
 logger = logging.getLogger("sglang_detspec")
-# Start-up line (the E2E suites read it from a server's log).
+# Start-up line, once per FA3 backend it applies to.
 RETILED_LOG = "sglang-detspec: FA3 decode runs over the prefill's 128-key blocks"
 
 

@@ -1755,10 +1755,6 @@ def test_deepgemm_kernels_counts_the_jit_cache_folders(tmp_path, monkeypatch):
     assert run.deepgemm_kernels() == 1  # SGLang's default: <SGLANG_CACHE_DIR>/deep_gemm
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v"]))
-
-
 def test_a_command_without_b_has_no_ratio_to_b_tables():
     """The H200 run of (a) (d) (m) measured no (b): its report has the same-round ratios to (a), no table of dashes."""
     folder = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "benchmarks", "determinism_tax",
@@ -1766,3 +1762,8 @@ def test_a_command_without_b_has_no_ratio_to_b_tables():
     md = report.render_markdown(report.summarize([report.load_command(folder)]))
     assert "ratio to (b)" not in md
     assert "| (m) | 1.015 (0.883–1.113, n=3) |" in md  # the interleaved table stays
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
+
