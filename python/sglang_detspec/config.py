@@ -395,6 +395,9 @@ BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
 BITWISE_NODE_TREE_BACKENDS = ("fa3",)
 # ... whose decode is bitwise only through the plugin's one-pass decode hook (SGLANG_DETSPEC_DECODE_ATTENTION).
 ONE_PASS_DECODE_BACKENDS = ("triton",)
+# FA3 (Hopper's tile table) gives a one-row causal call other key blocks than a prefill's at head sizes up
+# to this; the plugin re-tiles those decode calls (sglang_plugin/fa3_decode_tile_hook.py).
+FA3_RETILED_MAX_HEAD_DIM = 64
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
 PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 

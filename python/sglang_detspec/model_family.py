@@ -122,6 +122,37 @@ def model_family(model_path: str | None, quantization_flag: str | None = None) -
     return traits_of(config, quantization_flag).label if isinstance(config, Mapping) else None
 
 
+def attention_head_dim(config: Mapping) -> int | None:
+    """The attention head size of a model from its ``config.json`` (a dict), multimodal ``text_config`` included.
+
+    ``head_dim`` where given, else ``hidden_size / num_attention_heads``;
+    None for MLA (``kv_lora_rank``: its attention calls take other head sizes)
+    or where neither is readable.
+    """
+    text = config.get("text_config")
+    config = text if isinstance(text, Mapping) else config
+    if config.get("kv_lora_rank") is not None:
+        return None
+    if isinstance(config.get("head_dim"), int) and config["head_dim"] > 0:
+        return config["head_dim"]
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+def head_dim_of(model_path: str | None) -> int | None:
+    """:func:`attention_head_dim` of the model at ``model_path`` (as :func:`model_family` finds it); None if unreadable."""
+    if not model_path:
+        return None
+    path = config_file(model_path)
+    try:
+        config = json.loads(Path(path).read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+    return attention_head_dim(config) if isinstance(config, Mapping) else None
+
+
 def config_file(model_path: str) -> Path | str | None:
     """A model's ``config.json``: in the local folder ``model_path``, else in the Hugging Face cache; None if absent."""
     local = Path(model_path) / "config.json"

@@ -195,6 +195,25 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
             "server's start-up line states the claim for the model it loads)"]
 
 
+def fa3_head_size_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str]:
+    """A note where an FA3 target's head size is one the plugin's decode re-tiling covers (``config.FA3_RETILED_MAX_HEAD_DIM``).
+
+    FA3 is the backend named, or the one SGLang picks on Hopper when none
+    is; the head size is read from the target's ``config.json`` (none: no note).
+    """
+    from ..config import FA3_RETILED_MAX_HEAD_DIM
+    from ..model_family import head_dim_of
+
+    if not bag.active or bag.attention_backend not in ("fa3", None):
+        return []
+    head = head_dim_of(getattr(ns, "model_path", None))
+    if head is None or head > FA3_RETILED_MAX_HEAD_DIM:
+        return []
+    return [f"on FA3 this target's head size ({head}) is one where FA3 sums a decode row's keys in other blocks "
+            "than a prefill's; the plugin runs its decode on the prefill's 128-key blocks, not yet measured on a "
+            "server past 128 tokens (docs/forward_modes.md); Triton is measured there"]
+
+
 def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
     """What start-up will spend warming DeepGEMM (``gemm_warmup_hook``), for a deterministic run of the plugin."""
     from ..config import GEMM_WARMUP_ENV
@@ -335,7 +354,7 @@ def _run(args) -> int:
 
             ns = read_launch_args(cmd[3:])
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
-                         + family_unknown_notes(bag, ns) + gemm_warmup_notes(bag)):
+                         + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag, ns) + gemm_warmup_notes(bag)):
                 _say(f"note: {note}")
     if args.dry_run:
         print(dry_run_command(cmd, env))

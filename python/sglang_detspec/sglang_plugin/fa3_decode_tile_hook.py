@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import logging
 
-from ..config import current_config
+from ..config import FA3_RETILED_MAX_HEAD_DIM, current_config
 
 FA_MODULE = "sglang.srt.layers.attention.flashattention_backend"
 TARGET = f"{FA_MODULE}.flash_attn_with_kvcache"
 INIT = f"{FA_MODULE}.FlashAttentionBackend.__init__"
 
-# FA3's tile table gives causal and unmasked one-row calls other key blocks at head sizes up to this.
-MAX_RETILED_HEAD_DIM = 64
 # Longer than any sequence a KV cache holds (int32 positions): the chunk's mask hides no key.
 WHOLE_SEQUENCE_CHUNK = 1 << 30
 FA3 = 3
@@ -67,7 +65,7 @@ def retiled_kwargs(q, kwargs: dict) -> dict | None:
     A call is rewritten when it is FA3 (``ver`` 3), causal, with one query row
     per request (``max_seqlen_q`` 1), no window, no attention chunk, no
     ``qv`` (MLA's absorbed form) and a head size of at most
-    :data:`MAX_RETILED_HEAD_DIM`. The rewrite adds ``attention_chunk`` =
+    ``config.FA3_RETILED_MAX_HEAD_DIM``. The rewrite adds ``attention_chunk`` =
     :data:`WHOLE_SEQUENCE_CHUNK` and sets ``scheduler_metadata`` to None
     (module docstring).
 
@@ -78,7 +76,7 @@ def retiled_kwargs(q, kwargs: dict) -> dict | None:
         return None
     if tuple(kwargs.get("window_size", (-1, -1))) != (-1, -1) or kwargs.get("attention_chunk"):
         return None
-    if kwargs.get("qv") is not None or q is None or q.shape[-1] > MAX_RETILED_HEAD_DIM:
+    if kwargs.get("qv") is not None or q is None or q.shape[-1] > FA3_RETILED_MAX_HEAD_DIM:
         return None
     return {**kwargs, "attention_chunk": WHOLE_SEQUENCE_CHUNK, "scheduler_metadata": None}
 
@@ -100,12 +98,12 @@ def log_retiling(result, backend, *args, **kwargs):
     """AFTER hook of ``FlashAttentionBackend.__init__``: say once per backend that its decode is re-tiled.
 
     Only where it applies: an active run, FA3, a head size of at most
-    :data:`MAX_RETILED_HEAD_DIM`, no MLA. Returns None.
+    ``config.FA3_RETILED_MAX_HEAD_DIM``, no MLA. Returns None.
     """
     head_dim = getattr(backend, "head_dim", None)
     if not current_config().active or getattr(backend, "fa_impl_ver", None) != FA3 or backend.use_mla:
         return None
-    if head_dim is None or head_dim > MAX_RETILED_HEAD_DIM:
+    if head_dim is None or head_dim > FA3_RETILED_MAX_HEAD_DIM:
         return None
     role = "draft" if backend.is_draft_runner else "target"
     logger.info("%s (%s model, head size %d: one-row calls run as a whole-sequence attention chunk, so "

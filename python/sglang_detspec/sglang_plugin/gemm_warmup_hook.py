@@ -21,11 +21,16 @@ each such interval reach every configuration (:func:`warm_rows`), about
 not per layer. On other architectures (SM100's swap-AB candidates step by
 16 rows) the hook does not warm: it logs why.
 
-The warm-up runs the row counts in ascending order for at most
-``SGLANG_DETSPEC_GEMM_WARMUP_S`` seconds (the bag's ``gemm_warmup_s``; 0
-turns it off): each new configuration is a JIT compile, and DeepGEMM keeps
-what it compiled on disk, so a later start on the same machine loads those
-and goes further. Not warmed (they compile at first use, as without the
+The warm-up runs for at most ``SGLANG_DETSPEC_GEMM_WARMUP_S`` seconds (the
+bag's ``gemm_warmup_s``; 0 turns it off): each new configuration is a JIT
+compile, and DeepGEMM keeps what it compiled on disk, so a later start on
+the same machine loads those and goes further. Order (:func:`warm_order`):
+every row count of a decode or verify batch first, ascending (every step
+meets them), then the prefill sizes above them coarse to fine, the largest
+first: a budget that runs out leaves gaps spread over the prefill range,
+not its whole top (on the H200 the ascending order reached 769 of 8,192
+rows in 60 s, and the first wave of 128 prompts still compiled:
+``docs/benchmarks/determinism_tax/2026-12-04-h200-switch-tree/``). Not warmed (they compile at first use, as without the
 plugin): row counts past the budget or above :func:`max_rows_for` (with
 chunked prefill off, a first request longer than ``max_prefill_tokens``),
 launches whose tensors would pass :data:`MAX_TENSOR_BYTES`, and the
@@ -76,6 +81,38 @@ def warm_rows(max_rows: int) -> list[int]:
         rows.update((end - ROW_CLASS + 1, end))
     rows.add(max_rows)
     return sorted(r for r in rows if r <= max_rows)
+
+
+def warm_order(rows: list[int], first_up_to: int) -> list[int]:
+    """``rows`` in warm-up order: those <= ``first_up_to`` ascending, then the rest coarse to fine.
+
+    The rest, ascending as r_1 .. r_n, go largest first, then by the
+    binary ruler of their index j (every 2^k-th before the 2^(k-1)-th ones
+    between them: j = n, then the highest power-of-two multiples, ...), so
+    any prefix of the order samples the prefill range evenly.
+
+    Args:
+        rows: distinct row counts (:func:`warm_rows`), any order.
+        first_up_to: the largest decode or verify batch's rows (0: none).
+    """
+    ordered = sorted(rows)
+    head = [r for r in ordered if r <= first_up_to]
+    rest = [r for r in ordered if r > first_up_to]
+    n = len(rest)
+
+    def ruler(j: int) -> tuple[int, int]:  # j is 1-based; the largest (j = n) sorts before every level
+        return (-(n.bit_length() + 1), 0) if j == n else (-((j & -j).bit_length()), j)
+    return head + [rest[j - 1] for j in sorted(range(1, n + 1), key=ruler)]
+
+
+def covered_up_to(rows: list[int], done) -> int:
+    """The largest row count R of ``rows`` such that every row count <= R in ``rows`` is in ``done`` (0: none)."""
+    reached = 0
+    for r in sorted(rows):
+        if r not in done:
+            break
+        reached = r
+    return reached
 
 
 def max_rows_for(chunked_prefill_size: int | None, max_prefill_tokens: int, max_running_requests: int | None,
@@ -163,8 +200,8 @@ def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
                max_tensor_bytes: int = MAX_TENSOR_BYTES, deadline: float | None = None) -> tuple[int, int, list[str]]:
     """One ``torch.mm`` per (row count, weight): SGLang's batch-invariant matmul compiles what it needs.
 
-    Row counts in ascending order, every weight at each (the small batches
-    of decode and verify first, then ever larger prefills). Each weight
+    Row counts in the order given (:func:`warm_order`), every weight at
+    each. Each weight
     [N, K] (bfloat16, on the device) is multiplied transposed, as SGLang's
     linear layers call it, by zero rows [M, K] (contiguous), without
     autograd. A (row count, weight) whose [M, K] input or [M, N] output
@@ -174,13 +211,14 @@ def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
     is queued on the GPU.
 
     Returns:
-        (launches, the last row count the loop reached (where every weight
-        that fits was launched), notes on what was left to first use).
+        (launches, the last row count the loop reached in ``rows``' order
+        (where every weight that fits was launched; 0: none), notes on what
+        was left to first use).
     """
     def fits(m: int, n: int, k: int) -> bool:
         return m * max(n, k) * 2 <= max_tensor_bytes
 
-    launched, reached, notes = 0, 0, []
+    launched, reached, done, notes = 0, 0, 0, []
     inputs = {}  # one zero input per K and device, as many rows as any weight of that K takes
     try:
         with torch.no_grad():
@@ -189,17 +227,18 @@ def warm_gemms(weights: dict[tuple[int, int], torch.Tensor], rows: list[int],
                 key = (k, weight.device)
                 if most and most > (inputs[key].shape[0] if key in inputs else 0):
                     inputs[key] = torch.zeros(most, k, dtype=weight.dtype, device=weight.device)
-                if most < rows[-1]:
+                if most < max(rows):
                     notes.append(f"N={n} K={k}: rows above {most} compile at first use")
             for m in rows:
                 if deadline is not None and time.monotonic() > deadline:
-                    notes.append(f"the time budget ran out: rows above {reached} compile at first use")
+                    notes.append(f"the time budget ran out after {done} of {len(rows)} row counts: the other "
+                                 "row counts compile at first use")
                     break
                 for (n, k), weight in weights.items():
                     if fits(m, n, k):
                         torch.mm(inputs[(k, weight.device)][:m], weight.t())
                         launched += 1
-                reached = m
+                reached, done = m, done + 1
     finally:  # the graph capture that follows gets the memory back, also after a failed launch
         inputs.clear()
         if any(w.is_cuda for w in weights.values()):
@@ -238,20 +277,24 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         schedule = get_schedule()
         # The model runner's bound is the resolved one (the schedule's is the command line's, often None).
         running = getattr(scheduler.tp_worker.model_runner, "max_running_requests", None)
-        rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens,
-                                      running or schedule.max_running_requests, bag.num_draft_tokens or 1,
-                                      bool(schedule.enable_mixed_chunk)))
+        running = running or schedule.max_running_requests
+        rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens, running,
+                                      bag.num_draft_tokens or 1, bool(schedule.enable_mixed_chunk)))
+        order = warm_order(rows, (running or 0) * max(bag.num_draft_tokens or 1, 1))
         # Weights kept on the host (--cpu-offload-gb) are multiplied elsewhere: only device weights reach DeepGEMM.
         weights = {shape: w for shape, w in gemm_weights(models_of(scheduler)).items() if w.is_cuda}
         if not weights:
             log.info("%s: no bfloat16 weight on the device reaches SGLang's matmul (quantized or offloaded)",
                      SKIPPED_LOG)
             return None
-        launched, reached, notes = warm_gemms(weights, rows, deadline=started + bag.gemm_warmup_s)
+        launched, reached, notes = warm_gemms(weights, order, deadline=started + bag.gemm_warmup_s)
+        done = set(order[:order.index(reached) + 1]) if reached else set()
     except Exception:  # speed only: what is not warmed here compiles at its first request instead
         log.warning("%s; its kernels compile at first use", FAILED_LOG, exc_info=True)
         return None
-    log.info("%s: %d launches over %d weight shapes %s, row counts up to %d of %d, in %.1f s (budget %g s, %s)%s",
-             WARMED_LOG, launched, len(weights), list(weights), reached, rows[-1], time.monotonic() - started,
-             bag.gemm_warmup_s, GEMM_WARMUP_ENV, f"; {'; '.join(notes)}" if notes else "")
+    log.info("%s: %d launches over %d weight shapes %s, %d of %d row counts up to %d (every one up to %d; decode "
+             "and verify batches first, then prefill sizes coarse to fine), in %.1f s (budget %g s, %s)%s",
+             WARMED_LOG, launched, len(weights), list(weights), len(done), len(rows), rows[-1],
+             covered_up_to(rows, done), time.monotonic() - started, bag.gemm_warmup_s, GEMM_WARMUP_ENV,
+             f"; {'; '.join(notes)}" if notes else "")
     return None

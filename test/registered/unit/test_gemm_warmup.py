@@ -130,9 +130,33 @@ def test_the_warm_up_launches_each_row_count_and_leaves_what_does_not_fit_to_fir
 def test_the_warm_up_stops_at_its_deadline_small_rows_first():
     weights = {(32, 16): torch.zeros(32, 16, dtype=torch.bfloat16)}
     launched, reached, notes = g.warm_gemms(weights, [1, 2, 3], deadline=0.0)  # long past
-    assert (launched, reached) == (0, 0) and notes == ["the time budget ran out: rows above 0 compile at first use"]
+    assert (launched, reached) == (0, 0)
+    assert notes == ["the time budget ran out after 0 of 3 row counts: the other row counts compile at first use"]
     launched, reached, notes = g.warm_gemms(weights, [1, 2, 3], deadline=float("inf"))
     assert (launched, reached, notes) == (3, 3, [])
+
+
+def test_the_order_puts_decode_rows_first_then_the_prefill_range_coarse_to_fine():
+    rows = g.warm_rows(8192)
+    order = g.warm_order(rows, 512)
+    assert sorted(order) == rows and len(set(order)) == len(order)  # a permutation
+    decode = [r for r in rows if r <= 512]
+    assert order[:len(decode)] == decode  # every decode / verify batch first, ascending
+    rest = order[len(decode):]
+    assert rest[0] == 8192  # the chunk itself first
+    # Any prefix samples the range: after a quarter of the rest, no gap wider than a quarter of it.
+    quarter = sorted(rest[:len(rest) // 4]) + [8192]
+    span = 8192 - 512
+    assert max(b - a for a, b in zip([512] + quarter, quarter)) <= span // 4 + 64
+    assert g.warm_order([5, 1, 3], 0) == [5, 3, 1]  # the largest, then index 2 (a power of two), then index 1
+    assert g.warm_order([1, 2, 3], 10) == [1, 2, 3]  # all decode rows: ascending
+
+
+def test_coverage_is_the_contiguous_prefix_of_the_rows_warmed():
+    rows = [1, 2, 3, 64, 65, 128]
+    assert g.covered_up_to(rows, {1, 2, 3, 128}) == 3
+    assert g.covered_up_to(rows, set(rows)) == 128
+    assert g.covered_up_to(rows, {2, 3}) == 0
 
 
 def test_the_budget_setting_is_checked_and_named():

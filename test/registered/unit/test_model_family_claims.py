@@ -16,8 +16,8 @@ import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
-from sglang_detspec.model_family import (DENSE, MEASURED_BITWISE, ModelTraits, family_claim, family_note,
-                                         model_family, traits_of)
+from sglang_detspec.model_family import (DENSE, MEASURED_BITWISE, ModelTraits, attention_head_dim, family_claim,
+                                         family_note, head_dim_of, model_family, traits_of)
 from sglang_detspec.sglang_plugin import resolve
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
@@ -83,6 +83,17 @@ def test_model_family_reads_the_folder_and_tolerates_what_it_cannot_read(tiny, t
     assert model_family(None) is None and model_family(str(tmp_path / "absent")) is None
     (tmp_path / "config.json").write_text("{not json")
     assert model_family(str(tmp_path)) is None
+
+
+def test_the_head_size_follows_the_config_and_mla_has_none(tiny, tmp_path):
+    assert attention_head_dim({"hidden_size": 256, "num_attention_heads": 4}) == 64
+    assert attention_head_dim({"hidden_size": 256, "num_attention_heads": 4, "head_dim": 96}) == 96
+    assert attention_head_dim({"text_config": {"hidden_size": 4096, "num_attention_heads": 32}}) == 128
+    assert attention_head_dim({"hidden_size": 256}) is None
+    assert head_dim_of(str(tiny / "deepseek_v3")) is None  # MLA: kv_lora_rank
+    assert head_dim_of(str(tiny / "qwen3_moe")) == json.loads((tiny / "qwen3_moe" / "config.json").read_text())[
+        "head_dim"]
+    assert head_dim_of(None) is None and head_dim_of(str(tmp_path / "absent")) is None
 
 
 def _server_args(model, flags):

@@ -1,6 +1,7 @@
 """`detspec serve`: the command it runs, read by SGLang's own parser; its start-up check; its help and usage errors."""
 
 import argparse
+import json
 import re
 import shlex
 import sys
@@ -321,6 +322,19 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
     assert rc == 0 and "could not be read" not in err
+
+
+@pytest.mark.parametrize("head_dim, backend, noted", [
+    (64, "fa3", True), (32, "fa3", True), (128, "fa3", False), (64, "triton", False), (64, None, True),
+])
+def test_the_dry_run_notes_fa3_head_sizes_the_decode_re_tiling_covers(capsys, tmp_path, head_dim, backend, noted):
+    """FA3 (named, or SGLang's pick on Hopper when none is) at head sizes up to 64: the re-tiling is noted, unmeasured."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                      "hidden_size": 4 * head_dim, "num_attention_heads": 4}))
+    flags = ["--attention-backend", backend] if backend else []
+    rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN, *flags])
+    assert rc == 0
+    assert (f"this target's head size ({head_dim}) is one where FA3 sums a decode row's keys" in err) is noted
 
 
 def test_a_server_without_speculative_decoding_says_why_it_claims_tokens_too(capsys):
