@@ -112,14 +112,8 @@ def model_family(model_path: str | None, quantization_flag: str | None = None) -
     None when the path is not given or its ``config.json`` cannot be read: the
     claim then follows the attention backend alone, as before the family was known.
     """
-    if not model_path:
-        return None
-    path = config_file(model_path)
-    try:
-        config = json.loads(Path(path).read_text()) if path else None
-    except (OSError, ValueError):
-        return None
-    return traits_of(config, quantization_flag).label if isinstance(config, Mapping) else None
+    config = read_config(model_path)
+    return None if config is None else traits_of(config, quantization_flag).label
 
 
 def attention_head_dim(config: Mapping) -> int | None:
@@ -143,6 +137,12 @@ def attention_head_dim(config: Mapping) -> int | None:
 
 def head_dim_of(model_path: str | None) -> int | None:
     """:func:`attention_head_dim` of the model at ``model_path`` (as :func:`model_family` finds it); None if unreadable."""
+    config = read_config(model_path)
+    return None if config is None else attention_head_dim(config)
+
+
+def read_config(model_path: str | None) -> Mapping | None:
+    """The parsed ``config.json`` of the model at ``model_path`` (:func:`config_file`); None if absent or unreadable."""
     if not model_path:
         return None
     path = config_file(model_path)
@@ -150,7 +150,7 @@ def head_dim_of(model_path: str | None) -> int | None:
         config = json.loads(Path(path).read_text()) if path else None
     except (OSError, ValueError):
         return None
-    return attention_head_dim(config) if isinstance(config, Mapping) else None
+    return config if isinstance(config, Mapping) else None
 
 
 def config_file(model_path: str) -> Path | str | None:

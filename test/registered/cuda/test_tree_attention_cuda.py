@@ -16,15 +16,12 @@ rounding).
 import pytest
 import torch
 
+from _fa3 import fa3_or_skip
 from _register import register_cuda_ci
 
 register_cuda_ci(est_time=30, suite="detspec-kernels-cuda")
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU (FA3 is a CUDA kernel)", allow_module_level=True)
-if torch.cuda.get_device_capability()[0] != 9:
-    pytest.skip("needs a Hopper GPU (FA3 is built for sm90)", allow_module_level=True)
-fa = pytest.importorskip("sglang.kernels.ops.attention.flash_attention", reason="needs SGLang's FA3 kernels")
+fa = fa3_or_skip()
 
 from sglang_detspec.ops.node_rows import ancestor_layout, node_key_lists  # noqa: E402
 
