@@ -408,9 +408,9 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
     the same bits in decode, verify, prefill, re-prefill after a retraction
-    and extend after a radix-cache hit (on fa3, decode against a prefill of
-    the same tokens only where they were prefilled in one chunk: a chunked
-    prefill was 6 of 1,024 logprobs apart, ``docs/forward_modes.md``). ``tokens``: the forwards may round one
+    and extend after a radix-cache hit (on fa3 at head sizes up to 64 through
+    the plugin's decode re-tiling, not yet measured on a server past 128
+    keys, ``docs/forward_modes.md``). ``tokens``: the forwards may round one
     logit apart (about one bf16 step), so a token equals the other mode's
     unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
     are ``tokens`` (their verify masks interleave other branches' keys, or, on

@@ -89,7 +89,9 @@ def warm_order(rows: list[int], first_up_to: int) -> list[int]:
     The rest, ascending as r_1 .. r_n, go largest first, then by the
     binary ruler of their index j (every 2^k-th before the 2^(k-1)-th ones
     between them: j = n, then the highest power-of-two multiples, ...), so
-    any prefix of the order samples the prefill range evenly.
+    any prefix of the order samples the list of prefill row counts evenly
+    by position (of each 64-row interval's two ends, the upper ones come
+    before the lower ones).
 
     Args:
         rows: distinct row counts (:func:`warm_rows`), any order.
@@ -103,6 +105,29 @@ def warm_order(rows: list[int], first_up_to: int) -> list[int]:
     def ruler(j: int) -> tuple[int, int]:  # j is 1-based; the largest (j = n) sorts before every level
         return (-(n.bit_length() + 1), 0) if j == n else (-((j & -j).bit_length()), j)
     return head + [rest[j - 1] for j in sorted(range(1, n + 1), key=ruler)]
+
+
+def first_rows(running: int | None, graph_max_bs: int | None, tokens_per_request: int) -> int:
+    """Rows of the largest decode or verify batch :func:`warm_order` takes first (0: none known).
+
+    The batch bound is the largest CUDA-graph decode batch where SGLang
+    captures any (larger batches run eagerly and are rare), else the running
+    bound; SGLang's default running bound (thousands) would otherwise cover
+    every prefill size and leave nothing coarse to fine.
+    """
+    bounds = [b for b in (running, graph_max_bs) if b and b > 0]
+    return min(bounds) * max(tokens_per_request, 1) if bounds else 0
+
+
+def _graph_max_bs() -> int | None:
+    """The largest decode batch SGLang captures a CUDA graph for (``cuda_graph_config.decode.bs``), None if unknown."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        sizes = get_exec().graph.cuda_graph_config.decode.bs
+        return max(sizes) if sizes else None
+    except Exception:  # no graph config (graphs off) or another layout: the running bound alone
+        return None
 
 
 def covered_up_to(rows: list[int], done) -> int:
@@ -280,7 +305,9 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         running = running or schedule.max_running_requests
         rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens, running,
                                       bag.num_draft_tokens or 1, bool(schedule.enable_mixed_chunk)))
-        order = warm_order(rows, (running or 0) * max(bag.num_draft_tokens or 1, 1))
+        first = first_rows(running, _graph_max_bs(), bag.num_draft_tokens or 1)
+        order = warm_order(rows, first)
+        head = sum(r <= first for r in rows)
         # Weights kept on the host (--cpu-offload-gb) are multiplied elsewhere: only device weights reach DeepGEMM.
         weights = {shape: w for shape, w in gemm_weights(models_of(scheduler)).items() if w.is_cuda}
         if not weights:
@@ -292,9 +319,9 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
     except Exception:  # speed only: what is not warmed here compiles at its first request instead
         log.warning("%s; its kernels compile at first use", FAILED_LOG, exc_info=True)
         return None
-    log.info("%s: %d launches over %d weight shapes %s, %d of %d row counts up to %d (every one up to %d; decode "
-             "and verify batches first, then prefill sizes coarse to fine), in %.1f s (budget %g s, %s)%s",
-             WARMED_LOG, launched, len(weights), list(weights), len(done), len(rows), rows[-1],
-             covered_up_to(rows, done), time.monotonic() - started, bag.gemm_warmup_s, GEMM_WARMUP_ENV,
-             f"; {'; '.join(notes)}" if notes else "")
+    log.info("%s: %d launches over %d weight shapes %s, %d of %d row counts up to %d (every one up to %d; the %d "
+             "up to %d decode and verify rows first, then %d larger ones coarse to fine), in %.1f s (budget %g s, "
+             "%s)%s", WARMED_LOG, launched, len(weights), list(weights), len(done), len(rows), rows[-1],
+             covered_up_to(rows, done), head, first, len(rows) - head, time.monotonic() - started,
+             bag.gemm_warmup_s, GEMM_WARMUP_ENV, f"; {'; '.join(notes)}" if notes else "")
     return None

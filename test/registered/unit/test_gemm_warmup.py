@@ -152,6 +152,23 @@ def test_the_order_puts_decode_rows_first_then_the_prefill_range_coarse_to_fine(
     assert g.warm_order([1, 2, 3], 10) == [1, 2, 3]  # all decode rows: ascending
 
 
+@pytest.mark.parametrize("running, graph_bs, tokens, expected", [
+    (4096, 48, 4, 192),   # SGLang's default running bound: the CUDA-graph bound decides
+    (32, 48, 8, 256),     # a smaller running bound decides
+    (32, None, 4, 128),   # graphs off: the running bound
+    (None, 48, 1, 48),
+    (None, None, 4, 0),   # nothing known: no decode rows first
+])
+def test_the_rows_taken_first_are_the_largest_graph_or_running_batch(running, graph_bs, tokens, expected):
+    assert g.first_rows(running, graph_bs, tokens) == expected
+
+
+def test_with_sglangs_default_running_bound_the_prefill_range_is_still_coarse_to_fine():
+    rows = g.warm_rows(8192)
+    order = g.warm_order(rows, g.first_rows(4096, 512, 4))  # 512 captured batches x 4 rows: 2,048
+    assert order != sorted(rows) and order[sum(r <= 2048 for r in rows)] == 8192
+
+
 def test_coverage_is_the_contiguous_prefix_of_the_rows_warmed():
     rows = [1, 2, 3, 64, 65, 128]
     assert g.covered_up_to(rows, {1, 2, 3, 128}) == 3

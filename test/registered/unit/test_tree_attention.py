@@ -356,7 +356,7 @@ def test_the_setting_and_the_claim():
     assert bag.logits == "bitwise" and "tree_attention='nodes'" in bag.describe()
 
 
-def test_a_bitwise_tree_claim_requires_the_node_hooks():
+def test_a_bitwise_tree_claim_requires_the_node_hooks(monkeypatch):
     """Where the bag claims bitwise trees through the node path, its FA3 hooks are required at start-up.
 
     On a CPU-only SGLang build the FA3 backend does not import, so start-up
@@ -371,15 +371,20 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks():
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                         attention_backend="fa3", tree_attention="nodes", source="server_args")
     node_rows = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__ == tah.__name__}
-    # Every bitwise FA3 claim rests on the decode re-tiling where SGLang's FA3 backend imports (a CUDA build).
-    retile = {fa3_decode_tile_hook.TARGET} if sglang_plugin._fa3_backend_imports() else set()
-
+    retile = {fa3_decode_tile_hook.TARGET}
+    chain = dataclasses.replace(bag, eagle_topk=1)
+    # Every bitwise FA3 claim rests on the decode re-tiling where SGLang's FA3 backend imports (a CUDA build) ...
+    monkeypatch.setattr(sglang_plugin, "_fa3_backend_imports", lambda: True)
     assert len(node_rows) == 5 and sglang_plugin.required_by(bag) == node_rows | retile
-    assert sglang_plugin.required_by(dataclasses.replace(bag, eagle_topk=1)) == retile
+    assert sglang_plugin.required_by(chain) == retile
     for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, attention_backend="triton")):
         assert sglang_plugin.required_by(other) == set()
+    # ... and on nothing where it does not (no FA3 server can start there); the opt-in node path still is.
+    monkeypatch.setattr(sglang_plugin, "_fa3_backend_imports", lambda: False)
+    assert sglang_plugin.required_by(bag) == node_rows and sglang_plugin.required_by(chain) == set()
+    monkeypatch.undo()
     if not torch.cuda.is_available():
-        assert retile == set()  # the FA3 backend does not import without CUDA
+        assert not sglang_plugin._fa3_backend_imports()  # the FA3 backend does not import without CUDA
         problems = sglang_plugin.hook_problems(applied=False, config=bag)
         assert sorted(problems) == sorted(f"{t} is not found in SGLang 0.5.23" for t in node_rows)
         assert sglang_plugin.hook_problems(applied=False, config=dataclasses.replace(bag, tree_attention="cascade")) == []
