@@ -57,6 +57,11 @@ FORWARD = f"{_V2}.EAGLEWorkerV2.forward_batch_generation"
 DRAFT = f"{_V2}.EagleDraftWorker.draft"
 # Logged at the first switch to the chain and the first back to the tree (the suites' positive control).
 SWITCH_LOG = "sglang-detspec: draft shape switched to"
+# Every SUMMARY_S seconds of steps, how often the shape switched and how many steps ran in each: the first
+# switch each way is logged, later ones only counted (batches cross the bound as requests come and go).
+SUMMARY_LOG = "sglang-detspec: draft shapes in the last"
+SUMMARY_S = 60.0
+STEP_KINDS = ("chain decode", "tree decode", "prefill or extend")
 # Beside each logged switch on a decode batch: SGLang's flag for its target verify under a CUDA graph (True / False).
 VERIFY_GRAPH_LOG = "verify CUDA graph:"
 _CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
@@ -105,10 +110,24 @@ class Shapes:
     threshold: int
     active: ShapeState
     switches: int = 0
+    # The current summary window (SUMMARY_S): its start (time.monotonic()), switches and steps by kind.
+    window_start: float = dataclasses.field(default_factory=time.monotonic)
+    window_switches: int = 0
+    window_steps: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
 
     def for_batch(self, decode: bool, batch_size: int) -> ShapeState:
         """The chain for decode batches of more than :attr:`threshold` requests, else the tree."""
         return self.chain if decode and batch_size > self.threshold else self.tree
+
+    def summary(self, now: float) -> str | None:
+        """The window's summary line once it is :data:`SUMMARY_S` old (then a new window starts), else None."""
+        if now - self.window_start < SUMMARY_S:
+            return None
+        steps = ", ".join(f"{kind} {n}" for kind, n in self.window_steps.items())
+        line = (f"{SUMMARY_LOG} {now - self.window_start:.0f} s: {self.window_switches} switches; steps: {steps}")
+        self.window_start, self.window_switches = now, 0
+        self.window_steps = dict.fromkeys(STEP_KINDS, 0)
+        return line
 
 
 def current_state(worker) -> ShapeState:
@@ -313,8 +332,14 @@ def run_in_shape(original, self, batch, *args, **kwargs):
         apply_state(self, state, shapes.tree.topk)
         shapes.active = state
         shapes.switches += 1
+        shapes.window_switches += 1
         announce = shapes.switches <= 2  # the first switch each way; later ones are routine
+    kind = STEP_KINDS[0 if state is shapes.chain else 1] if decode else STEP_KINDS[2]
+    shapes.window_steps[kind] += 1
     result = original(self, batch, *args, **kwargs)
+    line = shapes.summary(time.monotonic())
+    if line:
+        logging.getLogger("sglang_detspec").info("%s", line)
     if announce:
         # A decode step's result says whether its target verify replayed a CUDA graph (host flag, no sync).
         graph = f"; {VERIFY_GRAPH_LOG} {getattr(result, 'can_run_cuda_graph', None)}" if decode else ""

@@ -210,6 +210,37 @@ def test_each_step_runs_in_the_state_of_its_batch(caplog):
     assert channels.DRAFT_SHAPES.read(worker).switches == 7
 
 
+def test_a_summary_counts_switches_and_steps_once_a_window_is_full(caplog, monkeypatch):
+    """Every SUMMARY_S seconds of steps the worker logs its switches and its steps by kind, then starts a new window."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    worker, tree, chain = switching_worker()
+    shapes = channels.DRAFT_SHAPES.read(worker)
+    clock = [1000.0]
+    monkeypatch.setattr(shape_hook.time, "monotonic", lambda: clock[0])
+    shapes.window_start = 1000.0
+
+    def sglang_step(self, batch, **kwargs):
+        return GenerationBatchResult(can_run_cuda_graph=True)
+
+    def batch(mode, size):
+        return type("Batch", (), {"forward_mode": mode, "is_extend_in_batch": False,
+                                  "seq_lens": torch.zeros(size, dtype=torch.int64)})()
+
+    caplog.set_level("INFO", logger="sglang_detspec")
+    for mode, size in [(ForwardMode.DECODE, 4), (ForwardMode.DECODE, 5), (ForwardMode.EXTEND, 2),
+                       (ForwardMode.DECODE, 2)]:
+        shape_hook.run_in_shape(sglang_step, worker, batch(mode, size))
+    assert not [r for r in caplog.records if shape_hook.SUMMARY_LOG in r.getMessage()]  # the window is not full
+    clock[0] += shape_hook.SUMMARY_S
+    shape_hook.run_in_shape(sglang_step, worker, batch(ForwardMode.DECODE, 6))
+    lines = [r.getMessage() for r in caplog.records if shape_hook.SUMMARY_LOG in r.getMessage()]
+    assert lines == [f"{shape_hook.SUMMARY_LOG} 60 s: 3 switches; steps: chain decode 3, tree decode 1, "
+                     "prefill or extend 1"]
+    assert shapes.window_switches == 0 and sum(shapes.window_steps.values()) == 0 and shapes.window_start == 1060.0
+
+
 def test_the_start_up_line_names_the_chain_verify_graph_sizes():
     """SGLang logs no capture line for the chain's verify graph runner: the plugin's line is the record."""
 
