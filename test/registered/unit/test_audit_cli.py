@@ -418,13 +418,17 @@ def test_ctrl_c_in_a_real_process_exits_130(tmp_path):
     # SIGINT to a running `detspec audit`: the interpreter raises KeyboardInterrupt wherever it is.
     # A command started in the background by a non-interactive shell inherits SIGINT ignored, and Python
     # then installs no handler; a user's terminal gives Python's own, which the child sets explicitly.
+    # The child says when its imports are done (on a loaded machine they can take longer than a fixed wait,
+    # and an interrupt inside an import is not the audit's), then the audit runs for about 20 s.
     child = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             "from sglang_detspec.cli.main import main; sys.exit(main())")
+             "from sglang_detspec.cli.main import main; print('imported', file=sys.stderr, flush=True); "
+             "sys.exit(main())")
     proc = subprocess.Popen(
         [sys.executable, "-c", child, "audit", "--trials", "25"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    time.sleep(3)
+    assert proc.stderr.readline().strip() == "imported"
+    time.sleep(1)
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130
