@@ -418,11 +418,12 @@ def test_ctrl_c_in_a_real_process_exits_130(tmp_path):
     # SIGINT to a running `detspec audit`: the interpreter raises KeyboardInterrupt wherever it is.
     # A command started in the background by a non-interactive shell inherits SIGINT ignored, and Python
     # then installs no handler; a user's terminal gives Python's own, which the child sets explicitly.
-    # The child says when its imports are done (on a loaded machine they can take longer than a fixed wait,
-    # and an interrupt inside an import is not the audit's), then the audit runs for about 20 s.
+    # The child says when its imports are done, the audit's lazy ones (torch, the reference engine) included,
+    # then the audit runs for about 20 s. An interrupt inside an import is not the audit's: on a fresh clone
+    # torch's first import outlasted a fixed wait, and SIGINT inside numpy's import left it half-built (exit 1).
     child = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             "from sglang_detspec.cli.main import main; print('imported', file=sys.stderr, flush=True); "
-             "sys.exit(main())")
+             "import torch, sglang_detspec.reference; from sglang_detspec.cli.main import main; "
+             "print('imported', file=sys.stderr, flush=True); sys.exit(main())")
     proc = subprocess.Popen(
         [sys.executable, "-c", child, "audit", "--trials", "25"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
