@@ -18,10 +18,17 @@ for one sequence of ``L`` tokens:
   causal call over keys ``[0, (c + 1) C)``, one call per chunk, as a
   chunked prefill's extend does.
 
-- ``retiled``: the decode rows through the plugin's FA3 decode re-tiling
+- ``retiled``: the decode rows through the plugin's FA3 decode rewrite
   (``sglang_plugin/fa3_decode_tile_hook.retiled_kwargs``: at head sizes up to
-  64 a whole-sequence attention chunk, so FA3 keeps the prefill's 128-key
-  blocks); at larger head sizes the rule leaves the call as it is.
+  64 ``max_seqlen_q`` 2, so FA3 keeps the causal flag and the prefill's
+  kernel); at larger head sizes the rule leaves the call as it is.
+- ``decode_variants``: the decode rows as FA3 runs them with other flags,
+  each against the prefill and against SGLang's own decode (0 there: the
+  variant changed nothing), with the rows past 128 keys that equal the
+  prefill as ranges: ``sglang`` (as SGLang calls it), ``chunk`` (a
+  whole-sequence attention chunk: the plugin's first rewrite, which did not
+  change the bits), ``max_seqlen_q_2`` (the plugin's rewrite), ``unmasked``
+  (``causal`` False, what FA3 makes of SGLang's call at head size <= 64).
 
 Per configuration (head count, KV heads, head size, ``L``, chunk ``C``) it
 counts the rows whose output differs in any bit, for chunked against decode,
@@ -89,6 +96,43 @@ def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None, schedule
     return flash_attn_with_kvcache(**kwargs)
 
 
+def ranges(rows: list[int], limit: int = 12) -> list[list[int]]:
+    """Sorted row indices as inclusive ``[first, last]`` runs, the first ``limit`` of them."""
+    runs: list[list[int]] = []
+    for r in sorted(rows):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return runs[:limit]
+
+
+# name -> the keywords that differ from SGLang's decode call (``decode_variants`` in the module docstring)
+DECODE_VARIANTS = {"sglang": {}, "chunk": {"attention_chunk": 1 << 30, "scheduler_metadata": None},
+                   "max_seqlen_q_2": {"max_seqlen_q": 2, "scheduler_metadata": None}, "unmasked": {"causal": False}}
+
+
+def _decode_variants(q, k, v, table, lens, cu, prefill, pack_gqa) -> dict:
+    from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
+
+    base = dict(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens, cu_seqlens_q=cu, max_seqlen_q=1,
+                softmax_scale=q.shape[-1] ** -0.5, causal=True, window_size=(-1, -1), num_splits=1,
+                pack_gqa=pack_gqa, ver=3)
+    outs, found = {}, {}
+    for name, over in DECODE_VARIANTS.items():
+        try:
+            outs[name] = flash_attn_with_kvcache(**{**base, **over})
+        except Exception as exc:  # a variant FA3 refuses is a finding
+            found[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    for name, out in outs.items():
+        apart = set(differing_rows(out, prefill))
+        found[name] = {"vs_prefill": len(apart),
+                       "vs_sglang_decode": None if "sglang" not in outs else len(differing_rows(out, outs["sglang"])),
+                       "equal_rows_past_128": ranges([r for r in range(128, out.shape[0]) if r not in apart]),
+                       "error": None}
+    return found
+
+
 def _decode_metadata(heads: int, kv_heads: int, dim: int, lens: torch.Tensor, cu_q: torch.Tensor, pack_gqa):
     """The FA3 scheduler metadata SGLang's decode precomputes (``FlashAttentionBackend._compute_scheduler_metadata``).
 
@@ -138,6 +182,7 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
     except Exception as exc:
         retiled, retile_error = None, f"{type(exc).__name__}: {exc}"[:200]
     chunk_apart = differing_rows(chunked, prefill)
+    variants = _decode_variants(q, k, v, table, lens, cu, prefill, pack_gqa)
     return {"heads": heads, "kv_heads": kv_heads, "dim": dim, "length": length, "chunk": chunk,
             "pack_gqa": pack_gqa,
             "chunked_vs_decode": len(apart), "prefill_vs_decode": len(differing_rows(prefill, decode)),
@@ -146,6 +191,8 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
             "retiled_decode_vs_chunked": None if retiled is None else len(differing_rows(retiled, chunked)),
             "retile_error": retile_error,
             "chunked_vs_prefill_first_rows": chunk_apart[:16],
+            "chunked_vs_prefill_ranges": ranges(chunk_apart),
+            "decode_variants": variants,
             "chunked_vs_prefill_offset_in_chunk": dict(collections.Counter(p % chunk for p in chunk_apart).most_common(8)),
             "decode_with_metadata_vs_decode": None if decode_meta is None else len(differing_rows(decode_meta, decode)),
             "chunked_vs_decode_with_metadata": None if decode_meta is None else len(differing_rows(chunked,

@@ -37,11 +37,17 @@ token ``i`` is the word ``t<i>``, ids 0-2 are ``<unk>``, ``<s>``, ``</s>``),
 so servers started without ``--skip-tokenizer-init`` (SGLang's OpenAI
 endpoints need one to build their responses' text) can load them.
 
-Usage: python scripts/make_tiny_models.py OUT_DIR [--vocab N]
+Usage: python scripts/make_tiny_models.py OUT_DIR [--vocab N] [--attention-scale S]
 
 ``--vocab`` (default 4096) sets every model's vocabulary and the tokenizer's;
 SGLang's own determinism harness (``sglang.test.test_deterministic``) sends
 token ids up to 50,000, so its suite writes a set at a 128K vocabulary.
+``--attention-scale`` (default :data:`TARGET_ATTENTION_SCALE`) scales the
+target's attention output projection. At the default one bit of an attention
+output seldom reaches a logit (the residual is about a thousand times larger),
+so a suite that must see attention bits (decode against prefill) writes its
+set with a scale near :data:`ATTENTION_VISIBLE_SCALE`, where the attention
+output is about the residual's size.
 """
 
 from __future__ import annotations
@@ -56,6 +62,11 @@ from safetensors.torch import save_file
 
 VOCAB, HIDDEN, INTER, HEADS, LAYERS = 4096, 256, 512, 4, 2
 LOGIT_STD = 3.0  # spread of the bigram logits: sampled, not near-greedy
+# The target's attention output scale: small, so the model stays close to its bigram (drafts are accepted).
+TARGET_ATTENTION_SCALE = 1e-3
+# At this scale the target's attention output has about the residual's RMS (1) over a few hundred random
+# tokens (0.13 at scale 1), so a bit that differs in it reaches the logits.
+ATTENTION_VISIBLE_SCALE = 8.0
 # SGLang 0.5.23 builds every Step3p5 MTP block as decoder layer 45 (a literal in
 # models/step3p5_mtp.py, Step-3.5-Flash's depth) and runs its attention as KV
 # layer 45 - num_hidden_layers of the draft's one-layer KV pool, so the trunk
@@ -92,7 +103,10 @@ def llama_config(architecture: str, layers: int, vocab: int = VOCAB) -> dict:
     }
 
 
-def layer_weights(prefix: str, gen: torch.Generator, out_scale: float, with_input_norm: bool) -> dict:
+def layer_weights(prefix: str, gen: torch.Generator, out_scale: float, with_input_norm: bool,
+                  attention_scale: float | None = None) -> dict:
+    """One decoder layer's weights; ``out_scale`` scales the MLP's output and, unless ``attention_scale`` is
+    given, the attention's output projection too. Every weight is drawn in the same order either way."""
     def rand(*shape, std):
         return torch.randn(*shape, generator=gen) * std
 
@@ -101,7 +115,8 @@ def layer_weights(prefix: str, gen: torch.Generator, out_scale: float, with_inpu
         f"{prefix}.self_attn.q_proj.weight": rand(HIDDEN, HIDDEN, std=std),
         f"{prefix}.self_attn.k_proj.weight": rand(HIDDEN, HIDDEN, std=std),
         f"{prefix}.self_attn.v_proj.weight": rand(HIDDEN, HIDDEN, std=std),
-        f"{prefix}.self_attn.o_proj.weight": rand(HIDDEN, HIDDEN, std=std) * out_scale,
+        f"{prefix}.self_attn.o_proj.weight": rand(HIDDEN, HIDDEN, std=std) * (
+            out_scale if attention_scale is None else attention_scale),
         f"{prefix}.mlp.gate_proj.weight": rand(INTER, HIDDEN, std=std),
         f"{prefix}.mlp.up_proj.weight": rand(INTER, HIDDEN, std=std),
         f"{prefix}.mlp.down_proj.weight": rand(HIDDEN, INTER, std=INTER**-0.5) * out_scale,
@@ -396,14 +411,19 @@ def write(folder: str, config: dict, weights: dict) -> None:
     save_file({k: stored(k, v) for k, v in weights.items()}, os.path.join(folder, "model.safetensors"))
 
 
-def main(out_dir: str, vocab: int = VOCAB) -> None:
+def main(out_dir: str, vocab: int = VOCAB, attention_scale: float = TARGET_ATTENTION_SCALE) -> None:
     """Write every tiny model (and the tokenizers) under ``out_dir`` at a vocabulary of ``vocab`` tokens.
 
+    ``attention_scale`` scales the target's attention output projection (module docstring).
+
     Raises:
-        ValueError: ``vocab`` below 8 (the special tokens and a reduced EAGLE3 vocabulary need room).
+        ValueError: ``vocab`` below 8 (the special tokens and a reduced EAGLE3 vocabulary need room), or
+            ``attention_scale`` not a finite number > 0.
     """
     if not isinstance(vocab, int) or vocab < 8:
         raise ValueError(f"vocab must be an integer >= 8, got {vocab!r}")
+    if not (isinstance(attention_scale, (int, float)) and 0 < attention_scale < float("inf")):
+        raise ValueError(f"attention_scale must be a finite number > 0, got {attention_scale!r}")
     gen = torch.Generator().manual_seed(20261129)
     embed = torch.randn(vocab, HIDDEN, generator=gen)
     embed /= embed.pow(2).mean(dim=1, keepdim=True).sqrt()  # RMS 1: the final norm is nearly the identity
@@ -413,7 +433,8 @@ def main(out_dir: str, vocab: int = VOCAB) -> None:
         "lm_head.weight": torch.randn(vocab, HIDDEN, generator=gen) * (LOGIT_STD / HIDDEN**0.5),
     }
     for i in range(LAYERS):
-        target.update(layer_weights(f"model.layers.{i}", gen, out_scale=1e-3, with_input_norm=True))
+        target.update(layer_weights(f"model.layers.{i}", gen, out_scale=1e-3, with_input_norm=True,
+                                    attention_scale=attention_scale))
     write(os.path.join(out_dir, "target"), llama_config("LlamaForCausalLM", LAYERS, vocab), target)
 
     # EAGLE draft: names without the "model." prefix; embed and lm_head are the target's.
@@ -434,7 +455,7 @@ def main(out_dir: str, vocab: int = VOCAB) -> None:
     write_mimo(out_dir, gen, embed, target["lm_head.weight"])
     for folder in ("target", "mtp", "mimo"):
         write_tokenizer(os.path.join(out_dir, folder), vocab)
-    if vocab != VOCAB:  # a vocabulary of its own is asked for by the suites that need it; the families keep theirs
+    if vocab != VOCAB or attention_scale != TARGET_ATTENTION_SCALE:  # a suite's own set; the families keep theirs
         print(f"wrote target/, eagle/, eagle_random/, mtp/, eagle3/, eagle3_full/, mimo/ (tokenizers in target/, "
               f"mtp/ and mimo/) under {out_dir}")
         return
@@ -454,5 +475,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("out_dir")
     parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary of every model and tokenizer")
+    parser.add_argument("--attention-scale", type=float, default=TARGET_ATTENTION_SCALE,
+                        help="scale of the target's attention output projection (module docstring)")
     cli = parser.parse_args()
-    main(cli.out_dir, cli.vocab)
+    main(cli.out_dir, cli.vocab, cli.attention_scale)

@@ -210,8 +210,8 @@ def fa3_head_size_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str]
     if head is None or head > FA3_RETILED_MAX_HEAD_DIM:
         return []
     return [f"on FA3 this target's head size ({head}) is one where FA3 sums a decode row's keys in other blocks "
-            "than a prefill's; the plugin runs its decode on the prefill's 128-key blocks, not yet measured on a "
-            "server (docs/forward_modes.md): until it is, use --attention-backend triton where logits or a "
+            "than a prefill's; the plugin keeps its decode on FA3's causal kernel, not yet measured on a "
+            "GPU (docs/forward_modes.md): until it is, use --attention-backend triton where logits or a "
             "prefill recompute must match to the bit past 128 tokens"]
 
 

@@ -45,8 +45,8 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``attention_hook``: the target's Triton decode attention runs the kernel
   its verify and prefill run, so their logits are bitwise equal.
 - ``fa3_decode_tile_hook``: FA3's one-row (decode) calls at head sizes up
-  to 64 run over the 128-key blocks its prefill and verify use, so decode
-  logits equal prefill logits bit for bit there too.
+  to 64 keep FA3's causal flag, so they run the kernel its prefill and
+  verify run (decode = prefill bit for bit is not yet measured there).
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.

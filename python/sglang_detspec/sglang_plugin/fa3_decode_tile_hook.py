@@ -1,26 +1,26 @@
-"""FA3 decode over the prefill's key tiles at head sizes up to 64, so decode = verify = prefill bit for bit.
+"""FA3 decode through the causal kernel its prefill uses, at head sizes up to 64, so decode = verify = prefill.
 
-Why: FA3 on Hopper sums a query row's keys block by block, and the block
-width comes from its tile table (``tile_size_fwd_sm90``): at head sizes up to
-64 a causal or local call gets 128-key blocks, any other call 192-key ones.
-A decode step is a causal call with one query row, and FA3 drops the causal
-flag of such a call (its mask is empty) for head sizes up to 64 unless a
-window or an attention chunk is set; the call then runs with 192-key blocks
-while a prefill, a chunked prefill and a chain verify of the same row run
-causal with 128-key blocks. The online softmax rescales once per block, so
-from key 128 on a decode row rounds apart from the same row in a prefill:
-on the H200, 964 of 1,100 rows at head size 64, none at head size 128
+Why: at head sizes up to 64 FA3 drops the causal flag of a call with one
+query row (``max_seqlen_q`` 1, no window, no attention chunk; its mask is
+empty there), so a decode step runs FA3's unmasked kernel, whose Hopper tile
+is 192 keys wide, while a prefill, a chunked prefill and a chain verify of
+the same row run the causal kernel with 128-key blocks. From key 128 on a
+decode row then rounds apart from the same row in a prefill: on the H200,
+964 of 1,100 rows at head size 64, none at head size 128
 (``docs/benchmarks/fa3_chunk_probe/2026-12-04-h200/``). Between 65 and 128
-FA3 keeps the causal flag for paged KV; above 128 its blocks do not depend on
-the flag.
+FA3 keeps the causal flag for paged KV. A first rewrite (a whole-sequence
+attention chunk, which makes the call "local") left the bits as they were
+(``docs/benchmarks/fa3_chunk_probe/2026-12-04-h200-retiled/``): a local call
+is another kernel than the causal one.
 
-What: a decode-shaped FA3 call at head size <= 64 gets an attention chunk
-longer than any sequence (:data:`WHOLE_SEQUENCE_CHUNK`). FA3 then keeps the
-call masked ("local"), which takes the 128-key blocks, and the chunk's mask
-hides no key (every key of a row lies in its first chunk). Its precomputed
-scheduler metadata is dropped for that call: SGLang computes it for the
-unmasked call, with the other block width, and FA3 derives its own when
-none is given.
+What: a decode-shaped FA3 call at head size <= 64 is passed
+``max_seqlen_q`` = :data:`CAUSAL_MAX_SEQLEN_Q` (2). FA3 drops the causal flag
+only when ``max_seqlen_q`` is 1, so the call stays on the causal kernel a
+prefill runs. ``max_seqlen_q`` is an upper bound for the grid; each request's
+own query count still comes from ``cu_seqlens_q`` (one row), so the causal
+mask of a row at the end of its keys hides no key and no row is added. Its
+precomputed scheduler metadata is dropped for that call: SGLang computes it
+for the unmasked call; FA3 derives its own when none is given.
 
 Hooked symbol: ``sglang.srt.layers.attention.flashattention_backend.flash_attn_with_kvcache``
 (AROUND; SGLang's registry also rebinds the modules that imported the same
@@ -28,9 +28,9 @@ function), and ``FlashAttentionBackend.__init__`` (AFTER) for the start-up
 line. Applies in the plugin's active runs only. The registry's rebinding
 also reaches the other callers of the same function (the local-attention
 decode call, MiniCPM's sparse adapter, the draft's decode, extends of one
-token per request): each such one-row causal call at head size <= 64 gets
-the same chunk, which masks no key there either. Every other call is
-SGLang's as made. FA3's tile table is Hopper's (sm90); sgl-kernel's FA3 on
+token per request): each such one-row causal call at head size <= 64 is
+rewritten the same way, which changes no mask there either. Every other call
+is SGLang's as made. The kernel split is Hopper's (sm90); sgl-kernel's FA3 on
 other GPUs picks tiles elsewhere, not measured.
 """
 
@@ -44,17 +44,17 @@ FA_MODULE = "sglang.srt.layers.attention.flashattention_backend"
 TARGET = f"{FA_MODULE}.flash_attn_with_kvcache"
 INIT = f"{FA_MODULE}.FlashAttentionBackend.__init__"
 
-# Longer than any sequence a KV cache holds (int32 positions): the chunk's mask hides no key.
-WHOLE_SEQUENCE_CHUNK = 1 << 30
+# FA3 unmasks a causal call only at max_seqlen_q == 1; 2 keeps the causal kernel (module docstring).
+CAUSAL_MAX_SEQLEN_Q = 2
 FA3 = 3
 
 logger = logging.getLogger("sglang_detspec")
 # Start-up line, once per FA3 backend it applies to.
-RETILED_LOG = "sglang-detspec: FA3 decode runs over the prefill's 128-key blocks"
+RETILED_LOG = "sglang-detspec: FA3 decode runs on the causal kernel its prefill uses"
 
 
 def retiled_kwargs(q, kwargs: dict) -> dict | None:
-    """The keyword arguments that give a decode-shaped FA3 call the prefill's key blocks, or None to leave it.
+    """The keyword arguments that run a decode-shaped FA3 call on the prefill's causal kernel, or None to leave it.
 
     Args:
         q: the call's query tensor, ``[tokens, heads, head_dim]`` (only its last
@@ -65,9 +65,9 @@ def retiled_kwargs(q, kwargs: dict) -> dict | None:
     A call is rewritten when it is FA3 (``ver`` 3), causal, with one query row
     per request (``max_seqlen_q`` 1), no window, no attention chunk, no
     ``qv`` (MLA's absorbed form) and a head size of at most
-    ``config.FA3_RETILED_MAX_HEAD_DIM``. The rewrite adds ``attention_chunk`` =
-    :data:`WHOLE_SEQUENCE_CHUNK` and sets ``scheduler_metadata`` to None
-    (module docstring).
+    ``config.FA3_RETILED_MAX_HEAD_DIM``. The rewrite sets ``max_seqlen_q`` to
+    :data:`CAUSAL_MAX_SEQLEN_Q` and ``scheduler_metadata`` to None (module
+    docstring); ``cu_seqlens_q`` still gives each request one row.
 
     Returns:
         a new dict (``kwargs`` is not changed), or None.
@@ -78,7 +78,9 @@ def retiled_kwargs(q, kwargs: dict) -> dict | None:
         return None
     if kwargs.get("qv") is not None or q is None or q.shape[-1] > FA3_RETILED_MAX_HEAD_DIM:
         return None
-    return {**kwargs, "attention_chunk": WHOLE_SEQUENCE_CHUNK, "scheduler_metadata": None}
+    if kwargs.get("cu_seqlens_q") is None:  # without it FA3 reads max_seqlen_q as every request's row count
+        return None
+    return {**kwargs, "max_seqlen_q": CAUSAL_MAX_SEQLEN_Q, "scheduler_metadata": None}
 
 
 def decode_on_prefill_tiles(original, *args, **kwargs):
@@ -106,7 +108,7 @@ def log_retiling(result, backend, *args, **kwargs):
     if head_dim is None or head_dim > FA3_RETILED_MAX_HEAD_DIM:
         return None
     role = "draft" if backend.is_draft_runner else "target"
-    logger.info("%s (%s model, head size %d: one-row calls run as a whole-sequence attention chunk, so "
-                "decode rounds as prefill and verify do; the first server measurement of this path is pending, "
-                "docs/forward_modes.md)", RETILED_LOG, role, head_dim)
+    logger.info("%s (%s model, head size %d: one-row calls keep FA3's causal flag, so decode rounds as "
+                "prefill and verify do; the first measurement of this path is pending, docs/forward_modes.md)",
+                RETILED_LOG, role, head_dim)
     return None

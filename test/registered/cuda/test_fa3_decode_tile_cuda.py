@@ -1,15 +1,17 @@
-"""FA3 decode re-tiled by the plugin gives each row a prefill's bits, at every batch size and order.
+"""FA3 decode rewritten by the plugin gives each row a prefill's bits, at every batch size and order.
 
-``sglang_plugin/fa3_decode_tile_hook.retiled_kwargs`` gives a decode-shaped
+``sglang_plugin/fa3_decode_tile_hook.retiled_kwargs`` passes a decode-shaped
 FA3 call (one query row per request, causal) at head sizes up to 64 a
-whole-sequence attention chunk, so FA3 runs it over the 128-key blocks its
-causal prefill uses. Oracle: one causal FA3 prefill of the whole sequence
+``max_seqlen_q`` of 2, so FA3 keeps its causal flag and runs the kernel its
+causal prefill runs. Oracle: one causal FA3 prefill of the whole sequence
 (SGLang's extend call: ``cu_seqlens_k_new`` given, page size 1). Checked at
 lengths on both sides of the 128- and 192-key block edges, with the decode
 rows batched whole, one by one and in a permuted order (batch invariance),
 and a positive control: the same decode without the rewrite differs from the
 prefill at head size 64 (the comparison can see what the hook removes). At
 head size 128 the rewrite does not apply and FA3's decode already matches.
+The first rewrite (a whole-sequence attention chunk) failed this test on the
+H200 (``docs/e2e/2026-12-04-h200-fa3-retile-suite/tile-test.log``).
 """
 
 import sys

@@ -300,12 +300,20 @@ TINY_FILES = ("target/tokenizer.json", "target/tokenizer_config.json", "deepseek
               "qwen3_moe_eagle3/model.safetensors", "tiny_families-v2.json")
 
 
-def write_tiny_models(folder: Path, vocab: int | None = None) -> None:
-    """Run ``scripts/make_tiny_models.py`` into ``folder`` (fixed seed, no download; ``vocab`` None: its default)."""
+@functools.cache
+def tiny_models_script():
+    """``scripts/make_tiny_models.py`` as a module (it is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("make_tiny_models", REPO_ROOT / "scripts" / "make_tiny_models.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(str(folder), module.VOCAB if vocab is None else vocab)
+    return module
+
+
+def write_tiny_models(folder: Path, vocab: int | None = None, attention_scale: float | None = None) -> None:
+    """Run ``scripts/make_tiny_models.py`` into ``folder`` (fixed seed, no download; None: its defaults)."""
+    module = tiny_models_script()
+    module.main(str(folder), module.VOCAB if vocab is None else vocab,
+                module.TARGET_ATTENTION_SCALE if attention_scale is None else attention_scale)
 
 
 def tiny_models_complete(folder: Path) -> bool:
@@ -334,20 +342,23 @@ def resolve_models(make_temp_dir) -> Models:
                   paths["eagle3_full"], paths["mimo"], None if tiny is None else str(tiny))
 
 
-def tiny_models_with_vocab(base: Path, vocab: int) -> Models:
+def tiny_models_with_vocab(base: Path, vocab: int, attention_scale: float | None = None) -> Models:
     """The tiny models at a vocabulary of ``vocab`` tokens, in ``base/vocab<vocab>``, written when missing.
 
     For a suite whose requests need a larger vocabulary than the default set's
-    (the ``DETSPEC_E2E_<MODEL>`` variables do not apply to it). The set is
+    (the ``DETSPEC_E2E_<MODEL>`` variables do not apply to it). ``attention_scale``
+    (``make_tiny_models.py --attention-scale``; None: its default) names the
+    folder ``vocab<vocab>-attention<scale>`` when given. The set is
     written into a sibling folder of this process and renamed into place, so
     two processes that need it at once never write one folder together: the
     later rename fails and its copy is removed.
     """
-    folder = base / f"vocab{vocab}"
+    name = f"vocab{vocab}" if attention_scale is None else f"vocab{vocab}-attention{attention_scale:g}"
+    folder = base / name
     if not tiny_models_complete(folder):
-        staging = base / f".vocab{vocab}.{os.getpid()}"
+        staging = base / f".{name}.{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        write_tiny_models(staging, vocab)
+        write_tiny_models(staging, vocab, attention_scale)
         try:
             os.rename(staging, folder)
         except OSError:

@@ -15,8 +15,11 @@ comma-separated; unset: both, fa3 where sgl-kernel's FA3 library loads), all
 servers at once, with a tokenizer (the harness sends text) and SGLang's own
 prefill CUDA-graph choice (the other suites turn prefill graphs off to start
 faster). The tiny models are written at a 128,256-token vocabulary
-(``_harness_plan.VOCAB``: ``radix_cache`` sends ids up to 50,000), in
-``<DETSPEC_E2E_MODELS>/vocab128256``.
+(``_harness_plan.VOCAB``: ``radix_cache`` sends ids up to 50,000) with the
+target's attention output at about the residual's size
+(``make_tiny_models.ATTENTION_VISIBLE_SCALE``: at the default scale one bit of
+an attention output seldom reaches a logit, and ``p_vs_d`` is about the
+attention path), in ``<DETSPEC_E2E_MODELS>/vocab128256-attention8``.
 
 Per server the modes ``single`` (8 trials), ``prefix`` (8 trials, with
 logprobs), ``radix_cache`` and ``p_vs_d`` (4 trials: 10 sequences, 3 of
@@ -65,7 +68,8 @@ TEST_ORDER = ("test_sglang_harness",)
 @pytest.fixture(scope="module")
 def harness_models(tmp_path_factory) -> _e2e.Models:
     base = os.environ.get("DETSPEC_E2E_MODELS")
-    return _e2e.tiny_models_with_vocab(Path(base) if base else tmp_path_factory.mktemp("tiny_models"), plan.VOCAB)
+    return _e2e.tiny_models_with_vocab(Path(base) if base else tmp_path_factory.mktemp("tiny_models"), plan.VOCAB,
+                                       attention_scale=_e2e.tiny_models_script().ATTENTION_VISIBLE_SCALE)
 
 
 def server_configs(models: _e2e.Models, backends) -> dict:
@@ -138,7 +142,8 @@ def test_sglang_harness(servers, harness_models):
     machine = _e2e.machine_facts()
     doc = plan.document(rows, machine["date_utc"], machine.get("gpu") or "unknown GPU", passed=not problems,
                         problems=problems, servers=facts, facts=machine,
-                        models={"vocab": plan.VOCAB, "target": harness_models.target})
+                        models={"vocab": plan.VOCAB, "target": harness_models.target,
+                                "attention_scale": _e2e.tiny_models_script().ATTENTION_VISIBLE_SCALE})
     path = _e2e.out_dir() / f"{plan.RESULT_FILE}.json"
     path.write_text(json.dumps(doc, indent=1))
     assert not problems, "; ".join(problems[:6]) + f" ({path})"

@@ -1,4 +1,4 @@
-"""FA3 decode re-tiling (``sglang_plugin/fa3_decode_tile_hook.py``): which calls it rewrites, and how.
+"""FA3 decode on the causal kernel (``sglang_plugin/fa3_decode_tile_hook.py``): which calls it rewrites, and how.
 
 The kernel-level proof (decode bits = prefill bits at head size 64) is the
 GPU test ``test/registered/cuda/test_fa3_decode_tile_cuda.py``; here the
@@ -32,7 +32,7 @@ def decode_kwargs(head_dim: int = 64, **over) -> tuple[torch.Tensor, dict]:
     """A query and the keywords of SGLang's FA3 decode call (``forward_decode``'s main call)."""
     q = torch.zeros(3, 4, head_dim, dtype=torch.bfloat16)
     kwargs = {"q": q, "k_cache": None, "v_cache": None, "page_table": None, "cache_seqlens": None,
-              "cu_seqlens_q": None, "max_seqlen_q": 1, "softmax_scale": head_dim ** -0.5, "causal": True,
+              "cu_seqlens_q": torch.arange(4, dtype=torch.int32), "max_seqlen_q": 1, "softmax_scale": head_dim ** -0.5, "causal": True,
               "window_size": (-1, -1), "softcap": 0.0, "return_softmax_lse": False, "num_splits": 1, "out": None,
               "ver": 3, "scheduler_metadata": object()}
     kwargs.update(over)
@@ -40,15 +40,17 @@ def decode_kwargs(head_dim: int = 64, **over) -> tuple[torch.Tensor, dict]:
 
 
 @pytest.mark.parametrize("head_dim", [8, 32, 64])
-def test_a_decode_call_at_small_head_sizes_gets_a_whole_sequence_chunk(head_dim):
+def test_a_decode_call_at_small_head_sizes_keeps_fa3s_causal_flag(head_dim):
     q, kwargs = decode_kwargs(head_dim)
     before = dict(kwargs)
 
     new = tile.retiled_kwargs(q, kwargs)
 
-    assert new["attention_chunk"] == tile.WHOLE_SEQUENCE_CHUNK and new["scheduler_metadata"] is None
-    assert {k: v for k, v in new.items() if k not in ("attention_chunk", "scheduler_metadata")} == \
-        {k: v for k, v in before.items() if k != "scheduler_metadata"}
+    assert new["max_seqlen_q"] == tile.CAUSAL_MAX_SEQLEN_Q == 2 and new["scheduler_metadata"] is None
+    assert new["causal"] is True and "attention_chunk" not in new
+    assert {k: v for k, v in new.items() if k not in ("max_seqlen_q", "scheduler_metadata")} == \
+        {k: v for k, v in before.items() if k not in ("max_seqlen_q", "scheduler_metadata")}
+    assert new["cu_seqlens_q"] is before["cu_seqlens_q"]  # each request keeps its one row
     assert kwargs == before  # the caller's dict is left as it was
 
 
@@ -61,14 +63,11 @@ def test_a_decode_call_at_small_head_sizes_gets_a_whole_sequence_chunk(head_dim)
     ("sliding window", 64, {"window_size": (127, 0)}),
     ("an attention chunk of the model's own", 64, {"attention_chunk": 8192}),
     ("MLA's absorbed form", 64, {"qv": torch.zeros(1)}),
+    ("no cu_seqlens_q: FA3 would read max_seqlen_q as every request's rows", 64, {"cu_seqlens_q": None}),
 ])
 def test_other_calls_are_left_as_made(why, head_dim, over):
     q, kwargs = decode_kwargs(head_dim, **over)
     assert tile.retiled_kwargs(q, kwargs) is None, why
-
-
-def test_the_chunk_is_longer_than_any_sequence_and_fits_fa3s_int():
-    assert 2 ** 29 < tile.WHOLE_SEQUENCE_CHUNK < 2 ** 31
 
 
 def _recording():
@@ -86,11 +85,11 @@ def test_the_hook_rewrites_only_in_active_runs(bag):
 
     bag(ACTIVE)
     assert tile.decode_on_prefill_tiles(original, **kwargs) == "out"
-    assert calls[-1][1]["attention_chunk"] == tile.WHOLE_SEQUENCE_CHUNK
+    assert calls[-1][1]["max_seqlen_q"] == tile.CAUSAL_MAX_SEQLEN_Q
 
     bag(dataclasses.replace(ACTIVE, disabled=True))
     tile.decode_on_prefill_tiles(original, **kwargs)
-    assert "attention_chunk" not in calls[-1][1] and calls[-1][1]["scheduler_metadata"] is kwargs["scheduler_metadata"]
+    assert calls[-1][1]["max_seqlen_q"] == 1 and calls[-1][1]["scheduler_metadata"] is kwargs["scheduler_metadata"]
 
 
 def test_the_hook_reads_a_positional_query(bag):
@@ -99,7 +98,7 @@ def test_the_hook_reads_a_positional_query(bag):
     calls, original = _recording()
     bag(ACTIVE)
     tile.decode_on_prefill_tiles(original, q, **kwargs)
-    assert calls[-1][0] == (q,) and calls[-1][1]["attention_chunk"] == tile.WHOLE_SEQUENCE_CHUNK
+    assert calls[-1][0] == (q,) and calls[-1][1]["max_seqlen_q"] == tile.CAUSAL_MAX_SEQLEN_Q
 
 
 def _fa3_backend_source() -> ast.Module:
@@ -111,7 +110,7 @@ def _fa3_backend_source() -> ast.Module:
 
 
 def test_sglangs_decode_call_passes_the_keywords_the_rule_reads():
-    """SGLang 0.5.23's main FA3 decode call names q, causal, max_seqlen_q, window_size, ver and the metadata.
+    """SGLang 0.5.23's main FA3 decode call names q, cu_seqlens_q, causal, max_seqlen_q, window_size, ver and the metadata.
 
     A renamed keyword would make the rule silently skip every call; the
     decode call must also not set an attention chunk of its own.
@@ -124,7 +123,7 @@ def test_sglangs_decode_call_passes_the_keywords_the_rule_reads():
 
     assert len(main) == 1
     names = {k.arg for k in main[0].keywords}
-    assert {"q", "causal", "max_seqlen_q", "window_size", "ver", "scheduler_metadata"} <= names
+    assert {"q", "cu_seqlens_q", "causal", "max_seqlen_q", "window_size", "ver", "scheduler_metadata"} <= names
     assert "attention_chunk" not in names
 
 

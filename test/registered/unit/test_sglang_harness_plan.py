@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
@@ -196,6 +197,34 @@ def test_the_worker_records_each_mode_when_no_server_answers(mods, tmp_path):
         mods.run.run_modes("http://127.0.0.1", ("single",), str(log))
     with pytest.raises(ValueError, match="mode"):
         mods.run.run_modes("http://127.0.0.1:1", ("p_vs_p",), str(log))
+
+
+def test_the_attention_scale_changes_only_the_targets_attention_output(tiny, tmp_path):
+    """``--attention-scale`` multiplies the target's ``o_proj`` and draws every weight as the default does."""
+    from safetensors.torch import load_file
+
+    tiny.main(str(tmp_path / "default"), 64)
+    tiny.main(str(tmp_path / "visible"), 64, tiny.ATTENTION_VISIBLE_SCALE)
+    base = load_file(str(tmp_path / "default" / "target" / "model.safetensors"))
+    seen = load_file(str(tmp_path / "visible" / "target" / "model.safetensors"))
+    ratio = tiny.ATTENTION_VISIBLE_SCALE / tiny.TARGET_ATTENTION_SCALE
+    assert base.keys() == seen.keys()
+    for name in base:
+        if name.endswith("self_attn.o_proj.weight"):
+            torch.testing.assert_close(seen[name].float(), base[name].float() * ratio, rtol=1e-2, atol=0)
+            assert not torch.equal(seen[name], base[name])
+        else:
+            assert torch.equal(seen[name], base[name]), name
+    for draft in ("eagle", "eagle3"):  # the drafts are the same files
+        a = load_file(str(tmp_path / "default" / draft / "model.safetensors"))
+        b = load_file(str(tmp_path / "visible" / draft / "model.safetensors"))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("scale", [0, -1.0, float("inf"), float("nan"), "8"])
+def test_a_bad_attention_scale_is_named(tiny, tmp_path, scale):
+    with pytest.raises(ValueError, match="attention_scale must be a finite number > 0"):
+        tiny.main(str(tmp_path), 64, scale)
 
 
 if __name__ == "__main__":
