@@ -31,11 +31,14 @@ CHUNKED_PREFILL = ("--chunked-prefill-size", str(CHUNK_TOKENS))
 # Server-name tags of the extra environment and flags (names must stay distinct per backend).
 TAGS = {FORCE_RETRACT: "_retract", TREE_NODES: "_nodes", CHUNKED_PREFILL: "_chunked"}
 
-# Prompt lengths in tokens: short prompts fit one prefill; long ones span 3 to 6 chunks of
-# CHUNK_TOKENS. The tiny models' context is 4096 positions (scripts/make_tiny_models.py), which
-# the longest prompt plus NEW_TOKENS stays within.
+# Prompt lengths in tokens: short prompts fit one chunk of CHUNK_TOKENS, and with NEW_TOKENS every
+# sequence passes FA3's first 128-key block (at head sizes up to 64 FA3 splits a one-row decode's
+# keys apart from a prefill's past it: docs/forward_modes.md); long ones span 3 to 6 chunks. The tiny
+# models' context is 4096 positions (scripts/make_tiny_models.py), which the longest prompt plus
+# NEW_TOKENS stays within.
 TINY_CONTEXT = 4096
-SHORT_PROMPTS = (4, 40)
+FA3_FIRST_BLOCK_KEYS = 128
+SHORT_PROMPTS = (100, 190)
 LONG_PROMPTS = (600, 1500)
 NEW_TOKENS = 64
 

@@ -142,6 +142,7 @@ def test_the_long_prompts_are_chunked_and_fit_the_tiny_models(plan):
     assert plan.LONG_PROMPTS[0] > 2 * plan.CHUNK_TOKENS
     assert plan.LONG_PROMPTS[1] + plan.NEW_TOKENS <= context == plan.TINY_CONTEXT
     assert plan.SHORT_PROMPTS[1] < plan.CHUNK_TOKENS
+    assert plan.SHORT_PROMPTS[0] + plan.NEW_TOKENS > plan.FA3_FIRST_BLOCK_KEYS  # decode rows past the first block
     assert plan.ROWS["chunked"].prompts == plan.LONG_PROMPTS
 
 
