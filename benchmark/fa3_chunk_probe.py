@@ -28,7 +28,10 @@ for one sequence of ``L`` tokens:
   prefill as ranges: ``sglang`` (as SGLang calls it), ``chunk`` (a
   whole-sequence attention chunk: the plugin's first rewrite, which did not
   change the bits), ``max_seqlen_q_2`` (the plugin's rewrite), ``unmasked``
-  (``causal`` False, what FA3 makes of SGLang's call at head size <= 64).
+  (``causal`` False, what FA3 makes of SGLang's call at head size <= 64),
+  ``max_seqlen_q_2_unmasked`` (both: whether the bound alone changes a
+  row), and ``two_row_extend`` (rows p - 1 and p of each position in one
+  causal call per request, as a chain's verify makes it; row p compared).
 
 Per configuration (head count, KV heads, head size, ``L``, chunk ``C``) it
 counts the rows whose output differs in any bit, for chunked against decode,
@@ -42,7 +45,7 @@ to 192), to tell a chunk-start effect from a tile effect. Variants force
 heads and its prefill may not. It writes ``chunk_probe.json``; it asserts
 nothing (a measurement, for deciding what to build).
 
-    python benchmark/fa3_chunk_probe.py [--out DIR] [--lengths 1100,2100] [--chunks 256,512]
+    python benchmark/fa3_chunk_probe.py [--out DIR] [--lengths 1100,2100,3000] [--chunks 256,512]
 """
 
 from __future__ import annotations
@@ -109,7 +112,20 @@ def ranges(rows: list[int], limit: int = 12) -> list[list[int]]:
 
 # name -> the keywords that differ from SGLang's decode call (``decode_variants`` in the module docstring)
 DECODE_VARIANTS = {"sglang": {}, "chunk": {"attention_chunk": 1 << 30, "scheduler_metadata": None},
-                   "max_seqlen_q_2": {"max_seqlen_q": 2, "scheduler_metadata": None}, "unmasked": {"causal": False}}
+                   "max_seqlen_q_2": {"max_seqlen_q": 2, "scheduler_metadata": None}, "unmasked": {"causal": False},
+                   "max_seqlen_q_2_unmasked": {"max_seqlen_q": 2, "causal": False}}
+
+
+def two_row_layout(n: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query rows and ``cu_seqlens_q`` of ``n`` requests where request p holds positions p - 1 and p (p = 0: 0 alone).
+
+    Returns ``(rows int64 [2 n - 1], cu_seqlens_q int32 [n + 1])``; request p's
+    last row (``cu_seqlens_q[p + 1] - 1``) is position p.
+    """
+    rows = [0] + [r for p in range(1, n) for r in (p - 1, p)]
+    cu = [0] + [1 + 2 * p for p in range(n)]
+    return (torch.tensor(rows, dtype=torch.int64, device=device),
+            torch.tensor(cu[:n + 1], dtype=torch.int32, device=device))
 
 
 def _decode_variants(q, k, v, table, lens, cu, prefill, pack_gqa) -> dict:
@@ -124,6 +140,12 @@ def _decode_variants(q, k, v, table, lens, cu, prefill, pack_gqa) -> dict:
             outs[name] = flash_attn_with_kvcache(**{**base, **over})
         except Exception as exc:  # a variant FA3 refuses is a finding
             found[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    try:  # a verify-shaped call: rows p - 1 and p of position p's request (row 0 alone), row p kept
+        flat, cu2 = two_row_layout(q.shape[0], q.device)
+        out = flash_attn_with_kvcache(**{**base, "q": q[flat], "cu_seqlens_q": cu2, "max_seqlen_q": 2})
+        outs["two_row_extend"] = out[(cu2[1:] - 1).long()]
+    except Exception as exc:
+        found["two_row_extend"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
     for name, out in outs.items():
         apart = set(differing_rows(out, prefill))
         found[name] = {"vs_prefill": len(apart),
@@ -206,7 +228,7 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
-    parser.add_argument("--lengths", default="1100,2100")
+    parser.add_argument("--lengths", default="1100,2100,3000")
     parser.add_argument("--chunks", default="256,512")
     args = parser.parse_args(argv)
     rows = []

@@ -44,6 +44,13 @@ def test_rows_are_grouped_in_inclusive_runs():
     assert probe.ranges(list(range(0, 40, 2)), limit=3) == [[0, 0], [2, 2], [4, 4]]
 
 
+def test_the_two_row_layout_ends_each_request_at_its_position():
+    rows, cu = probe.two_row_layout(5)
+    assert rows.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4] and cu.tolist() == [0, 1, 3, 5, 7, 9]
+    assert rows[(cu[1:] - 1).long()].tolist() == [0, 1, 2, 3, 4]
+    assert (cu[1:] - cu[:-1]).tolist() == [1, 2, 2, 2, 2]  # position p's request: rows p - 1 and p
+
+
 def test_the_decode_variants_include_sglangs_call_and_the_plugins_rewrite():
     """The probe's ``max_seqlen_q_2`` variant is the plugin's rewrite, so its row speaks for the hook."""
     from sglang_detspec.sglang_plugin.fa3_decode_tile_hook import retiled_kwargs
