@@ -24,8 +24,8 @@ for one sequence of ``L`` tokens:
   kernel); at larger head sizes the rule leaves the call as it is.
 - ``decode_variants``: the decode rows as FA3 runs them with other flags,
   each against the prefill and against SGLang's own decode (0 there: the
-  variant changed nothing), with the rows past 128 keys that equal the
-  prefill as ranges: ``sglang`` (as SGLang calls it), ``chunk`` (a
+  variant changed nothing) and against the explicitly unmasked call, with the
+  rows past 128 keys that equal the prefill as ranges: ``sglang`` (as SGLang calls it), ``chunk`` (a
   whole-sequence attention chunk: the plugin's first rewrite, which did not
   change the bits), ``max_seqlen_q_2`` (the plugin's rewrite), ``unmasked``
   (``causal`` False, what FA3 makes of SGLang's call at head size <= 64),
@@ -99,15 +99,15 @@ def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None, schedule
     return flash_attn_with_kvcache(**kwargs)
 
 
-def ranges(rows: list[int], limit: int = 12) -> list[list[int]]:
-    """Sorted row indices as inclusive ``[first, last]`` runs, the first ``limit`` of them."""
+def ranges(rows: list[int], limit: int = 12) -> dict:
+    """Sorted row indices as inclusive ``[first, last]`` runs: ``{"runs": the first limit, "of": how many runs}``."""
     runs: list[list[int]] = []
     for r in sorted(rows):
         if runs and r == runs[-1][1] + 1:
             runs[-1][1] = r
         else:
             runs.append([r, r])
-    return runs[:limit]
+    return {"runs": runs[:limit], "of": len(runs)}
 
 
 # name -> the keywords that differ from SGLang's decode call (``decode_variants`` in the module docstring)
@@ -150,6 +150,7 @@ def _decode_variants(q, k, v, table, lens, cu, prefill, pack_gqa) -> dict:
         apart = set(differing_rows(out, prefill))
         found[name] = {"vs_prefill": len(apart),
                        "vs_sglang_decode": None if "sglang" not in outs else len(differing_rows(out, outs["sglang"])),
+                       "vs_unmasked": None if "unmasked" not in outs else len(differing_rows(out, outs["unmasked"])),
                        "equal_rows_past_128": ranges([r for r in range(128, out.shape[0]) if r not in apart]),
                        "error": None}
     return found
@@ -214,6 +215,7 @@ def probe(heads: int, kv_heads: int, dim: int, length: int, chunk: int, pack_gqa
             "retile_error": retile_error,
             "chunked_vs_prefill_first_rows": chunk_apart[:16],
             "chunked_vs_prefill_ranges": ranges(chunk_apart),
+            "chunked_vs_decode_ranges": ranges(apart),
             "decode_variants": variants,
             "chunked_vs_prefill_offset_in_chunk": dict(collections.Counter(p % chunk for p in chunk_apart).most_common(8)),
             "decode_with_metadata_vs_decode": None if decode_meta is None else len(differing_rows(decode_meta, decode)),
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="1100,2100,3000")
     parser.add_argument("--chunks", default="256,512")
     args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
     rows = []
     for heads, kv_heads, dim in SHAPES:
         for length in (int(x) for x in args.lengths.split(",")):
@@ -242,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
                         row = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "length": length, "chunk": chunk,
                                "pack_gqa": pack, "error": f"{type(exc).__name__}: {exc}"[:300]}
                     rows.append(row)
-                    print(json.dumps(row))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "chunk_probe.json"), "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+                    print(json.dumps(row), flush=True)
+                    # Written after every row: a run cut short by its time limit keeps what it measured.
+                    with open(os.path.join(args.out, "chunk_probe.json"), "w") as f:
+                        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f,
+                                  indent=1)
     return 0
 
 

@@ -422,7 +422,8 @@ def main(out_dir: str, vocab: int = VOCAB, attention_scale: float = TARGET_ATTEN
     """
     if not isinstance(vocab, int) or vocab < 8:
         raise ValueError(f"vocab must be an integer >= 8, got {vocab!r}")
-    if not (isinstance(attention_scale, (int, float)) and 0 < attention_scale < float("inf")):
+    if isinstance(attention_scale, bool) or not (isinstance(attention_scale, (int, float))
+                                                 and 0 < attention_scale < float("inf")):
         raise ValueError(f"attention_scale must be a finite number > 0, got {attention_scale!r}")
     gen = torch.Generator().manual_seed(20261129)
     embed = torch.randn(vocab, HIDDEN, generator=gen)

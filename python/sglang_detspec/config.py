@@ -132,6 +132,8 @@ class DetSpecConfig:
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
+        head_dim: the target's attention head size from its ``config.json``
+            (``model_family.head_dim_of``; None when unknown or MLA).
         model_family: the target's family (``model_family.ModelTraits.label``:
             ``dense``, ``moe``, ``mla+moe+fp8``, ...), None when its config was not read.
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
@@ -159,6 +161,7 @@ class DetSpecConfig:
     reduced_draft_vocab: bool = False
     attention_backend: str | None = None
     page_size: int | None = None
+    head_dim: int | None = None
     model_family: str | None = None
     source: str = "env"
 
@@ -342,7 +345,7 @@ class DetSpecConfig:
 
     def _attention_guarantee(self) -> tuple[str, str | None]:
         return guarantee_and_reason(self.attention_backend, self.eagle_topk if self.algorithm else None,
-                                    self.tree_attention, self.decode_attention, self.page_size)
+                                    self.tree_attention, self.decode_attention, self.page_size, self.head_dim)
 
     def shown_fields(self) -> dict[str, object]:
         """The fields that apply to this server, by the name :meth:`describe` prints them under.
@@ -386,31 +389,31 @@ class DetSpecConfig:
 
 # Attention backends whose target decode, chain verify and prefill forwards give bitwise-equal
 # logits in deterministic mode: triton through the plugin's decode hook (attention_hook.py),
-# fa3 through one causal call over the same key tiles in all three (at head sizes up to 64 the
-# plugin's decode re-tiling keeps decode on the prefill's tiles: fa3_decode_tile_hook.py, not yet
-# measured on a server). Measured for the rest:
-# docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
+# fa3 through one causal call over the same key tiles in all three (above FA3_SMALL_HEAD_DIM only,
+# below). Measured: docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
 BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
 # ... and whose tree verify does too, with SGLANG_DETSPEC_TREE_ATTENTION=nodes (tree_attention_hook.py).
 BITWISE_NODE_TREE_BACKENDS = ("fa3",)
 # ... whose decode is bitwise only through the plugin's one-pass decode hook (SGLANG_DETSPEC_DECODE_ATTENTION).
 ONE_PASS_DECODE_BACKENDS = ("triton",)
-# FA3 (Hopper's tile table) gives a one-row causal call other key blocks than a prefill's at head sizes up
-# to this; the plugin re-tiles those decode calls (sglang_plugin/fa3_decode_tile_hook.py).
+# At head sizes up to this FA3 runs a one-row causal call (decode) on its unmasked kernel, whose bits part
+# from a prefill's or a verify's past 128 keys (measured on the H200: docs/forward_modes.md). The plugin
+# keeps those calls on the causal kernel (sglang_plugin/fa3_decode_tile_hook.py); until that is measured
+# equal to a prefill, an FA3 server at such a head size claims tokens (guarantee_and_reason).
 FA3_RETILED_MAX_HEAD_DIM = 64
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
 PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 
 
 def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
-                     decode_attention: str = "one_pass", page_size: int | None = None) -> str:
+                     decode_attention: str = "one_pass", page_size: int | None = None,
+                     head_dim: int | None = None) -> str:
     """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
     the same bits in decode, verify, prefill, re-prefill after a retraction
-    and extend after a radix-cache hit (on fa3 at head sizes up to 64 through
-    the plugin's decode re-tiling, not yet measured on a server past 128
-    keys, ``docs/forward_modes.md``). ``tokens``: the forwards may round one
+    and extend after a radix-cache hit (on fa3 above head size
+    :data:`FA3_RETILED_MAX_HEAD_DIM` only). ``tokens``: the forwards may round one
     logit apart (about one bf16 step), so a token equals the other mode's
     unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
     are ``tokens`` (their verify masks interleave other branches' keys, or, on
@@ -429,12 +432,17 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
         page_size: the KV cache's page size (None: unknown, taken as SGLang's default of 1). FA3 with
             pages of more than one token is ``tokens``: its paged loads can pick another key tile in
             decode than in prefill (``docs/forward_modes.md``), and that case is not measured.
+        head_dim: the target's attention head size (None: unknown, no head-size rule). FA3 at a head
+            size up to :data:`FA3_RETILED_MAX_HEAD_DIM` is ``tokens``: its decode ran another kernel than
+            its prefill on the H200, and the plugin's rewrite of those calls is not yet measured.
     """
-    return guarantee_and_reason(attention_backend, eagle_topk, tree_attention, decode_attention, page_size)[0]
+    return guarantee_and_reason(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
+                                head_dim)[0]
 
 
 def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
-                         decode_attention: str = "one_pass", page_size: int | None = None) -> tuple[str, str | None]:
+                         decode_attention: str = "one_pass", page_size: int | None = None,
+                         head_dim: int | None = None) -> tuple[str, str | None]:
     """:func:`logits_guarantee` (same arguments) and, for ``tokens``, why: one clause naming the rule that applied.
 
     The reason is None for ``bitwise``. The start-up notes and the dry run
@@ -452,6 +460,11 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
         return "tokens", (f"{attention_backend} with a KV page size of {page_size}: its paged loads can pick another "
                           "key tile in decode than in prefill (bitwise needs a page size of 1)")
+    if attention_backend == "fa3" and head_dim is not None and head_dim <= FA3_RETILED_MAX_HEAD_DIM:
+        return "tokens", (f"fa3 at head size {head_dim} (<= {FA3_RETILED_MAX_HEAD_DIM}): FA3 runs a decode step on "
+                          "another kernel than a prefill or a verify there, and their bits part past 128 keys; the "
+                          "plugin keeps decode on the causal kernel, not yet measured equal to a prefill "
+                          "(docs/forward_modes.md); --attention-backend triton is bitwise at every head size")
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention != "one_pass":
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
                           "apart from its verify")

@@ -50,9 +50,10 @@ EXAMPLE = """\
 CLAIM_NOTE = """\
 The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) for a chain, i.e.
---speculative-eagle-topk 1, on fa3 or triton attention, as in the example
-below (on triton with SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the
-default). Trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes,
+--speculative-eagle-topk 1, on triton attention, or on fa3 where the
+target's head size is above 64, as in the example below (on triton with
+SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default; fa3 at head sizes up
+to 64 claims tokens until the plugin's decode fix there is measured). Trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes,
 which claim bitwise), other backends and a run without --attention-backend
 (SGLang picks the backend on the GPU, so the dry run cannot know it) claim
 logits='tokens': the same tokens, except where a draw is a near-tie inside
@@ -196,23 +197,23 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
 
 
 def fa3_head_size_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str]:
-    """A note where an FA3 target's head size is one the plugin's decode re-tiling covers (``config.FA3_RETILED_MAX_HEAD_DIM``).
+    """With no backend named, a note where FA3 (SGLang's pick on Hopper) would claim ``tokens`` for the head size.
 
-    FA3 is the backend named, or the one SGLang picks on Hopper when none
-    is; the head size is read from the target's ``config.json`` (none: no note).
+    A named ``fa3`` needs none: the claim's own reason says it
+    (``config.guarantee_and_reason``, head sizes up to
+    ``config.FA3_RETILED_MAX_HEAD_DIM``). The head size is read from the
+    target's ``config.json`` (none: no note).
     """
     from ..config import FA3_RETILED_MAX_HEAD_DIM
-    from ..model_family import head_dim_of
 
-    if not bag.active or bag.attention_backend not in ("fa3", None):
+    if not bag.active or bag.attention_backend is not None:
         return []
-    head = head_dim_of(getattr(ns, "model_path", None))
+    head = bag.head_dim
     if head is None or head > FA3_RETILED_MAX_HEAD_DIM:
         return []
-    return [f"on FA3 this target's head size ({head}) is one where FA3 sums a decode row's keys in other blocks "
-            "than a prefill's; the plugin keeps its decode on FA3's causal kernel, not yet measured on a "
-            "GPU (docs/forward_modes.md): until it is, use --attention-backend triton where logits or a "
-            "prefill recompute must match to the bit past 128 tokens"]
+    return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({head}) an FA3 server claims "
+            "'tokens': FA3's decode parts from a prefill past 128 keys there and the plugin's fix is not yet "
+            "measured (docs/forward_modes.md); --attention-backend triton claims 'bitwise'"]
 
 
 def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:

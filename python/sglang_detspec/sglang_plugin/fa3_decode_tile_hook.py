@@ -1,10 +1,10 @@
-"""FA3 decode through the causal kernel its prefill uses, at head sizes up to 64, so decode = verify = prefill.
+"""FA3 decode through the causal kernel its prefill uses, at head sizes up to 64: the aim, decode = verify = prefill.
 
 Why: at head sizes up to 64 FA3 drops the causal flag of a call with one
 query row (``max_seqlen_q`` 1, no window, no attention chunk; its mask is
-empty there), so a decode step runs FA3's unmasked kernel, whose Hopper tile
-is 192 keys wide, while a prefill, a chunked prefill and a chain verify of
-the same row run the causal kernel with 128-key blocks. From key 128 on a
+empty there), so a decode step runs FA3's unmasked kernel, while a prefill,
+a chunked prefill and a chain verify of the same row run the causal kernel
+with 128-key blocks. From key 128 on a
 decode row then rounds apart from the same row in a prefill: on the H200,
 964 of 1,100 rows at head size 64, none at head size 128
 (``docs/benchmarks/fa3_chunk_probe/2026-12-04-h200/``). Between 65 and 128
@@ -25,7 +25,9 @@ for the unmasked call; FA3 derives its own when none is given.
 Hooked symbol: ``sglang.srt.layers.attention.flashattention_backend.flash_attn_with_kvcache``
 (AROUND; SGLang's registry also rebinds the modules that imported the same
 function), and ``FlashAttentionBackend.__init__`` (AFTER) for the start-up
-line. Applies in the plugin's active runs only. The registry's rebinding
+line. Applies in the plugin's active runs only. Not yet measured on the GPU:
+until it is, an FA3 server at these head sizes claims ``tokens``
+(``config.guarantee_and_reason``). The registry's rebinding
 also reaches the other callers of the same function (the local-attention
 decode call, MiniCPM's sparse adapter, the draft's decode, extends of one
 token per request): each such one-row causal call at head size <= 64 is
@@ -97,7 +99,7 @@ def decode_on_prefill_tiles(original, *args, **kwargs):
 
 
 def log_retiling(result, backend, *args, **kwargs):
-    """AFTER hook of ``FlashAttentionBackend.__init__``: say once per backend that its decode is re-tiled.
+    """AFTER hook of ``FlashAttentionBackend.__init__``: say once per backend that its decode keeps the causal kernel.
 
     Only where it applies: an active run, FA3, a head size of at most
     ``config.FA3_RETILED_MAX_HEAD_DIM``, no MLA. Returns None.

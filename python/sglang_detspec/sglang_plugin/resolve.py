@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
                       resolve_verify)
-from ..model_family import config_file, family_note, model_family
+from ..model_family import config_file, family_note, head_dim_of, model_family
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -86,6 +86,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["attention_backend"] = attention_backend_of(spec) if hasattr(spec, "attention_backend") else None
     values["page_size"] = getattr(spec, "page_size", None)
     values["model_family"] = model_family(getattr(spec, "model_path", None), getattr(spec, "quantization", None))
+    values["head_dim"] = head_dim_of(getattr(spec, "model_path", None))
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
@@ -202,6 +203,7 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
                                page_size=getattr(view, "page_size", None),
                                model_family=model_family(getattr(view, "model_path", None),
                                                          getattr(view, "quantization", None)),
+                               head_dim=head_dim_of(getattr(view, "model_path", None)),
                                tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1))
 
 

@@ -296,8 +296,9 @@ TINY_FOLDERS = ("target", "eagle", "eagle_random", "mtp", "eagle3", "eagle3_full
 # tokenizer serves the OpenAI endpoints of the request-seed suite; the MoE / MLA / FP8 family
 # folders of scripts/tiny_families.py serve test_model_families.py; its version file marks the
 # family targets whose layer outputs reach the logits, tiny_families.VERSION_FILE).
-TINY_FILES = ("target/tokenizer.json", "target/tokenizer_config.json", "deepseek_v3_fp8/model.safetensors",
-              "qwen3_moe_eagle3/model.safetensors", "tiny_families-v2.json")
+TOKENIZER_FILES = ("target/tokenizer.json", "target/tokenizer_config.json")
+FAMILY_FILES = ("deepseek_v3_fp8/model.safetensors", "qwen3_moe_eagle3/model.safetensors", "tiny_families-v2.json")
+TINY_FILES = TOKENIZER_FILES + FAMILY_FILES
 
 
 @functools.cache
@@ -316,10 +317,16 @@ def write_tiny_models(folder: Path, vocab: int | None = None, attention_scale: f
                 module.TARGET_ATTENTION_SCALE if attention_scale is None else attention_scale)
 
 
-def tiny_models_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds every tiny model this suite serves."""
+def tiny_models_complete(folder: Path, families: bool = True) -> bool:
+    """Whether ``folder`` holds every tiny model this suite serves.
+
+    ``families`` False: a set written for a vocabulary or attention scale of
+    its own (:func:`tiny_models_with_vocab`), which ``make_tiny_models.py``
+    writes without the MoE / MLA / FP8 family folders.
+    """
+    files = TINY_FILES if families else TOKENIZER_FILES
     return all((folder / sub / "model.safetensors").is_file() for sub in TINY_FOLDERS) and all(
-        (folder / name).is_file() for name in TINY_FILES)
+        (folder / name).is_file() for name in files)
 
 
 def resolve_models(make_temp_dir) -> Models:
@@ -355,7 +362,7 @@ def tiny_models_with_vocab(base: Path, vocab: int, attention_scale: float | None
     """
     name = f"vocab{vocab}" if attention_scale is None else f"vocab{vocab}-attention{attention_scale:g}"
     folder = base / name
-    if not tiny_models_complete(folder):
+    if not tiny_models_complete(folder, families=False):
         staging = base / f".{name}.{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         write_tiny_models(staging, vocab, attention_scale)
@@ -363,7 +370,7 @@ def tiny_models_with_vocab(base: Path, vocab: int, attention_scale: float | None
             os.rename(staging, folder)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
-            if not tiny_models_complete(folder):
+            if not tiny_models_complete(folder, families=False):
                 raise
     paths = {key: str(folder / key) for key in TINY_FOLDERS}
     return Models(**paths, mtp_draft=paths["mtp"], tiny_dir=str(folder))

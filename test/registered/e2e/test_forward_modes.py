@@ -105,6 +105,7 @@ import _requests
 from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
+from sglang_detspec.model_family import head_dim_of
 from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE_PATH_ON
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
@@ -240,7 +241,8 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         outcome = compare(results[(row.reference_server, row.prompts)], results[(row.server, row.prompts)])
         server = started[spec.name]
         claims = [] if isinstance(server, str) else _e2e.claimed_logits(server)
-        expected = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention)
+        expected = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention,
+                                    head_dim=head_dim_of(spec.model))
         if claims != [expected]:
             problems.append(f"{backend} {name}: the plugin logged logits={claims}, expected [{expected!r}]")
         if row.tree_attention == "nodes" and not isinstance(server, str) and (
@@ -253,7 +255,8 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
     for name, reason in skipped.items():
         row = plan.rows_for(backend)[name]
         out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
-                    "claimed": logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention),
+                    "claimed": logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention,
+                                                head_dim=head_dim_of(_e2e.served_model(row.family, models))),
                     "server": None, "reference": None, "applicable": False, "not_applicable": reason,
                     "positions": 0, "differing_positions": None, "max_abs": None, "token_sequences_differing": None,
                     "errors": [], "requests": []})
@@ -271,7 +274,8 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
     for name, key in prefill_keys.items():
         attention = plan.tree_attention(key[1])
         out.append({"backend": backend, "row": name, "drafting": plan.DECODE_VS_PREFILL, "tree_attention": attention,
-                    "claimed": logits_guarantee(backend, plan.eagle_topk(key[0]), attention),
+                    "claimed": logits_guarantee(backend, plan.eagle_topk(key[0]), attention,
+                                                head_dim=head_dim_of(configs[key].model)),
                     "server": configs[key].name, "reference": configs[key].name, "applicable": True,
                     "not_applicable": None, **prefill_results[name]})
     for key, config in configs.items():
@@ -281,9 +285,10 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             continue
         problems += _e2e.plugin_problems(server)
         # A server without speculative decoding claims what its backend's decode promises.
-        if _e2e.family(key[0]).draft is None and _e2e.claimed_logits(server) != [logits_guarantee(backend, None)]:
+        plain = logits_guarantee(backend, None, head_dim=head_dim_of(config.model))
+        if _e2e.family(key[0]).draft is None and _e2e.claimed_logits(server) != [plain]:
             problems.append(f"{backend} {config.name}: the plugin logged logits={_e2e.claimed_logits(server)}, "
-                            f"expected [{logits_guarantee(backend, None)!r}]")
+                            f"expected [{plain!r}]")
     for row in out:
         label = f"{backend} {row['row']}"
         problems += [f"{label}: {e}" for e in row["errors"][:3]]
@@ -326,7 +331,7 @@ def cache_hit(backend: str, config, started: dict, first: list, sets: dict) -> t
     problems = []
     server = started[config.name]
     row = {"backend": backend, "row": plan.CACHE_HIT, "drafting": plan.CACHE_HIT, "tree_attention": "cascade",
-           "claimed": logits_guarantee(backend, None), "server": config.name, "reference": config.name,
+           "claimed": logits_guarantee(backend, None, head_dim=head_dim_of(config.model)), "server": config.name, "reference": config.name,
            "applicable": True, "not_applicable": None}
     skip = plan.cache_hit_skip_reason(backend)
     if not isinstance(server, str):

@@ -42,7 +42,7 @@ import _requests
 from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
-from sglang_detspec.model_family import family_claim, model_family
+from sglang_detspec.model_family import family_claim, head_dim_of, model_family
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
@@ -81,7 +81,8 @@ def expected_claim(server, model_path: str, shape: str) -> str:
         return f"/server_info answered {info['status']}"
     backend = info["body"].get("attention_backend")
     topk = {"none": None, "chain": 1, "tree": 4}[shape]
-    return family_claim(model_family(model_path), logits_guarantee(backend, topk), backend)
+    return family_claim(model_family(model_path), logits_guarantee(backend, topk, head_dim=head_dim_of(model_path)),
+                        backend)
 
 
 def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[str]]:

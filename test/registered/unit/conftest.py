@@ -53,10 +53,14 @@ def bag():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A folder with a tiny Llama ``config.json``: enough for SGLang to resolve real ServerArgs."""
+    """A folder with a tiny Llama ``config.json``: enough for SGLang to resolve real ServerArgs.
+
+    Head size 128 (``hidden_size`` / heads): above ``config.FA3_RETILED_MAX_HEAD_DIM``, so an FA3 chain
+    claims ``bitwise`` here; the head-size rule has tests of its own.
+    """
     d = tmp_path_factory.mktemp("tiny_llama")
     (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
         "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
         "rms_norm_eps": 1e-5, "torch_dtype": "float16",

@@ -71,5 +71,17 @@ def test_family_resolves_with_the_verify_the_suite_expects(e2e, loaded, model_di
     reset_config()
 
 
+def test_a_model_set_of_its_own_is_written_once_and_reused(e2e, tmp_path):
+    """``tiny_models_with_vocab`` names the set by vocabulary and attention scale and finds it complete later."""
+    first = e2e.tiny_models_with_vocab(tmp_path, 64, attention_scale=8.0)
+    assert first.tiny_dir == str(tmp_path / "vocab64-attention8")
+    stamp = (tmp_path / "vocab64-attention8" / "target" / "model.safetensors").stat().st_mtime_ns
+    again = e2e.tiny_models_with_vocab(tmp_path, 64, attention_scale=8.0)
+    assert again == first
+    assert (tmp_path / "vocab64-attention8" / "target" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert e2e.tiny_models_with_vocab(tmp_path, 64).tiny_dir == str(tmp_path / "vocab64")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab64", "vocab64-attention8"]  # no staging left
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -39,9 +39,9 @@ def test_rows_differing_in_one_bit_are_found():
 
 
 def test_rows_are_grouped_in_inclusive_runs():
-    assert probe.ranges([5, 1, 2, 3, 9, 10]) == [[1, 3], [5, 5], [9, 10]]
-    assert probe.ranges([]) == []
-    assert probe.ranges(list(range(0, 40, 2)), limit=3) == [[0, 0], [2, 2], [4, 4]]
+    assert probe.ranges([5, 1, 2, 3, 9, 10]) == {"runs": [[1, 3], [5, 5], [9, 10]], "of": 3}
+    assert probe.ranges([]) == {"runs": [], "of": 0}
+    assert probe.ranges(list(range(0, 40, 2)), limit=3) == {"runs": [[0, 0], [2, 2], [4, 4]], "of": 20}
 
 
 def test_the_two_row_layout_ends_each_request_at_its_position():

@@ -10,6 +10,7 @@ argument mapping is checked against a direct softmax attention with a torch
 implementation of the extend kernel's contract standing in for the kernel.
 """
 
+import json
 import sys
 
 import pytest
@@ -100,6 +101,23 @@ def test_the_bag_reads_the_resolved_attention_backend(model_dir, flags, backend,
     reset_config()
     bag = resolve.config_from_server_args(_server_args(model_dir, flags))
     assert (bag.attention_backend, bag.logits) == (backend, logits)
+    reset_config()
+
+
+@pytest.mark.parametrize("head_dim, backend, logits", [
+    (64, "fa3", "tokens"), (32, "fa3", "tokens"), (128, "fa3", "bitwise"), (64, "triton", "bitwise"),
+])
+def test_an_fa3_chain_at_head_sizes_up_to_64_claims_tokens(tmp_path, head_dim, backend, logits):
+    """FA3's decode runs another kernel than its prefill there (measured); the plugin's fix is not yet measured."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4 * head_dim,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+              "vocab_size": 1000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reset_config()
+    bag = resolve.config_from_server_args(_server_args(str(tmp_path), f"{CHAIN} --attention-backend {backend}"))
+    assert (bag.head_dim, bag.logits) == (head_dim, logits)
+    if logits == "tokens":
+        assert f"fa3 at head size {head_dim}" in bag.logits_reason and "triton" in bag.logits_reason
     reset_config()
 
 

@@ -324,17 +324,19 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     assert rc == 0 and "could not be read" not in err
 
 
-@pytest.mark.parametrize("head_dim, backend, noted", [
-    (64, "fa3", True), (32, "fa3", True), (128, "fa3", False), (64, "triton", False), (64, None, True),
+@pytest.mark.parametrize("head_dim, backend, claim, noted", [
+    (64, "fa3", "tokens", False), (32, "fa3", "tokens", False), (128, "fa3", "bitwise", False),
+    (64, "triton", "bitwise", False), (64, None, "tokens", True), (128, None, "tokens", False),
 ])
-def test_the_dry_run_notes_fa3_head_sizes_the_decode_re_tiling_covers(capsys, tmp_path, head_dim, backend, noted):
-    """FA3 (named, or SGLang's pick on Hopper when none is) at head sizes up to 64: the re-tiling is noted, unmeasured."""
+def test_the_dry_run_states_the_fa3_head_size_rule(capsys, tmp_path, head_dim, backend, claim, noted):
+    """FA3 at head sizes up to 64 claims tokens, with the reason; with no backend named, a note for SGLang's fa3 pick."""
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                                       "hidden_size": 4 * head_dim, "num_attention_heads": 4}))
     flags = ["--attention-backend", backend] if backend else []
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN, *flags])
-    assert rc == 0
-    assert (f"this target's head size ({head_dim}) is one where FA3 sums a decode row's keys" in err) is noted
+    assert rc == 0 and f"logits='{claim}'" in start_up_line(err)
+    assert (f"because of fa3 at head size {head_dim}" in err) is (backend == "fa3" and claim == "tokens")
+    assert (f"at this target's head size ({head_dim}) an FA3 server claims 'tokens'" in err) is noted
 
 
 def test_a_server_without_speculative_decoding_says_why_it_claims_tokens_too(capsys):
