@@ -77,6 +77,7 @@ place (:func:`hook_problems`), the tests and ``docs/plugin.md`` all follow it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import threading
@@ -288,18 +289,22 @@ def hook_problems(*, applied: bool = True, config=None) -> list[str]:
 def required_by(config) -> set[str]:
     """Optional targets a bag rests on, by the claim it makes.
 
-    A ``bitwise`` claim on FA3 rests on the decode re-tiling
-    (``fa3_decode_tile_hook``: decode = prefill at head sizes up to 64)
-    where SGLang's FA3 backend imports (where it does not, no FA3 server
-    can start, so nothing rests on it); a ``bitwise`` tree through the node
-    path also on the node path's hooks (opt-in: asked for, they are required
-    whatever the build).
+    The claim read here is the one the hooks make possible, before the
+    head-size rule (``config.guarantee_and_reason``: FA3 at head sizes up to
+    64 claims ``tokens`` until the decode rewrite below is measured, so a
+    server measuring it must run it). A ``bitwise`` claim on FA3 rests on the
+    decode rewrite (``fa3_decode_tile_hook``: decode on the prefill's causal
+    kernel at head sizes up to 64) where SGLang's FA3 backend imports (where
+    it does not, no FA3 server can start, so nothing rests on it); a
+    ``bitwise`` tree through the node path also on the node path's hooks
+    (opt-in: asked for, they are required whatever the build).
     """
     required = set()
-    if config.attention_backend == "fa3" and config.logits == "bitwise" and _fa3_backend_imports():
+    claim = dataclasses.replace(config, head_dim=None).logits
+    if config.attention_backend == "fa3" and claim == "bitwise" and _fa3_backend_imports():
         required.add(fa3_decode_tile_hook.TARGET)
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
-    if tree and config.tree_attention == "nodes" and config.logits == "bitwise":
+    if tree and config.tree_attention == "nodes" and claim == "bitwise":
         required |= {row.target for row in registry_rows() if row.hook.__module__ == tree_attention_hook.__name__}
     return required
 

@@ -758,8 +758,8 @@ def plugin_problems(server: RunningServer) -> list[str]:
     The plugin must log itself active (never inactive), no failed start-up
     warm-up, its DeepGEMM warm-up (done, or why not; done on Hopper unless
     the configuration turns it off), on FA3 with a target head size the
-    decode re-tiling covers its line for the target (the positive control
-    that the re-tiling runs), and, where the configuration names a verify
+    decode rewrite covers its line for the target (the positive control
+    that the rewrite runs), and, where the configuration names a verify
     mode, log that mode and no other.
     """
     active, lines = plugin_state(server)

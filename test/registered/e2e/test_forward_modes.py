@@ -29,8 +29,9 @@ on the same model and backend, 16 seeded requests x 64 tokens (temperatures
   positions); both servers must report that chunk size in ``/server_info``;
 * ``chunked_chain``: the coupled chain on the same long prompts and flag: its
   verify against no speculative decoding's decode past 128 keys (at the tiny
-  models' head size FA3 tiles a one-row call apart from a verify unless the
-  plugin re-tiles it, ``sglang_plugin/fa3_decode_tile_hook.py``);
+  models' head size FA3 runs a one-row call on another kernel than a verify
+  unless the plugin's rewrite holds, ``sglang_plugin/fa3_decode_tile_hook.py``;
+  until it is measured those FA3 servers claim ``tokens``);
 * on fa3, every tree row again with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
   (``tree_nodes``, ``eagle3_tree_nodes``, ``nextn_tree_nodes``,
   ``chunked_nodes``: one decode query per tree node; the row's

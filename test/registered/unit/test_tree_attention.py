@@ -377,6 +377,10 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks(monkeypatch):
     monkeypatch.setattr(sglang_plugin, "_fa3_backend_imports", lambda: True)
     assert len(node_rows) == 5 and sglang_plugin.required_by(bag) == node_rows | retile
     assert sglang_plugin.required_by(chain) == retile
+    # A head size the rewrite covers claims tokens until it is measured, and still runs it (and the node path).
+    small = dataclasses.replace(bag, head_dim=64)
+    assert small.logits == "tokens" and sglang_plugin.required_by(small) == node_rows | retile
+    assert sglang_plugin.required_by(dataclasses.replace(chain, head_dim=64)) == retile
     for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, attention_backend="triton")):
         assert sglang_plugin.required_by(other) == set()
     # ... and on nothing where it does not (no FA3 server can start there); the opt-in node path still is.
