@@ -58,8 +58,9 @@ import os
 import torch
 
 DEV = "cuda"
-# (query heads, KV heads, head size): the tiny E2E target's, and a common 8B model's.
-SHAPES = ((4, 4, 64), (32, 8, 128))
+# (query heads, KV heads, head size): the tiny E2E target's, a common 8B model's, and one above 128 (FA3 drops a
+# one-row call's causal flag there too).
+SHAPES = ((4, 4, 64), (32, 8, 128), (8, 2, 256))
 PACK_GQA = (None, False, True)  # None: FA3's own choice per call, as SGLang leaves it
 
 

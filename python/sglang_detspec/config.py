@@ -376,6 +376,8 @@ class DetSpecConfig:
             skip.add("tree_chain_batch")
         if self.gemm_warmup_s == DEFAULT_GEMM_WARMUP_S:
             skip.add("gemm_warmup_s")
+        if backend != "fa3":  # the head-size rule reads it on FA3 only
+            skip.add("head_dim")
         names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
         return {names.get(f.name, f.name): getattr(self, f.name)
                 for f in dataclasses.fields(self) if f.name not in skip}
@@ -389,8 +391,8 @@ class DetSpecConfig:
 
 # Attention backends whose target decode, chain verify and prefill forwards give bitwise-equal
 # logits in deterministic mode: triton through the plugin's decode hook (attention_hook.py),
-# fa3 through one causal call over the same key tiles in all three (above FA3_SMALL_HEAD_DIM only,
-# below). Measured: docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
+# fa3 through one causal call over the same key tiles in all three (at head sizes above
+# FA3_RETILED_MAX_HEAD_DIM up to FA3_CAUSAL_KEPT_MAX_HEAD_DIM only, below). Measured: docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
 BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
 # ... and whose tree verify does too, with SGLANG_DETSPEC_TREE_ATTENTION=nodes (tree_attention_hook.py).
 BITWISE_NODE_TREE_BACKENDS = ("fa3",)
@@ -401,6 +403,9 @@ ONE_PASS_DECODE_BACKENDS = ("triton",)
 # keeps those calls on the causal kernel (sglang_plugin/fa3_decode_tile_hook.py); until that is measured
 # equal to a prefill, an FA3 server at such a head size claims tokens (guarantee_and_reason).
 FA3_RETILED_MAX_HEAD_DIM = 64
+# ... FA3 keeps the causal flag of a one-row call for paged KV from there up to this head size; above it
+# FA3 drops the flag again (mha_fwd) and no run has measured decode against prefill.
+FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
 PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 
@@ -412,8 +417,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
     the same bits in decode, verify, prefill, re-prefill after a retraction
-    and extend after a radix-cache hit (on fa3 above head size
-    :data:`FA3_RETILED_MAX_HEAD_DIM` only). ``tokens``: the forwards may round one
+    and extend after a radix-cache hit (on fa3 at head sizes from
+    :data:`FA3_RETILED_MAX_HEAD_DIM` + 1 to :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM` only). ``tokens``: the forwards may round one
     logit apart (about one bf16 step), so a token equals the other mode's
     unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
     are ``tokens`` (their verify masks interleave other branches' keys, or, on
@@ -433,8 +438,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
             pages of more than one token is ``tokens``: its paged loads can pick another key tile in
             decode than in prefill (``docs/forward_modes.md``), and that case is not measured.
         head_dim: the target's attention head size (None: unknown, no head-size rule). FA3 at a head
-            size up to :data:`FA3_RETILED_MAX_HEAD_DIM` is ``tokens``: its decode ran another kernel than
-            its prefill on the H200, and the plugin's rewrite of those calls is not yet measured.
+            size up to :data:`FA3_RETILED_MAX_HEAD_DIM` or above :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
+            is ``tokens`` (:func:`fa3_head_size_reason`).
     """
     return guarantee_and_reason(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
                                 head_dim)[0]
@@ -446,8 +451,42 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     """:func:`logits_guarantee` (same arguments) and, for ``tokens``, why: one clause naming the rule that applied.
 
     The reason is None for ``bitwise``. The start-up notes and the dry run
-    print it (``sglang_plugin/resolve.setting_notes``).
+    print it (``sglang_plugin/resolve.setting_notes``). The head-size rule
+    (:func:`fa3_head_size_reason`) applies to what would otherwise be ``bitwise``.
     """
+    claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size)
+    if claim == "bitwise" and attention_backend == "fa3":
+        reason = fa3_head_size_reason(head_dim)
+        if reason is not None:
+            return "tokens", reason
+    return claim, reason
+
+
+def fa3_head_size_reason(head_dim: int | None) -> str | None:
+    """Why an FA3 server at this target head size claims ``tokens``, or None where FA3 is ``bitwise``.
+
+    FA3 drops the causal flag of a one-row (decode) call at head sizes up to
+    :data:`FA3_RETILED_MAX_HEAD_DIM` and above :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
+    (its ``mha_fwd``): at 64 its decode parted from a prefill past 128 keys on
+    the H200, and the plugin's rewrite there is not yet measured; above 128
+    nothing is measured. None (unknown head size): no rule, as for an
+    unread config's family (the dry run notes it).
+    """
+    if head_dim is None or FA3_RETILED_MAX_HEAD_DIM < head_dim <= FA3_CAUSAL_KEPT_MAX_HEAD_DIM:
+        return None
+    if head_dim <= FA3_RETILED_MAX_HEAD_DIM:
+        return (f"fa3 at head size {head_dim} (<= {FA3_RETILED_MAX_HEAD_DIM}): FA3 runs a decode step on another "
+                "kernel than a prefill or a verify there, and their bits part past 128 keys; the plugin keeps decode "
+                "on the causal kernel, not yet measured equal to a prefill (docs/forward_modes.md); Triton chains "
+                "are bitwise at every head size")
+    return (f"fa3 at head size {head_dim} (> {FA3_CAUSAL_KEPT_MAX_HEAD_DIM}): FA3 runs a decode step on another "
+            "kernel than a prefill there too, and decode against prefill is not measured at that size "
+            "(docs/forward_modes.md); Triton chains are bitwise at every head size")
+
+
+def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | None, tree_attention: str,
+                            decode_attention: str, page_size: int | None) -> tuple[str, str | None]:
+    """The claim from the backend, the page size, the decode kernel and the draft shape (no head-size rule)."""
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
         if attention_backend is None:
             which = "no attention backend named yet"
@@ -460,11 +499,6 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
         return "tokens", (f"{attention_backend} with a KV page size of {page_size}: its paged loads can pick another "
                           "key tile in decode than in prefill (bitwise needs a page size of 1)")
-    if attention_backend == "fa3" and head_dim is not None and head_dim <= FA3_RETILED_MAX_HEAD_DIM:
-        return "tokens", (f"fa3 at head size {head_dim} (<= {FA3_RETILED_MAX_HEAD_DIM}): FA3 runs a decode step on "
-                          "another kernel than a prefill or a verify there, and their bits part past 128 keys; the "
-                          "plugin keeps decode on the causal kernel, not yet measured equal to a prefill "
-                          "(docs/forward_modes.md); --attention-backend triton is bitwise at every head size")
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention != "one_pass":
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
                           "apart from its verify")

@@ -51,13 +51,13 @@ CLAIM_NOTE = """\
 The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) for a chain, i.e.
 --speculative-eagle-topk 1, on triton attention, or on fa3 where the
-target's head size is above 64, as in the example below (on triton with
-SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default; fa3 at head sizes up
-to 64 claims tokens until the plugin's decode fix there is measured). Trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes,
-which claim bitwise), other backends and a run without --attention-backend
-(SGLang picks the backend on the GPU, so the dry run cannot know it) claim
-logits='tokens': the same tokens, except where a draw is a near-tie inside
-one bf16 rounding step. Every measured server ran with
+target's head size is 65 to 128, as in the example below (on triton with
+SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default). On fa3 at other head
+sizes, trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes at
+those head sizes, which claim bitwise), other backends and a run without
+--attention-backend (SGLang picks the backend on the GPU, so the dry run
+cannot know it) claim logits='tokens': the same tokens, except where a draw
+is a near-tie inside one bf16 rounding step. Every measured server ran with
 --cuda-graph-backend-prefill disabled; with prefill CUDA graphs on (SGLang's
 default) determinism is not yet measured."""
 DESCRIPTION = f"""\
@@ -192,28 +192,24 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     if bag.model_family is not None:
         return []
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
-            "assumes a dense target with full attention; MoE, MLA and quantized targets claim 'tokens' (the "
-            "server's start-up line states the claim for the model it loads)"]
+            "assumes a dense target with full attention and, on fa3, a head size of 65 to 128; MoE, MLA and "
+            "quantized targets claim 'tokens', and so do fa3 servers at other head sizes (the server's start-up "
+            "line states the claim for the model it loads)"]
 
 
-def fa3_head_size_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str]:
+def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """With no backend named, a note where FA3 (SGLang's pick on Hopper) would claim ``tokens`` for the head size.
 
     A named ``fa3`` needs none: the claim's own reason says it
-    (``config.guarantee_and_reason``, head sizes up to
-    ``config.FA3_RETILED_MAX_HEAD_DIM``). The head size is read from the
+    (``config.fa3_head_size_reason``). The head size is the bag's, from the
     target's ``config.json`` (none: no note).
     """
-    from ..config import FA3_RETILED_MAX_HEAD_DIM
+    from ..config import fa3_head_size_reason
 
-    if not bag.active or bag.attention_backend is not None:
+    if not bag.active or bag.attention_backend is not None or fa3_head_size_reason(bag.head_dim) is None:
         return []
-    head = bag.head_dim
-    if head is None or head > FA3_RETILED_MAX_HEAD_DIM:
-        return []
-    return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({head}) an FA3 server claims "
-            "'tokens': FA3's decode parts from a prefill past 128 keys there and the plugin's fix is not yet "
-            "measured (docs/forward_modes.md); --attention-backend triton claims 'bitwise'"]
+    return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
+            "claims 'tokens' (docs/forward_modes.md); --attention-backend triton claims 'bitwise' for a chain"]
 
 
 def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
@@ -356,7 +352,7 @@ def _run(args) -> int:
 
             ns = read_launch_args(cmd[3:])
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
-                         + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag, ns) + gemm_warmup_notes(bag)):
+                         + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)):
                 _say(f"note: {note}")
     if args.dry_run:
         print(dry_run_command(cmd, env))

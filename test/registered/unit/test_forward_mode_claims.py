@@ -17,7 +17,7 @@ import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 import torch
 
-from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
+from sglang_detspec.config import DetSpecConfig, guarantee_and_reason, logits_guarantee, reset_config
 from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend
 from sglang_detspec.sglang_plugin import attention_hook, resolve
 
@@ -104,11 +104,21 @@ def test_the_bag_reads_the_resolved_attention_backend(model_dir, flags, backend,
     reset_config()
 
 
+def test_a_tree_keeps_its_own_reason_at_a_small_head_size():
+    """The head-size rule applies to what would be bitwise; a cascade tree's reason still names the node path."""
+    claim, reason = guarantee_and_reason("fa3", 4, "cascade", head_dim=64)
+    assert claim == "tokens" and "SGLANG_DETSPEC_TREE_ATTENTION=nodes" in reason
+    claim, reason = guarantee_and_reason("fa3", 4, "nodes", head_dim=64)
+    assert claim == "tokens" and "fa3 at head size 64" in reason
+    assert guarantee_and_reason("fa3", 4, "nodes", head_dim=128) == ("bitwise", None)
+
+
 @pytest.mark.parametrize("head_dim, backend, logits", [
-    (64, "fa3", "tokens"), (32, "fa3", "tokens"), (128, "fa3", "bitwise"), (64, "triton", "bitwise"),
+    (64, "fa3", "tokens"), (32, "fa3", "tokens"), (96, "fa3", "bitwise"), (128, "fa3", "bitwise"),
+    (256, "fa3", "tokens"), (64, "triton", "bitwise"), (256, "triton", "bitwise"),
 ])
-def test_an_fa3_chain_at_head_sizes_up_to_64_claims_tokens(tmp_path, head_dim, backend, logits):
-    """FA3's decode runs another kernel than its prefill there (measured); the plugin's fix is not yet measured."""
+def test_an_fa3_chain_claims_bitwise_only_at_head_sizes_65_to_128(tmp_path, head_dim, backend, logits):
+    """FA3 drops a decode call's causal flag at head sizes up to 64 (measured apart) and above 128 (not measured)."""
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4 * head_dim,
               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
               "vocab_size": 1000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
@@ -116,8 +126,9 @@ def test_an_fa3_chain_at_head_sizes_up_to_64_claims_tokens(tmp_path, head_dim, b
     reset_config()
     bag = resolve.config_from_server_args(_server_args(str(tmp_path), f"{CHAIN} --attention-backend {backend}"))
     assert (bag.head_dim, bag.logits) == (head_dim, logits)
+    assert (f"head_dim={head_dim}" in bag.describe()) is (backend == "fa3")  # shown where the rule reads it
     if logits == "tokens":
-        assert f"fa3 at head size {head_dim}" in bag.logits_reason and "triton" in bag.logits_reason
+        assert f"fa3 at head size {head_dim}" in bag.logits_reason and "Triton chains" in bag.logits_reason
     reset_config()
 
 

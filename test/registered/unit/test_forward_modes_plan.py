@@ -67,14 +67,17 @@ def test_every_tree_row_has_a_node_variant_on_fa3_only(plan):
 
 
 @pytest.mark.parametrize("backend", ["triton", "fa3", "flashinfer"])
-def test_the_claims_the_suite_expects(plan, backend):
-    claims = {name: logits_guarantee(backend, plan.eagle_topk(r.family), r.tree_attention)
+@pytest.mark.parametrize("head_dim", [None, 64, 128])
+def test_the_claims_the_suite_expects(plan, backend, head_dim):
+    """The suite's servers (tiny models: head size 64) claim tokens on FA3 until its decode fix is measured."""
+    claims = {name: logits_guarantee(backend, plan.eagle_topk(r.family), r.tree_attention, head_dim=head_dim)
               for name, r in plan.rows_for(backend).items()}
     if backend == "flashinfer":
         assert set(claims.values()) == {"tokens"} and logits_guarantee(backend, None) == "tokens"
         return
+    small_fa3 = backend == "fa3" and head_dim == 64
     for name, row in plan.rows_for(backend).items():
-        bitwise = not plan.is_tree(row) or row.tree_attention == "nodes"
+        bitwise = (not plan.is_tree(row) or row.tree_attention == "nodes") and not small_fa3
         assert claims[name] == ("bitwise" if bitwise else "tokens"), name
 
 
