@@ -198,7 +198,7 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
 
 
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
-    """With no backend named, a note where FA3 (SGLang's pick on Hopper) would claim ``tokens`` for the head size.
+    """With no backend named, what FA3 (SGLang's pick on Hopper) would claim at the target's head size.
 
     A named ``fa3`` needs none: the claim's own reason says it
     (``config.fa3_head_size_reason``). The head size is the bag's, from the
@@ -206,8 +206,11 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """
     from ..config import fa3_head_size_reason
 
-    if not bag.active or bag.attention_backend is not None or fa3_head_size_reason(bag.head_dim) is None:
+    if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
+    if fa3_head_size_reason(bag.head_dim) is None:
+        return [f"on Hopper SGLang picks fa3 here; at this target's head size ({bag.head_dim}) an FA3 chain "
+                "claims 'bitwise' (name --attention-backend fa3 or triton for the dry run to state it)"]
     return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
             "claims 'tokens' (docs/forward_modes.md); --attention-backend triton claims 'bitwise' for a chain"]
 

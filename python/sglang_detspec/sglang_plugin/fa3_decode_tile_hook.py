@@ -4,9 +4,9 @@ Why: at head sizes up to 64 FA3 drops the causal flag of a call with one
 query row (``max_seqlen_q`` 1, no window, no attention chunk; its mask is
 empty there), so a decode step runs FA3's unmasked kernel, while a prefill,
 a chunked prefill and a chain verify of the same row run the causal kernel
-with 128-key blocks. From key 128 on a
-decode row then rounds apart from the same row in a prefill: on the H200,
-964 of 1,100 rows at head size 64, none at head size 128
+with 128-key blocks. From key 128 on a decode row then rounds apart from the
+same row in a prefill: on the H200, 964 of 1,100 rows at head size 64, none
+at head size 128
 (``docs/benchmarks/fa3_chunk_probe/2026-12-04-h200/``). Between 65 and 128
 FA3 keeps the causal flag for paged KV. A first rewrite (a whole-sequence
 attention chunk, which makes the call "local") left the bits as they were

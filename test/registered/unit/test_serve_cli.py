@@ -337,6 +337,8 @@ def test_the_dry_run_states_the_fa3_head_size_rule(capsys, tmp_path, head_dim, b
     assert rc == 0 and f"logits='{claim}'" in start_up_line(err)
     assert (f"because of fa3 at head size {head_dim}" in err) is (backend == "fa3" and claim == "tokens")
     assert (f"at this target's head size ({head_dim}) an FA3 server claims 'tokens'" in err) is noted
+    assert (f"at this target's head size ({head_dim}) an FA3 chain claims 'bitwise'" in err) is (
+        backend is None and head_dim == 128)
 
 
 def test_a_server_without_speculative_decoding_says_why_it_claims_tokens_too(capsys):
