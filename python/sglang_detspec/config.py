@@ -45,8 +45,12 @@ DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
 # prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
 # sglang: SGLang's split-KV decode kernel (faster with long prompts: docs/benchmarks/attention_cost/,
-# logits 'tokens').
-DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang")
+# logits 'tokens'); split: decode, prefill, extend and chain verify all run the plugin's positional-split
+# kernels (ops/split_attention.py: split-KV decode with the bits of the prefill; opt-in until measured on a
+# GPU; the one-pass decode serves where their start-up check fails).
+DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang", "split")
+# The settings whose Triton decode equals the verify's and the prefill's bit for bit.
+BITWISE_DECODE_ATTENTION = ("one_pass", "split")
 # Settings that no longer exist: setting one is an error, so a run never silently lacks what it asked for.
 REMOVED_ENV = {
     "SGLANG_DETSPEC_GEMM": "the plugin's split-K GEMM is no longer part of the package (measured slower than "
@@ -127,8 +131,10 @@ class DetSpecConfig:
         decode_attention: ``SGLANG_DETSPEC_DECODE_ATTENTION``: ``one_pass``
             (on Triton the target's decode runs the verify's single-pass
             kernel, so chain verify, prefill and decode logits agree bit for
-            bit) or ``sglang`` (SGLang's split-KV decode: faster at large
-            batch, logits ``tokens`` on Triton).
+            bit), ``split`` (all of them run the plugin's positional-split
+            kernels: split-KV decode, still bitwise; opt-in) or ``sglang``
+            (SGLang's split-KV decode: faster at large batch, logits
+            ``tokens`` on Triton).
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
@@ -424,7 +430,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
     are ``tokens`` (their verify masks interleave other branches' keys, or, on
     fa3, merge two partial attentions in bf16) except on fa3 with
     ``tree_attention="nodes"``, where each node's verify is the decode query
-    of its token. The rule assumes full attention without MLA at SGLang's
+    of its token, and on triton with ``decode_attention="split"``, where each
+    node's verify rows run its token's decode segments. The rule assumes full attention without MLA at SGLang's
     default page size; the hooks log where a model falls outside it
     (``sglang_plugin/attention_hook.py``, ``tree_attention_hook.py``).
 
@@ -432,8 +439,9 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
         attention_backend: SGLang's resolved decode attention backend, or None (unknown).
         eagle_topk: ``speculative_eagle_topk``, or None without speculative decoding.
         tree_attention: ``cascade`` or ``nodes`` (:data:`TREE_ATTENTION_SETTINGS`).
-        decode_attention: ``one_pass`` or ``sglang`` (:data:`DECODE_ATTENTION_SETTINGS`); with
-            ``sglang`` a Triton server keeps SGLang's split-KV decode, which rounds apart from its verify.
+        decode_attention: one of :data:`DECODE_ATTENTION_SETTINGS`; with ``sglang`` a Triton server
+            keeps SGLang's split-KV decode, which rounds apart from its verify (``one_pass`` and
+            ``split`` do not: :data:`BITWISE_DECODE_ATTENTION`).
         page_size: the KV cache's page size (None: unknown, taken as SGLang's default of 1). FA3 with
             pages of more than one token is ``tokens``: its paged loads can pick another key tile in
             decode than in prefill (``docs/forward_modes.md``), and that case is not measured.
@@ -499,11 +507,13 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
         return "tokens", (f"{attention_backend} with a KV page size of {page_size}: its paged loads can pick another "
                           "key tile in decode than in prefill (bitwise needs a page size of 1)")
-    if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention != "one_pass":
+    if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention not in BITWISE_DECODE_ATTENTION:
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
                           "apart from its verify")
     if (eagle_topk or 1) == 1:
         return "bitwise", None
+    if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention == "split":
+        return "bitwise", None  # each node's verify rows run its decode's segments (ops/split_attention.py)
     if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "bitwise", None
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:
@@ -578,7 +588,7 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_DISABLE`` not a boolean word,
             ``SGLANG_DETSPEC_VERIFY`` not in auto|coupled|rejection,
             ``SGLANG_DETSPEC_TREE_ATTENTION`` not in cascade|nodes,
-            ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang,
+            ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang|split,
             ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` not an integer in
             [0, :data:`MAX_TREE_CHAIN_BATCH`],
             ``SGLANG_DETSPEC_GEMM_WARMUP_S`` not a number of seconds in

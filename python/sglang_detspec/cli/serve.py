@@ -52,9 +52,11 @@ The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) for a chain, i.e.
 --speculative-eagle-topk 1, on triton attention, or on fa3 where the
 target's head size is 65 to 128, as in the example below (on triton with
-SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default). Fa3 at other head
-sizes, trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes at
-head sizes 65 to 128, which claim bitwise), other backends and a run without
+SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default, or split). Fa3 at other
+head sizes, trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes
+at head sizes 65 to 128, and triton trees with
+SGLANG_DETSPEC_DECODE_ATTENTION=split, not yet run on a GPU: bitwise), other
+backends and a run without
 --attention-backend (SGLang picks the backend on the GPU, so the dry run
 cannot know it) claim logits='tokens': the same tokens, except where a draw
 is a near-tie inside one bf16 rounding step. Every measured server ran with

@@ -13,6 +13,9 @@
   TARGET race runs over (temperature, then top-k / top-p / min-p by token id).
 - :func:`rms_norm`, :func:`fused_add_rms_norm`: batch-invariant RMSNorm and
   add + RMSNorm, one fused kernel each, pinned bit for bit to a torch reference.
+- :func:`split_extend`, :func:`split_decode`, :func:`split_tree_verify`:
+  positional-split attention, a row's keys cut at the same key positions in
+  prefill, verify and decode, so each row gets the same bits in every mode.
 
 Every op takes ``kernel="auto" | "torch" | "triton"`` and reads no plugin state.
 
@@ -48,6 +51,9 @@ __all__ = [
     "target_weights",
     "rms_norm",
     "fused_add_rms_norm",
+    "split_extend",
+    "split_decode",
+    "split_tree_verify",
 ]
 
 
@@ -56,12 +62,13 @@ def _import_torch_ops() -> None:
     # Declared global so the imports below bind module names, as top-level imports would.
     global coupled_verify_chain, coupled_verify_tree, hash_uniform, keyed_hash, race_keys, exponential_race
     global coupled_children, verify_chain, id_ordered_filtered_probs, target_weights
-    global rms_norm, fused_add_rms_norm
+    global rms_norm, fused_add_rms_norm, split_extend, split_decode, split_tree_verify
     from .coupled import coupled_verify_chain, coupled_verify_tree
     from .hashing import hash_uniform, keyed_hash
     from .keys import race_keys
     from .race import exponential_race
     from .rmsnorm import fused_add_rms_norm, rms_norm
+    from .split_attention import split_decode, split_extend, split_tree_verify
     from .tree_children import coupled_children
     from .verify import verify_chain
     from .weights import id_ordered_filtered_probs, target_weights

@@ -43,7 +43,8 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``request_seeds``: request seeds: a fresh seed for an unseeded sampled
   request, one derived seed per parallel sample, the seed in every response.
 - ``attention_hook``: the target's Triton decode attention runs the kernel
-  its verify and prefill run, so their logits are bitwise equal.
+  its verify and prefill run (or, opted in, all three run the plugin's
+  positional-split kernels), so their logits are bitwise equal.
 - ``fa3_decode_tile_hook``: FA3's one-row (decode) calls at head sizes up
   to 64 keep FA3's causal flag, so they run the kernel its prefill and
   verify run (decode = prefill bit for bit is not yet measured there).
@@ -176,6 +177,7 @@ def hook_table() -> list[Hook]:
         Hook(rv.WHOLE_TARGET, rv.validate_whole_request, "BEFORE"),
         Hook(attention_hook.TARGET, attention_hook.use_one_pass_decode, "AFTER"),
         Hook(attention_hook.DECODE_FWD, attention_hook.use_one_pass_decode, "SWAP"),
+        Hook(attention_hook.EXTEND_FWD, attention_hook.use_one_pass_decode, "SWAP"),
         Hook(tah.INIT, tah.check_backend, "AFTER", _CUDA_ONLY),
         Hook(f"{tah.FA}.{channels.TREE_NODES_OK.attr}", tah.check_backend, "ATTR"),
         Hook(tah.GRAPH_STATE, tah.allocate_graph_buffers, "AFTER", _CUDA_ONLY),

@@ -42,39 +42,62 @@ summarised, ``docs/forward_modes.md`` ("What it costs").
 On Hopper a query-head group shares one 64-row tile (``sglang_plugin.decode_attention.decode_packed``,
 checked bitwise at start-up), which reads each KV head once per group.
 ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps SGLang's decode (claim ``tokens``).
+
+``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (opt-in, not yet measured on a
+GPU) gives decode its split-KV parallelism back: the instance's
+``decode_attention_fwd`` and ``extend_attention_fwd_unified`` (the name
+deterministic prefill, extend and verify call) both run the plugin's
+positional-split kernels (``ops/split_attention.py``: each row's keys cut
+every 256 keys from key 0 in every mode, segments folded in one order), so
+decode equals prefill and a chain's verify while a long context is spread
+over one program per segment. It applies where
+:func:`split_unavailable` finds nothing, its start-up check among it;
+elsewhere the one-pass decode above serves, with a warning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
 
-from ..config import current_config
+from ..config import current_config, install_config
+from ..ops.split_attention import (MAX_TREE_NODES, SEGMENT_KEYS, segments_for, split_decode, split_extend,
+                                   split_modes_agree, split_tree_verify)
+from ..ops.split_attention import unsupported as split_shape_problem
 from .decode_attention import decode_as_extend, decode_packed, packable, packed_matches, packed_shape
 
 _BACKEND = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 TARGET = f"{_BACKEND}.__init__"
 DECODE_FWD = f"{_BACKEND}.decode_attention_fwd"  # the instance attribute swapped (kind SWAP)
+# ... and, with SGLANG_DETSPEC_DECODE_ATTENTION=split, the extend kernel it calls in deterministic mode.
+EXTEND_FWD = f"{_BACKEND}.extend_attention_fwd_unified"
+# Logged on a target backend the positional-split kernels serve / where SGLANG_DETSPEC_DECODE_ATTENTION=split
+# was asked for and could not apply (the E2E suites' positive control).
+SPLIT_ON = "attention run the positional-split Triton kernels"
+SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used"
 
 logger = logging.getLogger("sglang_detspec")
 
 
 def use_one_pass_decode(result, backend, *args, **kwargs):
-    """AFTER hook of ``TritonAttnBackend.__init__``: route the target's decode through the verify kernel.
+    """AFTER hook of ``TritonAttnBackend.__init__``: route the target's decode through the verify's arithmetic.
 
     Only where the run is the plugin's (:attr:`DetSpecConfig.active`), SGLang's
     deterministic mode is on for this backend, the bag's ``decode_attention``
-    is ``one_pass`` (the default; ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
-    keeps SGLang's faster split-KV decode and a ``tokens`` claim), and the
-    backend belongs to the target model (``is_draft_runner`` false) without
-    MLA or decode context parallelism. Returns None (the constructor's result
-    is kept).
+    is ``one_pass`` (the default) or ``split`` (``sglang`` keeps SGLang's
+    faster split-KV decode and a ``tokens`` claim), and the backend belongs
+    to the target model (``is_draft_runner`` false) without MLA or decode
+    context parallelism. ``one_pass``: the decode runs SGLang's single-pass
+    extend kernel. ``split``: decode and extend both run the positional-split
+    kernels (:func:`_split_paths`), where their start-up check passes; the
+    one-pass decode otherwise. Returns None (the constructor's result is kept).
     """
     bag = current_config()
     if not (bag.active and getattr(backend, "enable_deterministic", False)) or backend.is_draft_runner:
         return None
-    if bag.decode_attention != "one_pass":
+    if bag.decode_attention not in ("one_pass", "split"):
         logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel "
                        "(SGLANG_DETSPEC_DECODE_ATTENTION=%s): this server's logits are 'tokens', not 'bitwise' "
                        "(docs/forward_modes.md)", bag.decode_attention)
@@ -83,12 +106,36 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
         logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel (MLA or decode context "
                        "parallelism): this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
         return None
-    if (getattr(backend, "sliding_window_size", None) or -1) > 0:
+    window = (getattr(backend, "sliding_window_size", None) or -1) > 0
+    if window:
         logger.warning("sglang-detspec: the model has sliding-window layers, whose decode and extend tile the window "
                        "differently: this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
     rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
-    unified, sglangs = backend.extend_attention_fwd_unified, backend.decode_attention_fwd
+    unified = backend.extend_attention_fwd_unified
+    if bag.decode_attention == "split":
+        reason = "the model has sliding-window layers" if window else split_unavailable(backend)
+        if reason is None:
+            backend.decode_attention_fwd, backend.extend_attention_fwd_unified = _split_paths(
+                backend, _one_pass_decode(backend, unified, rows, None), unified)
+            logger.info("sglang-detspec: target prefill, extend, verify and decode %s (segments of %d keys; "
+                        "decode = prefill checked bitwise at start-up)", SPLIT_ON, SEGMENT_KEYS)
+            return None
+        # The bag must state the path that runs: a tree's verify now keeps SGLang's kernel ('tokens').
+        kept = dataclasses.replace(bag, decode_attention="one_pass")
+        install_config(kept)
+        logger.warning("sglang-detspec: %s (%s); the target decode runs the verify's single-pass kernel instead%s",
+                       SPLIT_OFF, reason, "" if kept.logits == bag.logits else
+                       f": this server's logits are {kept.logits!r}, not {bag.logits!r}")
     packed = _packed_kernel(backend, unified)
+    backend.decode_attention_fwd = _one_pass_decode(backend, unified, rows, packed)
+    logger.info("sglang-detspec: target decode attention runs the verify's single-pass Triton kernel%s",
+                " (a query-head group per tile, checked bitwise at start-up)" if packed is not None else "")
+    return None
+
+
+def _one_pass_decode(backend, unified, rows, packed):
+    """The decode function that runs SGLang's single-pass extend kernel (``packed``: see :func:`_packed_kernel`)."""
+    sglangs = backend.decode_attention_fwd
     # The packed rows' offsets for the checked head counts (packed[2]), made once instead of at every layer call.
     group_rows = rows * (packed[2][0] // packed[2][1]) if packed is not None else None
 
@@ -111,10 +158,113 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
                                 v_scale, logit_cap=logit_cap, sinks=sinks, page_size=page_size, score_mod=score_mod,
                                 aux_tensors=aux_tensors)
 
-    backend.decode_attention_fwd = decode
-    logger.info("sglang-detspec: target decode attention runs the verify's single-pass Triton kernel%s",
-                " (a query-head group per tile, checked bitwise at start-up)" if packed is not None else "")
+    return decode
+
+
+def split_unavailable(backend) -> str | None:
+    """Why the positional-split kernels cannot serve this target backend, or None where they can.
+
+    They need a CUDA device, pages of one token, a shape
+    :func:`~sglang_detspec.ops.split_attention.unsupported` accepts, SGLang's
+    decode scratch sized for one segment per :data:`SEGMENT_KEYS` keys of the
+    context (``max_kv_splits``, sized by SGLang's deterministic split tile),
+    and their start-up check (decode = prefill = chunked extend, bit for bit,
+    on this GPU at this shape).
+    """
+    if (getattr(backend, "page_size", 1) or 1) != 1:
+        return f"KV page size {backend.page_size} (the kernels read pages of one token)"
+    needed = segments_for(backend.max_context_len)
+    if backend.max_kv_splits < needed:
+        return (f"SGLang's decode scratch holds {backend.max_kv_splits} splits, the context needs {needed} segments "
+                f"of {SEGMENT_KEYS} keys (SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE above {SEGMENT_KEYS}?)")
+    k_buf, _ = _first_layer_buffers(backend)
+    if k_buf.ndim != 3:
+        return f"a {k_buf.ndim}-D KV buffer"
+    shape = _layer_shape(backend)
+    reason = split_shape_problem(*shape)
+    if reason:
+        return reason
+    device = backend.kv_indptr.device
+    if device.type != "cuda":
+        return "no CUDA device"
+    try:
+        if not split_modes_agree(*shape, device):
+            return "its start-up check found decode and prefill rows apart on this GPU"
+    except Exception as exc:  # any surprise keeps the proven path
+        return f"its start-up check failed: {exc!r}"
     return None
+
+
+def _first_layer_buffers(backend):
+    """The KV cache's key and value buffers of the backend's first layer (its shapes stand for the model's)."""
+    pool = backend.token_to_kv_pool
+    layer = getattr(pool, "start_layer", 0) or 0
+    return pool.get_key_buffer(layer), pool.get_value_buffer(layer)
+
+
+def _layer_shape(backend) -> tuple:
+    """``(heads, kv_heads, head_dim, v_head_dim, kv dtype)`` of the first layer, as ``packed_shape`` lays it out."""
+    k_buf, v_buf = _first_layer_buffers(backend)
+    return backend.num_head, backend.num_kv_head, k_buf.shape[-1], v_buf.shape[-1], k_buf.dtype
+
+
+def _split_paths(backend, one_pass, unified):
+    """``(decode, extend)`` functions for the backend: the positional-split kernels, or the proven ones per call.
+
+    A call the kernels do not cover (a logit cap, sinks, a score modifier,
+    Grok's temperature, KV scales, pages above one token, another layer
+    shape than the checked first one; for extends also a window, a
+    non-causal call, or a tree of more than ``MAX_TREE_NODES`` draft tokens)
+    goes to the one-pass decode and SGLang's single-pass extend, which agree
+    with each other: each layer meets one arithmetic in every mode. A
+    chain's verify mask is causal (its draft tokens are a path), so the
+    extend ignores it where the backend's draft top-k (``topk``, which
+    SGLang sets from the published one when it builds the backend: 1 in a
+    switching tree's chain state) is at most 1; a tree's verify runs each
+    node over its prefix and path (``split_tree_verify``), as its decode.
+    """
+    checked = _layer_shape(backend)
+    chain_masks = (getattr(backend, "topk", 0) or 0) <= 1
+
+    def covered(q, k_buffer, v_buffer, k_scale, v_scale, logit_cap, sinks, xai_temperature_len, page_size,
+                score_mod):
+        return (sinks is None and score_mod is None and not logit_cap and xai_temperature_len <= 0
+                and k_scale == 1.0 and v_scale == 1.0 and page_size == 1
+                and packed_shape(q, k_buffer, v_buffer) == checked)
+
+    @torch.compiler.disable
+    def decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
+               max_kv_splits, sm_scale, k_scale, v_scale, logit_cap=0.0, sinks=None, xai_temperature_len=-1,
+               *args, page_size=1, score_mod=None, aux_tensors=None, **kwargs):
+        if attn_logits is not None and covered(q, k_buffer, v_buffer, k_scale, v_scale, logit_cap, sinks,
+                                               xai_temperature_len, page_size, score_mod):
+            return split_decode(q, o, k_buffer, v_buffer, kv_indptr, kv_indices, attn_logits, attn_lse, sm_scale)
+        return one_pass(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
+                        max_kv_splits, sm_scale, k_scale, v_scale, logit_cap, sinks, xai_temperature_len, *args,
+                        page_size=page_size, score_mod=score_mod, aux_tensors=aux_tensors, **kwargs)
+
+    @torch.compiler.disable
+    def extend(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+               max_len_extend, custom_mask=None, mask_indptr=None, sm_scale=None, logit_cap=0.0, is_causal=True,
+               sliding_window_size=-1, sinks=None, window_start_pos=None, xai_temperature_len=-1, page_size=1,
+               score_mod=None, aux_tensors=None):
+        if (is_causal and (sliding_window_size or -1) <= 0
+                and covered(q, k_buffer, v_buffer, k_scale, v_scale, logit_cap, sinks, xai_temperature_len,
+                            page_size, score_mod)):
+            scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
+            if custom_mask is None or chain_masks:
+                return split_extend(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+                                    int(max_len_extend), scale)
+            if mask_indptr is not None and int(max_len_extend) <= MAX_TREE_NODES:
+                return split_tree_verify(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+                                         custom_mask, mask_indptr, int(max_len_extend), scale)
+        return unified(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+                       max_len_extend, custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale,
+                       logit_cap=logit_cap, is_causal=is_causal, sliding_window_size=sliding_window_size,
+                       sinks=sinks, window_start_pos=window_start_pos, xai_temperature_len=xai_temperature_len,
+                       page_size=page_size, score_mod=score_mod, aux_tensors=aux_tensors)
+
+    return decode, extend
 
 
 def _packed_kernel(backend, unified):
@@ -134,9 +284,7 @@ def _packed_kernel(backend, unified):
     try:
         from sglang.kernels.ops.attention import extend_attention as ext
 
-        pool = backend.token_to_kv_pool
-        layer = getattr(pool, "start_layer", 0) or 0
-        k_buf, v_buf = pool.get_key_buffer(layer), pool.get_value_buffer(layer)
+        k_buf, v_buf = _first_layer_buffers(backend)
         if k_buf.dtype not in (torch.bfloat16, torch.float16) or k_buf.ndim != 3:
             return None
         dim, v_dim = k_buf.shape[-1], v_buf.shape[-1]

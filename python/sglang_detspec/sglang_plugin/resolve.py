@@ -19,8 +19,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
-                      resolve_verify)
+from ..config import (COUPLED_ALGORITHMS, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, Refusal, current_config,
+                      env_settings, install_config, resolve_verify)
 from ..model_family import config_file, family_note, head_dim_of, model_family
 
 logger = logging.getLogger("sglang_detspec")
@@ -266,6 +266,10 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
         notes.append(chain_note(config))
+    if config.decode_attention == "split" and (backend is None or backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS):
+        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split: the positional-split Triton kernels have run only in "
+                     "Triton's CPU interpreter, not yet on a GPU or a server; a start-up check on the GPU compares "
+                     "their decode with their prefill bit for bit and keeps the one-pass decode where it fails")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

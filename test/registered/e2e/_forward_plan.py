@@ -303,3 +303,23 @@ def compare_with_prefill(decoded: list, prefilled: list, prompt_lens: list[int])
                      "first_differing_logprob": apart[0] if apart else None, "token_ids_apart": ids_apart})
     return {"positions": positions, "differing_positions": differing, "max_abs": max_abs,
             "token_sequences_differing": sequences, "errors": errors, "requests": rows}
+
+
+def decode_attention(environ=None) -> str:
+    """The Triton decode path every server of the run takes: ``SGLANG_DETSPEC_DECODE_ATTENTION`` as the plugin reads it.
+
+    The servers inherit the suite's environment, so a run with
+    ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` measures the positional-split
+    kernels on Triton (the reference servers too: both sides of each row).
+
+    Raises:
+        ValueError: a value the plugin refuses (its message names the variable).
+    """
+    from sglang_detspec.config import env_settings
+
+    return env_settings(os.environ if environ is None else environ)["decode_attention"]
+
+
+def result_name(backend: str, decode: str) -> str:
+    """The result file's name: ``forward_modes_<backend>``, with ``_<decode>`` where Triton's decode is not the default."""
+    return f"forward_modes_{backend}" + (f"_{decode}" if backend == "triton" and decode != "one_pass" else "")

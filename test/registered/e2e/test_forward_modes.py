@@ -94,7 +94,11 @@ name, a repeated name or an empty list stops collection with an error that
 names the variable and the allowed values; fa3 named where its library does
 not load fails the test. One backend per command keeps a run inside a 600 s
 limit: each backend starts its servers in parallel (several minutes on an
-H200), then sends seconds of traffic.
+H200), then sends seconds of traffic. With
+``SGLANG_DETSPEC_DECODE_ATTENTION=split`` in the suite's environment every
+server inherits it: the Triton rows then measure the positional-split
+kernels (each Triton server must log them on its target,
+``forward_modes_triton_split.json``).
 """
 
 import concurrent.futures
@@ -110,6 +114,7 @@ from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import head_dim_of
+from sglang_detspec.sglang_plugin.attention_hook import SPLIT_OFF, SPLIT_ON
 from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE_PATH_ON
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
@@ -118,6 +123,7 @@ NUM_REQUESTS, CACHED_TOKENS = 16, 32
 NEW_TOKENS = plan.NEW_TOKENS
 PROMPT_SEED = 4242
 BACKENDS = plan.selected_backends()
+DECODE_ATTENTION = plan.decode_attention()
 TEST_ORDER = ("test_forward_modes",)
 
 
@@ -245,7 +251,7 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         outcome = compare(results[(row.reference_server, row.prompts)], results[(row.server, row.prompts)])
         server = started[spec.name]
         claims = [] if isinstance(server, str) else _e2e.claimed_logits(server)
-        expected = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention,
+        expected = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION,
                                     head_dim=head_dim_of(spec.model))
         if claims != [expected]:
             problems.append(f"{backend} {name}: the plugin logged logits={claims}, expected [{expected!r}]")
@@ -255,14 +261,14 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
                             f"{server.log_lines('FA3 tree verify')[:2]})")
         # A node-path row compares decode calls with decode calls (each node's verify is a decode query),
         # which the head-size rule does not concern: it is held to the claim without that rule.
-        held = (logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention)
+        held = (logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION)
                 if row.tree_attention == "nodes" else expected)
         out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
                     "claimed": expected, "asserted": held, "server": spec.name, "reference": base.name,
                     "applicable": True, "not_applicable": None, **outcome})
     for name, reason in skipped.items():
         row = plan.rows_for(backend)[name]
-        claim = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention,
+        claim = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION,
                                  head_dim=head_dim_of(_e2e.served_model(row.family, models)))
         out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
                     "claimed": claim, "asserted": claim,
@@ -282,7 +288,8 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
     problems += cache_problems
     for name, key in prefill_keys.items():
         attention = plan.tree_attention(key[1])
-        claim = logits_guarantee(backend, plan.eagle_topk(key[0]), attention, head_dim=head_dim_of(configs[key].model))
+        claim = logits_guarantee(backend, plan.eagle_topk(key[0]), attention, DECODE_ATTENTION,
+                                 head_dim=head_dim_of(configs[key].model))
         out.append({"backend": backend, "row": name, "drafting": plan.DECODE_VS_PREFILL, "tree_attention": attention,
                     "claimed": claim, "asserted": claim,
                     "server": configs[key].name, "reference": configs[key].name, "applicable": True,
@@ -293,8 +300,12 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             problems.append(server)
             continue
         problems += _e2e.plugin_problems(server)
+        if backend == "triton" and DECODE_ATTENTION == "split" and (
+                not server.log_lines(SPLIT_ON) or server.log_lines(SPLIT_OFF)):
+            problems.append(f"{backend} {config.name}: SGLANG_DETSPEC_DECODE_ATTENTION=split did not take the target "
+                            f"(its lines: {server.log_lines('DECODE_ATTENTION=split')[:1]})")
         # A server without speculative decoding claims what its backend's decode promises.
-        plain = logits_guarantee(backend, None, head_dim=head_dim_of(config.model))
+        plain = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model))
         if _e2e.family(key[0]).draft is None and _e2e.claimed_logits(server) != [plain]:
             problems.append(f"{backend} {config.name}: the plugin logged logits={_e2e.claimed_logits(server)}, "
                             f"expected [{plain!r}]")
@@ -339,7 +350,7 @@ def cache_hit(backend: str, config, started: dict, first: list, sets: dict) -> t
     """
     problems = []
     server = started[config.name]
-    claim = logits_guarantee(backend, None, head_dim=head_dim_of(config.model))
+    claim = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model))
     row = {"backend": backend, "row": plan.CACHE_HIT, "drafting": plan.CACHE_HIT, "tree_attention": "cascade",
            "claimed": claim, "asserted": claim, "server": config.name, "reference": config.name,
            "applicable": True, "not_applicable": None}
@@ -381,8 +392,9 @@ def test_forward_modes(servers, models, backend):
     if backend == "fa3" and not _e2e.fa3_installed():
         pytest.fail(f"{plan.BACKENDS_ENV} names fa3, but sgl-kernel's FA3 library is not installed (or does not load)")
     rows, problems = measure(servers, models, backend)
-    path = _e2e.write_result(f"forward_modes_{backend}", {"passed": not problems, "problems": problems,
-                                                          "rows": rows})
+    path = _e2e.write_result(plan.result_name(backend, DECODE_ATTENTION),
+                             {"passed": not problems, "problems": problems, "decode_attention": DECODE_ATTENTION,
+                              "rows": rows})
     assert not problems, "; ".join(problems[:6]) + f" ({path})"
 
 

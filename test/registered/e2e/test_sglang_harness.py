@@ -88,7 +88,9 @@ def server_configs(models: _e2e.Models, backends) -> dict:
 def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[str]]:
     """The server's logged claim and what is wrong with its start-up lines."""
     claims = _e2e.claimed_logits(server)
-    expected = logits_guarantee(backend, _forward_plan.eagle_topk(label), head_dim=head_dim_of(server.config.model))
+    expected = logits_guarantee(backend, _forward_plan.eagle_topk(label),
+                                decode_attention=_forward_plan.decode_attention(),
+                                head_dim=head_dim_of(server.config.model))
     problems = _e2e.plugin_problems(server)
     if claims != [expected]:
         problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{expected!r}]")

@@ -376,7 +376,7 @@ def test_a_bad_decode_attention_setting_is_named():
     from sglang_detspec.config import DECODE_ATTENTION_ENV, env_settings
 
     with pytest.raises(ValueError, match="SGLANG_DETSPEC_DECODE_ATTENTION must be one of"):
-        env_settings({DECODE_ATTENTION_ENV: "split"})
+        env_settings({DECODE_ATTENTION_ENV: "split_kv"})
 
 
 def test_an_inactive_line_claims_nothing():

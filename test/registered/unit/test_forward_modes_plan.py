@@ -168,6 +168,16 @@ def test_a_bad_backend_selection_names_the_variable_and_the_choices(plan, raw):
     assert plan.BACKENDS_ENV in str(info.value) and "triton, fa3, flashinfer" in str(info.value)
 
 
+def test_the_decode_path_comes_from_the_plugins_own_setting_and_names_the_result(plan):
+    assert plan.decode_attention({}) == "one_pass"
+    assert plan.decode_attention({"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}) == "split"
+    with pytest.raises(ValueError, match="SGLANG_DETSPEC_DECODE_ATTENTION must be one of"):
+        plan.decode_attention({"SGLANG_DETSPEC_DECODE_ATTENTION": "fast"})
+    assert plan.result_name("triton", "one_pass") == "forward_modes_triton"
+    assert plan.result_name("triton", "split") == "forward_modes_triton_split"
+    assert plan.result_name("fa3", "split") == "forward_modes_fa3"  # the setting changes nothing there
+
+
 def test_rows_for_refuses_an_unknown_backend(plan):
     with pytest.raises(ValueError, match="fa4"):
         plan.rows_for("fa4")

@@ -1,0 +1,216 @@
+"""``SGLANG_DETSPEC_DECODE_ATTENTION=split``: where the Triton hook routes each call, and what the server claims.
+
+The hook is installed on SGLang's real ``TritonAttnBackend`` class with a
+real ``MHATokenToKVPool`` on CPU (the constructor of the backend needs a GPU
+model runner, so the instance carries the attributes the hook reads, named
+as SGLang's constructor names them). The kernels are replaced by recorders
+here: what runs them is ``test_split_attention.py`` (CPU interpreter) and
+the GPU suite.
+"""
+
+import sys
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec.config import DECODE_ATTENTION_ENV, DetSpecConfig, env_settings, logits_guarantee
+from sglang_detspec.sglang_plugin import attention_hook, resolve
+
+register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
+
+HEADS, KV_HEADS, DIM = 4, 2, 16
+
+
+def _pool(page_size=1, dtype=torch.bfloat16):
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    return MHATokenToKVPool(64, page_size, dtype, KV_HEADS, DIM, 2, "cpu", False)
+
+
+def _backend(**attrs):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    backend = object.__new__(TritonAttnBackend)
+    values = dict(enable_deterministic=True, is_draft_runner=False, use_mla=False, dcp_size=1, page_size=1,
+                  kv_indptr=torch.zeros(9, dtype=torch.int32), decode_attention_fwd="sglang's decode",
+                  extend_attention_fwd_unified="sglang's extend", max_context_len=4096, max_kv_splits=16,
+                  num_head=HEADS, num_kv_head=KV_HEADS, token_to_kv_pool=_pool(), topk=1)
+    values.update(attrs)
+    for name, value in values.items():
+        setattr(backend, name, value)
+    return backend
+
+
+@pytest.fixture
+def split_bag(monkeypatch):
+    from sglang_detspec import config
+
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
+                        decode_attention="split")
+    monkeypatch.setattr(config, "_current", bag)
+    return bag
+
+
+@pytest.mark.parametrize("attrs, reason", [
+    ({}, "no CUDA device"),
+    ({"page_size": 16}, "KV page size 16 (the kernels read pages of one token)"),
+    ({"max_kv_splits": 15}, "SGLang's decode scratch holds 15 splits, the context needs 16 segments of 256 keys"),
+    ({"num_head": 130}, "65 query heads per KV head: the decode tile holds at most 64"),
+    ({"token_to_kv_pool": _pool(dtype=torch.float32)}, "dtype must be bfloat16 or float16, got torch.float32"),
+])
+def test_split_names_why_it_cannot_serve_a_backend(attrs, reason):
+    assert attention_hook.split_unavailable(_backend(**attrs)).startswith(reason)
+
+
+def test_a_backend_split_cannot_serve_keeps_the_one_pass_decode_and_says_so(split_bag, caplog):
+    from sglang_detspec.config import current_config
+
+    backend = _backend()
+    with caplog.at_level("WARNING", logger="sglang_detspec"):
+        attention_hook.use_one_pass_decode(None, backend)
+    assert callable(backend.decode_attention_fwd)  # the one-pass decode
+    assert backend.extend_attention_fwd_unified == "sglang's extend"
+    assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split not used (no CUDA device)" in r.getMessage()
+               for r in caplog.records)
+    # A chain keeps its claim; the bag now names the path that runs.
+    assert current_config().decode_attention == "one_pass" and current_config().logits == "bitwise"
+    assert not any("logits are" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tree_server_split_cannot_serve_says_its_claim_drops_to_tokens(monkeypatch, caplog):
+    from sglang_detspec import config
+
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=4, num_steps=3, num_draft_tokens=8,
+                        attention_backend="triton", decode_attention="split")
+    assert bag.logits == "bitwise"
+    monkeypatch.setattr(config, "_current", bag)
+    with caplog.at_level("WARNING", logger="sglang_detspec"):
+        attention_hook.use_one_pass_decode(None, _backend(topk=4))
+    assert config.current_config().logits == "tokens"
+    assert any("this server's logits are 'tokens', not 'bitwise'" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def routed(monkeypatch):
+    """A split-routed backend's ``(decode, extend, calls)``, the kernels and fallbacks recording their calls."""
+    calls = []
+    monkeypatch.setattr(attention_hook, "split_decode", lambda *a, **k: calls.append("split decode"))
+    monkeypatch.setattr(attention_hook, "split_extend", lambda *a, **k: calls.append(("split extend", a[-2], a[-1])))
+    monkeypatch.setattr(attention_hook, "split_tree_verify",
+                        lambda *a, **k: calls.append(("split tree", a[-2], a[-1])))
+
+    def make(**attrs):
+        backend = _backend(**attrs)
+        decode, extend = attention_hook._split_paths(
+            backend, lambda *a, **k: calls.append("one-pass decode"),
+            lambda *a, **k: calls.append("sglang extend"))
+        return decode, extend
+
+    return make, calls
+
+
+def _decode_args(heads=HEADS, dim=DIM, dtype=torch.bfloat16):
+    q = torch.zeros(2, heads, dim, dtype=dtype)
+    kv = torch.zeros(8, KV_HEADS, dim, dtype=dtype)
+    scratch = torch.zeros(2, heads, 16, dim)
+    return (q, kv, kv, torch.empty_like(q), torch.tensor([0, 3, 5]), torch.arange(5), scratch,
+            torch.zeros(2, heads, 16), None, 16, 0.25, 1.0, 1.0)
+
+
+def _extend_args():
+    q = torch.zeros(5, HEADS, DIM, dtype=torch.bfloat16)
+    kv = torch.zeros(8, KV_HEADS, DIM, dtype=torch.bfloat16)
+    ptr = torch.tensor([0, 3, 5], dtype=torch.int32)
+    return (q, torch.empty_like(q), kv, kv, 1.0, 1.0, ptr, ptr, torch.arange(5), torch.zeros(2, dtype=torch.int32), 3)
+
+
+@pytest.mark.parametrize("kwargs, want", [
+    ({}, "split decode"),
+    ({"logit_cap": 30.0}, "one-pass decode"),
+    ({"sinks": torch.zeros(HEADS)}, "one-pass decode"),
+    ({"xai_temperature_len": 8}, "one-pass decode"),
+    ({"page_size": 16}, "one-pass decode"),
+    ({"score_mod": object()}, "one-pass decode"),
+])
+def test_decode_runs_split_unless_the_layer_needs_what_it_lacks(routed, kwargs, want):
+    make, calls = routed
+    decode, _ = make()
+    decode(*_decode_args(), **kwargs)
+    assert calls == [want]
+
+
+def test_a_layer_of_another_shape_or_kv_scale_keeps_the_one_pass_pair(routed):
+    make, calls = routed
+    decode, extend = make()
+    decode(*_decode_args(dim=32))
+    args = list(_decode_args())
+    args[11] = 0.5  # k_scale
+    decode(*args)
+    ext = list(_extend_args())
+    ext[4] = 0.5
+    extend(*ext)
+    assert calls == ["one-pass decode", "one-pass decode", "sglang extend"]
+
+
+@pytest.mark.parametrize("topk, kwargs, want", [
+    (1, {}, "split extend"),
+    (1, {"custom_mask": torch.ones(4, dtype=torch.bool)}, "split extend"),  # a chain's verify mask is causal
+    # A tree's is not: each node runs over its prefix and path.
+    (4, {"custom_mask": torch.ones(4, dtype=torch.bool), "mask_indptr": torch.zeros(3)}, "split tree"),
+    (4, {}, "split extend"),  # a tree server's prefill
+    (1, {"is_causal": False}, "sglang extend"),
+    (1, {"sliding_window_size": 128}, "sglang extend"),
+    (1, {"logit_cap": 30.0}, "sglang extend"),
+    (1, {"sinks": torch.zeros(HEADS)}, "sglang extend"),
+])
+def test_extend_runs_split_for_causal_calls_and_chain_masks(routed, topk, kwargs, want):
+    make, calls = routed
+    _, extend = make(topk=topk)
+    extend(*_extend_args(), sm_scale=0.25, **kwargs)
+    assert [c if isinstance(c, str) else c[0] for c in calls] == [want]
+    if want != "sglang extend":
+        assert calls[0][1:] == (3, 0.25)  # max_len_extend as an int, SGLang's scale
+
+
+def test_a_tree_above_the_kernels_node_bound_keeps_sglangs_extend(routed):
+    from sglang_detspec.ops.split_attention import MAX_TREE_NODES
+
+    make, calls = routed
+    _, extend = make(topk=4)
+    args = list(_extend_args())
+    args[-1] = MAX_TREE_NODES + 1
+    extend(*args, custom_mask=torch.ones(4, dtype=torch.bool), mask_indptr=torch.zeros(3))
+    args[-1] = MAX_TREE_NODES
+    extend(*args, custom_mask=torch.ones(4, dtype=torch.bool), mask_indptr=torch.zeros(3))
+    assert [c if isinstance(c, str) else c[0] for c in calls] == ["sglang extend", "split tree"]
+
+
+def test_extend_without_a_scale_takes_sglangs_default(routed):
+    make, calls = routed
+    _, extend = make()
+    extend(*_extend_args())
+    assert calls == [("split extend", 3, DIM ** -0.5)]
+
+
+def test_split_is_a_bitwise_setting_read_from_the_environment():
+    assert env_settings({DECODE_ATTENTION_ENV: "split"})["decode_attention"] == "split"
+    assert logits_guarantee("triton", 1, decode_attention="split") == "bitwise"
+    assert logits_guarantee("triton", 4, decode_attention="split") == "bitwise"  # trees too
+    assert logits_guarantee("triton", 4, decode_attention="one_pass") == "tokens"
+    assert logits_guarantee("triton", 1, decode_attention="sglang") == "tokens"
+    assert logits_guarantee("fa3", 4, decode_attention="split") == "tokens"  # no FA3 decode hook
+
+
+def test_the_start_up_notes_say_split_is_not_yet_measured():
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
+                        decode_attention="split")
+    notes = resolve.unmeasured_notes(bag)
+    assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "not yet on a GPU" in n for n in notes)
+    fa3 = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3",
+                        decode_attention="split")
+    assert not any("DECODE_ATTENTION=split" in n for n in resolve.unmeasured_notes(fa3))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
