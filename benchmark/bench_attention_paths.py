@@ -60,6 +60,14 @@ def timed(fn, reps: int, blocks: int) -> dict:
     return {"median_us": statistics.median(per_call), "min_us": min(per_call), "max_us": max(per_call)}
 
 
+def check_timing_args(parser: argparse.ArgumentParser, args) -> None:
+    """Stop with the parser's error unless ``--reps`` >= 1, ``--blocks`` >= 2 and a CUDA GPU is present."""
+    if args.reps < 1 or args.blocks < 2:
+        parser.error(f"--reps must be >= 1 and --blocks >= 2, got {args.reps} and {args.blocks}")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+
+
 def cache(slots: int, gen):
     k = torch.randn(slots, 1, KV_HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16)
     v = torch.randn(slots, 1, KV_HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16)
@@ -183,10 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=f"docs/benchmarks/attention_paths_{datetime.date.today()}",
                    help="output path without suffix: .json and .md are written")
     args = p.parse_args(argv)
-    if args.reps < 1 or args.blocks < 2:
-        p.error(f"--reps must be >= 1 and --blocks >= 2, got {args.reps} and {args.blocks}")
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
+    check_timing_args(p, args)
     batches = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     fa3 = torch.cuda.get_device_capability()[0] == 9

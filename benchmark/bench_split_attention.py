@@ -35,7 +35,7 @@ import pathlib
 
 import torch
 
-from bench_attention_paths import DIM, HEADS, KV_HEADS, PARENTS, SPLIT_TILE, timed
+from bench_attention_paths import DIM, HEADS, KV_HEADS, PARENTS, SPLIT_TILE, check_timing_args, timed
 
 VERIFY_ROWS = 4
 
@@ -120,25 +120,15 @@ def tree_cell(bs: int, ctx: int, reps: int, blocks: int) -> dict:
     k, v = _cache(bs * (ctx + n), gen)
     q = torch.randn(bs * n, HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16)
     indices = (torch.randperm(bs * (ctx + n), generator=gen, device="cuda") + 1).to(torch.int64)
-    kv_indptr = torch.arange(0, bs * (ctx + n) + 1, ctx + n, dtype=torch.int32, device="cuda")
-    qo_indptr = torch.arange(0, bs * n + 1, n, dtype=torch.int32, device="cuda")
-    prefix = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
-    row = torch.zeros(n, ctx + n, dtype=torch.bool)
-    row[:, :ctx] = True
-    for i in range(n):
-        at = i
-        while at >= 0:
-            row[i, ctx + at] = True
-            at = PARENTS[at]
-    mask = row.flatten().repeat(bs).to("cuda")
-    mask_indptr = torch.arange(0, bs * row.numel() + 1, row.numel(), dtype=torch.int64, device="cuda")
+    layout, _ = sa.tree_verify_layout(PARENTS, [ctx] * bs, list(indices.view(bs, ctx + n)))
     scale = DIM ** -0.5
     o1, o2 = torch.empty_like(q), torch.empty_like(q)
     return {"sglang_one_pass": timed(lambda: extend_attention_fwd_unified(
-                q, o1, k, v, 1.0, 1.0, qo_indptr, kv_indptr, indices, prefix, n, custom_mask=mask,
-                mask_indptr=mask_indptr, sm_scale=scale), reps, blocks),
-            "plugin_split": timed(lambda: sa.split_tree_verify(q, o2, k, v, qo_indptr, kv_indptr, indices, prefix,
-                                                               mask, mask_indptr, n, scale), reps, blocks)}
+                q, o1, k, v, 1.0, 1.0, layout["qo_indptr"], layout["kv_indptr"], layout["kv_indices"],
+                layout["prefix_lens"], n, custom_mask=layout["custom_mask"], mask_indptr=layout["mask_indptr"],
+                sm_scale=scale), reps, blocks),
+            "plugin_split": timed(lambda: sa.split_tree_verify(q, o2, k, v, max_len_extend=n, sm_scale=scale,
+                                                               **layout), reps, blocks)}
 
 
 def table(rows: list[dict]) -> str:
@@ -181,10 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/benchmarks/split_attention/split",
                    help="output path without suffix: .json and .md are written")
     args = p.parse_args(argv)
-    if args.reps < 1 or args.blocks < 2:
-        p.error(f"--reps must be >= 1 and --blocks >= 2, got {args.reps} and {args.blocks}")
-    if not torch.cuda.is_available():
-        p.error("needs a CUDA GPU")
+    check_timing_args(p, args)
     rows = []
     for ctx in (int(x) for x in args.contexts.split(",")):
         for bs in (int(x) for x in args.batches.split(",")):

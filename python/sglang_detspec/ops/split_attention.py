@@ -397,6 +397,62 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
 CHECK_TREE = (-1, 0, 0, 0, 0, 1, 1, 2)
 
 
+def tree_paths(parents) -> list[list[int]]:
+    """Each node's path: the root, its ancestors down to the node, the node (draft-token indices, root first).
+
+    ``parents[i]``: node i's parent, -1 for the root (node 0 only); a
+    parent is numbered before its children, as in SGLang's EAGLE trees.
+
+    Raises:
+        ValueError: a tree not numbered that way.
+    """
+    parents = list(parents)
+    if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+        raise ValueError(f"parents must start with -1 and number each parent before its child, got {parents}")
+    paths = []
+    for i, p in enumerate(parents):
+        paths.append(paths[p] + [i] if p >= 0 else [i])
+    return paths
+
+
+def tree_verify_layout(parents, prefixes, slots) -> tuple[dict, list[torch.Tensor]]:
+    """SGLang's verify arguments for one tree per request, and each node's keys in its decode's order.
+
+    Args:
+        parents: the tree (:func:`tree_paths`), the same for every request.
+        prefixes: cached keys per request before its draft.
+        slots: per request, a 1-D int tensor of its ``prefix + len(parents)`` cache slots: the
+            prefix's, then the draft tokens' in node order (the layout SGLang's verify builds).
+
+    Returns:
+        ``(kwargs, paths)``: ``kwargs`` holds ``qo_indptr``, ``kv_indptr``, ``kv_indices``,
+        ``prefix_lens``, ``custom_mask`` (bool, flat: node i sees the prefix, its ancestors and itself)
+        and ``mask_indptr`` for :func:`split_tree_verify` (on the slots' device); ``paths`` holds each
+        node's slots, request by request: the prefix, then its path (what its decode attends to).
+    """
+    n, node_paths = len(parents), tree_paths(parents)
+    device = slots[0].device
+    masks, paths = [], []
+    for p, keys in zip(prefixes, slots):
+        mask = torch.zeros(n, p + n, dtype=torch.bool)
+        mask[:, :p] = True
+        for node, path in enumerate(node_paths):
+            mask[node, [p + j for j in path]] = True
+            paths.append(torch.cat([keys[:p], keys[p:][torch.tensor(path, device=device)]]))
+        masks.append(mask.flatten())
+    kwargs = dict(
+        qo_indptr=torch.arange(0, len(prefixes) * n + 1, n, dtype=torch.int32, device=device),
+        kv_indptr=_indptr([p + n for p in prefixes], device), kv_indices=torch.cat(list(slots)),
+        prefix_lens=torch.tensor(list(prefixes), dtype=torch.int32, device=device),
+        custom_mask=torch.cat(masks).to(device),
+        mask_indptr=_indptr([m.numel() for m in masks], device).to(torch.int64))
+    return kwargs, paths
+
+
+def _indptr(lengths, device) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(list(lengths)).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
 def _tree_rows_agree(lens, starts, order, q_all, k, v, scale) -> bool:
     """Whether :func:`split_tree_verify` gives each node of :data:`CHECK_TREE` its path's decode bits.
 
@@ -404,42 +460,18 @@ def _tree_rows_agree(lens, starts, order, q_all, k, v, scale) -> bool:
     slots as the draft and the rest as the prefix.
     """
     n = len(CHECK_TREE)
-    paths = []
-    for i in range(n):
-        path, at = [], i
-        while at >= 0:
-            path.append(at)
-            at = CHECK_TREE[at]
-        paths.append(path[::-1])
     chosen = [i for i, m in enumerate(lens) if m > n]
     if not chosen:
         return True
     device, heads = q_all.device, q_all.shape[1]
-    prefixes = [lens[i] - n for i in chosen]
-    indices, masks, lists = [], [], []
-    for i, p in zip(chosen, prefixes):
-        keys = order[starts[i]:starts[i] + lens[i]]
-        indices.append(keys)
-        mask = torch.zeros(n, p + n, dtype=torch.bool)
-        mask[:, :p] = True
-        for node, path in enumerate(paths):
-            mask[node, [p + j for j in path]] = True
-            lists.append(torch.cat([keys[:p], keys[p:][torch.tensor(path, device=device)]]))
-        masks.append(mask.flatten())
+    layout, paths = tree_verify_layout(CHECK_TREE, [lens[i] - n for i in chosen],
+                                       [order[starts[i]:starts[i] + lens[i]] for i in chosen])
     q = torch.cat([q_all[starts[i]:starts[i] + n] for i in chosen])
-    kv_indptr = torch.tensor([0, *torch.tensor([lens[i] for i in chosen]).cumsum(0).tolist()], dtype=torch.int32,
-                             device=device)
-    mask_indptr = torch.tensor([0, *torch.tensor([m.numel() for m in masks]).cumsum(0).tolist()], dtype=torch.int64,
-                               device=device)
     tree = split_tree_verify(q, torch.empty(q.shape[0], heads, v.shape[2], dtype=q.dtype, device=device), k, v,
-                             torch.arange(0, len(chosen) * n + 1, n, dtype=torch.int32, device=device), kv_indptr,
-                             torch.cat(indices), torch.tensor(prefixes, dtype=torch.int32, device=device),
-                             torch.cat(masks).to(device), mask_indptr, n, scale)
-    path_lens = [len(x) for x in lists]
+                             max_len_extend=n, sm_scale=scale, **layout)
+    path_lens = [len(x) for x in paths]
     segments = segments_for(max(path_lens))
-    decode = split_decode(q, torch.empty_like(tree), k, v,
-                          torch.tensor([0, *torch.tensor(path_lens).cumsum(0).tolist()], dtype=torch.int32,
-                                       device=device), torch.cat(lists),
-                          torch.empty(len(lists), heads, segments, v.shape[2], device=device),
-                          torch.empty(len(lists), heads, segments, device=device), scale)
+    decode = split_decode(q, torch.empty_like(tree), k, v, _indptr(path_lens, device), torch.cat(paths),
+                          torch.empty(len(paths), heads, segments, v.shape[2], device=device),
+                          torch.empty(len(paths), heads, segments, device=device), scale)
     return torch.equal(tree, decode)

@@ -94,6 +94,21 @@ def _fold(e, total, acc, seg_lse, seg_o):
 
 
 @triton.jit
+def _dims(D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``(offs_d, mask_d, offs_dv, mask_dv)``: the head-dim lanes of q/k and of v, and which are real."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    return offs_d, offs_d < D, offs_dv, offs_dv < DV
+
+
+@triton.jit
+def _head_rows(kvh, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``(row_ok, heads)`` of a tile whose rows are the ``GROUP`` query heads of KV head ``kvh`` (padded)."""
+    rows = tl.arange(0, BLOCK_M)
+    return rows < GROUP, kvh * GROUP + rows
+
+
+@triton.jit
 def split_extend_kernel(Q, O, K_Buffer, V_Buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens, scale_log2,
                         stride_qt, stride_qh, stride_ot, stride_oh, stride_kbs, stride_kh, stride_vbs, stride_vh,
                         D, DV, GROUP: tl.constexpr, SEGMENT: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -118,10 +133,7 @@ def split_extend_kernel(Q, O, K_Buffer, V_Buffer, qo_indptr, kv_indptr, kv_indic
     rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < q_len
     limit = tl.where(row_ok, prefix + rows, -1)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_d = offs_d < D
-    mask_dv = offs_dv < DV
+    offs_d, mask_d, offs_dv, mask_dv = _dims(D, DV, BLOCK_D, BLOCK_DV)
     q = tl.load(Q + (q_start + rows)[:, None].to(tl.int64) * stride_qt + h * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & mask_d[None, :], other=0.0)
     kvh = h // GROUP
@@ -163,14 +175,9 @@ def split_decode_kernel(Q, K_Buffer, V_Buffer, kv_indptr, kv_indices, Part_O, Pa
     seg_lo = seg * SEGMENT
     if seg_lo >= kv_len:
         return
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < GROUP
-    heads = kvh * GROUP + rows
+    row_ok, heads = _head_rows(kvh, GROUP, BLOCK_M)
     limit = tl.where(row_ok, kv_len - 1, -1)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_d = offs_d < D
-    mask_dv = offs_dv < DV
+    offs_d, mask_d, offs_dv, mask_dv = _dims(D, DV, BLOCK_D, BLOCK_DV)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & mask_d[None, :], other=0.0)
     seg_o, seg_lse = _segment(q, K_Buffer, V_Buffer, kv_indices, kv_start, seg_lo,
@@ -190,9 +197,7 @@ def split_merge_kernel(O, kv_indptr, Part_O, Part_Lse, stride_ob, stride_oh, str
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     kv_len = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
-    rows = tl.arange(0, BLOCK_H)
-    row_ok = rows < GROUP
-    heads = kvh * GROUP + rows
+    row_ok, heads = _head_rows(kvh, GROUP, BLOCK_H)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = row_ok[:, None] & (offs_dv < DV)[None, :]
     e = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -241,10 +246,7 @@ def split_tree_shared_kernel(Q, K_Buffer, V_Buffer, qo_indptr, kv_indptr, kv_ind
     row_ok = node < q_len
     shared_hi = (prefix // SEGMENT) * SEGMENT
     limit = tl.where(row_ok, shared_hi - 1, -1)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_d = offs_d < D
-    mask_dv = offs_dv < DV
+    offs_d, mask_d, offs_dv, mask_dv = _dims(D, DV, BLOCK_D, BLOCK_DV)
     tok = (q_start + node).to(tl.int64)
     q = tl.load(Q + tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & mask_d[None, :], other=0.0)
@@ -294,14 +296,9 @@ def split_tree_tail_kernel(Q, O, K_Buffer, V_Buffer, qo_indptr, kv_indptr, kv_in
                        mask=offs_t < q_len, other=0)
     counts = tl.cumsum((row_mask != 0).to(tl.int32), axis=0)
     keys = prefix + tl.max(counts, axis=0)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < GROUP
-    heads = kvh * GROUP + rows
+    row_ok, heads = _head_rows(kvh, GROUP, BLOCK_M)
     limit = tl.where(row_ok, keys - 1, -1)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_d = offs_d < D
-    mask_dv = offs_dv < DV
+    offs_d, mask_d, offs_dv, mask_dv = _dims(D, DV, BLOCK_D, BLOCK_DV)
     tok = (q_start + node).to(tl.int64)
     q = tl.load(Q + tok * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & mask_d[None, :], other=0.0)

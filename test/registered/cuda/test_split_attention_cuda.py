@@ -155,17 +155,6 @@ TREES = {"topk4_8": (-1, 0, 0, 0, 0, 1, 1, 2),
 TREE_PREFIXES = [1, 200, 255, 256, 257, 700, 1024]
 
 
-def paths_of(parents):
-    out = []
-    for i in range(len(parents)):
-        path, at = [], i
-        while at >= 0:
-            path.append(at)
-            at = parents[at]
-        out.append(path[::-1])
-    return out
-
-
 def tree_batch(parents, prefixes, seed, heads=32, kv_heads=8, dim=128, dtype=torch.bfloat16):
     """SGLang's verify layout for one tree per request, and each node's path key list (its decode's keys)."""
     n = len(parents)
@@ -175,23 +164,8 @@ def tree_batch(parents, prefixes, seed, heads=32, kv_heads=8, dim=128, dtype=tor
     v = torch.randn(slots, kv_heads, dim, generator=gen, device=DEV).to(dtype)
     order = torch.randperm(slots - 1, generator=gen, device=DEV) + 1
     q = torch.randn(n * len(prefixes), heads, dim, generator=gen, device=DEV).to(dtype)
-    indices, masks, lists, at = [], [], [], 0
-    for p in prefixes:
-        keys = order[at:at + p + n]
-        at += p + n
-        indices.append(keys)
-        mask = torch.zeros(n, p + n, dtype=torch.bool)
-        mask[:, :p] = True
-        for node, path in enumerate(paths_of(parents)):
-            mask[node, [p + j for j in path]] = True
-            lists.append(torch.cat([keys[:p], keys[p:][torch.tensor(path, device=DEV)]]))
-        masks.append(mask.flatten())
-    layout = dict(qo_indptr=torch.arange(0, q.shape[0] + 1, n, dtype=torch.int32, device=DEV),
-                  kv_indptr=ptr([p + n for p in prefixes]), kv_indices=torch.cat(indices),
-                  prefix_lens=torch.tensor(prefixes, dtype=torch.int32, device=DEV),
-                  custom_mask=torch.cat(masks).to(DEV),
-                  mask_indptr=torch.tensor([0, *torch.tensor([m.numel() for m in masks]).cumsum(0).tolist()],
-                                           device=DEV))
+    cuts = torch.tensor([p + n for p in prefixes]).cumsum(0).tolist()
+    layout, lists = sa.tree_verify_layout(parents, prefixes, [order[a:b] for a, b in zip([0] + cuts[:-1], cuts)])
     return q, k, v, layout, lists
 
 

@@ -101,36 +101,17 @@ short = (1, 65, 257, 513)  # the interpreter is slow; the GPU check runs sa.CHEC
 # A tree verify (EAGLE's numbering: parents first) after prefixes on both sides of segment edges: each node's
 # rows against the decode of its path.
 parents = [-1, 0, 0, 1, 1, 2, 4, 6]
-paths = []
-for i in range(len(parents)):
-    path, at = [], i
-    while at >= 0:
-        path.append(at)
-        at = parents[at]
-    paths.append(path[::-1])
 n_tree = len(parents)
 tree_prefixes = [3, 250, 255, 256, 300]
 tk = torch.randn(sum(tree_prefixes) + n_tree * len(tree_prefixes) + 1, kv_heads, dim, generator=g).half()
 tv = torch.randn(tk.shape[0], kv_heads, v_dim, generator=g).half()
 t_order = (torch.randperm(tk.shape[0] - 1, generator=g) + 1).to(torch.int64)
 tq = torch.randn(n_tree * len(tree_prefixes), heads, dim, generator=g).half()
-indices, masks, lists, at = [], [], [], 0
-for p in tree_prefixes:
-    keys = t_order[at:at + p + n_tree]
-    at += p + n_tree
-    indices.append(keys)
-    m = torch.zeros(n_tree, p + n_tree, dtype=torch.bool)
-    m[:, :p] = True
-    for node, path in enumerate(paths):
-        m[node, [p + j for j in path]] = True
-        lists.append(torch.cat([keys[:p], keys[p:][torch.tensor(path)]]))
-    masks.append(m.flatten())
-tree = sa.split_tree_verify(
-    tq, torch.empty(tq.shape[0], heads, v_dim).half(), tk, tv,
-    torch.arange(0, tq.shape[0] + 1, n_tree, dtype=torch.int32),
-    torch.tensor([0] + torch.tensor([p + n_tree for p in tree_prefixes]).cumsum(0).tolist(), dtype=torch.int32),
-    torch.cat(indices), torch.tensor(tree_prefixes, dtype=torch.int32), torch.cat(masks),
-    torch.tensor([0] + torch.tensor([m.numel() for m in masks]).cumsum(0).tolist()), n_tree, scale)
+cuts = torch.tensor([p + n_tree for p in tree_prefixes]).cumsum(0).tolist()
+layout, lists = sa.tree_verify_layout(parents, tree_prefixes,
+                                      [t_order[a:b] for a, b in zip([0] + cuts[:-1], cuts)])
+tree = sa.split_tree_verify(tq, torch.empty(tq.shape[0], heads, v_dim).half(), tk, tv, max_len_extend=n_tree,
+                            sm_scale=scale, **layout)
 lens_t = [len(x) for x in lists]
 segs = sa.segments_for(max(lens_t))
 path_decode = sa.split_decode(tq, torch.empty_like(tree), tk, tv,
@@ -184,6 +165,25 @@ def test_the_reference_is_softmax_attention_over_the_visible_keys(visible):
     kk, vv = keys[:visible].repeat_interleave(2, dim=1), values[:visible].repeat_interleave(2, dim=1)
     want = torch.einsum("hn,nhd->hd", (torch.einsum("hd,nhd->hn", q, kk) * 0.3).softmax(-1), vv)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_paths_run_root_first_and_refuse_other_numberings():
+    assert sa.tree_paths([-1, 0, 0, 1, 3]) == [[0], [0, 1], [0, 2], [0, 1, 3], [0, 1, 3, 4]]
+    for bad in ([], [0, -1], [-1, 1], [-1, 0, 3, 0], [-1, -1]):
+        with pytest.raises(ValueError, match="parents must start with -1 and number each parent before its child"):
+            sa.tree_paths(bad)
+
+
+def test_the_tree_layout_is_sglangs_verify_layout():
+    """Mask rows of prefix + draft length, the prefix visible, each node its path; its decode keys in path order."""
+    slots = [torch.arange(10, 15), torch.arange(20, 24)]  # prefixes 2 and 1, three draft tokens each
+    layout, paths = sa.tree_verify_layout([-1, 0, 0], [2, 1], slots)
+    assert layout["qo_indptr"].tolist() == [0, 3, 6] and layout["kv_indptr"].tolist() == [0, 5, 9]
+    assert layout["prefix_lens"].tolist() == [2, 1] and layout["mask_indptr"].tolist() == [0, 15, 27]
+    first = layout["custom_mask"][:15].view(3, 5).int().tolist()
+    assert first == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    assert [p.tolist() for p in paths] == [[10, 11, 12], [10, 11, 12, 13], [10, 11, 12, 14], [20, 21],
+                                           [20, 21, 22], [20, 21, 23]]
 
 
 def test_the_reference_names_bad_arguments():
