@@ -46,7 +46,14 @@ def _cache(tokens: int, gen):
     return k, v
 
 
-def decode_cell(bs: int, ctx: int, reps: int, blocks: int) -> dict:
+def decode_cell(bs: int, ctx: int, reps: int, blocks: int, max_context: int) -> dict:
+    """One decode step of ``bs`` requests of ``ctx`` keys; the split scratch sized as a server's (``max_context``).
+
+    A server's decode grid launches one program per segment of its context
+    length for every request and KV head (those past a request's keys exit
+    at once), SGLang's deterministic split-KV decode likewise: both get the
+    scratch of ``max_context`` keys.
+    """
     from sglang.kernels.ops.attention import extend_attention as ext
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 
@@ -58,10 +65,10 @@ def decode_cell(bs: int, ctx: int, reps: int, blocks: int) -> dict:
     q = torch.randn(bs, HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16)
     indices = (torch.randperm(bs * ctx, generator=gen, device="cuda") + 1).to(torch.int64)
     indptr = torch.arange(0, bs * ctx + 1, ctx, dtype=torch.int32, device="cuda")
-    splits = -(-ctx // SPLIT_TILE)
+    splits = -(-max(ctx, max_context) // SPLIT_TILE)
     logits = torch.empty(bs, HEADS, splits, DIM, dtype=torch.float32, device="cuda")
     lse = torch.empty(bs, HEADS, splits, dtype=torch.float32, device="cuda")
-    num_splits = torch.full((bs,), splits, dtype=torch.int32, device="cuda")
+    num_splits = torch.full((bs,), -(-ctx // SPLIT_TILE), dtype=torch.int32, device="cuda")
     scale = DIM ** -0.5
     out = {name: torch.empty_like(q) for name in ("sglang", "packed", "split")}
     cells = {"sglang_split_kv": timed(lambda: decode_attention_fwd(
@@ -166,6 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", default="128,2048,8192")
     p.add_argument("--reps", type=int, default=20, help="calls per timed block (>= 1)")
     p.add_argument("--blocks", type=int, default=5, help="timed blocks per cell (>= 2)")
+    p.add_argument("--max-context", type=int, default=32768,
+                   help="the served context length the decode scratch (and so the decode grid) is sized for")
     p.add_argument("--max-tokens", type=int, default=1 << 20,
                    help="skip cells whose batch x context exceeds this many cached tokens")
     p.add_argument("--out", default="docs/benchmarks/split_attention/split",
@@ -177,7 +186,8 @@ def main(argv=None) -> int:
         for bs in (int(x) for x in args.batches.split(",")):
             if bs * ctx > args.max_tokens:
                 continue
-            row = {"batch": bs, "context": ctx, "decode": decode_cell(bs, ctx, args.reps, args.blocks),
+            row = {"batch": bs, "context": ctx,
+                   "decode": decode_cell(bs, ctx, args.reps, args.blocks, args.max_context),
                    "verify": extend_cell(bs, ctx, VERIFY_ROWS, args.reps, args.blocks),
                    "tree": tree_cell(bs, ctx, args.reps, args.blocks)}
             if bs == 1:
@@ -186,7 +196,7 @@ def main(argv=None) -> int:
             print(table([row]).splitlines()[-1], flush=True)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "max_context": args.max_context,
             "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": DIM, "dtype": "bfloat16"}}
     out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     out.with_suffix(".md").write_text(f"{meta}\n\n{table(rows)}\n")

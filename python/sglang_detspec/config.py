@@ -22,6 +22,8 @@ from collections.abc import Mapping
 
 from .model_family import family_claim
 from .ops.kernel_choice import KERNELS
+from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
+from .ops.split_limits import PAGE_SIZE as SPLIT_PAGE_SIZE
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
 DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
@@ -45,9 +47,10 @@ DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
 # prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
 # sglang: SGLang's split-KV decode kernel (faster with long prompts: docs/benchmarks/attention_cost/,
-# logits 'tokens'); split: decode, prefill, extend and chain verify all run the plugin's positional-split
-# kernels (ops/split_attention.py: split-KV decode with the bits of the prefill; opt-in until measured on a
-# GPU; the one-pass decode serves where their start-up check fails).
+# logits 'tokens'); split: decode, prefill, extend and chain and tree verify all run the plugin's
+# positional-split kernels (ops/split_attention.py: split-KV decode with the bits of the prefill, each tree
+# node with its path's decode bits; opt-in until measured on a GPU; where their start-up check fails the
+# one-pass decode serves and trees keep SGLang's verify, 'tokens').
 DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang", "split")
 # The settings whose Triton decode equals the verify's and the prefill's bit for bit.
 BITWISE_DECODE_ATTENTION = ("one_pass", "split")
@@ -462,7 +465,8 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     print it (``sglang_plugin/resolve.setting_notes``). The head-size rule
     (:func:`fa3_head_size_reason`) applies to what would otherwise be ``bitwise``.
     """
-    claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size)
+    claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
+                                            head_dim)
     if claim == "bitwise" and attention_backend == "fa3":
         reason = fa3_head_size_reason(head_dim)
         if reason is not None:
@@ -492,9 +496,28 @@ def fa3_head_size_reason(head_dim: int | None) -> str | None:
             "(docs/forward_modes.md); Triton chains are bitwise at every head size")
 
 
+def split_tree_rule(page_size: int | None, head_dim: int | None) -> tuple[str, str | None]:
+    """A Triton tree's claim with ``SGLANG_DETSPEC_DECODE_ATTENTION=split``: ``bitwise`` where the kernels run.
+
+    Each node's verify rows run its decode's segments (``ops/split_attention.py``)
+    at pages of one token and head sizes up to the kernels' bound
+    (``ops/split_limits.py``); elsewhere the server keeps SGLang's tree verify.
+    An unknown head size (None) takes no rule; the start-up check settles the
+    rest and lowers the claim where it fails (``sglang_plugin/attention_hook.py``).
+    """
+    if (page_size or 1) != SPLIT_PAGE_SIZE:
+        return "tokens", (f"a tree on triton with a KV page size of {page_size}: the split kernels read pages of "
+                          f"{SPLIT_PAGE_SIZE} token, so its verify keeps SGLang's kernel")
+    if head_dim is not None and head_dim > SPLIT_MAX_HEAD_DIM:
+        return "tokens", (f"a tree on triton at head size {head_dim}: the split kernels take head sizes up to "
+                          f"{SPLIT_MAX_HEAD_DIM}, so its verify keeps SGLang's kernel")
+    return "bitwise", None
+
+
 def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | None, tree_attention: str,
-                            decode_attention: str, page_size: int | None) -> tuple[str, str | None]:
-    """The claim from the backend, the page size, the decode kernel and the draft shape (no head-size rule)."""
+                            decode_attention: str, page_size: int | None,
+                            head_dim: int | None = None) -> tuple[str, str | None]:
+    """The claim from the backend, the page size, the decode kernel and the draft shape (no FA3 head-size rule)."""
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
         if attention_backend is None:
             which = "no attention backend named yet"
@@ -513,7 +536,7 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if (eagle_topk or 1) == 1:
         return "bitwise", None
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention == "split":
-        return "bitwise", None  # each node's verify rows run its decode's segments (ops/split_attention.py)
+        return split_tree_rule(page_size, head_dim)
     if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "bitwise", None
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:

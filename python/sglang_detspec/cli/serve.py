@@ -52,14 +52,14 @@ The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) for a chain, i.e.
 --speculative-eagle-topk 1, on triton attention, or on fa3 where the
 target's head size is 65 to 128, as in the example below (on triton with
-SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default, or split). Fa3 at other
-head sizes, trees (except fa3 trees with SGLANG_DETSPEC_TREE_ATTENTION=nodes
-at head sizes 65 to 128, and triton trees with
-SGLANG_DETSPEC_DECODE_ATTENTION=split, not yet run on a GPU: bitwise), other
-backends and a run without
+SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default, or split). Fa3 at
+other head sizes, trees, other backends and a run without
 --attention-backend (SGLang picks the backend on the GPU, so the dry run
 cannot know it) claim logits='tokens': the same tokens, except where a draw
-is a near-tie inside one bf16 rounding step. Every measured server ran with
+is a near-tie inside one bf16 rounding step. Trees claim 'bitwise' only on
+fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes (head sizes 65 to 128) and on
+triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV page size of 1
+(not yet run on a GPU). Every measured server ran with
 --cuda-graph-backend-prefill disabled; with prefill CUDA graphs on (SGLang's
 default) determinism is not yet measured."""
 DESCRIPTION = f"""\
@@ -210,11 +210,17 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
 
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
+    split = (" (SGLANG_DETSPEC_DECODE_ATTENTION=split applies only where --attention-backend triton is named)"
+             if bag.decode_attention == "split" else "")
+    if (bag.eagle_topk or 1) > 1 and bag.algorithm:
+        return [f"on Hopper SGLang picks fa3 here, where a tree claims 'tokens' with SGLang's cascade verify "
+                f"(SGLANG_DETSPEC_TREE_ATTENTION=nodes: 'bitwise' at head sizes 65 to 128; this target's: "
+                f"{bag.head_dim}){split}"]
     if fa3_head_size_reason(bag.head_dim) is None:
         return [f"on Hopper SGLang picks fa3 here; at this target's head size ({bag.head_dim}) an FA3 chain "
-                "claims 'bitwise' (name --attention-backend fa3 or triton for the dry run to state it)"]
+                f"claims 'bitwise' (name --attention-backend fa3 or triton for the dry run to state it){split}"]
     return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
-            "claims 'tokens' (docs/forward_modes.md); --attention-backend triton claims 'bitwise' for a chain"]
+            f"claims 'tokens' (docs/forward_modes.md); --attention-backend triton claims 'bitwise' for a chain{split}"]
 
 
 def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:

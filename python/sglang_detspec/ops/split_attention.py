@@ -34,13 +34,10 @@ import math
 
 import torch
 
-# Keys per segment: SGLang's deterministic Triton decode splits at the same positions and sizes its
-# decode scratch (attn_logits [bs, heads, ceil(context / 256), v_head_dim]) for them, which the
-# decode here writes into.
-SEGMENT_KEYS = 256
-# Query rows per tile, key tiles, warps: one shape for every mode, so a row meets the same matrix
-# instructions in decode (a KV head's query heads as rows) as in an extend (tokens as rows).
-TILE_ROWS = 64
+from .split_limits import MAX_HEAD_DIM, MAX_TREE_NODES, SEGMENT_KEYS, TILE_ROWS
+
+# Query rows per tile (TILE_ROWS), key tiles, warps: one shape for every mode, so a row meets the same
+# matrix instructions in decode (a KV head's query heads as rows) as in an extend (tokens as rows).
 TILE_KEYS = 64
 TILE_WARPS = 4
 TILE_STAGES = 2
@@ -49,7 +46,6 @@ TILE_STAGES = 2
 # prefill, the same bits per row if the GPU keeps a row's products independent of the other
 # warpgroup (the GPU test checks both; the default stays the one-tile shape until measured).
 EXTEND_TILE_ROWS = (64, 128)
-MAX_HEAD_DIM = 256
 DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
 
@@ -95,6 +91,8 @@ def _check(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: t
                          f"{tuple(q.shape)}")
     if o.shape[:2] != q.shape[:2] or o.shape[2] != v_buffer.shape[2]:
         raise ValueError(f"o must be [{q.shape[0]}, {heads}, {v_buffer.shape[2]}], got {tuple(o.shape)}")
+    if o.dtype not in (q.dtype, torch.float32):
+        raise ValueError(f"o must be q's dtype ({q.dtype}) or float32 (the unrounded output), got {o.dtype}")
     for name, t in (("q", q), ("o", o), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name}'s last dimension must be contiguous")
@@ -124,7 +122,8 @@ def split_extend(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
     Args:
         q: ``[tokens, heads, head_dim]`` bf16 / fp16; request b's queries are
             rows ``qo_indptr[b]:qo_indptr[b + 1]``.
-        o: ``[tokens, heads, v_head_dim]``, q's dtype, written in place.
+        o: ``[tokens, heads, v_head_dim]``, q's dtype (or float32: the output before its rounding,
+            which the checks compare), written in place.
         k_buffer, v_buffer: ``[slots, kv_heads, head_dim]`` / ``[slots, kv_heads, v_head_dim]``
             (the KV cache, page size 1; the extend's own keys already written).
         qo_indptr, kv_indptr: int32 / int64 ``[requests + 1]``; request b's keys are
@@ -170,7 +169,7 @@ def split_decode(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
 
     Args:
         q: ``[requests, heads, head_dim]`` bf16 / fp16.
-        o: ``[requests, heads, v_head_dim]``, q's dtype, written in place.
+        o: ``[requests, heads, v_head_dim]``, q's dtype or float32 (as :func:`split_extend`), written in place.
         k_buffer, v_buffer: as :func:`split_extend` (the step's own key already written).
         kv_indptr, kv_indices: request b's keys are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``.
         part_o: float32 ``[>= requests, heads, S, v_head_dim]`` scratch, ``S`` at least
@@ -213,10 +212,6 @@ def split_decode(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
         GROUP=group, SEGMENT=SEGMENT_KEYS, BLOCK_H=max(2, triton_next_pow2(group)), BLOCK_DV=blocks["BLOCK_DV"],
         num_warps=TILE_WARPS, enable_fp_fusion=False)
     return o
-
-
-# Draft tokens per request a tree verify may hold (one mask row per node is read as one vector).
-MAX_TREE_NODES = 256
 
 
 def split_tree_verify(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
@@ -330,6 +325,14 @@ def split_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch
 CHECK_LENGTHS = (1, 3, 63, 64, 65, 255, 256, 257, 300, 511, 512, 513, 1100)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two float tensors of one shape and dtype hold the same bit patterns (``-0.0`` is not ``0.0``)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
 def split_modes_agree(heads: int, kv_heads: int, head_dim: int, v_head_dim: int, dtype: torch.dtype,
                       device: torch.device, *, seed: int = 0, lengths: tuple[int, ...] = CHECK_LENGTHS) -> bool:
     """Whether decode, one prefill, a chunked extend and a tree verify give every checked row the same bits here.
@@ -340,7 +343,11 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
     three tokens extended after the rest (a chain verify's shape), the batch
     in two orders; and each request longer than :data:`CHECK_TREE` verified
     as that tree after its other keys, every node against the decode of its
-    path. Runs eagerly (allocates, synchronises): call it before
+    path. Outputs are compared in float32, before their rounding to the
+    serving dtype (which would hide most differences), bit pattern by bit
+    pattern (zero signs too); once in ``dtype`` as well, which must give the
+    float32 outputs rounded (and compiles the variants a server runs before
+    its first request). Runs eagerly (allocates, synchronises): call it before
     CUDA-graph capture. The plugin keeps its one-pass path where this fails.
 
     Raises:
@@ -368,29 +375,39 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
         indptr = torch.tensor(cum, dtype=torch.int32, device=device)
         indices = torch.cat([order[starts[i]:starts[i] + lens[i]] for i in perm])
         q = torch.cat([q_all[starts[i]:starts[i] + lens[i]] for i in perm])
-        prefill = split_extend(q, torch.empty(q.shape[0], heads, v_head_dim, dtype=dtype, device=device), k, v,
+        prefill = split_extend(q, torch.empty(q.shape[0], heads, v_head_dim, device=device), k, v,
                                indptr, indptr, indices, torch.zeros(len(ls), dtype=torch.int32, device=device),
                                max(ls), scale)
         last = torch.tensor([c - 1 for c in cum[1:]], device=device)
-        decode = split_decode(q[last].contiguous(), torch.empty(len(ls), heads, v_head_dim, dtype=dtype,
-                                                                device=device), k, v, indptr, indices,
+        decode = split_decode(q[last].contiguous(), torch.empty(len(ls), heads, v_head_dim, device=device), k, v,
+                              indptr, indices,
                               torch.empty(len(ls), heads, segments, v_head_dim, device=device),
                               torch.empty(len(ls), heads, segments, device=device), scale)
         tail = [min(3, n) for n in ls]
         rows = torch.cat([torch.arange(c - t, c, device=device) for c, t in zip(cum[1:], tail)])
         qo = torch.tensor([0] + torch.tensor(tail).cumsum(0).tolist(), dtype=torch.int32, device=device)
-        chunked = split_extend(q[rows].contiguous(), torch.empty(rows.numel(), heads, v_head_dim, dtype=dtype,
-                                                                 device=device), k, v, qo, indptr, indices,
+        chunked = split_extend(q[rows].contiguous(), torch.empty(rows.numel(), heads, v_head_dim, device=device), k,
+                               v, qo, indptr, indices,
                                torch.tensor([n - t for n, t in zip(ls, tail)], dtype=torch.int32, device=device),
                                3, scale)
-        if not (torch.equal(decode, prefill[last]) and torch.equal(chunked, prefill[rows])):
+        if not (same_bits(decode, prefill[last]) and same_bits(chunked, prefill[rows])):
             return False
+        if not outputs:  # once, in the serving dtype: its outputs are the float32 ones rounded (and they compile here)
+            served = split_extend(q, torch.empty(q.shape[0], heads, v_head_dim, dtype=dtype, device=device), k, v,
+                                  indptr, indptr, indices, torch.zeros(len(ls), dtype=torch.int32, device=device),
+                                  max(ls), scale)
+            served_decode = split_decode(
+                q[last].contiguous(), torch.empty(len(ls), heads, v_head_dim, dtype=dtype, device=device), k, v,
+                indptr, indices, torch.empty(len(ls), heads, segments, v_head_dim, device=device),
+                torch.empty(len(ls), heads, segments, device=device), scale)
+            if not (same_bits(served, prefill.to(dtype)) and same_bits(served_decode, decode.to(dtype))):
+                return False
         by_request = {}
         for j, i in enumerate(perm):
             by_request[i] = decode[j]
         outputs[tuple(perm)] = torch.stack([by_request[i] for i in range(len(lens))])
     first, second = outputs.values()
-    return torch.equal(first, second) and _tree_rows_agree(lens, starts, order, q_all, k, v, scale)
+    return same_bits(first, second) and _tree_rows_agree(lens, starts, order, q_all, k, v, scale)
 
 
 # The check's tree: SGLang's EAGLE numbering of top-k 4 with 8 draft tokens (a parent before its children).
@@ -467,11 +484,13 @@ def _tree_rows_agree(lens, starts, order, q_all, k, v, scale) -> bool:
     layout, paths = tree_verify_layout(CHECK_TREE, [lens[i] - n for i in chosen],
                                        [order[starts[i]:starts[i] + lens[i]] for i in chosen])
     q = torch.cat([q_all[starts[i]:starts[i] + n] for i in chosen])
-    tree = split_tree_verify(q, torch.empty(q.shape[0], heads, v.shape[2], dtype=q.dtype, device=device), k, v,
+    tree = split_tree_verify(q, torch.empty(q.shape[0], heads, v.shape[2], device=device), k, v,
                              max_len_extend=n, sm_scale=scale, **layout)
+    served = split_tree_verify(q, torch.empty(q.shape[0], heads, v.shape[2], dtype=q.dtype, device=device), k, v,
+                               max_len_extend=n, sm_scale=scale, **layout)
     path_lens = [len(x) for x in paths]
     segments = segments_for(max(path_lens))
     decode = split_decode(q, torch.empty_like(tree), k, v, _indptr(path_lens, device), torch.cat(paths),
                           torch.empty(len(paths), heads, segments, v.shape[2], device=device),
                           torch.empty(len(paths), heads, segments, device=device), scale)
-    return torch.equal(tree, decode)
+    return same_bits(tree, decode) and same_bits(served, tree.to(q.dtype))

@@ -25,9 +25,10 @@ sizes depend on the head dimensions only; rows do not mix in the tile's
 matrix products; key tiles past a row's last key are fully masked and leave
 its running max, sum and accumulator unchanged).
 
-Not covered, and why (``docs/forward_modes.md``): tree verify (its custom mask
-interleaves other branches' keys between a node's ancestors, so the tiles
-differ from the decode's), the draft model's backends (their numerics decide
+Not covered by the one-pass decode, and why (``docs/forward_modes.md``):
+tree verify (its custom mask interleaves other branches' keys between a
+node's ancestors, so the tiles differ from the decode's; the ``split``
+setting below covers it), the draft model's backends (their numerics decide
 only how much a step commits), MLA and decode-context-parallel backends and
 layers with Grok's attention temperature (they keep SGLang's kernel: the
 single-pass kernel scales that temperature by another formula), and
@@ -164,35 +165,49 @@ def _one_pass_decode(backend, unified, rows, packed):
 def split_unavailable(backend) -> str | None:
     """Why the positional-split kernels cannot serve this target backend, or None where they can.
 
-    They need a CUDA device, pages of one token, a shape
+    They need a CUDA device (not ROCm), pages of one token, a tree of at most
+    ``MAX_TREE_NODES`` draft tokens, readable KV buffers of a shape
     :func:`~sglang_detspec.ops.split_attention.unsupported` accepts, SGLang's
     decode scratch sized for one segment per :data:`SEGMENT_KEYS` keys of the
     context (``max_kv_splits``, sized by SGLang's deterministic split tile),
-    and their start-up check (decode = prefill = chunked extend, bit for bit,
-    on this GPU at this shape).
+    and their start-up check (decode = prefill = chunked extend = a tree's
+    path, bit for bit, on this GPU at this shape). The check runs once per
+    process and shape: every target backend of the process (a switching
+    tree's chain state too) takes the same answer.
     """
     if (getattr(backend, "page_size", 1) or 1) != 1:
         return f"KV page size {backend.page_size} (the kernels read pages of one token)"
+    if (getattr(backend, "topk", 0) or 0) > 1 and (getattr(backend, "num_draft_tokens", 0) or 0) > MAX_TREE_NODES:
+        return f"a tree of {backend.num_draft_tokens} draft tokens (the split tree verify takes at most {MAX_TREE_NODES})"
     needed = segments_for(backend.max_context_len)
     if backend.max_kv_splits < needed:
         return (f"SGLang's decode scratch holds {backend.max_kv_splits} splits, the context needs {needed} segments "
                 f"of {SEGMENT_KEYS} keys (SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE above {SEGMENT_KEYS}?)")
-    k_buf, _ = _first_layer_buffers(backend)
+    try:  # hybrid pools refuse layers that are not full attention
+        k_buf, _ = _first_layer_buffers(backend)
+        shape = _layer_shape(backend)
+    except Exception as exc:
+        return f"the KV cache's first layer is not readable as full attention ({exc!r})"
     if k_buf.ndim != 3:
         return f"a {k_buf.ndim}-D KV buffer"
-    shape = _layer_shape(backend)
     reason = split_shape_problem(*shape)
     if reason:
         return reason
     device = backend.kv_indptr.device
-    if device.type != "cuda":
-        return "no CUDA device"
-    try:
-        if not split_modes_agree(*shape, device):
-            return "its start-up check found decode and prefill rows apart on this GPU"
-    except Exception as exc:  # any surprise keeps the proven path
-        return f"its start-up check failed: {exc!r}"
-    return None
+    if device.type != "cuda" or torch.version.hip is not None:
+        return "no CUDA device" if device.type != "cuda" else "a ROCm GPU (not measured; other tiles and compiler)"
+    key = (shape, str(device))
+    if key not in _CHECKED:
+        try:
+            _CHECKED[key] = (None if split_modes_agree(*shape, device)
+                             else "its start-up check found decode and prefill rows apart on this GPU")
+        except Exception as exc:  # any surprise keeps the proven path
+            _CHECKED[key] = f"its start-up check failed: {exc!r}"
+    return _CHECKED[key]
+
+
+# The start-up check's answer per (layer shape, device) in this process: one arithmetic for all its backends.
+_CHECKED: dict[tuple, str | None] = {}
 
 
 def _first_layer_buffers(backend):
@@ -216,15 +231,18 @@ def _split_paths(backend, one_pass, unified):
     shape than the checked first one; for extends also a window, a
     non-causal call, or a tree of more than ``MAX_TREE_NODES`` draft tokens)
     goes to the one-pass decode and SGLang's single-pass extend, which agree
-    with each other: each layer meets one arithmetic in every mode. A
-    chain's verify mask is causal (its draft tokens are a path), so the
-    extend ignores it where the backend's draft top-k (``topk``, which
-    SGLang sets from the published one when it builds the backend: 1 in a
-    switching tree's chain state) is at most 1; a tree's verify runs each
-    node over its prefix and path (``split_tree_verify``), as its decode.
+    with each other for causal calls: each layer meets one arithmetic in
+    every mode. A verify (a call with SGLang's verify mask, chain or tree)
+    runs each draft token over the prefix and its path
+    (``split_tree_verify``), as its decode; one the kernels do not cover
+    keeps SGLang's masked kernel: a chain's still agrees with the one-pass
+    decode, a tree's with no decode, and on a tree server (the backend's
+    ``topk`` above 1) the first such call logs that its tree logits are
+    ``tokens``.
     """
     checked = _layer_shape(backend)
-    chain_masks = (getattr(backend, "topk", 0) or 0) <= 1
+    trees = (getattr(backend, "topk", 0) or 0) > 1  # SGLang sets it from the published draft top-k
+    warned = []  # one warning per backend for a tree verify the kernels do not cover
 
     def covered(q, k_buffer, v_buffer, k_scale, v_scale, logit_cap, sinks, xai_temperature_len, page_size,
                 score_mod):
@@ -248,16 +266,24 @@ def _split_paths(backend, one_pass, unified):
                max_len_extend, custom_mask=None, mask_indptr=None, sm_scale=None, logit_cap=0.0, is_causal=True,
                sliding_window_size=-1, sinks=None, window_start_pos=None, xai_temperature_len=-1, page_size=1,
                score_mod=None, aux_tensors=None):
-        if (is_causal and (sliding_window_size or -1) <= 0
+        rows = int(max_len_extend)
+        if (is_causal and (sliding_window_size or -1) <= 0 and rows >= 1
                 and covered(q, k_buffer, v_buffer, k_scale, v_scale, logit_cap, sinks, xai_temperature_len,
                             page_size, score_mod)):
             scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
-            if custom_mask is None or chain_masks:
-                return split_extend(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens,
-                                    int(max_len_extend), scale)
-            if mask_indptr is not None and int(max_len_extend) <= MAX_TREE_NODES:
+            if custom_mask is None:
+                return split_extend(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens, rows,
+                                    scale)
+            # A verify: each draft token over the prefix and the draft tokens its mask row marks, in its
+            # decode's order (a chain's mask is causal, so it gets its prefill rows' bits as well).
+            if mask_indptr is not None and rows <= MAX_TREE_NODES:
                 return split_tree_verify(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens,
-                                         custom_mask, mask_indptr, int(max_len_extend), scale)
+                                         custom_mask, mask_indptr, rows, scale)
+        if custom_mask is not None and trees and not warned:
+            warned.append(True)
+            logger.warning("sglang-detspec: a tree verify the split kernels do not cover (a logit cap, sinks, KV "
+                           "scales, another layer shape or a window) runs SGLang's masked kernel: this server's "
+                           "tree logits are 'tokens', not 'bitwise'")
         return unified(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
                        max_len_extend, custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale,
                        logit_cap=logit_cap, is_causal=is_causal, sliding_window_size=sliding_window_size,

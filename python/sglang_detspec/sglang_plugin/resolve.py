@@ -228,6 +228,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
                          "only; this server verifies no trees")
+    if config.active and config.decode_attention == "split" and config.attention_backend is not None and (
+            config.attention_backend.split("/")[-1] not in ONE_PASS_DECODE_BACKENDS):
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split applies to the triton backend only; with "
+                     f"{config.attention_backend} attention it changes nothing")
     if config.active and config.tree_chain_batch and not config.chain_at_batch:
         kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
         notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.tree_chain_batch} applies to coupled EAGLE / EAGLE3 "
@@ -269,7 +273,9 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     if config.decode_attention == "split" and (backend is None or backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS):
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split: the positional-split Triton kernels have run only in "
                      "Triton's CPU interpreter, not yet on a GPU or a server; a start-up check on the GPU compares "
-                     "their decode with their prefill bit for bit and keeps the one-pass decode where it fails")
+                     "their decode with their prefill and tree verify bit for bit, and where it fails (or the KV "
+                     "page size is above 1) the server keeps the one-pass decode, chains stay 'bitwise' and trees "
+                     "drop to 'tokens' (logged)")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

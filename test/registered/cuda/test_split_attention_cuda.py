@@ -30,8 +30,21 @@ from sglang_detspec.ops import split_attention as sa  # noqa: E402
 
 DEV = "cuda"
 LENGTH = 1100  # past four segments and across 64-key tiles
+# (heads, KV heads, head dim, dtype): the 8B Llama's, the tiny suite models', MHA, a group of 8 at head dim
+# 256, fp16; a group of 7 at a head dim below its power-of-two block (96); one KV head for 64 query heads.
 SHAPES = [(32, 8, 128, torch.bfloat16), (8, 2, 64, torch.bfloat16), (16, 16, 128, torch.bfloat16),
-          (8, 1, 256, torch.bfloat16), (32, 8, 128, torch.float16)]
+          (8, 1, 256, torch.bfloat16), (32, 8, 128, torch.float16), (28, 4, 96, torch.bfloat16),
+          (64, 1, 64, torch.bfloat16)]
+
+
+def f32(q, rows=None):
+    """A float32 output for ``q``'s rows: the kernels' output before its rounding, which every comparison reads."""
+    return torch.empty(q.shape[0] if rows is None else rows, q.shape[1], q.shape[2], device=DEV)
+
+
+def rows_apart(a, b) -> list[int]:
+    """Rows of two float32 outputs whose bit patterns differ anywhere (zero signs included)."""
+    return (a.view(torch.int32) != b.view(torch.int32)).flatten(1).any(1).nonzero().flatten().tolist()
 
 
 def sequence(heads, kv_heads, dim, dtype, seed=0):
@@ -48,14 +61,14 @@ def ptr(lengths):
 
 
 def prefill(q, k, v, slots, scale, tile_rows=sa.TILE_ROWS):
-    out = torch.empty_like(q)
+    out = f32(q)
     one = ptr([LENGTH])
     return sa.split_extend(q, out, k, v, one, one, slots, torch.zeros(1, dtype=torch.int32, device=DEV), LENGTH,
                            scale, tile_rows=tile_rows)
 
 
 def chunked(q, k, v, slots, scale, chunk):
-    out = torch.empty_like(q)
+    out = f32(q)
     for lo in range(0, LENGTH, chunk):
         hi = min(LENGTH, lo + chunk)
         sa.split_extend(q[lo:hi], out[lo:hi], k, v, ptr([hi - lo]), ptr([hi]), slots[:hi],
@@ -63,13 +76,16 @@ def chunked(q, k, v, slots, scale, chunk):
     return out
 
 
-def decode_prefixes(q, k, v, slots, scale, order):
-    """Row j = the decode of position ``order[j]`` (its ``order[j] + 1`` keys), the prefixes batched in that order."""
+def decode_prefixes(q, k, v, slots, scale, order, segs=None):
+    """Row j = the decode of position ``order[j]`` (its ``order[j] + 1`` keys), the prefixes batched in that order.
+
+    ``segs``: the scratch's segments (default: what the longest prefix needs; a server's is its context's).
+    """
     n = len(order)
     lens = [r + 1 for r in order]
     indices = torch.cat([slots[:m] for m in lens])
-    segs = sa.segments_for(LENGTH)
-    out = torch.empty(n, q.shape[1], q.shape[2], dtype=q.dtype, device=DEV)
+    segs = segs or sa.segments_for(LENGTH)
+    out = f32(q, n)
     sa.split_decode(q[torch.tensor(order, device=DEV)].contiguous(), out, k, v, ptr(lens), indices,
                     torch.empty(n, q.shape[1], segs, q.shape[2], device=DEV), torch.empty(n, q.shape[1], segs,
                                                                                         device=DEV), scale)
@@ -84,13 +100,20 @@ def test_decode_equals_prefill_and_chunked_prefill_row_by_row(heads, kv_heads, d
     rows = list(range(LENGTH))
     for order in (rows, rows[::-1], torch.randperm(LENGTH, generator=torch.Generator().manual_seed(1)).tolist()):
         got = decode_prefixes(q, k, v, slots, scale, order)
-        apart = (got != whole[torch.tensor(order, device=DEV)]).any(-1).any(-1).nonzero().flatten().tolist()
+        apart = rows_apart(got, whole[torch.tensor(order, device=DEV)])
         assert not apart, f"{len(apart)} rows apart, first {apart[:5]}"
     for chunk in (256, 300):
-        apart = (chunked(q, k, v, slots, scale, chunk) != whole).any(-1).any(-1).nonzero().flatten().tolist()
+        apart = rows_apart(chunked(q, k, v, slots, scale, chunk), whole)
         assert not apart, f"chunk {chunk}: {len(apart)} rows apart, first {apart[:5]}"
     for r in (0, 255, 256, 257, LENGTH - 1):  # alone: a batch of one
-        assert torch.equal(decode_prefixes(q, k, v, slots, scale, [r])[0], whole[r])
+        assert sa.same_bits(decode_prefixes(q, k, v, slots, scale, [r])[0], whole[r])
+    # A scratch sized for a far longer context (a server's: its context length): the extra segments' programs
+    # write nothing and the fold reads only the request's own.
+    assert not rows_apart(decode_prefixes(q, k, v, slots, scale, rows, segs=4 * sa.segments_for(LENGTH)), whole)
+    # The serving dtype's output is the float32 one rounded.
+    rounded = sa.split_extend(q, torch.empty_like(q), k, v, ptr([LENGTH]), ptr([LENGTH]), slots,
+                              torch.zeros(1, dtype=torch.int32, device=DEV), LENGTH, scale)
+    assert sa.same_bits(rounded, whole.to(dtype))
 
 
 @pytest.mark.parametrize("heads, kv_heads, dim, dtype", SHAPES[:2])
@@ -98,7 +121,7 @@ def test_the_128_row_extend_tile_gives_the_64_row_tiles_bits(heads, kv_heads, di
     """The wider extend tile (two warpgroups) must give every row the one-tile shape's bits to be usable."""
     q, k, v, slots = sequence(heads, kv_heads, dim, dtype, seed=21)
     scale = dim ** -0.5
-    assert torch.equal(prefill(q, k, v, slots, scale, tile_rows=128), prefill(q, k, v, slots, scale))
+    assert not rows_apart(prefill(q, k, v, slots, scale, tile_rows=128), prefill(q, k, v, slots, scale))
 
 
 @pytest.mark.parametrize("batch", [1, 3, 16, 64])
@@ -111,12 +134,12 @@ def test_chain_verify_rows_equal_decode_at_every_batch_size(batch):
     prefixes = torch.randint(0, LENGTH - 4, (batch,), generator=gen).tolist()
     # Each request a prefix of the one sequence plus 4 verify rows (its own keys already cached).
     qv = torch.cat([q[p:p + 4] for p in prefixes])
-    out = torch.empty_like(qv)
+    out = f32(qv)
     sa.split_extend(qv, out, k, v, ptr([4] * batch), ptr([p + 4 for p in prefixes]),
                     torch.cat([slots[:p + 4] for p in prefixes]),
                     torch.tensor(prefixes, dtype=torch.int32, device=DEV), 4, scale)
     want = torch.cat([whole[p:p + 4] for p in prefixes])
-    assert torch.equal(out, want)
+    assert not rows_apart(out, want)
 
 
 def test_decode_replayed_in_a_cuda_graph_equals_eager():
@@ -127,16 +150,16 @@ def test_decode_replayed_in_a_cuda_graph_equals_eager():
     lens = [1, 64, 256, 257, 513, 700, 1000, 1100]
     indptr, indices = ptr(lens), torch.cat([slots[:m] for m in lens])
     qd = q[torch.tensor([m - 1 for m in lens], device=DEV)].contiguous()
-    out = torch.empty(n, heads, dim, dtype=dtype, device=DEV)
+    out = f32(qd)
     part_o = torch.empty(n, heads, segs, dim, device=DEV)
     part_lse = torch.empty(n, heads, segs, device=DEV)
-    eager = sa.split_decode(qd, torch.empty_like(out), k, v, indptr, indices, part_o, part_lse, scale).clone()
+    eager = sa.split_decode(qd, f32(qd), k, v, indptr, indices, part_o, part_lse, scale)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         sa.split_decode(qd, out, k, v, indptr, indices, part_o, part_lse, scale)
     out.zero_()
     graph.replay()
-    assert torch.equal(out, eager)
+    assert sa.same_bits(out, eager)
 
 
 def test_values_are_attention_within_bf16_rounding():
@@ -151,7 +174,8 @@ def test_values_are_attention_within_bf16_rounding():
 
 # SGLang's EAGLE numbering (a parent before its children): top-k 4 with 8 draft tokens, and a deeper tree.
 TREES = {"topk4_8": (-1, 0, 0, 0, 0, 1, 1, 2),
-         "deep_16": (-1, 0, 0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 12, 13)}
+         "deep_16": (-1, 0, 0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 12, 13),
+         "wide_40": tuple([-1] + [(i - 1) // 4 for i in range(1, 40)])}  # past 32 nodes: a 64-wide mask row
 TREE_PREFIXES = [1, 200, 255, 256, 257, 700, 1024]
 
 
@@ -172,7 +196,7 @@ def tree_batch(parents, prefixes, seed, heads=32, kv_heads=8, dim=128, dtype=tor
 def path_decode(q, k, v, lists, scale):
     lens = [len(x) for x in lists]
     segs = sa.segments_for(max(lens))
-    return sa.split_decode(q, torch.empty_like(q), k, v, ptr(lens), torch.cat(lists),
+    return sa.split_decode(q, f32(q), k, v, ptr(lens), torch.cat(lists),
                            torch.empty(len(lens), q.shape[1], segs, v.shape[2], device=DEV),
                            torch.empty(len(lens), q.shape[1], segs, device=DEV), scale)
 
@@ -184,23 +208,23 @@ def test_tree_verify_nodes_equal_the_decode_of_their_paths(tree, reverse):
     prefixes = TREE_PREFIXES[::-1] if reverse else TREE_PREFIXES
     q, k, v, layout, lists = tree_batch(parents, prefixes, seed=5)
     scale = 128 ** -0.5
-    out = sa.split_tree_verify(q, torch.empty_like(q), k, v, max_len_extend=len(parents), sm_scale=scale, **layout)
+    out = sa.split_tree_verify(q, f32(q), k, v, max_len_extend=len(parents), sm_scale=scale, **layout)
     want = path_decode(q, k, v, lists, scale)
-    apart = (out != want).any(-1).any(-1).nonzero().flatten().tolist()
+    apart = rows_apart(out, want)
     assert not apart, f"{len(apart)} node rows apart, first {apart[:5]}"
 
 
 def test_tree_verify_replayed_in_a_cuda_graph_equals_eager():
     q, k, v, layout, _ = tree_batch(TREES["topk4_8"], TREE_PREFIXES, seed=9)
     scale = 128 ** -0.5
-    eager = sa.split_tree_verify(q, torch.empty_like(q), k, v, max_len_extend=8, sm_scale=scale, **layout).clone()
-    out = torch.empty_like(q)
+    eager = sa.split_tree_verify(q, f32(q), k, v, max_len_extend=8, sm_scale=scale, **layout)
+    out = f32(q)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         sa.split_tree_verify(q, out, k, v, max_len_extend=8, sm_scale=scale, **layout)
     out.zero_()
     graph.replay()
-    assert torch.equal(out, eager)
+    assert sa.same_bits(out, eager)
 
 
 def test_positive_control_sglangs_tree_verify_parts_from_the_path_decode():
@@ -213,7 +237,7 @@ def test_positive_control_sglangs_tree_verify_parts_from_the_path_decode():
         q, theirs, k, v, 1.0, 1.0, layout["qo_indptr"], layout["kv_indptr"], layout["kv_indices"].to(torch.int64),
         layout["prefix_lens"], 8, custom_mask=layout["custom_mask"], mask_indptr=layout["mask_indptr"],
         sm_scale=scale)
-    apart = (theirs != path_decode(q, k, v, lists, scale)).any(-1).any(-1).sum().item()
+    apart = (theirs != path_decode(q, k, v, lists, scale).to(theirs.dtype)).any(-1).any(-1).sum().item()
     assert apart > 0, "SGLang's tree verify matched the path decodes everywhere: the control shows nothing"
 
 

@@ -1,7 +1,7 @@
 """The package's layers, read from its import statements.
 
 - ``ops/`` imports nothing of the package outside ``ops/`` and never SGLang;
-- the bag (``config.py``) imports only the torch-free kernel choice;
+- the bag (``config.py``) imports only the torch-free kernel choice, the split kernels' bounds and the family rule;
 - the plugin's hook modules import only ``ops``, the bag, the plugin's
   ``positions`` and ``channels`` modules, the request-seed rules (``seeds``), the
   request-field rules (``request_rules``) and SGLang; ``positions`` imports only ``ops``
@@ -81,9 +81,10 @@ def test_ops_import_only_ops(path):
 
 
 def test_the_bag_imports_only_the_kernel_choice_and_the_family_rule():
-    # The family rule is part of the claim the bag makes (torch- and SGLang-free, like the bag).
+    # The family rule and the split kernels' bounds are part of the claim the bag makes (torch- and
+    # SGLang-free, like the bag).
     assert own(imports(PACKAGE / "config.py")) <= {"sglang_detspec.ops", "sglang_detspec.ops.kernel_choice",
-                                                   "sglang_detspec.model_family"}
+                                                   "sglang_detspec.ops.split_limits", "sglang_detspec.model_family"}
 
 
 @pytest.mark.parametrize("path", HOOK_MODULES, ids=lambda p: p.name)

@@ -341,6 +341,29 @@ def test_the_dry_run_states_the_fa3_head_size_rule(capsys, tmp_path, head_dim, b
         backend is None and head_dim == 128)
 
 
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
+
+
+@pytest.mark.parametrize("backend, page, claim, note", [
+    ("triton", None, "bitwise", "have run only in Triton's CPU interpreter"),
+    ("triton", "16", "tokens", "the split kernels read pages of 1 token"),
+    ("fa3", None, "tokens", "applies to the triton backend only; with fa3 attention it changes nothing"),
+    (None, None, "tokens", "applies only where --attention-backend triton is named"),
+])
+def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, tmp_path, backend, page, claim,
+                                                           note):
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "split")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                      "hidden_size": 512, "num_attention_heads": 4}))
+    flags = (["--attention-backend", backend] if backend else []) + (["--page-size", page] if page else [])
+    rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE",
+                                  "--speculative-draft-model-path", str(tmp_path), *TREE, *flags])
+    assert rc == 0 and f"logits='{claim}'" in start_up_line(err)
+    assert note in err
+    if backend is None:
+        assert "a tree claims 'tokens' with SGLang's cascade verify" in err and "FA3 chain" not in err
+
+
 def test_a_server_without_speculative_decoding_says_why_it_claims_tokens_too(capsys):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--attention-backend", "flashinfer"])
     assert rc == 0 and "logits='tokens'" in start_up_line(err)

@@ -8,7 +8,9 @@ here: what runs them is ``test_split_attention.py`` (CPU interpreter) and
 the GPU suite.
 """
 
+import inspect
 import sys
+import types
 
 import pytest
 import torch
@@ -20,6 +22,10 @@ from sglang_detspec.sglang_plugin import attention_hook, resolve
 register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
+
+
+def _refuse(layer):
+    raise ValueError(f"layer {layer} is not a full-attention layer")  # as SGLang's hybrid linear-attention pools
 
 
 def _pool(page_size=1, dtype=torch.bfloat16):
@@ -58,6 +64,10 @@ def split_bag(monkeypatch):
     ({"max_kv_splits": 15}, "SGLang's decode scratch holds 15 splits, the context needs 16 segments of 256 keys"),
     ({"num_head": 130}, "65 query heads per KV head: the decode tile holds at most 64"),
     ({"token_to_kv_pool": _pool(dtype=torch.float32)}, "dtype must be bfloat16 or float16, got torch.float32"),
+    ({"topk": 4, "num_draft_tokens": 257}, "a tree of 257 draft tokens (the split tree verify takes at most 256)"),
+    ({"topk": 1, "num_draft_tokens": 257, "page_size": 1}, "no CUDA device"),  # a chain's draft has no node bound
+    ({"token_to_kv_pool": types.SimpleNamespace(start_layer=0, get_key_buffer=_refuse, get_value_buffer=_refuse)},
+     "the KV cache's first layer is not readable as full attention"),
 ])
 def test_split_names_why_it_cannot_serve_a_backend(attrs, reason):
     assert attention_hook.split_unavailable(_backend(**attrs)).startswith(reason)
@@ -153,18 +163,22 @@ def test_a_layer_of_another_shape_or_kv_scale_keeps_the_one_pass_pair(routed):
     assert calls == ["one-pass decode", "one-pass decode", "sglang extend"]
 
 
+MASK = {"custom_mask": torch.ones(4, dtype=torch.bool), "mask_indptr": torch.zeros(3)}
+
+
 @pytest.mark.parametrize("topk, kwargs, want", [
     (1, {}, "split extend"),
-    (1, {"custom_mask": torch.ones(4, dtype=torch.bool)}, "split extend"),  # a chain's verify mask is causal
-    # A tree's is not: each node runs over its prefix and path.
-    (4, {"custom_mask": torch.ones(4, dtype=torch.bool), "mask_indptr": torch.zeros(3)}, "split tree"),
     (4, {}, "split extend"),  # a tree server's prefill
+    # A verify (SGLang's verify mask): each draft token over its prefix and path, chain or tree.
+    (1, MASK, "split tree"),
+    (4, MASK, "split tree"),
+    (1, {"custom_mask": torch.ones(4, dtype=torch.bool)}, "sglang extend"),  # no mask offsets: not a verify
     (1, {"is_causal": False}, "sglang extend"),
     (1, {"sliding_window_size": 128}, "sglang extend"),
     (1, {"logit_cap": 30.0}, "sglang extend"),
     (1, {"sinks": torch.zeros(HEADS)}, "sglang extend"),
 ])
-def test_extend_runs_split_for_causal_calls_and_chain_masks(routed, topk, kwargs, want):
+def test_extend_runs_split_for_causal_calls_and_verifies(routed, topk, kwargs, want):
     make, calls = routed
     _, extend = make(topk=topk)
     extend(*_extend_args(), sm_scale=0.25, **kwargs)
@@ -173,17 +187,27 @@ def test_extend_runs_split_for_causal_calls_and_chain_masks(routed, topk, kwargs
         assert calls[0][1:] == (3, 0.25)  # max_len_extend as an int, SGLang's scale
 
 
-def test_a_tree_above_the_kernels_node_bound_keeps_sglangs_extend(routed):
-    from sglang_detspec.ops.split_attention import MAX_TREE_NODES
-
+def test_an_extend_without_queries_goes_to_sglang(routed):
     make, calls = routed
-    _, extend = make(topk=4)
+    _, extend = make()
     args = list(_extend_args())
-    args[-1] = MAX_TREE_NODES + 1
-    extend(*args, custom_mask=torch.ones(4, dtype=torch.bool), mask_indptr=torch.zeros(3))
-    args[-1] = MAX_TREE_NODES
-    extend(*args, custom_mask=torch.ones(4, dtype=torch.bool), mask_indptr=torch.zeros(3))
-    assert [c if isinstance(c, str) else c[0] for c in calls] == ["sglang extend", "split tree"]
+    args[-1] = 0
+    extend(*args)
+    assert calls == ["sglang extend"]
+
+
+def test_a_tree_verify_the_kernels_do_not_cover_says_once_that_trees_are_tokens(routed, caplog):
+    make, calls = routed
+    _, tree_extend = make(topk=4)
+    _, chain_extend = make(topk=1)
+    with caplog.at_level("WARNING", logger="sglang_detspec"):
+        chain_extend(*_extend_args(), logit_cap=30.0, **MASK)  # a chain's masked call still matches its decode
+        assert not caplog.records
+        tree_extend(*_extend_args(), logit_cap=30.0, **MASK)
+        tree_extend(*_extend_args(), logit_cap=30.0, **MASK)
+    assert calls == ["sglang extend"] * 3
+    assert [r.getMessage() for r in caplog.records if "tree logits are 'tokens'" in r.getMessage()] and \
+        len(caplog.records) == 1
 
 
 def test_extend_without_a_scale_takes_sglangs_default(routed):
@@ -193,6 +217,54 @@ def test_extend_without_a_scale_takes_sglangs_default(routed):
     assert calls == [("split extend", 3, DIM ** -0.5)]
 
 
+def test_where_split_can_serve_both_kernels_are_swapped_and_logged(split_bag, monkeypatch, caplog):
+    monkeypatch.setattr(attention_hook, "split_unavailable", lambda backend: None)
+    backend = _backend()
+    with caplog.at_level("INFO", logger="sglang_detspec"):
+        attention_hook.use_one_pass_decode(None, backend)
+    assert backend.decode_attention_fwd.__name__ == "decode" and backend.extend_attention_fwd_unified.__name__ == "extend"
+    assert any(attention_hook.SPLIT_ON in r.getMessage() for r in caplog.records)
+    assert not any(attention_hook.SPLIT_OFF in r.getMessage() for r in caplog.records)
+
+
+def test_the_start_up_check_runs_once_per_shape_and_device_in_a_process(monkeypatch):
+    runs = []
+    monkeypatch.setattr(attention_hook, "_CHECKED", {})
+    monkeypatch.setattr(attention_hook, "split_modes_agree", lambda *a: runs.append(a) or True)
+    # A device-only stand-in for kv_indptr: this machine has no CUDA tensors to give the backend.
+    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
+    assert attention_hook.split_unavailable(_backend(kv_indptr=on_gpu)) is None
+    assert attention_hook.split_unavailable(_backend(kv_indptr=on_gpu, topk=4)) is None  # a second backend
+    assert len(runs) == 1
+    monkeypatch.setattr(attention_hook, "split_modes_agree", lambda *a: 1 / 0)
+    assert attention_hook.split_unavailable(_backend(kv_indptr=on_gpu, num_head=8)).startswith(
+        "its start-up check failed: ZeroDivisionError")
+
+
+@pytest.mark.parametrize("ours, sglangs", [
+    ("decode", "sglang.kernels.ops.attention.decode_attention.decode_attention_fwd"),
+    ("extend", "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd_unified"),
+])
+def test_the_wrappers_take_sglangs_arguments_by_position_and_name(routed, ours, sglangs):
+    import importlib
+
+    module, name = sglangs.rsplit(".", 1)
+    theirs = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    make, _ = routed
+    wrapper = dict(zip(("decode", "extend"), make()))[ours]
+    mine = inspect.signature(inspect.unwrap(wrapper)).parameters
+    positional = [n for n, p in mine.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    has_var_kw = any(p.kind is p.VAR_KEYWORD for p in mine.values())
+    # Each of SGLang's parameters binds to ours of the same name: at the same position where ours takes it
+    # positionally, else by keyword (keyword-only, or passed on through **kwargs to the fallback).
+    for position, pname in enumerate(theirs):
+        if pname in positional:
+            assert positional.index(pname) == position, (ours, pname)
+        else:
+            assert pname in mine or has_var_kw, (ours, pname)
+    assert len(positional) <= len(theirs)
+
+
 def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert env_settings({DECODE_ATTENTION_ENV: "split"})["decode_attention"] == "split"
     assert logits_guarantee("triton", 1, decode_attention="split") == "bitwise"
@@ -200,6 +272,11 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("triton", 4, decode_attention="one_pass") == "tokens"
     assert logits_guarantee("triton", 1, decode_attention="sglang") == "tokens"
     assert logits_guarantee("fa3", 4, decode_attention="split") == "tokens"  # no FA3 decode hook
+    # Trees only where the kernels run: pages of one token, head sizes up to 256.
+    assert logits_guarantee("triton", 4, decode_attention="split", page_size=16) == "tokens"
+    assert logits_guarantee("triton", 4, decode_attention="split", head_dim=512) == "tokens"
+    assert logits_guarantee("triton", 4, decode_attention="split", page_size=1, head_dim=256) == "bitwise"
+    assert logits_guarantee("triton", 1, decode_attention="split", page_size=16) == "bitwise"  # the one-pass pair
 
 
 def test_the_start_up_notes_say_split_is_not_yet_measured():

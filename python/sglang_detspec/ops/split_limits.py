@@ -1,0 +1,17 @@
+"""The positional-split attention's fixed sizes and bounds, torch-free (the claim rule in ``config`` reads them).
+
+``split_attention`` and its kernels take every size from here.
+"""
+
+# Keys per segment: SGLang's deterministic Triton decode splits at the same positions and sizes its
+# decode scratch (attn_logits [bs, heads, ceil(context / 256), v_head_dim]) for them, which the
+# decode writes into.
+SEGMENT_KEYS = 256
+# Query rows per tile: the decode tile holds one KV head's query heads, so at most this many per KV head.
+TILE_ROWS = 64
+# Largest head dim (query / key and value) the kernels take.
+MAX_HEAD_DIM = 256
+# Draft tokens per request a tree verify may hold (one mask row per node is read as one vector).
+MAX_TREE_NODES = 256
+# The KV page size the kernels read (token slots).
+PAGE_SIZE = 1
