@@ -9,12 +9,11 @@ block's time per call and the spread of the blocks):
   what ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps), the plugin's
   packed one-pass decode (the default ``one_pass``), and the positional-split
   decode + merge (``split``);
-- **chain verify**: 4 query rows per request after its context, SGLang's
-  single-pass ``extend_attention_fwd_unified`` against the split extend;
-- **tree verify** (top-k 4, 8 draft tokens after the context): SGLang's
-  single-pass kernel with the tree mask against the split tree verify (each
-  node over its prefix and path, the prefix's whole segments read once per
-  request);
+- **chain verify** (4 draft tokens after the context) and **tree verify**
+  (top-k 4, 8 draft tokens): SGLang's single-pass kernel with its verify
+  mask, as its Triton backend runs a verify, against the split verify
+  (``split_tree_verify``: each draft token over its prefix and path, the
+  prefix's whole segments read once per request);
 - **prefill**: one request's whole context as one extend, the same two.
 
 The ``split`` columns replace both sides of the bitwise pair (decode and
@@ -37,7 +36,7 @@ import torch
 
 from bench_attention_paths import DIM, HEADS, KV_HEADS, PARENTS, SPLIT_TILE, check_timing_args, timed
 
-VERIFY_ROWS = 4
+CHAIN = (-1, 0, 1, 2)  # a chain of 4 draft tokens (steps 3), as a verify mask lays it out
 
 
 def _cache(tokens: int, gen):
@@ -93,7 +92,8 @@ def decode_cell(bs: int, ctx: int, reps: int, blocks: int, max_context: int) -> 
 
 
 def extend_cell(bs: int, ctx: int, rows: int, reps: int, blocks: int) -> dict:
-    """``rows`` query rows per request after ``ctx - rows`` cached keys: SGLang's single-pass kernel vs the split one."""
+    """An extend of ``rows`` tokens per request after ``ctx - rows`` cached keys (a prefill where they are equal):
+    SGLang's single-pass kernel vs the split one, on 64- and 128-row tiles."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
 
     from sglang_detspec.ops import split_attention as sa
@@ -116,18 +116,18 @@ def extend_cell(bs: int, ctx: int, rows: int, reps: int, blocks: int) -> dict:
             "tile_128_equals_64": bool(torch.equal(o2, o3))}
 
 
-def tree_cell(bs: int, ctx: int, reps: int, blocks: int) -> dict:
-    """A tree verify of :data:`PARENTS` after ``ctx`` cached keys per request: SGLang's masked kernel vs the split one."""
+def verify_cell(bs: int, ctx: int, parents, reps: int, blocks: int) -> dict:
+    """A verify of the draft ``parents`` after ``ctx`` cached keys per request: SGLang's masked kernel vs the split one."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
 
     from sglang_detspec.ops import split_attention as sa
 
-    n = len(PARENTS)
-    gen = torch.Generator(device="cuda").manual_seed(bs * 19 + ctx)
+    n = len(parents)
+    gen = torch.Generator(device="cuda").manual_seed(bs * 19 + ctx + n)
     k, v = _cache(bs * (ctx + n), gen)
     q = torch.randn(bs * n, HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16)
     indices = (torch.randperm(bs * (ctx + n), generator=gen, device="cuda") + 1).to(torch.int64)
-    layout, _ = sa.tree_verify_layout(PARENTS, [ctx] * bs, list(indices.view(bs, ctx + n)))
+    layout, _ = sa.tree_verify_layout(parents, [ctx] * bs, list(indices.view(bs, ctx + n)))
     scale = DIM ** -0.5
     o1, o2 = torch.empty_like(q), torch.empty_like(q)
     return {"sglang_one_pass": timed(lambda: extend_attention_fwd_unified(
@@ -146,7 +146,7 @@ def table(rows: list[dict]) -> str:
         return f"{cells[ours]['median_us'] / cells[theirs]['median_us']:.2f}" if ours in cells else "-"
 
     out = ["| batch | context | decode: SGLang split-KV, us | packed one-pass, us (ratio) | split, us (ratio) "
-           "| split decode = split prefill | verify x4: SGLang, us | split, us (ratio) "
+           "| split decode = split prefill | chain verify x4: SGLang, us | split, us (ratio) "
            "| tree verify x8: SGLang, us | split, us (ratio) "
            "| prefill (batch 1): SGLang, us | split, us (ratio; 128-row tile ratio, bits) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -188,8 +188,8 @@ def main(argv=None) -> int:
                 continue
             row = {"batch": bs, "context": ctx,
                    "decode": decode_cell(bs, ctx, args.reps, args.blocks, args.max_context),
-                   "verify": extend_cell(bs, ctx, VERIFY_ROWS, args.reps, args.blocks),
-                   "tree": tree_cell(bs, ctx, args.reps, args.blocks)}
+                   "verify": verify_cell(bs, ctx, CHAIN, args.reps, args.blocks),
+                   "tree": verify_cell(bs, ctx, PARENTS, args.reps, args.blocks)}
             if bs == 1:
                 row["prefill"] = extend_cell(1, ctx, ctx, args.reps, args.blocks)
             rows.append(row)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from .model_family import family_claim
 from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
+from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
 from .ops.split_limits import PAGE_SIZE as SPLIT_PAGE_SIZE
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
@@ -43,6 +44,8 @@ GEMM_WARMUP_ENV = "SGLANG_DETSPEC_GEMM_WARMUP_S"
 # (and DeepGEMM's on-disk cache carries what was compiled to the next start on the machine).
 DEFAULT_GEMM_WARMUP_S = 60.0
 MAX_GEMM_WARMUP_S = 3600.0
+# The top-k a breadth-1 NGRAM draft is claimed as: SGLang pads a short match with root children (a tree).
+NGRAM_TREE_TOPK = 2
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
 # prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
@@ -353,8 +356,17 @@ class DetSpecConfig:
         return self._attention_guarantee()[1]
 
     def _attention_guarantee(self) -> tuple[str, str | None]:
-        return guarantee_and_reason(self.attention_backend, self.eagle_topk if self.algorithm else None,
-                                    self.tree_attention, self.decode_attention, self.page_size, self.head_dim)
+        topk = self.eagle_topk if self.algorithm else None
+        if self.algorithm == "NGRAM" and (topk or 1) == 1:
+            # SGLang pads a short n-gram match with children of the root (its result.cpp), so even a breadth-1
+            # NGRAM draft is verified as a tree.
+            claim, reason = guarantee_and_reason(self.attention_backend, NGRAM_TREE_TOPK, self.tree_attention,
+                                                 self.decode_attention, self.page_size, self.head_dim,
+                                                 self.num_draft_tokens)
+            tree = reason and reason.replace(f"a tree (top-k {NGRAM_TREE_TOPK})", "a tree")
+            return claim, tree and f"NGRAM at breadth 1 (a short match pads its draft with root children): {tree}"
+        return guarantee_and_reason(self.attention_backend, topk, self.tree_attention, self.decode_attention,
+                                    self.page_size, self.head_dim, self.num_draft_tokens)
 
     def shown_fields(self) -> dict[str, object]:
         """The fields that apply to this server, by the name :meth:`describe` prints them under.
@@ -421,7 +433,7 @@ PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 
 def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
                      decode_attention: str = "one_pass", page_size: int | None = None,
-                     head_dim: int | None = None) -> str:
+                     head_dim: int | None = None, num_draft_tokens: int | None = None) -> str:
     """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
@@ -451,14 +463,16 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
         head_dim: the target's attention head size (None: unknown, no head-size rule). FA3 at a head
             size up to :data:`FA3_RETILED_MAX_HEAD_DIM` or above :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
             is ``tokens`` (:func:`fa3_head_size_reason`).
+        num_draft_tokens: draft tokens per verify (None: unknown); with ``split``, Triton trees above the
+            kernels' bound are ``tokens`` (:func:`split_tree_rule`).
     """
     return guarantee_and_reason(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
-                                head_dim)[0]
+                                head_dim, num_draft_tokens)[0]
 
 
 def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
                          decode_attention: str = "one_pass", page_size: int | None = None,
-                         head_dim: int | None = None) -> tuple[str, str | None]:
+                         head_dim: int | None = None, num_draft_tokens: int | None = None) -> tuple[str, str | None]:
     """:func:`logits_guarantee` (same arguments) and, for ``tokens``, why: one clause naming the rule that applied.
 
     The reason is None for ``bitwise``. The start-up notes and the dry run
@@ -466,7 +480,7 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     (:func:`fa3_head_size_reason`) applies to what would otherwise be ``bitwise``.
     """
     claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
-                                            head_dim)
+                                            head_dim, num_draft_tokens)
     if claim == "bitwise" and attention_backend == "fa3":
         reason = fa3_head_size_reason(head_dim)
         if reason is not None:
@@ -496,12 +510,14 @@ def fa3_head_size_reason(head_dim: int | None) -> str | None:
             "(docs/forward_modes.md); Triton chains are bitwise at every head size")
 
 
-def split_tree_rule(page_size: int | None, head_dim: int | None) -> tuple[str, str | None]:
+def split_tree_rule(page_size: int | None, head_dim: int | None,
+                    num_draft_tokens: int | None = None) -> tuple[str, str | None]:
     """A Triton tree's claim with ``SGLANG_DETSPEC_DECODE_ATTENTION=split``: ``bitwise`` where the kernels run.
 
     Each node's verify rows run its decode's segments (``ops/split_attention.py``)
-    at pages of one token and head sizes up to the kernels' bound
-    (``ops/split_limits.py``); elsewhere the server keeps SGLang's tree verify.
+    at pages of one token, head sizes and draft tokens up to the kernels'
+    bounds (``ops/split_limits.py``); elsewhere the server keeps SGLang's
+    tree verify.
     An unknown head size (None) takes no rule; the start-up check settles the
     rest and lowers the claim where it fails (``sglang_plugin/attention_hook.py``).
     """
@@ -511,12 +527,15 @@ def split_tree_rule(page_size: int | None, head_dim: int | None) -> tuple[str, s
     if head_dim is not None and head_dim > SPLIT_MAX_HEAD_DIM:
         return "tokens", (f"a tree on triton at head size {head_dim}: the split kernels take head sizes up to "
                           f"{SPLIT_MAX_HEAD_DIM}, so its verify keeps SGLang's kernel")
+    if num_draft_tokens is not None and num_draft_tokens > SPLIT_MAX_TREE_NODES:
+        return "tokens", (f"a tree of {num_draft_tokens} draft tokens on triton: the split kernels verify at most "
+                          f"{SPLIT_MAX_TREE_NODES}, so its verify keeps SGLang's kernel")
     return "bitwise", None
 
 
 def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | None, tree_attention: str,
-                            decode_attention: str, page_size: int | None,
-                            head_dim: int | None = None) -> tuple[str, str | None]:
+                            decode_attention: str, page_size: int | None, head_dim: int | None = None,
+                            num_draft_tokens: int | None = None) -> tuple[str, str | None]:
     """The claim from the backend, the page size, the decode kernel and the draft shape (no FA3 head-size rule)."""
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
         if attention_backend is None:
@@ -536,7 +555,7 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if (eagle_topk or 1) == 1:
         return "bitwise", None
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention == "split":
-        return split_tree_rule(page_size, head_dim)
+        return split_tree_rule(page_size, head_dim, num_draft_tokens)
     if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "bitwise", None
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:

@@ -1,14 +1,15 @@
-"""Positional-split attention: the same bits for a query row in prefill, chunked prefill, chain verify and decode.
+"""Positional-split attention: the same bits for a query row in prefill, chunked prefill, verify and decode.
 
 Each row's keys are cut at fixed key positions, every :data:`SEGMENT_KEYS`
 keys from key 0, whatever the forward mode, batch or chunk; each segment is
 one online softmax over key tiles from its first key, and the segments are
 folded in order by one rule (``split_attention_triton``). :func:`split_extend`
-runs prefill, chunked prefill (an extend after cached keys) and a chain's
-verify, a tile of query rows per program; :func:`split_decode` runs one
-token per request with one program per segment (split-KV: a long context
-at small batch still fills the GPU) and folds them in a second kernel. A
-row gets the same arithmetic either way, so decode equals the prefill of
+runs prefill and chunked prefill (an extend after cached keys), a tile of
+query rows per program; :func:`split_tree_verify` runs a verify, chain or
+tree, each draft token over its prefix and path; :func:`split_decode` runs
+one token per request with one program per segment (split-KV: a long
+context at small batch still fills the GPU) and folds them in a second
+kernel. A row gets the same arithmetic in every mode, so decode equals the prefill of
 the same token bit for bit, as far as the GPU's matrix products give a row
 the same bits whatever the other rows of its tile are (the GPU suite
 ``test/registered/cuda/test_split_attention_cuda.py`` checks it row by row;
@@ -117,7 +118,7 @@ def split_extend(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
                  qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                  prefix_lens: torch.Tensor, max_len_extend: int, sm_scale: float, *,
                  tile_rows: int = TILE_ROWS) -> torch.Tensor:
-    """Causal attention of an extend (prefill, chunked prefill or a chain's verify), positionally split.
+    """Causal attention of an extend (prefill, chunked prefill, an extend after a cache hit), positionally split.
 
     Args:
         q: ``[tokens, heads, head_dim]`` bf16 / fp16; request b's queries are
@@ -340,7 +341,7 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
     Random queries and KV of the given shape; requests of ``lengths`` keys
     (:data:`CHECK_LENGTHS`, each at least 1); each
     request's last token decoded, its whole sequence prefilled, and its last
-    three tokens extended after the rest (a chain verify's shape), the batch
+    three tokens extended after the rest (a chunked extend), the batch
     in two orders; and each request longer than :data:`CHECK_TREE` verified
     as that tree after its other keys, every node against the decode of its
     path. Outputs are compared in float32, before their rounding to the

@@ -1,4 +1,4 @@
-"""Positional-split attention kernels: extend (prefill, chunked prefill, chain verify) and split-KV decode + merge.
+"""Positional-split attention kernels: extend (prefill, chunked prefill), verify, and split-KV decode + merge.
 
 Every query row's keys are cut into segments at fixed key positions
 (``[0, S)``, ``[S, 2S)``, ... with ``S`` = ``SEGMENT`` keys), whatever the
@@ -64,17 +64,16 @@ def _segment(q, K_Buffer, V_Buffer, kv_indices, kv_start, seg_lo, seg_hi, limit,
                     mask=in_seg[None, :] & mask_d[:, None], other=0.0)
         s = tl.dot(q, k) * scale_log2
         s = tl.where(in_seg[None, :] & (offs_n[None, :] <= limit[:, None]), s, float("-inf"))
-        row_max = tl.max(s, 1)
-        m_new = tl.maximum(m, row_max)
+        m_new = tl.maximum(m, tl.max(s, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: no inf - inf
         p = tl.exp2(s - m_ref[:, None])
         alpha = tl.exp2(m - m_ref)
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(V_Buffer + loc[:, None] * stride_vbs + v_head + offs_dv[None, :],
                     mask=in_seg[:, None] & mask_dv[None, :], other=0.0)
-        # A tile with none of a row's keys (an extend's rows end at different keys) leaves that row's
-        # accumulator as it was, zero signs included, as a decode that never visits the tile.
-        acc = tl.where((row_max > float("-inf"))[:, None], tl.dot(p.to(v.dtype), v, acc * alpha[:, None]), acc)
+        # A tile with none of a row's keys (an extend's rows end at different keys) adds exact zeros to it.
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
         m = m_new
     l_ref = tl.where(l == 0.0, 1.0, l)
     return acc / l_ref[:, None], m + tl.log2(l)
@@ -92,8 +91,8 @@ def _fold(e, total, acc, seg_lse, seg_o):
     e_ref = tl.where(e_new == float("-inf"), 0.0, e_new)
     a = tl.exp2(e - e_ref)
     b = tl.exp2(seg_lse - e_ref)
-    # A segment with none of a row's keys (an extend's rows end at different keys) is left out exactly,
-    # as a decode that never folds it.
+    # A segment with none of a row's keys (an extend's rows end at different keys) is left out, as a decode
+    # that never folds it.
     empty = seg_lse == float("-inf")
     return (e_new, tl.where(empty, total, total * a + b),
             tl.where(empty[:, None], acc, acc * a[:, None] + b[:, None] * seg_o))

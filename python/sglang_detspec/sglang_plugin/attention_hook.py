@@ -165,8 +165,8 @@ def _one_pass_decode(backend, unified, rows, packed):
 def split_unavailable(backend) -> str | None:
     """Why the positional-split kernels cannot serve this target backend, or None where they can.
 
-    They need a CUDA device (not ROCm), pages of one token, a tree of at most
-    ``MAX_TREE_NODES`` draft tokens, readable KV buffers of a shape
+    They need a CUDA device (not ROCm), pages of one token, at most
+    ``MAX_TREE_NODES`` draft tokens per verify, readable KV buffers of a shape
     :func:`~sglang_detspec.ops.split_attention.unsupported` accepts, SGLang's
     decode scratch sized for one segment per :data:`SEGMENT_KEYS` keys of the
     context (``max_kv_splits``, sized by SGLang's deterministic split tile),
@@ -177,8 +177,8 @@ def split_unavailable(backend) -> str | None:
     """
     if (getattr(backend, "page_size", 1) or 1) != 1:
         return f"KV page size {backend.page_size} (the kernels read pages of one token)"
-    if (getattr(backend, "topk", 0) or 0) > 1 and (getattr(backend, "num_draft_tokens", 0) or 0) > MAX_TREE_NODES:
-        return f"a tree of {backend.num_draft_tokens} draft tokens (the split tree verify takes at most {MAX_TREE_NODES})"
+    if (getattr(backend, "num_draft_tokens", 0) or 0) > MAX_TREE_NODES:  # a chain's verify takes the same kernels
+        return f"{backend.num_draft_tokens} draft tokens per verify (the split verify takes at most {MAX_TREE_NODES})"
     needed = segments_for(backend.max_context_len)
     if backend.max_kv_splits < needed:
         return (f"SGLang's decode scratch holds {backend.max_kv_splits} splits, the context needs {needed} segments "
@@ -235,10 +235,12 @@ def _split_paths(backend, one_pass, unified):
     every mode. A verify (a call with SGLang's verify mask, chain or tree)
     runs each draft token over the prefix and its path
     (``split_tree_verify``), as its decode; one the kernels do not cover
-    keeps SGLang's masked kernel: a chain's still agrees with the one-pass
-    decode, a tree's with no decode, and on a tree server (the backend's
-    ``topk`` above 1) the first such call logs that its tree logits are
-    ``tokens``.
+    keeps SGLang's masked kernel: for a layer the kernels do not cover, a
+    chain's still agrees with that layer's one-pass decode and a tree's with
+    no decode (on a tree server, the backend's ``topk`` above 1, the first
+    such call logs that its tree logits are ``tokens``); any other uncovered
+    verify call meets a split decode, and the first logs that the server's
+    verify logits are ``tokens``.
     """
     checked = _layer_shape(backend)
     trees = (getattr(backend, "topk", 0) or 0) > 1  # SGLang sets it from the published draft top-k
@@ -267,9 +269,9 @@ def _split_paths(backend, one_pass, unified):
                sliding_window_size=-1, sinks=None, window_start_pos=None, xai_temperature_len=-1, page_size=1,
                score_mod=None, aux_tensors=None):
         rows = int(max_len_extend)
-        if (is_causal and (sliding_window_size or -1) <= 0 and rows >= 1
-                and covered(q, k_buffer, v_buffer, k_scale, v_scale, logit_cap, sinks, xai_temperature_len,
-                            page_size, score_mod)):
+        layer = covered(q, k_buffer, v_buffer, k_scale, v_scale, logit_cap, sinks, xai_temperature_len, page_size,
+                        score_mod)
+        if is_causal and (sliding_window_size or -1) <= 0 and rows >= 1 and layer:
             scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
             if custom_mask is None:
                 return split_extend(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens, rows,
@@ -279,11 +281,15 @@ def _split_paths(backend, one_pass, unified):
             if mask_indptr is not None and rows <= MAX_TREE_NODES:
                 return split_tree_verify(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens,
                                          custom_mask, mask_indptr, rows, scale)
-        if custom_mask is not None and trees and not warned:
+        # A layer the kernels do not cover decodes on the one-pass kernel, which a chain's masked verify on
+        # SGLang's kernel still matches (a tree's does not); any other masked call meets a split decode.
+        if custom_mask is not None and (trees or layer) and not warned:
             warned.append(True)
-            logger.warning("sglang-detspec: a tree verify the split kernels do not cover (a logit cap, sinks, KV "
-                           "scales, another layer shape or a window) runs SGLang's masked kernel: this server's "
-                           "tree logits are 'tokens', not 'bitwise'")
+            logger.warning("sglang-detspec: a verify the split kernels do not cover (%s) runs SGLang's masked "
+                           "kernel: this server's %slogits are 'tokens', not 'bitwise'",
+                           "a logit cap, sinks, KV scales or another layer shape" if not layer else
+                           "a window, a non-causal call, no mask offsets or too many draft tokens",
+                           "tree " if not layer else "verify ")
         return unified(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
                        max_len_extend, custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale,
                        logit_cap=logit_cap, is_causal=is_causal, sliding_window_size=sliding_window_size,

@@ -125,21 +125,21 @@ def test_the_128_row_extend_tile_gives_the_64_row_tiles_bits(heads, kv_heads, di
 
 
 @pytest.mark.parametrize("batch", [1, 3, 16, 64])
-def test_chain_verify_rows_equal_decode_at_every_batch_size(batch):
+def test_chain_verify_rows_equal_prefill_and_decode_at_every_batch_size(batch):
+    """A chain's verify as SGLang's Triton backend calls it: 4 draft tokens per request, its verify mask."""
     heads, kv_heads, dim, dtype = SHAPES[0]
     q, k, v, slots = sequence(heads, kv_heads, dim, dtype, seed=batch)
     scale = dim ** -0.5
     whole = prefill(q, k, v, slots, scale)
     gen = torch.Generator().manual_seed(batch)
     prefixes = torch.randint(0, LENGTH - 4, (batch,), generator=gen).tolist()
-    # Each request a prefix of the one sequence plus 4 verify rows (its own keys already cached).
-    qv = torch.cat([q[p:p + 4] for p in prefixes])
-    out = f32(qv)
-    sa.split_extend(qv, out, k, v, ptr([4] * batch), ptr([p + 4 for p in prefixes]),
-                    torch.cat([slots[:p + 4] for p in prefixes]),
-                    torch.tensor(prefixes, dtype=torch.int32, device=DEV), 4, scale)
-    want = torch.cat([whole[p:p + 4] for p in prefixes])
-    assert not rows_apart(out, want)
+    # Each request a prefix of the one sequence, then 4 draft tokens (their keys cached, as before a verify).
+    layout, paths = sa.tree_verify_layout([-1, 0, 1, 2], prefixes, [slots[:p + 4] for p in prefixes])
+    rows = torch.cat([torch.arange(p, p + 4, device=DEV) for p in prefixes])
+    qv = q[rows].contiguous()
+    out = sa.split_tree_verify(qv, f32(qv), k, v, max_len_extend=4, sm_scale=scale, **layout)
+    assert not rows_apart(out, whole[rows])
+    assert not rows_apart(out, path_decode(qv, k, v, paths, scale))
 
 
 def test_decode_replayed_in_a_cuda_graph_equals_eager():

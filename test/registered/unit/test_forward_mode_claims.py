@@ -165,7 +165,8 @@ RESOLVED_CLAIMS = [
     (CHAIN.replace("EAGLE", "NEXTN"), 1, "bitwise"),
     ("--speculative-algorithm NGRAM", 10, "tokens"),
     ("--speculative-algorithm NGRAM --speculative-eagle-topk 1", 10, "tokens"),
-    ("--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1", 1, "bitwise"),
+    # Breadth 1 is still a tree: SGLang pads a short match with children of the root.
+    ("--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1", 1, "tokens"),
     ("--speculative-algorithm STANDALONE", 1, "bitwise"),
     (TREE.replace("EAGLE", "STANDALONE"), 4, "tokens"),
 ]
@@ -187,7 +188,9 @@ def test_start_up_and_the_dry_run_claim_what_sglang_resolves(model_dir, capsys, 
     assert (sglang_topk, sglang_backend) == (topk, "triton")
     bag = resolve.config_from_server_args(record)  # what the start-up hook installs and logs
     assert bag.active and bag.eagle_topk == sglang_topk
-    assert bag.logits == logits_guarantee(sglang_backend, sglang_topk) == logits
+    assert bag.logits == logits
+    if "NGRAM" not in flags:
+        assert logits_guarantee(sglang_backend, sglang_topk) == logits
     assert main(["serve", "--dry-run", "--", "--model-path", model_dir, "--device", "cuda",
                  "--speculative-draft-model-path", model_dir, *flags.split()]) == 0
     passed = [line for line in capsys.readouterr().err.splitlines() if "start-up check passed" in line]

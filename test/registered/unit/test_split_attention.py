@@ -9,9 +9,9 @@ instructions do not (that is the GPU suite's to prove,
 makes the interpreter's tile product row by row: what is left to compare is
 the kernels' own structure (which keys each row sees in which segment and
 tile, the fold order), and there each request's decoded last token, its
-rows in one prefill, in a chunked prefill and in a chain-shaped verify
-must hold the same bits, and a tree verify each node the bits of its
-path's decode. Outputs are compared in float32 (before their rounding to
+rows in one prefill, in a chunked prefill, in an extend of its last tokens
+and in a chain's verify (through SGLang's verify mask) must hold the same
+bits, and a tree verify each node the bits of its path's decode. Outputs are compared in float32 (before their rounding to
 fp16, which would hide most differences), bit pattern by bit pattern.
 """
 
@@ -81,8 +81,17 @@ def run(perm, tail):
 
 out = {}
 prefill, decode, extend, last, rows, first = run(list(range(len(lens))), 4)
+first_prefill = prefill  # the identity order: rows as in q_all
 out["decode_equals_prefill"] = sa.same_bits(decode, prefill[last])
-out["verify_equals_prefill"] = sa.same_bits(extend, prefill[rows])
+out["extend_equals_prefill"] = sa.same_bits(extend, prefill[rows])
+# A chain's verify as SGLang's Triton backend calls it (its verify mask): each request's last 4 tokens as the draft.
+chain = [i for i, n in enumerate(lens) if n > 4]
+layout, _ = sa.tree_verify_layout([-1, 0, 1, 2], [lens[i] - 4 for i in chain],
+                                  [order[starts[i]:starts[i] + lens[i]] for i in chain])
+chain_rows = torch.cat([torch.arange(starts[i] + lens[i] - 4, starts[i] + lens[i]) for i in chain])
+verify = sa.split_tree_verify(q_all[chain_rows].contiguous(), torch.empty(chain_rows.numel(), heads, v_dim), k, v,
+                              max_len_extend=4, sm_scale=scale, **layout)
+out["chain_verify_equals_prefill"] = sa.same_bits(verify, first_prefill[chain_rows])
 _, _, chunk, _, chunk_rows, _ = run(list(range(len(lens))), 200)  # a chunk that starts inside a segment
 out["chunk_equals_prefill"] = sa.same_bits(chunk, prefill[chunk_rows])
 _, _, _, _, _, second = run(list(reversed(range(len(lens)))), 4)
@@ -152,7 +161,7 @@ def test_every_mode_gives_a_row_the_same_bits_in_the_interpreter(heads, kv_heads
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
-    for check in ("decode_equals_prefill", "verify_equals_prefill", "chunk_equals_prefill",
+    for check in ("decode_equals_prefill", "extend_equals_prefill", "chain_verify_equals_prefill", "chunk_equals_prefill",
                   "prefill_batch_order_free", "tile_128_equals_64", "tree_nodes_equal_their_path_decode",
                   "half_output_is_the_rounded_float32_one", "start_up_check",
                   "start_up_check_sees_one_bit"):

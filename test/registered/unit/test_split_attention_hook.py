@@ -64,8 +64,9 @@ def split_bag(monkeypatch):
     ({"max_kv_splits": 15}, "SGLang's decode scratch holds 15 splits, the context needs 16 segments of 256 keys"),
     ({"num_head": 130}, "65 query heads per KV head: the decode tile holds at most 64"),
     ({"token_to_kv_pool": _pool(dtype=torch.float32)}, "dtype must be bfloat16 or float16, got torch.float32"),
-    ({"topk": 4, "num_draft_tokens": 257}, "a tree of 257 draft tokens (the split tree verify takes at most 256)"),
-    ({"topk": 1, "num_draft_tokens": 257, "page_size": 1}, "no CUDA device"),  # a chain's draft has no node bound
+    ({"topk": 4, "num_draft_tokens": 257}, "257 draft tokens per verify (the split verify takes at most 256)"),
+    ({"topk": 1, "num_draft_tokens": 257}, "257 draft tokens per verify"),  # a chain's verify takes the same kernels
+    ({"topk": 4, "num_draft_tokens": 256}, "no CUDA device"),
     ({"token_to_kv_pool": types.SimpleNamespace(start_layer=0, get_key_buffer=_refuse, get_value_buffer=_refuse)},
      "the KV cache's first layer is not readable as full attention"),
 ])
@@ -201,13 +202,23 @@ def test_a_tree_verify_the_kernels_do_not_cover_says_once_that_trees_are_tokens(
     _, tree_extend = make(topk=4)
     _, chain_extend = make(topk=1)
     with caplog.at_level("WARNING", logger="sglang_detspec"):
-        chain_extend(*_extend_args(), logit_cap=30.0, **MASK)  # a chain's masked call still matches its decode
+        # A layer the kernels do not cover decodes one-pass, which a chain's masked verify still matches.
+        chain_extend(*_extend_args(), logit_cap=30.0, **MASK)
         assert not caplog.records
         tree_extend(*_extend_args(), logit_cap=30.0, **MASK)
         tree_extend(*_extend_args(), logit_cap=30.0, **MASK)
     assert calls == ["sglang extend"] * 3
-    assert [r.getMessage() for r in caplog.records if "tree logits are 'tokens'" in r.getMessage()] and \
-        len(caplog.records) == 1
+    assert len(caplog.records) == 1 and "this server's tree logits are 'tokens'" in caplog.records[0].getMessage()
+
+
+def test_a_covered_layers_verify_that_cannot_run_split_says_the_verify_is_tokens(routed, caplog):
+    """The layer's decode runs split, so SGLang's masked verify no longer matches it, chain or tree."""
+    make, calls = routed
+    _, chain_extend = make(topk=1)
+    with caplog.at_level("WARNING", logger="sglang_detspec"):
+        chain_extend(*_extend_args(), custom_mask=torch.ones(4, dtype=torch.bool))  # no mask offsets
+    assert calls == ["sglang extend"]
+    assert len(caplog.records) == 1 and "this server's verify logits are 'tokens'" in caplog.records[0].getMessage()
 
 
 def test_extend_without_a_scale_takes_sglangs_default(routed):
@@ -277,6 +288,23 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("triton", 4, decode_attention="split", head_dim=512) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=1, head_dim=256) == "bitwise"
     assert logits_guarantee("triton", 1, decode_attention="split", page_size=16) == "bitwise"  # the one-pass pair
+
+
+def test_a_breadth_1_ngram_draft_is_claimed_as_the_tree_it_can_be():
+    """SGLang pads a short n-gram match with root children, so breadth 1 is not always a path."""
+    ngram = dict(deterministic=True, algorithm="NGRAM", eagle_topk=1, num_draft_tokens=8, attention_backend="triton")
+    one_pass = DetSpecConfig(**ngram)
+    assert one_pass.logits == "tokens"
+    assert one_pass.logits_reason.startswith("NGRAM at breadth 1 (a short match pads its draft with root children)")
+    assert "top-k" not in one_pass.logits_reason
+    assert DetSpecConfig(**ngram, decode_attention="split").logits == "bitwise"
+    assert DetSpecConfig(**{**ngram, "eagle_topk": 1, "algorithm": "EAGLE"}).logits == "bitwise"
+
+
+def test_a_tree_above_the_kernels_draft_bound_claims_tokens():
+    big = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=8, num_draft_tokens=300,
+                        attention_backend="triton", decode_attention="split")
+    assert big.logits == "tokens" and "300 draft tokens" in big.logits_reason
 
 
 def test_the_start_up_notes_say_split_is_not_yet_measured():
