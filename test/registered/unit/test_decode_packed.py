@@ -11,13 +11,12 @@ GPU's matrix instructions is the GPU suite's
 check's (``sglang_plugin.decode_attention.packed_matches``).
 """
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
+
+from _interpreter import run_interpreted
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 
@@ -61,11 +60,7 @@ print("max_abs", worst, "equal_one_row", torch.equal(out, one_row))
 # (132, 2, 16): a group of 66 query heads per KV head spans two 64-row tiles; page 16: paged KV addressing.
 @pytest.mark.parametrize("heads, kv_heads, dim, page", [(8, 2, 64, 1), (4, 4, 32, 1), (132, 2, 16, 1), (8, 2, 32, 16)])
 def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, dim, page):
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3] / "python"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(heads), str(kv_heads), str(dim), str(page)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    done = run_interpreted(SCRIPT, str(heads), str(kv_heads), str(dim), str(page), timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     fields = done.stdout.split()
     assert float(fields[fields.index("max_abs") + 1]) < 2e-3, done.stdout

@@ -3,14 +3,14 @@ torch path, and the Triton kernels' logic under Triton's interpreter (its GPU te
 for bit). Kept in the unit suite so the experiment keeps working although it is not shipped."""
 
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
+
+from _interpreter import run_interpreted
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmark"
 sys.path.insert(0, str(BENCH))
@@ -268,9 +268,7 @@ def test_the_kernels_under_tritons_interpreter():
     MMA lane's sum.
     """
     pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernels on CPU)")
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(BENCH), str(BENCH.parent / "python"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
+    done = run_interpreted(INTERPRETED, timeout=600, extra_paths=(BENCH,))
     assert done.returncode == 0 and done.stdout.strip() == "checked 20", done.stderr[-3000:]
 
 

@@ -1,14 +1,14 @@
 """Batch-invariant RMSNorm on CPU: the reference's order of operations, its semantics against SGLang's
 RMSNorm, the argument checks, and the Triton kernel under Triton's interpreter bit for bit."""
 
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
+
+from _interpreter import run_interpreted
 
 from sglang_detspec.ops import fused_add_rms_norm, rms_norm
 from sglang_detspec.ops.rmsnorm_ref import padded_width, pairwise_sum, rms_norm_reference
@@ -214,8 +214,7 @@ def test_the_triton_kernel_under_tritons_interpreter_equals_the_reference_bit_fo
     interpreted): hidden sizes that are powers of two and not, residual or not, float32 or x's-dtype weight,
     strided rows; the GPU suite runs it compiled."""
     pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernel on CPU)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600)
+    done = run_interpreted(INTERPRETED, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "equal 168", done.stderr[-2000:] + done.stdout[-500:]
 
 

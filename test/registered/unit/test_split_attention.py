@@ -16,14 +16,13 @@ fp16, which would hide most differences), bit pattern by bit pattern.
 """
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
+
+from _interpreter import run_interpreted
 
 from sglang_detspec.ops import split_attention as sa
 
@@ -154,11 +153,7 @@ print("RESULT " + json.dumps(out))
 # (8, 2, 64, 64): GQA; (3, 3, 40, 24): MHA, head dims below their power-of-two blocks, v != k.
 @pytest.mark.parametrize("heads, kv_heads, dim, v_dim", [(8, 2, 64, 64), (3, 3, 40, 24)])
 def test_every_mode_gives_a_row_the_same_bits_in_the_interpreter(heads, kv_heads, dim, v_dim):
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3] / "python"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(heads), str(kv_heads), str(dim), str(v_dim)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = run_interpreted(SCRIPT, str(heads), str(kv_heads), str(dim), str(v_dim), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
     for check in ("decode_equals_prefill", "extend_equals_prefill", "chain_verify_equals_prefill", "chunk_equals_prefill",

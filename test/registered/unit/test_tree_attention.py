@@ -17,6 +17,8 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from _interpreter import run_interpreted
+
 from sglang_detspec.config import (
     TREE_ATTENTION_ENV,
     DetSpecConfig,
@@ -116,13 +118,8 @@ print("equal")
 def test_the_triton_row_builder_under_tritons_interpreter_equals_the_torch_one():
     """The Triton kernel's logic on CPU (``TRITON_INTERPRET=1``, in a child process so no other kernel is
     interpreted); the GPU suite runs it compiled."""
-    import os
-    import subprocess
-    import sys
-
     pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernel on CPU)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
+    done = run_interpreted(INTERPRETED, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("equal"), done.stderr[-2000:]
 
 
