@@ -561,8 +561,10 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "tokens", (f"a tree (top-k {eagle_topk}) verified with SGLang's cascade attention: "
                           "SGLANG_DETSPEC_TREE_ATTENTION=nodes makes it bitwise")
+    hint = ("; SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise (not yet run on a GPU)"
+            if attention_backend in ONE_PASS_DECODE_BACKENDS else "")
     return "tokens", (f"a tree (top-k {eagle_topk}) on {attention_backend}: its verify mask interleaves other "
-                      "branches' keys")
+                      f"branches' keys{hint}")
 
 
 class Refusal(str):

@@ -281,6 +281,10 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("triton", 1, decode_attention="split") == "bitwise"
     assert logits_guarantee("triton", 4, decode_attention="split") == "bitwise"  # trees too
     assert logits_guarantee("triton", 4, decode_attention="one_pass") == "tokens"
+    from sglang_detspec.config import guarantee_and_reason
+
+    assert "SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise" in guarantee_and_reason("triton", 4)[1]
+    assert "DECODE_ATTENTION" not in guarantee_and_reason("flashinfer", 4)[1]
     assert logits_guarantee("triton", 1, decode_attention="sglang") == "tokens"
     assert logits_guarantee("fa3", 4, decode_attention="split") == "tokens"  # no FA3 decode hook
     # Trees only where the kernels run: pages of one token, head sizes up to 256.
