@@ -39,13 +39,15 @@ from .split_limits import MAX_HEAD_DIM, MAX_TREE_NODES, SEGMENT_KEYS, TILE_ROWS
 
 # Query rows per tile (TILE_ROWS), key tiles, warps: one shape for every mode, so a row meets the same
 # matrix instructions in decode (a KV head's query heads as rows) as in an extend (tokens as rows).
+# Eight warps: compiled for sm_90 (ptxas, Triton 3.8) the 64-row tile on four spills at head dim 128
+# (1,184 bytes in the extend kernel, 80 in the decode) and on eight does not; timing is the GPU run's.
 TILE_KEYS = 64
-TILE_WARPS = 4
+TILE_WARPS = 8
 TILE_STAGES = 2
-# An extend may also run two such tiles as one of 128 rows on 8 warps (each warpgroup of 4 warps
-# issuing the 64-row tile's instructions, as SGLang's Hopper tile does): fewer key reads in a long
-# prefill, the same bits per row if the GPU keeps a row's products independent of the other
-# warpgroup (the GPU test checks both; the default stays the one-tile shape until measured).
+# An extend may also run 128 rows per tile on the same warps (SGLang's Hopper tile shape): fewer key
+# reads in a long prefill, the same bits per row if the GPU keeps a row's products independent of
+# how the tile is spread over warpgroups (the GPU test checks it; the default stays at 64 rows until
+# measured).
 EXTEND_TILE_ROWS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
@@ -134,7 +136,7 @@ def split_extend(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
             ``<= prefix_lens[b] + i``.
         max_len_extend: a bound on every request's query count (host int; sizes the grid).
         sm_scale: softmax scale (float).
-        tile_rows: query rows per program, one of :data:`EXTEND_TILE_ROWS` (``tile_rows // 16`` warps).
+        tile_rows: query rows per program, one of :data:`EXTEND_TILE_ROWS` (on :data:`TILE_WARPS` warps).
 
     Returns:
         ``o``.
@@ -158,7 +160,7 @@ def split_extend(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
         q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens, float(sm_scale) * _LOG2E,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), q.shape[2], v_buffer.shape[2], GROUP=group, SEGMENT=SEGMENT_KEYS,
-        BLOCK_M=tile_rows, BLOCK_N=TILE_KEYS, **_blocks(q, v_buffer), num_warps=TILE_WARPS * tile_rows // TILE_ROWS,
+        BLOCK_M=tile_rows, BLOCK_N=TILE_KEYS, **_blocks(q, v_buffer), num_warps=TILE_WARPS,
         num_stages=TILE_STAGES, enable_fp_fusion=False)
     return o
 
