@@ -523,13 +523,13 @@ def split_tree_rule(page_size: int | None, head_dim: int | None,
     """
     if (page_size or 1) != SPLIT_PAGE_SIZE:
         return "tokens", (f"a tree on triton with a KV page size of {page_size}: the split kernels read pages of "
-                          f"{SPLIT_PAGE_SIZE} token, so its verify keeps SGLang's kernel")
+                          f"{SPLIT_PAGE_SIZE} token, so the server keeps the one-pass decode and SGLang's tree verify")
     if head_dim is not None and head_dim > SPLIT_MAX_HEAD_DIM:
         return "tokens", (f"a tree on triton at head size {head_dim}: the split kernels take head sizes up to "
-                          f"{SPLIT_MAX_HEAD_DIM}, so its verify keeps SGLang's kernel")
+                          f"{SPLIT_MAX_HEAD_DIM}, so the server keeps the one-pass decode and SGLang's tree verify")
     if num_draft_tokens is not None and num_draft_tokens > SPLIT_MAX_TREE_NODES:
         return "tokens", (f"a tree of {num_draft_tokens} draft tokens on triton: the split kernels verify at most "
-                          f"{SPLIT_MAX_TREE_NODES}, so its verify keeps SGLang's kernel")
+                          f"{SPLIT_MAX_TREE_NODES}, so the server keeps the one-pass decode and SGLang's tree verify")
     return "bitwise", None
 
 

@@ -58,8 +58,10 @@ other head sizes, trees, other backends and a run without
 cannot know it) claim logits='tokens': the same tokens, except where a draw
 is a near-tie inside one bf16 rounding step. Trees claim 'bitwise' only on
 fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes (head sizes 65 to 128) and on
-triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV page size of 1,
-head sizes up to 256 and up to 256 draft tokens (not yet run on a GPU). Every measured server ran with
+triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV page size of 1, a
+bf16 / fp16 KV cache, head sizes up to 256 and up to 256 draft tokens (not
+yet run on a GPU; a server whose start-up check of the kernels fails keeps
+SGLang's tree verify and says its trees are 'tokens'). Every measured server ran with
 --cuda-graph-backend-prefill disabled; with prefill CUDA graphs on (SGLang's
 default) determinism is not yet measured."""
 DESCRIPTION = f"""\

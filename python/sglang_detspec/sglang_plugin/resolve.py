@@ -270,12 +270,13 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
         notes.append(chain_note(config))
-    if config.decode_attention == "split" and (backend is None or backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS):
+    if config.decode_attention == "split" and backend is not None and (
+            backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS):
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split: the positional-split Triton kernels have run only in "
                      "Triton's CPU interpreter, not yet on a GPU or a server; a start-up check on the GPU compares "
-                     "their decode with their prefill and tree verify bit for bit, and where it fails (or the KV "
-                     "page size is above 1) the server keeps the one-pass decode, chains stay 'bitwise' and trees "
-                     "drop to 'tokens' (logged)")
+                     "their decode with their prefill and tree verify bit for bit, and where it fails, or past a "
+                     "limit the dry run cannot see (an fp8 KV cache, more than 64 query heads per KV head), the "
+                     "server keeps the one-pass decode, chains stay 'bitwise' and trees drop to 'tokens' (logged)")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")
