@@ -49,6 +49,9 @@ TILE_STAGES = 2
 # how the tile is spread over warpgroups (the GPU test checks it; the default stays at 64 rows until
 # measured).
 EXTEND_TILE_ROWS = (64, 128)
+# Every launch: no multiply fused into an add anywhere, so each rounding is the one the code writes, in
+# every kernel alike (the fold must round the same in the extend's registers as in the merge).
+_LAUNCH = dict(num_warps=TILE_WARPS, num_stages=TILE_STAGES, enable_fp_fusion=False)
 DTYPES = (torch.bfloat16, torch.float16)
 _LOG2E = 1.4426950408889634
 
@@ -160,8 +163,7 @@ def split_extend(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
         q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens, float(sm_scale) * _LOG2E,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), q.shape[2], v_buffer.shape[2], GROUP=group, SEGMENT=SEGMENT_KEYS,
-        BLOCK_M=tile_rows, BLOCK_N=TILE_KEYS, **_blocks(q, v_buffer), num_warps=TILE_WARPS,
-        num_stages=TILE_STAGES, enable_fp_fusion=False)
+        BLOCK_M=tile_rows, BLOCK_N=TILE_KEYS, **_blocks(q, v_buffer), **_LAUNCH)
     return o
 
 
@@ -208,12 +210,12 @@ def split_decode(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         part_lse.stride(2), q.shape[2], v_buffer.shape[2], GROUP=group, SEGMENT=SEGMENT_KEYS, BLOCK_M=TILE_ROWS,
-        BLOCK_N=TILE_KEYS, **blocks, num_warps=TILE_WARPS, num_stages=TILE_STAGES, enable_fp_fusion=False)
+        BLOCK_N=TILE_KEYS, **blocks, **_LAUNCH)
     split_merge_kernel[(n, kv_heads)](
         o, kv_indptr, part_o, part_lse, o.stride(0), o.stride(1), part_o.stride(0), part_o.stride(1),
         part_o.stride(2), part_lse.stride(0), part_lse.stride(1), part_lse.stride(2), v_buffer.shape[2],
         GROUP=group, SEGMENT=SEGMENT_KEYS, BLOCK_H=max(2, triton_next_pow2(group)), BLOCK_DV=blocks["BLOCK_DV"],
-        num_warps=TILE_WARPS, enable_fp_fusion=False)
+        **_LAUNCH)
     return o
 
 
@@ -266,8 +268,7 @@ def split_tree_verify(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, 
     strides = (k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1))
     state_strides = (state_acc.stride(0), state_acc.stride(1), state_e.stride(0), state_e.stride(1))
     scale = float(sm_scale) * _LOG2E
-    launch = dict(GROUP=group, SEGMENT=SEGMENT_KEYS, BLOCK_M=TILE_ROWS, BLOCK_N=TILE_KEYS, **blocks,
-                  num_warps=TILE_WARPS, num_stages=TILE_STAGES, enable_fp_fusion=False)
+    launch = dict(GROUP=group, SEGMENT=SEGMENT_KEYS, BLOCK_M=TILE_ROWS, BLOCK_N=TILE_KEYS, **blocks, **_LAUNCH)
     split_tree_shared_kernel[(requests, kv_heads, -(-max_len_extend * group // TILE_ROWS))](
         q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens, state_acc, state_e, state_total, scale,
         q.stride(0), q.stride(1), *strides, *state_strides, q.shape[2], dv, **launch)
@@ -374,8 +375,8 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
     outputs = {}  # per batch order: the decode rows in request order
     for perm in (list(range(len(lens))), list(reversed(range(len(lens))))):
         ls = [lens[i] for i in perm]
-        cum = [0] + torch.tensor(ls).cumsum(0).tolist()
-        indptr = torch.tensor(cum, dtype=torch.int32, device=device)
+        indptr = _indptr(ls, device)
+        cum = indptr.tolist()
         indices = torch.cat([order[starts[i]:starts[i] + lens[i]] for i in perm])
         q = torch.cat([q_all[starts[i]:starts[i] + lens[i]] for i in perm])
         prefill = split_extend(q, torch.empty(q.shape[0], heads, v_head_dim, device=device), k, v,
@@ -388,7 +389,7 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, v_head_dim: int,
                               torch.empty(len(ls), heads, segments, device=device), scale)
         tail = [min(3, n) for n in ls]
         rows = torch.cat([torch.arange(c - t, c, device=device) for c, t in zip(cum[1:], tail)])
-        qo = torch.tensor([0] + torch.tensor(tail).cumsum(0).tolist(), dtype=torch.int32, device=device)
+        qo = _indptr(tail, device)
         chunked = split_extend(q[rows].contiguous(), torch.empty(rows.numel(), heads, v_head_dim, device=device), k,
                                v, qo, indptr, indices,
                                torch.tensor([n - t for n, t in zip(ls, tail)], dtype=torch.int32, device=device),
