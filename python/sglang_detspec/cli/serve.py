@@ -50,18 +50,19 @@ EXAMPLE = """\
 CLAIM_NOTE = """\
 The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) for a chain, i.e.
---speculative-eagle-topk 1, on triton attention, or on fa3 where the
-target's head size is 65 to 128, as in the example below (on triton with
-SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default, or split). Fa3 at
+--speculative-eagle-topk 1, on triton attention (with
+SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default, or split), or on fa3
+where the target's head size is 65 to 128, as in the example below. FA3 at
 other head sizes, trees, other backends and a run without
 --attention-backend (SGLang picks the backend on the GPU, so the dry run
 cannot know it) claim logits='tokens': the same tokens, except where a draw
 is a near-tie inside one bf16 rounding step. Trees claim 'bitwise' only on
 fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes (head sizes 65 to 128) and on
 triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV page size of 1, a
-bf16 / fp16 KV cache, head sizes up to 256 and up to 256 draft tokens (not
-yet run on a GPU; a server whose start-up check of the kernels fails keeps
-SGLang's tree verify and says its trees are 'tokens'). Every measured server ran with
+bf16 / fp16 KV cache, head sizes up to 256, at most 64 query heads per KV
+head and up to 256 draft tokens (not yet run on a GPU; a server past one of
+these limits, or whose start-up check of the kernels fails, keeps SGLang's
+tree verify and says its trees are 'tokens'). Every measured server ran with
 --cuda-graph-backend-prefill disabled; with prefill CUDA graphs on (SGLang's
 default) determinism is not yet measured."""
 DESCRIPTION = f"""\
