@@ -6,6 +6,7 @@
 # --breakdown (GPU time per step by kernel class) or --interleave (at most three servers, rounds
 # in alternating order with equal prompt counts: paired ratios to (a), (b), (g)), or both on the
 # same servers (--breakdown --interleave: the breakdown first).
+# At the end the machine paths in $OUT become placeholders (scripts/neutral_paths.py).
 # A 600 s command holds (b) and one or two more configurations (scripts/h200/README.md);
 # serving_report.py OUT1 OUT2 ... --out DIR merges several commands into one report.
 #   COMMAND_LIMIT_S=590 bash benchmark/serving/run_h200.sh --configs bd --profile d
@@ -27,6 +28,8 @@ budget=${BUDGET_S:-$(( ${COMMAND_LIMIT_S:-590} - SECONDS - 20 ))}
 timeout -k 10 $(( budget + 15 )) python3 benchmark/serving/serving_run.py --out "$out" --models "${MODELS:-/tmp/detspec-serving-models}" \
   --budget-s "$budget" "$@"
 rc=$?
+# Results that end up in docs/ name no machine folders (interpreter, site-packages, this folder).
+python3 scripts/neutral_paths.py --results "$out" "$out" || echo "run_h200.sh: machine paths left in $out" >&2
 # ARCHIVE: everything in the result folder packed into one file (for a caller that fetches few files).
 if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")"; fi
 tail -n 5 "$out/serving.md" 2>/dev/null

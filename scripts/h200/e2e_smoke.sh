@@ -9,9 +9,10 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
 export PATH=/tmp/site/bin:$PATH
-python3 scripts/make_tiny_models.py /tmp/tiny || exit 1
+models=/tmp/detspec-smoke-models
+python3 scripts/make_tiny_models.py "$models" || exit 1
 port=30000
-common=(--model-path /tmp/tiny/target --speculative-algorithm EAGLE --speculative-draft-model-path /tmp/tiny/eagle
+common=(--model-path "$models/target" --speculative-algorithm EAGLE --speculative-draft-model-path "$models/eagle"
         --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
         --speculative-use-rejection-sampling --attention-backend triton
         --skip-tokenizer-init --cuda-graph-backend-prefill disabled --mem-fraction-static 0.4
@@ -63,4 +64,6 @@ if control is not None:
 sys.exit(0 if on is None or off is None or len(on | off) == 1 else 1)
 PY
 [ $? -eq 0 ] || failed=1
+# Results that end up in docs/ name no machine folders.
+python3 scripts/neutral_paths.py --results "$out" "$out" || echo "e2e_smoke: machine paths left in $out" >&2
 exit $failed

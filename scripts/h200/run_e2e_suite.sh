@@ -10,6 +10,7 @@
 #             files take the GPUs of $GPUS (default: every GPU nvidia-smi lists) in turn.
 #   RESULTS   folder for the results (default /tmp/detspec-e2e-results): one subfolder per
 #             file with one JSON per check, the server logs and pytest's log; summary.json.
+#             At the end its machine paths become placeholders (scripts/neutral_paths.py).
 #   ARCHIVE   if set, everything in RESULTS is also packed into this .tgz (outside RESULTS),
 #             even when the time limit stops the run.
 #   DETSPEC_E2E_BUDGET_S  seconds the whole command may take (default 580, for a 600 s
@@ -40,6 +41,8 @@ pids=()
 finish() {  # stop pytest runs still going (interrupted), then pack what was written
   for pid in "${pids[@]+"${pids[@]}"}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
+  # Results that end up in docs/ name no machine folders (interpreter, site-packages, this folder).
+  python3 scripts/neutral_paths.py --results "$results" "$results" || echo "run_e2e_suite: machine paths left in $results" >&2
   if [ -n "$archive" ]; then tar czf "$archive" -C "$(dirname "$results")" "$(basename "$results")"; fi
 }
 trap finish EXIT

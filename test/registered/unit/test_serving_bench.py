@@ -149,7 +149,7 @@ def test_attention_backend_flag_defaults_to_fa3_and_takes_triton(capsys):
     assert plan["settings"].attention_backend == "triton"
     with pytest.raises(SystemExit):
         run.build_parser().parse_args(["--out", "x", "--models", "m", "--attention-backend", "fa4"])
-    assert run.main(["--out", "/tmp/x", "--models", "/tmp/m", "--dry-run", "--gpus", "1", "--configs", "bd",
+    assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "1", "--configs", "bd",
                      "--profile", "", "--attention-backend", "triton"]) == 0
     assert capsys.readouterr().out.count("--attention-backend triton") == 2
 
@@ -282,12 +282,12 @@ def test_driver_cell_stops_at_the_cell_time_cap(tmp_path):
 
 
 def _args(*extra):
-    return run.build_parser().parse_args(["--out", "/tmp/x", "--models", "/tmp/m", *extra])
+    return run.build_parser().parse_args(["--out", "x", "--models", "m", *extra])
 
 
 def test_plan_places_servers_round_robin_with_distinct_ports():
     plan = run.validate(_args())
-    servers = run.plan_servers(plan["keys"], 2, plan["settings"], port_base=31000, out="/tmp/x",
+    servers = run.plan_servers(plan["keys"], 2, plan["settings"], port_base=31000, out="x",
                                profile=plan["profile"], max_conc=128)
     assert [s.key for s in servers] == list("bdeicagfh")
     assert [s.gpu for s in servers] == [0, 1, 0, 1, 0, 1, 0, 1, 0]
@@ -326,7 +326,7 @@ def test_repetition_and_profile_options_reach_the_plan():
 
 
 def test_dry_run_prints_every_server_of_the_default_order(capsys):
-    assert run.main(["--out", "/tmp/x", "--models", "/tmp/m", "--dry-run", "--gpus", "2"]) == 0
+    assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
     assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 4 == 9
     # The node path's cost, SGLang's own tree, the adaptive chain and the switching tree: asked for by --configs.
@@ -1279,11 +1279,11 @@ def test_profile_request_is_sglang_profile_req_and_stream_lines_parse():
     import pydantic
     from sglang.srt.managers.io_struct import ProfileReq
 
-    body = bd.profile_request("/tmp/t", "plugin_coupled_c8_1", 8)
+    body = bd.profile_request("traces", "plugin_coupled_c8_1", 8)
     assert set(body) <= set(ProfileReq.__struct_fields__)  # the route ignores unknown keys: no typo passes
     req = pydantic.TypeAdapter(ProfileReq).validate_python(body)
     assert req.num_steps == 8 and req.activities == ["GPU"] and req.with_stack is False
-    assert req.profile_by_stage is False and req.profile_id == "plugin_coupled_c8_1" and req.output_dir == "/tmp/t"
+    assert req.profile_by_stage is False and req.profile_id == "plugin_coupled_c8_1" and req.output_dir == "traces"
     assert bd.parse_stream_line(b'data: {"meta_info": {"completion_tokens": 3}}\n') == {
         "meta_info": {"completion_tokens": 3}}
     assert bd.parse_stream_line("data: [DONE]") is None and bd.parse_stream_line(b"\n") is None

@@ -63,7 +63,7 @@ def test_record_checks_its_arguments(tmp_path):
 
 def test_host_options_are_checked():
     parser = run.build_parser()
-    base = ["--out", "/tmp/o", "--models", "/tmp/m", "--gpus", "1", "--max-servers-per-gpu", "5"]
+    base = ["--out", "o", "--models", "m", "--gpus", "1", "--max-servers-per-gpu", "5"]
     with pytest.raises(ValueError, match="host_profile: only with --breakdown"):
         run.validate(parser.parse_args(base + ["--host-profile", "1"]))
     with pytest.raises(ValueError, match=r"host_profile: \[2\] not in concurrency"):
