@@ -53,7 +53,8 @@ DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # logits 'tokens'); split: decode, prefill, extend and chain and tree verify all run the plugin's
 # positional-split kernels (ops/split_attention.py: split-KV decode with the bits of the prefill, each tree
 # node with its path's decode bits; opt-in until measured on a GPU; where their start-up check fails the
-# one-pass decode serves and trees keep SGLang's verify, 'tokens').
+# one-pass decode serves and trees keep SGLang's verify, 'tokens'). On FA3, split runs every target forward
+# as the prefix / tail split (sglang_plugin/fa3_split_hook.py) and the other two settings keep SGLang's calls.
 DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang", "split")
 # The settings whose Triton decode equals the verify's and the prefill's bit for bit.
 BITWISE_DECODE_ATTENTION = ("one_pass", "split")
@@ -376,7 +377,7 @@ class DetSpecConfig:
         model), and its top-k shown as ``ngram_max_bfs_breadth`` (SGLang sets
         the top-k to that flag whatever ``--speculative-eagle-topk`` says);
         ``decode_attention`` on a known decode backend it does not change
-        (:data:`ONE_PASS_DECODE_BACKENDS`); ``tree_attention`` on a known
+        (neither :data:`ONE_PASS_DECODE_BACKENDS` nor :data:`FA3_SPLIT_BACKENDS`); ``tree_attention`` on a known
         backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
         ``tree_chain_batch`` for a chain and for NGRAM; ``gemm_warmup_s`` at
         its default. An unknown backend or top-k (None: SGLang picks it at start-up) keeps
@@ -389,7 +390,7 @@ class DetSpecConfig:
         elif algo == "NGRAM":
             skip.update(DRAFT_MODEL_FIELDS)
         decode_backend = backend.split("/")[-1] if backend else None
-        if decode_backend is not None and decode_backend not in ONE_PASS_DECODE_BACKENDS:
+        if decode_backend is not None and decode_backend not in ONE_PASS_DECODE_BACKENDS + FA3_SPLIT_BACKENDS:
             skip.add("decode_attention")
         if (backend is not None and backend not in BITWISE_NODE_TREE_BACKENDS) or topk == 1:
             skip.add("tree_attention")
@@ -427,6 +428,11 @@ FA3_RETILED_MAX_HEAD_DIM = 64
 # ... FA3 keeps the causal flag of a one-row call for paged KV from there up to this head size; above it
 # FA3 drops the flag again (mha_fwd) and no run has measured decode against prefill.
 FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
+# ... where SGLANG_DETSPEC_DECODE_ATTENTION=split runs every forward mode of the target as two calls over key
+# ranges chosen from each row's own length (sglang_plugin/fa3_split_hook.py): trees bitwise, and decode on the
+# prefill's causal kernel at every head size (opt-in until measured on a GPU; its start-up check decides, and
+# where it fails the server keeps SGLang's calls and states the claim that leaves).
+FA3_SPLIT_BACKENDS = ("fa3",)
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
 PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 
@@ -445,10 +451,12 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
     are ``tokens`` (their verify masks interleave other branches' keys, or, on
     fa3, merge two partial attentions in bf16) except on fa3 with
     ``tree_attention="nodes"``, where each node's verify is the decode query
-    of its token, and on triton with ``decode_attention="split"``, where each
-    node's verify rows run its token's decode segments. The rule assumes full attention without MLA at SGLang's
+    of its token, and with ``decode_attention="split"``: on triton each node's
+    verify rows run its token's decode segments, on fa3 each node's two key
+    ranges are its decode's (and there the head-size rule does not apply). The
+    rule assumes full attention without MLA at SGLang's
     default page size; the hooks log where a model falls outside it
-    (``sglang_plugin/attention_hook.py``, ``tree_attention_hook.py``).
+    (``sglang_plugin/attention_hook.py``, ``tree_attention_hook.py``, ``fa3_split_hook.py``).
 
     Args:
         attention_backend: SGLang's resolved decode attention backend, or None (unknown).
@@ -456,7 +464,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
         tree_attention: ``cascade`` or ``nodes`` (:data:`TREE_ATTENTION_SETTINGS`).
         decode_attention: one of :data:`DECODE_ATTENTION_SETTINGS`; with ``sglang`` a Triton server
             keeps SGLang's split-KV decode, which rounds apart from its verify (``one_pass`` and
-            ``split`` do not: :data:`BITWISE_DECODE_ATTENTION`).
+            ``split`` do not: :data:`BITWISE_DECODE_ATTENTION`); ``split`` on fa3 makes trees bitwise
+            and lifts the head-size rule (:data:`FA3_SPLIT_BACKENDS`).
         page_size: the KV cache's page size (None: unknown, taken as SGLang's default of 1). FA3 with
             pages of more than one token is ``tokens``: its paged loads can pick another key tile in
             decode than in prefill (``docs/forward_modes.md``), and that case is not measured.
@@ -481,7 +490,8 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     """
     claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
                                             head_dim, num_draft_tokens)
-    if claim == "bitwise" and attention_backend == "fa3":
+    # Under the prefix / tail split every FA3 tail call runs the causal kernel, at every head size.
+    if claim == "bitwise" and attention_backend == "fa3" and decode_attention != "split":
         reason = fa3_head_size_reason(head_dim)
         if reason is not None:
             return "tokens", reason
@@ -556,6 +566,8 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
         return "bitwise", None
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention == "split":
         return split_tree_rule(page_size, head_dim, num_draft_tokens)
+    if attention_backend in FA3_SPLIT_BACKENDS and decode_attention == "split":
+        return "bitwise", None  # each node over its decode's two key ranges (sglang_plugin/fa3_split_hook.py)
     if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "bitwise", None
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:

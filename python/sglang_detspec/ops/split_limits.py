@@ -15,3 +15,12 @@ MAX_HEAD_DIM = 256
 MAX_TREE_NODES = 256
 # The KV page size the kernels read (token slots).
 PAGE_SIZE = 1
+
+# The prefix / tail split (``prefix_split``): a row with L keys reads [0, S(L)) as its prefix part and
+# [S(L), L) as its tail, S(L) = PREFIX_SPLIT_BLOCK * floor(max(L - 1 - PREFIX_SPLIT_DEPTH, 0) /
+# PREFIX_SPLIT_BLOCK). The depth bounds a draft tree's deepest node (root at depth 0): every node then
+# splits inside its request's cached prefix, at one of two keys, so a tree's nodes can share prefix reads.
+PREFIX_SPLIT_BLOCK = 128
+PREFIX_SPLIT_DEPTH = 64
+# Keys a tail part holds at most.
+PREFIX_SPLIT_TAIL_KEYS = PREFIX_SPLIT_BLOCK + PREFIX_SPLIT_DEPTH

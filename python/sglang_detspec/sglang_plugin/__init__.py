@@ -51,6 +51,11 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
+- ``fa3_split_hook``: with ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` on FA3,
+  every forward mode of the target computes each row as two FA3 calls over
+  key ranges chosen from the row's own length, merged in one order, so
+  decode, prefill and chain and tree verify agree bit for bit (not yet
+  measured on a GPU).
 - ``norm_hook``: SGLang's RMSNorm with the residual add runs one fused
   batch-invariant kernel per norm (the plain form keeps SGLang's
   ``rms_norm_batch_invariant``).
@@ -87,8 +92,8 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, fa3_decode_tile_hook, gemm_warmup_hook, kv_rows_hook, norm_hook, probs_hook,
-    request_seeds,
+    attention_hook, channels, draft_hook, fa3_decode_tile_hook, fa3_split_hook, gemm_warmup_hook, kv_rows_hook,
+    norm_hook, probs_hook, request_seeds,
     request_validation, resolve, shape_hook, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook,
     verify_hook, warmup_hook,
 )
@@ -142,7 +147,7 @@ class Hook(NamedTuple):
 
 def hook_table() -> list[Hook]:
     """Every change the plugin makes to SGLang, in registration order (non-registry rows after their hook)."""
-    tah, tdh, sh, rv = tree_attention_hook, topk_draft_hook, request_seeds, request_validation
+    tah, tdh, sh, rv, fsh = tree_attention_hook, topk_draft_hook, request_seeds, request_validation, fa3_split_hook
     return [
         Hook(startup.TARGET, startup.check_raw_flags, "BEFORE"),
         Hook(startup.TARGET, startup.resolve_and_announce, "AFTER"),
@@ -187,6 +192,14 @@ def hook_table() -> list[Hook]:
         Hook(tah.INIT_GRAPH, tah.build_after_graph_metadata, "AFTER", _CUDA_ONLY),
         Hook(f"{tah.FA}.{channels.TREE_NODES.attr}", tah.build_after_eager_metadata, "ATTR"),
         Hook(tah.FORWARD_EXTEND, tah.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
+        Hook(fsh.INIT, fsh.check_backend, "AFTER", _CUDA_ONLY),
+        Hook(f"{fsh.FA}.{channels.FA3_SPLIT_OK.attr}", fsh.check_backend, "ATTR"),
+        Hook(fsh.INIT_EAGER, fsh.forget_split, "AFTER", _CUDA_ONLY),
+        Hook(fsh.INIT_OUT_GRAPH, fsh.forget_split, "AFTER", _CUDA_ONLY),
+        Hook(fsh.INIT_IN_GRAPH, fsh.forget_split, "AFTER", _CUDA_ONLY),
+        Hook(fsh.FORWARD_EXTEND, fsh.split_extend_around, "AROUND", _CUDA_ONLY),
+        Hook(fsh.FORWARD_DECODE, fsh.split_decode_around, "AROUND", _CUDA_ONLY),
+        Hook(f"{fsh.FA}.{channels.FA3_SPLIT.attr}", fsh.split_extend_around, "ATTR"),
         Hook(fa3_decode_tile_hook.TARGET, fa3_decode_tile_hook.decode_on_prefill_tiles, "AROUND", _CUDA_ONLY),
         Hook(fa3_decode_tile_hook.INIT, fa3_decode_tile_hook.log_retiling, "AFTER", _CUDA_ONLY),
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
@@ -298,8 +311,9 @@ def required_by(config) -> set[str]:
     decode rewrite (``fa3_decode_tile_hook``: decode on the prefill's causal
     kernel at head sizes up to 64) where SGLang's FA3 backend imports (where
     it does not, no FA3 server can start, so nothing rests on it); a
-    ``bitwise`` tree through the node path also on the node path's hooks
-    (opt-in: asked for, they are required whatever the build).
+    ``bitwise`` tree through the node path also on the node path's hooks, and
+    an FA3 server asking for the prefix / tail split on the split's hooks
+    (opt-in: asked for, they are required whatever the claim, where FA3 imports).
     """
     required = set()
     claim = dataclasses.replace(config, head_dim=None).logits
@@ -308,6 +322,8 @@ def required_by(config) -> set[str]:
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
     if tree and config.tree_attention == "nodes" and claim == "bitwise":
         required |= {row.target for row in registry_rows() if row.hook.__module__ == tree_attention_hook.__name__}
+    if config.attention_backend == "fa3" and config.decode_attention == "split" and _fa3_backend_imports():
+        required |= {row.target for row in registry_rows() if row.hook.__module__ == fa3_split_hook.__name__}
     return required
 
 

@@ -80,11 +80,13 @@ VERIFY: Channel = Channel("verify")
 SAMPLES: Channel = Channel("parallel_samples")
 
 # -- values kept on SGLang objects ---------------------------------------------------
-# On SGLang's FlashAttentionBackend (tree_attention_hook):
+# On SGLang's FlashAttentionBackend (tree_attention_hook; the FA3_SPLIT pair: fa3_split_hook):
 TREE_NODES_OK: Slot = Slot("_detspec_tree_nodes_ok")  # bool: this backend takes the node path (decided at __init__)
 TREE_NODES: Slot = Slot("_detspec_tree_nodes")  # node metadata of the forward in progress, or None
 TREE_BUFFERS: Slot = Slot("_detspec_tree_buffers")  # CUDA-graph buffers (dict of tensors), or None
 TREE_GRAPH_META: Slot = Slot("_detspec_tree_graph_metadata")  # per graph batch size: metadata over the buffers
+FA3_SPLIT_OK: Slot = Slot("_detspec_fa3_split_ok")  # bool: this FA3 backend takes the split (decided at __init__)
+FA3_SPLIT: Slot = Slot("_detspec_fa3_split")  # the forward in progress's prefix / tail layout, or None
 # On SGLang's EAGLEWorkerV2 (shape_hook): shape_hook.Shapes, the tree and chain states of a switching tree.
 DRAFT_SHAPES: Slot = Slot("_detspec_shapes")
 # On SGLang's EagleDraftWorker (shape_hook): int, the active state's draft top-k that draft() narrows to.

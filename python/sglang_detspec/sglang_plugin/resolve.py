@@ -19,9 +19,10 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import (COUPLED_ALGORITHMS, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, Refusal, current_config,
-                      env_settings, install_config, resolve_verify)
+from ..config import (COUPLED_ALGORITHMS, FA3_SPLIT_BACKENDS, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, Refusal,
+                      current_config, env_settings, install_config, resolve_verify)
 from ..model_family import config_file, family_note, head_dim_of, model_family
+from ..ops.split_limits import PREFIX_SPLIT_DEPTH
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -229,8 +230,8 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
                          "only; this server verifies no trees")
     if config.active and config.decode_attention == "split" and config.attention_backend is not None and (
-            config.attention_backend.split("/")[-1] not in ONE_PASS_DECODE_BACKENDS):
-        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split applies to the triton backend only; with "
+            config.attention_backend.split("/")[-1] not in ONE_PASS_DECODE_BACKENDS + FA3_SPLIT_BACKENDS):
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split applies to the triton and fa3 backends only; with "
                      f"{config.attention_backend} attention it changes nothing")
     if config.active and config.tree_chain_batch and not config.chain_at_batch:
         kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
@@ -277,6 +278,13 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "their decode with their prefill and tree verify bit for bit, and where it fails, or past a "
                      "limit the dry run cannot see (an fp8 KV cache, more than 64 query heads per KV head), the "
                      "server keeps the one-pass decode, chains stay 'bitwise' and trees drop to 'tokens' (logged)")
+    if config.decode_attention == "split" and backend in FA3_SPLIT_BACKENDS:
+        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3: the prefix / tail split (two FA3 calls per row "
+                     "over key ranges chosen from its own length) has not yet run on a GPU or a server; a start-up "
+                     "check on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for "
+                     "bit, and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, trees deeper "
+                     f"than {PREFIX_SPLIT_DEPTH} steps), the server keeps SGLang's FA3 calls and the claim they give "
+                     "(logged)")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

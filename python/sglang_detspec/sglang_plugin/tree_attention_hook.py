@@ -115,8 +115,10 @@ def _why_not(backend) -> str | None:
 def _serves(backend) -> bool:
     """The node path is asked for and this is a target FA3 backend verifying trees."""
     bag = current_config()
-    return (bag.active and bag.tree_attention == "nodes" and not backend.is_draft_runner and backend.topk > 1
-            and TREE_NODES_OK.read(backend, False))
+    # Where the FA3 prefix / tail split serves (fa3_split_hook) it verifies trees too; where it cannot, its
+    # start-up hook leaves a bag without it, and the node path serves.
+    return (bag.active and bag.tree_attention == "nodes" and bag.decode_attention != "split"
+            and not backend.is_draft_runner and backend.topk > 1 and TREE_NODES_OK.read(backend, False))
 
 
 def check_backend(result, backend, *args, **kwargs):

@@ -306,11 +306,12 @@ def compare_with_prefill(decoded: list, prefilled: list, prompt_lens: list[int])
 
 
 def decode_attention(environ=None) -> str:
-    """The Triton decode path every server of the run takes: ``SGLANG_DETSPEC_DECODE_ATTENTION`` as the plugin reads it.
+    """The decode path every server of the run takes: ``SGLANG_DETSPEC_DECODE_ATTENTION`` as the plugin reads it.
 
     The servers inherit the suite's environment, so a run with
     ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` measures the positional-split
-    kernels on Triton (the reference servers too: both sides of each row).
+    kernels on Triton and the prefix / tail split on FA3 (the reference
+    servers too: both sides of each row).
 
     Raises:
         ValueError: a value the plugin refuses (its message names the variable).
@@ -321,5 +322,10 @@ def decode_attention(environ=None) -> str:
 
 
 def result_name(backend: str, decode: str) -> str:
-    """The result file's name: ``forward_modes_<backend>``, with ``_<decode>`` where Triton's decode is not the default."""
-    return f"forward_modes_{backend}" + (f"_{decode}" if backend == "triton" and decode != "one_pass" else "")
+    """The result file's name: ``forward_modes_<backend>``, with ``_<decode>`` where the setting changes the backend.
+
+    Triton's decode takes every setting; FA3 takes ``split`` (the prefix / tail split) and runs SGLang's
+    calls under the others.
+    """
+    changed = (backend == "triton" and decode != "one_pass") or (backend == "fa3" and decode == "split")
+    return f"forward_modes_{backend}" + (f"_{decode}" if changed else "")

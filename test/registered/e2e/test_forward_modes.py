@@ -98,7 +98,8 @@ H200), then sends seconds of traffic. With
 ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` in the suite's environment every
 server inherits it: the Triton rows then measure the positional-split
 kernels (each Triton server must log them on its target,
-``forward_modes_triton_split.json``).
+``forward_modes_triton_split.json``), the FA3 rows the prefix / tail split
+(each FA3 server must log it, ``forward_modes_fa3_split.json``).
 """
 
 import concurrent.futures
@@ -115,6 +116,8 @@ from _register import register_cuda_ci
 from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import head_dim_of
 from sglang_detspec.sglang_plugin.attention_hook import SPLIT_OFF, SPLIT_ON
+from sglang_detspec.sglang_plugin.fa3_split_hook import SPLIT_OFF as FA3_SPLIT_OFF
+from sglang_detspec.sglang_plugin.fa3_split_hook import SPLIT_ON as FA3_SPLIT_ON
 from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE_PATH_ON
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
@@ -300,8 +303,8 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             problems.append(server)
             continue
         problems += _e2e.plugin_problems(server)
-        if backend == "triton" and DECODE_ATTENTION == "split" and (
-                not server.log_lines(SPLIT_ON) or server.log_lines(SPLIT_OFF)):
+        on, off = {"triton": (SPLIT_ON, SPLIT_OFF), "fa3": (FA3_SPLIT_ON, FA3_SPLIT_OFF)}.get(backend, (None, None))
+        if on and DECODE_ATTENTION == "split" and (not server.log_lines(on) or server.log_lines(off)):
             problems.append(f"{backend} {config.name}: SGLANG_DETSPEC_DECODE_ATTENTION=split did not take the target "
                             f"(its lines: {server.log_lines('DECODE_ATTENTION=split')[:1]})")
         # A server without speculative decoding claims what its backend's decode promises.

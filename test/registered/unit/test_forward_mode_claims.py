@@ -54,10 +54,12 @@ def test_the_start_up_line_leaves_out_fields_that_do_not_apply():
     plain = shown(attention_backend="fa3", eagle_topk=4)
     assert not {"verify", "eagle_topk", "num_steps", "tree_attention", "rejection_sampling"} & plain.keys()
     assert plain["attention_backend"] == "fa3" and plain["kernel"] == "auto"
-    # The one-pass decode setting applies to Triton's decode only (also as the decode half of a pair).
+    # The decode setting applies to Triton's decode (also as the decode half of a pair) ...
     assert "decode_attention" in shown(algorithm="EAGLE", eagle_topk=1, attention_backend="triton")
     assert "decode_attention" in shown(algorithm="EAGLE", eagle_topk=1, attention_backend="fa3/triton")
-    for backend in ("fa3", "fa4", "flashinfer"):
+    # ... and FA3's (its split setting, fa3_split_hook), not the other backends'.
+    assert "decode_attention" in shown(algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
+    for backend in ("fa4", "flashinfer"):
         assert "decode_attention" not in shown(algorithm="EAGLE", eagle_topk=1, attention_backend=backend)
     # The node path applies to FA3 trees only.
     assert shown(algorithm="EAGLE", eagle_topk=4, attention_backend="fa3")["tree_attention"] == "cascade"

@@ -175,7 +175,9 @@ def test_the_decode_path_comes_from_the_plugins_own_setting_and_names_the_result
         plan.decode_attention({"SGLANG_DETSPEC_DECODE_ATTENTION": "fast"})
     assert plan.result_name("triton", "one_pass") == "forward_modes_triton"
     assert plan.result_name("triton", "split") == "forward_modes_triton_split"
-    assert plan.result_name("fa3", "split") == "forward_modes_fa3"  # the setting changes nothing there
+    assert plan.result_name("fa3", "split") == "forward_modes_fa3_split"  # the prefix / tail split
+    assert plan.result_name("fa3", "sglang") == "forward_modes_fa3"  # SGLang's FA3 calls either way
+    assert plan.result_name("flashinfer", "split") == "forward_modes_flashinfer"
 
 
 def test_rows_for_refuses_an_unknown_backend(plan):

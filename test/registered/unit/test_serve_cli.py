@@ -347,7 +347,8 @@ TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--spec
 @pytest.mark.parametrize("backend, page, claim, note", [
     ("triton", None, "bitwise", "have run only in Triton's CPU interpreter"),
     ("triton", "16", "tokens", "the split kernels read pages of 1 token"),
-    ("fa3", None, "tokens", "applies to the triton backend only; with fa3 attention it changes nothing"),
+    ("fa3", None, "bitwise", "the prefix / tail split (two FA3 calls per row"),
+    ("flashinfer", None, "tokens", "applies to the triton and fa3 backends only; with flashinfer attention it"),
     (None, None, "tokens", "applies only where --attention-backend triton is named"),
 ])
 def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, tmp_path, backend, page, claim,

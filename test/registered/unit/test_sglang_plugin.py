@@ -107,7 +107,7 @@ HOOKED = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft",
     *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (
         "__init__", "init_cuda_graph_state", "init_forward_metadata", "init_forward_metadata_out_graph",
-        "forward_extend")),
+        "init_forward_metadata_in_graph", "forward_extend", "forward_decode")),
     "sglang.srt.layers.attention.flashattention_backend.flash_attn_with_kvcache",
 }
 # Targets SGLang itself wraps (functools.wraps decorators such as torch.no_grad): their depth before any hook.

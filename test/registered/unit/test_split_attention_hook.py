@@ -8,6 +8,7 @@ here: what runs them is ``test_split_attention.py`` (CPU interpreter) and
 the GPU suite.
 """
 
+import dataclasses
 import inspect
 import sys
 import types
@@ -286,7 +287,12 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert "SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise" in guarantee_and_reason("triton", 4)[1]
     assert "DECODE_ATTENTION" not in guarantee_and_reason("flashinfer", 4)[1]
     assert logits_guarantee("triton", 1, decode_attention="sglang") == "tokens"
-    assert logits_guarantee("fa3", 4, decode_attention="split") == "tokens"  # no FA3 decode hook
+    assert logits_guarantee("fa3", 4, decode_attention="split") == "bitwise"  # the FA3 prefix / tail split
+    assert logits_guarantee("fa3", 4, decode_attention="one_pass") == "tokens"  # SGLang's cascade
+    # Under the split FA3's tail calls keep the causal kernel at every head size: no head-size rule.
+    assert logits_guarantee("fa3", 1, decode_attention="split", head_dim=64) == "bitwise"
+    assert logits_guarantee("fa3", 1, decode_attention="one_pass", head_dim=64) == "tokens"
+    assert logits_guarantee("fa3", 4, decode_attention="split", page_size=16) == "tokens"
     # Trees only where the kernels run: pages of one token, head sizes up to 256.
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=16) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", head_dim=512) == "tokens"
@@ -318,7 +324,9 @@ def test_the_start_up_notes_say_split_is_not_yet_measured():
     assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "not yet on a GPU" in n for n in notes)
     fa3 = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3",
                         decode_attention="split")
-    assert not any("DECODE_ATTENTION=split" in n for n in resolve.unmeasured_notes(fa3))
+    assert any("split on fa3" in n and "not yet run on a GPU" in n for n in resolve.unmeasured_notes(fa3))
+    flashinfer = dataclasses.replace(fa3, attention_backend="flashinfer")
+    assert not any("DECODE_ATTENTION=split" in n for n in resolve.unmeasured_notes(flashinfer))
 
 
 if __name__ == "__main__":

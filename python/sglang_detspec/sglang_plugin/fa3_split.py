@@ -1,0 +1,160 @@
+"""FA3 attention under the prefix / tail split: the two FA3 calls of ``ops.prefix_split`` and their merge.
+
+``ops.prefix_split`` gives, for any forward mode, the inputs of two attention
+calls per query row (keys ``[0, S(L))`` non-causal, keys ``[S(L), L)``
+causal) and merges their results; this module makes the two calls with
+SGLang's FA3 (``flash_attn_with_kvcache``, ``ver`` 3, one split, page size
+1), as SGLang's FlashAttention backend calls it, and merges them with the
+fused kernel. A row's two calls get the same keys in the same order in every
+mode, so decode, verify (chain or tree) and prefill agree bit for bit
+wherever FA3 gives a row the same bits whatever other rows share its call:
+the GPU suite (``test/registered/cuda/test_fa3_split_cuda.py``) checks this
+row by row before any server uses it.
+
+Every tail call runs FA3's causal kernel, one query row per element
+included: FA3 drops the causal flag of a call with ``max_seqlen_q`` 1 at head
+sizes up to 64 and above 128 and would run another tile there, so a tail
+call passes a ``max_seqlen_q`` of at least :data:`MIN_CAUSAL_ROWS` (a bound
+for the grid; each element's rows still come from ``cu_seqlens_q``).
+
+Not wired into a server yet: the hooks that route the target's FA3 forward
+modes through :func:`split_attention` wait for the GPU suite's verdict
+(``docs/forward_modes.md``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops.prefix_split import PartCall, PrefixSplit, merge_parts
+
+# FA3 keeps a causal call causal only with max_seqlen_q >= 2 at some head sizes (module docstring).
+MIN_CAUSAL_ROWS = 2
+FA3 = 3
+
+
+def fa3_part(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call: PartCall,
+             softmax_scale: float, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One call of the split through SGLang's FA3: ``(o, lse)``.
+
+    Args:
+        q: ``[rows, heads, head_dim]`` bf16 / fp16 (the caller's query; ``call.rows`` selects from it).
+        k_cache, v_cache: FA3's paged KV at page size 1, ``[slots, 1, kv_heads, head_dim]``.
+        call: :class:`ops.prefix_split.PartCall`.
+        softmax_scale: the layer's scaling.
+        softcap: the layer's logit cap (0: none), as SGLang passes it.
+
+    Returns:
+        ``o`` ``[call rows, heads, v_head_dim]`` in q's dtype and ``lse`` float32
+        ``[heads, call rows]`` (FA3's varlen layout).
+    """
+    from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
+
+    qs = q if call.rows is None else q.index_select(0, call.rows)
+    max_rows = max(call.max_rows, MIN_CAUSAL_ROWS) if call.causal else call.max_rows
+    out = flash_attn_with_kvcache(q=qs, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
+                                  cache_seqlens=call.seqlens, cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=max_rows,
+                                  softmax_scale=softmax_scale, causal=call.causal, softcap=softcap,
+                                  return_softmax_lse=True,
+                                  num_splits=1, ver=FA3)
+    return out[0], out[1]
+
+
+def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, split: PrefixSplit,
+                    softmax_scale: float, *, softcap: float = 0.0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of every query row as its prefix call and its tail call merged (module docstring).
+
+    Args:
+        q: ``[rows, heads, head_dim]``.
+        k_cache, v_cache: ``[slots, 1, kv_heads, head_dim]`` (FA3's paged form, page size 1).
+        split: the forward's :class:`ops.prefix_split.PrefixSplit` (``decode_split``,
+            ``extend_split`` or ``tree_split``), built once per forward and shared by its layers.
+        softmax_scale: the layer's scaling.
+        softcap: the layer's logit cap (0: none).
+        out: ``[rows, heads, v_head_dim]`` in q's dtype (or float32: the merged result before its
+            rounding), written in place, or None.
+
+    Returns:
+        ``[rows, heads, v_head_dim]`` in q's dtype.
+    """
+    o1, l1 = fa3_part(q, k_cache, v_cache, split.prefix, softmax_scale, softcap)
+    o2, l2 = fa3_part(q, k_cache, v_cache, split.tail, softmax_scale, softcap)
+    return merge_parts(o1, l1, o2, l2, split.has_prefix, split.prefix_index, out=out)
+
+
+# The start-up check's request lengths: below the first split key, across the first group edge
+# (D + B = 192 keys) and several groups on; the trees' depth and width.
+CHECK_LENGTHS = (5, 191, 193, 460)
+CHECK_TREE = (-1, 0, 0, 1, 1, 2, 3, 4)  # parents, SGLang's order (a parent before its children)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(a.float().contiguous().view(torch.int32), b.float().contiguous().view(torch.int32)))
+
+
+def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, *,
+                      seed: int = 0, lengths: tuple[int, ...] = CHECK_LENGTHS) -> bool:
+    """Whether decode, one prefill, a chunked extend and a tree verify give every checked row the same bits here.
+
+    Random queries and KV of the given shape in scattered slots; requests of
+    ``lengths`` keys: every position of each request decoded (one batch),
+    each request prefilled whole, its rows extended in chunks of 100 after
+    the cached ones, and :data:`CHECK_TREE` verified after each request's
+    keys, every node against the decode of its path. Merged outputs are
+    compared in float32 (before the rounding to ``dtype``, which would hide
+    most differences), bit pattern by bit pattern. Runs eagerly (allocates,
+    synchronises): call it before CUDA-graph capture. The plugin keeps
+    SGLang's FA3 calls where this fails.
+    """
+    from ..ops.prefix_split import decode_split, extend_split, tree_split
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    n = len(CHECK_TREE)
+    total = sum(lengths) + len(lengths) * n
+    k = torch.randn(total + 1, 1, kv_heads, head_dim, generator=gen, device=device).to(dtype)
+    v = torch.randn(total + 1, 1, kv_heads, head_dim, generator=gen, device=device).to(dtype)
+    order = (torch.randperm(total, generator=gen, device=device) + 1).to(torch.int32)
+    scale = head_dim ** -0.5
+    i32 = dict(dtype=torch.int32, device=device)
+
+    def run(q, split):
+        return split_attention(q, k, v, split, scale,
+                               out=torch.empty(q.shape[0], heads, head_dim, device=device))
+
+    at = 0
+    for length in lengths:
+        seq = order[at:at + length]
+        nodes = order[at + length:at + length + n]
+        at += length + n
+        q = torch.randn(length, heads, head_dim, generator=gen, device=device).to(dtype)
+        table = seq.unsqueeze(0).expand(length, length).contiguous()
+        dec = run(q, decode_split(table, torch.arange(1, length + 1, **i32)))
+        pre = run(q, extend_split(seq.unsqueeze(0), torch.zeros(1, **i32), torch.tensor([length], **i32), length,
+                                  length))
+        chunks = []
+        for lo in range(0, length, 100):
+            m = min(100, length - lo)
+            chunks.append(run(q[lo:lo + m], extend_split(seq[:lo + m].unsqueeze(0), torch.tensor([lo], **i32),
+                                                         torch.tensor([m], **i32), m, m)))
+        if not (_same_bits(dec, pre) and _same_bits(torch.cat(chunks), dec)):
+            return False
+        paths = []
+        for i in range(n):
+            path, j = [], i
+            while j >= 0:
+                path.append(j)
+                j = CHECK_TREE[j]
+            paths.append(path[::-1])
+        anc = torch.zeros(n, n, **i32)
+        for i, path in enumerate(paths):
+            anc[i, :len(path)] = nodes[torch.tensor(path, device=device)]
+        anc_lens = torch.tensor([len(p) for p in paths], **i32)
+        qn = torch.randn(n, heads, head_dim, generator=gen, device=device).to(dtype)
+        tree = run(qn, tree_split(seq.unsqueeze(0), torch.tensor([length], **i32), anc, anc_lens, n))
+        keys = [torch.cat([seq, anc[i, :len(p)]]) for i, p in enumerate(paths)]
+        width = max(x.numel() for x in keys)
+        node_table = torch.stack([torch.nn.functional.pad(x, (0, width - x.numel())) for x in keys])
+        node_dec = run(qn, decode_split(node_table, torch.tensor([x.numel() for x in keys], **i32)))
+        if not _same_bits(tree, node_dec):
+            return False
+    return True

@@ -1,0 +1,234 @@
+"""FA3 attention under the prefix / tail split in every forward mode of the target (opt-in).
+
+``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the bag's ``decode_attention``) on
+an FA3 server: the target's prefill, chunked prefill, extend after a
+radix-cache hit, decode, chain verify and tree verify all compute each query
+row as two FA3 calls over keys ``[0, S(L))`` and ``[S(L), L)``, merged by
+log-sum-exp (``sglang_plugin/fa3_split.py``, ``ops/prefix_split.py``).
+
+Why: SGLang's FA3 verifies a tree by cascade attention (prefix and draft
+parts merged from two bf16 outputs), which rounds apart from the decode of
+the same token; the node path (``SGLANG_DETSPEC_TREE_ATTENTION=nodes``)
+fixes that by reading each node's whole prefix on its own (+17% to +36% per
+step at 2,048-token prompts). Under the split a row's two key ranges depend
+on its own length alone, so every mode gives it the same bits, and a tree's
+nodes share their prefix reads (one prefix call per request and split key).
+The tail call always runs FA3's causal kernel, so decode and prefill share
+it at every head size, which SGLang's own one-row decode call does not at
+head sizes up to 64 and above 128.
+
+Hooked symbols (``sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend``):
+
+- ``__init__`` (AFTER): whether this backend takes the split (:func:`split_unavailable`,
+  its start-up check among it), logged once; where it cannot, the bag drops
+  to SGLang's calls and the start-up line says which claim that leaves.
+- ``init_forward_metadata``, ``init_forward_metadata_out_graph`` and
+  ``init_forward_metadata_in_graph`` (AFTER): forget the previous forward's
+  split layout. The first layer of a forward builds it from SGLang's metadata
+  (static shapes, no host sync) and the others reuse it; under CUDA graphs
+  that first layer runs inside the capture (the in-graph hook runs there
+  before the model), so every replay rebuilds it from the refilled metadata.
+- ``forward_extend`` and ``forward_decode`` (AROUND): a covered call writes
+  the layer's K/V as SGLang does and returns the split attention; any other
+  call is SGLang's.
+
+Covered: the target model (not the draft's backends), FA3 with page size 1,
+a bf16 / fp16 KV cache, no MLA, sliding-window or local attention, context
+parallelism or KV-skipping; per call, a causal self-attention layer without
+sinks, score modifiers, relative bias, a returned LSE or MLA inputs, in
+decode, extend (not a draft extend) or target verify (chain or tree; trees
+up to ``PREFIX_SPLIT_DEPTH`` deep). Not yet measured on a GPU: the GPU suite
+(``test/registered/cuda/test_fa3_split_cuda.py``) and the start-up check
+decide; ``docs/forward_modes.md`` has the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from ..config import current_config, install_config
+from ..ops.prefix_split import decode_split, extend_split, tree_split
+from ..ops.split_limits import PREFIX_SPLIT_DEPTH
+from .channels import FA3_SPLIT, FA3_SPLIT_OK
+from .fa3_split import split_attention, split_modes_agree
+
+FA = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
+INIT = f"{FA}.__init__"
+INIT_EAGER = f"{FA}.init_forward_metadata"
+INIT_OUT_GRAPH = f"{FA}.init_forward_metadata_out_graph"
+INIT_IN_GRAPH = f"{FA}.init_forward_metadata_in_graph"
+FORWARD_EXTEND = f"{FA}.forward_extend"
+FORWARD_DECODE = f"{FA}.forward_decode"
+
+logger = logging.getLogger("sglang_detspec")
+# Start-up lines (the E2E suites read them from a server's log).
+SPLIT_ON = "FA3 attention runs the prefix / tail split in every forward mode"
+SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used on FA3"
+KV_DTYPES = (torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256  # FA3's largest head size
+
+# The start-up check's answer per (shape, device) in this process: one arithmetic for all its backends.
+_CHECKED: dict[tuple, str | None] = {}
+
+
+def split_unavailable(backend) -> str | None:
+    """Why the split cannot serve this FA3 target backend, or None where it can (its start-up check included).
+
+    The check (``fa3_split.split_modes_agree``) runs once per process, shape and device.
+    """
+    if backend.fa_impl_ver != 3:
+        return "FA4 (only FA3 is covered)"
+    if backend.use_mla:
+        return "MLA"
+    if backend.page_size != 1:
+        return f"KV page size {backend.page_size} (the split's page tables list token slots)"
+    if backend.has_swa or backend.local_attn_builder is not None:
+        return "sliding-window or local attention"
+    if backend.kv_cache_dtype_str != "auto" or backend.kv_cache_dtype not in KV_DTYPES:
+        return f"a {backend.kv_cache_dtype_str} KV cache ({backend.kv_cache_dtype})"
+    if getattr(backend, "attn_cp_size", 1) > 1:
+        return "context parallelism"
+    if getattr(backend, "fa_skip_kv_cache", False):
+        return "a backend that skips the KV cache"
+    if backend.topk > 1 and (backend.speculative_num_steps or 0) > PREFIX_SPLIT_DEPTH:
+        return f"trees {backend.speculative_num_steps} steps deep (the split covers up to {PREFIX_SPLIT_DEPTH})"
+    if not 1 <= backend.head_dim <= MAX_HEAD_DIM:
+        return f"head size {backend.head_dim}"
+    device = torch.device(backend.device)
+    if device.type != "cuda" or torch.version.hip is not None:
+        return "no CUDA device" if device.type != "cuda" else "a ROCm GPU"
+    shape = (backend.num_attention_heads, backend.num_kv_heads, backend.head_dim, backend.kv_cache_dtype)
+    key = (shape, str(device))
+    if key not in _CHECKED:
+        try:
+            _CHECKED[key] = (None if split_modes_agree(*shape, device)
+                             else "its start-up check found decode, prefill or tree rows apart on this GPU")
+        except Exception as exc:  # any surprise keeps SGLang's calls
+            _CHECKED[key] = f"its start-up check failed: {exc!r}"
+    return _CHECKED[key]
+
+
+def check_backend(result, backend, *args, **kwargs):
+    """AFTER hook of ``FlashAttentionBackend.__init__``: decide once whether this target backend takes the split.
+
+    Where the bag asks for the split on an FA3 target and it cannot serve,
+    the bag drops ``decode_attention`` to ``one_pass`` (SGLang's calls), so
+    the claim the server states is the one that runs, and the warning says
+    which claim that is. Returns None.
+    """
+    FA3_SPLIT_OK.write(backend, False)
+    FA3_SPLIT.write(backend, None)
+    bag = current_config()
+    if not (bag.active and bag.decode_attention == "split") or backend.is_draft_runner:
+        return None
+    reason = split_unavailable(backend)
+    if reason is None:
+        FA3_SPLIT_OK.write(backend, True)
+        logger.info("sglang-detspec: %s (head size %d; decode = prefill = verify checked bitwise at start-up)",
+                    SPLIT_ON, backend.head_dim)
+        return None
+    kept = dataclasses.replace(bag, decode_attention="one_pass")
+    install_config(kept)
+    logger.warning("sglang-detspec: %s (%s): the target keeps SGLang's FA3 calls%s", SPLIT_OFF, reason,
+                   "" if kept.logits == bag.logits else
+                   f": this server's logits are {kept.logits!r}, not {bag.logits!r}")
+    return None
+
+
+def forget_split(result, backend, *args, **kwargs):
+    """AFTER hook of the metadata builders: the next forward builds its own layout. Returns None."""
+    FA3_SPLIT.write(backend, None)
+    return None
+
+
+def _serves(backend) -> bool:
+    bag = current_config()
+    return bag.active and bag.decode_attention == "split" and FA3_SPLIT_OK.read(backend, False)
+
+
+def _layer_covered(layer, kwargs) -> bool:
+    sliding = getattr(layer, "sliding_window_size", None)
+    if (sliding is not None and sliding > -1) or layer.is_cross_attention:
+        return False
+    if layer.v_head_dim != layer.head_dim or getattr(getattr(layer, "attn_type", None), "name", "") == "ENCODER_ONLY":
+        return False
+    names = ("q_rope", "k_rope", "sinks", "score_mod", "rel_bias", "q_descale", "k_descale", "v_descale")
+    return not any(kwargs.get(name) is not None for name in names) and not kwargs.get("return_lse")
+
+
+def _layout(backend, forward_batch, rows: int):
+    """The forward's :class:`ops.prefix_split.PrefixSplit`, built at its first layer, or None for an uncovered mode."""
+    split = FA3_SPLIT.read(backend)
+    if split is not None:
+        return split
+    md, mode = backend.forward_metadata, forward_batch.forward_mode
+    if mode.is_target_verify():
+        n = backend.speculative_num_draft_tokens
+        if backend.topk > 1:
+            expand = backend.forward_metadata_spec_decode_expand
+            split = tree_split(md.page_table, md.cache_seqlens_int32, expand.page_table,
+                               expand.cache_seqlens_int32, n)
+        else:
+            split = _extend_layout(md, rows)
+    elif mode.is_decode() and forward_batch.spec_info is None:
+        split = decode_split(md.page_table, md.cache_seqlens_int32)
+    elif mode.is_extend() and not (mode.is_split_prefill() or mode.is_dllm_extend()):
+        split = _extend_layout(md, rows)
+    FA3_SPLIT.write(backend, split)
+    return split
+
+
+def _extend_layout(md, rows: int):
+    extend_lens = md.cu_seqlens_q[1:] - md.cu_seqlens_q[:-1]
+    # A host int in SGLang's eager and verify metadata; otherwise the query's row count bounds every request.
+    bound = md.max_seq_len_q if isinstance(md.max_seq_len_q, int) and md.max_seq_len_q >= 1 else max(rows, 1)
+    return extend_split(md.page_table, md.cache_seqlens_int32 - extend_lens, extend_lens, bound, rows)
+
+
+def _save_kv(backend, layer, forward_batch, k, v, save_kv_cache):
+    """Write the call's K/V as SGLang's FA3 backend does for a covered call (no MLA, no mxfp8, no CP)."""
+    if k is None or not save_kv_cache:
+        return
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=backend.forward_metadata.swa_out_cache_loc)
+    backend.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, layer.k_scale, layer.v_scale)
+
+
+@torch.compiler.disable  # as SGLang keeps attention out of traced graphs
+def _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache):
+    rows = q.shape[0]
+    split = _layout(backend, forward_batch, rows)
+    if split is None:
+        return None
+    _save_kv(backend, layer, forward_batch, k, v, save_kv_cache)
+    key_cache, value_cache = backend.get_paged_mha_kv_cache(layer)
+    out = getattr(forward_batch, "_attn_output", None)
+    out = out.view(-1, layer.tp_q_head_num, layer.v_head_dim) if out is not None else None
+    o = split_attention(q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim), key_cache, value_cache, split,
+                        layer.scaling, softcap=layer.logit_cap or 0.0, out=out)
+    return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+
+def split_extend_around(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True, *args, **kwargs):
+    """AROUND hook of ``forward_extend``: a covered call runs the split (module docstring); others SGLang's.
+
+    Returns ``[tokens, heads * v_head_dim]`` as SGLang's does.
+    """
+    if _serves(backend) and not args and _layer_covered(layer, kwargs):
+        o = _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache)
+        if o is not None:
+            return o
+    return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
+
+
+def split_decode_around(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True, *args, **kwargs):
+    """AROUND hook of ``forward_decode``: as :func:`split_extend_around`, for a decode step."""
+    if _serves(backend) and not args and _layer_covered(layer, kwargs):
+        o = _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache)
+        if o is not None:
+            return o
+    return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
