@@ -64,9 +64,10 @@ def _setup(bs: int, ctx: int, extra: int, gen):
 
 
 def _call(q, k, v, table, lens, cu, max_q, causal, lse=False):
-    return _fa3()(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens, cu_seqlens_q=cu,
-                  max_seqlen_q=max_q, softmax_scale=DIM ** -0.5, causal=causal, return_softmax_lse=lse,
-                  num_splits=1, ver=3)
+    out = _fa3()(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens, cu_seqlens_q=cu,
+                 max_seqlen_q=max_q, softmax_scale=DIM ** -0.5, causal=causal, return_softmax_lse=lse,
+                 num_splits=1, ver=3)
+    return (out[0], out[1]) if lse else out
 
 
 def _split_cell(q, k, v, make_split, reps, blocks) -> dict:

@@ -11,11 +11,14 @@ wherever FA3 gives a row the same bits whatever other rows share its call:
 the GPU suite (``test/registered/cuda/test_fa3_split_cuda.py``) checks this
 row by row before any server uses it.
 
-Every tail call runs FA3's causal kernel, one query row per element
-included: FA3 drops the causal flag of a call with ``max_seqlen_q`` 1 at head
-sizes up to 64 and above 128 and would run another tile there, so a tail
-call passes a ``max_seqlen_q`` of at least :data:`MIN_CAUSAL_ROWS` (a bound
-for the grid; each element's rows still come from ``cu_seqlens_q``).
+Every call passes FA3 the same ``max_seqlen_q`` floor, :data:`MIN_MAX_ROWS`
+(the most rows one element of a prefill holds), one query row per element
+included: FA3 picks its kernel from ``max_seqlen_q`` (at head size 64 on the
+H200, a decode-shaped call with ``max_seqlen_q`` 1 and the prefill's call
+with 192 rounded rows apart past 128 keys, in the non-causal prefix call as
+well; with 192 in both, 0 of 1,100 rows apart), and it drops the causal flag
+of a call with ``max_seqlen_q`` 1. It is a bound for the grid: each element's
+rows still come from ``cu_seqlens_q``.
 
 Not wired into a server yet: the hooks that route the target's FA3 forward
 modes through :func:`split_attention` wait for the GPU suite's verdict
@@ -27,9 +30,10 @@ from __future__ import annotations
 import torch
 
 from ..ops.prefix_split import PartCall, PrefixSplit, merge_parts
+from ..ops.split_limits import PREFIX_SPLIT_TAIL_KEYS
 
-# FA3 keeps a causal call causal only with max_seqlen_q >= 2 at some head sizes (module docstring).
-MIN_CAUSAL_ROWS = 2
+# Every call's max_seqlen_q is at least this: the most rows a prefill's element holds (module docstring).
+MIN_MAX_ROWS = PREFIX_SPLIT_TAIL_KEYS
 FA3 = 3
 
 
@@ -51,7 +55,7 @@ def fa3_part(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
     qs = q if call.rows is None else q.index_select(0, call.rows)
-    max_rows = max(call.max_rows, MIN_CAUSAL_ROWS) if call.causal else call.max_rows
+    max_rows = max(call.max_rows, MIN_MAX_ROWS)
     out = flash_attn_with_kvcache(q=qs, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
                                   cache_seqlens=call.seqlens, cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=max_rows,
                                   softmax_scale=softmax_scale, causal=call.causal, softcap=softcap,
