@@ -15,7 +15,14 @@ fa3_tree_nodes        fa3      nodes           (e) coupled EAGLE tree top-k 4 / 
 triton_one_pass       triton   one_pass_decode (f) no speculative decoding, the plugin's
                                                one-pass decode against
                                                ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
+fa3_split_tree        fa3      split           (e) with ``SGLANG_DETSPEC_DECODE_ATTENTION=split``
+                                               (the prefix / tail split) against SGLang's calls
+fa3_split_chain       fa3      split           (d) coupled chain, the same two
+triton_split          triton   split           (f) the positional-split kernels against
+                                               ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
 ===================== ======== =============== ==============================================
+
+The split pairs run only when named (``--pairs``); the default is the first two.
 
 (The Triton decode hook costs only servers that decode on the target, so
 its pair has no speculative decoding; the node path costs only tree
@@ -59,6 +66,7 @@ from serving_run import gpu_facts, healthy  # noqa: E402
 
 TREE_NODES_ENV = ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
 SGLANG_DECODE_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")
+SPLIT_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +84,11 @@ class Pair:
 PAIRS = {p.name: p for p in (
     Pair("fa3_tree_nodes", "fa3", "nodes", "e", (TREE_NODES_ENV,), ()),
     Pair("triton_one_pass", "triton", "one_pass_decode", "f", (), (SGLANG_DECODE_ENV,)),
+    Pair("fa3_split_tree", "fa3", "split", "e", (SPLIT_ENV,), ()),
+    Pair("fa3_split_chain", "fa3", "split", "d", (SPLIT_ENV,), ()),
+    Pair("triton_split", "triton", "split", "f", (SPLIT_ENV,), (SGLANG_DECODE_ENV,)),
 )}
+DEFAULT_PAIRS = ("fa3_tree_nodes", "triton_one_pass")
 ARMS = ("sglang", "path")
 # KV slots a request holds beyond prompt and output: a tree's draft tokens and a page of slack.
 SLACK_TOKENS = 16
@@ -187,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="result folder (created)")
     p.add_argument("--models", required=True, help="model folder (serving_models.py), written when missing")
-    p.add_argument("--pairs", default=",".join(PAIRS))
+    p.add_argument("--pairs", default=",".join(DEFAULT_PAIRS), help=f"comma-separated, of {', '.join(PAIRS)}")
     p.add_argument("--prompt-lens", default="128,2048,8192")
     p.add_argument("--concurrency", default="1,8,32,128")
     p.add_argument("--output-len", type=int, default=64)

@@ -52,7 +52,7 @@ DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # sglang: SGLang's split-KV decode kernel (faster with long prompts: docs/benchmarks/attention_cost/,
 # logits 'tokens'); split: decode, prefill, extend and chain and tree verify all run the plugin's
 # positional-split kernels (ops/split_attention.py: split-KV decode with the bits of the prefill, each tree
-# node with its path's decode bits; opt-in until measured on a GPU; where their start-up check fails the
+# node with its path's decode bits; opt-in, measured bitwise on the H200, serving cost not yet; where their start-up check fails the
 # one-pass decode serves and trees keep SGLang's verify, 'tokens'). On FA3, split runs every target forward
 # as the prefix / tail split (sglang_plugin/fa3_split_hook.py) and the other two settings keep SGLang's calls.
 DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang", "split")
@@ -430,7 +430,7 @@ FA3_RETILED_MAX_HEAD_DIM = 64
 FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # ... where SGLANG_DETSPEC_DECODE_ATTENTION=split runs every forward mode of the target as two calls over key
 # ranges chosen from each row's own length (sglang_plugin/fa3_split_hook.py): trees bitwise, and decode on the
-# prefill's causal kernel at every head size (opt-in until measured on a GPU; its start-up check decides, and
+# prefill's causal kernel at every head size (opt-in, measured bitwise on the H200, serving cost not yet; its start-up check decides, and
 # where it fails the server keeps SGLang's calls and states the claim that leaves).
 FA3_SPLIT_BACKENDS = ("fa3",)
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
@@ -573,7 +573,7 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "tokens", (f"a tree (top-k {eagle_topk}) verified with SGLang's cascade attention: "
                           "SGLANG_DETSPEC_TREE_ATTENTION=nodes makes it bitwise")
-    hint = ("; SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise (not yet run on a GPU)"
+    hint = ("; SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise"
             if attention_backend in ONE_PASS_DECODE_BACKENDS else "")
     return "tokens", (f"a tree (top-k {eagle_topk}) on {attention_backend}: its verify mask interleaves other "
                       f"branches' keys{hint}")

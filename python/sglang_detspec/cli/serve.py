@@ -57,14 +57,16 @@ other head sizes, trees, other backends and a run without
 --attention-backend (SGLang picks the backend on the GPU, so the dry run
 cannot know it) claim logits='tokens': the same tokens, except where a draw
 is a near-tie inside one bf16 rounding step. Trees claim 'bitwise' only on
-fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes (head sizes 65 to 128) and on
-triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV page size of 1, a
-bf16 / fp16 KV cache, head sizes up to 256, at most 64 query heads per KV
-head and up to 256 draft tokens (not yet run on a GPU; a server past one of
-these limits, or whose start-up check of the kernels fails, keeps SGLang's
-tree verify and says its trees are 'tokens'). Every measured server ran with
---cuda-graph-backend-prefill disabled; with prefill CUDA graphs on (SGLang's
-default) determinism is not yet measured."""
+fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes (head sizes 65 to 128), on fa3
+with SGLANG_DETSPEC_DECODE_ATTENTION=split (every head size, trees up to 64
+steps deep), and on triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV
+page size of 1, a bf16 / fp16 KV cache, head sizes up to 256, at most 64 query
+heads per KV head and up to 256 draft tokens (both splits measured bitwise on
+an H200, serving cost not yet; a server past one of these limits, or whose
+start-up check fails, keeps SGLang's attention and says its trees are
+'tokens'). The suites ran with --cuda-graph-backend-prefill disabled, except
+SGLang's own harness, which runs with prefill CUDA graphs on (SGLang's
+default)."""
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
 after '--', adding {DETERMINISTIC} if it is missing, with this

@@ -44,8 +44,8 @@ On Hopper a query-head group shares one 64-row tile (``sglang_plugin.decode_atte
 checked bitwise at start-up), which reads each KV head once per group.
 ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps SGLang's decode (claim ``tokens``).
 
-``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (opt-in, not yet measured on a
-GPU) gives decode its split-KV parallelism back: the instance's
+``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (opt-in, measured bitwise on the H200 in
+``docs/e2e/2026-12-05-h200-split/``, serving cost not yet) gives decode its split-KV parallelism back: the instance's
 ``decode_attention_fwd`` and ``extend_attention_fwd_unified`` (the name
 deterministic prefill, extend and verify call) both run the plugin's
 positional-split kernels (``ops/split_attention.py``: each row's keys cut

@@ -20,9 +20,9 @@ well; with 192 in both, 0 of 1,100 rows apart), and it drops the causal flag
 of a call with ``max_seqlen_q`` 1. It is a bound for the grid: each element's
 rows still come from ``cu_seqlens_q``.
 
-Not wired into a server yet: the hooks that route the target's FA3 forward
-modes through :func:`split_attention` wait for the GPU suite's verdict
-(``docs/forward_modes.md``).
+``sglang_plugin/fa3_split_hook.py`` routes the target's FA3 forward modes
+through :func:`split_attention` (``SGLANG_DETSPEC_DECODE_ATTENTION=split``);
+measured on the H200 in ``docs/e2e/2026-12-05-h200-split/``.
 """
 
 from __future__ import annotations

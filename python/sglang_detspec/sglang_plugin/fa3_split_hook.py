@@ -37,9 +37,10 @@ a bf16 / fp16 KV cache, no MLA, sliding-window or local attention, context
 parallelism or KV-skipping; per call, a causal self-attention layer without
 sinks, score modifiers, relative bias, a returned LSE or MLA inputs, in
 decode, extend (not a draft extend) or target verify (chain or tree; trees
-up to ``PREFIX_SPLIT_DEPTH`` deep). Not yet measured on a GPU: the GPU suite
-(``test/registered/cuda/test_fa3_split_cuda.py``) and the start-up check
-decide; ``docs/forward_modes.md`` has the state.
+up to ``PREFIX_SPLIT_DEPTH`` deep). Measured on the H200 (kernels:
+``test/registered/cuda/test_fa3_split_cuda.py``; servers, SGLang's harness
+included: ``docs/e2e/2026-12-05-h200-split/``); each server's start-up check
+decides; the cost is in ``docs/forward_modes.md``.
 """
 
 from __future__ import annotations

@@ -273,16 +273,21 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(chain_note(config))
     if config.decode_attention == "split" and backend is not None and (
             backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS):
-        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split: the positional-split Triton kernels have run only in "
-                     "Triton's CPU interpreter, not yet on a GPU or a server; a start-up check on the GPU compares "
-                     "their decode with their prefill and tree verify bit for bit, and where it fails, or past a "
-                     "limit the dry run cannot see (an fp8 KV cache, more than 64 query heads per KV head), the "
-                     "server keeps the one-pass decode, chains stay 'bitwise' and trees drop to 'tokens' (logged)")
+        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split: the positional-split Triton kernels were measured "
+                     "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models, SGLang's "
+                     "harness included, docs/e2e/2026-12-05-h200-split/); their serving cost is not measured; a "
+                     "start-up check on the GPU compares their decode with their prefill and tree verify bit for "
+                     "bit, and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, more than 64 "
+                     "query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
+                     "trees drop to 'tokens' (logged)")
     if config.decode_attention == "split" and backend in FA3_SPLIT_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3: the prefix / tail split (two FA3 calls per row "
-                     "over key ranges chosen from its own length) has not yet run on a GPU or a server; a start-up "
-                     "check on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for "
-                     "bit, and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, trees deeper "
+                     "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
+                     "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness included, "
+                     "docs/e2e/2026-12-05-h200-split/); its serving cost is not measured (per layer call "
+                     "1.1-1.9x SGLang's decode call: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
+                     "on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for bit, "
+                     "and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, trees deeper "
                      f"than {PREFIX_SPLIT_DEPTH} steps), the server keeps SGLang's FA3 calls and the claim they give "
                      "(logged)")
     if config.algorithm in UNMEASURED_ALGORITHMS:

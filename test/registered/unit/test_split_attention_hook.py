@@ -321,10 +321,10 @@ def test_the_start_up_notes_say_split_is_not_yet_measured():
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
                         decode_attention="split")
     notes = resolve.unmeasured_notes(bag)
-    assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "not yet on a GPU" in n for n in notes)
+    assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "serving cost is not measured" in n for n in notes)
     fa3 = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3",
                         decode_attention="split")
-    assert any("split on fa3" in n and "not yet run on a GPU" in n for n in resolve.unmeasured_notes(fa3))
+    assert any("split on fa3" in n and "serving cost is not measured" in n for n in resolve.unmeasured_notes(fa3))
     flashinfer = dataclasses.replace(fa3, attention_backend="flashinfer")
     assert not any("DECODE_ATTENTION=split" in n for n in resolve.unmeasured_notes(flashinfer))
 
