@@ -60,6 +60,25 @@ def timed(fn, reps: int, blocks: int) -> dict:
     return {"median_us": statistics.median(per_call), "min_us": min(per_call), "max_us": max(per_call)}
 
 
+def add_sweep_args(parser: argparse.ArgumentParser) -> None:
+    """The batch x context sweep and timing options the split benchmarks share (one set of defaults)."""
+    parser.add_argument("--batches", default="1,8,32,128")
+    parser.add_argument("--contexts", default="128,2048,8192")
+    parser.add_argument("--reps", type=int, default=20, help="calls per timed block (>= 1)")
+    parser.add_argument("--blocks", type=int, default=5, help="timed blocks per cell (>= 2)")
+    parser.add_argument("--max-tokens", type=int, default=1 << 20,
+                        help="skip cells whose batch x context exceeds this many cached tokens")
+
+
+def write_results(out: str, meta: dict, rows: list[dict], table) -> None:
+    """``out``.json (``meta`` and ``rows``) and ``out``.md (``meta``, then ``table(rows)``), and the table printed."""
+    path = pathlib.Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    path.with_suffix(".md").write_text(f"{meta}\n\n{table(rows)}\n")
+    print(table(rows))
+
+
 def check_timing_args(parser: argparse.ArgumentParser, args) -> None:
     """Stop with the parser's error unless ``--reps`` >= 1, ``--blocks`` >= 2 and a CUDA GPU is present."""
     if args.reps < 1 or args.blocks < 2:

@@ -28,12 +28,10 @@ changes by the decode's (or verify's) ratio per layer.
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 
 import torch
 
-from bench_attention_paths import DIM, HEADS, KV_HEADS, PARENTS, check_timing_args, timed
+from bench_attention_paths import DIM, HEADS, KV_HEADS, PARENTS, add_sweep_args, check_timing_args, timed, write_results
 
 I32 = dict(dtype=torch.int32, device="cuda")
 CHAIN = 4
@@ -195,12 +193,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batches", default="1,8,32,128")
-    p.add_argument("--contexts", default="128,2048,8192")
-    p.add_argument("--reps", type=int, default=20, help="calls per timed block (>= 1)")
-    p.add_argument("--blocks", type=int, default=5, help="timed blocks per cell (>= 2)")
-    p.add_argument("--max-tokens", type=int, default=1 << 20,
-                   help="skip cells whose batch x context exceeds this many cached tokens")
+    add_sweep_args(p)
     p.add_argument("--out", default="docs/benchmarks/fa3_split/fa3_split",
                    help="output path without suffix: .json and .md are written")
     args = p.parse_args(argv)
@@ -219,13 +212,9 @@ def main(argv=None) -> int:
                 row["prefill"] = prefill_cell(ctx, args.reps, args.blocks)
             rows.append(row)
             print(table([row]).splitlines()[-1], flush=True)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": DIM, "dtype": "bfloat16"}}
-    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    out.with_suffix(".md").write_text(f"{meta}\n\n{table(rows)}\n")
-    print(table(rows))
+    write_results(args.out, meta, rows, table)
     return 0
 
 

@@ -29,12 +29,11 @@ split prefill's last rows bit for bit on this GPU.
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 
 import torch
 
-from bench_attention_paths import DIM, HEADS, KV_HEADS, PARENTS, SPLIT_TILE, check_timing_args, timed
+from bench_attention_paths import (DIM, HEADS, KV_HEADS, PARENTS, SPLIT_TILE, add_sweep_args, check_timing_args,
+                                   timed, write_results)
 
 CHAIN = (-1, 0, 1, 2)  # a chain of 4 draft tokens (steps 3), as a verify mask lays it out
 
@@ -169,14 +168,9 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batches", default="1,8,32,128")
-    p.add_argument("--contexts", default="128,2048,8192")
-    p.add_argument("--reps", type=int, default=20, help="calls per timed block (>= 1)")
-    p.add_argument("--blocks", type=int, default=5, help="timed blocks per cell (>= 2)")
+    add_sweep_args(p)
     p.add_argument("--max-context", type=int, default=32768,
                    help="the served context length the decode scratch (and so the decode grid) is sized for")
-    p.add_argument("--max-tokens", type=int, default=1 << 20,
-                   help="skip cells whose batch x context exceeds this many cached tokens")
     p.add_argument("--out", default="docs/benchmarks/split_attention/split",
                    help="output path without suffix: .json and .md are written")
     args = p.parse_args(argv)
@@ -194,13 +188,9 @@ def main(argv=None) -> int:
                 row["prefill"] = extend_cell(1, ctx, ctx, args.reps, args.blocks)
             rows.append(row)
             print(table([row]).splitlines()[-1], flush=True)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "max_context": args.max_context,
             "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": DIM, "dtype": "bfloat16"}}
-    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    out.with_suffix(".md").write_text(f"{meta}\n\n{table(rows)}\n")
-    print(table(rows))
+    write_results(args.out, meta, rows, table)
     return 0
 
 

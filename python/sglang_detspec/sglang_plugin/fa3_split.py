@@ -86,6 +86,32 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return merge_parts(o1, l1, o2, l2, split.has_prefix, split.prefix_index, out=out)
 
 
+def backend_problem(backend) -> str | None:
+    """Why an SGLang ``FlashAttentionBackend`` is outside the case the plugin's FA3 paths cover, or None.
+
+    Both FA3 paths (the node path and the prefix / tail split) rebuild page
+    tables of token slots and call FA3 on the layer's KV as it is: they need
+    FA3 (not FA4), no MLA, pages of one token, no sliding-window or local
+    attention, a KV cache of the model's dtype (``kv_cache_dtype_str`` auto),
+    no context parallelism and a backend that keeps a KV cache.
+    """
+    if backend.fa_impl_ver != FA3:
+        return "FA4 (only FA3 is covered)"
+    if backend.use_mla:
+        return "MLA"
+    if backend.page_size != 1:
+        return f"KV page size {backend.page_size} (the plugin's page tables list token slots)"
+    if backend.has_swa or backend.local_attn_builder is not None:
+        return "sliding-window or local attention"
+    if backend.kv_cache_dtype_str != "auto":
+        return f"a {backend.kv_cache_dtype_str} KV cache"
+    if getattr(backend, "attn_cp_size", 1) > 1:
+        return "context parallelism"
+    if getattr(backend, "fa_skip_kv_cache", False):
+        return "a backend that skips the KV cache"
+    return None
+
+
 # The start-up check's request lengths: below the first split key, across the first group edge
 # (D + B = 192 keys) and several groups on; the trees' depth and width.
 CHECK_LENGTHS = (5, 191, 193, 460)

@@ -54,7 +54,7 @@ from ..config import current_config, install_config
 from ..ops.prefix_split import decode_split, extend_split, tree_split
 from ..ops.split_limits import PREFIX_SPLIT_DEPTH
 from .channels import FA3_SPLIT, FA3_SPLIT_OK
-from .fa3_split import split_attention, split_modes_agree
+from .fa3_split import backend_problem, split_attention, split_modes_agree
 
 FA = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 INIT = f"{FA}.__init__"
@@ -80,20 +80,11 @@ def split_unavailable(backend) -> str | None:
 
     The check (``fa3_split.split_modes_agree``) runs once per process, shape and device.
     """
-    if backend.fa_impl_ver != 3:
-        return "FA4 (only FA3 is covered)"
-    if backend.use_mla:
-        return "MLA"
-    if backend.page_size != 1:
-        return f"KV page size {backend.page_size} (the split's page tables list token slots)"
-    if backend.has_swa or backend.local_attn_builder is not None:
-        return "sliding-window or local attention"
-    if backend.kv_cache_dtype_str != "auto" or backend.kv_cache_dtype not in KV_DTYPES:
-        return f"a {backend.kv_cache_dtype_str} KV cache ({backend.kv_cache_dtype})"
-    if getattr(backend, "attn_cp_size", 1) > 1:
-        return "context parallelism"
-    if getattr(backend, "fa_skip_kv_cache", False):
-        return "a backend that skips the KV cache"
+    reason = backend_problem(backend)
+    if reason:
+        return reason
+    if backend.kv_cache_dtype not in KV_DTYPES:
+        return f"a {backend.kv_cache_dtype} KV cache"
     if backend.topk > 1 and (backend.speculative_num_steps or 0) > PREFIX_SPLIT_DEPTH:
         return f"trees {backend.speculative_num_steps} steps deep (the split covers up to {PREFIX_SPLIT_DEPTH})"
     if not 1 <= backend.head_dim <= MAX_HEAD_DIM:

@@ -49,6 +49,7 @@ import torch
 from ..config import current_config
 from ..ops.node_rows import node_key_lists
 from .channels import TREE_BUFFERS, TREE_GRAPH_META, TREE_NODES, TREE_NODES_OK
+from .fa3_split import backend_problem
 
 FA = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 INIT = f"{FA}.__init__"
@@ -93,25 +94,6 @@ def node_metadata(normal, expand, n: int, buffers: dict | None = None, kernel: s
     )
 
 
-def _why_not(backend) -> str | None:
-    """Why the node path cannot serve this backend's tree verify, or None."""
-    if backend.fa_impl_ver != 3:
-        return "FA4 (only FA3 is covered)"
-    if backend.use_mla:
-        return "MLA"
-    if backend.page_size != 1:
-        return f"page size {backend.page_size} (decode tiles pages, the node rows list tokens)"
-    if backend.has_swa or backend.local_attn_builder is not None:
-        return "sliding-window or local attention"
-    if backend.kv_cache_dtype_str != "auto":
-        return f"a {backend.kv_cache_dtype_str} KV cache"
-    if getattr(backend, "attn_cp_size", 1) > 1:
-        return "context parallelism"
-    if getattr(backend, "fa_skip_kv_cache", False):
-        return "a backend that skips the KV cache"
-    return None
-
-
 def _serves(backend) -> bool:
     """The node path is asked for and this is a target FA3 backend verifying trees."""
     bag = current_config()
@@ -132,7 +114,7 @@ def check_backend(result, backend, *args, **kwargs):
     TREE_NODES_OK.write(backend, False)
     if not (bag.active and bag.tree_attention == "nodes") or backend.is_draft_runner or backend.topk <= 1:
         return None
-    why = _why_not(backend)
+    why = backend_problem(backend)
     if why:
         logger.warning("sglang-detspec: %s (%s): this server's tree logits are 'tokens', not 'bitwise' "
                        "(docs/forward_modes.md)", NODE_PATH_OFF, why)
