@@ -54,9 +54,9 @@ from ..config import current_config, install_config
 from ..ops.prefix_split import decode_split, extend_split, tree_split
 from ..ops.split_limits import PREFIX_SPLIT_DEPTH
 from .channels import FA3_SPLIT, FA3_SPLIT_OK
+from .fa3_split import FA_BACKEND as FA
 from .fa3_split import backend_problem, split_attention, split_modes_agree
 
-FA = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 INIT = f"{FA}.__init__"
 INIT_EAGER = f"{FA}.init_forward_metadata"
 INIT_OUT_GRAPH = f"{FA}.init_forward_metadata_out_graph"

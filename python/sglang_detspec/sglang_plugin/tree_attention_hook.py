@@ -49,9 +49,9 @@ import torch
 from ..config import current_config
 from ..ops.node_rows import node_key_lists
 from .channels import TREE_BUFFERS, TREE_GRAPH_META, TREE_NODES, TREE_NODES_OK
+from .fa3_split import FA_BACKEND as FA
 from .fa3_split import backend_problem
 
-FA = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 INIT = f"{FA}.__init__"
 INIT_EAGER = f"{FA}.init_forward_metadata"
 INIT_GRAPH = f"{FA}.init_forward_metadata_out_graph"
