@@ -25,6 +25,7 @@ from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
 from .ops.split_limits import PAGE_SIZE as SPLIT_PAGE_SIZE
+from .ops.split_limits import PREFIX_SPLIT_MAX_TREE_TOKENS
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
 DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
@@ -567,6 +568,9 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention == "split":
         return split_tree_rule(page_size, head_dim, num_draft_tokens)
     if attention_backend in FA3_SPLIT_BACKENDS and decode_attention == "split":
+        if num_draft_tokens is not None and num_draft_tokens > PREFIX_SPLIT_MAX_TREE_TOKENS:
+            return "tokens", (f"a tree of {num_draft_tokens} draft tokens on fa3: the prefix / tail split covers "
+                              f"trees of up to {PREFIX_SPLIT_MAX_TREE_TOKENS}, so the server keeps SGLang's cascade")
         return "bitwise", None  # each node over its decode's two key ranges (sglang_plugin/fa3_split_hook.py)
     if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "bitwise", None

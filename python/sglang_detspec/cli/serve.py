@@ -258,8 +258,9 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
         off = bool(getattr(ns, "disable_prefill_cuda_graph", False) or getattr(ns, "disable_cuda_graph", False))
     if off:
         return []
-    return ["SGLang's prefill CUDA graphs are on (its default): the plugin's committed server runs had them off "
-            "(--cuda-graph-backend-prefill disabled), so this setting is not measured"]
+    return ["SGLang's prefill CUDA graphs are on (its default): of the plugin's committed server runs only SGLang's "
+            "own harness had them on (docs/e2e/2026-12-05-h200-split/); the other suites ran with "
+            "--cuda-graph-backend-prefill disabled"]
 
 
 def _hooks_not_in_place() -> list[str]:

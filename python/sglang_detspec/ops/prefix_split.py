@@ -43,7 +43,7 @@ import dataclasses
 import torch
 
 from .kernel_choice import use_triton
-from .split_limits import PREFIX_SPLIT_BLOCK, PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_TAIL_KEYS
+from .split_limits import PREFIX_SPLIT_BLOCK, PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_GROUP_ROWS, PREFIX_SPLIT_TAIL_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +185,7 @@ def extend_split(page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_len
     cu[1:] = torch.cumsum(count.flatten(), 0).to(torch.int32)
     req = torch.arange(bs, device=dev).repeat_interleave(g)
     prefix = PartCall(None, page_table.index_select(0, req).to(torch.int32), s.flatten(), cu,
-                      min(max_extend, PREFIX_SPLIT_TAIL_KEYS), causal=False)
+                      min(max_extend, PREFIX_SPLIT_GROUP_ROWS), causal=False)
     tail_len = torch.where(count > 0, hi - s, torch.zeros_like(hi)).to(torch.int32)
     tail = PartCall(None, _gather_columns(page_table, req, s.flatten(), PREFIX_SPLIT_TAIL_KEYS),
                     tail_len.flatten(), cu, prefix.max_rows, causal=True)

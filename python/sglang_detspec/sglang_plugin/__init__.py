@@ -54,8 +54,8 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``fa3_split_hook``: with ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` on FA3,
   every forward mode of the target computes each row as two FA3 calls over
   key ranges chosen from the row's own length, merged in one order, so
-  decode, prefill and chain and tree verify agree bit for bit (not yet
-  measured on a GPU).
+  decode, prefill and chain and tree verify agree bit for bit (measured on
+  the H200: ``docs/e2e/2026-12-05-h200-split/``).
 - ``norm_hook``: SGLang's RMSNorm with the residual add runs one fused
   batch-invariant kernel per norm (the plain form keeps SGLang's
   ``rms_norm_batch_invariant``).
@@ -200,6 +200,7 @@ def hook_table() -> list[Hook]:
         Hook(fsh.FORWARD_EXTEND, fsh.split_extend_around, "AROUND", _CUDA_ONLY),
         Hook(fsh.FORWARD_DECODE, fsh.split_decode_around, "AROUND", _CUDA_ONLY),
         Hook(f"{fsh.FA}.{channels.FA3_SPLIT.attr}", fsh.split_extend_around, "ATTR"),
+        Hook(f"{fsh.FA}.{channels.FA3_SPLIT_WARNED.attr}", fsh.split_extend_around, "ATTR"),
         Hook(fa3_decode_tile_hook.TARGET, fa3_decode_tile_hook.decode_on_prefill_tiles, "AROUND", _CUDA_ONLY),
         Hook(fa3_decode_tile_hook.INIT, fa3_decode_tile_hook.log_retiling, "AFTER", _CUDA_ONLY),
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),

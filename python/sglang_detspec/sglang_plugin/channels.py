@@ -86,7 +86,8 @@ TREE_NODES: Slot = Slot("_detspec_tree_nodes")  # node metadata of the forward i
 TREE_BUFFERS: Slot = Slot("_detspec_tree_buffers")  # CUDA-graph buffers (dict of tensors), or None
 TREE_GRAPH_META: Slot = Slot("_detspec_tree_graph_metadata")  # per graph batch size: metadata over the buffers
 FA3_SPLIT_OK: Slot = Slot("_detspec_fa3_split_ok")  # bool: this FA3 backend takes the split (decided at __init__)
-FA3_SPLIT: Slot = Slot("_detspec_fa3_split")  # the forward in progress's prefix / tail layout, or None
+FA3_SPLIT: Slot = Slot("_detspec_fa3_split")  # (layout, built while capturing) of the forward in progress, or None
+FA3_SPLIT_WARNED: Slot = Slot("_detspec_fa3_split_warned")  # bool: a layer the split does not cover was logged
 # On SGLang's EAGLEWorkerV2 (shape_hook): shape_hook.Shapes, the tree and chain states of a switching tree.
 DRAFT_SHAPES: Slot = Slot("_detspec_shapes")
 # On SGLang's EagleDraftWorker (shape_hook): int, the active state's draft top-k that draft() narrows to.

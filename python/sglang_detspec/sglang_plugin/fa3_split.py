@@ -30,12 +30,12 @@ from __future__ import annotations
 import torch
 
 from ..ops.prefix_split import PartCall, PrefixSplit, merge_parts
-from ..ops.split_limits import PREFIX_SPLIT_TAIL_KEYS
+from ..ops.split_limits import PREFIX_SPLIT_GROUP_ROWS
 
 # SGLang's FA3 backend class, which the node path and the split hook.
 FA_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 # Every call's max_seqlen_q is at least this: the most rows a prefill's element holds (module docstring).
-MIN_MAX_ROWS = PREFIX_SPLIT_TAIL_KEYS
+MIN_MAX_ROWS = PREFIX_SPLIT_GROUP_ROWS
 FA3 = 3
 
 

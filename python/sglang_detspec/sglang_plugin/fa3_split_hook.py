@@ -25,9 +25,12 @@ Hooked symbols (``sglang.srt.layers.attention.flashattention_backend.FlashAttent
 - ``init_forward_metadata``, ``init_forward_metadata_out_graph`` and
   ``init_forward_metadata_in_graph`` (AFTER): forget the previous forward's
   split layout. The first layer of a forward builds it from SGLang's metadata
-  (static shapes, no host sync) and the others reuse it; under CUDA graphs
-  that first layer runs inside the capture (the in-graph hook runs there
-  before the model), so every replay rebuilds it from the refilled metadata.
+  (static shapes, no host sync) and the others reuse it; a layout built
+  outside a CUDA-graph capture is never reused inside one, so the captured
+  graph holds the layout's kernels and every replay rebuilds it from the
+  refilled metadata. Not covered: SGLang's opt-in metadata glue graph
+  (``SGLANG_ENABLE_METADATA_GLUE_GRAPH``), whose replays run none of these
+  hooks.
 - ``forward_extend`` and ``forward_decode`` (AROUND): a covered call writes
   the layer's K/V as SGLang does and returns the split attention; any other
   call is SGLang's.
@@ -37,7 +40,9 @@ a bf16 / fp16 KV cache, no MLA, sliding-window or local attention, context
 parallelism or KV-skipping; per call, a causal self-attention layer without
 sinks, score modifiers, relative bias, a returned LSE or MLA inputs, in
 decode, extend (not a draft extend) or target verify (chain or tree; trees
-up to ``PREFIX_SPLIT_DEPTH`` deep). Measured on the H200 (kernels:
+of up to ``PREFIX_SPLIT_MAX_TREE_TOKENS`` draft tokens). A layer it does not
+cover keeps SGLang's call and the first such call logs that the server's
+logits are ``tokens``. Measured on the H200 (kernels:
 ``test/registered/cuda/test_fa3_split_cuda.py``; servers, SGLang's harness
 included: ``docs/e2e/2026-12-05-h200-split/``); each server's start-up check
 decides; the cost is in ``docs/forward_modes.md``.
@@ -52,8 +57,8 @@ import torch
 
 from ..config import current_config, install_config
 from ..ops.prefix_split import decode_split, extend_split, tree_split
-from ..ops.split_limits import PREFIX_SPLIT_DEPTH
-from .channels import FA3_SPLIT, FA3_SPLIT_OK
+from ..ops.split_limits import PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_MAX_TREE_TOKENS
+from .channels import FA3_SPLIT, FA3_SPLIT_OK, FA3_SPLIT_WARNED
 from .fa3_split import FA_BACKEND as FA
 from .fa3_split import backend_problem, split_attention, split_modes_agree
 
@@ -69,7 +74,9 @@ logger = logging.getLogger("sglang_detspec")
 SPLIT_ON = "FA3 attention runs the prefix / tail split in every forward mode"
 SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used on FA3"
 KV_DTYPES = (torch.bfloat16, torch.float16)
-MAX_HEAD_DIM = 256  # FA3's largest head size
+FA3_MAX_HEAD_DIM = 256  # FA3's largest head size (sgl-kernel's Hopper build)
+# Layer types SGLang's FA3 extend runs without the causal mask (its own rule in forward_extend).
+NON_CAUSAL_TYPES = ("ENCODER_ONLY", "DECODER_BIDIRECTIONAL")
 
 # The start-up check's answer per (shape, device) in this process: one arithmetic for all its backends.
 _CHECKED: dict[tuple, str | None] = {}
@@ -85,9 +92,12 @@ def split_unavailable(backend) -> str | None:
         return reason
     if backend.kv_cache_dtype not in KV_DTYPES:
         return f"a {backend.kv_cache_dtype} KV cache"
-    if backend.topk > 1 and (backend.speculative_num_steps or 0) > PREFIX_SPLIT_DEPTH:
-        return f"trees {backend.speculative_num_steps} steps deep (the split covers up to {PREFIX_SPLIT_DEPTH})"
-    if not 1 <= backend.head_dim <= MAX_HEAD_DIM:
+    tokens = backend.speculative_num_draft_tokens or 0
+    if backend.topk > 1 and tokens > PREFIX_SPLIT_MAX_TREE_TOKENS:
+        # Depth is bounded by the token count for every drafter (NGRAM's trie depth is its own setting).
+        return (f"trees of {tokens} draft tokens (the split covers trees of up to {PREFIX_SPLIT_MAX_TREE_TOKENS}, "
+                f"{PREFIX_SPLIT_DEPTH} deep)")
+    if not 1 <= backend.head_dim <= FA3_MAX_HEAD_DIM:
         return f"head size {backend.head_dim}"
     device = torch.device(backend.device)
     if device.type != "cuda" or torch.version.hip is not None:
@@ -145,17 +155,27 @@ def _layer_covered(layer, kwargs) -> bool:
     sliding = getattr(layer, "sliding_window_size", None)
     if (sliding is not None and sliding > -1) or layer.is_cross_attention:
         return False
-    if layer.v_head_dim != layer.head_dim or getattr(getattr(layer, "attn_type", None), "name", "") == "ENCODER_ONLY":
+    if layer.v_head_dim != layer.head_dim or getattr(getattr(layer, "attn_type", None), "name", "") in NON_CAUSAL_TYPES:
         return False
     names = ("q_rope", "k_rope", "sinks", "score_mod", "rel_bias", "q_descale", "k_descale", "v_descale")
     return not any(kwargs.get(name) is not None for name in names) and not kwargs.get("return_lse")
 
 
-def _layout(backend, forward_batch, rows: int):
-    """The forward's :class:`ops.prefix_split.PrefixSplit`, built at its first layer, or None for an uncovered mode."""
-    split = FA3_SPLIT.read(backend)
-    if split is not None:
-        return split
+def _capturing(q) -> bool:
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _layout(backend, forward_batch, rows: int, capturing: bool = False):
+    """The forward's :class:`ops.prefix_split.PrefixSplit`, built at its first layer, or None for an uncovered mode.
+
+    A layout built outside a CUDA-graph capture is not reused inside one (nor the other way round): some
+    runners (SGLang's full prefill graphs) run warm-up forwards and the capture after one metadata call,
+    and the captured graph must hold the kernels that rebuild it from the refilled metadata.
+    """
+    kept = FA3_SPLIT.read(backend)
+    if kept is not None and kept[0] is not None and kept[1] == capturing:
+        return kept[0]
+    split = None
     md, mode = backend.forward_metadata, forward_batch.forward_mode
     if mode.is_target_verify():
         n = backend.speculative_num_draft_tokens
@@ -169,7 +189,7 @@ def _layout(backend, forward_batch, rows: int):
         split = decode_split(md.page_table, md.cache_seqlens_int32)
     elif mode.is_extend() and not (mode.is_split_prefill() or mode.is_dllm_extend()):
         split = _extend_layout(md, rows)
-    FA3_SPLIT.write(backend, split)
+    FA3_SPLIT.write(backend, (split, capturing))
     return split
 
 
@@ -193,7 +213,7 @@ def _save_kv(backend, layer, forward_batch, k, v, save_kv_cache):
 @torch.compiler.disable  # as SGLang keeps attention out of traced graphs
 def _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache):
     rows = q.shape[0]
-    split = _layout(backend, forward_batch, rows)
+    split = _layout(backend, forward_batch, rows, _capturing(q))
     if split is None:
         return None
     _save_kv(backend, layer, forward_batch, k, v, save_kv_cache)
@@ -205,22 +225,30 @@ def _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache):
     return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
 
+def _run(original, backend, q, k, v, layer, forward_batch, save_kv_cache, args, kwargs):
+    if _serves(backend):
+        if not args and _layer_covered(layer, kwargs):
+            o = _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache)
+            if o is not None:
+                return o
+        elif not FA3_SPLIT_WARNED.read(backend, False):
+            # That layer rounds as SGLang's calls do in each mode, which are not one arithmetic.
+            FA3_SPLIT_WARNED.write(backend, True)
+            logger.warning("sglang-detspec: a layer the FA3 split does not cover (a window, a non-causal or cross "
+                           "attention layer, sinks, a score modifier, MLA inputs, a returned LSE or another value "
+                           "head size) runs SGLang's FA3 call: this server's logits are 'tokens', not 'bitwise'")
+    return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
+
+
 def split_extend_around(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True, *args, **kwargs):
     """AROUND hook of ``forward_extend``: a covered call runs the split (module docstring); others SGLang's.
 
+    The first call a serving backend leaves to SGLang logs that the server's logits are ``tokens``.
     Returns ``[tokens, heads * v_head_dim]`` as SGLang's does.
     """
-    if _serves(backend) and not args and _layer_covered(layer, kwargs):
-        o = _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache)
-        if o is not None:
-            return o
-    return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
+    return _run(original, backend, q, k, v, layer, forward_batch, save_kv_cache, args, kwargs)
 
 
 def split_decode_around(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True, *args, **kwargs):
     """AROUND hook of ``forward_decode``: as :func:`split_extend_around`, for a decode step."""
-    if _serves(backend) and not args and _layer_covered(layer, kwargs):
-        o = _split_forward(backend, q, k, v, layer, forward_batch, save_kv_cache)
-        if o is not None:
-            return o
-    return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
+    return _run(original, backend, q, k, v, layer, forward_batch, save_kv_cache, args, kwargs)

@@ -22,7 +22,6 @@ from pathlib import Path
 from ..config import (COUPLED_ALGORITHMS, FA3_SPLIT_BACKENDS, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, Refusal,
                       current_config, env_settings, install_config, resolve_verify)
 from ..model_family import config_file, family_note, head_dim_of, model_family
-from ..ops.split_limits import PREFIX_SPLIT_DEPTH
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -287,9 +286,9 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "docs/e2e/2026-12-05-h200-split/); its serving cost is not measured (per layer call "
                      "1.1-1.9x SGLang's decode call: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
                      "on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for bit, "
-                     "and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, trees deeper "
-                     f"than {PREFIX_SPLIT_DEPTH} steps), the server keeps SGLang's FA3 calls and the claim they give "
-                     "(logged)")
+                     "and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, a layer with a "
+                     "window, sinks or another value head size), the server keeps SGLang's FA3 calls there and "
+                     "logs the claim they give")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")

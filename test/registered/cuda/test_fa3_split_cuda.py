@@ -8,7 +8,8 @@ edge positions one request at a time) against the rows of one prefill, of
 chunked prefills (chunks of 256 and 300 tokens), of batched chain verifies of
 4 tokens at starts around the split edges, and each tree node's verify row
 (three trees, prefixes across split edges) against the decode of its path;
-the decode and the tree verify again under CUDA-graph replay with new data.
+the decode again under CUDA-graph replay with new data (layout built inside
+the capture; an extend or tree layout under capture is not tested yet).
 Across attention shapes: the 8B Llama's (32 / 8 heads, head size 128), the
 tiny suite models' (4 / 4, 64), head size 256 and 96. Rows are compared by
 the bit patterns of the merged float32 result (before its rounding to bf16,

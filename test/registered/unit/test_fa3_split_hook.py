@@ -81,7 +81,7 @@ def fa3_backend(**overrides):
     ({"kv_cache_dtype_str": "fp8_e4m3", "kv_cache_dtype": torch.float8_e4m3fn}, "fp8_e4m3 KV cache"),
     ({"attn_cp_size": 2}, "context parallelism"),
     ({"fa_skip_kv_cache": True}, "skips the KV cache"),
-    ({"speculative_num_steps": 65}, "65 steps deep"),
+    ({"speculative_num_draft_tokens": 66}, "trees of 66 draft tokens"),
     ({"head_dim": 512}, "head size 512"),
 ])
 def test_the_backend_check_names_why_the_split_cannot_serve_and_lowers_the_claim(bag, caplog, overrides, why):
@@ -210,10 +210,14 @@ def test_an_extend_writes_its_kv_then_attends_over_each_rows_keys(bag, reference
     assert out.shape == (307, HEADS * DIM)
     assert torch.equal(backend.pool.writes[0], new)  # K/V written before the attention read it
     layout = FA3_SPLIT.read(backend)
-    assert layout is not None and layout.has_prefix.shape == (307,)
+    assert layout is not None and layout[0].has_prefix.shape == (307,) and layout[1] is False
     # The next layer of the forward reuses the layout; the next forward's metadata forgets it.
     fsh.split_extend_around(original, backend, q, k, v, layer(layer_id=1), fb)
     assert FA3_SPLIT.read(backend) is layout
+    # A capture after warm-up forwards with the same metadata rebuilds it, so the graph holds its kernels.
+    assert fsh._layout(backend, fb, 307, capturing=True) is not layout[0]
+    assert FA3_SPLIT.read(backend)[1] is True
+    assert fsh._layout(backend, fb, 307, capturing=True) is FA3_SPLIT.read(backend)[0]
     fsh.forget_split(None, backend, fb)
     assert FA3_SPLIT.read(backend) is None
     qr = q.view(307, HEADS, DIM)
@@ -255,7 +259,7 @@ def test_each_mode_builds_its_layout(bag):
         assert fsh._layout(backend, batch(mode, None, spec), 2) is None
 
 
-def test_uncovered_calls_run_sglangs_forward(bag, reference_fa3):
+def test_uncovered_calls_run_sglangs_forward(bag, reference_fa3, caplog):
     backend = serving_backend(bag)
     backend.forward_metadata = Meta(page_table=torch.zeros(1, 4, dtype=torch.int32),
                                     cache_seqlens_int32=torch.tensor([4], dtype=torch.int32),
@@ -267,8 +271,14 @@ def test_uncovered_calls_run_sglangs_forward(bag, reference_fa3):
         return "sglang"
 
     fb = batch(ForwardMode.DECODE, torch.tensor([3]))
-    for bad_layer in (layer(sliding_window_size=512), layer(is_cross_attention=True), layer(v_head_dim=8)):
-        assert fsh.split_decode_around(original, backend, q, kv, kv, bad_layer, fb) == "sglang"
+    bidirectional = types.SimpleNamespace(name="DECODER_BIDIRECTIONAL")
+    with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
+        for bad_layer in (layer(sliding_window_size=512), layer(is_cross_attention=True), layer(v_head_dim=8),
+                          layer(attn_type=bidirectional)):
+            assert fsh.split_decode_around(original, backend, q, kv, kv, bad_layer, fb) == "sglang"
+    # A serving backend says once that a layer left to SGLang makes its logits 'tokens'.
+    warned = [r.getMessage() for r in caplog.records if "does not cover" in r.getMessage()]
+    assert len(warned) == 1 and "'tokens', not 'bitwise'" in warned[0]
     for name in ("sinks", "q_rope", "score_mod", "rel_bias", "k_descale"):
         assert fsh.split_decode_around(original, backend, q, kv, kv, layer(), fb, **{name: "x"}) == "sglang"
     assert fsh.split_decode_around(original, backend, q, kv, kv, layer(), fb, return_lse=True) == "sglang"

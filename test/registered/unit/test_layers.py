@@ -101,7 +101,7 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
 @pytest.mark.parametrize("name, keep", [
     ("positions.py", ("sglang_detspec.ops", "sglang_detspec.sglang_plugin.channels")),
     ("channels.py", ()),
-    ("resolve.py", ("sglang_detspec.config", "sglang_detspec.model_family", "sglang_detspec.ops.split_limits")),
+    ("resolve.py", ("sglang_detspec.config", "sglang_detspec.model_family")),
     ("decode_attention.py", ()),
     ("fa3_split.py", ("sglang_detspec.ops",)),
     ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),

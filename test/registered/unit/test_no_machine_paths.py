@@ -68,12 +68,12 @@ def test_committed_files_name_no_machine_paths():
 
 
 RESULTS = ["/tmp/il-1", "/tmp/r1"]
-REPOS = ["/work/main"]
+REPOS = ["/srv/checkout"]
 CASES = [
     ("platform linux -- Python 3.12.3, pytest-9.1.1 -- /opt/torch/.venv/bin/python3",
      "platform linux -- Python 3.12.3, pytest-9.1.1 -- <python>"),
-    ("rootdir: /work/main", "rootdir: <repo>"),
-    ('<failure message="skip">/work/main/test/registered/cuda/test_x.py:98: no tile</failure>',
+    ("rootdir: /srv/checkout", "rootdir: <repo>"),
+    ('<failure message="skip">/srv/checkout/test/registered/cuda/test_x.py:98: no tile</failure>',
      '<failure message="skip"><repo>/test/registered/cuda/test_x.py:98: no tile</failure>'),
     ('  File "/tmp/site/sglang/srt/managers/scheduler.py", line 2120, in event_loop_overlap',
      '  File "<site-packages>/sglang/srt/managers/scheduler.py", line 2120, in event_loop_overlap'),
