@@ -25,7 +25,7 @@ from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
 from .ops.split_limits import PAGE_SIZE as SPLIT_PAGE_SIZE
-from .ops.split_limits import PREFIX_SPLIT_MAX_TREE_TOKENS
+from .ops.split_limits import FA3_MAX_HEAD_DIM, PREFIX_SPLIT_MAX_TREE_TOKENS
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
 DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
@@ -491,9 +491,14 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     """
     claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
                                             head_dim, num_draft_tokens)
-    # Under the prefix / tail split every FA3 tail call runs the causal kernel, at every head size.
-    if claim == "bitwise" and attention_backend == "fa3" and decode_attention != "split":
-        reason = fa3_head_size_reason(head_dim)
+    # Under the prefix / tail split every FA3 call runs the prefill's kernel, at every head size FA3 takes.
+    if claim == "bitwise" and attention_backend == "fa3":
+        if decode_attention == "split":
+            reason = (None if head_dim is None or head_dim <= FA3_MAX_HEAD_DIM else
+                      f"fa3 at head size {head_dim}: FA3 takes head sizes up to {FA3_MAX_HEAD_DIM}, so the prefix / "
+                      "tail split cannot serve it")
+        else:
+            reason = fa3_head_size_reason(head_dim)
         if reason is not None:
             return "tokens", reason
     return claim, reason

@@ -52,19 +52,20 @@ The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) for a chain, i.e.
 --speculative-eagle-topk 1, on triton attention (with
 SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default, or split), or on fa3
-where the target's head size is 65 to 128, as in the example below. FA3 at
+where the target's head size is 65 to 128, as in the example below (at every
+head size up to 256 with SGLANG_DETSPEC_DECODE_ATTENTION=split). FA3 at
 other head sizes, trees, other backends and a run without
 --attention-backend (SGLang picks the backend on the GPU, so the dry run
 cannot know it) claim logits='tokens': the same tokens, except where a draw
 is a near-tie inside one bf16 rounding step. Trees claim 'bitwise' only on
 fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes (head sizes 65 to 128), on fa3
-with SGLANG_DETSPEC_DECODE_ATTENTION=split (every head size, trees up to 64
-steps deep), and on triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV
+with SGLANG_DETSPEC_DECODE_ATTENTION=split (head sizes up to 256, trees of up
+to 65 draft tokens), and on triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV
 page size of 1, a bf16 / fp16 KV cache, head sizes up to 256, at most 64 query
 heads per KV head and up to 256 draft tokens (both splits measured bitwise on
 an H200, serving cost not yet; a server past one of these limits, or whose
-start-up check fails, keeps SGLang's attention and says its trees are
-'tokens'). The suites ran with --cuda-graph-backend-prefill disabled, except
+start-up check fails, keeps SGLang's attention and says which claim that
+leaves: trees 'tokens', and FA3 chains too outside head sizes 65 to 128). The suites ran with --cuda-graph-backend-prefill disabled, except
 SGLang's own harness, which runs with prefill CUDA graphs on (SGLang's
 default)."""
 DESCRIPTION = f"""\
@@ -215,8 +216,8 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
 
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
-    split = (" (SGLANG_DETSPEC_DECODE_ATTENTION=split applies only where --attention-backend triton is named)"
-             if bag.decode_attention == "split" else "")
+    split = (" (SGLANG_DETSPEC_DECODE_ATTENTION=split applies to triton and fa3: name the backend for the dry run "
+             "to state its claim)" if bag.decode_attention == "split" else "")
     if (bag.eagle_topk or 1) > 1 and bag.algorithm:
         return [f"on Hopper SGLang picks fa3 here, where a tree claims 'tokens' with SGLang's cascade verify "
                 f"(SGLANG_DETSPEC_TREE_ATTENTION=nodes: 'bitwise' at head sizes 65 to 128; this target's: "

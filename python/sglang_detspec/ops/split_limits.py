@@ -26,6 +26,8 @@ PREFIX_SPLIT_DEPTH = 64
 PREFIX_SPLIT_TAIL_KEYS = PREFIX_SPLIT_BLOCK + PREFIX_SPLIT_DEPTH
 # Query rows one extend element holds at most (its first group spans D + B positions).
 PREFIX_SPLIT_GROUP_ROWS = PREFIX_SPLIT_DEPTH + PREFIX_SPLIT_BLOCK
+# Largest head size FA3 (sgl-kernel's Hopper build) takes, and so the prefix / tail split.
+FA3_MAX_HEAD_DIM = 256
 # Draft tokens a tree may hold under the split: a node's depth (root 0) is below the token count, and every
 # node must lie at most PREFIX_SPLIT_DEPTH deep to split inside its request's cached prefix.
 PREFIX_SPLIT_MAX_TREE_TOKENS = PREFIX_SPLIT_DEPTH + 1

@@ -57,7 +57,7 @@ import torch
 
 from ..config import current_config, install_config
 from ..ops.prefix_split import decode_split, extend_split, tree_split
-from ..ops.split_limits import PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_MAX_TREE_TOKENS
+from ..ops.split_limits import FA3_MAX_HEAD_DIM, PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_MAX_TREE_TOKENS
 from .channels import FA3_SPLIT, FA3_SPLIT_OK, FA3_SPLIT_WARNED
 from .fa3_split import FA_BACKEND as FA
 from .fa3_split import backend_problem, split_attention, split_modes_agree
@@ -74,7 +74,6 @@ logger = logging.getLogger("sglang_detspec")
 SPLIT_ON = "FA3 attention runs the prefix / tail split in every forward mode"
 SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used on FA3"
 KV_DTYPES = (torch.bfloat16, torch.float16)
-FA3_MAX_HEAD_DIM = 256  # FA3's largest head size (sgl-kernel's Hopper build)
 # Layer types SGLang's FA3 extend runs without the causal mask (its own rule in forward_extend).
 NON_CAUSAL_TYPES = ("ENCODER_ONLY", "DECODER_BIDIRECTIONAL")
 

@@ -349,7 +349,7 @@ TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--spec
     ("triton", "16", "tokens", "the split kernels read pages of 1 token"),
     ("fa3", None, "bitwise", "the prefix / tail split (two FA3 calls per row"),
     ("flashinfer", None, "tokens", "applies to the triton and fa3 backends only; with flashinfer attention it"),
-    (None, None, "tokens", "applies only where --attention-backend triton is named"),
+    (None, None, "tokens", "applies to triton and fa3: name the backend for the dry run to state its claim"),
 ])
 def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, tmp_path, backend, page, claim,
                                                            note):

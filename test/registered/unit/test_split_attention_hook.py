@@ -293,6 +293,11 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("fa3", 1, decode_attention="split", head_dim=64) == "bitwise"
     assert logits_guarantee("fa3", 1, decode_attention="one_pass", head_dim=64) == "tokens"
     assert logits_guarantee("fa3", 4, decode_attention="split", page_size=16) == "tokens"
+    # ... within FA3's head sizes and the split's tree size.
+    assert logits_guarantee("fa3", 1, decode_attention="split", head_dim=512) == "tokens"
+    assert logits_guarantee("fa3", 4, decode_attention="split", head_dim=256) == "bitwise"
+    assert logits_guarantee("fa3", 4, decode_attention="split", num_draft_tokens=65) == "bitwise"
+    assert logits_guarantee("fa3", 4, decode_attention="split", num_draft_tokens=66) == "tokens"
     # Trees only where the kernels run: pages of one token, head sizes up to 256.
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=16) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", head_dim=512) == "tokens"
