@@ -581,7 +581,8 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
         return "bitwise", None
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "tokens", (f"a tree (top-k {eagle_topk}) verified with SGLang's cascade attention: "
-                          "SGLANG_DETSPEC_TREE_ATTENTION=nodes makes it bitwise")
+                          "SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise at head sizes up to 256, "
+                          "SGLANG_DETSPEC_TREE_ATTENTION=nodes at head sizes 65 to 128")
     hint = ("; SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise"
             if attention_backend in ONE_PASS_DECODE_BACKENDS else "")
     return "tokens", (f"a tree (top-k {eagle_topk}) on {attention_backend}: its verify mask interleaves other "

@@ -271,7 +271,7 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
 
 @pytest.mark.parametrize("extra, why", [
     (["--attention-backend", "fa3", *TREE], "a tree (top-k 4) verified with SGLang's cascade attention: "
-                                            "SGLANG_DETSPEC_TREE_ATTENTION=nodes makes it bitwise"),
+                                            "SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise"),
     (["--attention-backend", "triton", *TREE], "a tree (top-k 4) on triton: its verify mask interleaves"),
     (["--attention-backend", "flashinfer", *CHAIN], "flashinfer attention: bitwise verify = decode is proven on"),
     (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with a KV page size of 16: its paged loads"),
