@@ -11,14 +11,18 @@ wherever FA3 gives a row the same bits whatever other rows share its call:
 the GPU suite (``test/registered/cuda/test_fa3_split_cuda.py``) checks this
 row by row before any server uses it.
 
-Every call passes FA3 the same ``max_seqlen_q`` floor, :data:`MIN_MAX_ROWS`
-(the most rows one element of a prefill holds), one query row per element
-included: FA3 picks its kernel from ``max_seqlen_q`` (at head size 64 on the
-H200, a decode-shaped call with ``max_seqlen_q`` 1 and the prefill's call
-with 192 rounded rows apart past 128 keys, in the non-causal prefix call as
-well; with 192 in both, 0 of 1,100 rows apart), and it drops the causal flag
-of a call with ``max_seqlen_q`` 1. It is a bound for the grid: each element's
-rows still come from ``cu_seqlens_q``.
+At head sizes up to :data:`FLOOR_HEAD_DIM` every call passes FA3 the same
+``max_seqlen_q`` floor, :data:`MIN_MAX_ROWS` (the most rows one element of a
+prefill holds), one query row per element included: there FA3 picks its
+kernel from ``max_seqlen_q`` (at head size 64 on the H200, a decode-shaped
+call with ``max_seqlen_q`` 1 and the prefill's call with 192 rounded rows
+apart past 128 keys, in the non-causal prefix call as well; with 192 in both,
+0 of 1,100 rows apart), and it drops the causal flag of a call with
+``max_seqlen_q`` 1. It is a bound for the grid: each element's rows still come
+from ``cu_seqlens_q``. Above that head size FA3's tile does not follow
+``max_seqlen_q`` (0 rows apart without the floor at 96, 128 and 256 on the
+H200), and the floor's empty row blocks would cost up to a third of a tree's
+verify, so calls pass their own row count.
 
 ``sglang_plugin/fa3_split_hook.py`` routes the target's FA3 forward modes
 through :func:`split_attention` (``SGLANG_DETSPEC_DECODE_ATTENTION=split``);
@@ -36,6 +40,8 @@ from ..ops.split_limits import PREFIX_SPLIT_GROUP_ROWS
 FA_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
 # Every call's max_seqlen_q is at least this: the most rows a prefill's element holds (module docstring).
 MIN_MAX_ROWS = PREFIX_SPLIT_GROUP_ROWS
+# Largest head size at which FA3 (sgl-kernel's Hopper build) sizes its query tile from max_seqlen_q.
+FLOOR_HEAD_DIM = 64
 FA3 = 3
 
 
@@ -57,7 +63,7 @@ def fa3_part(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
     qs = q if call.rows is None else q.index_select(0, call.rows)
-    max_rows = max(call.max_rows, MIN_MAX_ROWS)
+    max_rows = max(call.max_rows, MIN_MAX_ROWS) if q.shape[-1] <= FLOOR_HEAD_DIM else call.max_rows
     out = flash_attn_with_kvcache(q=qs, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
                                   cache_seqlens=call.seqlens, cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=max_rows,
                                   softmax_scale=softmax_scale, causal=call.causal, softcap=softcap,
