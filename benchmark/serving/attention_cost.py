@@ -12,17 +12,19 @@ pair                  backend  path            the two servers
 fa3_tree_nodes        fa3      nodes           (e) coupled EAGLE tree top-k 4 / 8 tokens with
                                                ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
                                                against the same server with SGLang's cascade
-triton_one_pass       triton   one_pass_decode (f) no speculative decoding, the plugin's
-                                               one-pass decode against
-                                               ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
-fa3_split_tree        fa3      split           (e) with ``SGLANG_DETSPEC_DECODE_ATTENTION=split``
-                                               (the prefix / tail split) against SGLang's calls
+                                               (both ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``)
+triton_one_pass       triton   one_pass_decode (f) no speculative decoding,
+                                               ``SGLANG_DETSPEC_DECODE_ATTENTION=one_pass``
+                                               against ``=sglang`` (SGLang's split-KV decode)
+fa3_split_tree        fa3      split           (e) with the prefix / tail split (the default,
+                                               ``=split``) against SGLang's calls (``=sglang``)
 fa3_split_chain       fa3      split           (d) coupled chain, the same two
-triton_split          triton   split           (f) the positional-split kernels against
-                                               ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
+triton_split          triton   split           (f) the positional-split kernels (the default)
+                                               against ``=sglang``
 ===================== ======== =============== ==============================================
 
-The split pairs run only when named (``--pairs``); the default is the first two.
+Every arm names its ``SGLANG_DETSPEC_DECODE_ATTENTION``. The default pairs
+are the three split pairs; the other two run when named (``--pairs``).
 
 (The Triton decode hook costs only servers that decode on the target, so
 its pair has no speculative decoding; the node path costs only tree
@@ -42,7 +44,7 @@ cell::
                "output_tokens_per_s_sglang"}],
      "skipped": [{"pair", "concurrency", "prompt_len", "why"}]}
 
-    python benchmark/serving/attention_cost.py --out DIR --models DIR [--pairs fa3_tree_nodes,triton_one_pass]
+    python benchmark/serving/attention_cost.py --out DIR --models DIR [--pairs fa3_split_chain,triton_split]
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from serving_run import gpu_facts, healthy  # noqa: E402
 
 TREE_NODES_ENV = ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
 SGLANG_DECODE_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")
+ONE_PASS_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")
 SPLIT_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "split")
 
 
@@ -82,20 +85,21 @@ class Pair:
 
 
 PAIRS = {p.name: p for p in (
-    Pair("fa3_tree_nodes", "fa3", "nodes", "e", (TREE_NODES_ENV,), ()),
-    Pair("triton_one_pass", "triton", "one_pass_decode", "f", (), (SGLANG_DECODE_ENV,)),
-    Pair("fa3_split_tree", "fa3", "split", "e", (SPLIT_ENV,), ()),
-    Pair("fa3_split_chain", "fa3", "split", "d", (SPLIT_ENV,), ()),
+    # Both arms name their decode setting: the split is the default, and the node path runs only without it.
+    Pair("fa3_tree_nodes", "fa3", "nodes", "e", (TREE_NODES_ENV, SGLANG_DECODE_ENV), (SGLANG_DECODE_ENV,)),
+    Pair("triton_one_pass", "triton", "one_pass_decode", "f", (ONE_PASS_ENV,), (SGLANG_DECODE_ENV,)),
+    Pair("fa3_split_tree", "fa3", "split", "e", (SPLIT_ENV,), (SGLANG_DECODE_ENV,)),
+    Pair("fa3_split_chain", "fa3", "split", "d", (SPLIT_ENV,), (SGLANG_DECODE_ENV,)),
     Pair("triton_split", "triton", "split", "f", (SPLIT_ENV,), (SGLANG_DECODE_ENV,)),
 )}
-DEFAULT_PAIRS = ("fa3_tree_nodes", "triton_one_pass")
+DEFAULT_PAIRS = ("fa3_split_chain", "fa3_split_tree", "triton_split")
 ARMS = ("sglang", "path")
 # KV slots a request holds beyond prompt and output: a tree's draft tokens and a page of slack.
 SLACK_TOKENS = 16
 
 
 def parse_pairs(text: str) -> list[Pair]:
-    """``"fa3_tree_nodes,triton_one_pass"`` -> the pairs; ValueError naming unknown or repeated ones."""
+    """``"fa3_split_chain,triton_split"`` -> the pairs; ValueError naming unknown or repeated ones."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError(f"pairs must name at least one of {', '.join(PAIRS)}")

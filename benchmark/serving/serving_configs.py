@@ -17,8 +17,9 @@ i    plugin_tree_16     EAGLE tree (5 steps, top-k 4, 16 draft tokens), coupled,
 h    plugin_coupled_race (d) with the user's own rejection flag and
                         ``SGLANG_DETSPEC_VERIFY=coupled`` (what (d) needed before coupled
                         drafts became the default; now the same path as (d))
-j    plugin_tree_nodes  (e) with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``: the FA3 tree verify
-                        as one decode query per node (bitwise logits; its cost against (e))
+j    plugin_tree_nodes  (e) with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` and
+                        ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``: the FA3 tree verify as one
+                        decode query per node instead of the default prefix / tail split
 k    spec_fast_tree     (e)'s tree shape, no deterministic inference, no plugin: SGLang's own tree
 f    plugin_no_spec     deterministic inference without speculative decoding
 g    baseline           no speculative decoding, no deterministic inference
@@ -98,8 +99,10 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     BenchConfig("k", "spec_fast_tree", "(k) EAGLE tree topk 4 / 8 tokens, not deterministic",
                 TREE, False, (), False),
     # Not in the default order: the node path's cost, measured beside (e) (--configs bej).
+    # The node path runs only without the prefix / tail split (the default on FA3), so (j) turns the split off.
     BenchConfig("j", "plugin_tree_nodes", "(j) (e) with FA3 tree verify as decode queries per node",
-                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")), True),
+                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),
+                             ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")), True),
     # Not one of (a)-(g): before coupled drafts became the default, the coupled chain with
     # raced drafts needed the user's rejection flag; it now takes the same path as (d).
     BenchConfig("h", "plugin_coupled_race", "(h) EAGLE chain, plugin coupled, coupled-race drafts",

@@ -48,15 +48,17 @@ MAX_GEMM_WARMUP_S = 3600.0
 # The top-k a breadth-1 NGRAM draft is claimed as: SGLang pads a short match with root children (a tree).
 NGRAM_TREE_TOPK = 2
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
-# one_pass (the default): on Triton the target's decode runs the single-pass kernel its verify and
-# prefill run (sglang_plugin/attention_hook.py), so decode logits equal theirs bit for bit;
-# sglang: SGLang's split-KV decode kernel (faster with long prompts: docs/benchmarks/attention_cost/,
-# logits 'tokens'); split: decode, prefill, extend and chain and tree verify all run the plugin's
-# positional-split kernels (ops/split_attention.py: split-KV decode with the bits of the prefill, each tree
-# node with its path's decode bits; opt-in, measured bitwise on the H200, serving cost not yet; where their start-up check fails the
-# one-pass decode serves and trees keep SGLang's verify, 'tokens'). On FA3, split runs every target forward
-# as the prefix / tail split (sglang_plugin/fa3_split_hook.py) and the other two settings keep SGLang's calls.
+# split (the default): decode, prefill, extend and chain and tree verify all run the plugin's
+# positional-split kernels on Triton (ops/split_attention.py: split-KV decode with the bits of the prefill, each
+# tree node with its path's decode bits; where their start-up check fails the one-pass decode serves and trees
+# keep SGLang's verify, 'tokens'), and on FA3 the prefix / tail split (sglang_plugin/fa3_split_hook.py); measured
+# bitwise on the H200, serving cost not yet. one_pass: on Triton the target's decode runs the single-pass
+# kernel its verify and prefill run (sglang_plugin/attention_hook.py), so chain logits are bitwise; sglang:
+# SGLang's split-KV decode kernel (logits 'tokens' on Triton). On FA3 both keep SGLang's calls.
 DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang", "split")
+# Every target forward mode through the positional split where the backend has one (triton, fa3): decode =
+# prefill = verify bit for bit, trees included; one_pass and sglang turn it off.
+DEFAULT_DECODE_ATTENTION = "split"
 # The settings whose Triton decode equals the verify's and the prefill's bit for bit.
 BITWISE_DECODE_ATTENTION = ("one_pass", "split")
 # Settings that no longer exist: setting one is an error, so a run never silently lacks what it asked for.
@@ -136,13 +138,14 @@ class DetSpecConfig:
             tree verify attention) or ``nodes`` (on FA3, each tree node's
             verify runs as the decode query of that token, so tree verify
             logits equal decode logits bit for bit).
-        decode_attention: ``SGLANG_DETSPEC_DECODE_ATTENTION``: ``one_pass``
-            (on Triton the target's decode runs the verify's single-pass
-            kernel, so chain verify, prefill and decode logits agree bit for
-            bit), ``split`` (all of them run the plugin's positional-split
-            kernels: split-KV decode, still bitwise; opt-in) or ``sglang``
-            (SGLang's split-KV decode: faster at large batch, logits
-            ``tokens`` on Triton).
+        decode_attention: ``SGLANG_DETSPEC_DECODE_ATTENTION``: ``split``
+            (the default: every target forward mode runs the positional
+            split, Triton's kernels or FA3's prefix / tail split, so decode,
+            prefill and chain and tree verify logits agree bit for bit),
+            ``one_pass`` (on Triton the target's decode runs the verify's
+            single-pass kernel: chains bitwise) or ``sglang`` (SGLang's
+            split-KV decode, logits ``tokens`` on Triton); on FA3 both of
+            these keep SGLang's calls.
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
@@ -158,7 +161,7 @@ class DetSpecConfig:
     disabled: bool = False
     verify: str = "coupled"
     tree_attention: str = "cascade"
-    decode_attention: str = "one_pass"
+    decode_attention: str = DEFAULT_DECODE_ATTENTION
     deterministic: bool = False
     algorithm: str | None = None
     num_steps: int | None = None
@@ -431,15 +434,15 @@ FA3_RETILED_MAX_HEAD_DIM = 64
 FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # ... where SGLANG_DETSPEC_DECODE_ATTENTION=split runs every forward mode of the target as two calls over key
 # ranges chosen from each row's own length (sglang_plugin/fa3_split_hook.py): trees bitwise, and decode on the
-# prefill's causal kernel at every head size (opt-in, measured bitwise on the H200, serving cost not yet; its start-up check decides, and
-# where it fails the server keeps SGLang's calls and states the claim that leaves).
+# prefill's causal kernel at every head size (the default, measured bitwise on the H200, serving cost not yet; its start-up check
+# decides, and where it fails the server keeps SGLang's calls and states the claim that leaves).
 FA3_SPLIT_BACKENDS = ("fa3",)
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
 PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 
 
 def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
-                     decode_attention: str = "one_pass", page_size: int | None = None,
+                     decode_attention: str = DEFAULT_DECODE_ATTENTION, page_size: int | None = None,
                      head_dim: int | None = None, num_draft_tokens: int | None = None) -> str:
     """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
 
@@ -481,7 +484,7 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
 
 
 def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
-                         decode_attention: str = "one_pass", page_size: int | None = None,
+                         decode_attention: str = DEFAULT_DECODE_ATTENTION, page_size: int | None = None,
                          head_dim: int | None = None, num_draft_tokens: int | None = None) -> tuple[str, str | None]:
     """:func:`logits_guarantee` (same arguments) and, for ``tokens``, why: one clause naming the rule that applied.
 
@@ -671,7 +674,7 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
     verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
-    decode_attention = _word(env, DECODE_ATTENTION_ENV, "one_pass", DECODE_ATTENTION_SETTINGS)
+    decode_attention = _word(env, DECODE_ATTENTION_ENV, DEFAULT_DECODE_ATTENTION, DECODE_ATTENTION_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
             "decode_attention": decode_attention, "tree_chain_batch": _batch_size(env, TREE_CHAIN_BATCH_ENV),
             "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S)}

@@ -49,25 +49,24 @@ EXAMPLE = """\
 # Why the example's dry run claims what it claims (config.logits_guarantee), and what no server measured.
 CLAIM_NOTE = """\
 The server's start-up line claims logits='bitwise' (speculative decoding on
-gives the logits of decoding without it, bit for bit) for a chain, i.e.
---speculative-eagle-topk 1, on triton attention (with
-SGLANG_DETSPEC_DECODE_ATTENTION=one_pass, the default, or split), or on fa3
-where the target's head size is 65 to 128, as in the example below (at every
-head size up to 256 with SGLANG_DETSPEC_DECODE_ATTENTION=split). FA3 at
-other head sizes, trees, other backends and a run without
---attention-backend (SGLang picks the backend on the GPU, so the dry run
-cannot know it) claim logits='tokens': the same tokens, except where a draw
-is a near-tie inside one bf16 rounding step. Trees claim 'bitwise' only on
-fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes (head sizes 65 to 128), on fa3
-with SGLANG_DETSPEC_DECODE_ATTENTION=split (head sizes up to 256, trees of up
-to 65 draft tokens), and on triton with SGLANG_DETSPEC_DECODE_ATTENTION=split at a KV
-page size of 1, a bf16 / fp16 KV cache, head sizes up to 256, at most 64 query
-heads per KV head and up to 256 draft tokens (both splits measured bitwise on
-an H200, serving cost not yet; a server past one of these limits, or whose
+gives the logits of decoding without it, bit for bit) by default for chains
+and trees on triton and fa3 attention, as in the example below: every target
+forward runs the positional split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the
+default), on triton at a KV page size of 1, a bf16 / fp16 KV cache, head sizes
+up to 256, at most 64 query heads per KV head and up to 256 draft tokens, on
+fa3 at a KV page size of 1, a bf16 / fp16 KV cache, head sizes up to 256 and
+trees of up to 65 draft tokens (both splits measured bitwise on an H200,
+their serving cost not yet). A server past one of these limits, or whose
 start-up check fails, keeps SGLang's attention and says which claim that
-leaves: trees 'tokens', and FA3 chains too outside head sizes 65 to 128). The suites ran with --cuda-graph-backend-prefill disabled, except
-SGLang's own harness, which runs with prefill CUDA graphs on (SGLang's
-default)."""
+leaves. Other backends and a run without --attention-backend (SGLang picks
+the backend on the GPU, so the dry run cannot know it; it notes what fa3
+would claim) claim logits='tokens': the same tokens, except where a draw is a
+near-tie inside one bf16 rounding step. SGLANG_DETSPEC_DECODE_ATTENTION=one_pass
+(triton chains stay 'bitwise') or sglang turn the split off: trees then
+claim 'tokens' (fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head
+sizes 65 to 128), and so do fa3 chains outside head sizes 65 to 128. The
+suites ran with --cuda-graph-backend-prefill disabled, except SGLang's own
+harness, which runs with prefill CUDA graphs on (SGLang's default)."""
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
 after '--', adding {DETERMINISTIC} if it is missing, with this
@@ -208,25 +207,21 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """With no backend named, what FA3 (SGLang's pick on Hopper) would claim at the target's head size.
 
-    A named ``fa3`` needs none: the claim's own reason says it
-    (``config.fa3_head_size_reason``). The head size is the bag's, from the
-    target's ``config.json`` (none: no note).
+    A named ``fa3`` needs none: the claim's own reason says it. The head size
+    is the bag's, from the target's ``config.json`` (none: no note). The
+    claim is the rule's (``config.guarantee_and_reason``) for fa3 with the
+    bag's draft shape and settings.
     """
-    from ..config import fa3_head_size_reason
+    from ..config import guarantee_and_reason
 
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
-    split = (" (SGLANG_DETSPEC_DECODE_ATTENTION=split applies to triton and fa3: name the backend for the dry run "
-             "to state its claim)" if bag.decode_attention == "split" else "")
-    if (bag.eagle_topk or 1) > 1 and bag.algorithm:
-        return [f"on Hopper SGLang picks fa3 here, where a tree claims 'tokens' with SGLang's cascade verify "
-                f"(SGLANG_DETSPEC_TREE_ATTENTION=nodes: 'bitwise' at head sizes 65 to 128; this target's: "
-                f"{bag.head_dim}){split}"]
-    if fa3_head_size_reason(bag.head_dim) is None:
-        return [f"on Hopper SGLang picks fa3 here; at this target's head size ({bag.head_dim}) an FA3 chain "
-                f"claims 'bitwise' (name --attention-backend fa3 or triton for the dry run to state it){split}"]
+    topk = bag.eagle_topk if bag.algorithm else None
+    claim, reason = guarantee_and_reason("fa3", topk, bag.tree_attention, bag.decode_attention, bag.page_size,
+                                         bag.head_dim, bag.num_draft_tokens)
+    why = f" ({reason})" if reason else ""
     return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
-            f"claims 'tokens' (docs/forward_modes.md); --attention-backend triton claims 'bitwise' for a chain{split}"]
+            f"claims {claim!r}{why} (name --attention-backend fa3 or triton for the dry run to state the claim)"]
 
 
 def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:

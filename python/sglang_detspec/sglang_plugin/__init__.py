@@ -313,15 +313,16 @@ def required_by(config) -> set[str]:
     kernel at head sizes up to 64) where SGLang's FA3 backend imports (where
     it does not, no FA3 server can start, so nothing rests on it); a
     ``bitwise`` tree through the node path also on the node path's hooks, and
-    an FA3 server asking for the prefix / tail split on the split's hooks
-    (opt-in: asked for, they are required whatever the claim, where FA3 imports).
+    an FA3 server with the prefix / tail split (the default) on the split's
+    hooks (required whatever the claim, where FA3 imports; the node path
+    stands down under the split, so its hooks are not).
     """
     required = set()
     claim = dataclasses.replace(config, head_dim=None).logits
     if config.attention_backend == "fa3" and claim == "bitwise" and _fa3_backend_imports():
         required.add(fa3_decode_tile_hook.TARGET)
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
-    if tree and config.tree_attention == "nodes" and claim == "bitwise":
+    if tree and config.tree_attention == "nodes" and config.decode_attention != "split" and claim == "bitwise":
         required |= {row.target for row in registry_rows() if row.hook.__module__ == tree_attention_hook.__name__}
     if config.attention_backend == "fa3" and config.decode_attention == "split" and _fa3_backend_imports():
         required |= {row.target for row in registry_rows() if row.hook.__module__ == fa3_split_hook.__name__}

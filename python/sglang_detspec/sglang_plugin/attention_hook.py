@@ -44,8 +44,8 @@ On Hopper a query-head group shares one 64-row tile (``sglang_plugin.decode_atte
 checked bitwise at start-up), which reads each KV head once per group.
 ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps SGLang's decode (claim ``tokens``).
 
-``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (opt-in, measured bitwise on the H200 in
-``docs/e2e/2026-12-05-h200-split/``, serving cost not yet) gives decode its split-KV parallelism back: the instance's
+``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the default, measured bitwise on the H200 in
+``docs/e2e/2026-12-05-h200-split/``, serving cost not yet; ``one_pass`` asks for the path above) gives decode its split-KV parallelism back: the instance's
 ``decode_attention_fwd`` and ``extend_attention_fwd_unified`` (the name
 deterministic prefill, extend and verify call) both run the plugin's
 positional-split kernels (``ops/split_attention.py``: each row's keys cut
@@ -87,7 +87,7 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
 
     Only where the run is the plugin's (:attr:`DetSpecConfig.active`), SGLang's
     deterministic mode is on for this backend, the bag's ``decode_attention``
-    is ``one_pass`` (the default) or ``split`` (``sglang`` keeps SGLang's
+    is ``split`` (the default) or ``one_pass`` (``sglang`` keeps SGLang's
     faster split-KV decode and a ``tokens`` claim), and the backend belongs
     to the target model (``is_draft_runner`` false) without MLA or decode
     context parallelism. ``one_pass``: the decode runs SGLang's single-pass

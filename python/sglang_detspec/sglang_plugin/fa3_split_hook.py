@@ -1,7 +1,7 @@
-"""FA3 attention under the prefix / tail split in every forward mode of the target (opt-in).
+"""FA3 attention under the prefix / tail split in every forward mode of the target (the default).
 
-``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the bag's ``decode_attention``) on
-an FA3 server: the target's prefill, chunked prefill, extend after a
+``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the bag's ``decode_attention``, its
+default; ``sglang`` or ``one_pass`` keep SGLang's calls) on an FA3 server: the target's prefill, chunked prefill, extend after a
 radix-cache hit, decode, chain verify and tree verify all compute each query
 row as two FA3 calls over keys ``[0, S(L))`` and ``[S(L), L)``, merged by
 log-sum-exp (``sglang_plugin/fa3_split.py``, ``ops/prefix_split.py``).

@@ -228,10 +228,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
                          "only; this server verifies no trees")
-    if config.active and config.decode_attention == "split" and config.attention_backend is not None and (
+    if config.active and config.decode_attention != "split" and config.attention_backend is not None and (
             config.attention_backend.split("/")[-1] not in ONE_PASS_DECODE_BACKENDS + FA3_SPLIT_BACKENDS):
-        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split applies to the triton and fa3 backends only; with "
-                     f"{config.attention_backend} attention it changes nothing")
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION={config.decode_attention} applies to the triton and fa3 "
+                     f"backends only; with {config.attention_backend} attention it changes nothing")
     if config.active and config.tree_chain_batch and not config.chain_at_batch:
         kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
         notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.tree_chain_batch} applies to coupled EAGLE / EAGLE3 "
@@ -272,7 +272,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(chain_note(config))
     if config.decode_attention == "split" and backend is not None and (
             backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS):
-        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split: the positional-split Triton kernels were measured "
+        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
+                     "positional-split Triton kernels were measured "
                      "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models, SGLang's "
                      "harness included, docs/e2e/2026-12-05-h200-split/); their serving cost is not measured; a "
                      "start-up check on the GPU compares their decode with their prefill and tree verify bit for "
@@ -280,11 +281,12 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged)")
     if config.decode_attention == "split" and backend in FA3_SPLIT_BACKENDS:
-        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3: the prefix / tail split (two FA3 calls per row "
+        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang turns it off): the "
+                     "prefix / tail split (two FA3 calls per row "
                      "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
                      "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness included, "
                      "docs/e2e/2026-12-05-h200-split/); its serving cost is not measured (per layer call "
-                     "1.1-1.9x SGLang's decode call: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
+                     "1.0-1.9x SGLang's decode call by head size and batch: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
                      "on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for bit, "
                      "and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, a layer with a "
                      "window, sinks or another value head size), the server keeps SGLang's FA3 calls there and "

@@ -1,6 +1,8 @@
 """FA3 tree verify as decode queries: each tree node attends like the decode step of its token.
 
-Opt-in: ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` (the bag's ``tree_attention``).
+Opt-in: ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` (the bag's ``tree_attention``) with
+``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` (or ``one_pass``): under the prefix / tail
+split, the default, trees are already bitwise and this path stands down.
 
 Why: SGLang 0.5.23's FA3 backend verifies a draft tree (``topk > 1``) by
 cascade attention: one call over the cached prefix, one over each node's

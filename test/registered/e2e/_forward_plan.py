@@ -16,6 +16,7 @@ import dataclasses
 import os
 
 import _e2e
+from sglang_detspec.config import DEFAULT_DECODE_ATTENTION
 
 BACKENDS_ENV = "DETSPEC_E2E_BACKENDS"
 # The deterministic attention backends this suite measures (SGLang 0.5.23 also allows fa4,
@@ -118,11 +119,14 @@ def is_tree(row: Row) -> bool:
     return eagle_topk(row.family) > 1
 
 
-def rows_for(backend: str) -> dict[str, Row]:
+def rows_for(backend: str, decode: str | None = None) -> dict[str, Row]:
     """The rows measured on ``backend`` (the cache-hit row apart), by name.
 
-    On :data:`NODE_PATH_BACKEND` every tree row served with SGLang's cascade
-    also runs with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` as ``<name>_nodes``.
+    On :data:`NODE_PATH_BACKEND` without the prefix / tail split (``decode``,
+    the run's :func:`decode_attention` when None, not ``split``), every tree
+    row served with SGLang's cascade also runs with
+    ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` as ``<name>_nodes``: under the
+    split the node path stands down, and the split rows are the trees' rows.
 
     Raises:
         ValueError: ``backend`` not in :data:`KNOWN_BACKENDS`.
@@ -130,7 +134,7 @@ def rows_for(backend: str) -> dict[str, Row]:
     if backend not in KNOWN_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(KNOWN_BACKENDS)}, got {backend!r}")
     rows = dict(ROWS)
-    if backend == NODE_PATH_BACKEND:
+    if backend == NODE_PATH_BACKEND and (decode_attention() if decode is None else decode) != "split":
         rows.update({name + NODE_SUFFIX: dataclasses.replace(row, env=TREE_NODES)
                      for name, row in ROWS.items() if is_tree(row) and not row.env})
     return rows
@@ -322,10 +326,12 @@ def decode_attention(environ=None) -> str:
 
 
 def result_name(backend: str, decode: str) -> str:
-    """The result file's name: ``forward_modes_<backend>``, with ``_<decode>`` where the setting changes the backend.
+    """The result file's name: ``forward_modes_<backend>`` under the default decode setting (the split), with a
+    suffix naming the path that ran otherwise.
 
-    Triton's decode takes every setting; FA3 takes ``split`` (the prefix / tail split) and runs SGLang's
-    calls under the others.
+    Triton's decode takes every setting (``_one_pass``, ``_sglang``); FA3 runs SGLang's calls under both
+    others (``_sglang``); other backends take none.
     """
-    changed = (backend == "triton" and decode != "one_pass") or (backend == "fa3" and decode == "split")
-    return f"forward_modes_{backend}" + (f"_{decode}" if changed else "")
+    if decode == DEFAULT_DECODE_ATTENTION or backend not in ("triton", "fa3"):
+        return f"forward_modes_{backend}"
+    return f"forward_modes_{backend}_" + (decode if backend == "triton" else "sglang")

@@ -67,15 +67,17 @@ def test_rounds_alternate_which_arm_runs_first():
     assert ac.arm_order(3) == ac.arm_order(1)
 
 
-@pytest.mark.parametrize("name, backend, env_path, env_sglang, spec", [
-    ("fa3_tree_nodes", "fa3", {"SGLANG_DETSPEC_TREE_ATTENTION": "nodes"}, {}, True),
-    ("triton_one_pass", "triton", {}, {"SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}, False),
-    ("fa3_split_tree", "fa3", {"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}, {}, True),
-    ("fa3_split_chain", "fa3", {"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}, {}, True),
-    ("triton_split", "triton", {"SGLANG_DETSPEC_DECODE_ATTENTION": "split"},
-     {"SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}, False),
+D = "SGLANG_DETSPEC_DECODE_ATTENTION"
+
+
+@pytest.mark.parametrize("name, backend, env_path, env_sglang, shared, spec", [
+    ("fa3_tree_nodes", "fa3", {"SGLANG_DETSPEC_TREE_ATTENTION": "nodes"}, {}, {D: "sglang"}, True),
+    ("triton_one_pass", "triton", {D: "one_pass"}, {D: "sglang"}, {}, False),
+    ("fa3_split_tree", "fa3", {D: "split"}, {D: "sglang"}, {}, True),
+    ("fa3_split_chain", "fa3", {D: "split"}, {D: "sglang"}, {}, True),
+    ("triton_split", "triton", {D: "split"}, {D: "sglang"}, {}, False),
 ])
-def test_the_two_arms_differ_only_in_the_attention_setting(name, backend, env_path, env_sglang, spec):
+def test_the_two_arms_differ_only_in_the_attention_setting(name, backend, env_path, env_sglang, shared, spec):
     import argparse
 
     from sglang.srt.server_args import ServerArgs
@@ -89,6 +91,10 @@ def test_the_two_arms_differ_only_in_the_attention_setting(name, backend, env_pa
         assert env_p[key] == value and env_s.get(key) != value
     for key, value in env_sglang.items():
         assert env_s[key] == value and env_p.get(key) != value
+    for key, value in shared.items():
+        assert env_s[key] == value == env_p[key]
+    # Neither arm may fall back on the plugin's default decode setting: both name theirs.
+    assert D in env_p and D in env_s
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     parsed = parser.parse_args(argv_p[argv_p.index("--model-path"):])

@@ -171,13 +171,21 @@ def test_algorithm_coverage_per_mode():
     assert DetSpecConfig(algorithm="DFLASH").refusals() == []
 
 
-def test_startup_line_names_the_verify_mode(loaded, model_dir, caplog):
+def test_startup_line_names_the_verify_mode(loaded, model_dir, caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="sglang_detspec")
     server_args(model_dir, f"{eagle(model_dir, TREE)} {DET}")
     messages = [r.getMessage() for r in caplog.records if "sglang-detspec" in r.getMessage()]
     line = [m for m in messages if m.startswith("sglang-detspec active")][-1]
     assert line.startswith("sglang-detspec active: DetSpecConfig(active=True, ") and "verify='coupled'" in line
-    # A tree on its backend claims tokens, and a note after the line says why.
+    # By default the positional split verifies a tree as its nodes' decodes: bitwise, no note.
+    assert "logits='bitwise'" in line and "decode_attention='split'" in line
+    assert not any("because of" in m for m in messages)
+    # Without the split a tree on its backend claims tokens, and a note after the line says why.
+    caplog.clear()
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")
+    server_args(model_dir, f"{eagle(model_dir, TREE)} {DET}")
+    messages = [r.getMessage() for r in caplog.records if "sglang-detspec" in r.getMessage()]
+    line = [m for m in messages if m.startswith("sglang-detspec active")][-1]
     assert "logits='tokens'" in line and any("logits='tokens' because of a tree (top-k" in m for m in messages)
     reset_config()
 

@@ -10,6 +10,7 @@ argument mapping is checked against a direct softmax attention with a torch
 implementation of the extend kernel's contract standing in for the kernel.
 """
 
+import dataclasses
 import json
 import sys
 
@@ -28,19 +29,29 @@ TREE = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-ea
 
 
 @pytest.mark.parametrize("backend, topk, want", [
-    ("triton", None, "bitwise"), ("triton", 1, "bitwise"), ("triton", 4, "tokens"),
-    ("fa3", 1, "bitwise"), ("fa3", 4, "tokens"), ("flashinfer", 1, "tokens"), ("fa4", 1, "tokens"),
+    ("triton", None, "bitwise"), ("triton", 1, "bitwise"), ("triton", 4, "bitwise"),
+    ("fa3", 1, "bitwise"), ("fa3", 4, "bitwise"), ("flashinfer", 1, "tokens"), ("fa4", 1, "tokens"),
     ("fa3/triton", 1, "tokens"), (None, 1, "tokens"),
 ])
 def test_logits_guarantee(backend, topk, want):
+    """By default (the positional split) trees are bitwise on triton and fa3 as chains are."""
     assert logits_guarantee(backend, topk) == want
+
+
+@pytest.mark.parametrize("backend, topk, want", [
+    ("triton", 1, "bitwise"), ("triton", 4, "tokens"), ("fa3", 1, "bitwise"), ("fa3", 4, "tokens"),
+])
+def test_logits_guarantee_without_the_split(backend, topk, want):
+    """The earlier paths (one_pass: Triton's one-pass decode, SGLang's FA3 calls): chains only."""
+    assert logits_guarantee(backend, topk, decode_attention="one_pass") == want
 
 
 def test_the_start_up_line_says_the_guarantee():
     line = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton").describe()
     assert "logits='bitwise'" in line and "attention_backend='triton'" in line
     tree = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=4, attention_backend="triton")
-    assert tree.logits == "tokens"
+    assert tree.logits == "bitwise" and tree.decode_attention == "split"
+    assert dataclasses.replace(tree, decode_attention="one_pass").logits == "tokens"
     # Without speculative decoding a stale top-k flag does not matter.
     assert DetSpecConfig(deterministic=True, eagle_topk=4, attention_backend="fa3").logits == "bitwise"
 
@@ -67,7 +78,7 @@ def test_the_start_up_line_leaves_out_fields_that_do_not_apply():
         assert "tree_attention" not in shown(algorithm="EAGLE", eagle_topk=topk, attention_backend=backend)
     # Unknown until SGLang resolves them: kept.
     unknown = shown(algorithm="EAGLE")
-    assert unknown["decode_attention"] == "one_pass" and unknown["tree_attention"] == "cascade"
+    assert unknown["decode_attention"] == "split" and unknown["tree_attention"] == "cascade"
     # NGRAM: its top-k is its BFS breadth, and it has no draft model.
     ngram = shown(algorithm="NGRAM", eagle_topk=10, attention_backend="fa3")
     assert ngram["ngram_max_bfs_breadth"] == 10
@@ -92,7 +103,8 @@ def _server_args(model_dir, flags):
 
 @pytest.mark.parametrize("flags, backend, logits", [
     (f"{CHAIN} --attention-backend triton", "triton", "bitwise"),
-    (f"{TREE} --attention-backend triton", "triton", "tokens"),
+    (f"{TREE} --attention-backend triton", "triton", "bitwise"),
+    (f"{TREE} --attention-backend fa3", "fa3", "bitwise"),
     (f"{CHAIN} --attention-backend fa3", "fa3", "bitwise"),
     (f"{CHAIN} --attention-backend triton --prefill-attention-backend fa3", "fa3/triton", "tokens"),
     # Pages of more than one token: FA3's decode and prefill may tile keys apart (not measured), Triton's do not.
@@ -107,20 +119,32 @@ def test_the_bag_reads_the_resolved_attention_backend(model_dir, flags, backend,
 
 
 def test_a_tree_keeps_its_own_reason_at_a_small_head_size():
-    """The head-size rule applies to what would be bitwise; a cascade tree's reason still names the node path."""
-    claim, reason = guarantee_and_reason("fa3", 4, "cascade", head_dim=64)
+    """Without the split the head-size rule applies to what would be bitwise; a cascade tree's reason still
+    names both ways out; with it (the default) FA3 trees are bitwise at every head size FA3 takes."""
+    claim, reason = guarantee_and_reason("fa3", 4, "cascade", "one_pass", head_dim=64)
     assert claim == "tokens" and "SGLANG_DETSPEC_TREE_ATTENTION=nodes" in reason
-    claim, reason = guarantee_and_reason("fa3", 4, "nodes", head_dim=64)
+    assert "SGLANG_DETSPEC_DECODE_ATTENTION=split" in reason
+    claim, reason = guarantee_and_reason("fa3", 4, "nodes", "one_pass", head_dim=64)
     assert claim == "tokens" and "fa3 at head size 64" in reason
-    assert guarantee_and_reason("fa3", 4, "nodes", head_dim=128) == ("bitwise", None)
+    assert guarantee_and_reason("fa3", 4, "nodes", "one_pass", head_dim=128) == ("bitwise", None)
+    for head_dim in (64, 128, 256):
+        assert guarantee_and_reason("fa3", 4, "cascade", head_dim=head_dim) == ("bitwise", None)
+    claim, reason = guarantee_and_reason("fa3", 4, "cascade", head_dim=512)
+    assert claim == "tokens" and "FA3 takes head sizes up to 256" in reason
 
 
-@pytest.mark.parametrize("head_dim, backend, logits", [
-    (64, "fa3", "tokens"), (32, "fa3", "tokens"), (96, "fa3", "bitwise"), (128, "fa3", "bitwise"),
-    (256, "fa3", "tokens"), (64, "triton", "bitwise"), (256, "triton", "bitwise"),
+@pytest.mark.parametrize("head_dim, backend, decode, logits", [
+    (64, "fa3", "one_pass", "tokens"), (32, "fa3", "one_pass", "tokens"), (96, "fa3", "one_pass", "bitwise"),
+    (128, "fa3", "one_pass", "bitwise"), (256, "fa3", "one_pass", "tokens"), (64, "triton", "one_pass", "bitwise"),
+    (256, "triton", "one_pass", "bitwise"),
+    # The prefix / tail split (the default) runs every FA3 call on the prefill's kernel, at every head size.
+    (32, "fa3", "split", "bitwise"), (64, "fa3", "split", "bitwise"), (256, "fa3", "split", "bitwise"),
 ])
-def test_an_fa3_chain_claims_bitwise_only_at_head_sizes_65_to_128(tmp_path, head_dim, backend, logits):
-    """FA3 drops a decode call's causal flag at head sizes up to 64 (measured apart) and above 128 (not measured)."""
+def test_an_fa3_chain_claims_bitwise_only_at_head_sizes_65_to_128(tmp_path, monkeypatch, head_dim, backend, decode,
+                                                                  logits):
+    """Without the split FA3 drops a decode call's causal flag at head sizes up to 64 (measured apart) and above
+    128 (not measured)."""
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", decode)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4 * head_dim,
               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
               "vocab_size": 1000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
@@ -161,6 +185,7 @@ def test_fa3_pages_of_one_token_keep_the_bitwise_claim():
 
 # SGLang resolves each algorithm's top-k its own way: NGRAM's is --speculative-ngram-max-bfs-breadth
 # (10 by default, whatever --speculative-eagle-topk says), STANDALONE left unset gets a chain, NEXTN is EAGLE.
+# The claims without the split (one_pass); with it (the default) every one of these is bitwise on triton.
 RESOLVED_CLAIMS = [
     (CHAIN, 1, "bitwise"),
     (TREE, 4, "tokens"),
@@ -174,14 +199,18 @@ RESOLVED_CLAIMS = [
 ]
 
 
-@pytest.mark.parametrize("flags, topk, logits", RESOLVED_CLAIMS, ids=[c[0] for c in RESOLVED_CLAIMS])
-def test_start_up_and_the_dry_run_claim_what_sglang_resolves(model_dir, capsys, monkeypatch, flags, topk, logits):
+@pytest.mark.parametrize("decode", ["one_pass", "split"])
+@pytest.mark.parametrize("flags, topk, one_pass_logits", RESOLVED_CLAIMS, ids=[c[0] for c in RESOLVED_CLAIMS])
+def test_start_up_and_the_dry_run_claim_what_sglang_resolves(model_dir, capsys, monkeypatch, flags, topk,
+                                                            one_pass_logits, decode):
     from sglang.srt.arg_groups.overrides import resolved_view
 
     from sglang_detspec.cli.main import main
 
     for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_VERIFY", "SGLANG_DETSPEC_TREE_ATTENTION"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", decode)
+    logits = one_pass_logits if decode == "one_pass" else "bitwise"
     flags = f"{flags} --attention-backend triton"
     reset_config()
     record = _server_args(model_dir, flags)
@@ -192,7 +221,7 @@ def test_start_up_and_the_dry_run_claim_what_sglang_resolves(model_dir, capsys, 
     assert bag.active and bag.eagle_topk == sglang_topk
     assert bag.logits == logits
     if "NGRAM" not in flags:
-        assert logits_guarantee(sglang_backend, sglang_topk) == logits
+        assert logits_guarantee(sglang_backend, sglang_topk, decode_attention=decode) == logits
     assert main(["serve", "--dry-run", "--", "--model-path", model_dir, "--device", "cuda",
                  "--speculative-draft-model-path", model_dir, *flags.split()]) == 0
     passed = [line for line in capsys.readouterr().err.splitlines() if "start-up check passed" in line]
@@ -206,6 +235,7 @@ def test_the_dry_run_says_when_sglang_picks_the_tree_shape(model_dir, capsys, mo
     for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_VERIFY", "SGLANG_DETSPEC_TREE_ATTENTION"):
         monkeypatch.delenv(name, raising=False)
     flags = "--speculative-algorithm EAGLE --attention-backend triton"
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")  # where a tree claims less than a chain
     reset_config()
     # The tiny model is a Llama: SGLang gives it a tree at start-up, so the server claims 'tokens' ...
     assert resolve.config_from_server_args(_server_args(model_dir, flags)).logits == "tokens"
@@ -292,7 +322,8 @@ def _backend(**attrs):
 def test_the_hook_replaces_only_the_target_backends_decode(monkeypatch, attrs, replaced):
     from sglang_detspec import config
 
-    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                                 decode_attention="one_pass"))
     backend = _backend(**attrs)
     attention_hook.use_one_pass_decode(None, backend)
     assert (backend.decode_attention_fwd != "sglang's decode") is replaced
@@ -301,7 +332,8 @@ def test_the_hook_replaces_only_the_target_backends_decode(monkeypatch, attrs, r
 def test_the_replaced_decode_hands_grok_temperature_layers_to_sglang(monkeypatch):
     from sglang_detspec import config
 
-    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                                 decode_attention="one_pass"))
     calls = []
     backend = _backend(decode_attention_fwd=lambda *a, **k: calls.append((a, k)))
     attention_hook.use_one_pass_decode(None, backend)
@@ -318,7 +350,8 @@ def test_the_packed_decode_serves_only_the_shapes_its_start_up_check_ran(monkeyp
     """A layer whose head dims, head counts or KV dtype differ from the checked first layer takes the one-row path."""
     from sglang_detspec import config
 
-    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                                 decode_attention="one_pass"))
     packed_calls = []
     monkeypatch.setattr(attention_hook, "_packed_kernel",
                         lambda backend, unified: ("kernel", "blocks", (2, 2, 4, 4, torch.float32)))
@@ -345,7 +378,8 @@ def test_the_packed_decode_serves_only_the_shapes_its_start_up_check_ran(monkeyp
 def test_the_hook_says_when_a_model_is_only_tokens(monkeypatch, caplog):
     from sglang_detspec import config
 
-    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton"))
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                                 decode_attention="one_pass"))
     with caplog.at_level("WARNING", logger="sglang_detspec"):
         attention_hook.use_one_pass_decode(None, _backend(use_mla=True))
         attention_hook.use_one_pass_decode(None, _backend(sliding_window_size=4096))
@@ -369,7 +403,8 @@ def test_decode_attention_sglang_keeps_sglangs_split_kv_decode_and_claims_tokens
     assert logits_guarantee("triton", None, decode_attention="one_pass") == "bitwise"
 
 
-@pytest.mark.parametrize("value, want", [(None, "one_pass"), ("sglang", "sglang"), ("ONE_PASS", "one_pass")])
+@pytest.mark.parametrize("value, want", [(None, "split"), ("sglang", "sglang"), ("ONE_PASS", "one_pass"),
+                                         ("split", "split")])
 def test_decode_attention_setting_is_read_from_the_environment(value, want):
     from sglang_detspec.config import DECODE_ATTENTION_ENV, env_settings
 
@@ -407,7 +442,7 @@ def test_the_hook_is_in_the_table_and_required():
 @pytest.mark.parametrize("backend", [None, "fa3", "triton", "flashinfer", "fa4", "fa3/triton", "trtllm_mha"])
 @pytest.mark.parametrize("topk", [None, 1, 4])
 @pytest.mark.parametrize("tree_attention", ["cascade", "nodes"])
-@pytest.mark.parametrize("decode_attention", ["one_pass", "sglang"])
+@pytest.mark.parametrize("decode_attention", ["one_pass", "sglang", "split"])
 @pytest.mark.parametrize("page_size", [None, 1, 16])
 def test_every_tokens_claim_has_a_reason_and_every_bitwise_claim_none(backend, topk, tree_attention,
                                                                      decode_attention, page_size):

@@ -54,7 +54,8 @@ def test_the_matrix_the_issue_asks_for_is_on_every_backend(plan):
 
 
 def test_every_tree_row_has_a_node_variant_on_fa3_only(plan):
-    fa3 = plan.rows_for("fa3")
+    assert not any(n.endswith(plan.NODE_SUFFIX) for n in plan.rows_for("fa3", "split"))  # the node path stands down
+    fa3 = plan.rows_for("fa3", "one_pass")
     trees = [name for name, row in plan.ROWS.items() if plan.is_tree(row)]
     assert set(trees) == {"tree", "eagle3_tree", "nextn_tree", "chunked"}
     for name in trees:
@@ -63,28 +64,39 @@ def test_every_tree_row_has_a_node_variant_on_fa3_only(plan):
         assert (nodes.family, nodes.reference, nodes.args) == (plan.ROWS[name].family, plan.ROWS[name].reference,
                                                                plan.ROWS[name].args)
     for backend in ("triton", "flashinfer"):
-        assert all(r.tree_attention == "cascade" for r in plan.rows_for(backend).values()), backend
+        assert all(r.tree_attention == "cascade" for r in plan.rows_for(backend, "one_pass").values()), backend
 
 
+@pytest.mark.parametrize("decode", ["split", "one_pass"])
 @pytest.mark.parametrize("backend", ["triton", "fa3", "flashinfer"])
 @pytest.mark.parametrize("head_dim", [None, 64, 128])
-def test_the_claims_the_suite_expects(plan, backend, head_dim):
-    """The suite's servers (tiny models: head size 64) claim tokens on FA3 until its decode fix is measured."""
-    claims = {name: logits_guarantee(backend, plan.eagle_topk(r.family), r.tree_attention, head_dim=head_dim)
-              for name, r in plan.rows_for(backend).items()}
+def test_the_claims_the_suite_expects(plan, backend, head_dim, decode):
+    """Under the split (the default) every row of triton and fa3 is bitwise, the suite's head size 64 included;
+    without it trees claim tokens (FA3's node rows apart) and FA3 at head size 64 claims tokens."""
+    rows = plan.rows_for(backend, decode)
+    claims = {name: logits_guarantee(backend, plan.eagle_topk(r.family), r.tree_attention, decode, head_dim=head_dim)
+              for name, r in rows.items()}
     if backend == "flashinfer":
         assert set(claims.values()) == {"tokens"} and logits_guarantee(backend, None) == "tokens"
         return
+    if decode == "split":
+        assert set(claims.values()) == {"bitwise"}
+        return
     small_fa3 = backend == "fa3" and head_dim == 64
-    for name, row in plan.rows_for(backend).items():
+    for name, row in rows.items():
         bitwise = (not plan.is_tree(row) or row.tree_attention == "nodes") and not small_fa3
         assert claims[name] == ("bitwise" if bitwise else "tokens"), name
 
 
-def test_rows_share_servers(plan):
-    # Each server started once whichever rows use it: 8 rows, 12 servers; fa3's 4 node rows add only their own.
+def test_rows_share_servers(plan, monkeypatch):
+    # Each server started once whichever rows use it: 8 rows, 12 servers; fa3's 4 node rows (without the
+    # split only) add only their own.
+    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ATTENTION", raising=False)
     assert len(plan.server_keys("triton")) == 12
+    assert len(plan.server_keys("fa3")) == 12
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")
     assert len(plan.server_keys("fa3")) == 16
+    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ATTENTION")
     # flashinfer: the chunked rows' three servers are not started (SGLang refuses them, test below).
     assert len(plan.server_keys("flashinfer")) == 9
     for backend in plan.KNOWN_BACKENDS:
@@ -169,15 +181,16 @@ def test_a_bad_backend_selection_names_the_variable_and_the_choices(plan, raw):
 
 
 def test_the_decode_path_comes_from_the_plugins_own_setting_and_names_the_result(plan):
-    assert plan.decode_attention({}) == "one_pass"
-    assert plan.decode_attention({"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}) == "split"
+    assert plan.decode_attention({}) == "split"
+    assert plan.decode_attention({"SGLANG_DETSPEC_DECODE_ATTENTION": "one_pass"}) == "one_pass"
     with pytest.raises(ValueError, match="SGLANG_DETSPEC_DECODE_ATTENTION must be one of"):
         plan.decode_attention({"SGLANG_DETSPEC_DECODE_ATTENTION": "fast"})
-    assert plan.result_name("triton", "one_pass") == "forward_modes_triton"
-    assert plan.result_name("triton", "split") == "forward_modes_triton_split"
-    assert plan.result_name("fa3", "split") == "forward_modes_fa3_split"  # the prefix / tail split
-    assert plan.result_name("fa3", "sglang") == "forward_modes_fa3"  # SGLang's FA3 calls either way
-    assert plan.result_name("flashinfer", "split") == "forward_modes_flashinfer"
+    assert plan.result_name("triton", "split") == "forward_modes_triton"  # the default
+    assert plan.result_name("triton", "one_pass") == "forward_modes_triton_one_pass"
+    assert plan.result_name("triton", "sglang") == "forward_modes_triton_sglang"
+    assert plan.result_name("fa3", "split") == "forward_modes_fa3"
+    assert plan.result_name("fa3", "sglang") == plan.result_name("fa3", "one_pass") == "forward_modes_fa3_sglang"
+    assert plan.result_name("flashinfer", "one_pass") == "forward_modes_flashinfer"
 
 
 def test_rows_for_refuses_an_unknown_backend(plan):
@@ -205,7 +218,8 @@ def test_the_cache_hit_row_applies_where_sglang_keeps_the_radix_cache(plan, mode
         assert backend in reason and "radix cache" in reason
 
 
-def test_every_server_gets_one_decode_against_prefill_row(plan):
+def test_every_server_gets_one_decode_against_prefill_row(plan, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")  # with the node rows
     for backend in plan.KNOWN_BACKENDS:
         rows = plan.prefill_rows(backend)
         assert sorted(rows.values()) == sorted(plan.server_keys(backend)), backend

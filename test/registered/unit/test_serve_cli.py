@@ -237,10 +237,11 @@ def test_fa4_passes_with_a_not_measured_note_and_without_the_triton_setting(caps
     assert "decode_attention=" not in line and "tree_attention=" not in line
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "triton"])
-    assert rc == 0 and "note: attention backend" not in err and "decode_attention='one_pass'" in start_up_line(err)
+    assert rc == 0 and "note: attention backend" not in err and "decode_attention='split'" in start_up_line(err)
 
 
-def test_ngram_dry_run_shows_its_bfs_breadth_not_a_top_k(capsys):
+def test_ngram_dry_run_shows_its_bfs_breadth_not_a_top_k(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")  # where a tree claims less than a chain
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "NGRAM",
                                   "--speculative-eagle-topk", "1", "--attention-backend", "fa3"])
     assert rc == 0
@@ -276,7 +277,8 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
     (["--attention-backend", "flashinfer", *CHAIN], "flashinfer attention: bitwise verify = decode is proven on"),
     (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with a KV page size of 16: its paged loads"),
 ])
-def test_every_tokens_claim_says_why(capsys, extra, why):
+def test_every_tokens_claim_says_why(capsys, monkeypatch, extra, why):
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")  # trees claim tokens without the split
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *extra])
     assert rc == 0 and "logits='tokens'" in start_up_line(err)
     assert f"note: logits='tokens' because of {why}" in err
@@ -324,21 +326,29 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     assert rc == 0 and "could not be read" not in err
 
 
-@pytest.mark.parametrize("head_dim, backend, claim, noted", [
-    (64, "fa3", "tokens", False), (32, "fa3", "tokens", False), (128, "fa3", "bitwise", False),
-    (64, "triton", "bitwise", False), (64, None, "tokens", True), (128, None, "tokens", False),
+@pytest.mark.parametrize("decode, head_dim, backend, claim, fa3_claim", [
+    ("one_pass", 64, "fa3", "tokens", None), ("one_pass", 32, "fa3", "tokens", None),
+    ("one_pass", 128, "fa3", "bitwise", None), ("one_pass", 64, "triton", "bitwise", None),
+    ("one_pass", 64, None, "tokens", "tokens"), ("one_pass", 128, None, "tokens", "bitwise"),
+    # The prefix / tail split (the default): every head size FA3 takes.
+    ("split", 64, "fa3", "bitwise", None), ("split", 32, None, "tokens", "bitwise"),
+    ("split", 512, None, "tokens", "tokens"),
 ])
-def test_the_dry_run_states_the_fa3_head_size_rule(capsys, tmp_path, head_dim, backend, claim, noted):
-    """FA3 at head sizes up to 64 claims tokens, with the reason; with no backend named, a note for SGLang's fa3 pick."""
+def test_the_dry_run_states_the_fa3_head_size_rule(capsys, tmp_path, monkeypatch, decode, head_dim, backend, claim,
+                                                   fa3_claim):
+    """Without the split FA3 at head sizes up to 64 claims tokens, with the reason; with no backend named, a note
+    says what SGLang's fa3 pick would claim."""
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", decode)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                                       "hidden_size": 4 * head_dim, "num_attention_heads": 4}))
     flags = ["--attention-backend", backend] if backend else []
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN, *flags])
     assert rc == 0 and f"logits='{claim}'" in start_up_line(err)
     assert (f"because of fa3 at head size {head_dim}" in err) is (backend == "fa3" and claim == "tokens")
-    assert (f"at this target's head size ({head_dim}) an FA3 server claims 'tokens'" in err) is noted
-    assert (f"at this target's head size ({head_dim}) an FA3 chain claims 'bitwise'" in err) is (
-        backend is None and head_dim == 128)
+    noted = f"at this target's head size ({head_dim}) an FA3 server claims"
+    assert (noted in err) is (fa3_claim is not None)
+    if fa3_claim:
+        assert f"{noted} '{fa3_claim}'" in err
 
 
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
@@ -348,8 +358,9 @@ TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--spec
     ("triton", None, "bitwise", "positional-split Triton kernels were measured bitwise on one H200"),
     ("triton", "16", "tokens", "the split kernels read pages of 1 token"),
     ("fa3", None, "bitwise", "the prefix / tail split (two FA3 calls per row"),
-    ("flashinfer", None, "tokens", "applies to the triton and fa3 backends only; with flashinfer attention it"),
-    (None, None, "tokens", "applies to triton and fa3: name the backend for the dry run to state its claim"),
+    # The default setting, so nothing to say where it changes nothing (a setting that does: the next test).
+    ("flashinfer", None, "tokens", "bitwise verify = decode is proven on triton and fa3 only"),
+    (None, None, "tokens", "at this target's head size (128) an FA3 server claims 'bitwise'"),
 ])
 def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, tmp_path, backend, page, claim,
                                                            note):
@@ -360,9 +371,15 @@ def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, 
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE",
                                   "--speculative-draft-model-path", str(tmp_path), *TREE, *flags])
     assert rc == 0 and f"logits='{claim}'" in start_up_line(err)
-    assert note in err
-    if backend is None:
-        assert "a tree claims 'tokens' with SGLang's cascade verify" in err and "FA3 chain" not in err
+    assert note in err and "changes nothing" not in err
+
+
+def test_the_dry_run_says_a_decode_setting_changes_nothing_on_other_backends(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "flashinfer"])
+    assert rc == 0 and ("SGLANG_DETSPEC_DECODE_ATTENTION=one_pass applies to the triton and fa3 backends only; "
+                        "with flashinfer attention it changes nothing") in err
 
 
 def test_a_server_without_speculative_decoding_says_why_it_claims_tokens_too(capsys):

@@ -284,7 +284,10 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("triton", 4, decode_attention="one_pass") == "tokens"
     from sglang_detspec.config import guarantee_and_reason
 
-    assert "SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise" in guarantee_and_reason("triton", 4)[1]
+    assert env_settings({})["decode_attention"] == "split"  # the default
+    assert guarantee_and_reason("triton", 4) == ("bitwise", None)
+    assert "SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise" in guarantee_and_reason("triton", 4,
+                                                                                            decode_attention="one_pass")[1]
     assert "DECODE_ATTENTION" not in guarantee_and_reason("flashinfer", 4)[1]
     assert logits_guarantee("triton", 1, decode_attention="sglang") == "tokens"
     assert logits_guarantee("fa3", 4, decode_attention="split") == "bitwise"  # the FA3 prefix / tail split
@@ -308,7 +311,7 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
 def test_a_breadth_1_ngram_draft_is_claimed_as_the_tree_it_can_be():
     """SGLang pads a short n-gram match with root children, so breadth 1 is not always a path."""
     ngram = dict(deterministic=True, algorithm="NGRAM", eagle_topk=1, num_draft_tokens=8, attention_backend="triton")
-    one_pass = DetSpecConfig(**ngram)
+    one_pass = DetSpecConfig(**ngram, decode_attention="one_pass")
     assert one_pass.logits == "tokens"
     assert one_pass.logits_reason.startswith("NGRAM at breadth 1 (a short match pads its draft with root children)")
     assert "top-k" not in one_pass.logits_reason

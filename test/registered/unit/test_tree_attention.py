@@ -204,7 +204,7 @@ def fa3_backend(**overrides):
 
 
 NODES_BAG = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
-                          attention_backend="fa3", tree_attention="nodes", source="server_args", kernel="torch")
+                          attention_backend="fa3", tree_attention="nodes", decode_attention="one_pass", source="server_args", kernel="torch")
 
 
 @pytest.mark.parametrize("overrides, why", [
@@ -344,12 +344,14 @@ def test_the_setting_and_the_claim():
     assert env_settings({TREE_ATTENTION_ENV: " Nodes "})["tree_attention"] == "nodes"
     with pytest.raises(ValueError, match=rf"{TREE_ATTENTION_ENV} must be one of \('cascade', 'nodes'\), got 'tiles'"):
         env_settings({TREE_ATTENTION_ENV: "tiles"})
-    assert logits_guarantee("fa3", 4, "nodes") == "bitwise"
-    assert logits_guarantee("fa3", 4, "cascade") == "tokens"
-    assert logits_guarantee("triton", 4, "nodes") == "tokens"  # the node path is FA3's
-    assert logits_guarantee("fa3", 1, "cascade") == "bitwise"
+    # Without the split (the default, under which every tree is bitwise and the node path stands down).
+    assert logits_guarantee("fa3", 4, "nodes", "one_pass") == "bitwise"
+    assert logits_guarantee("fa3", 4, "cascade", "one_pass") == "tokens"
+    assert logits_guarantee("triton", 4, "nodes", "one_pass") == "tokens"  # the node path is FA3's
+    assert logits_guarantee("fa3", 1, "cascade", "one_pass") == "bitwise"
+    assert logits_guarantee("fa3", 4, "cascade") == logits_guarantee("fa3", 4, "nodes") == "bitwise"
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
-                        attention_backend="fa3", tree_attention="nodes", source="server_args")
+                        attention_backend="fa3", tree_attention="nodes", decode_attention="one_pass", source="server_args")
     assert bag.logits == "bitwise" and "tree_attention='nodes'" in bag.describe()
 
 
@@ -366,7 +368,7 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks(monkeypatch):
     from sglang_detspec.sglang_plugin import fa3_decode_tile_hook
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
-                        attention_backend="fa3", tree_attention="nodes", source="server_args")
+                        attention_backend="fa3", tree_attention="nodes", decode_attention="one_pass", source="server_args")
     node_rows = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__ == tah.__name__}
     retile = {fa3_decode_tile_hook.TARGET}
     chain = dataclasses.replace(bag, eagle_topk=1)
@@ -397,7 +399,7 @@ def test_start_up_stops_where_nothing_backs_a_bitwise_tree_claim(bag):
     from sglang_detspec import sglang_plugin
 
     nodes = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
-                          attention_backend="fa3", tree_attention="nodes", source="server_args")
+                          attention_backend="fa3", tree_attention="nodes", decode_attention="one_pass", source="server_args")
 
     def message(config):
         bag(config)
