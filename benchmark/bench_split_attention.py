@@ -7,8 +7,8 @@ block's time per call and the spread of the blocks):
 
 - **decode**: SGLang's deterministic split-KV decode (splits of 256 keys,
   what ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps), the plugin's
-  packed one-pass decode (the default ``one_pass``), and the positional-split
-  decode + merge (``split``);
+  packed one-pass decode (``one_pass``), and the positional-split decode +
+  merge (``split``, the default);
 - **chain verify** (4 draft tokens after the context) and **tree verify**
   (top-k 4, 8 draft tokens): SGLang's single-pass kernel with its verify
   mask, as its Triton backend runs a verify, against the split verify

@@ -494,9 +494,12 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     """
     claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
                                             head_dim, num_draft_tokens)
-    # Under the prefix / tail split every FA3 call runs the prefill's kernel, at every head size FA3 takes.
+    # Under the prefix / tail split every FA3 call runs the prefill's kernel, at every head size FA3 takes
+    # (where the split serves: a tree past its bound runs the node path, under the head-size rule).
+    split_serves = decode_attention == "split" and not (
+        (eagle_topk or 1) > 1 and num_draft_tokens is not None and num_draft_tokens > PREFIX_SPLIT_MAX_TREE_TOKENS)
     if claim == "bitwise" and attention_backend == "fa3":
-        if decode_attention == "split":
+        if split_serves:
             reason = (None if head_dim is None or head_dim <= FA3_MAX_HEAD_DIM else
                       f"fa3 at head size {head_dim}: FA3 takes head sizes up to {FA3_MAX_HEAD_DIM}, so the prefix / "
                       "tail split cannot serve it")
@@ -522,11 +525,13 @@ def fa3_head_size_reason(head_dim: int | None) -> str | None:
     if head_dim <= FA3_RETILED_MAX_HEAD_DIM:
         return (f"fa3 at head size {head_dim} (<= {FA3_RETILED_MAX_HEAD_DIM}): FA3 runs a decode step on another "
                 "kernel than a prefill or a verify there, and their bits part past 128 keys; the plugin keeps decode "
-                "on the causal kernel, not yet measured equal to a prefill (docs/forward_modes.md); Triton chains "
-                "are bitwise at every head size")
+                "on the causal kernel, not yet measured equal to a prefill (docs/forward_modes.md); the prefix / "
+                "tail split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default) and Triton chains are bitwise at "
+                "every head size up to 256")
     return (f"fa3 at head size {head_dim} (> {FA3_CAUSAL_KEPT_MAX_HEAD_DIM}): FA3 runs a decode step on another "
             "kernel than a prefill there too, and decode against prefill is not measured at that size "
-            "(docs/forward_modes.md); Triton chains are bitwise at every head size")
+            "(docs/forward_modes.md); the prefix / tail split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default) "
+            "and Triton chains are bitwise at every head size up to 256")
 
 
 def split_tree_rule(page_size: int | None, head_dim: int | None,
@@ -576,10 +581,12 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention == "split":
         return split_tree_rule(page_size, head_dim, num_draft_tokens)
     if attention_backend in FA3_SPLIT_BACKENDS and decode_attention == "split":
-        if num_draft_tokens is not None and num_draft_tokens > PREFIX_SPLIT_MAX_TREE_TOKENS:
+        if num_draft_tokens is None or num_draft_tokens <= PREFIX_SPLIT_MAX_TREE_TOKENS:
+            return "bitwise", None  # each node over its decode's two key ranges (sglang_plugin/fa3_split_hook.py)
+        if tree_attention != "nodes":
             return "tokens", (f"a tree of {num_draft_tokens} draft tokens on fa3: the prefix / tail split covers "
                               f"trees of up to {PREFIX_SPLIT_MAX_TREE_TOKENS}, so the server keeps SGLang's cascade")
-        return "bitwise", None  # each node over its decode's two key ranges (sglang_plugin/fa3_split_hook.py)
+        # ... and where it declines, the node path asked for serves (below).
     if tree_attention == "nodes" and attention_backend in BITWISE_NODE_TREE_BACKENDS:
         return "bitwise", None
     if attention_backend in BITWISE_NODE_TREE_BACKENDS:

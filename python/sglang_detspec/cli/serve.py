@@ -57,8 +57,8 @@ up to 256, at most 64 query heads per KV head and up to 256 draft tokens, on
 fa3 at a KV page size of 1, a bf16 / fp16 KV cache, head sizes up to 256 and
 trees of up to 65 draft tokens (both splits measured bitwise on an H200,
 their serving cost not yet). A server past one of these limits, or whose
-start-up check fails, keeps SGLang's attention and says which claim that
-leaves. Other backends and a run without --attention-backend (SGLang picks
+start-up check fails, keeps SGLang's FA3 calls (on triton the one-pass
+decode) and says which claim that leaves. Other backends and a run without --attention-backend (SGLang picks
 the backend on the GPU, so the dry run cannot know it; it notes what fa3
 would claim) claim logits='tokens': the same tokens, except where a draw is a
 near-tie inside one bf16 rounding step. SGLANG_DETSPEC_DECODE_ATTENTION=one_pass
@@ -199,9 +199,10 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     if bag.model_family is not None:
         return []
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
-            "assumes a dense target with full attention and, on fa3, a head size of 65 to 128; MoE, MLA and "
-            "quantized targets claim 'tokens', and so do fa3 servers at other head sizes (the server's start-up "
-            "line states the claim for the model it loads)"]
+            "assumes a dense target with full attention and a head size the attention path takes (with the split, "
+            "the default, up to 256; on fa3 without it 65 to 128); MoE, MLA and quantized targets claim 'tokens', "
+            "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
+            "loads)"]
 
 
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
@@ -209,16 +210,13 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
 
     A named ``fa3`` needs none: the claim's own reason says it. The head size
     is the bag's, from the target's ``config.json`` (none: no note). The
-    claim is the rule's (``config.guarantee_and_reason``) for fa3 with the
-    bag's draft shape and settings.
+    claim is the bag's own with fa3 named (every rule: backend, draft shape,
+    settings, model family).
     """
-    from ..config import guarantee_and_reason
-
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
-    topk = bag.eagle_topk if bag.algorithm else None
-    claim, reason = guarantee_and_reason("fa3", topk, bag.tree_attention, bag.decode_attention, bag.page_size,
-                                         bag.head_dim, bag.num_draft_tokens)
+    fa3 = dataclasses.replace(bag, attention_backend="fa3")  # every rule of the claim, the family's included
+    claim, reason = fa3.logits, fa3.logits_reason
     why = f" ({reason})" if reason else ""
     return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
             f"claims {claim!r}{why} (name --attention-backend fa3 or triton for the dry run to state the claim)"]

@@ -42,9 +42,10 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   reaches the scheduler.
 - ``request_seeds``: request seeds: a fresh seed for an unseeded sampled
   request, one derived seed per parallel sample, the seed in every response.
-- ``attention_hook``: the target's Triton decode attention runs the kernel
-  its verify and prefill run (or, opted in, all three run the plugin's
-  positional-split kernels), so their logits are bitwise equal.
+- ``attention_hook``: the target's Triton decode, prefill and verify run the
+  plugin's positional-split kernels (the default; with ``one_pass`` the
+  decode runs the kernel its verify and prefill run), so their logits are
+  bitwise equal.
 - ``fa3_decode_tile_hook``: FA3's one-row (decode) calls at head sizes up
   to 64 keep FA3's causal flag, so they run the kernel its prefill and
   verify run (decode = prefill bit for bit is not yet measured there).
@@ -314,15 +315,16 @@ def required_by(config) -> set[str]:
     it does not, no FA3 server can start, so nothing rests on it); a
     ``bitwise`` tree through the node path also on the node path's hooks, and
     an FA3 server with the prefix / tail split (the default) on the split's
-    hooks (required whatever the claim, where FA3 imports; the node path
-    stands down under the split, so its hooks are not).
+    hooks (required whatever the claim, where FA3 imports; the node path,
+    where asked for, is the split's fallback, so its hooks are too).
     """
     required = set()
     claim = dataclasses.replace(config, head_dim=None).logits
     if config.attention_backend == "fa3" and claim == "bitwise" and _fa3_backend_imports():
         required.add(fa3_decode_tile_hook.TARGET)
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
-    if tree and config.tree_attention == "nodes" and config.decode_attention != "split" and claim == "bitwise":
+    # The node path serves trees where the split does not (asked for, or declined), so it is required either way.
+    if tree and config.tree_attention == "nodes" and claim == "bitwise":
         required |= {row.target for row in registry_rows() if row.hook.__module__ == tree_attention_hook.__name__}
     if config.attention_backend == "fa3" and config.decode_attention == "split" and _fa3_backend_imports():
         required |= {row.target for row in registry_rows() if row.hook.__module__ == fa3_split_hook.__name__}

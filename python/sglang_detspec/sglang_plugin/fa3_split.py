@@ -22,7 +22,10 @@ apart past 128 keys, in the non-causal prefix call as well; with 192 in both,
 from ``cu_seqlens_q``. Above that head size FA3's tile does not follow
 ``max_seqlen_q`` (0 rows apart without the floor at 96, 128 and 256 on the
 H200), and the floor's empty row blocks would cost up to a third of a tree's
-verify, so calls pass their own row count.
+verify, so calls pass their own row count, causal calls at least
+:data:`MIN_CAUSAL_ROWS`: with one row FA3 drops the causal flag above head
+size 128, and the tail call must stay on the prefill's causal kernel (two
+rows still fit one query block).
 
 ``sglang_plugin/fa3_split_hook.py`` routes the target's FA3 forward modes
 through :func:`split_attention` (``SGLANG_DETSPEC_DECODE_ATTENTION=split``);
@@ -42,6 +45,8 @@ FA_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionB
 MIN_MAX_ROWS = PREFIX_SPLIT_GROUP_ROWS
 # Largest head size at which FA3 (sgl-kernel's Hopper build) sizes its query tile from max_seqlen_q.
 FLOOR_HEAD_DIM = 64
+# Above it, a causal call's max_seqlen_q is at least this: FA3 keeps the causal flag of a call with more than one row.
+MIN_CAUSAL_ROWS = 2
 FA3 = 3
 
 
@@ -63,13 +68,29 @@ def fa3_part(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
     qs = q if call.rows is None else q.index_select(0, call.rows)
-    max_rows = max(call.max_rows, MIN_MAX_ROWS) if q.shape[-1] <= FLOOR_HEAD_DIM else call.max_rows
+    max_rows = max_seqlen_q(call, q.shape[-1])
     out = flash_attn_with_kvcache(q=qs, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
                                   cache_seqlens=call.seqlens, cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=max_rows,
                                   softmax_scale=softmax_scale, causal=call.causal, softcap=softcap,
                                   return_softmax_lse=True,
                                   num_splits=1, ver=FA3)
     return out[0], out[1]
+
+
+def max_seqlen_q(call: PartCall, head_dim: int) -> int:
+    """The ``max_seqlen_q`` one call of the split passes FA3 (module docstring): a bound, never a row count.
+
+    Args:
+        call: the part call (:class:`ops.prefix_split.PartCall`; its ``max_rows`` and ``causal``).
+        head_dim: the layer's query head size.
+
+    Returns:
+        :data:`MIN_MAX_ROWS` or more at head sizes up to :data:`FLOOR_HEAD_DIM`; above it the call's own
+        row bound, at least :data:`MIN_CAUSAL_ROWS` for a causal call.
+    """
+    if head_dim <= FLOOR_HEAD_DIM:
+        return max(call.max_rows, MIN_MAX_ROWS)
+    return max(call.max_rows, MIN_CAUSAL_ROWS) if call.causal else call.max_rows
 
 
 def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, split: PrefixSplit,

@@ -224,7 +224,11 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     if config.active and config.tree_attention == "nodes":
         if config.attention_backend not in (None, "fa3"):  # None: not resolved yet (SGLang picks it at start-up)
             notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only; with "
-                         f"{config.attention_backend} attention SGLang's tree verify runs as it is")
+                         f"{config.attention_backend} attention it changes nothing")
+        elif config.decode_attention == "split" and (config.eagle_topk or 1) > 1 and config.algorithm:
+            notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3: the prefix / tail split (the "
+                         "default) verifies trees itself where it serves, and the node path only where it does not; "
+                         "SGLANG_DETSPEC_DECODE_ATTENTION=sglang runs the node path")
         elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
                          "only; this server verifies no trees")
@@ -281,12 +285,12 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged)")
     if config.decode_attention == "split" and backend in FA3_SPLIT_BACKENDS:
-        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang turns it off): the "
+        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): the "
                      "prefix / tail split (two FA3 calls per row "
                      "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
                      "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness included, "
                      "docs/e2e/2026-12-05-h200-split/); its serving cost is not measured (per layer call "
-                     "1.0-1.9x SGLang's decode call by head size and batch: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
+                     "1.03-1.89x SGLang's decode call at head size 128: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
                      "on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for bit, "
                      "and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, a layer with a "
                      "window, sinks or another value head size), the server keeps SGLang's FA3 calls there and "

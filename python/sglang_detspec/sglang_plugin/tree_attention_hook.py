@@ -122,6 +122,11 @@ def check_backend(result, backend, *args, **kwargs):
                        "(docs/forward_modes.md)", NODE_PATH_OFF, why)
         return None
     TREE_NODES_OK.write(backend, True)
+    if bag.decode_attention == "split":
+        # The split's own start-up hook runs next; it verifies trees itself unless it declines.
+        logger.info("sglang-detspec: the FA3 node path stands by: the prefix / tail split verifies trees where it "
+                    "serves (SGLANG_DETSPEC_DECODE_ATTENTION=sglang runs the node path instead)")
+        return None
     logger.info("sglang-detspec: %s", NODE_PATH_ON)
     return None
 

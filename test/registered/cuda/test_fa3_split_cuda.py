@@ -232,5 +232,17 @@ def test_positive_controls_can_fail():
     assert rows_apart(out, swapped) != []
 
 
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_start_up_check_passes_on_this_gpu(shape, dtype):
+    """Every FA3 server with the split (the default) runs this check at start-up; where it fails it keeps
+    SGLang's calls, so a failure here would silently take the split away."""
+    from sglang_detspec.sglang_plugin.fa3_split import split_modes_agree
+
+    heads, kv_heads, dim = shape
+    assert split_modes_agree(heads, kv_heads, dim, dtype, torch.device(DEV))
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -32,7 +32,9 @@ on the same model and backend, 16 seeded requests x 64 tokens (temperatures
   models' head size FA3 runs a one-row call on another kernel than a verify
   unless the plugin's rewrite holds, ``sglang_plugin/fa3_decode_tile_hook.py``;
   until it is measured those FA3 servers claim ``tokens``);
-* on fa3, every tree row again with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
+* on fa3 without the split (``SGLANG_DETSPEC_DECODE_ATTENTION`` set to
+  ``sglang`` or ``one_pass`` in the suite's environment), every tree row again
+  with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``
   (``tree_nodes``, ``eagle3_tree_nodes``, ``nextn_tree_nodes``,
   ``chunked_nodes``: one decode query per tree node; the row's
   ``tree_attention`` is ``nodes``, and the server must log that the node
@@ -64,8 +66,9 @@ on the same model and backend, 16 seeded requests x 64 tokens (temperatures
   ``log_softmax(logits)``.
 
 Servers are keyed by (family, extra environment, extra flags), so a reference
-server serves every row with its flags: 11 servers on triton, 15 on fa3,
-9 on flashinfer (its chunked row starts none), started in parallel.
+server serves every row with its flags: 12 servers on triton and on fa3 (16
+on fa3 without the split, with the node rows), 9 on flashinfer (its chunked
+row starts none), started in parallel.
 
 Per row (``forward_modes_<backend>.json``, the layout of
 ``docs/e2e/README.md``): the row's name, the positions compared (up to and
@@ -94,12 +97,15 @@ name, a repeated name or an empty list stops collection with an error that
 names the variable and the allowed values; fa3 named where its library does
 not load fails the test. One backend per command keeps a run inside a 600 s
 limit: each backend starts its servers in parallel (several minutes on an
-H200), then sends seconds of traffic. With
-``SGLANG_DETSPEC_DECODE_ATTENTION=split`` in the suite's environment every
-server inherits it: the Triton rows then measure the positional-split
-kernels (each Triton server must log them on its target,
-``forward_modes_triton_split.json``), the FA3 rows the prefix / tail split
-(each FA3 server must log it, ``forward_modes_fa3_split.json``).
+H200), then sends seconds of traffic. Every server inherits the suite's
+``SGLANG_DETSPEC_DECODE_ATTENTION``: by default (``split``) the Triton rows
+measure the positional-split kernels and the FA3 rows the prefix / tail split
+(each server must log its split on its target; ``forward_modes_<backend>.json``);
+with ``one_pass`` or ``sglang`` the paths without it
+(``forward_modes_triton_one_pass.json``, ``forward_modes_<backend>_sglang.json``;
+FA3's ``one_pass`` is SGLang's calls too). Files of runs before the split
+became the default name the setting the other way round: there
+``forward_modes_<backend>.json`` is without the split and ``_split`` with it.
 """
 
 import concurrent.futures

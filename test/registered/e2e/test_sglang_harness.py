@@ -145,6 +145,7 @@ def test_sglang_harness(servers, harness_models):
     machine = _e2e.machine_facts()
     doc = plan.document(rows, machine["date_utc"], machine.get("gpu") or "unknown GPU", passed=not problems,
                         problems=problems, servers=facts, facts=machine,
+                        decode_attention=_forward_plan.decode_attention(),  # the path every server ran
                         models={"vocab": plan.VOCAB, "target": harness_models.target,
                                 "attention_scale": _e2e.tiny_models_script().ATTENTION_VISIBLE_SCALE})
     path = _e2e.out_dir() / f"{plan.RESULT_FILE}.json"

@@ -290,5 +290,43 @@ def test_uncovered_calls_run_sglangs_forward(bag, reference_fa3, caplog):
     assert fsh.split_decode_around(original, backend, q, kv, kv, layer(), fb) != "sglang"
 
 
+
+@pytest.mark.parametrize("head_dim, causal, rows, want", [
+    # Up to head size 64 FA3 sizes its query tile from max_seqlen_q: every call passes the prefill's bound.
+    (64, True, 1, 192), (64, False, 1, 192), (32, True, 300, 300),
+    # Above it a call's own rows, and at least 2 for a causal call (FA3 drops the flag of a one-row call
+    # above head size 128; the tail call must stay on the prefill's causal kernel).
+    (96, True, 1, 2), (128, False, 1, 1), (256, True, 1, 2), (256, True, 8, 8), (256, False, 8, 8),
+])
+def test_every_fa3_call_passes_the_max_seqlen_q_its_head_size_needs(head_dim, causal, rows, want):
+    from sglang_detspec.sglang_plugin import fa3_split
+
+    call = ps.PartCall(None, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                       torch.tensor([0, rows], dtype=torch.int32), rows, causal=causal)
+    assert fa3_split.max_seqlen_q(call, head_dim) == want
+
+
+def test_the_node_path_stands_by_under_the_split_and_says_so(caplog):
+    """Asked for on a split server, the node path checks its backend but logs that the split verifies trees."""
+    backend = types.SimpleNamespace(fa_impl_ver=3, use_mla=False, page_size=1, has_swa=False, local_attn_builder=None,
+                                    kv_cache_dtype_str="auto", attn_cp_size=1, fa_skip_kv_cache=False,
+                                    is_draft_runner=False, topk=4)
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=4, num_draft_tokens=8,
+                        attention_backend="fa3", tree_attention="nodes", source="server_args")
+    from sglang_detspec import config
+
+    config.install_config(bag)
+    try:
+        with caplog.at_level(logging.INFO, logger="sglang_detspec"):
+            tah.check_backend(None, backend)
+        text = " ".join(r.getMessage() for r in caplog.records)
+        assert "node path stands by" in text and tah.NODE_PATH_ON not in text
+        assert not tah._serves(backend)  # the split serves while the bag keeps it
+        config.install_config(dataclasses.replace(bag, decode_attention="one_pass"))  # the split declined
+        assert tah._serves(backend)
+    finally:
+        config.reset_config()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

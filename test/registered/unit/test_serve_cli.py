@@ -534,6 +534,17 @@ def test_serve_without_sglang_says_how_to_get_it():
     assert done.returncode == 2, done.stderr
     assert "SGLang is not installed in this environment" in done.stderr and "Traceback" not in done.stderr
 
+
+@pytest.mark.parametrize("decode, noted", [(None, True), ("sglang", False)])
+def test_the_dry_run_says_the_node_path_stands_by_under_the_split(capsys, monkeypatch, decode, noted):
+    monkeypatch.setenv("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
+    if decode:
+        monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", decode)
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *TREE,
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and ("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3" in err) is noted
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
 

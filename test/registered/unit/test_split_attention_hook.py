@@ -301,6 +301,9 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("fa3", 4, decode_attention="split", head_dim=256) == "bitwise"
     assert logits_guarantee("fa3", 4, decode_attention="split", num_draft_tokens=65) == "bitwise"
     assert logits_guarantee("fa3", 4, decode_attention="split", num_draft_tokens=66) == "tokens"
+    # Where the split declines a large tree, the node path asked for serves it: its claim.
+    assert logits_guarantee("fa3", 4, "nodes", "split", head_dim=128, num_draft_tokens=80) == "bitwise"
+    assert logits_guarantee("fa3", 4, "nodes", "split", head_dim=64, num_draft_tokens=80) == "tokens"
     # Trees only where the kernels run: pages of one token, head sizes up to 256.
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=16) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", head_dim=512) == "tokens"

@@ -26,6 +26,7 @@ from sglang_detspec.config import (
     logits_guarantee,
 )
 from sglang_detspec.ops.node_rows import ancestor_layout, node_key_lists
+from sglang_detspec.sglang_plugin import fa3_split_hook as fsh
 from sglang_detspec.sglang_plugin import tree_attention_hook as tah
 from sglang_detspec.sglang_plugin.channels import TREE_BUFFERS, TREE_NODES
 
@@ -382,6 +383,11 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks(monkeypatch):
     assert sglang_plugin.required_by(dataclasses.replace(chain, head_dim=64)) == retile
     for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, attention_backend="triton")):
         assert sglang_plugin.required_by(other) == set()
+    # Under the split (the default) the node path asked for is its fallback: both sets of hooks are required.
+    split_rows = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__ == fsh.__name__}
+    split_nodes = dataclasses.replace(bag, decode_attention="split")
+    assert split_rows and sglang_plugin.required_by(split_nodes) == node_rows | split_rows | retile
+    assert sglang_plugin.required_by(dataclasses.replace(split_nodes, tree_attention="cascade")) == split_rows | retile
     # ... and on nothing where it does not (no FA3 server can start there); the opt-in node path still is.
     monkeypatch.setattr(sglang_plugin, "_fa3_backend_imports", lambda: False)
     assert sglang_plugin.required_by(bag) == node_rows and sglang_plugin.required_by(chain) == set()
