@@ -496,8 +496,7 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
                                             head_dim, num_draft_tokens)
     # Under the prefix / tail split every FA3 call runs the prefill's kernel, at every head size FA3 takes
     # (where the split serves: a tree past its bound runs the node path, under the head-size rule).
-    split_serves = decode_attention == "split" and not (
-        (eagle_topk or 1) > 1 and num_draft_tokens is not None and num_draft_tokens > PREFIX_SPLIT_MAX_TREE_TOKENS)
+    split_serves = decode_attention == "split" and fa3_split_takes(eagle_topk, num_draft_tokens)
     if claim == "bitwise" and attention_backend == "fa3":
         if split_serves:
             reason = (None if head_dim is None or head_dim <= FA3_MAX_HEAD_DIM else
@@ -508,6 +507,13 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
         if reason is not None:
             return "tokens", reason
     return claim, reason
+
+
+def fa3_split_takes(eagle_topk: int | None, num_draft_tokens: int | None) -> bool:
+    """Whether the FA3 prefix / tail split serves this draft shape: chains, and trees of at most
+    :data:`PREFIX_SPLIT_MAX_TREE_TOKENS` draft tokens (every node within its request's cached prefix's
+    reach). An unknown token count (None) takes no rule; the server's start-up hook decides from its own."""
+    return (eagle_topk or 1) <= 1 or num_draft_tokens is None or num_draft_tokens <= PREFIX_SPLIT_MAX_TREE_TOKENS
 
 
 def fa3_head_size_reason(head_dim: int | None) -> str | None:
@@ -581,7 +587,7 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention == "split":
         return split_tree_rule(page_size, head_dim, num_draft_tokens)
     if attention_backend in FA3_SPLIT_BACKENDS and decode_attention == "split":
-        if num_draft_tokens is None or num_draft_tokens <= PREFIX_SPLIT_MAX_TREE_TOKENS:
+        if fa3_split_takes(eagle_topk, num_draft_tokens):
             return "bitwise", None  # each node over its decode's two key ranges (sglang_plugin/fa3_split_hook.py)
         if tree_attention != "nodes":
             return "tokens", (f"a tree of {num_draft_tokens} draft tokens on fa3: the prefix / tail split covers "

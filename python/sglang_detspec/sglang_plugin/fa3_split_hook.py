@@ -55,7 +55,7 @@ import logging
 
 import torch
 
-from ..config import current_config, install_config
+from ..config import current_config, fa3_split_takes, install_config
 from ..ops.prefix_split import decode_split, extend_split, tree_split
 from ..ops.split_limits import FA3_MAX_HEAD_DIM, PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_MAX_TREE_TOKENS
 from .channels import FA3_SPLIT, FA3_SPLIT_OK, FA3_SPLIT_WARNED
@@ -92,7 +92,7 @@ def split_unavailable(backend) -> str | None:
     if backend.kv_cache_dtype not in KV_DTYPES:
         return f"a {backend.kv_cache_dtype} KV cache"
     tokens = backend.speculative_num_draft_tokens or 0
-    if backend.topk > 1 and tokens > PREFIX_SPLIT_MAX_TREE_TOKENS:
+    if not fa3_split_takes(backend.topk, tokens):
         # Depth is bounded by the token count for every drafter (NGRAM's trie depth is its own setting).
         return (f"trees of {tokens} draft tokens (the split covers trees of up to {PREFIX_SPLIT_MAX_TREE_TOKENS}, "
                 f"{PREFIX_SPLIT_DEPTH} deep)")

@@ -16,7 +16,7 @@ import dataclasses
 import os
 
 import _e2e
-from sglang_detspec.config import DEFAULT_DECODE_ATTENTION
+from sglang_detspec.config import DEFAULT_DECODE_ATTENTION, FA3_SPLIT_BACKENDS, ONE_PASS_DECODE_BACKENDS
 
 BACKENDS_ENV = "DETSPEC_E2E_BACKENDS"
 # The deterministic attention backends this suite measures (SGLang 0.5.23 also allows fa4,
@@ -332,6 +332,6 @@ def result_name(backend: str, decode: str) -> str:
     Triton's decode takes every setting (``_one_pass``, ``_sglang``); FA3 runs SGLang's calls under both
     others (``_sglang``); other backends take none.
     """
-    if decode == DEFAULT_DECODE_ATTENTION or backend not in ("triton", "fa3"):
+    if decode == DEFAULT_DECODE_ATTENTION or backend not in ONE_PASS_DECODE_BACKENDS + FA3_SPLIT_BACKENDS:
         return f"forward_modes_{backend}"
-    return f"forward_modes_{backend}_" + (decode if backend == "triton" else "sglang")
+    return f"forward_modes_{backend}_" + (decode if backend in ONE_PASS_DECODE_BACKENDS else "sglang")
