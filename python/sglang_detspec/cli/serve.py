@@ -59,8 +59,8 @@ trees of up to 65 draft tokens (both splits measured bitwise on an H200,
 their serving cost not yet). A server past one of these limits, or whose
 start-up check fails, keeps SGLang's FA3 calls (on triton the one-pass
 decode) and says which claim that leaves. Other backends and a run without --attention-backend (SGLang picks
-the backend on the GPU, so the dry run cannot know it; it notes what fa3
-would claim) claim logits='tokens': the same tokens, except where a draw is a
+the backend on the GPU, so the dry run cannot know it; where it can read the
+target's config.json it notes what fa3 would claim) claim logits='tokens': the same tokens, except where a draw is a
 near-tie inside one bf16 rounding step. SGLANG_DETSPEC_DECODE_ATTENTION=one_pass
 (triton chains stay 'bitwise') or sglang turn the split off: trees then
 claim 'tokens' (fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head
@@ -196,7 +196,7 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     The claim then follows the attention backend alone, as for a dense
     target; the server reads the model and states its own claim.
     """
-    if bag.model_family is not None:
+    if bag.model_family is not None or bag.logits != "bitwise":  # a 'tokens' claim assumes nothing of the model
         return []
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "

@@ -19,8 +19,9 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import (COUPLED_ALGORITHMS, FA3_SPLIT_BACKENDS, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, Refusal,
-                      current_config, env_settings, install_config, resolve_verify)
+from ..config import (COUPLED_ALGORITHMS, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, ONE_PASS_DECODE_BACKENDS,
+                      DetSpecConfig, Refusal, current_config, env_settings, fa3_split_takes, install_config,
+                      resolve_verify)
 from ..model_family import config_file, family_note, head_dim_of, model_family
 
 logger = logging.getLogger("sglang_detspec")
@@ -227,8 +228,8 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
                          f"{config.attention_backend} attention it changes nothing")
         elif config.decode_attention == "split" and (config.eagle_topk or 1) > 1 and config.algorithm:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3: the prefix / tail split (the "
-                         "default) verifies trees itself where it serves, and the node path only where it does not; "
-                         "SGLANG_DETSPEC_DECODE_ATTENTION=sglang runs the node path")
+                         "default) verifies trees where it serves; the node path verifies the trees it declines; "
+                         "SGLANG_DETSPEC_DECODE_ATTENTION=sglang or one_pass runs the node path for every tree")
         elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
                          "only; this server verifies no trees")
@@ -274,17 +275,17 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
         notes.append(chain_note(config))
-    if config.decode_attention == "split" and backend is not None and (
-            backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS):
+    split_visible = config.decode_attention == "split" and split_flag_limit(config) is None
+    if split_visible and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
                      "positional-split Triton kernels were measured "
                      "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models, SGLang's "
                      "harness included, docs/e2e/2026-12-05-h200-split/); their serving cost is not measured; a "
-                     "start-up check on the GPU compares their decode with their prefill and tree verify bit for "
-                     "bit, and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, more than 64 "
+                     "start-up check on the GPU compares their decode with their prefill, a chunked extend and tree "
+                     "verify bit for bit, and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, more than 64 "
                      "query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged)")
-    if config.decode_attention == "split" and backend in FA3_SPLIT_BACKENDS:
+    if split_visible and backend in FA3_SPLIT_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): the "
                      "prefix / tail split (two FA3 calls per row "
                      "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
@@ -299,6 +300,24 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")
     return notes
+
+
+def split_flag_limit(config: DetSpecConfig) -> str | None:
+    """A limit of the positional split that the flags already show this server passes, or None.
+
+    Page size, head size (both splits take up to 256) and, on fa3, the
+    tree's draft tokens: past one the claim's reason says what serves
+    instead, so no note describes the split. Limits only the built backend
+    shows (KV dtype, head counts, windows) are the start-up check's.
+    """
+    if (config.page_size or 1) != 1:
+        return f"KV page size {config.page_size}"
+    if config.head_dim is not None and config.head_dim > FA3_MAX_HEAD_DIM:
+        return f"head size {config.head_dim}"
+    tree_topk = config.eagle_topk if config.algorithm else None
+    if config.attention_backend in FA3_SPLIT_BACKENDS and not fa3_split_takes(tree_topk, config.num_draft_tokens):
+        return f"trees of {config.num_draft_tokens} draft tokens"
+    return None
 
 
 def chain_note(config: DetSpecConfig) -> str:

@@ -545,6 +545,18 @@ def test_the_dry_run_says_the_node_path_stands_by_under_the_split(capsys, monkey
     assert rc == 0 and ("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3" in err) is noted
 
 
+
+@pytest.mark.parametrize("extra, described", [
+    ([], True), (["--page-size", "16"], False),
+    (["--speculative-num-steps", "3", "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "80"], False),
+])
+def test_the_split_note_is_left_out_where_the_flags_show_the_split_cannot_serve(capsys, extra, described):
+    flags = TREE if not extra or extra[0] == "--page-size" else []
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *flags, *extra,
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and ("the prefix / tail split (two FA3 calls per row" in err) is described
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
 
