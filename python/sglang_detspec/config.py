@@ -149,6 +149,8 @@ class DetSpecConfig:
         attention_backend: the target's decode attention backend as SGLang
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
+        kv_cache_dtype: SGLang's ``--kv-cache-dtype`` (``auto``, ``bf16``, ``fp8_e4m3``, ...;
+            None when unknown); a quantized KV cache claims ``tokens`` (:func:`kv_cache_reason`).
         head_dim: the target's attention head size from its ``config.json``
             (``model_family.head_dim_of``; None when unknown or MLA).
         model_family: the target's family (``model_family.ModelTraits.label``:
@@ -178,6 +180,7 @@ class DetSpecConfig:
     reduced_draft_vocab: bool = False
     attention_backend: str | None = None
     page_size: int | None = None
+    kv_cache_dtype: str | None = None
     head_dim: int | None = None
     model_family: str | None = None
     source: str = "env"
@@ -367,11 +370,11 @@ class DetSpecConfig:
             # NGRAM draft is verified as a tree.
             claim, reason = guarantee_and_reason(self.attention_backend, NGRAM_TREE_TOPK, self.tree_attention,
                                                  self.decode_attention, self.page_size, self.head_dim,
-                                                 self.num_draft_tokens)
+                                                 self.num_draft_tokens, self.kv_cache_dtype)
             tree = reason and reason.replace(f"a tree (top-k {NGRAM_TREE_TOPK})", "a tree")
             return claim, tree and f"NGRAM at breadth 1 (a short match pads its draft with root children): {tree}"
         return guarantee_and_reason(self.attention_backend, topk, self.tree_attention, self.decode_attention,
-                                    self.page_size, self.head_dim, self.num_draft_tokens)
+                                    self.page_size, self.head_dim, self.num_draft_tokens, self.kv_cache_dtype)
 
     def shown_fields(self) -> dict[str, object]:
         """The fields that apply to this server, by the name :meth:`describe` prints them under.
@@ -404,6 +407,8 @@ class DetSpecConfig:
             skip.add("gemm_warmup_s")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
+        if kv_cache_reason(self.kv_cache_dtype) is None:  # the model's own dtype: no rule reads it
+            skip.add("kv_cache_dtype")
         names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
         return {names.get(f.name, f.name): getattr(self, f.name)
                 for f in dataclasses.fields(self) if f.name not in skip}
@@ -443,7 +448,8 @@ PAGE_SIZE_ONE_BACKENDS = ("fa3",)
 
 def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
                      decode_attention: str = DEFAULT_DECODE_ATTENTION, page_size: int | None = None,
-                     head_dim: int | None = None, num_draft_tokens: int | None = None) -> str:
+                     head_dim: int | None = None, num_draft_tokens: int | None = None,
+                     kv_cache_dtype: str | None = None) -> str:
     """How far "speculative decoding on = off" holds for a server: ``bitwise`` or ``tokens``.
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
@@ -478,22 +484,28 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
             is ``tokens`` (:func:`fa3_head_size_reason`).
         num_draft_tokens: draft tokens per verify (None: unknown); with ``split``, Triton trees above the
             kernels' bound are ``tokens`` (:func:`split_tree_rule`).
+        kv_cache_dtype: ``--kv-cache-dtype`` (None: unknown, taken as ``auto``); a quantized KV cache
+            is ``tokens`` on every backend (:func:`kv_cache_reason`).
     """
     return guarantee_and_reason(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
-                                head_dim, num_draft_tokens)[0]
+                                head_dim, num_draft_tokens, kv_cache_dtype)[0]
 
 
 def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
                          decode_attention: str = DEFAULT_DECODE_ATTENTION, page_size: int | None = None,
-                         head_dim: int | None = None, num_draft_tokens: int | None = None) -> tuple[str, str | None]:
+                         head_dim: int | None = None, num_draft_tokens: int | None = None,
+                         kv_cache_dtype: str | None = None) -> tuple[str, str | None]:
     """:func:`logits_guarantee` (same arguments) and, for ``tokens``, why: one clause naming the rule that applied.
 
     The reason is None for ``bitwise``. The start-up notes and the dry run
-    print it (``sglang_plugin/resolve.setting_notes``). The head-size rule
-    (:func:`fa3_head_size_reason`) applies to what would otherwise be ``bitwise``.
+    print it (``sglang_plugin/resolve.setting_notes``). The KV-cache rule
+    (:func:`kv_cache_reason`) and the head-size rule (:func:`fa3_head_size_reason`)
+    apply to what would otherwise be ``bitwise``.
     """
     claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
                                             head_dim, num_draft_tokens)
+    if claim == "bitwise" and kv_cache_reason(kv_cache_dtype) is not None:
+        return "tokens", kv_cache_reason(kv_cache_dtype)
     # Under the prefix / tail split every FA3 call runs the prefill's kernel, at every head size FA3 takes
     # (where the split serves: a tree past its bound runs the node path, under the head-size rule).
     split_serves = decode_attention == "split" and fa3_split_takes(eagle_topk, num_draft_tokens)
@@ -507,6 +519,25 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
         if reason is not None:
             return "tokens", reason
     return claim, reason
+
+
+# --kv-cache-dtype values that keep the KV cache in the model's own 16-bit dtype ("auto" unless the checkpoint's
+# quantization config asks for FP8 KV: its quantized family claims tokens by model_family.family_claim).
+UNQUANTIZED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
+
+
+def kv_cache_reason(kv_cache_dtype: str | None) -> str | None:
+    """Why a server with this ``--kv-cache-dtype`` claims ``tokens``, or None (unknown, or the model's dtype).
+
+    The plugin's exact attention paths (the positional splits, the FA3 node
+    path, the Triton one-pass decode's packed tile) read bf16 / fp16 KV only,
+    and SGLang's own calls on a quantized KV cache (fp8, fp4: descaled loads)
+    have not been measured decode against prefill or verify.
+    """
+    if kv_cache_dtype is None or kv_cache_dtype in UNQUANTIZED_KV_CACHE_DTYPES:
+        return None
+    return (f"--kv-cache-dtype {kv_cache_dtype}: the plugin's exact attention paths read bf16 / fp16 KV, and "
+            "SGLang's calls on a quantized KV cache are not measured decode against prefill")
 
 
 def fa3_split_takes(eagle_topk: int | None, num_draft_tokens: int | None) -> bool:

@@ -28,10 +28,11 @@ caller's (``sglang_plugin/fa3_split.py``): this package imports no kernel
 library.
 
 Layout conventions (SGLang's FA3 metadata at page size 1): a page table is
-``[rows, W]`` int32 of cache slots, one row per call element, read up to the
-element's key count; a call's query rows are given by ``cu_seqlens_q``
-(int32 ``[elements + 1]``); a causal call aligns each element's rows with
-the end of its keys (FA3's bottom-right causal mask). Method: FlashAttention's
+``[rows, W]`` int32 of cache slots, read up to each element's key count, one
+row per element or one per request with each element naming its row
+(``PartCall.table_rows``: the prefix calls read SGLang's table as it is); a
+call's query rows are given by ``cu_seqlens_q`` (int32 ``[elements + 1]``); a
+causal call aligns each element's rows with the end of its keys (FA3's bottom-right causal mask). Method: FlashAttention's
 online softmax (Dao et al., 2022) in two calls, joined by the log-sum-exp merge
 of Flash-Decoding (split-KV), the split placed by key position.
 """
@@ -53,13 +54,18 @@ class PartCall:
     Attributes:
         rows: int64 ``[call rows]``, the query rows of the call in call order
             (``q.index_select(0, rows)``), or None: the caller's ``q`` as it is.
-        page_table: int32 ``[elements, width]``, element e's keys are
-            ``page_table[e, :seqlens[e]]``.
+        page_table: int32 ``[table rows, width]``, element e's keys are
+            ``page_table[t, :seqlens[e]]`` with ``t = table_rows[e]`` (``e`` where
+            ``table_rows`` is None).
         seqlens: int32 ``[elements]``.
         cu_seqlens_q: int32 ``[elements + 1]``, element e's query rows are call
             rows ``cu_seqlens_q[e]:cu_seqlens_q[e + 1]``.
         max_rows: host int, a bound on any element's query rows (the kernel's grid).
         causal: the tail part is causal (bottom-right aligned), the prefix part not.
+        table_rows: int32 ``[elements]``, the page-table row each element reads
+            (FA3's ``cache_batch_idx``), or None: row e. The prefix calls read
+            SGLang's page table through it instead of a copy of a row per element,
+            whose size grows with the context (elements x keys).
     """
 
     rows: torch.Tensor | None
@@ -68,6 +74,7 @@ class PartCall:
     cu_seqlens_q: torch.Tensor
     max_rows: int
     causal: bool
+    table_rows: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,8 +191,8 @@ def extend_split(page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_len
     cu = torch.zeros(bs * g + 1, dtype=torch.int32, device=dev)
     cu[1:] = torch.cumsum(count.flatten(), 0).to(torch.int32)
     req = torch.arange(bs, device=dev).repeat_interleave(g)
-    prefix = PartCall(None, page_table.index_select(0, req).to(torch.int32), s.flatten(), cu,
-                      min(max_extend, PREFIX_SPLIT_GROUP_ROWS), causal=False)
+    prefix = PartCall(None, page_table.to(torch.int32), s.flatten(), cu, min(max_extend, PREFIX_SPLIT_GROUP_ROWS),
+                      causal=False, table_rows=req.to(torch.int32))
     tail_len = torch.where(count > 0, hi - s, torch.zeros_like(hi)).to(torch.int32)
     tail = PartCall(None, _gather_columns(page_table, req, s.flatten(), PREFIX_SPLIT_TAIL_KEYS),
                     tail_len.flatten(), cu, prefix.max_rows, causal=True)
@@ -263,7 +270,7 @@ def tree_split(page_table: torch.Tensor, prefix_lens: torch.Tensor, ancestor_tab
     cu[1:] = torch.cumsum(count.flatten(), 0).to(torch.int32)
     req2 = torch.arange(bs, device=dev).repeat_interleave(2)
     s_elem = torch.stack([s0, s0 + PREFIX_SPLIT_BLOCK], 1).flatten().to(torch.int32)
-    prefix = PartCall(order, page_table.index_select(0, req2).to(torch.int32), s_elem, cu, n, causal=False)
+    prefix = PartCall(order, page_table.to(torch.int32), s_elem, cu, n, causal=False, table_rows=req2.to(torch.int32))
     # Tail call: node r's keys from S on, the prefix's first, then its path.
     j = torch.arange(PREFIX_SPLIT_TAIL_KEYS, device=dev)
     col = s.unsqueeze(1) + j  # [bs * n, T] key index in the node's key list
@@ -377,7 +384,8 @@ def part_call_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     lens = call.seqlens.tolist()
     for e, n_keys in enumerate(lens):
         first, last = cu[e], cu[e + 1]
-        slots = call.page_table[e, :n_keys].long().cpu()
+        row = e if call.table_rows is None else int(call.table_rows[e])
+        slots = call.page_table[row, :n_keys].long().cpu()
         k = k_cache[slots].float().cpu().repeat_interleave(group, 1)  # [n_keys, heads, d]
         v = v_cache[slots].float().cpu().repeat_interleave(group, 1)
         for i in range(first, last):

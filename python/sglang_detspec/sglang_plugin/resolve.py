@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..config import (COUPLED_ALGORITHMS, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, ONE_PASS_DECODE_BACKENDS,
                       DetSpecConfig, Refusal, current_config, env_settings, fa3_split_takes, install_config,
-                      resolve_verify)
+                      kv_cache_reason, resolve_verify)
 from ..model_family import config_file, family_note, head_dim_of, model_family
 
 logger = logging.getLogger("sglang_detspec")
@@ -86,6 +86,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     # The "spec" namespace of the runtime context has no attention fields: its caller reads "exec.kernel".
     values["attention_backend"] = attention_backend_of(spec) if hasattr(spec, "attention_backend") else None
     values["page_size"] = getattr(spec, "page_size", None)
+    values["kv_cache_dtype"] = getattr(spec, "kv_cache_dtype", None)
     values["model_family"] = model_family(getattr(spec, "model_path", None), getattr(spec, "quantization", None))
     values["head_dim"] = head_dim_of(getattr(spec, "model_path", None))
     algo = values["algorithm"]
@@ -202,6 +203,7 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
     return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)),
                                attention_backend=attention_backend_of(exec_bag.kernel),
                                page_size=getattr(view, "page_size", None),
+                               kv_cache_dtype=getattr(view, "kv_cache_dtype", None),
                                model_family=model_family(getattr(view, "model_path", None),
                                                          getattr(view, "quantization", None)),
                                head_dim=head_dim_of(getattr(view, "model_path", None)),
@@ -282,7 +284,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models, SGLang's "
                      "harness included, docs/e2e/2026-12-05-h200-split/); their serving cost is not measured; a "
                      "start-up check on the GPU compares their decode with their prefill, a chunked extend and tree "
-                     "verify bit for bit, and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, more than 64 "
+                     "verify bit for bit, and where it fails, or past a limit the dry run cannot see (more than 64 "
                      "query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged)")
     if split_visible and backend in FA3_SPLIT_BACKENDS:
@@ -293,8 +295,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "docs/e2e/2026-12-05-h200-split/); its serving cost is not measured (per layer call "
                      "1.03-1.89x SGLang's decode call at head size 128: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
                      "on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for bit, "
-                     "and where it fails, or past a limit the dry run cannot see (an fp8 KV cache, a layer with a "
-                     "window, sinks or another value head size), the server keeps SGLang's FA3 calls there and "
+                     "and where it fails, or past a limit the dry run cannot see (a layer with a window, sinks or "
+                     "another value head size), the server keeps SGLang's FA3 calls there and "
                      "logs the claim they give")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
@@ -305,13 +307,15 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
 def split_flag_limit(config: DetSpecConfig) -> str | None:
     """A limit of the positional split that the flags already show this server passes, or None.
 
-    Page size, head size (both splits take up to 256) and, on fa3, the
-    tree's draft tokens: past one the claim's reason says what serves
-    instead, so no note describes the split. Limits only the built backend
-    shows (KV dtype, head counts, windows) are the start-up check's.
+    Page size, a quantized KV cache, head size (both splits take up to 256)
+    and, on fa3, the tree's draft tokens: past one the claim's reason says
+    what serves instead, so no note describes the split. Limits only the
+    built backend shows (head counts, windows) are the start-up check's.
     """
     if (config.page_size or 1) != 1:
         return f"KV page size {config.page_size}"
+    if kv_cache_reason(config.kv_cache_dtype) is not None:
+        return f"--kv-cache-dtype {config.kv_cache_dtype}"
     if config.head_dim is not None and config.head_dim > FA3_MAX_HEAD_DIM:
         return f"head size {config.head_dim}"
     tree_topk = config.eagle_topk if config.algorithm else None

@@ -9,7 +9,10 @@ chunked prefills (chunks of 256 and 300 tokens), of batched chain verifies of
 4 tokens at starts around the split edges, and each tree node's verify row
 (three trees, prefixes across split edges) against the decode of its path;
 the decode again under CUDA-graph replay with new data (layout built inside
-the capture; an extend or tree layout under capture is not tested yet).
+the capture), chain and tree verify layouts built inside a capture and
+replayed with other requests' data against their decode,
+and a prefix call through FA3's page-table row indices against the same
+call on copied rows.
 Across attention shapes: the 8B Llama's (32 / 8 heads, head size 128), the
 tiny suite models' (4 / 4, 64), head size 256 and 96. Rows are compared by
 the bit patterns of the merged float32 result (before its rounding to bf16,
@@ -19,6 +22,7 @@ part rows, and a merge of the same parts in the other order parts rows.
 Values: within bf16 rounding of one FA3 prefill without the split.
 """
 
+import dataclasses
 import random
 import sys
 
@@ -165,6 +169,26 @@ def test_tree_nodes_equal_their_path_decode(case, n, max_depth, seed):
     assert rows_apart(tree, dec) == []
 
 
+def test_a_prefix_call_through_row_indices_equals_one_on_copied_rows(case):
+    """FA3's ``cache_batch_idx`` only addresses the page table: the same bits as a table with a row per element."""
+    q, k, v, slots, _ = case
+    starts = [0, D + B - 3, 300, 700]
+    n = 300
+    table = slots[:LENGTH].unsqueeze(0).expand(len(starts), LENGTH).contiguous()
+    split = ps.extend_split(table, torch.tensor(starts, **I32), torch.full((len(starts),), n, **I32), n,
+                            n * len(starts))
+    indexed = split.prefix
+    copied = dataclasses.replace(indexed, page_table=table.index_select(0, indexed.table_rows.long()),
+                                 table_rows=None)
+    qs = torch.cat([q[s:s + n] for s in starts])
+    o1, l1 = fa3_part(qs, k, v, indexed, q.shape[-1] ** -0.5)
+    o2, l2 = fa3_part(qs, k, v, copied, q.shape[-1] ** -0.5)
+    m = split.has_prefix  # rows with prefix keys (FA3 need not write the others)
+    assert int(m.sum()) > 0
+    assert torch.equal(o1[m].view(torch.int16), o2[m].view(torch.int16))
+    assert torch.equal(l1[:, m].view(torch.int32), l2[:, m].view(torch.int32))
+
+
 def test_cuda_graph_replays_equal_eager(case):
     q, k, v, slots, dec = case
     bs = 48
@@ -190,6 +214,55 @@ def test_cuda_graph_replays_equal_eager(case):
         graph.replay()
         torch.cuda.synchronize()
         assert rows_apart(out, dec[pos]) == []
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_verify_layouts_built_inside_a_capture_replay_as_their_decode(case, mode):
+    """A verify's layout (row-indexed prefix calls included) captured once, replayed with other requests' data."""
+    q, k, v, slots, dec = case
+    bs, n = 6, (4 if mode == "chain" else 8)
+    table = torch.zeros(bs, LENGTH, **I32)
+    prefix = torch.ones(bs, **I32)
+    anc = torch.zeros(bs * n, n, **I32)
+    anc_lens = torch.ones(bs * n, **I32)
+    qb = torch.zeros(bs * n, q.shape[1], q.shape[2], dtype=q.dtype, device=DEV)
+    out = f32(bs * n, q)
+
+    def step():
+        if mode == "chain":
+            split = ps.extend_split(table, prefix, torch.full((bs,), n, **I32), n, bs * n)
+        else:
+            split = ps.tree_split(table, prefix, anc, anc_lens, n)
+        split_attention(qb, k, v, split, q.shape[-1] ** -0.5, out=out)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in range(3):
+        if mode == "chain":
+            gen = random.Random(seed)
+            starts = [gen.choice([0, D - 2, D + B - 3, D + B, 500, LENGTH - n]) for _ in range(bs)]
+            table.copy_(slots[:LENGTH].unsqueeze(0).expand(bs, LENGTH))
+            prefix.copy_(torch.tensor(starts, **I32))
+            qb.copy_(torch.cat([q[s:s + n] for s in starts]))
+            want = torch.cat([dec[s:s + n] for s in starts])
+        else:
+            prefixes, paths, keys, queries = tree_case(slots, n, 3, seed)
+            table.zero_()
+            for b, p in enumerate(prefixes):
+                table[b, :p] = slots[:p]
+            prefix.copy_(torch.tensor(prefixes, **I32))
+            anc.zero_()
+            for r, a in enumerate(paths):
+                anc[r, :len(a)] = torch.tensor(a, **I32)
+            anc_lens.copy_(torch.tensor([len(a) for a in paths], **I32))
+            qb.copy_(q[torch.tensor(queries, device=DEV)])
+            want = run(qb.clone(), k, v, ps.decode_split(table_of(keys), torch.tensor([len(x) for x in keys], **I32)))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rows_apart(out, want) == [], seed
 
 
 def test_values_are_attention(case):

@@ -18,7 +18,8 @@ import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 import torch
 
-from sglang_detspec.config import DetSpecConfig, guarantee_and_reason, logits_guarantee, reset_config
+from sglang_detspec.config import (DetSpecConfig, guarantee_and_reason, kv_cache_reason, logits_guarantee,
+                                   reset_config)
 from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend
 from sglang_detspec.sglang_plugin import attention_hook, resolve
 
@@ -110,6 +111,10 @@ def _server_args(model_dir, flags):
     # Pages of more than one token: FA3's decode and prefill may tile keys apart (not measured), Triton's do not.
     (f"{CHAIN} --attention-backend fa3 --page-size 16", "fa3", "tokens"),
     (f"{CHAIN} --attention-backend triton --page-size 16", "triton", "bitwise"),
+    # A quantized KV cache: no exact path reads it and SGLang's descaled calls are not measured.
+    (f"{CHAIN} --attention-backend fa3 --kv-cache-dtype fp8_e4m3", "fa3", "tokens"),
+    (f"{TREE} --attention-backend triton --kv-cache-dtype fp8_e5m2", "triton", "tokens"),
+    (f"{CHAIN} --attention-backend triton --kv-cache-dtype bf16", "triton", "bitwise"),
 ])
 def test_the_bag_reads_the_resolved_attention_backend(model_dir, flags, backend, logits):
     reset_config()
@@ -176,6 +181,31 @@ def test_the_runtime_context_bag_reads_the_page_size(model_dir):
     bag = resolve.config_from_runtime_context()
     assert (bag.attention_backend, bag.page_size, bag.logits) == ("fa3", 16, "tokens")
     reset_config()
+
+
+def test_the_runtime_context_bag_reads_the_kv_cache_dtype(model_dir):
+    from sglang.srt.runtime_context import publish
+
+    reset_config()
+    publish(_server_args(model_dir, f"{TREE} --attention-backend fa3 --kv-cache-dtype fp8_e4m3"), role="test")
+    bag = resolve.config_from_runtime_context()
+    assert (bag.kv_cache_dtype, bag.logits) == ("fp8_e4m3", "tokens")
+    assert "--kv-cache-dtype fp8_e4m3: the plugin's exact" in bag.logits_reason
+    assert "kv_cache_dtype='fp8_e4m3'" in bag.describe()
+    reset_config()
+
+
+@pytest.mark.parametrize("dtype, reason", [(None, False), ("auto", False), ("bf16", False), ("bfloat16", False),
+                                           ("fp8_e4m3", True), ("fp8_e5m2", True), ("mxfp8", True), ("nvfp4", True)])
+def test_only_a_quantized_kv_cache_lowers_the_claim(dtype, reason):
+    assert (kv_cache_reason(dtype) is not None) is reason
+    want = "tokens" if reason else "bitwise"
+    for backend, topk in (("fa3", 1), ("fa3", 4), ("triton", 1), ("triton", 4)):
+        assert logits_guarantee(backend, topk, kv_cache_dtype=dtype) == want, (backend, topk)
+    # A claim already 'tokens' keeps the reason of the rule that applied first.
+    assert "flashinfer attention" in guarantee_and_reason("flashinfer", 1, kv_cache_dtype=dtype)[1]
+    shown = "kv_cache_dtype" in DetSpecConfig(deterministic=True, kv_cache_dtype=dtype).describe()
+    assert shown is reason
 
 
 def test_fa3_pages_of_one_token_keep_the_bitwise_claim():

@@ -42,7 +42,8 @@ def call_keys(call: ps.PartCall, call_row: int) -> list[int]:
     e = next(i for i in range(len(cu) - 1) if cu[i] <= call_row < cu[i + 1])
     n = int(call.seqlens[e])
     seen = n - (cu[e + 1] - 1 - call_row) if call.causal else n
-    return call.page_table[e, :max(seen, 0)].tolist()
+    t = e if call.table_rows is None else int(call.table_rows[e])
+    return call.page_table[t, :max(seen, 0)].tolist()
 
 
 def check_rows(split: ps.PrefixSplit, row_keys: list[list[int]]):
@@ -127,6 +128,23 @@ def test_chain_verify_windows_straddling_a_split_key():
         seqs.append([next(pool) for _ in range(p + 4)])
     split = ps.extend_split(table_of(seqs), torch.tensor(prefix), torch.full((len(seqs),), 4), 4, 4 * len(seqs))
     check_rows(split, [s[:p + i + 1] for s, p in zip(seqs, prefix) for i in range(4)])
+
+
+def test_prefix_calls_read_the_callers_table_without_a_copy():
+    # A long context beside a chunk: a row per split group would copy the table (requests x groups) times.
+    table = torch.arange(4 * 5000, dtype=torch.int32).view(4, 5000)
+    split = ps.extend_split(table, torch.tensor([4000, 10, 0, 4990]), torch.tensor([1000, 900, 512, 10]), 1000, 2422)
+    assert split.prefix.page_table.data_ptr() == table.data_ptr()
+    g = ps.groups_per_request(1000)
+    assert split.prefix.table_rows.tolist() == [b for b in range(4) for _ in range(g)]
+    assert split.prefix.table_rows.dtype == torch.int32 and split.prefix.table_rows.is_contiguous()
+    tree = ps.tree_split(table, torch.tensor([4000, 3, 300, 4900]), torch.zeros(4 * 5, 2, dtype=torch.int32),
+                         torch.ones(4 * 5, dtype=torch.int32), 5)
+    assert tree.prefix.page_table.data_ptr() == table.data_ptr()
+    assert tree.prefix.table_rows.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    # The tails keep a copy of at most PREFIX_SPLIT_TAIL_KEYS slots per element, whatever the context.
+    assert split.tail.page_table.shape == (4 * g, PREFIX_SPLIT_TAIL_KEYS)
+    assert split.tail.table_rows is None and tree.tail.table_rows is None
 
 
 def random_tree(gen: random.Random, n: int, max_depth: int) -> list[int]:

@@ -276,6 +276,8 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
     (["--attention-backend", "triton", *TREE], "a tree (top-k 4) on triton: its verify mask interleaves"),
     (["--attention-backend", "flashinfer", *CHAIN], "flashinfer attention: bitwise verify = decode is proven on"),
     (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with a KV page size of 16: its paged loads"),
+    (["--attention-backend", "fa3", "--kv-cache-dtype", "fp8_e4m3", *CHAIN],
+     "--kv-cache-dtype fp8_e4m3: the plugin's exact attention paths read bf16 / fp16 KV"),
 ])
 def test_every_tokens_claim_says_why(capsys, monkeypatch, extra, why):
     monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")  # trees claim tokens without the split
@@ -354,24 +356,27 @@ def test_the_dry_run_states_the_fa3_head_size_rule(capsys, tmp_path, monkeypatch
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
 
 
-@pytest.mark.parametrize("backend, page, claim, note", [
-    ("triton", None, "bitwise", "positional-split Triton kernels were measured bitwise on one H200"),
-    ("triton", "16", "tokens", "the split kernels read pages of 1 token"),
-    ("fa3", None, "bitwise", "the prefix / tail split (two FA3 calls per row"),
+@pytest.mark.parametrize("backend, extra, claim, note", [
+    ("triton", [], "bitwise", "positional-split Triton kernels were measured bitwise on one H200"),
+    ("triton", ["--page-size", "16"], "tokens", "the split kernels read pages of 1 token"),
+    ("fa3", ["--kv-cache-dtype", "fp8_e4m3"], "tokens", "--kv-cache-dtype fp8_e4m3: the plugin's exact"),
+    ("fa3", [], "bitwise", "the prefix / tail split (two FA3 calls per row"),
     # The default setting, so nothing to say where it changes nothing (a setting that does: the next test).
-    ("flashinfer", None, "tokens", "bitwise verify = decode is proven on triton and fa3 only"),
-    (None, None, "tokens", "at this target's head size (128) an FA3 server claims 'bitwise'"),
+    ("flashinfer", [], "tokens", "bitwise verify = decode is proven on triton and fa3 only"),
+    (None, [], "tokens", "at this target's head size (128) an FA3 server claims 'bitwise'"),
 ])
-def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, tmp_path, backend, page, claim,
+def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, tmp_path, backend, extra, claim,
                                                            note):
     monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "split")
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                                       "hidden_size": 512, "num_attention_heads": 4}))
-    flags = (["--attention-backend", backend] if backend else []) + (["--page-size", page] if page else [])
+    flags = (["--attention-backend", backend] if backend else []) + extra
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE",
                                   "--speculative-draft-model-path", str(tmp_path), *TREE, *flags])
     assert rc == 0 and f"logits='{claim}'" in start_up_line(err)
     assert note in err and "changes nothing" not in err
+    if "--kv-cache-dtype" in extra:  # the flags show the split cannot serve: no note describes it
+        assert "two FA3 calls per row" not in err
 
 
 def test_the_dry_run_says_a_decode_setting_changes_nothing_on_other_backends(capsys, monkeypatch):
