@@ -82,7 +82,9 @@ class PrefixSplit:
     """Both calls of a split forward and how their rows meet.
 
     Attributes:
-        prefix, tail: the two calls (:class:`PartCall`).
+        prefix, tail: the two calls (:class:`PartCall`); ``prefix`` is None where the
+            page table is too narrow for any row to have a prefix part
+            (:func:`prefix_free`): the tail call alone is then every row's attention.
         has_prefix: bool ``[rows]``, output row r has a non-empty prefix part
             (``S > 0``); where False the tail alone is the row's attention.
         prefix_index: int64 ``[rows]``, the prefix call's row holding output row
@@ -90,7 +92,7 @@ class PrefixSplit:
             output row r.
     """
 
-    prefix: PartCall
+    prefix: PartCall | None
     tail: PartCall
     has_prefix: torch.Tensor
     prefix_index: torch.Tensor | None
@@ -103,6 +105,22 @@ def split_point(lengths: torch.Tensor) -> torch.Tensor:
     """
     return (torch.clamp(lengths.to(torch.int64) - 1 - PREFIX_SPLIT_DEPTH, min=0)
             // PREFIX_SPLIT_BLOCK * PREFIX_SPLIT_BLOCK).to(torch.int32)
+
+
+def prefix_free(page_table: torch.Tensor) -> bool:
+    """Whether no row over this page table can have a prefix part (its width is a static bound on every row's keys).
+
+    ``S(L) = 0`` for ``L <= D + B`` (:func:`split_point`), and a row reads at
+    most the table's width in keys, so a table of at most ``D + B`` columns
+    (SGLang's eager metadata slices it to the batch's longest sequence) needs
+    no prefix call. Dropping the prefix call changes no bit: the merge of a
+    row without a prefix part weighs its tail by ``exp(0) = 1`` and divides
+    by 1, which returns the tail's output as it is (the start-up check and
+    the GPU suite compare such rows with rows of a full split). Under a
+    CUDA-graph capture the table is the graph's (the context's width), so
+    captured forwards keep both calls.
+    """
+    return page_table.shape[1] <= PREFIX_SPLIT_DEPTH + PREFIX_SPLIT_BLOCK
 
 
 def _gather_columns(table: torch.Tensor, row: torch.Tensor, start: torch.Tensor, width: int) -> torch.Tensor:
@@ -125,13 +143,14 @@ def decode_split(page_table: torch.Tensor, seqlens: torch.Tensor) -> PrefixSplit
         seqlens: int32 ``[bs]``, keys per request, the new token's included (>= 1).
 
     Returns:
-        :class:`PrefixSplit` with ``bs`` rows; the tail table is ``[bs, PREFIX_SPLIT_TAIL_KEYS]``.
+        :class:`PrefixSplit` with ``bs`` rows; the tail table is ``[bs, PREFIX_SPLIT_TAIL_KEYS]``;
+        no prefix call where :func:`prefix_free`.
     """
     bs = seqlens.shape[0]
     s = split_point(seqlens)
     rows = torch.arange(bs, device=seqlens.device)
     cu = _arange_cu(bs, seqlens.device)
-    prefix = PartCall(None, page_table, s, cu, 1, causal=False)
+    prefix = None if prefix_free(page_table) else PartCall(None, page_table, s, cu, 1, causal=False)
     tail = PartCall(None, _gather_columns(page_table, rows, s, PREFIX_SPLIT_TAIL_KEYS),
                     (seqlens.to(torch.int32) - s), cu, 1, causal=True)
     return PrefixSplit(prefix, tail, s > 0, None)
@@ -169,7 +188,8 @@ def extend_split(page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_len
             where the batch is padded (those rows are computed by neither call and ignored).
 
     Returns:
-        :class:`PrefixSplit` over ``rows`` rows in their input order.
+        :class:`PrefixSplit` over ``rows`` rows in their input order; no prefix call where
+        :func:`prefix_free` (a prefill or extend of short sequences).
 
     Raises:
         ValueError: ``max_extend`` < 1, or tensors of mismatched batch sizes.
@@ -191,11 +211,12 @@ def extend_split(page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_len
     cu = torch.zeros(bs * g + 1, dtype=torch.int32, device=dev)
     cu[1:] = torch.cumsum(count.flatten(), 0).to(torch.int32)
     req = torch.arange(bs, device=dev).repeat_interleave(g)
-    prefix = PartCall(None, page_table.to(torch.int32), s.flatten(), cu, min(max_extend, PREFIX_SPLIT_GROUP_ROWS),
-                      causal=False, table_rows=req.to(torch.int32))
+    max_rows = min(max_extend, PREFIX_SPLIT_GROUP_ROWS)
+    prefix = None if prefix_free(page_table) else PartCall(
+        None, page_table.to(torch.int32), s.flatten(), cu, max_rows, causal=False, table_rows=req.to(torch.int32))
     tail_len = torch.where(count > 0, hi - s, torch.zeros_like(hi)).to(torch.int32)
     tail = PartCall(None, _gather_columns(page_table, req, s.flatten(), PREFIX_SPLIT_TAIL_KEYS),
-                    tail_len.flatten(), cu, prefix.max_rows, causal=True)
+                    tail_len.flatten(), cu, max_rows, causal=True)
     return PrefixSplit(prefix, tail, _rows_have_prefix(prefix_lens, extend_lens, rows), None)
 
 
@@ -404,8 +425,11 @@ def prefix_split_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Returns float32 ``[rows, heads, dv]`` (``rows`` = ``split.has_prefix``'s length).
     """
-    o1, l1 = part_call_reference(q, k_cache, v_cache, split.prefix, softmax_scale)
     o2, l2 = part_call_reference(q, k_cache, v_cache, split.tail, softmax_scale)
+    if split.prefix is None:  # no row has a prefix part: the merge weighs the tail alone
+        o1, l1 = torch.zeros_like(o2), torch.full_like(l2, float("-inf"))
+    else:
+        o1, l1 = part_call_reference(q, k_cache, v_cache, split.prefix, softmax_scale)
     rows = split.has_prefix.shape[0]
     if o2.shape[0] < rows:  # rows no call covers (a padded batch's): zero
         o2 = torch.cat([o2, o2.new_zeros(rows - o2.shape[0], *o2.shape[1:])])

@@ -108,10 +108,16 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             rounding), written in place, or None.
 
     Returns:
-        ``[rows, heads, v_head_dim]`` in q's dtype.
+        ``[rows, heads, v_head_dim]`` in q's dtype (``out`` where given). Where the split has no prefix
+        call (every row's keys below the first split key) the tail call's output is the result.
     """
-    o1, l1 = fa3_part(q, k_cache, v_cache, split.prefix, softmax_scale, softcap)
     o2, l2 = fa3_part(q, k_cache, v_cache, split.tail, softmax_scale, softcap)
+    if split.prefix is None:
+        # No row has a prefix part (ops.prefix_split.prefix_free): the merge would return the tail as it is.
+        if out is None:
+            return o2
+        return out.copy_(o2)
+    o1, l1 = fa3_part(q, k_cache, v_cache, split.prefix, softmax_scale, softcap)
     return merge_parts(o1, l1, o2, l2, split.has_prefix, split.prefix_index, out=out)
 
 

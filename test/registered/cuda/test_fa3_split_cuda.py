@@ -5,7 +5,9 @@
 ``ops/prefix_split``) on one sequence of 1,100 tokens in scattered cache
 slots: the decode of every position (one batch in order, one permuted, and
 edge positions one request at a time) against the rows of one prefill, of
-chunked prefills (chunks of 256 and 300 tokens), of batched chain verifies of
+chunked prefills (chunks of 100, 256 and 300 tokens), of short prefills
+whose tables are too narrow for a prefix part (the tail call alone), of
+batched chain verifies of
 4 tokens at starts around the split edges, and each tree node's verify row
 (three trees, prefixes across split edges) against the decode of its path;
 the decode again under CUDA-graph replay with new data (layout built inside
@@ -106,7 +108,21 @@ def test_decode_is_batch_invariant(case):
         assert rows_apart(decode(q, k, v, slots, [p]), dec[p:p + 1]) == [], p
 
 
-@pytest.mark.parametrize("chunk", [256, 300])
+def test_a_short_prefill_runs_the_tail_alone_and_equals_decode(case):
+    """Tables of at most D + B columns drop the prefix call (ops.prefix_split.prefix_free): its rows must be the
+    full split's rows bit for bit (the decode's table is the sequence's width)."""
+    q, k, v, slots, dec = case
+    for n in (1, 100, D + B):
+        split = ps.extend_split(slots[:n].unsqueeze(0), torch.zeros(1, **I32), torch.tensor([n], **I32), n, n)
+        assert split.prefix is None
+        assert rows_apart(run(q[:n], k, v, split), dec[:n]) == [], n
+    pos = [0, 5, D + B - 1]
+    short = ps.decode_split(slots[:D + B].unsqueeze(0).expand(3, D + B).contiguous(), torch.tensor(pos, **I32) + 1)
+    assert short.prefix is None
+    assert rows_apart(run(q[torch.tensor(pos, device=DEV)], k, v, short), dec[pos]) == []
+
+
+@pytest.mark.parametrize("chunk", [100, 256, 300])
 def test_chunked_prefill_equals_decode(case, chunk):
     q, k, v, slots, dec = case
     rows = torch.cat([extend(q, k, v, slots, lo, min(chunk, LENGTH - lo)) for lo in range(0, LENGTH, chunk)])

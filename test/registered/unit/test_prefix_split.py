@@ -130,6 +130,21 @@ def test_chain_verify_windows_straddling_a_split_key():
     check_rows(split, [s[:p + i + 1] for s, p in zip(seqs, prefix) for i in range(4)])
 
 
+def test_a_table_too_narrow_for_a_prefix_part_drops_the_prefix_call():
+    # S(L) = 0 up to L = D + B keys, and no row reads past its table's width.
+    assert split_key(D + B) == 0 and split_key(D + B + 1) == B
+    for width, free in ((1, True), (D + B, True), (D + B + 1, False), (5000, False)):
+        table = torch.zeros(3, width, dtype=torch.int32)
+        lens = torch.full((3,), width, dtype=torch.int32)
+        assert ps.prefix_free(table) is free
+        assert (ps.decode_split(table, lens).prefix is None) is free
+        assert (ps.extend_split(table, lens - 1, torch.ones(3, dtype=torch.int32), 1, 3).prefix is None) is free
+    # Trees keep their prefix call (their nodes' keys run past the prefix table).
+    tree = ps.tree_split(torch.zeros(1, 10, dtype=torch.int32), torch.tensor([10]), torch.zeros(2, 2, dtype=torch.int32),
+                         torch.tensor([1, 2], dtype=torch.int32), 2)
+    assert tree.prefix is not None
+
+
 def test_prefix_calls_read_the_callers_table_without_a_copy():
     # A long context beside a chunk: a row per split group would copy the table (requests x groups) times.
     table = torch.arange(4 * 5000, dtype=torch.int32).view(4, 5000)
@@ -237,6 +252,10 @@ def test_every_mode_gives_a_row_the_same_bits_through_the_reference():
         split = ps.extend_split(table_of([seq[:start + n]]), torch.tensor([start]), torch.tensor([n]), n, n)
         chunks.append(ps.prefix_split_reference(q[start:start + n], k, v, split, scale))
     assert torch.equal(bits(torch.cat(chunks)), bits(dec))
+    # A short prefill (every row below the first split key): the tail call alone, rows as the decode's.
+    short = ps.extend_split(table_of([seq[:D + B]]), torch.tensor([0]), torch.tensor([D + B]), D + B, D + B)
+    assert short.prefix is None
+    assert torch.equal(bits(ps.prefix_split_reference(q[:D + B], k, v, short, scale)), bits(dec[:D + B]))
     # Chain verifies of 5 rows, a batch of windows (one request each).
     starts = [0, D - 2, D + B - 2, 300, length - 5]
     split = ps.extend_split(table_of([seq[:s + 5] for s in starts]), torch.tensor(starts), torch.full((5,), 5), 5, 25)
