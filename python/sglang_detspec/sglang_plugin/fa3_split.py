@@ -165,7 +165,10 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
     ``lengths`` keys: every position of each request decoded (one batch),
     each request prefilled whole, its rows extended in chunks of 100 after
     the cached ones, and :data:`CHECK_TREE` verified after each request's
-    keys, every node against the decode of its path. Merged outputs are
+    keys, every node against the decode of its path; then all requests in
+    one prefill and one tree verify, one page-table row each (so the prefix
+    calls' row indices, FA3's ``cache_batch_idx``, must address the right
+    request). Merged outputs are
     compared in float32 (before the rounding to ``dtype``, which would hide
     most differences), bit pattern by bit pattern. Runs eagerly (allocates,
     synchronises): call it before CUDA-graph capture. The plugin keeps
@@ -187,6 +190,7 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
                                out=torch.empty(q.shape[0], heads, head_dim, device=device))
 
     at = 0
+    seqs, queries, decodes, node_queries, node_decodes, node_anc, node_lens = [], [], [], [], [], [], []
     for length in lengths:
         seq = order[at:at + length]
         nodes = order[at + length:at + length + n]
@@ -222,4 +226,17 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
         node_dec = run(qn, decode_split(node_table, torch.tensor([x.numel() for x in keys], **i32)))
         if not _same_bits(tree, node_dec):
             return False
-    return True
+        seqs.append(seq)
+        queries.append(q)
+        decodes.append(dec)
+        node_queries.append(qn)
+        node_decodes.append(node_dec)
+        node_anc.append(anc)
+        node_lens.append(anc_lens)
+    # Every request in one call: a page-table row each, the longest sets the width.
+    width = max(lengths)
+    table = torch.stack([torch.nn.functional.pad(x, (0, width - x.numel())) for x in seqs])
+    lens = torch.tensor(lengths, **i32)
+    pre = run(torch.cat(queries), extend_split(table, torch.zeros_like(lens), lens, width, sum(lengths)))
+    tree = run(torch.cat(node_queries), tree_split(table, lens, torch.cat(node_anc), torch.cat(node_lens), n))
+    return _same_bits(pre, torch.cat(decodes)) and _same_bits(tree, torch.cat(node_decodes))

@@ -164,6 +164,28 @@ def reference_fa3(monkeypatch):
     monkeypatch.setattr(fsh, "split_attention", split_attention)
 
 
+def test_the_start_up_check_passes_with_fa3s_contract_and_sees_a_misaddressed_row(monkeypatch):
+    """``fa3_split.split_modes_agree`` run with FA3 replaced by its contract's torch statement passes; with a
+    kernel that reads the next request's page-table row through ``cache_batch_idx`` it fails (only its batched
+    calls have more than one row), so a kernel that mis-addresses the prefix calls keeps SGLang's calls."""
+    from sglang_detspec.sglang_plugin import fa3_split
+
+    def contract(q, k, v, call, scale, softcap=0.0):
+        return ps.part_call_reference(q, k, v, call, scale)
+
+    monkeypatch.setattr(fa3_split, "fa3_part", contract)
+    args = (2, 1, 16, torch.float32, torch.device("cpu"))
+    assert fa3_split.split_modes_agree(*args, lengths=(5, 193, 300))
+
+    def misaddressed(q, k, v, call, scale, softcap=0.0):
+        if call.table_rows is not None:
+            call = dataclasses.replace(call, table_rows=(call.table_rows + 1) % call.page_table.shape[0])
+        return contract(q, k, v, call, scale)
+
+    monkeypatch.setattr(fa3_split, "fa3_part", misaddressed)
+    assert not fa3_split.split_modes_agree(*args, lengths=(5, 193, 300))
+
+
 def layer(**overrides):
     fields = dict(sliding_window_size=-1, is_cross_attention=False, head_dim=DIM, v_head_dim=DIM, tp_q_head_num=HEADS,
                   scaling=DIM ** -0.5, logit_cap=0.0, k_scale=None, v_scale=None, layer_id=0)
