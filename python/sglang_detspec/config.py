@@ -150,7 +150,7 @@ class DetSpecConfig:
             resolved it (``triton``, ``fa3``, ...; None when unknown).
         page_size: the KV cache's page size as SGLang resolved it (None when unknown).
         kv_cache_dtype: SGLang's ``--kv-cache-dtype`` (``auto``, ``bf16``, ``fp8_e4m3``, ...;
-            None when unknown); a quantized KV cache claims ``tokens`` (:func:`kv_cache_reason`).
+            None when unknown); any value but ``auto`` claims ``tokens`` (:func:`kv_cache_reason`).
         head_dim: the target's attention head size from its ``config.json``
             (``model_family.head_dim_of``; None when unknown or MLA).
         model_family: the target's family (``model_family.ModelTraits.label``:
@@ -407,7 +407,7 @@ class DetSpecConfig:
             skip.add("gemm_warmup_s")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
-        if kv_cache_reason(self.kv_cache_dtype) is None:  # the model's own dtype: no rule reads it
+        if kv_cache_reason(self.kv_cache_dtype) is None:  # auto or unknown: no rule reads it
             skip.add("kv_cache_dtype")
         names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
         return {names.get(f.name, f.name): getattr(self, f.name)
@@ -484,7 +484,7 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
             is ``tokens`` (:func:`fa3_head_size_reason`).
         num_draft_tokens: draft tokens per verify (None: unknown); with ``split``, Triton trees above the
             kernels' bound are ``tokens`` (:func:`split_tree_rule`).
-        kv_cache_dtype: ``--kv-cache-dtype`` (None: unknown, taken as ``auto``); a quantized KV cache
+        kv_cache_dtype: ``--kv-cache-dtype`` (None: unknown, taken as ``auto``); any other value
             is ``tokens`` on every backend (:func:`kv_cache_reason`).
     """
     return guarantee_and_reason(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
@@ -521,23 +521,27 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     return claim, reason
 
 
-# --kv-cache-dtype values that keep the KV cache in the model's own 16-bit dtype ("auto" unless the checkpoint's
-# quantization config asks for FP8 KV: its quantized family claims tokens by model_family.family_claim).
-UNQUANTIZED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16")
+# The --kv-cache-dtype every measured server ran: the KV cache in the model's own dtype ("auto"; a checkpoint whose
+# quantization config asks for FP8 KV is a quantized family, 'tokens' by model_family.family_claim).
+MEASURED_KV_CACHE_DTYPE = "auto"
 
 
 def kv_cache_reason(kv_cache_dtype: str | None) -> str | None:
-    """Why a server with this ``--kv-cache-dtype`` claims ``tokens``, or None (unknown, or the model's dtype).
+    """Why a server with this ``--kv-cache-dtype`` claims ``tokens``, or None (unknown, or ``auto``).
 
     The plugin's exact attention paths (the positional splits, the FA3 node
-    path, the Triton one-pass decode's packed tile) read bf16 / fp16 KV only,
-    and SGLang's own calls on a quantized KV cache (fp8, fp4: descaled loads)
-    have not been measured decode against prefill or verify.
+    path, the Triton one-pass decode's packed tile) read a KV cache in the
+    model's 16-bit dtype; the FA3 paths take SGLang's ``auto`` only
+    (``sglang_plugin/fa3_split.backend_problem``); SGLang's own calls on a
+    quantized KV cache (fp8, fp4: descaled loads) have not been measured
+    decode against prefill or verify. So any value but ``auto`` claims
+    ``tokens`` (an explicit ``bf16`` too: no server has run it).
     """
-    if kv_cache_dtype is None or kv_cache_dtype in UNQUANTIZED_KV_CACHE_DTYPES:
+    if kv_cache_dtype is None or kv_cache_dtype == MEASURED_KV_CACHE_DTYPE:
         return None
-    return (f"--kv-cache-dtype {kv_cache_dtype}: the plugin's exact attention paths read bf16 / fp16 KV, and "
-            "SGLang's calls on a quantized KV cache are not measured decode against prefill")
+    return (f"--kv-cache-dtype {kv_cache_dtype}: the plugin's exact attention paths are measured with SGLang's "
+            "default KV cache (auto, the model's own dtype) only, and SGLang's calls on a quantized KV cache are "
+            "not measured decode against prefill")
 
 
 def fa3_split_takes(eagle_topk: int | None, num_draft_tokens: int | None) -> bool:

@@ -117,8 +117,9 @@ def prefix_free(page_table: torch.Tensor) -> bool:
     row without a prefix part weighs its tail by ``exp(0) = 1`` and divides
     by 1, which returns the tail's output as it is (the start-up check and
     the GPU suite compare such rows with rows of a full split). Under a
-    CUDA-graph capture the table is the graph's (the context's width), so
-    captured forwards keep both calls.
+    CUDA-graph capture the table is the graph's, as wide as the context, so
+    captured forwards keep both calls unless the context itself is at most
+    ``D + B`` tokens (where no row can have a prefix part either).
     """
     return page_table.shape[1] <= PREFIX_SPLIT_DEPTH + PREFIX_SPLIT_BLOCK
 

@@ -36,7 +36,8 @@ sliding-window layers (deterministic extend pads the window to whole key
 tiles, decode does not). Where the hook skips the target, or the model has a
 sliding window, it logs that the server's logits are ``tokens``, not
 ``bitwise``. With an fp8 KV cache the single-pass kernel multiplies in fp8,
-as verify and prefill already do. Cost: decode loses split-KV, so long
+as verify and prefill already do, but no server has measured it: any
+``--kv-cache-dtype`` but ``auto`` claims ``tokens`` (``config.kv_cache_reason``). Cost: decode loses split-KV, so long
 contexts at small batch run few, long programs; the measured cost per
 serving step is in ``docs/benchmarks/attention_cost/2026-12-02-h200/`` and,
 summarised, ``docs/forward_modes.md`` ("What it costs").

@@ -51,7 +51,8 @@ FA3 = 3
 
 
 def fa3_part(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call: PartCall,
-             softmax_scale: float, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+             softmax_scale: float, softcap: float = 0.0,
+             out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One call of the split through SGLang's FA3: ``(o, lse)``.
 
     Args:
@@ -60,21 +61,25 @@ def fa3_part(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call
         call: :class:`ops.prefix_split.PartCall`.
         softmax_scale: the layer's scaling.
         softcap: the layer's logit cap (0: none), as SGLang passes it.
+        out: ``[call rows, heads, v_head_dim]`` in q's dtype for FA3 to write into, or None.
 
     Returns:
-        ``o`` ``[call rows, heads, v_head_dim]`` in q's dtype and ``lse`` float32
-        ``[heads, call rows]`` (FA3's varlen layout).
+        ``o`` ``[call rows, heads, v_head_dim]`` in q's dtype (``out`` where given) and ``lse``
+        float32 ``[heads, call rows]`` (FA3's varlen layout).
     """
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
     qs = q if call.rows is None else q.index_select(0, call.rows)
     max_rows = max_seqlen_q(call, q.shape[-1])
-    out = flash_attn_with_kvcache(q=qs, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
+    result = flash_attn_with_kvcache(q=qs, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
                                   cache_batch_idx=call.table_rows, cache_seqlens=call.seqlens, cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=max_rows,
                                   softmax_scale=softmax_scale, causal=call.causal, softcap=softcap,
                                   return_softmax_lse=True,
-                                  num_splits=1, ver=FA3)
-    return out[0], out[1]
+                                  num_splits=1, ver=FA3, out=out)
+    o, lse = result[0], result[1]
+    if out is not None and o.data_ptr() != out.data_ptr():  # a kernel build without an output argument
+        o = out.copy_(o)
+    return o, lse
 
 
 def max_seqlen_q(call: PartCall, head_dim: int) -> int:
@@ -111,12 +116,12 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         ``[rows, heads, v_head_dim]`` in q's dtype (``out`` where given). Where the split has no prefix
         call (every row's keys below the first split key) the tail call's output is the result.
     """
-    o2, l2 = fa3_part(q, k_cache, v_cache, split.tail, softmax_scale, softcap)
     if split.prefix is None:
         # No row has a prefix part (ops.prefix_split.prefix_free): the merge would return the tail as it is.
-        if out is None:
-            return o2
-        return out.copy_(o2)
+        direct = out if out is not None and out.dtype == q.dtype else None
+        o2, _ = fa3_part(q, k_cache, v_cache, split.tail, softmax_scale, softcap, out=direct)
+        return o2 if out is None or direct is not None else out.copy_(o2)
+    o2, l2 = fa3_part(q, k_cache, v_cache, split.tail, softmax_scale, softcap)
     o1, l1 = fa3_part(q, k_cache, v_cache, split.prefix, softmax_scale, softcap)
     return merge_parts(o1, l1, o2, l2, split.has_prefix, split.prefix_index, out=out)
 

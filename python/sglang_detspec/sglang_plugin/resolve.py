@@ -228,6 +228,12 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         if config.attention_backend not in (None, "fa3"):  # None: not resolved yet (SGLang picks it at start-up)
             notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only; with "
                          f"{config.attention_backend} attention it changes nothing")
+        elif (config.page_size or 1) != 1 or kv_cache_reason(config.kv_cache_dtype) is not None:
+            limit = (f"KV page size {config.page_size}" if (config.page_size or 1) != 1
+                     else f"--kv-cache-dtype {config.kv_cache_dtype}")
+            notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes changes nothing with {limit}: the node path, like "
+                         "the prefix / tail split, reads KV pages of one token in SGLang's default KV dtype (auto), "
+                         "so the server keeps SGLang's FA3 calls")
         elif config.decode_attention == "split" and (config.eagle_topk or 1) > 1 and config.algorithm:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3: the prefix / tail split (the "
                          "default) verifies trees where it serves; the node path verifies the trees it declines; "

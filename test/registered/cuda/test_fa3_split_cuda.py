@@ -185,12 +185,20 @@ def test_tree_nodes_equal_their_path_decode(case, n, max_depth, seed):
     assert rows_apart(tree, dec) == []
 
 
+def own_rows(slots, rows: int, seed: int) -> torch.Tensor:
+    """int32 ``[rows, LENGTH]``: each row its own order of the sequence's slots (row 0 the sequence's own)."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    perms = [torch.arange(LENGTH, device=DEV)] + [torch.randperm(LENGTH, generator=gen, device=DEV)
+                                                 for _ in range(rows - 1)]
+    return torch.stack([slots[:LENGTH][p] for p in perms]).contiguous()
+
+
 def test_a_prefix_call_through_row_indices_equals_one_on_copied_rows(case):
     """FA3's ``cache_batch_idx`` only addresses the page table: the same bits as a table with a row per element."""
     q, k, v, slots, _ = case
     starts = [0, D + B - 3, 300, 700]
     n = 300
-    table = slots[:LENGTH].unsqueeze(0).expand(len(starts), LENGTH).contiguous()
+    table = own_rows(slots, len(starts), seed=4)  # a row read through the wrong index gives other keys
     split = ps.extend_split(table, torch.tensor(starts, **I32), torch.full((len(starts),), n, **I32), n,
                             n * len(starts))
     indexed = split.prefix
@@ -260,15 +268,16 @@ def test_verify_layouts_built_inside_a_capture_replay_as_their_decode(case, mode
         if mode == "chain":
             gen = random.Random(seed)
             starts = [gen.choice([0, D - 2, D + B - 3, D + B, 500, LENGTH - n]) for _ in range(bs)]
-            table.copy_(slots[:LENGTH].unsqueeze(0).expand(bs, LENGTH))
+            table.copy_(own_rows(slots, bs, seed))  # each request its own slots: a mis-addressed row shows
             prefix.copy_(torch.tensor(starts, **I32))
             qb.copy_(torch.cat([q[s:s + n] for s in starts]))
-            want = torch.cat([dec[s:s + n] for s in starts])
+            rows = [(b, s + i) for b, s in enumerate(starts) for i in range(n)]
+            want = run(qb.clone(), k, v, ps.decode_split(table[torch.tensor([b for b, _ in rows], device=DEV)],
+                                                         torch.tensor([p + 1 for _, p in rows], **I32)))
         else:
-            prefixes, paths, keys, queries = tree_case(slots, n, 3, seed)
-            table.zero_()
-            for b, p in enumerate(prefixes):
-                table[b, :p] = slots[:p]
+            prefixes, paths, _, queries = tree_case(slots, n, 3, seed)
+            table.copy_(own_rows(slots, bs, seed))  # each request its own prefix slots
+            keys = [table[b, :p].tolist() + paths[b * n + i] for b, p in enumerate(prefixes) for i in range(n)]
             prefix.copy_(torch.tensor(prefixes, **I32))
             anc.zero_()
             for r, a in enumerate(paths):

@@ -170,17 +170,18 @@ def test_the_start_up_check_passes_with_fa3s_contract_and_sees_a_misaddressed_ro
     calls have more than one row), so a kernel that mis-addresses the prefix calls keeps SGLang's calls."""
     from sglang_detspec.sglang_plugin import fa3_split
 
-    def contract(q, k, v, call, scale, softcap=0.0):
-        return ps.part_call_reference(q, k, v, call, scale)
+    def contract(q, k, v, call, scale, softcap=0.0, out=None):
+        o, lse = ps.part_call_reference(q, k, v, call, scale)
+        return (o, lse) if out is None else (out.copy_(o), lse)
 
     monkeypatch.setattr(fa3_split, "fa3_part", contract)
     args = (2, 1, 16, torch.float32, torch.device("cpu"))
     assert fa3_split.split_modes_agree(*args, lengths=(5, 193, 300))
 
-    def misaddressed(q, k, v, call, scale, softcap=0.0):
+    def misaddressed(q, k, v, call, scale, softcap=0.0, out=None):
         if call.table_rows is not None:
             call = dataclasses.replace(call, table_rows=(call.table_rows + 1) % call.page_table.shape[0])
-        return contract(q, k, v, call, scale)
+        return contract(q, k, v, call, scale, out=out)
 
     monkeypatch.setattr(fa3_split, "fa3_part", misaddressed)
     assert not fa3_split.split_modes_agree(*args, lengths=(5, 193, 300))

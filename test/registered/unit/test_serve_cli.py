@@ -277,7 +277,7 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
     (["--attention-backend", "flashinfer", *CHAIN], "flashinfer attention: bitwise verify = decode is proven on"),
     (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with a KV page size of 16: its paged loads"),
     (["--attention-backend", "fa3", "--kv-cache-dtype", "fp8_e4m3", *CHAIN],
-     "--kv-cache-dtype fp8_e4m3: the plugin's exact attention paths read bf16 / fp16 KV"),
+     "--kv-cache-dtype fp8_e4m3: the plugin's exact attention paths are measured with SGLang's default KV cache"),
 ])
 def test_every_tokens_claim_says_why(capsys, monkeypatch, extra, why):
     monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ATTENTION", "one_pass")  # trees claim tokens without the split
@@ -377,6 +377,17 @@ def test_the_dry_run_says_where_split_makes_a_tree_bitwise(capsys, monkeypatch, 
     assert note in err and "changes nothing" not in err
     if "--kv-cache-dtype" in extra:  # the flags show the split cannot serve: no note describes it
         assert "two FA3 calls per row" not in err
+
+
+@pytest.mark.parametrize("extra, limit", [(["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+                                          (["--page-size", "16"], "KV page size 16")])
+def test_the_node_path_is_not_said_to_stand_by_where_neither_fa3_path_serves(capsys, monkeypatch, extra, limit):
+    monkeypatch.setenv("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *TREE,
+                                  "--attention-backend", "fa3", *extra])
+    assert rc == 0 and "logits='tokens'" in start_up_line(err)
+    assert f"SGLANG_DETSPEC_TREE_ATTENTION=nodes changes nothing with {limit}" in err
+    assert "stands by" not in err and "two FA3 calls per row" not in err
 
 
 def test_the_dry_run_says_a_decode_setting_changes_nothing_on_other_backends(capsys, monkeypatch):
