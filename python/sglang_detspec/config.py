@@ -504,8 +504,9 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     """
     claim, reason = _backend_and_shape_rule(attention_backend, eagle_topk, tree_attention, decode_attention, page_size,
                                             head_dim, num_draft_tokens)
-    if claim == "bitwise" and kv_cache_reason(kv_cache_dtype) is not None:
-        return "tokens", kv_cache_reason(kv_cache_dtype)
+    kv_reason = kv_cache_reason(kv_cache_dtype)
+    if claim == "bitwise" and kv_reason is not None:
+        return "tokens", kv_reason
     # Under the prefix / tail split every FA3 call runs the prefill's kernel, at every head size FA3 takes
     # (where the split serves: a tree past its bound runs the node path, under the head-size rule).
     split_serves = decode_attention == "split" and fa3_split_takes(eagle_topk, num_draft_tokens)

@@ -32,9 +32,10 @@ Layout conventions (SGLang's FA3 metadata at page size 1): a page table is
 row per element or one per request with each element naming its row
 (``PartCall.table_rows``: the prefix calls read SGLang's table as it is); a
 call's query rows are given by ``cu_seqlens_q`` (int32 ``[elements + 1]``); a
-causal call aligns each element's rows with the end of its keys (FA3's bottom-right causal mask). Method: FlashAttention's
-online softmax (Dao et al., 2022) in two calls, joined by the log-sum-exp merge
-of Flash-Decoding (split-KV), the split placed by key position.
+causal call aligns each element's rows with the end of its keys (FA3's
+bottom-right causal mask). Method: FlashAttention's online softmax (Dao et
+al., 2022) in two calls, joined by the log-sum-exp merge of Flash-Decoding
+(split-KV), the split placed by key position.
 """
 
 from __future__ import annotations

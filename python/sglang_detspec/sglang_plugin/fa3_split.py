@@ -72,10 +72,10 @@ def fa3_part(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call
     qs = q if call.rows is None else q.index_select(0, call.rows)
     max_rows = max_seqlen_q(call, q.shape[-1])
     result = flash_attn_with_kvcache(q=qs, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
-                                  cache_batch_idx=call.table_rows, cache_seqlens=call.seqlens, cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=max_rows,
-                                  softmax_scale=softmax_scale, causal=call.causal, softcap=softcap,
-                                  return_softmax_lse=True,
-                                  num_splits=1, ver=FA3, out=out)
+                                     cache_batch_idx=call.table_rows, cache_seqlens=call.seqlens,
+                                     cu_seqlens_q=call.cu_seqlens_q, max_seqlen_q=max_rows,
+                                     softmax_scale=softmax_scale, causal=call.causal, softcap=softcap,
+                                     return_softmax_lse=True, num_splits=1, ver=FA3, out=out)
     o, lse = result[0], result[1]
     if out is not None and o.data_ptr() != out.data_ptr():  # a kernel build without an output argument
         o = out.copy_(o)

@@ -140,8 +140,8 @@ def test_a_table_too_narrow_for_a_prefix_part_drops_the_prefix_call():
         assert (ps.decode_split(table, lens).prefix is None) is free
         assert (ps.extend_split(table, lens - 1, torch.ones(3, dtype=torch.int32), 1, 3).prefix is None) is free
     # Trees keep their prefix call (their nodes' keys run past the prefix table).
-    tree = ps.tree_split(torch.zeros(1, 10, dtype=torch.int32), torch.tensor([10]), torch.zeros(2, 2, dtype=torch.int32),
-                         torch.tensor([1, 2], dtype=torch.int32), 2)
+    tree = ps.tree_split(torch.zeros(1, 10, dtype=torch.int32), torch.tensor([10]),
+                         torch.zeros(2, 2, dtype=torch.int32), torch.tensor([1, 2], dtype=torch.int32), 2)
     assert tree.prefix is not None
 
 
