@@ -422,25 +422,29 @@ class DetSpecConfig:
 
 # Attention backends whose target decode, chain verify and prefill forwards give bitwise-equal
 # logits in deterministic mode: triton through the plugin's decode hook (attention_hook.py),
-# fa3 through one causal call over the same key tiles in all three (at head sizes above
-# FA3_RETILED_MAX_HEAD_DIM up to FA3_CAUSAL_KEPT_MAX_HEAD_DIM only, below). Measured: docs/e2e/ forward_modes.json; the reading behind it: docs/forward_modes.md.
+# fa3 through the prefix / tail split (the default, FA3_SPLIT_BACKENDS below), or without it through one causal
+# call over the same key tiles in all three (at head sizes above FA3_RETILED_MAX_HEAD_DIM up to
+# FA3_CAUSAL_KEPT_MAX_HEAD_DIM only). Measured: docs/e2e/ forward_modes.json; the reading behind it:
+# docs/forward_modes.md.
 BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
 # ... and whose tree verify does too, with SGLANG_DETSPEC_TREE_ATTENTION=nodes (tree_attention_hook.py).
 BITWISE_NODE_TREE_BACKENDS = ("fa3",)
 # ... whose decode is bitwise only through the plugin's one-pass decode hook (SGLANG_DETSPEC_DECODE_ATTENTION).
 ONE_PASS_DECODE_BACKENDS = ("triton",)
 # At head sizes up to this FA3 runs a one-row causal call (decode) on its unmasked kernel, whose bits part
-# from a prefill's or a verify's past 128 keys (measured on the H200: docs/forward_modes.md). The plugin
-# keeps those calls on the causal kernel (sglang_plugin/fa3_decode_tile_hook.py); until that is measured
-# equal to a prefill, an FA3 server at such a head size claims tokens (guarantee_and_reason).
+# from a prefill's or a verify's past 128 keys (measured on the H200: docs/forward_modes.md). Without the
+# split the plugin passes those calls max_seqlen_q 2 to keep FA3's causal flag (sglang_plugin/
+# fa3_decode_tile_hook.py), likely not enough (FA3 picks its head-64 kernel from max_seqlen_q); until a
+# run measures it, an FA3 server at such a head size without the split claims tokens (guarantee_and_reason).
 FA3_RETILED_MAX_HEAD_DIM = 64
 # ... FA3 keeps the causal flag of a one-row call for paged KV from there up to this head size; above it
 # FA3 drops the flag again (mha_fwd) and no run has measured decode against prefill.
 FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # ... where SGLANG_DETSPEC_DECODE_ATTENTION=split runs every forward mode of the target as two calls over key
 # ranges chosen from each row's own length (sglang_plugin/fa3_split_hook.py): trees bitwise, and decode on the
-# prefill's causal kernel at every head size (the default, measured bitwise on the H200, serving cost not yet; its start-up check
-# decides, and where it fails the server keeps SGLang's calls and states the claim that leaves).
+# prefill's causal kernel at every head size (the default, measured bitwise on the H200 at an earlier form of the
+# hook, serving cost not yet; its start-up check decides on each GPU, and where it fails the server keeps SGLang's
+# calls and states the claim that leaves).
 FA3_SPLIT_BACKENDS = ("fa3",)
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
 PAGE_SIZE_ONE_BACKENDS = ("fa3",)
@@ -454,7 +458,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
 
     ``bitwise``: the target's logits, hence the logprobs and the tokens, are
     the same bits in decode, verify, prefill, re-prefill after a retraction
-    and extend after a radix-cache hit (on fa3 at head sizes from
+    and extend after a radix-cache hit (on fa3 with the split, the default, at
+    head sizes up to 256; without it at head sizes from
     :data:`FA3_RETILED_MAX_HEAD_DIM` + 1 to :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM` only). ``tokens``: the forwards may round one
     logit apart (about one bf16 step), so a token equals the other mode's
     unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
@@ -541,8 +546,8 @@ def kv_cache_reason(kv_cache_dtype: str | None) -> str | None:
     if kv_cache_dtype is None or kv_cache_dtype == MEASURED_KV_CACHE_DTYPE:
         return None
     return (f"--kv-cache-dtype {kv_cache_dtype}: the plugin's exact attention paths are measured with SGLang's "
-            "default KV cache (auto, the model's own dtype) only, and SGLang's calls on a quantized KV cache are "
-            "not measured decode against prefill")
+            "default KV cache (auto, the model's own dtype) only, and SGLang's own calls with another KV cache "
+            "dtype (fp8, fp4: descaled loads) are not measured decode against prefill")
 
 
 def fa3_split_takes(eagle_topk: int | None, num_draft_tokens: int | None) -> bool:
@@ -566,8 +571,9 @@ def fa3_head_size_reason(head_dim: int | None) -> str | None:
         return None
     if head_dim <= FA3_RETILED_MAX_HEAD_DIM:
         return (f"fa3 at head size {head_dim} (<= {FA3_RETILED_MAX_HEAD_DIM}): FA3 runs a decode step on another "
-                "kernel than a prefill or a verify there, and their bits part past 128 keys; the plugin keeps decode "
-                "on the causal kernel, not yet measured equal to a prefill (docs/forward_modes.md); the prefix / "
+                "kernel than a prefill or a verify there, and their bits part past 128 keys; the plugin passes "
+                "decode calls max_seqlen_q 2 to keep FA3's causal flag, likely not enough and not measured "
+                "(docs/forward_modes.md); the prefix / "
                 "tail split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default) and Triton chains are bitwise at "
                 "every head size up to 256")
     return (f"fa3 at head size {head_dim} (> {FA3_CAUSAL_KEPT_MAX_HEAD_DIM}): FA3 runs a decode step on another "
@@ -613,8 +619,9 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
         return "tokens", (f"{which}: bitwise verify = decode is proven on {' and '.join(BITWISE_CHAIN_BACKENDS)} "
                           "only")
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
-        return "tokens", (f"{attention_backend} with a KV page size of {page_size}: its paged loads can pick another "
-                          "key tile in decode than in prefill (bitwise needs a page size of 1)")
+        return "tokens", (f"{attention_backend} with a KV page size of {page_size}: decode and prefill were seen to "
+                          "tile keys apart at pages of 128 tokens, smaller pages are not measured, and the prefix / "
+                          "tail split and the node path read pages of one token (bitwise needs a page size of 1)")
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention not in BITWISE_DECODE_ATTENTION:
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
                           "apart from its verify")

@@ -52,11 +52,12 @@ The server's start-up line claims logits='bitwise' (speculative decoding on
 gives the logits of decoding without it, bit for bit) by default for chains
 and trees on triton and fa3 attention, as in the example below: every target
 forward runs the positional split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the
-default), on triton at a KV page size of 1, a bf16 / fp16 KV cache, head sizes
+default), on triton at a KV page size of 1, --kv-cache-dtype auto, head sizes
 up to 256, at most 64 query heads per KV head and up to 256 draft tokens, on
-fa3 at a KV page size of 1, a bf16 / fp16 KV cache, head sizes up to 256 and
-trees of up to 65 draft tokens (both splits measured bitwise on an H200,
-their serving cost not yet). A server past one of these limits, or whose
+fa3 (not FA4) at a KV page size of 1, --kv-cache-dtype auto, no MLA or
+sliding-window layers, head sizes up to 256 and trees of up to 65 draft
+tokens (both splits measured bitwise on an H200, the FA3 split at an earlier
+form of its hook; their serving cost not yet). A server past one of these limits, or whose
 start-up check fails, keeps SGLang's FA3 calls (on triton the one-pass
 decode) and says which claim that leaves. Other backends and a run without --attention-backend (SGLang picks
 the backend on the GPU, so the dry run cannot know it; where it can read the

@@ -290,9 +290,14 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models, SGLang's "
                      "harness included, docs/e2e/2026-12-05-h200-split/); their serving cost is not measured; a "
                      "start-up check on the GPU compares their decode with their prefill, a chunked extend and tree "
-                     "verify bit for bit, and where it fails, or past a limit the dry run cannot see (more than 64 "
-                     "query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
+                     "verify bit for bit, and where it fails, or past a limit the dry run does not check (more than "
+                     "64 query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged)")
+    limit = split_flag_limit(config) if config.decode_attention == "split" else None
+    if limit and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
+        notes.append(f"the positional-split Triton kernels cannot serve this server ({limit}): the target keeps the "
+                     "one-pass decode, whose cost is measured without speculative decoding at 2.03x SGLang's "
+                     "inter-token latency at one request with 2,048-token prompts (docs/forward_modes.md)")
     if split_visible and backend in FA3_SPLIT_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): the "
                      "prefix / tail split (two FA3 calls per row "
@@ -313,8 +318,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
 def split_flag_limit(config: DetSpecConfig) -> str | None:
     """A limit of the positional split that the flags already show this server passes, or None.
 
-    Page size, a quantized KV cache, head size (both splits take up to 256)
-    and, on fa3, the tree's draft tokens: past one the claim's reason says
+    Page size, a KV cache dtype other than auto, head size (both splits take
+    up to 256) and, on fa3, the tree's draft tokens: past one the claim's reason says
     what serves instead, so no note describes the split. Limits only the
     built backend shows (head counts, windows) are the start-up check's.
     """

@@ -80,7 +80,7 @@ RETILED = f"[t] {tile.RETILED_LOG} (target model, head size 64: ...)"
 
 @pytest.mark.parametrize("lines, head_dim, extra, problem", [
     ([ACTIVE_FA3, WARMED, RETILED], 64, {}, None),
-    ([ACTIVE_FA3, WARMED], 64, {}, "no 'sglang-detspec: FA3 decode runs on the causal kernel its prefill uses' line"),
+    ([ACTIVE_FA3, WARMED], 64, {}, f"no '{tile.RETILED_LOG}' line"),
     ([ACTIVE_FA3, WARMED, RETILED.replace("target model", "draft model")], 64, {}, "line for the target"),
     ([ACTIVE_FA3, WARMED], 128, {}, None),  # FA3 keeps the causal tile there: nothing to re-tile
     ([ACTIVE_FA3, WARMED], 64, {"kv_lora_rank": 512}, None),  # MLA: other head sizes

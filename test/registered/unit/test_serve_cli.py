@@ -275,7 +275,8 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
                                             "SGLANG_DETSPEC_DECODE_ATTENTION=split makes it bitwise"),
     (["--attention-backend", "triton", *TREE], "a tree (top-k 4) on triton: its verify mask interleaves"),
     (["--attention-backend", "flashinfer", *CHAIN], "flashinfer attention: bitwise verify = decode is proven on"),
-    (["--attention-backend", "fa3", "--page-size", "16", *CHAIN], "fa3 with a KV page size of 16: its paged loads"),
+    (["--attention-backend", "fa3", "--page-size", "16", *CHAIN],
+     "fa3 with a KV page size of 16: decode and prefill were seen to tile keys apart"),
     (["--attention-backend", "fa3", "--kv-cache-dtype", "fp8_e4m3", *CHAIN],
      "--kv-cache-dtype fp8_e4m3: the plugin's exact attention paths are measured with SGLang's default KV cache"),
 ])
@@ -388,6 +389,19 @@ def test_the_node_path_is_not_said_to_stand_by_where_neither_fa3_path_serves(cap
     assert rc == 0 and "logits='tokens'" in start_up_line(err)
     assert f"SGLANG_DETSPEC_TREE_ATTENTION=nodes changes nothing with {limit}" in err
     assert "stands by" not in err and "two FA3 calls per row" not in err
+
+
+@pytest.mark.parametrize("extra, limit", [(["--page-size", "16"], "KV page size 16"),
+                                          (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3")])
+def test_the_dry_run_says_when_the_triton_split_stands_down(capsys, extra, limit):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "triton", *extra])
+    assert rc == 0
+    assert f"Triton kernels cannot serve this server ({limit}): the target keeps the one-pass" in err
+    assert "were measured bitwise on one H200" not in err  # no note describes the split that does not run
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "triton"])
+    assert rc == 0 and "cannot serve this server" not in err
 
 
 def test_the_dry_run_says_a_decode_setting_changes_nothing_on_other_backends(capsys, monkeypatch):
