@@ -116,6 +116,10 @@ def test_a_short_prefill_runs_the_tail_alone_and_equals_decode(case):
         split = ps.extend_split(slots[:n].unsqueeze(0), torch.zeros(1, **I32), torch.tensor([n], **I32), n, n)
         assert split.prefix is None
         assert rows_apart(run(q[:n], k, v, split), dec[:n]) == [], n
+        # FA3 writing straight into an output buffer of q's dtype (a server's path): the tail's bf16 rows.
+        direct = torch.empty(n, q.shape[1], q.shape[2], dtype=q.dtype, device=DEV)
+        assert split_attention(q[:n], k, v, split, q.shape[-1] ** -0.5, out=direct) is direct
+        assert rows_apart(direct.float(), dec[:n]) == [], n
     pos = [0, 5, D + B - 1]
     short = ps.decode_split(slots[:D + B].unsqueeze(0).expand(3, D + B).contiguous(), torch.tensor(pos, **I32) + 1)
     assert short.prefix is None
