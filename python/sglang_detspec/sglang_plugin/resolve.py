@@ -228,12 +228,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         if config.attention_backend not in (None, "fa3"):  # None: not resolved yet (SGLang picks it at start-up)
             notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only; with "
                          f"{config.attention_backend} attention it changes nothing")
-        elif (config.page_size or 1) != 1 or kv_cache_reason(config.kv_cache_dtype) is not None:
-            limit = (f"KV page size {config.page_size}" if (config.page_size or 1) != 1
-                     else f"--kv-cache-dtype {config.kv_cache_dtype}")
-            notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes changes nothing with {limit}: the node path, like "
-                         "the prefix / tail split, reads KV pages of one token in SGLang's default KV dtype (auto), "
-                         "so the server keeps SGLang's FA3 calls")
+        elif kv_layout_limit(config):
+            notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes changes nothing with {kv_layout_limit(config)}: "
+                         "the node path, like the prefix / tail split, reads KV pages of one token in SGLang's "
+                         "default KV dtype (auto), so the server keeps SGLang's FA3 calls")
         elif config.decode_attention == "split" and (config.eagle_topk or 1) > 1 and config.algorithm:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3: the prefix / tail split (the "
                          "default) verifies trees where it serves; the node path verifies the trees it declines; "
@@ -283,7 +281,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
         notes.append(chain_note(config))
-    split_visible = config.decode_attention == "split" and split_flag_limit(config) is None
+    limit = split_flag_limit(config) if config.decode_attention == "split" else None
+    split_visible = config.decode_attention == "split" and limit is None
     if split_visible and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
                      "positional-split Triton kernels were measured "
@@ -293,7 +292,6 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "verify bit for bit, and where it fails, or past a limit the dry run does not check (more than "
                      "64 query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged)")
-    limit = split_flag_limit(config) if config.decode_attention == "split" else None
     if limit and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
         notes.append(f"the positional-split Triton kernels cannot serve this server ({limit}): the target keeps the "
                      "one-pass decode, whose cost is measured without speculative decoding at 2.03x SGLang's "
@@ -315,6 +313,18 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     return notes
 
 
+def kv_layout_limit(config: DetSpecConfig) -> str | None:
+    """The KV page size or cache dtype that turns down both FA3 paths and the Triton split, or None.
+
+    Both read pages of one token in SGLang's default KV dtype (``auto``).
+    """
+    if (config.page_size or 1) != 1:
+        return f"KV page size {config.page_size}"
+    if kv_cache_reason(config.kv_cache_dtype) is not None:
+        return f"--kv-cache-dtype {config.kv_cache_dtype}"
+    return None
+
+
 def split_flag_limit(config: DetSpecConfig) -> str | None:
     """A limit of the positional split that the flags already show this server passes, or None.
 
@@ -323,10 +333,9 @@ def split_flag_limit(config: DetSpecConfig) -> str | None:
     what serves instead, so no note describes the split. Limits only the
     built backend shows (head counts, windows) are the start-up check's.
     """
-    if (config.page_size or 1) != 1:
-        return f"KV page size {config.page_size}"
-    if kv_cache_reason(config.kv_cache_dtype) is not None:
-        return f"--kv-cache-dtype {config.kv_cache_dtype}"
+    kv = kv_layout_limit(config)
+    if kv:
+        return kv
     if config.head_dim is not None and config.head_dim > FA3_MAX_HEAD_DIM:
         return f"head size {config.head_dim}"
     tree_topk = config.eagle_topk if config.algorithm else None
