@@ -530,6 +530,8 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
 # The --kv-cache-dtype every measured server ran: the KV cache in the model's own dtype ("auto"; a checkpoint whose
 # quantization config asks for FP8 KV is a quantized family, 'tokens' by model_family.family_claim).
 MEASURED_KV_CACHE_DTYPE = "auto"
+# ... and the names SGLang takes for a 16-bit (not quantized) KV cache given explicitly.
+EXPLICIT_16_BIT_KV_CACHE_DTYPES = ("bf16", "bfloat16")
 
 
 def kv_cache_reason(kv_cache_dtype: str | None) -> str | None:
@@ -545,9 +547,12 @@ def kv_cache_reason(kv_cache_dtype: str | None) -> str | None:
     """
     if kv_cache_dtype is None or kv_cache_dtype == MEASURED_KV_CACHE_DTYPE:
         return None
+    if kv_cache_dtype in EXPLICIT_16_BIT_KV_CACHE_DTYPES:
+        why = "no server has run an explicit 16-bit KV cache, and the FA3 paths take auto only"
+    else:
+        why = "SGLang's own calls on a quantized KV cache (descaled loads) are not measured decode against prefill"
     return (f"--kv-cache-dtype {kv_cache_dtype}: the plugin's exact attention paths are measured with SGLang's "
-            "default KV cache (auto, the model's own dtype) only, and SGLang's own calls with another KV cache "
-            "dtype (fp8, fp4: descaled loads) are not measured decode against prefill")
+            f"default KV cache (auto, the model's own dtype) only; {why}")
 
 
 def fa3_split_takes(eagle_topk: int | None, num_draft_tokens: int | None) -> bool:

@@ -53,7 +53,8 @@ gives the logits of decoding without it, bit for bit) by default for chains
 and trees on triton and fa3 attention, as in the example below: every target
 forward runs the positional split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the
 default), on triton at a KV page size of 1, --kv-cache-dtype auto, head sizes
-up to 256, at most 64 query heads per KV head and up to 256 draft tokens, on
+up to 256, at most 64 query heads per KV head, no sliding-window layers and
+up to 256 draft tokens, on
 fa3 (not FA4) at a KV page size of 1, --kv-cache-dtype auto, no MLA or
 sliding-window layers, head sizes up to 256 and trees of up to 65 draft
 tokens (both splits measured bitwise on an H200, the FA3 split at an earlier
@@ -65,7 +66,8 @@ target's config.json it notes what fa3 would claim) claim logits='tokens': the s
 near-tie inside one bf16 rounding step. SGLANG_DETSPEC_DECODE_ATTENTION=one_pass
 (triton chains stay 'bitwise') or sglang turn the split off: trees then
 claim 'tokens' (fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head
-sizes 65 to 128), and so do fa3 chains outside head sizes 65 to 128. The
+sizes 65 to 128), and so do fa3 chains outside head sizes 65 to 128 and,
+with sglang, triton chains. The
 suites ran with --cuda-graph-backend-prefill disabled, except SGLang's own
 harness, which runs with prefill CUDA graphs on (SGLang's default)."""
 DESCRIPTION = f"""\

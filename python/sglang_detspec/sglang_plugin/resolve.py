@@ -291,7 +291,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "start-up check on the GPU compares their decode with their prefill, a chunked extend and tree "
                      "verify bit for bit, and where it fails, or past a limit the dry run does not check (more than "
                      "64 query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
-                     "trees drop to 'tokens' (logged)")
+                     "trees drop to 'tokens' (logged); a model with sliding-window layers claims 'tokens' (logged)")
     if limit and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
         notes.append(f"the positional-split Triton kernels cannot serve this server ({limit}): the target keeps the "
                      "one-pass decode, whose cost is measured without speculative decoding at 2.03x SGLang's "
@@ -299,14 +299,15 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     if split_visible and backend in FA3_SPLIT_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): the "
                      "prefix / tail split (two FA3 calls per row "
-                     "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
-                     "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness included, "
-                     "docs/e2e/2026-12-05-h200-split/); its serving cost is not measured (per layer call "
-                     "1.03-1.89x SGLang's decode call at head size 128: docs/benchmarks/fa3_split/2026-12-05-h200/); a start-up check "
-                     "on the GPU compares its decode with its prefill, chunked prefill and tree verify bit for bit, "
-                     "and where it fails, or past a limit the dry run cannot see (a layer with a window, sinks or "
-                     "another value head size), the server keeps SGLang's FA3 calls there and "
-                     "logs the claim they give")
+                     "over key ranges chosen from its own length) was measured bitwise on one H200 at an earlier "
+                     "form of its hook (kernels at head sizes 64-256; servers on the tiny suite models at head size "
+                     "64, SGLang's harness included, docs/e2e/2026-12-05-h200-split/); its later changes, meant to "
+                     "keep the same bits, are checked on the CPU only; its serving cost is not measured (per layer "
+                     "call 1.03-1.74x SGLang's decode call at head size 128 as it now makes its calls: "
+                     "docs/forward_modes.md); a start-up check on the GPU compares its decode with its prefill, "
+                     "chunked prefill and tree verify bit for bit, and where it fails, or past a limit the dry run "
+                     "cannot see (a layer with a window, sinks or a value head size unlike the key's), the server "
+                     "keeps SGLang's FA3 calls there and logs the claim they give")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")
