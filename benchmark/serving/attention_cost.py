@@ -26,6 +26,14 @@ triton_split          triton   split           (f) the positional-split kernels 
 Every arm names its ``SGLANG_DETSPEC_DECODE_ATTENTION``. The default pairs
 are the three split pairs; the other two run when named (``--pairs``).
 
+Every server's KV pool is what the largest planned cell needs (at most
+``--max-total-tokens``). The pairs run in waves: as many pairs at once as
+``gpu_fit`` estimates the GPU holds (the two FA3 pairs together on an H200,
+one pair at a time on an H100), each wave's servers stopped before the next
+starts; where even one pair does not fit, the pool is lowered and the cells
+above it are skipped. A cell larger than the pool a server logged is
+skipped too.
+
 (The Triton decode hook costs only servers that decode on the target, so
 its pair has no speculative decoding; the node path costs only tree
 verify.) A cell whose requests cannot all hold their KV at once
@@ -63,8 +71,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from serving_configs import (CONFIGS, LoadSettings, ServerSettings, bench_args, parse_int_list,  # noqa: E402
                              server_command)
-from serving_models import CONTEXT_LEN  # noqa: E402
-from serving_run import gpu_facts, healthy  # noqa: E402
+from gpu_fit import gpu_memory_gib, logged_pool_tokens, pool_that_fits, server_gib  # noqa: E402
+from serving_models import CONTEXT_LEN, SHAPES  # noqa: E402
+from serving_run import gpu_facts, healthy, written_shape  # noqa: E402
 
 TREE_NODES_ENV = ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes")
 SGLANG_DECODE_ENV = ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")
@@ -138,6 +147,32 @@ def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[in
     return cells, skipped
 
 
+def pool_for(cells: list[tuple[Pair, int, int]], output_len: int) -> int:
+    """The KV pool (tokens) for ``cells``: the largest one's need, rounded up to a multiple of 1024, plus 1024."""
+    need = max((conc * (prompt_len + output_len + SLACK_TOKENS) for _, prompt_len, conc in cells), default=1)
+    return -(-need // 1024) * 1024 + 1024
+
+
+def plan_waves(pairs: list[Pair], pool: int, total_gib: float | None, shape) -> list[list[Pair]]:
+    """The pairs in order, grouped into waves whose servers (two per pair) fit ``total_gib`` at ``pool`` tokens.
+
+    ``total_gib`` None (GPU memory unknown): one wave. A pair too large alone
+    still gets a wave of its own (the caller lowers the pool first).
+    """
+    if total_gib is None:
+        return [list(pairs)]
+    waves, current, used = [], [], 0.0
+    for pair in pairs:
+        need = 2 * server_gib(shape, pool, CONFIGS[pair.config].speculative)
+        if current and used + need > total_gib:
+            waves.append(current)
+            current, used = [], 0.0
+        current.append(pair)
+        used += need
+    waves.append(current)
+    return waves
+
+
 def model_context_len(models: str) -> int:
     """Positions the target in ``models`` takes: its ``config.json``'s, else what ``serving_models.py`` writes.
 
@@ -209,8 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per cell (default 2)")
     p.add_argument("--waves", type=int, default=1, help="requests per run: waves x concurrency (at least 4)")
-    # Four 8B servers share one 141 GB H200: 16 GB of weights and 12.8 GB of KV each, plus graphs.
-    p.add_argument("--max-total-tokens", type=int, default=100000, help="KV pool of every server (tokens)")
+    p.add_argument("--max-total-tokens", type=int, default=100000,
+                   help="largest KV pool of a server (tokens); each gets what the largest planned cell needs")
+    p.add_argument("--gpu-gib", type=float, default=None,
+                   help="GPU memory the waves are planned for (default: nvidia-smi's; unknown: one wave)")
     p.add_argument("--mem-fraction-static", type=float, default=0.93,
                    help="SGLang's static-memory fraction; the pool is capped by --max-total-tokens")
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole command")
@@ -233,12 +270,36 @@ def validate(args) -> dict:
         raise ValueError(f"waves must lie in [1, 50], got {args.waves}")
     if not 60 <= args.budget_s <= 86400:
         raise ValueError(f"budget_s must lie in [60, 86400], got {args.budget_s}")
+    if not 1024 <= args.max_total_tokens <= 10_000_000:
+        raise ValueError(f"max_total_tokens must lie in [1024, 1e7], got {args.max_total_tokens}")
+    if args.gpu_gib is not None and not 1 <= args.gpu_gib <= 4096:
+        raise ValueError(f"gpu_gib must lie in [1, 4096], got {args.gpu_gib}")
+    total_gib = args.gpu_gib if args.gpu_gib is not None else gpu_memory_gib()
+    shape = SHAPES[written_shape(args.models) or "llama-8b"]
+    context = model_context_len(args.models)
+    notes = []
+    cap = args.max_total_tokens
+    if total_gib is not None:
+        fits = min(pool_that_fits(shape, [CONFIGS[p.config].speculative] * 2, total_gib) for p in pairs)
+        if fits < cap:
+            notes.append(f"pool at most {fits} tokens, not {cap}: a pair's two servers fit the GPU's "
+                         f"{total_gib:.1f} GiB only so (gpu_fit estimate)")
+            cap = fits
+    cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, cap, context)
+    if not cells:
+        raise ValueError(f"no cell fits a KV pool of {cap} tokens and a context of {context}: "
+                         "lower --prompt-lens or --concurrency")
+    pool = min(pool_for(cells, args.output_len), cap)
+    waves = plan_waves(pairs, pool, total_gib, shape)
+    if len(waves) > 1:
+        notes.append(f"{len(waves)} waves of servers ({'; '.join(', '.join(p.name for p in w) for w in waves)}): "
+                     f"all pairs at once do not fit the GPU's {total_gib:.1f} GiB at a pool of {pool} tokens "
+                     "(gpu_fit estimate)")
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
-                              max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
+                              max_total_tokens=pool, max_running_requests=max(concs),
                               mem_fraction_static=args.mem_fraction_static)
-    cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, args.max_total_tokens,
-                                model_context_len(args.models))
-    return {"pairs": pairs, "cells": cells, "skipped": skipped, "settings": settings}
+    return {"pairs": pairs, "cells": cells, "skipped": skipped, "settings": settings, "waves": waves,
+            "pool": pool, "gpu_gib": total_gib, "notes": notes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
             servers[(pair.name, arm)] = (port, *server_argv(pair, arm, plan["settings"], port))
             port += 10
     if args.dry_run:
+        gib = "unknown" if plan["gpu_gib"] is None else f"{plan['gpu_gib']:.1f} GiB"
+        print(f"GPU memory {gib}; KV pool {plan['pool']} tokens per server")
+        for i, wave in enumerate(plan["waves"]):
+            print(f"wave {i + 1}: {', '.join(p.name for p in wave)}")
+        for note in plan["notes"]:
+            print(f"note: {note}")
         for (name, arm), (p, cmd, env) in servers.items():
             print(f"{name} {arm} :{p} env={env} {' '.join(cmd)}")
         for pair, prompt_len, conc in plan["cells"]:
@@ -265,6 +332,54 @@ def main(argv: list[str] | None = None) -> int:
     return run(args, plan, servers)
 
 
+def start_servers(args, keys: list, servers: dict) -> dict:
+    """Start the servers of ``keys`` (``(pair name, arm)``), each logging to ``logs/server_<pair>_<arm>.log``."""
+    procs = {}
+    for key in keys:
+        port, cmd, env = servers[key]
+        log = open(log_path(args, key), "w")
+        procs[key] = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+    return procs
+
+
+def stop_servers(procs: dict, grace_s: float = 60.0) -> None:
+    """Stop every server's process group and wait for it, so its GPU memory is free for the next wave."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 15)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def log_path(args, key: tuple[str, str]) -> str:
+    return os.path.join(args.out, "logs", f"server_{key[0]}_{key[1]}.log")
+
+
+def logged_pools(args, keys: list) -> dict:
+    """``(pair, arm) -> tokens``: the KV pool each server's log reports (servers without the line left out)."""
+    pools = {}
+    for key in keys:
+        try:
+            with open(log_path(args, key), errors="replace") as f:
+                tokens = logged_pool_tokens(f.read())
+        except OSError:
+            tokens = None
+        if tokens is not None:
+            pools[key] = tokens
+    return pools
+
+
 def run(args, plan: dict, servers: dict) -> int:
     start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - start)  # noqa: E731
@@ -272,66 +387,76 @@ def run(args, plan: dict, servers: dict) -> int:
     if not os.path.exists(os.path.join(args.models, "models.json")):
         subprocess.run([sys.executable, os.path.join(HERE, "serving_models.py"), args.models], check=True,
                        timeout=max(30.0, min(300.0, left() - 120)))
-    procs = {}
-    for key, (port, cmd, env) in servers.items():
-        log = open(os.path.join(args.out, "logs", f"server_{key[0]}_{key[1]}.log"), "w")
-        procs[key] = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
     runs_path = os.path.join(args.out, "runs.jsonl")
-    runs, notes = [], []
+    runs, notes = [], list(plan["notes"])
     try:
-        deadline = time.monotonic() + min(args.server_timeout_s, left() - 60)
-        while time.monotonic() < deadline and not all(healthy(p) for p, _, _ in servers.values()):
-            if any(proc.poll() is not None for proc in procs.values()):
+        for wave in plan["waves"]:
+            keys = [(pair.name, arm) for pair in wave for arm in ARMS]
+            if left() < 120:
+                notes.append(f"budget: wave {', '.join(p.name for p in wave)} not started")
                 break
-            time.sleep(2)
-        down = [f"{k[0]}/{k[1]}" for k, (p, _, _) in servers.items() if not healthy(p)]
-        if down:
-            notes.append(f"servers not healthy after {time.monotonic() - start:.0f} s: {down}")
-        notes.append(f"servers ready after {time.monotonic() - start:.0f} s")
-        from serving_driver import run_bench
-
-        tokenizer = plan["settings"].target
-        for pair, prompt_len, conc in plan["cells"]:
-            if any(f"{pair.name}/" in d for d in down):
-                continue
-            load = LoadSettings(input_len=prompt_len, output_len=args.output_len, rounds=args.waves)
-            # Round 0, a warm-up of each arm (not counted), at every cell: the first run at a new batch size can
-            # compile kernels in one arm only (measured: ratios from 0.10 to 1.48 at one cell without it).
-            for rnd in range(args.rounds + 1):
-                for arm in arm_order(max(rnd, 1)):
-                    if left() < 30:
-                        notes.append(f"budget: stopped before {pair.name} prompt {prompt_len} c={conc} round {rnd}")
-                        raise TimeoutError
-                    port = servers[(pair.name, arm)][0]
-                    raw = os.path.join(args.out, "raw.jsonl")
-                    argv = bench_args(f"http://127.0.0.1:{port}", tokenizer, conc, load, output_file=raw,
-                                      tag=f"{pair.name}_{arm}", num_prompts=conc if rnd == 0 else None,
-                                      warmup_requests=0 if rnd else None)
-                    row = {"pair": pair.name, "arm": arm, "prompt_len": prompt_len, "concurrency": conc, "round": rnd}
-                    t0 = time.monotonic()
-                    try:
-                        result = run_bench(argv, raw)
-                        row.update({k: result.get(k) for k in ("mean_itl_ms", "median_itl_ms", "p90_itl_ms",
-                                                              "output_throughput", "duration", "completed")})
-                    except Exception as exc:  # a failed run is recorded; the cell's other runs still count
-                        row["error"] = repr(exc)[:500]
-                    row["wall_s"] = round(time.monotonic() - t0, 2)
-                    if rnd:
-                        runs.append(row)
-                    with open(runs_path, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+            procs = start_servers(args, keys, servers)
+            try:
+                run_wave(args, plan, servers, wave, keys, procs, left, runs, notes, runs_path, start)
+            finally:
+                stop_servers(procs, grace_s=max(5.0, min(60.0, left() - 10)))
     except TimeoutError:
         pass
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, 15)
-                except ProcessLookupError:
-                    pass
         write(args, plan, runs, notes)
     return 0
+
+
+def run_wave(args, plan, servers, wave, keys, procs, left, runs, notes, runs_path, start) -> None:
+    """One wave: wait for its servers, then every cell of its pairs, interleaved; TimeoutError at the budget."""
+    deadline = time.monotonic() + min(args.server_timeout_s, left() - 60)
+    while time.monotonic() < deadline and not all(healthy(servers[k][0]) for k in keys):
+        if any(proc.poll() is not None for proc in procs.values()):
+            break
+        time.sleep(2)
+    down = [f"{k[0]}/{k[1]}" for k in keys if not healthy(servers[k][0])]
+    if down:
+        notes.append(f"servers not healthy after {time.monotonic() - start:.0f} s: {down}")
+    notes.append(f"servers of {', '.join(p.name for p in wave)} ready after {time.monotonic() - start:.0f} s")
+    pools = logged_pools(args, keys)
+    from serving_driver import run_bench
+
+    tokenizer = plan["settings"].target
+    for pair, prompt_len, conc in plan["cells"]:
+        if pair not in wave or any(f"{pair.name}/" in d for d in down):
+            continue
+        need = conc * (prompt_len + args.output_len + SLACK_TOKENS)
+        logged = min((pools[(pair.name, arm)] for arm in ARMS if (pair.name, arm) in pools), default=None)
+        if logged is not None and need > logged:
+            plan["skipped"].append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,
+                                    "why": f"{need} tokens of KV exceed the pool of {logged} a server logged"})
+            continue
+        load = LoadSettings(input_len=prompt_len, output_len=args.output_len, rounds=args.waves)
+        # Round 0, a warm-up of each arm (not counted), at every cell: the first run at a new batch size can
+        # compile kernels in one arm only (measured: ratios from 0.10 to 1.48 at one cell without it).
+        for rnd in range(args.rounds + 1):
+            for arm in arm_order(max(rnd, 1)):
+                if left() < 30:
+                    notes.append(f"budget: stopped before {pair.name} prompt {prompt_len} c={conc} round {rnd}")
+                    raise TimeoutError
+                port = servers[(pair.name, arm)][0]
+                raw = os.path.join(args.out, "raw.jsonl")
+                argv = bench_args(f"http://127.0.0.1:{port}", tokenizer, conc, load, output_file=raw,
+                                  tag=f"{pair.name}_{arm}", num_prompts=conc if rnd == 0 else None,
+                                  warmup_requests=0 if rnd else None)
+                row = {"pair": pair.name, "arm": arm, "prompt_len": prompt_len, "concurrency": conc, "round": rnd}
+                t0 = time.monotonic()
+                try:
+                    result = run_bench(argv, raw)
+                    row.update({k: result.get(k) for k in ("mean_itl_ms", "median_itl_ms", "p90_itl_ms",
+                                                          "output_throughput", "duration", "completed")})
+                except Exception as exc:  # a failed run is recorded; the cell's other runs still count
+                    row["error"] = repr(exc)[:500]
+                row["wall_s"] = round(time.monotonic() - t0, 2)
+                if rnd:
+                    runs.append(row)
+                with open(runs_path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
 
 def write(args, plan: dict, runs: list[dict], notes: list[str]) -> None:
@@ -339,7 +464,8 @@ def write(args, plan: dict, runs: list[dict], notes: list[str]) -> None:
     cost = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "machine": gpu_facts()[1] or "unknown GPU",
             "settings": {"pairs": [dataclasses.asdict(p) for p in plan["pairs"]], "output_len": args.output_len,
-                         "rounds": args.rounds, "waves": args.waves, "max_total_tokens": args.max_total_tokens,
+                         "rounds": args.rounds, "waves": args.waves, "max_total_tokens": plan["pool"],
+                         "gpu_gib": plan["gpu_gib"], "server_waves": [[p.name for p in w] for w in plan["waves"]],
                          "model": "8B-shape Llama target with an EAGLE draft (serving_models.py)"},
             "rows": rows, "skipped": plan["skipped"], "notes": notes}
     with open(os.path.join(args.out, "cost.json"), "w") as f:

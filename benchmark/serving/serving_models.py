@@ -119,6 +119,13 @@ class ModelShape:
     def target_params(self) -> int:
         return self.layers * self.layer_params() + 2 * self.vocab * self.hidden
 
+    def draft_params(self) -> int:
+        """The EAGLE draft's parameters as SGLang holds them at load: one dense layer of ``intermediate``,
+        ``fc`` (2 x hidden -> hidden, with its bias) and an embedding and LM head of its own (SGLang allocates
+        both before it takes the target's; 2.43 GB logged at the 8B shape)."""
+        dense_layer = self.attention_params() + 3 * self.intermediate * self.hidden
+        return dense_layer + 2 * self.hidden * self.hidden + self.hidden + 2 * self.vocab * self.hidden
+
     def kv_bytes_per_token(self, layers: int | None = None) -> int:
         """bf16 K and V of every layer (SGLang's MHA token pool), bytes per token."""
         return 2 * (self.layers if layers is None else layers) * self.kv_heads * self.head_dim * 2

@@ -7,7 +7,9 @@ Schedule (it must fit one command of at most 600 s on one or two GPUs):
 2. Start up to ``--max-servers-per-gpu`` (3) servers per GPU at once, each with a
    fixed KV pool (``--max-total-tokens``), configurations assigned round-robin
    in priority order (``--configs``, default ``bdeicagfh``: the ratios survive a
-   run cut short).
+   run cut short). Fewer where the GPU's memory holds fewer (``gpu_fit``'s
+   estimate: 3 on an H200, 2 on an H100 at the defaults); an interleaved
+   command whose servers cannot all be up at once stops before any starts.
 3. Measure one server at a time (``serving_driver.py``: ``bench_serving`` at
    each concurrency until ``--repeats`` runs of at least ``--min-seconds``
    each, shorter runs kept as warm-ups; see ``RepeatSettings``), so
@@ -89,6 +91,7 @@ from serving_configs import (  # noqa: E402
 from serving_breakdown import CaptureSettings  # noqa: E402
 from serving_interleave import MAX_SERVERS, pairable, schedule  # noqa: E402
 from serving_models import SHAPES  # noqa: E402
+from gpu_fit import gpu_memory_gib, pool_that_fits, server_gib  # noqa: E402
 import serving_host  # noqa: E402
 
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
@@ -194,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", default=None,
                    help="this command's name in merged reports (default: the --out folder's name)")
     p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--gpu-gib", type=float, default=None,
+                   help="GPU memory the servers are fitted to (default: nvidia-smi's; unknown: no check)")
     p.add_argument("--mem-fraction-static", type=float, default=0.88)
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands) and exit")
     return p
@@ -286,12 +291,67 @@ def validate(args) -> dict:
     if args.max_total_tokens < needed:
         raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)"
                          f"{', output: --breakdown-output-len' if capture else ''}), got {args.max_total_tokens}")
+    if args.gpu_gib is not None and not 1 <= args.gpu_gib <= 4096:
+        raise ValueError(f"gpu_gib must lie in [1, 4096], got {args.gpu_gib}")
+    total_gib = args.gpu_gib if args.gpu_gib is not None else gpu_memory_gib()
+    slots, fit_note = servers_that_fit(keys if mode in ("interleave", "combined") else None, keys, args, total_gib,
+                                       needed)
     if args.label is not None and not args.label.strip():
         raise ValueError("label must not be empty")
     label = args.label or os.path.basename(os.path.normpath(args.out)) or "run"
     return {"keys": keys, "concs": concs, "profile": profile, "load": load, "repeat": repeat, "settings": settings,
             "label": label, "mode": mode, "server_env": server_env, "server_args": server_args, "capture": capture,
-            "il_keys": il_keys, "il_concs": il_concs, "host_concs": host_concs}
+            "il_keys": il_keys, "il_concs": il_concs, "host_concs": host_concs,
+            "max_servers_per_gpu": slots, "gpu_gib": total_gib, "fit_note": fit_note}
+
+
+def servers_that_fit(held: list[str] | None, keys: list[str], args, total_gib: float | None,
+                     needed: int) -> tuple[int, str | None]:
+    """``(servers per GPU at once, note)`` where the GPU's memory allows what the flags ask (``gpu_fit`` estimate).
+
+    ``held``: the configurations every GPU's share of must hold at once (the
+    interleaved modes, GPUs assigned round-robin), else None: servers come and
+    go, ``--max-servers-per-gpu`` at a time, lowered to what fits the
+    heaviest configurations (the note says so). ``total_gib`` None: unknown,
+    the flags stand. ``needed``: the smallest pool (tokens) the load needs.
+
+    Raises:
+        ValueError: an interleaved command whose servers do not fit, or one
+            server alone that does not, naming the estimate and a pool that would fit.
+    """
+    slots = args.max_servers_per_gpu
+    if total_gib is None:
+        return slots, None
+    shape = SHAPES[args.shape]
+    gib = {k: server_gib(shape, args.max_total_tokens, CONFIGS[k].speculative) for k in keys}
+
+    def hint(group: list[str]) -> str:
+        fits = pool_that_fits(shape, [CONFIGS[k].speculative for k in group], total_gib)
+        if fits >= max(needed, 1024):
+            return f"; --max-total-tokens {max(needed, 1024)} (the load's need) fits"
+        return "; name fewer configs" if len(group) > 1 else "; it needs a GPU with more memory"
+
+    if held is not None:
+        gpus = args.gpus or 1
+        for gpu in range(gpus):
+            on = [k for i, k in enumerate(held) if i % gpus == gpu]
+            need = sum(gib[k] for k in on)
+            if need > total_gib:
+                raise ValueError(f"configs: {''.join(on)} are held at once on GPU {gpu}: about {need:.1f} GiB at "
+                                 f"--max-total-tokens {args.max_total_tokens} (gpu_fit estimate), more than its "
+                                 f"{total_gib:.1f} GiB{hint(on)}")
+        return slots, None
+    heaviest = sorted(keys, key=gib.get, reverse=True)
+    fit = next((n for n in range(min(slots, len(keys)), 0, -1) if sum(gib[k] for k in heaviest[:n]) <= total_gib), 0)
+    if fit == 0:
+        raise ValueError(f"max_total_tokens: one ({heaviest[0]}) server needs about {gib[heaviest[0]]:.1f} GiB "
+                         f"(gpu_fit estimate), more than the GPU's {total_gib:.1f} GiB{hint(heaviest[:1])}")
+    if fit < min(slots, len(keys)):
+        return fit, (f"{fit} servers per GPU at once, not {slots}: the heaviest configurations "
+                     f"({''.join(heaviest[:fit + 1])}) need about {sum(gib[k] for k in heaviest[:fit + 1]):.1f} GiB "
+                     f"at --max-total-tokens {args.max_total_tokens}, more than the GPU's {total_gib:.1f} GiB "
+                     "(gpu_fit estimate)")
+    return slots, None
 
 
 def interleave_subset(args, mode: str, keys: list[str], concs: list[int]) -> tuple[list[str], list[int]]:
@@ -488,7 +548,7 @@ class Run:
             if s.state != "waiting":
                 continue
             busy = sum(1 for o in self.servers if o.gpu == s.gpu and o.state in ("starting", "ready"))
-            if busy < self.args.max_servers_per_gpu and self.left() > START_RESERVE_S:
+            if busy < self.plan["max_servers_per_gpu"] and self.left() > START_RESERVE_S:
                 self.launch(s)
 
     def poll(self) -> None:
@@ -614,7 +674,10 @@ class Run:
             "repeats": p["repeat"].repeats, "min_seconds": p["repeat"].min_seconds, "concurrencies": p["concs"],
             "configs": {k: CONFIGS[k].to_json() for k in p["keys"]},
             "mode": p["mode"], "server_env": p["server_env"], "server_args": p["server_args"],
+            "gpu_gib": p["gpu_gib"], "max_servers_per_gpu": p["max_servers_per_gpu"],
         })
+        if p["fit_note"]:
+            self.log(p["fit_note"])
         if p["mode"] in ("interleave", "combined"):
             self.meta.update({"interleaved": True, "alternations": self.args.alternations,
                               "repeats": self.args.alternations})
@@ -870,6 +933,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.dry_run:
         gpus = args.gpus or 2
+        if plan["fit_note"]:
+            print(f"# {plan['fit_note']}")
         for s in plan_servers(plan["keys"], gpus, plan["settings"], port_base=args.port_base, out=args.out,
                               profile=plan["profile"], max_conc=max(plan["concs"]), server_env=plan["server_env"],
                               server_args=plan["server_args"]):
