@@ -211,7 +211,8 @@ def summarize(runs: list[dict], pair: Pair, prompt_len: int, conc: int) -> dict 
     ref = [by[(r, "sglang")] for r in rounds]
     ratios = [p["mean_itl_ms"] / s["mean_itl_ms"] for p, s in zip(path, ref)]
     med = statistics.median
-    return {"backend": pair.backend, "path": pair.path, "concurrency": conc, "prompt_len": prompt_len,
+    return {"pair": pair.name, "backend": pair.backend, "path": pair.path, "concurrency": conc,
+            "prompt_len": prompt_len,
             "itl_ms": med(p["mean_itl_ms"] for p in path), "itl_ms_sglang": med(s["mean_itl_ms"] for s in ref),
             "ratio": med(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": len(rounds),
             "output_tokens_per_s": med(p["output_throughput"] for p in path),
@@ -222,10 +223,11 @@ def render_markdown(cost: dict) -> str:
     lines = [f"# Attention-path cost, {cost['date_utc']}, {cost['machine']}", "",
              "Mean inter-token latency of the plugin's bitwise path against SGLang's own, same command, "
              "interleaved rounds (median; ratio min-max over rounds). Measured, not asserted.", "",
-             "| backend | path | prompt | c | itl ms (path) | itl ms (SGLang) | ratio (min-max, rounds) |",
-             "|---|---|---|---|---|---|---|"]
+             "| pair | backend | path | prompt | c | itl ms (path) | itl ms (SGLang) | ratio (min-max, rounds) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in cost["rows"]:
-        lines.append(f"| {r['backend']} | {r['path']} | {r['prompt_len']} | {r['concurrency']} | {r['itl_ms']:.2f} | "
+        lines.append(f"| {r.get('pair', '')} | {r['backend']} | {r['path']} | {r['prompt_len']} | {r['concurrency']} | "
+                     f"{r['itl_ms']:.2f} | "
                      f"{r['itl_ms_sglang']:.2f} | {r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}, "
                      f"{r['rounds']}) |")
     if cost["skipped"]:

@@ -328,14 +328,15 @@ def test_a_tree_above_the_kernels_draft_bound_claims_tokens():
     assert big.logits == "tokens" and "300 draft tokens" in big.logits_reason
 
 
-def test_the_start_up_notes_say_split_is_not_yet_measured():
+def test_the_start_up_notes_say_what_the_split_s_measurements_cover():
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
                         decode_attention="split")
     notes = resolve.unmeasured_notes(bag)
     assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "serving cost is not measured" in n for n in notes)
     fa3 = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3",
                         decode_attention="split")
-    assert any("split on fa3" in n and "serving cost is not measured" in n for n in resolve.unmeasured_notes(fa3))
+    assert any("split on fa3" in n and "serving cost on the 8B shape" in n and "2026-12-05-h200-split" in n
+               for n in resolve.unmeasured_notes(fa3))
     flashinfer = dataclasses.replace(fa3, attention_backend="flashinfer")
     assert not any("DECODE_ATTENTION=split" in n for n in resolve.unmeasured_notes(flashinfer))
 
