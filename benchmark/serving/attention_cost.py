@@ -47,10 +47,10 @@ Writes ``cost.json`` (the layout below), ``cost.md`` and every run in
 cell::
 
     {"date_utc": str, "machine": str, "settings": {...},
-     "rows": [{"backend", "path", "concurrency", "prompt_len", "itl_ms", "itl_ms_sglang",
+     "rows": [{"pair", "backend", "path", "concurrency", "prompt_len", "itl_ms", "itl_ms_sglang",
                "ratio", "ratio_min", "ratio_max", "rounds", "output_tokens_per_s",
                "output_tokens_per_s_sglang"}],
-     "skipped": [{"pair", "concurrency", "prompt_len", "why"}]}
+     "skipped": [{"pair", "concurrency", "prompt_len", "why"}], "notes": [str]}
 
     python benchmark/serving/attention_cost.py --out DIR --models DIR [--pairs fa3_split_chain,triton_split]
 """
@@ -121,7 +121,8 @@ def parse_pairs(text: str) -> list[Pair]:
 
 
 def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[int], output_len: int,
-               max_total_tokens: int, context_len: int = CONTEXT_LEN) -> tuple[list[tuple[Pair, int, int]], list[dict]]:
+               max_total_tokens: int, context_len: int = CONTEXT_LEN,
+               pool_label: str = "--max-total-tokens") -> tuple[list[tuple[Pair, int, int]], list[dict]]:
     """``(cells, skipped)``: ``(pair, prompt_len, concurrency)`` in run order, and the cells that cannot run.
 
     A cell is skipped when its requests' KV does not fit the pool at once, or
@@ -141,7 +142,7 @@ def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[in
                 elif need > max_total_tokens:
                     skipped.append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,
                                     "why": f"{conc} x ({prompt_len} + {output_len} + {SLACK_TOKENS}) = {need} tokens "
-                                           f"of KV exceed the pool of {max_total_tokens}"})
+                                           f"of KV exceed {pool_label} {max_total_tokens}"})
                 else:
                     cells.append((pair, prompt_len, conc))
     return cells, skipped
@@ -249,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-total-tokens", type=int, default=100000,
                    help="largest KV pool of a server (tokens); each gets what the largest planned cell needs")
     p.add_argument("--gpu-gib", type=float, default=None,
-                   help="GPU memory the waves are planned for (default: nvidia-smi's; unknown: one wave)")
+                   help="GPU memory the waves are planned for (default: nvidia-smi's free memory; unknown: one "
+                        "wave)")
     p.add_argument("--mem-fraction-static", type=float, default=0.93,
                    help="SGLang's static-memory fraction; the pool is capped by --max-total-tokens")
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole command")
@@ -280,14 +282,14 @@ def validate(args) -> dict:
     shape = SHAPES[written_shape(args.models) or "llama-8b"]
     context = model_context_len(args.models)
     notes = []
-    cap = args.max_total_tokens
+    cap, cap_label = args.max_total_tokens, "--max-total-tokens"
     if total_gib is not None:
         fits = min(pool_that_fits(shape, [CONFIGS[p.config].speculative] * 2, total_gib) for p in pairs)
         if fits < cap:
             notes.append(f"pool at most {fits} tokens, not {cap}: a pair's two servers fit the GPU's "
                          f"{total_gib:.1f} GiB only so (gpu_fit estimate)")
-            cap = fits
-    cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, cap, context)
+            cap, cap_label = fits, f"the pool a pair's two servers fit in {total_gib:.1f} GiB,"
+    cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, cap, context, cap_label)
     if not cells:
         raise ValueError(f"no cell fits a KV pool of {cap} tokens and a context of {context}: "
                          "lower --prompt-lens or --concurrency")
@@ -346,22 +348,38 @@ def start_servers(args, keys: list, servers: dict) -> dict:
 
 
 def stop_servers(procs: dict, grace_s: float = 60.0) -> None:
-    """Stop every server's process group and wait for it, so its GPU memory is free for the next wave."""
-    for proc in procs.values():
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, 15)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace_s
+    """Stop every server's process group and wait until no process of it is left.
+
+    SGLang's scheduler and detokenizer are children in the server's group and
+    hold its GPU memory until they exit, so the next wave starts only after
+    every group is gone (SIGKILL for what outlives ``grace_s``).
+    """
+    def alive(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # a recycled id owned by someone else: ours is gone
+            return False
+        return True
+
     for proc in procs.values():
         try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, 9)
-            except ProcessLookupError:
-                pass
+            os.killpg(proc.pid, 15)
+        except ProcessLookupError:
+            pass
+    for signal_number, wait_s in ((None, grace_s), (9, 30.0)):
+        if signal_number is not None:
+            for proc in procs.values():
+                if alive(proc.pid):
+                    os.killpg(proc.pid, signal_number)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            for proc in procs.values():
+                proc.poll()  # reap the group leader
+            if not any(alive(proc.pid) for proc in procs.values()):
+                return
+            time.sleep(0.5)
 
 
 def log_path(args, key: tuple[str, str]) -> str:
@@ -382,6 +400,17 @@ def logged_pools(args, keys: list) -> dict:
     return pools
 
 
+# No wave starts with less of the budget left: four 8B-shape servers took 219 s to become healthy (2026-12-05).
+WAVE_START_RESERVE_S = 240
+
+
+def skip_cells(plan: dict, pairs, why: str) -> None:
+    """List every planned cell of ``pairs`` as skipped, with ``why``."""
+    for pair, prompt_len, conc in plan["cells"]:
+        if pair in pairs:
+            plan["skipped"].append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len, "why": why})
+
+
 def run(args, plan: dict, servers: dict) -> int:
     start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - start)  # noqa: E731
@@ -392,11 +421,13 @@ def run(args, plan: dict, servers: dict) -> int:
     runs_path = os.path.join(args.out, "runs.jsonl")
     runs, notes = [], list(plan["notes"])
     try:
-        for wave in plan["waves"]:
-            keys = [(pair.name, arm) for pair in wave for arm in ARMS]
-            if left() < 120:
-                notes.append(f"budget: wave {', '.join(p.name for p in wave)} not started")
+        for i, wave in enumerate(plan["waves"]):
+            if left() < WAVE_START_RESERVE_S:
+                for later in plan["waves"][i:]:
+                    skip_cells(plan, later, f"not started: {left():.0f} s of the budget left for a wave of servers")
+                notes.append(f"budget: {len(plan['waves']) - i} wave(s) not started")
                 break
+            keys = [(pair.name, arm) for pair in wave for arm in ARMS]
             procs = start_servers(args, keys, servers)
             try:
                 run_wave(args, plan, servers, wave, keys, procs, left, runs, notes, runs_path, start)
@@ -409,23 +440,41 @@ def run(args, plan: dict, servers: dict) -> int:
     return 0
 
 
+def wait_for_servers(servers: dict, keys: list, procs: dict, limit_s: float) -> list:
+    """Wait until every server of ``keys`` is healthy, one exits, or ``limit_s``; the keys of those not up.
+
+    A server that exits drops out of the wait; the others keep their chance.
+    """
+    deadline = time.monotonic() + limit_s
+    waiting = set(keys)
+    while waiting and time.monotonic() < deadline:
+        waiting -= {k for k in waiting if procs[k].poll() is not None or healthy(servers[k][0])}
+        if waiting:
+            time.sleep(2)
+    return [k for k in keys if not healthy(servers[k][0])]
+
+
 def run_wave(args, plan, servers, wave, keys, procs, left, runs, notes, runs_path, start) -> None:
-    """One wave: wait for its servers, then every cell of its pairs, interleaved; TimeoutError at the budget."""
-    deadline = time.monotonic() + min(args.server_timeout_s, left() - 60)
-    while time.monotonic() < deadline and not all(healthy(servers[k][0]) for k in keys):
-        if any(proc.poll() is not None for proc in procs.values()):
-            break
-        time.sleep(2)
-    down = [f"{k[0]}/{k[1]}" for k in keys if not healthy(servers[k][0])]
+    """One wave: wait for its servers, then every cell of its pairs, interleaved; TimeoutError at the budget.
+
+    A pair with a server that did not come up has its cells listed as skipped;
+    so has a cell larger than the KV pool a server of its pair logged.
+    """
+    down = wait_for_servers(servers, keys, procs, min(args.server_timeout_s, left() - 60))
+    up = [k for k in keys if k not in down]
     if down:
-        notes.append(f"servers not healthy after {time.monotonic() - start:.0f} s: {down}")
-    notes.append(f"servers of {', '.join(p.name for p in wave)} ready after {time.monotonic() - start:.0f} s")
+        notes.append(f"servers not healthy after {time.monotonic() - start:.0f} s: "
+                     f"{['/'.join(k) for k in down]}")
+        skip_cells(plan, [p for p in wave if any(k[0] == p.name for k in down)],
+                   "a server of the pair did not become healthy (its log in logs/)")
+    if up:
+        notes.append(f"servers {['/'.join(k) for k in up]} ready after {time.monotonic() - start:.0f} s")
     pools = logged_pools(args, keys)
     from serving_driver import run_bench
 
     tokenizer = plan["settings"].target
     for pair, prompt_len, conc in plan["cells"]:
-        if pair not in wave or any(f"{pair.name}/" in d for d in down):
+        if pair not in wave or any(k[0] == pair.name for k in down):
             continue
         need = conc * (prompt_len + args.output_len + SLACK_TOKENS)
         logged = min((pools[(pair.name, arm)] for arm in ARMS if (pair.name, arm) in pools), default=None)
@@ -463,6 +512,13 @@ def run_wave(args, plan, servers, wave, keys, procs, left, runs, notes, runs_pat
 
 def write(args, plan: dict, runs: list[dict], notes: list[str]) -> None:
     rows = [r for pair, prompt_len, conc in plan["cells"] if (r := summarize(runs, pair, prompt_len, conc))]
+    listed = {(s["pair"], s["prompt_len"], s["concurrency"]) for s in plan["skipped"]}
+    measured = {(r["pair"], r["prompt_len"], r["concurrency"]) for r in rows}
+    for pair, prompt_len, conc in plan["cells"]:
+        if (pair.name, prompt_len, conc) not in listed | measured:
+            plan["skipped"].append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,
+                                    "why": "not measured: no round with both arms (the budget ended first, or "
+                                           "failed runs in runs.jsonl)"})
     cost = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "machine": gpu_facts()[1] or "unknown GPU",
             "settings": {"pairs": [dataclasses.asdict(p) for p in plan["pairs"]], "output_len": args.output_len,

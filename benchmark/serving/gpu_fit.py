@@ -16,6 +16,7 @@ Only estimates: each server's own log says what it got (``logged_pool_tokens``).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -55,13 +56,21 @@ def pool_that_fits(shape: ModelShape, speculative: list[bool], total_gib: float)
     return int((total_gib - fixed) / per_token) // 1024 * 1024
 
 
-def gpu_memory_gib(index: int = 0) -> float | None:
-    """Total memory of GPU ``index`` as ``nvidia-smi`` reports it, GiB; None without ``nvidia-smi`` or that GPU."""
+def gpu_memory_gib() -> float | None:
+    """Free memory of the GPU the servers start on, GiB, as ``nvidia-smi`` reports it; None where unknown.
+
+    That GPU is the first of ``CUDA_VISIBLE_DEVICES`` where it names one by
+    index, else GPU 0. Free, not total: memory another process holds is not
+    the servers' to plan with. None without ``nvidia-smi`` or that GPU.
+    """
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    index = int(first) if first.isdigit() else 0
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout.split()
-        return float(out[index]) / 1024  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout.splitlines()
+        free = {int(i): float(m) for i, m in (line.split(",") for line in out if line.strip())}
+        return free[index] / 1024  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
         return None
 
 

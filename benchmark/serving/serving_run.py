@@ -259,7 +259,7 @@ def validate(args) -> dict:
             raise ValueError(f"configs: --interleave starts at most {MAX_SERVERS} servers per command, "
                              f"got {len(keys)} ({''.join(keys)})")
         schedule(il_keys, il_concs, args.alternations)  # raises on a missing reference or a bad round count
-        gpus = args.gpus or 1
+        gpus = gpus_in_use(args)
         if len(keys) > args.max_servers_per_gpu * gpus:
             raise ValueError(f"configs: --interleave holds every server at once: {len(keys)} servers need "
                              f"max_servers_per_gpu x gpus >= {len(keys)}, got {args.max_servers_per_gpu} x {gpus}")
@@ -305,6 +305,11 @@ def validate(args) -> dict:
             "max_servers_per_gpu": slots, "gpu_gib": total_gib, "fit_note": fit_note}
 
 
+def gpus_in_use(args) -> int:
+    """The GPUs a run spreads its servers over: ``--gpus``, else every GPU ``nvidia-smi`` lists (1 without it)."""
+    return args.gpus or max(1, gpu_facts()[0])
+
+
 def servers_that_fit(held: list[str] | None, keys: list[str], args, total_gib: float | None,
                      needed: int) -> tuple[int, str | None]:
     """``(servers per GPU at once, note)`` where the GPU's memory allows what the flags ask (``gpu_fit`` estimate).
@@ -332,7 +337,7 @@ def servers_that_fit(held: list[str] | None, keys: list[str], args, total_gib: f
         return "; name fewer configs" if len(group) > 1 else "; it needs a GPU with more memory"
 
     if held is not None:
-        gpus = args.gpus or 1
+        gpus = gpus_in_use(args)
         for gpu in range(gpus):
             on = [k for i, k in enumerate(held) if i % gpus == gpu]
             need = sum(gib[k] for k in on)

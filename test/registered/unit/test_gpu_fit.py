@@ -1,7 +1,9 @@
 """How many benchmark servers one GPU holds (benchmark/serving/gpu_fit.py) and the two benchmarks that plan with it.
 
-The estimate is checked against what SGLang itself logged on the H200 for
-the same models (a committed server log), and the plans against the GPU
+The estimate's parts are checked against what SGLang itself logged on the
+H200 for the same models (a committed server log: the draft's weights and
+both KV pools to the logged 0.01 GiB; the target's logged load, 2.4 GiB above
+its bf16 weights, within the fixed overhead), and the plans against the GPU
 sizes the benchmarks meet: an H200's 140.4 GiB and an H100's 79.6 GiB.
 """
 
@@ -34,6 +36,9 @@ def test_the_estimate_reproduces_what_sglang_logged_for_the_same_models():
     assert gpu_fit.logged_pool_tokens(text) == 65536  # the target's pool comes first
     draft_load = float(re.search(r"type=LlamaForCausalLMEagle, .*?mem usage=([\d.]+) GB", text).group(1))
     assert 2 * EIGHT_B.draft_params() / gpu_fit.GIB == pytest.approx(draft_load, abs=0.01)
+    target_load = float(re.search(r"type=LlamaForCausalLM, .*?mem usage=([\d.]+) GB", text).group(1))
+    weights = 2 * EIGHT_B.target_params() / gpu_fit.GIB
+    assert weights < target_load <= weights + gpu_fit.OVERHEAD_GIB
     sizes = [(int(t), float(k) + float(v)) for t, k, v in
              re.findall(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)]
     assert len(sizes) == 2  # target, then draft
@@ -75,6 +80,19 @@ def test_without_nvidia_smi_the_memory_is_unknown(monkeypatch):
     assert gpu_fit.gpu_memory_gib() is None
 
 
+def test_the_free_memory_of_the_first_visible_gpu_is_read(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"  # prints what nvidia-smi prints for that query on a two-GPU host
+    smi.write_text("#!/bin/sh\necho '0, 81000'\necho '1, 40960'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_fit.gpu_memory_gib() == pytest.approx(81000 / 1024)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert gpu_fit.gpu_memory_gib() == 40.0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert gpu_fit.gpu_memory_gib() is None  # no such GPU
+
+
 def _cost_plan(*extra):
     return ac.validate(ac.build_parser().parse_args(["--out", "o", "--models", "m", *extra]))
 
@@ -98,7 +116,8 @@ def test_the_cost_pairs_share_an_h200_in_two_waves_and_take_turns_on_an_h100():
 def test_a_card_too_small_for_the_pool_lowers_it_and_says_why():
     plan = _cost_plan("--gpu-gib", "50")
     assert plan["pool"] < 68096 and any("pool at most" in n for n in plan["notes"])
-    assert any("exceed the pool of" in s["why"] for s in plan["skipped"] if s["prompt_len"] == 128)
+    assert any("exceed the pool a pair's two servers fit in 50.0 GiB" in s["why"] for s in plan["skipped"]
+               if s["prompt_len"] == 128)
     with pytest.raises(ValueError, match="no cell fits"):
         _cost_plan("--gpu-gib", "30")
 
@@ -119,6 +138,95 @@ def test_a_cell_larger_than_the_pool_a_server_logged_is_found(tmp_path):
     assert pools == {("triton_split", "path"): 40960}
 
 
+class _Server:
+    """A started server as ``attention_cost.run`` sees it: a process that has exited (``code``) or not (None)."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+def test_the_waves_run_in_turn_and_every_cell_is_measured_or_listed(tmp_path, monkeypatch):
+    # An H100: three waves of one pair. The tree's split server never comes up; the chain's split server logs a
+    # pool below what its largest cell needs. Every other cell is measured, one wave's servers at a time.
+    import json
+
+    import serving_driver
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "models.json").write_text("{}")  # written: nothing to write
+    args = ac.build_parser().parse_args(["--out", str(tmp_path / "out"), "--models", str(models), "--gpu-gib",
+                                         str(H100_GIB), "--prompt-lens", "128,2048", "--concurrency", "1,32",
+                                         "--budget-s", "3600"])
+    plan = ac.validate(args)
+    servers = {(p.name, arm): (32000 + 10 * i, [], {}) for i, (p, arm) in
+               enumerate((p, arm) for p in plan["pairs"] for arm in ac.ARMS)}
+    port_of = {port: key for key, (port, _, _) in servers.items()}
+    dead, small = ("fa3_split_tree", "path"), ("fa3_split_chain", "path")
+    events, up = [], set()
+    pool_line = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: {}, K size: 1.00 GB, V size: 1.00 GB\n"
+
+    def start_servers(args_, keys, servers_):
+        assert not up, "a wave started before the last one stopped"
+        events.append(("start", tuple(keys)))
+        for key in keys:
+            tokens = 20000 if key == small else plan["pool"]
+            open(ac.log_path(args_, key), "w").write(pool_line.format(tokens))
+            if key != dead:
+                up.add(key)
+        return {key: _Server(1 if key == dead else None) for key in keys}
+
+    def stop_servers(procs, grace_s=60.0):
+        events.append(("stop", tuple(procs)))
+        up.difference_update(procs)
+
+    def run_bench(argv, raw):
+        key = port_of[next(int(a.rsplit(":", 1)[1]) for a in argv if "127.0.0.1:" in a)]
+        assert key in up
+        return {"mean_itl_ms": 2.2 if key[1] == "path" else 2.0, "output_throughput": 100.0, "completed": 4}
+
+    monkeypatch.setattr(ac, "start_servers", start_servers)
+    monkeypatch.setattr(ac, "stop_servers", stop_servers)
+    monkeypatch.setattr(ac, "healthy", lambda port: port_of[port] in up)
+    monkeypatch.setattr(serving_driver, "run_bench", run_bench)
+    assert ac.run(args, plan, servers) == 0
+
+    assert [kind for kind, _ in events] == ["start", "stop"] * 3
+    assert [keys[0][0] for kind, keys in events if kind == "start"] == [p.name for w in plan["waves"] for p in w]
+    cost = json.loads((tmp_path / "out" / "cost.json").read_text())
+    measured = {(r["pair"], r["prompt_len"], r["concurrency"]) for r in cost["rows"]}
+    skipped = {(s["pair"], s["prompt_len"], s["concurrency"]): s["why"] for s in cost["skipped"]}
+    assert measured == {("fa3_split_chain", 128, 1), ("fa3_split_chain", 128, 32), ("fa3_split_chain", 2048, 1),
+                        ("triton_split", 128, 1), ("triton_split", 128, 32), ("triton_split", 2048, 1),
+                        ("triton_split", 2048, 32)}
+    assert all(r["ratio"] == pytest.approx(1.1) and r["rounds"] == 2 for r in cost["rows"])
+    assert "a server logged" in skipped[("fa3_split_chain", 2048, 32)]
+    assert all("did not become healthy" in skipped[("fa3_split_tree", n, c)] for n in (128, 2048) for c in (1, 32))
+    # Every planned cell is measured or listed with its reason.
+    assert {(p.name, n, c) for p, n, c in plan["cells"]} <= measured | set(skipped)
+    assert any("not healthy" in note for note in cost["notes"])
+
+
+def test_cells_left_when_the_budget_ends_are_listed(tmp_path, monkeypatch):
+    import json
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "models.json").write_text("{}")
+    args = ac.build_parser().parse_args(["--out", str(tmp_path / "out"), "--models", str(models), "--gpu-gib",
+                                         str(H100_GIB), "--budget-s", "100"])
+    plan = ac.validate(args)
+    monkeypatch.setattr(ac, "start_servers", lambda *a: pytest.fail("no wave fits 100 s"))
+    assert ac.run(args, plan, {}) == 0
+    cost = json.loads((tmp_path / "out" / "cost.json").read_text())
+    assert not cost["rows"]
+    not_started = {(s["pair"], s["prompt_len"], s["concurrency"]) for s in cost["skipped"] if "not started" in s["why"]}
+    assert not_started == {(p.name, n, c) for p, n, c in plan["cells"]}
+
+
 def _serving_plan(*extra):
     return run.validate(run.build_parser().parse_args(["--out", "x", "--models", "m", *extra]))
 
@@ -129,7 +237,8 @@ def test_interleaved_servers_that_do_not_fit_are_refused_before_any_start():
     assert _serving_plan("--interleave", "--configs", "ade", "--gpu-gib", str(H200_GIB))["fit_note"] is None
     assert _serving_plan("--interleave", "--configs", "ad", "--gpu-gib", str(H100_GIB))["fit_note"] is None
     # Two GPUs hold (a) and (e) on one, (d) on the other.
-    assert _serving_plan("--interleave", "--configs", "ade", "--gpus", "2", "--gpu-gib", str(H100_GIB))
+    two_gpus = _serving_plan("--interleave", "--configs", "ade", "--gpus", "2", "--gpu-gib", str(H100_GIB))
+    assert two_gpus["fit_note"] is None
 
 
 def test_a_smaller_pool_is_suggested_where_it_would_fit():

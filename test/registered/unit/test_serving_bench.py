@@ -27,6 +27,12 @@ import serving_interleave as inter  # noqa: E402
 import serving_kernels as sk  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_gpu_memory(monkeypatch):
+    """Validates as on a machine whose GPU memory is unknown (test_gpu_fit.py fits servers to given cards)."""
+    monkeypatch.setattr(run, "gpu_memory_gib", lambda: None)
+
+
 # -- configurations and command lines -------------------------------------------------
 
 
