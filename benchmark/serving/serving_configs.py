@@ -115,6 +115,12 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # requests (sglang_plugin/shape_hook.py), which coupled verify keeps out of the tokens (--configs aem).
     BenchConfig("m", "plugin_tree_switch", "(m) (e) drafting a 3-step chain above 16 requests, plugin coupled",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")), True),
+    # Not in the default order: (d) with SGLang's FA3 calls instead of the prefix / tail split (the default),
+    # what the split adds to the chain's tax in the same rounds (--configs adn; its attention-cost pair
+    # compares the two servers alone).
+    BenchConfig("n", "plugin_coupled_sglang_attention", "(n) (d) with SGLang's FA3 calls, not the split",
+                CHAIN, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
+                True),
 )}
 
 # Measured first: the ratios against (b) of the plugin's configurations survive a run cut short.
