@@ -37,7 +37,7 @@ skipped too.
 (The Triton decode hook costs only servers that decode on the target, so
 its pair has no speculative decoding; the node path costs only tree
 verify.) A cell whose requests cannot all hold their KV at once
-(``concurrency x (prompt + output) > --max-total-tokens``) is skipped and
+(``concurrency x (prompt + output + 16) > --max-total-tokens``) is skipped and
 listed as such, so a figure never comes from a queue instead of a batch.
 
 ``itl_ms`` is ``bench_serving``'s ``mean_itl_ms`` (per output token: SGLang's
@@ -238,23 +238,31 @@ def render_markdown(cost: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    pairs = "\n".join(f"  {p.name:16} {p.backend:7} (the {CONFIGS[p.config].title[:3]} servers) "
+                      f"{' '.join('='.join(e) for e in p.path_env)} against "
+                      f"{' '.join('='.join(e) for e in p.sglang_env)}" for p in PAIRS.values())
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=f"pairs:\n{pairs}",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="result folder (created)")
     p.add_argument("--models", required=True, help="model folder (serving_models.py), written when missing")
-    p.add_argument("--pairs", default=",".join(DEFAULT_PAIRS), help=f"comma-separated, of {', '.join(PAIRS)}")
-    p.add_argument("--prompt-lens", default="128,2048,8192")
-    p.add_argument("--concurrency", default="1,8,32,128")
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--pairs", default=",".join(DEFAULT_PAIRS),
+                   help=f"comma-separated, of the pairs below (default {','.join(DEFAULT_PAIRS)})")
+    p.add_argument("--prompt-lens", default="128,2048,8192", help="prompt lengths, tokens (default 128,2048,8192)")
+    p.add_argument("--concurrency", default="1,8,32,128", help="concurrencies (default 1,8,32,128)")
+    p.add_argument("--output-len", type=int, default=64, help="output tokens per request (default 64)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per cell (default 2)")
-    p.add_argument("--waves", type=int, default=1, help="requests per run: waves x concurrency (at least 4)")
+    p.add_argument("--waves", type=int, default=1,
+                   help="requests per run: waves x concurrency, at least 4 (default 1)")
     p.add_argument("--max-total-tokens", type=int, default=100000,
-                   help="largest KV pool of a server (tokens); each gets what the largest planned cell needs")
+                   help="largest KV pool of a server, tokens (default 100000); each gets what the largest planned "
+                        "cell needs")
     p.add_argument("--gpu-gib", type=float, default=None,
                    help="GPU memory the waves are planned for (default: nvidia-smi's free memory; unknown: one "
                         "wave)")
     p.add_argument("--mem-fraction-static", type=float, default=0.93,
-                   help="SGLang's static-memory fraction; the pool is capped by --max-total-tokens")
-    p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole command")
+                   help="SGLang's static-memory fraction (default 0.93); the pool is capped as above")
+    p.add_argument("--budget-s", type=float, default=560.0,
+                   help="wall-clock limit of the whole command, seconds (default 560)")
     p.add_argument("--server-timeout-s", type=float, default=300.0)
     p.add_argument("--port-base", type=int, default=32000)
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")

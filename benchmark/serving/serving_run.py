@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "folder written with another shape is refused")
     p.add_argument("--configs", default=None,
                    help="configuration keys in priority order (default bdeicagfh; adefg with --breakdown, "
-                        f"abd with --interleave, ade with both; at most {MAX_SERVERS} with --interleave)")
+                        f"abd with --interleave, ade with both; at most {MAX_SERVERS} with --interleave): "
+                        + "; ".join(c.title for c in CONFIGS.values()))
     p.add_argument("--breakdown", action="store_true",
                    help="instead of bench_serving cells: GPU time per decode step by kernel class at each "
                         "concurrency (serving_breakdown.py), one configuration at a time; writes breakdown.json. "

@@ -303,7 +303,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "sizes 64-256 at its current code; servers on the tiny suite models at head size 64, SGLang's "
                      "harness included, at an earlier form of its hook: docs/e2e/2026-12-05-h200-split/); its "
                      "serving cost on the 8B shape (head size 128): 0.99-1.21x SGLang's FA3 inter-token latency "
-                     "for a chain, 0.92-1.06x for a tree, the most at 128-token prompts and few requests "
+                     "for a chain (the most at 128-token prompts and few requests), 0.92-1.06x for a tree "
                      "(docs/benchmarks/attention_cost/2026-12-05-h200-split/); a start-up check on the GPU "
                      "compares its decode with its prefill, "
                      "chunked prefill and tree verify bit for bit, and where it fails, or past a limit the dry run "
@@ -469,5 +469,6 @@ def sglang_refusals(args) -> list[Refusal]:
         return []
     return [Refusal("attention_backend",
         f"--attention-backend {backend} is refused by SGLang under --enable-deterministic-inference: "
-        f"it admits only {', '.join(accepted)} there (fa3 and triton serve chains with bitwise logits; "
+        f"it admits only {', '.join(accepted)} there (fa3 and triton serve chains and trees with "
+        "bitwise logits; "
         "docs/forward_modes.md)")]
