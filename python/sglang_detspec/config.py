@@ -52,8 +52,9 @@ DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # positional-split kernels on Triton (ops/split_attention.py: split-KV decode with the bits of the prefill, each
 # tree node with its path's decode bits; where their start-up check fails the one-pass decode serves and trees
 # keep SGLang's verify, 'tokens'), and on FA3 the prefix / tail split (sglang_plugin/fa3_split_hook.py); measured
-# bitwise on the H200 (FA3's serving cost: docs/benchmarks/attention_cost/2026-12-05-h200-split). one_pass: on Triton the target's decode runs the single-pass
-# kernel its verify and prefill run (sglang_plugin/attention_hook.py), so chain logits are bitwise; sglang:
+# bitwise on the H200 (FA3's serving cost: docs/benchmarks/attention_cost/2026-12-05-h200-split). one_pass: on
+# Triton the target's decode runs the single-pass kernel its verify and prefill run
+# (sglang_plugin/attention_hook.py), so chain logits are bitwise; sglang:
 # SGLang's split-KV decode kernel (logits 'tokens' on Triton). On FA3 both keep SGLang's calls.
 DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang", "split")
 # Every target forward mode through the positional split where the backend has one (triton, fa3): decode =
@@ -443,8 +444,8 @@ FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # ... where SGLANG_DETSPEC_DECODE_ATTENTION=split runs every forward mode of the target as two calls over key
 # ranges chosen from each row's own length (sglang_plugin/fa3_split_hook.py): trees bitwise, and decode on the
 # prefill's causal kernel at every head size (the default, measured bitwise on the H200 at an earlier form of the
-# hook, serving cost in docs/benchmarks/attention_cost/2026-12-05-h200-split; its start-up check decides on each GPU, and where it fails the server keeps SGLang's
-# calls and states the claim that leaves).
+# hook, serving cost in docs/benchmarks/attention_cost/2026-12-05-h200-split; its start-up check decides on each
+# GPU, and where it fails the server keeps SGLang's calls and states the claim that leaves).
 FA3_SPLIT_BACKENDS = ("fa3",)
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
 PAGE_SIZE_ONE_BACKENDS = ("fa3",)
