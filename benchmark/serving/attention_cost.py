@@ -71,7 +71,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from serving_configs import (CONFIGS, LoadSettings, ServerSettings, bench_args, parse_int_list,  # noqa: E402
                              server_command)
-from gpu_fit import gpu_memory_gib, logged_pool_tokens, pool_that_fits, server_gib  # noqa: E402
+from gpu_fit import (SLACK_TOKENS, gpu_memory_gib, kv_tokens, logged_pool_tokens, pool_that_fits,  # noqa: E402
+                     server_gib)
 from serving_models import CONTEXT_LEN, SHAPES  # noqa: E402
 from serving_run import gpu_facts, healthy, written_shape  # noqa: E402
 
@@ -103,8 +104,6 @@ PAIRS = {p.name: p for p in (
 )}
 DEFAULT_PAIRS = ("fa3_split_chain", "fa3_split_tree", "triton_split")
 ARMS = ("sglang", "path")
-# KV slots a request holds beyond prompt and output: a tree's draft tokens and a page of slack.
-SLACK_TOKENS = 16
 
 
 def parse_pairs(text: str) -> list[Pair]:
@@ -134,7 +133,7 @@ def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[in
     for prompt_len in prompt_lens:
         for pair in pairs:
             for conc in concurrencies:
-                need = conc * (prompt_len + output_len + SLACK_TOKENS)
+                need = kv_tokens(conc, prompt_len, output_len)
                 if prompt_len + output_len > context_len:
                     skipped.append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,
                                     "why": f"{prompt_len} + {output_len} tokens exceed the model's context of "
@@ -150,7 +149,7 @@ def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[in
 
 def pool_for(cells: list[tuple[Pair, int, int]], output_len: int) -> int:
     """The KV pool (tokens) for ``cells``: the largest one's need, rounded up to a multiple of 1024, plus 1024."""
-    need = max((conc * (prompt_len + output_len + SLACK_TOKENS) for _, prompt_len, conc in cells), default=1)
+    need = max((kv_tokens(conc, prompt_len, output_len) for _, prompt_len, conc in cells), default=1)
     return -(-need // 1024) * 1024 + 1024
 
 
@@ -484,7 +483,7 @@ def run_wave(args, plan, servers, wave, keys, procs, left, runs, notes, runs_pat
     for pair, prompt_len, conc in plan["cells"]:
         if pair not in wave or any(k[0] == pair.name for k in down):
             continue
-        need = conc * (prompt_len + args.output_len + SLACK_TOKENS)
+        need = kv_tokens(conc, prompt_len, args.output_len)
         logged = min((pools[(pair.name, arm)] for arm in ARMS if (pair.name, arm) in pools), default=None)
         if logged is not None and need > logged:
             plan["skipped"].append({"pair": pair.name, "concurrency": conc, "prompt_len": prompt_len,

@@ -28,8 +28,15 @@ GIB = 2 ** 30
 # 140.4 GiB H200 (docs/benchmarks/attention_cost/2026-12-02-h200): 114.3 GiB of weights and pools by this
 # module's arithmetic, so at most 6.5 GiB each.
 OVERHEAD_GIB = 5.0
+# KV slots a request holds beyond its prompt and output: a tree's draft tokens and a page of slack.
+SLACK_TOKENS = 16
 # SGLang's line for each KV pool it allocates; the target's comes first.
 _POOL_LINE = re.compile(r"KV Cache is allocated\..*?#tokens: (\d+)")
+
+
+def kv_tokens(concurrency: int, input_len: int, output_len: int) -> int:
+    """KV-pool tokens ``concurrency`` requests hold at once: prompt, output and :data:`SLACK_TOKENS` each."""
+    return concurrency * (input_len + output_len + SLACK_TOKENS)
 
 
 def server_gib(shape: ModelShape, pool_tokens: int, speculative: bool) -> float:

@@ -43,6 +43,7 @@ import urllib.error
 import urllib.request
 
 import serving_kernels
+from gpu_fit import kv_tokens
 
 # Classes shown as their own column in breakdown.md; the rest are summed into "rest".
 TABLE_CLASSES = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down", "gemm_lm_head", "gemm_draft_fc",
@@ -93,7 +94,7 @@ class CaptureSettings:
 
     def kv_tokens(self, concurrency: int) -> int:
         """KV-pool tokens one wave at ``concurrency`` holds (prompt, output and a page of slack per request)."""
-        return concurrency * (self.input_len + self.output_len + 16)
+        return kv_tokens(concurrency, self.input_len, self.output_len)
 
 
 def parse_stream_line(line: bytes | str) -> dict | None:

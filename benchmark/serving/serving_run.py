@@ -91,7 +91,7 @@ from serving_configs import (  # noqa: E402
 from serving_breakdown import CaptureSettings  # noqa: E402
 from serving_interleave import MAX_SERVERS, pairable, schedule  # noqa: E402
 from serving_models import SHAPES  # noqa: E402
-from gpu_fit import gpu_memory_gib, pool_that_fits, server_gib  # noqa: E402
+from gpu_fit import gpu_memory_gib, kv_tokens, pool_that_fits, server_gib  # noqa: E402
 import serving_host  # noqa: E402
 
 REPORT_RESERVE_S = 15  # kept back at the end for stopping servers and writing the report
@@ -287,8 +287,8 @@ def validate(args) -> dict:
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
                               mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend)
     needed = max(capture.kv_tokens(max(concs)) if capture else 0,
-                 max(host_concs, default=0) * (args.input_len + args.host_output_len + 16),
-                 0 if mode == "breakdown" else max(il_concs) * (args.input_len + args.output_len + 16))
+                 kv_tokens(max(host_concs, default=0), args.input_len, args.host_output_len),
+                 0 if mode == "breakdown" else kv_tokens(max(il_concs), args.input_len, args.output_len))
     if args.max_total_tokens < needed:
         raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)"
                          f"{', output: --breakdown-output-len' if capture else ''}), got {args.max_total_tokens}")
