@@ -121,7 +121,8 @@ def parse_pairs(text: str) -> list[Pair]:
 
 def plan_cells(pairs: list[Pair], prompt_lens: list[int], concurrencies: list[int], output_len: int,
                max_total_tokens: int, context_len: int = CONTEXT_LEN,
-               pool_label: str = "--max-total-tokens") -> tuple[list[tuple[Pair, int, int]], list[dict]]:
+               pool_label: str = "the largest pool allowed, --max-total-tokens",
+               ) -> tuple[list[tuple[Pair, int, int]], list[dict]]:
     """``(cells, skipped)``: ``(pair, prompt_len, concurrency)`` in run order, and the cells that cannot run.
 
     A cell is skipped when its requests' KV does not fit the pool at once, or
@@ -237,7 +238,7 @@ def render_markdown(cost: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    pairs = "\n".join(f"  {p.name:16} {p.backend:7} (the {CONFIGS[p.config].title[:3]} servers) "
+    pairs = "\n".join(f"  {p.name:16} {p.backend:7} {CONFIGS[p.config].title}: "
                       f"{' '.join('='.join(e) for e in p.path_env)} against "
                       f"{' '.join('='.join(e) for e in p.sglang_env)}" for p in PAIRS.values())
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=f"pairs:\n{pairs}",
@@ -262,8 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SGLang's static-memory fraction (default 0.93); the pool is capped as above")
     p.add_argument("--budget-s", type=float, default=560.0,
                    help="wall-clock limit of the whole command, seconds (default 560)")
-    p.add_argument("--server-timeout-s", type=float, default=300.0)
-    p.add_argument("--port-base", type=int, default=32000)
+    p.add_argument("--server-timeout-s", type=float, default=300.0,
+                   help="limit for a group's servers to become healthy, seconds (default 300)")
+    p.add_argument("--port-base", type=int, default=32000,
+                   help="first server port; each server takes port_base + 10 i (default 32000)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return p
 
@@ -289,13 +292,13 @@ def validate(args) -> dict:
     shape = SHAPES[written_shape(args.models) or "llama-8b"]
     context = model_context_len(args.models)
     notes = []
-    cap, cap_label = args.max_total_tokens, "--max-total-tokens"
+    cap, cap_label = args.max_total_tokens, "the largest pool allowed, --max-total-tokens"
     if total_gib is not None:
         fits = min(pool_that_fits(shape, [CONFIGS[p.config].speculative] * 2, total_gib) for p in pairs)
         if fits < cap:
             notes.append(f"pool at most {fits} tokens, not {cap}: a pair's two servers fit the GPU's "
                          f"{total_gib:.1f} GiB only so (gpu_fit estimate)")
-            cap, cap_label = fits, f"the pool a pair's two servers fit in {total_gib:.1f} GiB,"
+            cap, cap_label = fits, f"the largest pool a pair's two servers fit in {total_gib:.1f} GiB,"
     cells, skipped = plan_cells(pairs, prompt_lens, concs, args.output_len, cap, context, cap_label)
     if not cells:
         raise ValueError(f"no cell fits a KV pool of {cap} tokens and a context of {context}: "
@@ -303,7 +306,8 @@ def validate(args) -> dict:
     pool = min(pool_for(cells, args.output_len), cap)
     waves = plan_waves(pairs, pool, total_gib, shape)
     if len(waves) > 1:
-        notes.append(f"{len(waves)} waves of servers ({'; '.join(', '.join(p.name for p in w) for w in waves)}): "
+        groups = "; ".join(", ".join(p.name for p in w) for w in waves)
+        notes.append(f"{len(waves)} server groups, one after the other ({groups}): "
                      f"all pairs at once do not fit the GPU's {total_gib:.1f} GiB at a pool of {pool} tokens "
                      "(gpu_fit estimate)")
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
@@ -330,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         gib = "unknown" if plan["gpu_gib"] is None else f"{plan['gpu_gib']:.1f} GiB"
         print(f"GPU memory {gib}; KV pool {plan['pool']} tokens per server")
         for i, wave in enumerate(plan["waves"]):
-            print(f"wave {i + 1}: {', '.join(p.name for p in wave)}")
+            print(f"server group {i + 1}: {', '.join(p.name for p in wave)}")
+        if len(plan["waves"]) > 1:
+            print(f"note: a group starts only with {WAVE_START_RESERVE_S} s of --budget-s ({args.budget_s:.0f}) left "
+                  "and its servers take minutes to start: one --pairs per command fits the budget best")
         for note in plan["notes"]:
             print(f"note: {note}")
         for (name, arm), (p, cmd, env) in servers.items():
@@ -431,8 +438,8 @@ def run(args, plan: dict, servers: dict) -> int:
         for i, wave in enumerate(plan["waves"]):
             if left() < WAVE_START_RESERVE_S:
                 for later in plan["waves"][i:]:
-                    skip_cells(plan, later, f"not started: {left():.0f} s of the budget left for a wave of servers")
-                notes.append(f"budget: {len(plan['waves']) - i} wave(s) not started")
+                    skip_cells(plan, later, f"not started: {left():.0f} s of the budget left for a group of servers")
+                notes.append(f"budget: {len(plan['waves']) - i} server group(s) not started")
                 break
             keys = [(pair.name, arm) for pair in wave for arm in ARMS]
             procs = start_servers(args, keys, servers)

@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", default=None,
                    help="configuration keys in priority order (default bdeicagfh; adefg with --breakdown, "
                         f"abd with --interleave, ade with both; at most {MAX_SERVERS} with --interleave): "
-                        + "; ".join(c.title for c in CONFIGS.values()))
+                        + "; ".join(CONFIGS[k].title for k in sorted(CONFIGS)))
     p.add_argument("--breakdown", action="store_true",
                    help="instead of bench_serving cells: GPU time per decode step by kernel class at each "
                         "concurrency (serving_breakdown.py), one configuration at a time; writes breakdown.json. "

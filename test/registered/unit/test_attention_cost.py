@@ -44,7 +44,7 @@ def test_cells_whose_kv_does_not_fit_are_skipped_and_prompts_go_outermost():
     assert {(s["pair"], s["prompt_len"], s["concurrency"]) for s in skipped} == {
         ("fa3_tree_nodes", 8192, 32), ("triton_one_pass", 8192, 32)}
     assert all(c * (n + 64 + ac.SLACK_TOKENS) <= 100_000 for _, n, c in cells)
-    assert "exceed --max-total-tokens 100000" in skipped[0]["why"]
+    assert "exceed the largest pool allowed, --max-total-tokens 100000" in skipped[0]["why"]
 
 
 def test_requests_longer_than_the_context_are_skipped():

@@ -116,7 +116,7 @@ def test_the_cost_pairs_share_an_h200_in_two_waves_and_take_turns_on_an_h100():
 def test_a_card_too_small_for_the_pool_lowers_it_and_says_why():
     plan = _cost_plan("--gpu-gib", "50")
     assert plan["pool"] < 68096 and any("pool at most" in n for n in plan["notes"])
-    assert any("exceed the pool a pair's two servers fit in 50.0 GiB" in s["why"] for s in plan["skipped"]
+    assert any("exceed the largest pool a pair's two servers fit in 50.0 GiB" in s["why"] for s in plan["skipped"]
                if s["prompt_len"] == 128)
     with pytest.raises(ValueError, match="no cell fits"):
         _cost_plan("--gpu-gib", "30")
