@@ -168,11 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "recording (default 4096: a chain at one request streams about 500 tokens/s)")
     p.add_argument("--breakdown-steps", type=int, default=8,
                    help="--breakdown: forwards profiled per cell (default 8; the first is left out)")
-    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)))
+    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)),
+                   help="requests in flight per cell, comma-separated (default %(default)s)")
     p.add_argument("--profile", default=None,
                    help="configuration keys profiled at the largest concurrency ('' for none; "
                         f"default: those of {DEFAULT_PROFILE} in --configs)")
-    p.add_argument("--profile-steps", type=int, default=6)
+    p.add_argument("--profile-steps", type=int, default=6,
+                   help="--profile: forwards recorded by SGLang's profiler per profiled server (default 6)")
     p.add_argument("--gpus", type=int, default=None,
                    help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
     p.add_argument("--max-servers-per-gpu", type=int, default=3,
@@ -181,10 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-timeout-s", type=float, default=330.0, help="limit for one server to become healthy")
     p.add_argument("--driver-timeout-s", type=float, default=300.0,
                    help="limit for one server's measurements, all concurrencies and repetitions (default 300)")
-    p.add_argument("--port-base", type=int, default=31000)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=2, help="waves of requests of a cell's first run")
+    p.add_argument("--port-base", type=int, default=31000,
+                   help="first server's port; the server of priority index i takes port_base + 10 i (default 31000)")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
+    p.add_argument("--output-len", type=int, default=128, help="new tokens per request (default 128)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="waves of requests (concurrency prompts each) of a cell's first run (default 2); "
+                        "not interleaved rounds, which are --alternations")
     p.add_argument("--min-prompts", type=int, default=4, help="prompts of a cell's first run at least")
     p.add_argument("--repeats", type=int, default=2, help="valid runs per (configuration, concurrency) cell")
     p.add_argument("--min-seconds", type=float, default=8.0,
@@ -197,10 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "triton where SGLang's FA3 library is missing)")
     p.add_argument("--label", default=None,
                    help="this command's name in merged reports (default: the --out folder's name)")
-    p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--max-total-tokens", type=int, default=65536,
+                   help="each server's KV pool in tokens (SGLang's --max-total-tokens, default 65536)")
     p.add_argument("--gpu-gib", type=float, default=None,
                    help="GPU memory the servers are fitted to (default: nvidia-smi's; unknown: no check)")
-    p.add_argument("--mem-fraction-static", type=float, default=0.88)
+    p.add_argument("--mem-fraction-static", type=float, default=0.88,
+                   help="each server's SGLang --mem-fraction-static (default 0.88)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands) and exit")
     return p
 
