@@ -17,6 +17,8 @@
 #             limit): pytest runs get what is left after the set-up, minus 25 s to stop
 #             leftover servers and pack the archive.
 #
+#   DETSPEC_E2E_INSTALLED=1  skip the install (another run_e2e_suite.sh of the same command did it,
+#             and its models are written): two runs side by side, each with its own environment.
 # Arguments not ending in .py (or .py@N, .py::...) go to every pytest (e.g. -k "not concurrent").
 # Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py);
 # with sgl-kernel's FA3 library installed (pack_fa3.py) the multi-layer servers use FA3.
@@ -48,10 +50,13 @@ finish() {  # stop pytest runs still going (interrupted), then pack what was wri
 trap finish EXIT
 [ ${#files[@]} -gt 0 ] || { echo "usage: $0 TEST_FILE[@GPU]... [pytest args]" >&2; exit 2; }
 
+export PATH=/tmp/site/bin:$PATH
+# DETSPEC_E2E_INSTALLED=1: a run_e2e_suite.sh started earlier in this command installed this tree
+# and wrote the tiny models; reinstalling under its running servers could break their imports.
+if [ "${DETSPEC_E2E_INSTALLED:-0}" != 1 ]; then
 # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
 # working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
-export PATH=/tmp/site/bin:$PATH
 
 # popen_launch_server runs the `sglang` console script. The wheels were unpacked with zipfile,
 # which writes no console scripts, and pip --upgrade --target just replaced /tmp/site/bin with
@@ -72,6 +77,7 @@ chmod +x /tmp/site/bin/sglang
 # py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
 # stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed.
 bash "$(dirname "$0")/install_py_spy.sh"
+fi
 
 # A run that skips everything must not pass as a GPU run.
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
