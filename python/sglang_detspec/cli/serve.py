@@ -152,8 +152,9 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
 
     The bag is built as the server's first start-up check builds it (from
     the flags before SGLang resolves them, with the top-k SGLang gives NGRAM
-    (``resolve.resolved_eagle_topk``), and the ``SGLANG_DETSPEC_*``
-    settings of ``environ``); ``problems`` is what SGLang's own resolution
+    (``resolve.resolved_eagle_topk``), the attention backend SGLang switches
+    an FA3 server with an ``fp8_e5m2`` KV cache to (``resolve.sglang_backend_switch``),
+    and the ``SGLANG_DETSPEC_*`` settings of ``environ``); ``problems`` is what SGLang's own resolution
     refuses among these flags under deterministic inference
     (``resolve.sglang_refusals``: an ``--attention-backend`` outside SGLang's
     deterministic set, even with the plugin disabled), its
@@ -166,10 +167,12 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
         ValueError: SGLang's parser refuses ``launch_args``, or a bad
             ``SGLANG_DETSPEC_*`` setting in ``environ``.
     """
-    from ..sglang_plugin.resolve import bag_from, sglang_refusals
+    from ..sglang_plugin.resolve import bag_from, sglang_backend_switch, sglang_refusals
 
     ns = read_launch_args(launch_args)
-    bag = bag_from(ns, ns.enable_deterministic_inference, "raw_args", environ)
+    switched = sglang_backend_switch(ns)
+    view = ns if switched is None else argparse.Namespace(**{**vars(ns), "attention_backend": switched})
+    bag = bag_from(view, ns.enable_deterministic_inference, "raw_args", environ)
     problems = sglang_refusals(ns) + bag.refusals()
     if bag.ours and check_hooks:
         problems += _hooks_not_in_place()
@@ -367,6 +370,10 @@ def _run(args) -> int:
             from ..sglang_plugin.resolve import setting_notes, unmeasured_notes
 
             ns = read_launch_args(cmd[3:])
+            if bag.attention_backend != ns.attention_backend:  # startup_check read SGLang's switch
+                _say(f"note: SGLang serves --attention-backend {ns.attention_backend} with --kv-cache-dtype "
+                     f"{ns.kv_cache_dtype} on {bag.attention_backend} (FA3 reads FP8 as e4m3 only): the fields "
+                     f"above are {bag.attention_backend}'s")
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
                          + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)):
                 _say(f"note: {note}")

@@ -13,6 +13,7 @@ any hooked site runs. Each resolution is pushed into the config module with
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -435,6 +436,32 @@ def reduced_draft_vocab(spec) -> bool | None:
         return None if algorithm == "EAGLE3" else False
     draft_vocab = config.get("draft_vocab_size")
     return draft_vocab is not None and draft_vocab != config.get("vocab_size")
+
+
+def sglang_backend_switch(args) -> str | None:
+    """The attention backend SGLang's resolution puts in place of ``--attention-backend`` as typed, or None.
+
+    SGLang 0.5.23 serves ``--attention-backend fa3`` with an ``fp8_e5m2`` KV cache on Triton
+    (FA3 reads FP8 as e4m3 only): a post-process of its resolution
+    (``arg_groups/overrides.py``, ``_attention_backend_fa3_fp8_fallback``) that needs no model,
+    so the dry run asks that function itself instead of restating its rule. The server's own
+    bag is read after SGLang's resolution and sees the switched backend.
+
+    Args:
+        args: SGLang's parsed ``launch_server`` arguments (``attention_backend``, ``kv_cache_dtype``).
+
+    Returns:
+        The backend SGLang switches to, or None where it keeps the typed one (or this SGLang has
+        no such rule).
+    """
+    try:
+        from sglang.srt.arg_groups.overrides import _attention_backend_fa3_fp8_fallback as switch
+    except ImportError:
+        return None
+    typed = getattr(args, "attention_backend", None)
+    view = argparse.Namespace(attention_backend=typed, kv_cache_dtype=getattr(args, "kv_cache_dtype", None))
+    switched = switch(view).get("attention_backend")
+    return switched if switched not in (None, typed) else None
 
 
 def sglang_refusals(args) -> list[Refusal]:

@@ -391,6 +391,22 @@ def test_the_node_path_is_not_said_to_stand_by_where_neither_fa3_path_serves(cap
     assert "stands by" not in err and "two FA3 calls per row" not in err
 
 
+@pytest.mark.parametrize("kv_dtype, backend", [("fp8_e5m2", "triton"), ("fp8_e4m3", "fa3"), ("auto", "fa3")])
+def test_the_dry_run_reads_the_backend_sglang_switches_an_fp8_e5m2_fa3_server_to(capsys, kv_dtype, backend):
+    # SGLang's own resolution pass decides (FA3 reads FP8 as e4m3 only); its answer is asked, not restated.
+    from sglang.srt.arg_groups.overrides import _attention_backend_fa3_fp8_fallback as sglang_pass
+
+    view = argparse.Namespace(attention_backend="fa3", kv_cache_dtype=kv_dtype)
+    assert sglang_pass(view).get("attention_backend", "fa3") == backend
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "fa3", "--kv-cache-dtype", kv_dtype])
+    assert rc == 0 and f"attention_backend='{backend}'" in start_up_line(err)
+    switched = f"SGLang serves --attention-backend fa3 with --kv-cache-dtype {kv_dtype} on triton"
+    assert (switched in err) == (backend == "triton")
+    if backend == "triton":  # the Triton split's limits apply, not FA3's
+        assert "Triton kernels cannot serve this server (--kv-cache-dtype fp8_e5m2)" in err
+
+
 @pytest.mark.parametrize("extra, limit", [(["--page-size", "16"], "KV page size 16"),
                                           (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3")])
 def test_the_dry_run_says_when_the_triton_split_stands_down(capsys, extra, limit):
