@@ -16,9 +16,10 @@
 #   DETSPEC_E2E_BUDGET_S  seconds the whole command may take (default 580, for a 600 s
 #             limit): pytest runs get what is left after the set-up, minus 25 s to stop
 #             leftover servers and pack the archive.
+#   DETSPEC_E2E_INSTALLED=1  skip the install: for a second run beside a first one in the same
+#             command, started once the first wrote $RESULTS/.setup-done (its install and models
+#             done), so the first one's servers keep their imports.
 #
-#   DETSPEC_E2E_INSTALLED=1  skip the install (another run_e2e_suite.sh of the same command did it,
-#             and its models are written): two runs side by side, each with its own environment.
 # Arguments not ending in .py (or .py@N, .py::...) go to every pytest (e.g. -k "not concurrent").
 # Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py);
 # with sgl-kernel's FA3 library installed (pack_fa3.py) the multi-layer servers use FA3.
@@ -27,6 +28,7 @@ t0=$(date +%s)
 budget=${DETSPEC_E2E_BUDGET_S:-580}
 # RESULTS and ARCHIVE are taken relative to the caller's folder, before the cd below.
 results=$(realpath -m "${RESULTS:-/tmp/detspec-e2e-results}"); mkdir -p "$results"
+rm -f "$results/.setup-done"
 archive=${ARCHIVE:+$(realpath -m "$ARCHIVE")}
 case $archive in "$results"/*) echo "ARCHIVE must lie outside RESULTS ($results)" >&2; exit 2 ;; esac
 files=(); gpus_of=(); args=()
@@ -51,9 +53,9 @@ trap finish EXIT
 [ ${#files[@]} -gt 0 ] || { echo "usage: $0 TEST_FILE[@GPU]... [pytest args]" >&2; exit 2; }
 
 export PATH=/tmp/site/bin:$PATH
-# DETSPEC_E2E_INSTALLED=1: a run_e2e_suite.sh started earlier in this command installed this tree
-# and wrote the tiny models; reinstalling under its running servers could break their imports.
-if [ "${DETSPEC_E2E_INSTALLED:-0}" != 1 ]; then
+if [ "${DETSPEC_E2E_INSTALLED:-0}" = 1 ]; then
+  [ -x /tmp/site/bin/sglang ] || { echo "run_e2e_suite: DETSPEC_E2E_INSTALLED=1 but nothing is installed" >&2; exit 1; }
+else
 # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
 # working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
@@ -93,6 +95,7 @@ echo "GPUs: ${gpus[*]}; multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_
 export DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
 marker="$DETSPEC_E2E_MODELS/.complete-v5"
 [ -f "$marker" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" && touch "$marker"; } || exit 1
+touch "$results/.setup-done"  # a second run of this command may start (DETSPEC_E2E_INSTALLED=1)
 # A healthy start takes 70-150 s on an H200 (more while many servers start at once). SGLang's
 # helper retries a failed start once with HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start
 # that hangs costs twice this.
