@@ -18,16 +18,16 @@ for one sequence of ``L`` tokens:
   causal call over keys ``[0, (c + 1) C)``, one call per chunk, as a
   chunked prefill's extend does.
 
-- ``retiled``: the decode rows through the plugin's FA3 decode rewrite
-  (``sglang_plugin/fa3_decode_tile_hook.retiled_kwargs``: at head sizes up to
-  64 ``max_seqlen_q`` 2, so FA3 keeps the causal flag and the prefill's
-  kernel); at larger head sizes the rule leaves the call as it is.
+- ``retiled``: the decode rows with ``max_seqlen_q`` 2 at head sizes up to
+  64 (the ``max_seqlen_q_2`` variant below; the plugin's decode rewrite until
+  2026-12-05, removed when its GPU test found it left the bits as they were);
+  at larger head sizes the call as SGLang makes it.
 - ``decode_variants``: the decode rows as FA3 runs them with other flags,
   each against the prefill and against SGLang's own decode (0 there: the
   variant changed nothing) and against the explicitly unmasked call, with the
   rows past 128 keys that equal the prefill as ranges: ``sglang`` (as SGLang calls it), ``chunk`` (a
   whole-sequence attention chunk: the plugin's first rewrite, which did not
-  change the bits), ``max_seqlen_q_2`` (the plugin's rewrite), ``unmasked``
+  change the bits), ``max_seqlen_q_2`` (the plugin's second rewrite, removed), ``unmasked``
   (``causal`` False, what FA3 makes of SGLang's call at head size <= 64),
   ``max_seqlen_q_2_unmasked`` (both: whether the bound alone changes a
   row), and ``two_row_extend`` (rows p - 1 and p of each position in one
@@ -56,6 +56,8 @@ import json
 import os
 
 import torch
+
+from sglang_detspec.config import FA3_UNMASKED_DECODE_MAX_HEAD_DIM
 
 DEV = "cuda"
 # (query heads, KV heads, head size): the tiny E2E target's, a common 8B model's, and one above 128 (FA3 drops a
@@ -86,17 +88,15 @@ def differing_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
 
 
 def _fa3(q, k, v, table, lens, cu_q, max_q, *, pack_gqa, cu_k_new=None, scheduler_metadata=None, retile=False):
-    """One FA3 call as SGLang's backend makes it; ``retile``: through the plugin's decode re-tiling rule."""
+    """One FA3 call as SGLang's backend makes it; ``retile``: the ``max_seqlen_q_2`` variant at head sizes <= 64."""
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
-
-    from sglang_detspec.sglang_plugin.fa3_decode_tile_hook import retiled_kwargs
 
     kwargs = dict(q=q, k_cache=k, v_cache=v, page_table=table, cache_seqlens=lens, cu_seqlens_q=cu_q,
                   cu_seqlens_k_new=cu_k_new, max_seqlen_q=max_q, softmax_scale=q.shape[-1] ** -0.5, causal=True,
                   window_size=(-1, -1), num_splits=1, pack_gqa=pack_gqa, scheduler_metadata=scheduler_metadata,
                   ver=3)
-    if retile:
-        kwargs = retiled_kwargs(q, kwargs) or kwargs
+    if retile and q.shape[-1] <= FA3_UNMASKED_DECODE_MAX_HEAD_DIM:
+        kwargs.update(DECODE_VARIANTS["max_seqlen_q_2"])
     return flash_attn_with_kvcache(**kwargs)
 
 

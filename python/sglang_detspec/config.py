@@ -424,7 +424,7 @@ class DetSpecConfig:
 # Attention backends whose target decode, chain verify and prefill forwards give bitwise-equal
 # logits in deterministic mode: triton through the plugin's decode hook (attention_hook.py),
 # fa3 through the prefix / tail split (the default, FA3_SPLIT_BACKENDS below), or without it through one causal
-# call over the same key tiles in all three (at head sizes above FA3_RETILED_MAX_HEAD_DIM up to
+# call over the same key tiles in all three (at head sizes above FA3_UNMASKED_DECODE_MAX_HEAD_DIM up to
 # FA3_CAUSAL_KEPT_MAX_HEAD_DIM only). Measured: docs/e2e/ forward_modes.json; the reading behind it:
 # docs/forward_modes.md.
 BITWISE_CHAIN_BACKENDS = ("triton", "fa3")
@@ -433,11 +433,10 @@ BITWISE_NODE_TREE_BACKENDS = ("fa3",)
 # ... whose decode is bitwise only through the plugin's one-pass decode hook (SGLANG_DETSPEC_DECODE_ATTENTION).
 ONE_PASS_DECODE_BACKENDS = ("triton",)
 # At head sizes up to this FA3 runs a one-row causal call (decode) on its unmasked kernel, whose bits part
-# from a prefill's or a verify's past 128 keys (measured on the H200: docs/forward_modes.md). Without the
-# split the plugin passes those calls max_seqlen_q 2 to keep FA3's causal flag (sglang_plugin/
-# fa3_decode_tile_hook.py), likely not enough (FA3 picks its head-64 kernel from max_seqlen_q); until a
-# run measures it, an FA3 server at such a head size without the split claims tokens (guarantee_and_reason).
-FA3_RETILED_MAX_HEAD_DIM = 64
+# from a prefill's or a verify's past 128 keys (measured on the H200: docs/forward_modes.md; passing such
+# calls max_seqlen_q 2 left them as far apart, docs/e2e/2026-12-05-h200-default/), so an FA3 server at such
+# a head size without the split claims tokens (guarantee_and_reason).
+FA3_UNMASKED_DECODE_MAX_HEAD_DIM = 64
 # ... FA3 keeps the causal flag of a one-row call for paged KV from there up to this head size; above it
 # FA3 drops the flag again (mha_fwd) and no run has measured decode against prefill.
 FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
@@ -461,7 +460,8 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
     the same bits in decode, verify, prefill, re-prefill after a retraction
     and extend after a radix-cache hit (on fa3 with the split, the default, at
     head sizes up to 256; without it at head sizes from
-    :data:`FA3_RETILED_MAX_HEAD_DIM` + 1 to :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM` only). ``tokens``: the forwards may round one
+    :data:`FA3_UNMASKED_DECODE_MAX_HEAD_DIM` + 1 to :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
+    only). ``tokens``: the forwards may round one
     logit apart (about one bf16 step), so a token equals the other mode's
     unless its race is a near-tie inside that gap. Trees (``eagle_topk`` > 1)
     are ``tokens`` (their verify masks interleave other branches' keys, or, on
@@ -486,7 +486,7 @@ def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree
             pages of more than one token is ``tokens``: its paged loads can pick another key tile in
             decode than in prefill (``docs/forward_modes.md``), and that case is not measured.
         head_dim: the target's attention head size (None: unknown, no head-size rule). FA3 at a head
-            size up to :data:`FA3_RETILED_MAX_HEAD_DIM` or above :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
+            size up to :data:`FA3_UNMASKED_DECODE_MAX_HEAD_DIM` or above :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
             is ``tokens`` (:func:`fa3_head_size_reason`).
         num_draft_tokens: draft tokens per verify (None: unknown); with ``split``, Triton trees above the
             kernels' bound are ``tokens`` (:func:`split_tree_rule`).
@@ -567,18 +567,18 @@ def fa3_head_size_reason(head_dim: int | None) -> str | None:
     """Why an FA3 server at this target head size claims ``tokens``, or None where FA3 is ``bitwise``.
 
     FA3 drops the causal flag of a one-row (decode) call at head sizes up to
-    :data:`FA3_RETILED_MAX_HEAD_DIM` and above :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
+    :data:`FA3_UNMASKED_DECODE_MAX_HEAD_DIM` and above :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`
     (its ``mha_fwd``): at 64 its decode parted from a prefill past 128 keys on
-    the H200, and the plugin's rewrite there is not yet measured; above 128
+    the H200, also with ``max_seqlen_q`` 2 passed to keep the flag; above 128
     nothing is measured. None (unknown head size): no rule, as for an
     unread config's family (the dry run notes it).
     """
-    if head_dim is None or FA3_RETILED_MAX_HEAD_DIM < head_dim <= FA3_CAUSAL_KEPT_MAX_HEAD_DIM:
+    if head_dim is None or FA3_UNMASKED_DECODE_MAX_HEAD_DIM < head_dim <= FA3_CAUSAL_KEPT_MAX_HEAD_DIM:
         return None
-    if head_dim <= FA3_RETILED_MAX_HEAD_DIM:
-        return (f"fa3 at head size {head_dim} (<= {FA3_RETILED_MAX_HEAD_DIM}): FA3 runs a decode step on another "
-                "kernel than a prefill or a verify there, and their bits part past 128 keys; the plugin passes "
-                "decode calls max_seqlen_q 2 to keep FA3's causal flag, likely not enough and not measured "
+    if head_dim <= FA3_UNMASKED_DECODE_MAX_HEAD_DIM:
+        return (f"fa3 at head size {head_dim} (<= {FA3_UNMASKED_DECODE_MAX_HEAD_DIM}): FA3 runs a decode step on "
+                "another "
+                "kernel than a prefill or a verify there, and their bits part past 128 keys "
                 "(docs/forward_modes.md); the prefix / "
                 "tail split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default) and Triton chains are bitwise at "
                 "every head size up to 256")

@@ -46,9 +46,6 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   plugin's positional-split kernels (the default; with ``one_pass`` the
   decode runs the kernel its verify and prefill run), so their logits are
   bitwise equal.
-- ``fa3_decode_tile_hook``: FA3's one-row (decode) calls at head sizes up
-  to 64 keep FA3's causal flag, so they run the kernel its prefill and
-  verify run (decode = prefill bit for bit is not yet measured there).
 - ``tree_attention_hook``: with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``, FA3
   tree verify runs one decode query per tree node, so tree verify logits
   equal decode logits bit for bit.
@@ -93,11 +90,12 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, fa3_decode_tile_hook, fa3_split_hook, gemm_warmup_hook, kv_rows_hook,
+    attention_hook, channels, draft_hook, fa3_split_hook, gemm_warmup_hook, kv_rows_hook,
     norm_hook, probs_hook, request_seeds,
     request_validation, resolve, shape_hook, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook,
     verify_hook, warmup_hook,
 )
+from .fa3_split import FA_MODULE
 
 ENTRY_POINT_NAME = "detspec"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -202,8 +200,6 @@ def hook_table() -> list[Hook]:
         Hook(fsh.FORWARD_DECODE, fsh.split_decode_around, "AROUND", _CUDA_ONLY),
         Hook(f"{fsh.FA}.{channels.FA3_SPLIT.attr}", fsh.split_extend_around, "ATTR"),
         Hook(f"{fsh.FA}.{channels.FA3_SPLIT_WARNED.attr}", fsh.split_extend_around, "ATTR"),
-        Hook(fa3_decode_tile_hook.TARGET, fa3_decode_tile_hook.decode_on_prefill_tiles, "AROUND", _CUDA_ONLY),
-        Hook(fa3_decode_tile_hook.INIT, fa3_decode_tile_hook.log_retiling, "AFTER", _CUDA_ONLY),
         Hook(f"{tah.FA}.forward_metadata", tah.verify_tree_as_decode, "PATCH"),
         Hook(f"{tah.FA}.topk", tah.verify_tree_as_decode, "PATCH"),
         Hook(norm_hook.TARGET, norm_hook.batch_invariant_forward, "AROUND"),
@@ -307,21 +303,15 @@ def required_by(config) -> set[str]:
     """Optional targets a bag rests on, by the claim it makes.
 
     The claim read here is the one the hooks make possible, before the
-    head-size rule (``config.guarantee_and_reason``: FA3 at head sizes up to
-    64 claims ``tokens`` until the decode rewrite below is measured, so a
-    server measuring it must run it). A ``bitwise`` claim on FA3 rests on the
-    decode rewrite (``fa3_decode_tile_hook``: decode on the prefill's causal
-    kernel at head sizes up to 64) where SGLang's FA3 backend imports (where
-    it does not, no FA3 server can start, so nothing rests on it); a
-    ``bitwise`` tree through the node path also on the node path's hooks, and
-    an FA3 server with the prefix / tail split (the default) on the split's
-    hooks (required whatever the claim, where FA3 imports; the node path,
-    where asked for, is the split's fallback, so its hooks are too).
+    head-size rule (``config.guarantee_and_reason``). A ``bitwise`` tree
+    through the node path rests on the node path's hooks, and an FA3 server
+    with the prefix / tail split (the default) on the split's hooks (required
+    whatever the claim, where SGLang's FA3 backend imports: where it does not,
+    no FA3 server can start; the node path, where asked for, is the split's
+    fallback, so its hooks are too).
     """
     required = set()
     claim = dataclasses.replace(config, head_dim=None).logits
-    if config.attention_backend == "fa3" and claim == "bitwise" and _fa3_backend_imports():
-        required.add(fa3_decode_tile_hook.TARGET)
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
     # The node path serves trees where the split does not (asked for, or declined), so it is required either way.
     if tree and config.tree_attention == "nodes" and claim == "bitwise":
@@ -334,7 +324,7 @@ def required_by(config) -> set[str]:
 def _fa3_backend_imports() -> bool:
     """SGLang's FA3 backend module imports in this build (it loads sgl_kernel's CUDA library)."""
     try:
-        importlib.import_module(fa3_decode_tile_hook.FA_MODULE)
+        importlib.import_module(FA_MODULE)
     except Exception:  # ImportError, or the CUDA library failing to load: either way no FA3 server here
         return False
     return True

@@ -39,8 +39,9 @@ import torch
 from ..ops.prefix_split import PartCall, PrefixSplit, merge_parts
 from ..ops.split_limits import PREFIX_SPLIT_GROUP_ROWS
 
-# SGLang's FA3 backend class, which the node path and the split hook.
-FA_BACKEND = "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend"
+# SGLang's FA3 backend module and class, which the node path and the split hook.
+FA_MODULE = "sglang.srt.layers.attention.flashattention_backend"
+FA_BACKEND = f"{FA_MODULE}.FlashAttentionBackend"
 # Every call's max_seqlen_q is at least this: the most rows a prefill's element holds (module docstring).
 MIN_MAX_ROWS = PREFIX_SPLIT_GROUP_ROWS
 # Largest head size at which FA3 (sgl-kernel's Hopper build) sizes its query tile from max_seqlen_q.

@@ -749,18 +749,13 @@ def hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-FA3_FIELD = "attention_backend='fa3'"
-
-
 def plugin_problems(server: RunningServer) -> list[str]:
     """What is wrong with the plugin's start-up lines of a deterministic server (empty: nothing).
 
     The plugin must log itself active (never inactive), no failed start-up
     warm-up, its DeepGEMM warm-up (done, or why not; done on Hopper unless
-    the configuration turns it off), on FA3 with a target head size the
-    decode rewrite covers its line for the target (the positive control
-    that the rewrite runs), and, where the configuration names a verify
-    mode, log that mode and no other.
+    the configuration turns it off), and, where the configuration names a
+    verify mode, log that mode and no other.
     """
     active, lines = plugin_state(server)
     if not active:
@@ -778,15 +773,6 @@ def plugin_problems(server: RunningServer) -> list[str]:
             gemms.WARMED_LOG in line for line in lines):
         skipped = next(line for line in lines if gemms.SKIPPED_LOG in line)
         return [f"{server.config.name}: DeepGEMM was not warmed on Hopper ({skipped})"]
-    from sglang_detspec.config import FA3_RETILED_MAX_HEAD_DIM
-    from sglang_detspec.model_family import head_dim_of
-    from sglang_detspec.sglang_plugin import fa3_decode_tile_hook as tile
-
-    head = head_dim_of(server.config.model)
-    fa3 = any(FA3_FIELD in line for line in lines if PLUGIN_ACTIVE in line)
-    if fa3 and head is not None and head <= FA3_RETILED_MAX_HEAD_DIM and not any(
-            tile.RETILED_LOG in line and "target model" in line for line in lines):
-        return [f"{server.config.name}: FA3 at head size {head}, but no '{tile.RETILED_LOG}' line for the target"]
     want = server.config.verify
     modes = plugin_verify_modes(server)
     if want is not None and (not modes or set(modes) != {want}):

@@ -29,9 +29,8 @@ on the same model and backend, 16 seeded requests x 64 tokens (temperatures
   positions); both servers must report that chunk size in ``/server_info``;
 * ``chunked_chain``: the coupled chain on the same long prompts and flag: its
   verify against no speculative decoding's decode past 128 keys (at the tiny
-  models' head size FA3 runs a one-row call on another kernel than a verify
-  unless the plugin's rewrite holds, ``sglang_plugin/fa3_decode_tile_hook.py``;
-  until it is measured those FA3 servers claim ``tokens``);
+  models' head size FA3 runs a one-row call on another kernel than a verify,
+  so without the split those FA3 servers claim ``tokens``);
 * on fa3 without the split (``SGLANG_DETSPEC_DECODE_ATTENTION`` set to
   ``sglang`` or ``one_pass`` in the suite's environment), every tree row again
   with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes``

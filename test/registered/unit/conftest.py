@@ -55,7 +55,7 @@ def bag():
 def model_dir(tmp_path_factory):
     """A folder with a tiny Llama ``config.json``: enough for SGLang to resolve real ServerArgs.
 
-    Head size 128 (``hidden_size`` / heads): above ``config.FA3_RETILED_MAX_HEAD_DIM``, so an FA3 chain
+    Head size 128 (``hidden_size`` / heads): above ``config.FA3_UNMASKED_DECODE_MAX_HEAD_DIM``, so an FA3 chain
     claims ``bitwise`` here; the head-size rule has tests of its own.
     """
     d = tmp_path_factory.mktemp("tiny_llama")

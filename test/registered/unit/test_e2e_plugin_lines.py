@@ -6,13 +6,11 @@ of ``gemm_warmup_hook`` and ``warmup_hook``).
 """
 
 import dataclasses
-import json
 import sys
 
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.sglang_plugin import fa3_decode_tile_hook as tile
 from sglang_detspec.sglang_plugin import gemm_warmup_hook as gemms
 
 register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
@@ -61,35 +59,6 @@ def test_the_plugin_lines_a_deterministic_server_must_log(e2e, tmp_path, monkeyp
 def test_on_hopper_the_warm_up_must_have_run(e2e, tmp_path, monkeypatch, lines, env, problem):
     monkeypatch.setattr(e2e, "hopper", lambda: True)
     problems = e2e.plugin_problems(server_with(e2e, tmp_path, lines, env))
-    assert problems == [] if problem is None else (len(problems) == 1 and problem in problems[0]), problems
-
-
-def fa3_server(e2e, tmp_path, lines, head_dim=64, **extra_cfg):
-    model = tmp_path / "target"
-    model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(json.dumps({"hidden_size": 4 * head_dim, "num_attention_heads": 4,
-                                                   **extra_cfg}))
-    server = server_with(e2e, tmp_path, lines)
-    config = dataclasses.replace(server.config, model=str(model))
-    return e2e.RunningServer(config, server.url, None, server.sink, 0.0)
-
-
-ACTIVE_FA3 = ACTIVE.replace("verify='coupled'", "verify='coupled', attention_backend='fa3'")
-RETILED = f"[t] {tile.RETILED_LOG} (target model, head size 64: ...)"
-
-
-@pytest.mark.parametrize("lines, head_dim, extra, problem", [
-    ([ACTIVE_FA3, WARMED, RETILED], 64, {}, None),
-    ([ACTIVE_FA3, WARMED], 64, {}, f"no '{tile.RETILED_LOG}' line"),
-    ([ACTIVE_FA3, WARMED, RETILED.replace("target model", "draft model")], 64, {}, "line for the target"),
-    ([ACTIVE_FA3, WARMED], 128, {}, None),  # FA3 keeps the causal tile there: nothing to re-tile
-    ([ACTIVE_FA3, WARMED], 64, {"kv_lora_rank": 512}, None),  # MLA: other head sizes
-    ([ACTIVE, WARMED], 64, {}, None),  # Triton
-])
-def test_on_fa3_at_small_head_sizes_the_decode_re_tiling_must_log(e2e, tmp_path, monkeypatch, lines, head_dim,
-                                                                      extra, problem):
-    monkeypatch.setattr(e2e, "hopper", lambda: False)
-    problems = e2e.plugin_problems(fa3_server(e2e, tmp_path, lines, head_dim, **extra))
     assert problems == [] if problem is None else (len(problems) == 1 and problem in problems[0]), problems
 
 

@@ -51,21 +51,5 @@ def test_the_two_row_layout_ends_each_request_at_its_position():
     assert (cu[1:] - cu[:-1]).tolist() == [1, 2, 2, 2, 2]  # position p's request: rows p - 1 and p
 
 
-def test_the_decode_variants_include_sglangs_call_and_the_plugins_rewrite():
-    """The probe's ``max_seqlen_q_2`` variant is the plugin's rewrite, so its row speaks for the hook."""
-    from sglang_detspec.sglang_plugin.fa3_decode_tile_hook import retiled_kwargs
-
-    assert probe.DECODE_VARIANTS["sglang"] == {}
-    q = torch.zeros(3, 4, 64, dtype=torch.bfloat16)
-    call = {"q": q, "cu_seqlens_q": torch.arange(4, dtype=torch.int32), "max_seqlen_q": 1, "causal": True,
-            "window_size": (-1, -1), "ver": 3, "scheduler_metadata": None}
-    rewritten = retiled_kwargs(q, call)
-    changed = {k: v for k, v in rewritten.items() if k not in call or call[k] is not v}
-    assert changed == {"max_seqlen_q": 2} == {k: v for k, v in probe.DECODE_VARIANTS["max_seqlen_q_2"].items()
-                                              if k != "scheduler_metadata"}
-    assert rewritten["scheduler_metadata"] is None and probe.DECODE_VARIANTS["max_seqlen_q_2"]["scheduler_metadata"] \
-        is None
-
-
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

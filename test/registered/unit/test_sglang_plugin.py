@@ -108,7 +108,6 @@ HOOKED = {
     *(f"sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.{name}" for name in (
         "__init__", "init_cuda_graph_state", "init_forward_metadata", "init_forward_metadata_out_graph",
         "init_forward_metadata_in_graph", "forward_extend", "forward_decode")),
-    "sglang.srt.layers.attention.flashattention_backend.flash_attn_with_kvcache",
 }
 # Targets SGLang itself wraps (functools.wraps decorators such as torch.no_grad): their depth before any hook.
 SGLANG_WRAPPERS = {"sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs": 1}
@@ -148,10 +147,9 @@ def test_every_hook_applied_exactly_once(loaded):
         assert next(row for row in sglang_plugin.hook_table() if row.target == target).absent_ok
     if not torch.cuda.is_available():
         assert absent == KERNEL_ONLY
-        # Methods of the backend's class (module.Class.method) and its module-level FA3 call (module.function).
+        # Methods of the backend's class (module.Class.method).
         assert {t[:t.index(m) + len(m)] for t in unimportable for m in CUDA_MODULES if t.startswith(m)} \
             == set(CUDA_MODULES)
-        assert "sglang.srt.layers.attention.flashattention_backend.flash_attn_with_kvcache" in unimportable
 
 
 def test_docs_hook_table_is_generated_from_the_hook_table():

@@ -360,34 +360,29 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks(monkeypatch):
     """Where the bag claims bitwise trees through the node path, its FA3 hooks are required at start-up.
 
     On a CPU-only SGLang build the FA3 backend does not import, so start-up
-    would name them (and the decode re-tiling every bitwise FA3 claim rests
-    on) instead of logging a claim nothing backs.
+    would name them instead of logging a claim nothing backs.
     """
     import dataclasses
 
     from sglang_detspec import sglang_plugin
-    from sglang_detspec.sglang_plugin import fa3_decode_tile_hook
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                         attention_backend="fa3", tree_attention="nodes", decode_attention="one_pass", source="server_args")
     node_rows = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__ == tah.__name__}
-    retile = {fa3_decode_tile_hook.TARGET}
     chain = dataclasses.replace(bag, eagle_topk=1)
-    # Every bitwise FA3 claim rests on the decode re-tiling where SGLang's FA3 backend imports (a CUDA build) ...
     monkeypatch.setattr(sglang_plugin, "_fa3_backend_imports", lambda: True)
-    assert len(node_rows) == 5 and sglang_plugin.required_by(bag) == node_rows | retile
-    assert sglang_plugin.required_by(chain) == retile
-    # A head size the rewrite covers claims tokens until it is measured, and still runs it (and the node path).
+    assert len(node_rows) == 5 and sglang_plugin.required_by(bag) == node_rows
+    assert sglang_plugin.required_by(chain) == set()  # a chain does not go through the node path
+    # A head size whose FA3 decode parts from its prefill claims tokens by the head-size rule, and still runs it.
     small = dataclasses.replace(bag, head_dim=64)
-    assert small.logits == "tokens" and sglang_plugin.required_by(small) == node_rows | retile
-    assert sglang_plugin.required_by(dataclasses.replace(chain, head_dim=64)) == retile
+    assert small.logits == "tokens" and sglang_plugin.required_by(small) == node_rows
     for other in (dataclasses.replace(bag, tree_attention="cascade"), dataclasses.replace(bag, attention_backend="triton")):
         assert sglang_plugin.required_by(other) == set()
     # Under the split (the default) the node path asked for is its fallback: both sets of hooks are required.
     split_rows = {row.target for row in sglang_plugin.registry_rows() if row.hook.__module__ == fsh.__name__}
     split_nodes = dataclasses.replace(bag, decode_attention="split")
-    assert split_rows and sglang_plugin.required_by(split_nodes) == node_rows | split_rows | retile
-    assert sglang_plugin.required_by(dataclasses.replace(split_nodes, tree_attention="cascade")) == split_rows | retile
+    assert split_rows and sglang_plugin.required_by(split_nodes) == node_rows | split_rows
+    assert sglang_plugin.required_by(dataclasses.replace(split_nodes, tree_attention="cascade")) == split_rows
     # ... and on nothing where it does not (no FA3 server can start there); the opt-in node path still is.
     monkeypatch.setattr(sglang_plugin, "_fa3_backend_imports", lambda: False)
     assert sglang_plugin.required_by(bag) == node_rows and sglang_plugin.required_by(chain) == set()
