@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-lens", default="128,2048,8192", help="prompt lengths, tokens (default 128,2048,8192)")
     p.add_argument("--concurrency", default="1,8,32,128", help="concurrencies (default 1,8,32,128)")
     p.add_argument("--output-len", type=int, default=64, help="output tokens per request (default 64)")
-    p.add_argument("--alternations", "--rounds", dest="rounds", type=int, default=2,
+    p.add_argument("--alternations", "--rounds", dest="rounds", type=int, default=2, metavar="N",
                    help="interleaved rounds per cell, as serving_run.py's --alternations (default 2; --rounds is "
                         "the older name)")
     p.add_argument("--waves", type=int, default=1,
@@ -281,7 +281,7 @@ def validate(args) -> dict:
     if not 1 <= args.output_len <= 4096:
         raise ValueError(f"output_len must lie in [1, 4096], got {args.output_len}")
     if not 1 <= args.rounds <= 20:
-        raise ValueError(f"alternations (--rounds) must lie in [1, 20], got {args.rounds}")
+        raise ValueError(f"--alternations (--rounds) must lie in [1, 20], got {args.rounds}")
     if not 1 <= args.waves <= 50:
         raise ValueError(f"waves must lie in [1, 50], got {args.waves}")
     if not 60 <= args.budget_s <= 86400:

@@ -152,9 +152,10 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
 
     The bag is built as the server's first start-up check builds it (from
     the flags before SGLang resolves them, with the top-k SGLang gives NGRAM
-    (``resolve.resolved_eagle_topk``), the attention backend SGLang switches
-    an FA3 server with an ``fp8_e5m2`` KV cache to (``resolve.sglang_backend_switch``),
-    and the ``SGLANG_DETSPEC_*`` settings of ``environ``); ``problems`` is what SGLang's own resolution
+    (``resolve.resolved_eagle_topk``), and the ``SGLANG_DETSPEC_*`` settings
+    of ``environ``), except for the attention backend of an FA3 server with
+    an ``fp8_e5m2`` KV cache: the one SGLang's resolution switches it to, as
+    the server's resolved bag sees it (``resolve.sglang_backend_switch``); ``problems`` is what SGLang's own resolution
     refuses among these flags under deterministic inference
     (``resolve.sglang_refusals``: an ``--attention-backend`` outside SGLang's
     deterministic set, even with the plugin disabled), its
@@ -366,14 +367,18 @@ def _run(args) -> int:
             if bag.attention_backend is None:
                 _say("note: the logits claim above assumes nothing of the attention backend: without "
                      "--attention-backend SGLang picks it on the GPU at start-up (fa3 on Hopper under "
-                     "deterministic inference), and the server's start-up line states the claim it serves")
+                     "deterministic inference, triton with --kv-cache-dtype fp8_e5m2), and the server's start-up "
+                     "line states the claim it serves")
             from ..sglang_plugin.resolve import setting_notes, unmeasured_notes
 
             ns = read_launch_args(cmd[3:])
-            if bag.attention_backend != ns.attention_backend:  # startup_check read SGLang's switch
+            from ..sglang_plugin.resolve import sglang_backend_switch
+
+            switched = sglang_backend_switch(ns)
+            if switched is not None:  # startup_check built the bag with it
                 _say(f"note: SGLang serves --attention-backend {ns.attention_backend} with --kv-cache-dtype "
-                     f"{ns.kv_cache_dtype} on {bag.attention_backend} (FA3 reads FP8 as e4m3 only): the fields "
-                     f"above are {bag.attention_backend}'s")
+                     f"{ns.kv_cache_dtype} on {switched} (FA3 reads FP8 as e4m3 only): the fields above are "
+                     f"{switched}'s")
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
                          + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)):
                 _say(f"note: {note}")

@@ -439,13 +439,14 @@ def reduced_draft_vocab(spec) -> bool | None:
 
 
 def sglang_backend_switch(args) -> str | None:
-    """The attention backend SGLang's resolution puts in place of ``--attention-backend`` as typed, or None.
+    """The backend SGLang's FA3 + ``fp8_e5m2`` fallback puts in place of ``--attention-backend``, or None.
 
     SGLang 0.5.23 serves ``--attention-backend fa3`` with an ``fp8_e5m2`` KV cache on Triton
     (FA3 reads FP8 as e4m3 only): a post-process of its resolution
     (``arg_groups/overrides.py``, ``_attention_backend_fa3_fp8_fallback``) that needs no model,
-    so the dry run asks that function itself instead of restating its rule. The server's own
-    bag is read after SGLang's resolution and sees the switched backend.
+    so the dry run asks that function itself instead of restating its rule (its other resolution
+    passes, which read the model or the platform, are not consulted). The server's own bag is
+    read after SGLang's resolution and sees the switched backend.
 
     Args:
         args: SGLang's parsed ``launch_server`` arguments (``attention_backend``, ``kv_cache_dtype``).
@@ -460,7 +461,13 @@ def sglang_backend_switch(args) -> str | None:
         return None
     typed = getattr(args, "attention_backend", None)
     view = argparse.Namespace(attention_backend=typed, kv_cache_dtype=getattr(args, "kv_cache_dtype", None))
-    switched = switch(view).get("attention_backend")
+    sglang_log = logging.getLogger(switch.__module__)  # its warning is for servers; the dry run says it in a note
+    level = sglang_log.level
+    sglang_log.setLevel(logging.ERROR)
+    try:
+        switched = switch(view).get("attention_backend")
+    finally:
+        sglang_log.setLevel(level)
     return switched if switched not in (None, typed) else None
 
 

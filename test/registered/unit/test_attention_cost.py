@@ -134,7 +134,7 @@ def test_summary_pairs_runs_within_a_round_and_takes_medians():
 def test_bad_arguments_are_named(capsys):
     for flag in ("--alternations", "--rounds"):  # the name serving_run.py uses, and the older one
         assert ac.main(["--out", "o", "--models", "m", flag, "0", "--dry-run"]) == 2
-        assert "alternations (--rounds) must lie in [1, 20]" in capsys.readouterr().err
+        assert "--alternations (--rounds) must lie in [1, 20]" in capsys.readouterr().err
     assert ac.main(["--out", "o", "--models", "m", "--prompt-lens", "0", "--dry-run"]) == 2
     assert "prompt_lens values must lie in" in capsys.readouterr().err
 

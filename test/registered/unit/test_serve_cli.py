@@ -407,6 +407,15 @@ def test_the_dry_run_reads_the_backend_sglang_switches_an_fp8_e5m2_fa3_server_to
         assert "Triton kernels cannot serve this server (--kv-cache-dtype fp8_e5m2)" in err
 
 
+@pytest.mark.parametrize("flags", [["--prefill-attention-backend", "triton", "--decode-attention-backend", "triton"],
+                                   ["--attention-backend", "fa3", "--decode-attention-backend", "triton"]])
+def test_no_switch_note_where_sglang_switches_nothing(capsys, flags):
+    # Split prefill / decode backends make the bag's backend differ from --attention-backend as typed.
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN, *flags])
+    assert rc == 0 and "start-up check passed" in err
+    assert "SGLang serves --attention-backend" not in err
+
+
 @pytest.mark.parametrize("extra, limit", [(["--page-size", "16"], "KV page size 16"),
                                           (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3")])
 def test_the_dry_run_says_when_the_triton_split_stands_down(capsys, extra, limit):
