@@ -442,8 +442,8 @@ FA3_UNMASKED_DECODE_MAX_HEAD_DIM = 64
 FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # ... where SGLANG_DETSPEC_DECODE_ATTENTION=split runs every forward mode of the target as two calls over key
 # ranges chosen from each row's own length (sglang_plugin/fa3_split_hook.py): trees bitwise, and decode on the
-# prefill's causal kernel at every head size (the default, measured bitwise on the H200 at an earlier form of the
-# hook, serving cost in docs/benchmarks/attention_cost/2026-12-05-h200-split; its start-up check decides on each
+# prefill's causal kernel at every head size (the default, measured bitwise on the H200: docs/e2e/2026-12-05-h200-
+# default, serving cost in docs/benchmarks/attention_cost/2026-12-05-h200-split; its start-up check decides on each
 # GPU, and where it fails the server keeps SGLang's calls and states the claim that leaves).
 FA3_SPLIT_BACKENDS = ("fa3",)
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
@@ -577,11 +577,9 @@ def fa3_head_size_reason(head_dim: int | None) -> str | None:
         return None
     if head_dim <= FA3_UNMASKED_DECODE_MAX_HEAD_DIM:
         return (f"fa3 at head size {head_dim} (<= {FA3_UNMASKED_DECODE_MAX_HEAD_DIM}): FA3 runs a decode step on "
-                "another "
-                "kernel than a prefill or a verify there, and their bits part past 128 keys "
-                "(docs/forward_modes.md); the prefix / "
-                "tail split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default) and Triton chains are bitwise at "
-                "every head size up to 256")
+                "another kernel than a prefill or a verify there, and their bits part past 128 keys "
+                "(docs/forward_modes.md); the prefix / tail split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the "
+                "default) and Triton chains are bitwise at every head size up to 256")
     return (f"fa3 at head size {head_dim} (> {FA3_CAUSAL_KEPT_MAX_HEAD_DIM}): FA3 runs a decode step on another "
             "kernel than a prefill there too, and decode against prefill is not measured at that size "
             "(docs/forward_modes.md); the prefix / tail split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default) "

@@ -57,8 +57,8 @@ up to 256, at most 64 query heads per KV head, no sliding-window layers and
 up to 256 draft tokens, on
 fa3 (not FA4) at a KV page size of 1, --kv-cache-dtype auto, no MLA or
 sliding-window layers, head sizes up to 256 and trees of up to 65 draft
-tokens (both splits measured bitwise on an H200, the FA3 split's servers at an
-earlier form of its hook; serving the 8B shape the FA3 split costs the chain
+tokens (both splits measured bitwise on an H200, the FA3 split's servers at its
+current code; serving the 8B shape the FA3 split costs the chain
 0.99-1.21x SGLang's inter-token latency and the tree 0.92-1.06x, the Triton
 split's cost not measured). A server past one of these limits, or whose
 start-up check fails, keeps SGLang's FA3 calls (on triton the one-pass
@@ -262,7 +262,7 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
     if off:
         return []
     return ["SGLang's prefill CUDA graphs are on (its default): of the plugin's committed server runs only SGLang's "
-            "own harness had them on (docs/e2e/2026-12-05-h200-split/); the other suites ran with "
+            "own harness had them on (docs/e2e/2026-12-05-h200-default/); the other suites ran with "
             "--cuda-graph-backend-prefill disabled"]
 
 
@@ -369,13 +369,13 @@ def _run(args) -> int:
                      "--attention-backend SGLang picks it on the GPU at start-up (fa3 on Hopper under "
                      "deterministic inference, triton with --kv-cache-dtype fp8_e5m2), and the server's start-up "
                      "line states the claim it serves")
-            from ..sglang_plugin.resolve import setting_notes, unmeasured_notes
+            from ..sglang_plugin.resolve import sglang_backend_switch, setting_notes, unmeasured_notes
 
             ns = read_launch_args(cmd[3:])
-            from ..sglang_plugin.resolve import sglang_backend_switch
-
             switched = sglang_backend_switch(ns)
-            if switched is not None:  # startup_check built the bag with it
+            # Explicit --prefill / --decode-attention-backend flags win over the switched one: say it only where
+            # the bag (which startup_check built with the switch) serves the switched backend.
+            if switched is not None and bag.attention_backend == switched:
                 _say(f"note: SGLang serves --attention-backend {ns.attention_backend} with --kv-cache-dtype "
                      f"{ns.kv_cache_dtype} on {switched} (FA3 reads FP8 as e4m3 only): the fields above are "
                      f"{switched}'s")

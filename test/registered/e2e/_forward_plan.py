@@ -94,7 +94,7 @@ ROWS = {
     "nextn_tree": Row("nextn_tree", "nextn_tree", "mimo_no_spec"),
     "chunked": Row("chunked", "coupled_tree", "no_spec", args=CHUNKED_PREFILL, prompts=LONG_PROMPTS),
     # A chain's verify against no speculative decoding's decode past 128 keys: at the tiny models' head
-    # size (64) FA3 runs a one-row decode call on another kernel than a verify unless the plugin's rewrite holds.
+    # size (64) FA3 runs a one-row decode call on another kernel than a verify; without the split: tokens.
     "chunked_chain": Row("chunked_chain", "coupled_chain", "no_spec", args=CHUNKED_PREFILL, prompts=LONG_PROMPTS),
 }
 # Extra rows per backend: on the node-path backend, each tree row again with the node path.

@@ -5,7 +5,6 @@ the lines are the plugin's own strings (its start-up line, the warm-up lines
 of ``gemm_warmup_hook`` and ``warmup_hook``).
 """
 
-import dataclasses
 import sys
 
 import pytest

@@ -403,12 +403,16 @@ def test_the_dry_run_reads_the_backend_sglang_switches_an_fp8_e5m2_fa3_server_to
     assert rc == 0 and f"attention_backend='{backend}'" in start_up_line(err)
     switched = f"SGLang serves --attention-backend fa3 with --kv-cache-dtype {kv_dtype} on triton"
     assert (switched in err) == (backend == "triton")
+    assert "FlashAttention3 only supports" not in err  # SGLang's warning is for servers; the note says it here
     if backend == "triton":  # the Triton split's limits apply, not FA3's
         assert "Triton kernels cannot serve this server (--kv-cache-dtype fp8_e5m2)" in err
 
 
 @pytest.mark.parametrize("flags", [["--prefill-attention-backend", "triton", "--decode-attention-backend", "triton"],
-                                   ["--attention-backend", "fa3", "--decode-attention-backend", "triton"]])
+                                   ["--attention-backend", "fa3", "--decode-attention-backend", "triton"],
+                                   # explicit prefill / decode backends win over SGLang's fp8_e5m2 switch
+                                   ["--attention-backend", "fa3", "--prefill-attention-backend", "fa3",
+                                    "--decode-attention-backend", "fa3", "--kv-cache-dtype", "fp8_e5m2"]])
 def test_no_switch_note_where_sglang_switches_nothing(capsys, flags):
     # Split prefill / decode backends make the bag's backend differ from --attention-backend as typed.
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN, *flags])
