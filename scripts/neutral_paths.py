@@ -26,7 +26,9 @@ Two kinds of path stay: the project's own folders (``/tmp/detspec-*``, the defau
 scripts, e.g. the models of ``benchmark/serving/serving_run.py``) and ``#!/usr/bin/env``.
 The rewrite is idempotent (no placeholder is a path) and keeps JSON and JSON Lines valid
 (a path never holds a quote or a backslash, so a rewrite stays inside its string; the file is
-parsed again before it is written). Files ending in ``.gz`` are rewritten inside; binary files
+parsed again before it is written), and XML (JUnit) files valid: there each placeholder is
+written escaped (``&lt;repo&gt;``) and the file parsed again before it is written. Files ending
+in ``.gz`` are rewritten inside; binary files
 (any NUL byte: images, the tar inside a ``.tgz``) are left alone, so rewrite a folder before
 packing it.
 
@@ -60,6 +62,15 @@ ROOTS = ("tmp", "usr", "opt", "work", "home")
 PLACEHOLDERS = tuple(dict.fromkeys(("<results>", "<python>", "<site-packages>", "<repo>", "<cuda>", "<cache>",
                                      "<home>", "<kit>", *(f"<{root}>" for root in ROOTS))))
 
+
+def xml_escaped(text: str) -> str:
+    """``text`` with ``<`` and ``>`` as XML character references: a placeholder's form inside an XML file."""
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+# In XML files (JUnit) the placeholders are written escaped, so the file still parses.
+XML_PLACEHOLDERS = tuple(xml_escaped(p) for p in PLACEHOLDERS)
+
 # A path starts at a "/" that no path character precedes (so "/tmp" inside "a/tmp/b" is no
 # path), that follows an XML tag's ">" (JUnit files), a JSON / C string escape such as "\n"
 # or a compiler flag's letter ("-B/opt/gcc/bin"), and that no placeholder precedes: the
@@ -67,7 +78,7 @@ PLACEHOLDERS = tuple(dict.fromkeys(("<results>", "<python>", "<site-packages>", 
 # Each pattern opens with the "/" itself, which lets the regular expression engine skip to the
 # next "/" instead of trying every position (20 s against 0.4 s for docs/).
 _START = (r"/(?:(?<=\\[nrt]/)|(?<=-[A-Za-z]/)|(?<![\w.+\-/~)}]/))"
-          + "".join(f"(?<!{re.escape(p)}/)" for p in PLACEHOLDERS))
+          + "".join(f"(?<!{re.escape(p)}/)" for p in (*PLACEHOLDERS, *XML_PLACEHOLDERS)))
 _END = r"(?![\w.+\-])"  # a whole folder name: "/tmp/e2e" is not "/tmp/e2e-r1"
 _NAME = r"[\w.+\-]+"
 _HOME = rf"(?:root|home/{_NAME})"
@@ -107,10 +118,13 @@ def rules(results=(), repos=(REPO,)):
     return (*_folder_rule(results, "<results>"), *_FIXED_RULES, *_folder_rule(repos, "<repo>"), *_SYSTEM_RULES)
 
 
-def neutralise(text: str, results=(), repos=(REPO,)) -> str:
-    """``text`` with every machine path's folder replaced by its placeholder (module docstring)."""
+def neutralise(text: str, results=(), repos=(REPO,), *, xml: bool = False) -> str:
+    """``text`` with every machine path's folder replaced by its placeholder (module docstring).
+
+    ``xml``: the text is an XML file's, so each placeholder goes in escaped (``&lt;repo&gt;``).
+    """
     for pattern, placeholder in rules(results, repos):
-        text = pattern.sub(placeholder, text)
+        text = pattern.sub(xml_escaped(placeholder) if xml else placeholder, text)
     return text
 
 
@@ -154,15 +168,28 @@ def _check_json(path: Path, before: str, after: str) -> None:
         json.loads(doc)  # raises ValueError: the file is not written
 
 
+def _check_xml(path: Path, before: str, after: str) -> None:
+    if Path(path.name.removesuffix(".gz")).suffix != ".xml":
+        return
+    import xml.etree.ElementTree as ElementTree
+
+    try:
+        ElementTree.fromstring(before)
+    except ElementTree.ParseError:
+        return  # a file cut short was no XML to begin with
+    ElementTree.fromstring(after)  # raises ParseError: the file is not written
+
+
 def rewrite_file(path: Path, results=(), repos=(REPO,)) -> bool | None:
     """Rewrite ``path`` in place: True if it changed, False if not, None if binary (left alone)."""
     text = read_text(path)
     if text is None:
         return None
-    new = neutralise(text, results, repos)
+    new = neutralise(text, results, repos, xml=Path(path.name.removesuffix(".gz")).suffix == ".xml")
     if new == text:
         return False
     _check_json(path, text, new)
+    _check_xml(path, text, new)
     data = new.encode("utf-8", "surrogateescape")
     if path.suffix == ".gz":
         data = gzip.compress(data, mtime=0)

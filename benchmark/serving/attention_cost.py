@@ -254,13 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interleaved rounds per cell, as serving_run.py's --alternations (default 2; --rounds is "
                         "the older name)")
     p.add_argument("--waves", type=int, default=1,
-                   help="requests per run: waves x concurrency, at least 4 (default 1)")
+                   help="requests per run: waves x concurrency, and at least 4 requests (default 1)")
     p.add_argument("--max-total-tokens", type=int, default=100000,
                    help="largest KV pool of a server, tokens (default 100000); each gets what the largest planned "
                         "cell needs")
     p.add_argument("--gpu-gib", type=float, default=None,
-                   help="GPU memory the waves are planned for (default: nvidia-smi's free memory; unknown: one "
-                        "wave)")
+                   help="GPU memory the server groups are planned for (default: nvidia-smi's free memory; unknown: "
+                        "one group)")
     p.add_argument("--mem-fraction-static", type=float, default=0.93,
                    help="SGLang's static-memory fraction (default 0.93); the pool is capped as above")
     p.add_argument("--budget-s", type=float, default=560.0,

@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="result folder (created)")
     p.add_argument("--models", required=True,
                    help="model folder, written when missing (about 16 GB; keep it outside --out)")
-    p.add_argument("--accept", type=float, default=0.85, help="draft per-token acceptance (serving_models.py)")
+    p.add_argument("--accept", type=float, default=0.85,
+                   help="draft per-token acceptance (serving_models.py; default %(default)s)")
     p.add_argument("--shape", default="llama-8b", choices=sorted(SHAPES),
                    help="target shape serving_models.py writes into --models (default llama-8b); a --models "
                         "folder written with another shape is refused")
@@ -172,15 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests in flight per cell, comma-separated (default %(default)s)")
     p.add_argument("--profile", default=None,
                    help="configuration keys profiled at the largest concurrency ('' for none; "
-                        f"default: those of {DEFAULT_PROFILE} in --configs)")
+                        f"default: whichever of the keys {', '.join(DEFAULT_PROFILE)} --configs holds)")
     p.add_argument("--profile-steps", type=int, default=6,
                    help="--profile: forwards recorded by SGLang's profiler per profiled server (default 6)")
     p.add_argument("--gpus", type=int, default=None,
-                   help="GPUs to use (default: all nvidia-smi lists; 2 for --dry-run)")
+                   help="how many GPUs to use, a count (default: all nvidia-smi lists; 2 for --dry-run)")
     p.add_argument("--max-servers-per-gpu", type=int, default=3,
                    help="servers held on one GPU at once (default 3: about 30 GB each at 8B)")
-    p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock limit of the whole run")
-    p.add_argument("--server-timeout-s", type=float, default=330.0, help="limit for one server to become healthy")
+    p.add_argument("--budget-s", type=float, default=560.0,
+                   help="wall-clock limit of the whole run in seconds (default %(default)s)")
+    p.add_argument("--server-timeout-s", type=float, default=330.0,
+                   help="seconds one server may take to become healthy (default %(default)s)")
     p.add_argument("--driver-timeout-s", type=float, default=300.0,
                    help="limit for one server's measurements, all concurrencies and repetitions (default 300)")
     p.add_argument("--port-base", type=int, default=31000,
@@ -190,13 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2,
                    help="waves of requests (concurrency prompts each) of a cell's first run (default 2); "
                         "not interleaved rounds, which are --alternations")
-    p.add_argument("--min-prompts", type=int, default=4, help="prompts of a cell's first run at least")
-    p.add_argument("--repeats", type=int, default=2, help="valid runs per (configuration, concurrency) cell")
+    p.add_argument("--min-prompts", type=int, default=4, help="prompts of a cell's first run at least (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=2, help="valid runs per (configuration, concurrency) cell (default %(default)s)")
     p.add_argument("--min-seconds", type=float, default=8.0,
-                   help="a run counts when bench_serving's duration is at least this (s); shorter: a warm-up")
-    p.add_argument("--max-attempts", type=int, default=4, help="runs per cell at most, warm-ups included")
+                   help="a run counts when bench_serving's duration is at least this (s); shorter: a warm-up "
+                        "(default %(default)s)")
+    p.add_argument("--max-attempts", type=int, default=4, help="runs per cell at most, warm-ups included (default %(default)s)")
     p.add_argument("--cell-timeout-s", type=float, default=60.0,
-                   help="wall-clock limit of one cell: no run starts that is predicted to end later")
+                   help="wall-clock limit of one cell in seconds: no run starts that is predicted to end later "
+                        "(default %(default)s)")
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="fa3",
                    help="every server's --attention-backend (default fa3, deterministic mode's choice on Hopper; "
                         "triton where SGLang's FA3 library is missing)")

@@ -224,6 +224,8 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
+    if bag.kv_cache_dtype == "fp8_e5m2":  # SGLang serves its fa3 pick on triton then (resolve.sglang_backend_switch)
+        return []
     fa3 = dataclasses.replace(bag, attention_backend="fa3")  # every rule of the claim, the family's included
     claim, reason = fa3.logits, fa3.logits_reason
     why = f" ({reason})" if reason else ""
@@ -245,7 +247,7 @@ def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
 
 
 def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
-    """A note when SGLang's prefill CUDA graphs stay on (its default): no committed server run had them on.
+    """A note when SGLang's prefill CUDA graphs stay on (its default): only SGLang's harness ran with them on.
 
     ``ns``: SGLang's parsed ``launch_server`` arguments, read in SGLang's
     order of precedence: a ``--cuda-graph-config`` decides (not read here:

@@ -287,8 +287,9 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     if split_visible and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
                      "positional-split Triton kernels were measured "
-                     "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models, SGLang's "
-                     "harness included, docs/e2e/2026-12-05-h200-split/); their serving cost is not measured; a "
+                     "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models: the "
+                     "forward modes, docs/e2e/2026-12-05-h200-split/, SGLang's harness at the default, "
+                     "docs/e2e/2026-12-05-h200-default/); their serving cost is not measured; a "
                      "start-up check on the GPU compares their decode with their prefill, a chunked extend and tree "
                      "verify bit for bit, and where it fails, or past a limit the dry run does not check (more than "
                      "64 query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "

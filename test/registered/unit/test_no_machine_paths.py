@@ -109,6 +109,24 @@ def test_default_checkout_is_this_one():
     assert neutral.neutralise(f"rootdir: {ROOT}") == "rootdir: <repo>"
 
 
+def test_junit_files_get_escaped_placeholders_and_still_parse(tmp_path, capsys):
+    import xml.etree.ElementTree as ElementTree
+
+    junit = tmp_path / "suite.xml"
+    junit.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest"><testcase classname="t" '
+                     'name="x"><failure message="boom">File "/tmp/site/torch/x.py", line 1&#10;'
+                     f'{ROOT}/test/t.py:3</failure></testcase></testsuite></testsuites>')
+    assert neutral.main([str(junit)]) == 0
+    text = junit.read_text()
+    failure = ElementTree.fromstring(text).find(".//failure").text  # parses: the placeholders are escaped
+    assert failure == 'File "<site-packages>/torch/x.py", line 1\n<repo>/test/t.py:3'
+    assert neutral.machine_paths(text) == [] and neutral.neutralise(text, xml=True) == text
+    # The committed JUnit files parse too.
+    for committed in (ROOT / "docs").rglob("*.xml"):
+        ElementTree.parse(committed)
+    capsys.readouterr()
+
+
 def test_cli_rewrites_a_folder_in_place_and_keeps_json_valid(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
