@@ -193,12 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2,
                    help="waves of requests (concurrency prompts each) of a cell's first run (default 2); "
                         "not interleaved rounds, which are --alternations")
-    p.add_argument("--min-prompts", type=int, default=4, help="prompts of a cell's first run at least (default %(default)s)")
-    p.add_argument("--repeats", type=int, default=2, help="valid runs per (configuration, concurrency) cell (default %(default)s)")
+    p.add_argument("--min-prompts", type=int, default=4,
+                   help="prompts of a cell's first run at least (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="valid runs per (configuration, concurrency) cell (default %(default)s)")
     p.add_argument("--min-seconds", type=float, default=8.0,
                    help="a run counts when bench_serving's duration is at least this (s); shorter: a warm-up "
                         "(default %(default)s)")
-    p.add_argument("--max-attempts", type=int, default=4, help="runs per cell at most, warm-ups included (default %(default)s)")
+    p.add_argument("--max-attempts", type=int, default=4,
+                   help="runs per cell at most, warm-ups included (default %(default)s)")
     p.add_argument("--cell-timeout-s", type=float, default=60.0,
                    help="wall-clock limit of one cell in seconds: no run starts that is predicted to end later "
                         "(default %(default)s)")
