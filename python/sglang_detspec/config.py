@@ -614,12 +614,12 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
                             num_draft_tokens: int | None = None) -> tuple[str, str | None]:
     """The claim from the backend, the page size, the decode kernel and the draft shape (no FA3 head-size rule)."""
     if attention_backend not in BITWISE_CHAIN_BACKENDS:
-        if attention_backend is None:
-            which = "no attention backend named yet"
-        elif "/" in attention_backend:
-            which = f"prefill / decode attention {attention_backend}: two backends, which round apart"
-        else:
-            which = f"{attention_backend} attention"
+        proven = " or ".join(BITWISE_CHAIN_BACKENDS)
+        if attention_backend is not None and "/" in attention_backend:
+            return "tokens", (f"prefill / decode attention {attention_backend}: two backends, which round apart; "
+                              f"bitwise verify = decode is proven only where one backend, {proven}, serves every "
+                              "forward mode")
+        which = "no attention backend named yet" if attention_backend is None else f"{attention_backend} attention"
         return "tokens", (f"{which}: bitwise verify = decode is proven on {' and '.join(BITWISE_CHAIN_BACKENDS)} "
                           "only")
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:

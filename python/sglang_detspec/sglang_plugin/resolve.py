@@ -258,12 +258,33 @@ MEASURED_ATTENTION_BACKENDS = ("fa3", "triton", "flashinfer")
 UNMEASURED_ALGORITHMS = ("NGRAM", "STANDALONE")
 
 
+def unadmitted_split_backends(backend: str | None) -> list[str]:
+    """The parts of a ``prefill/decode`` backend pair outside SGLang's deterministic set, in order.
+
+    SGLang 0.5.23 refuses an ``--attention-backend`` outside its
+    ``DETERMINISTIC_ATTENTION_BACKEND_CHOICES`` (:func:`sglang_refusals`) but
+    does not check ``--prefill-attention-backend`` / ``--decode-attention-backend``.
+
+    Args:
+        backend: the bag's ``attention_backend`` (``prefill/decode`` where they differ), or None.
+
+    Returns:
+        Each part SGLang would not admit as ``--attention-backend``; empty for one backend or None.
+    """
+    if backend is None or "/" not in backend:
+        return []
+    from sglang.srt.server_args import DETERMINISTIC_ATTENTION_BACKEND_CHOICES as accepted
+
+    return [part for part in dict.fromkeys(backend.split("/")) if part not in accepted]
+
+
 def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     """What an active server's ``logits`` claim rests on without a server run behind it, one sentence each.
 
     An attention backend SGLang admits under deterministic inference that no
     committed run used (FA4, and the non-CUDA ones), a prefill/decode pair of
-    backends, and the speculative algorithms in :data:`UNMEASURED_ALGORITHMS`.
+    backends (with a part outside SGLang's deterministic set named), and the
+    speculative algorithms in :data:`UNMEASURED_ALGORITHMS`.
     Empty for an inactive bag (it claims nothing) and for a backend not
     resolved yet (None).
     """
@@ -275,6 +296,11 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(f"attention backend {backend}: not measured (servers have run on "
                      f"{', '.join(MEASURED_ATTENTION_BACKENDS)} only): the logits={config.logits!r} claim is "
                      "the rule's, not a measured figure")
+    outside = unadmitted_split_backends(backend)
+    if outside:
+        notes.append(f"prefill / decode attention {backend}: SGLang checks only --attention-backend against the "
+                     f"backends it admits under deterministic inference, and {', '.join(outside)} is not among "
+                     "them: nothing vouches for its batch invariance, so outputs may change with the batch")
     if config.adaptive_steps:
         notes.append(f"--speculative-adaptive (draft steps {list(config.adaptive_steps)} by batch size and accept "
                      "rate): coupled verify makes the tokens independent of the step count (tokens equal to no "

@@ -412,6 +412,16 @@ def test_the_dry_run_reads_the_backend_sglang_switches_an_fp8_e5m2_fa3_server_to
         assert "Triton kernels cannot serve this server (--kv-cache-dtype fp8_e5m2)" in err
 
 
+@pytest.mark.parametrize("decode, outside", [("torch_native", True), ("triton", False)])
+def test_a_decode_backend_sglang_would_not_admit_is_named(capsys, decode, outside):
+    # SGLang refuses --attention-backend torch_native under deterministic inference, not the split flags.
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--prefill-attention-backend", "fa3", "--decode-attention-backend", decode])
+    assert rc == 0 and "logits='tokens'" in start_up_line(err)
+    assert "two backends, which round apart" in err
+    assert (f"and {decode} is not among them: nothing vouches for its batch invariance" in err) is outside
+
+
 @pytest.mark.parametrize("flags", [["--prefill-attention-backend", "triton", "--decode-attention-backend", "triton"],
                                    ["--attention-backend", "fa3", "--decode-attention-backend", "triton"],
                                    # explicit prefill / decode backends win over SGLang's fp8_e5m2 switch
