@@ -310,7 +310,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(chain_note(config))
     limit = split_flag_limit(config) if config.decode_attention == "split" else None
     split_visible = config.decode_attention == "split" and limit is None
-    if split_visible and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
+    if split_visible and backend in ONE_PASS_DECODE_BACKENDS:  # one backend: a pair claims tokens anyway
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
                      "positional-split Triton kernels were measured "
                      "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models: the "
@@ -320,7 +320,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "verify bit for bit, and where it fails, or past a limit the dry run does not check (more than "
                      "64 query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged); a model with sliding-window layers claims 'tokens' (logged)")
-    if limit and backend is not None and backend.split("/")[-1] in ONE_PASS_DECODE_BACKENDS:
+    if limit and backend in ONE_PASS_DECODE_BACKENDS:
         notes.append(f"the positional-split Triton kernels cannot serve this server ({limit}): the target keeps the "
                      "one-pass decode, whose cost is measured without speculative decoding at 2.03x SGLang's "
                      "inter-token latency at one request with 2,048-token prompts (docs/forward_modes.md)")

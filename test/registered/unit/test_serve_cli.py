@@ -420,6 +420,7 @@ def test_a_decode_backend_sglang_would_not_admit_is_named(capsys, decode, outsid
     assert rc == 0 and "logits='tokens'" in start_up_line(err)
     assert "two backends, which round apart" in err
     assert (f"and {decode} is not among them: nothing vouches for its batch invariance" in err) is outside
+    assert "positional-split Triton kernels" not in err  # a pair claims tokens: no split note speaks for it
 
 
 @pytest.mark.parametrize("flags", [["--prefill-attention-backend", "triton", "--decode-attention-backend", "triton"],
