@@ -224,8 +224,10 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
-    if bag.kv_cache_dtype == "fp8_e5m2":  # SGLang serves its fa3 pick on triton then (resolve.sglang_backend_switch)
-        return []
+    from ..sglang_plugin.resolve import sglang_backend_switch
+
+    if sglang_backend_switch(argparse.Namespace(attention_backend="fa3", kv_cache_dtype=bag.kv_cache_dtype)):
+        return []  # SGLang would not serve its fa3 pick on FA3 with this KV cache (its own rule, asked)
     fa3 = dataclasses.replace(bag, attention_backend="fa3")  # every rule of the claim, the family's included
     claim, reason = fa3.logits, fa3.logits_reason
     why = f" ({reason})" if reason else ""
