@@ -373,6 +373,11 @@ def _run(args) -> int:
                      "--attention-backend SGLang picks it on the GPU at start-up (fa3 on Hopper under "
                      "deterministic inference, triton with --kv-cache-dtype fp8_e5m2), and the server's start-up "
                      "line states the claim it serves")
+                from ..config import kv_cache_reason
+
+                kv_reason = kv_cache_reason(bag.kv_cache_dtype)
+                if kv_reason:  # the KV cache alone decides the claim, whatever the backend turns out to be
+                    _say(f"note: on every backend logits='tokens' because of {kv_reason}")
             from ..sglang_plugin.resolve import sglang_backend_switch, setting_notes, unmeasured_notes
 
             ns = read_launch_args(cmd[3:])

@@ -356,6 +356,7 @@ def test_the_dry_run_states_the_fa3_head_size_rule(capsys, tmp_path, monkeypatch
         rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN,
                                       "--kv-cache-dtype", "fp8_e5m2"])
         assert rc == 0 and noted not in err
+        assert "on every backend logits='tokens' because of --kv-cache-dtype fp8_e5m2" in err  # the rule is said
 
 
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]
