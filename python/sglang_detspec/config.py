@@ -313,6 +313,12 @@ class DetSpecConfig:
                 and ((self.eagle_topk or 1) > 1 or not self.rejection_sampling))
 
     @property
+    def verifies_trees(self) -> bool:
+        """The target verifies draft trees: a speculative algorithm with ``topk > 1``, or NGRAM (SGLang pads a
+        short match with root children at any breadth, so its drafts are verified as trees)."""
+        return self.algorithm is not None and (self.algorithm == "NGRAM" or (self.eagle_topk or 1) > 1)
+
+    @property
     def chain_at_batch(self) -> int:
         """The batch size above which this tree server drafts as a chain; 0: its tree at every size.
 
@@ -561,6 +567,21 @@ def fa3_split_takes(eagle_topk: int | None, num_draft_tokens: int | None) -> boo
     :data:`PREFIX_SPLIT_MAX_TREE_TOKENS` draft tokens (every node within its request's cached prefix's
     reach). An unknown token count (None) takes no rule; the server's start-up hook decides from its own."""
     return (eagle_topk or 1) <= 1 or num_draft_tokens is None or num_draft_tokens <= PREFIX_SPLIT_MAX_TREE_TOKENS
+
+
+def fa3_own_calls_exact(head_dim: int | None, verifies_trees: bool) -> bool:
+    """Whether SGLang's own FA3 calls are one arithmetic for this target, so the prefix / tail split stands down.
+
+    A target that verifies no trees (a chain, or no speculative decoding) at a head size from
+    :data:`FA3_UNMASKED_DECODE_MAX_HEAD_DIM` + 1 to :data:`FA3_CAUSAL_KEPT_MAX_HEAD_DIM`: there FA3 runs decode,
+    prefill, chunked prefill and a chain's verify on its causal kernel over the same key tiles (0 rows apart
+    at head size 128 in the kernel probe, ``docs/benchmarks/fa3_chunk_probe/``), so the split would add cost
+    (up to 1.21x SGLang's inter-token latency on the 8B shape) and change no claim. Each server's start-up
+    check of SGLang's calls decides on its GPU (``sglang_plugin/fa3_own_calls.py``); where it finds a row
+    apart the split serves. An unknown head size (None) is not taken: the server decides from its own.
+    """
+    return (not verifies_trees and head_dim is not None
+            and FA3_UNMASKED_DECODE_MAX_HEAD_DIM < head_dim <= FA3_CAUSAL_KEPT_MAX_HEAD_DIM)
 
 
 def fa3_head_size_reason(head_dim: int | None) -> str | None:

@@ -17,11 +17,17 @@ The tail call always runs FA3's causal kernel, so decode and prefill share
 it at every head size, which SGLang's own one-row decode call does not at
 head sizes up to 64 and above 128.
 
+A server that verifies no trees (a chain, or no speculative decoding) at a
+target head size of 65-128 keeps SGLang's own calls: FA3 runs all its modes
+on one causal kernel there, so the split would only add cost
+(:func:`own_calls_serve`, ``sglang_plugin/fa3_own_calls.py``; its start-up
+check of SGLang's calls decides on each GPU).
+
 Hooked symbols (``sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend``):
 
-- ``__init__`` (AFTER): whether this backend takes the split (:func:`split_unavailable`,
-  its start-up check among it), logged once; where it cannot, the bag drops
-  to SGLang's calls and the start-up line says which claim that leaves.
+- ``__init__`` (AFTER): whether this backend takes the split (:func:`own_calls_serve`
+  first, then :func:`split_unavailable`, each with its start-up check), logged once; where it
+  cannot, the bag drops to SGLang's calls and the start-up line says which claim that leaves.
 - ``init_forward_metadata``, ``init_forward_metadata_out_graph`` and
   ``init_forward_metadata_in_graph`` (AFTER): forget the previous forward's
   split layout. The first layer of a forward builds it from SGLang's metadata
@@ -55,11 +61,12 @@ import logging
 
 import torch
 
-from ..config import current_config, fa3_split_takes, install_config
+from ..config import current_config, fa3_own_calls_exact, fa3_split_takes, install_config
 from ..ops.prefix_split import decode_split, extend_split, tree_split
 from ..ops.split_limits import FA3_MAX_HEAD_DIM, PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_MAX_TREE_TOKENS
 from .channels import FA3_SPLIT, FA3_SPLIT_OK, FA3_SPLIT_WARNED
 from .fa3_split import FA_BACKEND as FA
+from .fa3_own_calls import sglang_calls_agree
 from .fa3_split import backend_problem, split_attention, split_modes_agree
 
 INIT = f"{FA}.__init__"
@@ -73,12 +80,50 @@ logger = logging.getLogger("sglang_detspec")
 # Start-up lines (the E2E suites read them from a server's log).
 SPLIT_ON = "FA3 attention runs the prefix / tail split in every forward mode"
 SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used on FA3"
+STANDS_DOWN = "the FA3 split stands down: SGLang's own FA3 calls give this target decode = prefill = verify"
 KV_DTYPES = (torch.bfloat16, torch.float16)
 # Layer types SGLang's FA3 extend runs without the causal mask (its own rule in forward_extend).
 NON_CAUSAL_TYPES = ("ENCODER_ONLY", "DECODER_BIDIRECTIONAL")
 
 # The start-up check's answer per (shape, device) in this process: one arithmetic for all its backends.
 _CHECKED: dict[tuple, str | None] = {}
+# ... and the check of SGLang's own calls (fa3_own_calls.sglang_calls_agree) per (shape, device).
+_OWN_CHECKED: dict[tuple, bool] = {}
+
+
+def _shape_key(backend) -> tuple:
+    shape = (backend.num_attention_heads, backend.num_kv_heads, backend.head_dim, backend.kv_cache_dtype)
+    return shape, str(torch.device(backend.device))
+
+
+def _on_cuda(backend) -> bool:
+    return torch.device(backend.device).type == "cuda" and torch.version.hip is None
+
+
+def own_calls_serve(bag, backend) -> bool:
+    """Whether this target backend keeps SGLang's FA3 calls because they are already one arithmetic here.
+
+    Where ``config.fa3_own_calls_exact`` holds for the server (no trees, a
+    head size of 65-128), the backend is one the split could serve, and the
+    check of SGLang's calls (``fa3_own_calls.sglang_calls_agree``, once per
+    process, shape and device) finds decode, prefill, chunks and chain verify
+    equal bit for bit on this GPU. The decision follows the server's settings
+    and shape, so every target backend of a server (a switching tree's second
+    state included) makes the same one.
+    """
+    if not fa3_own_calls_exact(backend.head_dim, bag.verifies_trees):
+        return False
+    if backend_problem(backend) or backend.kv_cache_dtype not in KV_DTYPES or not _on_cuda(backend):
+        return False
+    key = _shape_key(backend)
+    if key not in _OWN_CHECKED:
+        try:
+            _OWN_CHECKED[key] = sglang_calls_agree(*key[0][:3], key[0][3], torch.device(backend.device))
+        except Exception as exc:  # any surprise: the split, checked on its own, decides
+            logger.warning("sglang-detspec: the start-up check of SGLang's FA3 calls failed (%r); the split serves",
+                           exc)
+            _OWN_CHECKED[key] = False
+    return _OWN_CHECKED[key]
 
 
 def split_unavailable(backend) -> str | None:
@@ -99,13 +144,12 @@ def split_unavailable(backend) -> str | None:
     if not 1 <= backend.head_dim <= FA3_MAX_HEAD_DIM:
         return f"head size {backend.head_dim}"
     device = torch.device(backend.device)
-    if device.type != "cuda" or torch.version.hip is not None:
+    if not _on_cuda(backend):
         return "no CUDA device" if device.type != "cuda" else "a ROCm GPU"
-    shape = (backend.num_attention_heads, backend.num_kv_heads, backend.head_dim, backend.kv_cache_dtype)
-    key = (shape, str(device))
+    key = _shape_key(backend)
     if key not in _CHECKED:
         try:
-            _CHECKED[key] = (None if split_modes_agree(*shape, device)
+            _CHECKED[key] = (None if split_modes_agree(*key[0], device)
                              else "its start-up check found decode, prefill or tree rows apart on this GPU")
         except Exception as exc:  # any surprise keeps SGLang's calls
             _CHECKED[key] = f"its start-up check failed: {exc!r}"
@@ -115,15 +159,22 @@ def split_unavailable(backend) -> str | None:
 def check_backend(result, backend, *args, **kwargs):
     """AFTER hook of ``FlashAttentionBackend.__init__``: decide once whether this target backend takes the split.
 
-    Where the bag asks for the split on an FA3 target and it cannot serve,
-    the bag drops ``decode_attention`` to ``one_pass`` (SGLang's calls), so
-    the claim the server states is the one that runs, and the warning says
-    which claim that is. Returns None.
+    Where SGLang's own calls are already one arithmetic for the server
+    (:func:`own_calls_serve`: no trees, head size 65-128, checked at start-up)
+    the split stands down and the claim stays. Where the bag asks for the
+    split on an FA3 target and it cannot serve, the bag drops
+    ``decode_attention`` to ``one_pass`` (SGLang's calls), so the claim the
+    server states is the one that runs, and the warning says which claim
+    that is. Returns None.
     """
     FA3_SPLIT_OK.write(backend, False)
     FA3_SPLIT.write(backend, None)
     bag = current_config()
     if not (bag.active and bag.decode_attention == "split") or backend.is_draft_runner:
+        return None
+    if own_calls_serve(bag, backend):
+        logger.info("sglang-detspec: %s at head size %d for a server that verifies no trees (checked bitwise at "
+                    "start-up); its logits stay %r", STANDS_DOWN, backend.head_dim, bag.logits)
         return None
     reason = split_unavailable(backend)
     if reason is None:

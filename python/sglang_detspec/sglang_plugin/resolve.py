@@ -20,8 +20,9 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config import (COUPLED_ALGORITHMS, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, ONE_PASS_DECODE_BACKENDS,
-                      DetSpecConfig, Refusal, current_config, env_settings, fa3_split_takes, install_config,
+from ..config import (COUPLED_ALGORITHMS, FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS,
+                      FA3_UNMASKED_DECODE_MAX_HEAD_DIM, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, Refusal,
+                      current_config, env_settings, fa3_own_calls_exact, fa3_split_takes, install_config,
                       kv_cache_reason, resolve_verify)
 from ..model_family import config_file, family_note, head_dim_of, model_family
 
@@ -324,15 +325,26 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(f"the positional-split Triton kernels cannot serve this server ({limit}): the target keeps the "
                      "one-pass decode, whose cost is measured without speculative decoding at 2.03x SGLang's "
                      "inter-token latency at one request with 2,048-token prompts (docs/forward_modes.md)")
-    if split_visible and backend in FA3_SPLIT_BACKENDS:
+    if split_visible and backend in FA3_SPLIT_BACKENDS and fa3_own_calls_exact(config.head_dim,
+                                                                                config.verifies_trees):
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default) stands down for this server: it "
+                     f"verifies no trees and its target's head size, {config.head_dim}, is in "
+                     f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}, where SGLang's own FA3 "
+                     "calls run decode, prefill, chunked prefill and a chain's verify on one causal kernel over the "
+                     "same key tiles (0 of 2,100 rows apart at head size 128: docs/benchmarks/fa3_chunk_probe/), "
+                     "so the split would add cost (up to 1.21x SGLang's inter-token latency on the 8B shape) and "
+                     "change no claim; a start-up check on the GPU compares SGLang's calls in those modes bit for "
+                     "bit, and where it finds a row apart the split serves (logged)")
+    elif split_visible and backend in FA3_SPLIT_BACKENDS:
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): the "
                      "prefix / tail split (two FA3 calls per row "
                      "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
                      "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness and the "
                      "forward modes at the default: docs/e2e/2026-12-05-h200-default/); its "
-                     "serving cost on the 8B shape (head size 128): 0.99-1.21x SGLang's FA3 inter-token latency "
-                     "for a chain (the most at 128-token prompts and few requests), 0.92-1.06x for a tree "
-                     "(docs/benchmarks/attention_cost/2026-12-05-h200-split/); a start-up check on the GPU "
+                     "serving cost on the 8B shape (head size 128): 0.92-1.06x SGLang's FA3 inter-token latency "
+                     "for a tree, 0.99-1.21x for a chain (docs/benchmarks/attention_cost/2026-12-05-h200-split/), "
+                     "which at head sizes 65-128 keeps SGLang's own calls instead where a start-up check finds "
+                     "them one arithmetic; a start-up check on the GPU "
                      "compares its decode with its prefill, "
                      "chunked prefill and tree verify bit for bit, and where it fails, or past a limit the dry run "
                      "cannot see (a layer with a window, sinks or a value head size unlike the key's), the server "

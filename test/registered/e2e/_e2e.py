@@ -749,6 +749,28 @@ def hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
+def fa3_path_problem(server: RunningServer, decode_attention: str, head_dim: int | None,
+                     verifies_trees: bool) -> str | None:
+    """What is wrong with an FA3 server's attention-path lines under ``decode_attention`` (None: nothing).
+
+    With ``split`` (the default) a server that verifies no trees at a head
+    size of 65-128 must log that the split stands down for SGLang's own calls
+    (``config.fa3_own_calls_exact``); every other server must log the split
+    taking the target, and none may log it not used.
+    """
+    if decode_attention != "split":
+        return None
+    from sglang_detspec.config import fa3_own_calls_exact
+    from sglang_detspec.sglang_plugin.fa3_split_hook import SPLIT_OFF, SPLIT_ON, STANDS_DOWN
+
+    want = STANDS_DOWN if fa3_own_calls_exact(head_dim, verifies_trees) else SPLIT_ON
+    if server.log_lines(want) and not server.log_lines(SPLIT_OFF):
+        return None
+    seen = server.log_lines("FA3 split") + server.log_lines("DECODE_ATTENTION=split")
+    return (f"{server.config.name}: expected the start-up line {want!r} at head size {head_dim} "
+            f"({'a tree' if verifies_trees else 'no trees'}); its lines: {seen[:2]}")
+
+
 def plugin_problems(server: RunningServer) -> list[str]:
     """What is wrong with the plugin's start-up lines of a deterministic server (empty: nothing).
 

@@ -69,6 +69,12 @@ LONGEST_PROMPT_CHARS, NEW_TOKENS = 4097, 100
 # Server label -> family in _e2e.FAMILIES.
 SERVERS = ("no_spec", "coupled_chain", "coupled_tree", "eagle3_tree")
 BACKENDS = ("triton", "fa3")
+# On fa3 these also serve a target of head size WIDE_HEAD_DIM (the tiny target's weights as WIDE_HEADS heads):
+# there a server that verifies no trees keeps SGLang's own FA3 calls (config.fa3_own_calls_exact), a tree the split.
+WIDE_HEAD_SERVERS = ("no_spec", "coupled_chain", "coupled_tree")
+WIDE_HEAD_BACKEND = "fa3"
+WIDE_HEADS, WIDE_HEAD_DIM = 2, 128
+WIDE_SUFFIX = f"_head{WIDE_HEAD_DIM}"
 # The default E2E flags turn prefill CUDA graphs off (many servers per GPU start faster);
 # the harness runs as a new user would, with SGLang's own choice.
 PREFILL_GRAPH_FLAG = "--cuda-graph-backend-prefill"
@@ -210,3 +216,20 @@ def document(rows: list[dict], date_utc: str, machine: str, **extra) -> dict:
         if not need <= set(r):
             raise ValueError(f"row {r!r} lacks {sorted(need - set(r))}")
     return {"date_utc": date_utc, "machine": machine, "rows": rows, **extra}
+
+
+def wide_head_config(config: dict) -> dict:
+    """The tiny target's ``config.json`` read as :data:`WIDE_HEADS` heads of :data:`WIDE_HEAD_DIM` (same weights).
+
+    The projections are ``hidden x hidden`` either way; only the split of the
+    hidden size into heads changes. Raises ValueError where the hidden size is
+    not ``WIDE_HEADS * WIDE_HEAD_DIM``.
+    """
+    if config["hidden_size"] != WIDE_HEADS * WIDE_HEAD_DIM:
+        raise ValueError(f"hidden_size {config['hidden_size']} is not {WIDE_HEADS} x {WIDE_HEAD_DIM}")
+    return {**config, "num_attention_heads": WIDE_HEADS, "num_key_value_heads": WIDE_HEADS, "head_dim": WIDE_HEAD_DIM}
+
+
+def base_label(label: str) -> str:
+    """The family of a server label (``coupled_chain_head128`` -> ``coupled_chain``)."""
+    return label[:-len(WIDE_SUFFIX)] if label.endswith(WIDE_SUFFIX) else label

@@ -121,8 +121,6 @@ from _register import register_cuda_ci
 from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import head_dim_of
 from sglang_detspec.sglang_plugin.attention_hook import SPLIT_OFF, SPLIT_ON
-from sglang_detspec.sglang_plugin.fa3_split_hook import SPLIT_OFF as FA3_SPLIT_OFF
-from sglang_detspec.sglang_plugin.fa3_split_hook import SPLIT_ON as FA3_SPLIT_ON
 from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE_PATH_ON
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
@@ -308,10 +306,14 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             problems.append(server)
             continue
         problems += _e2e.plugin_problems(server)
-        on, off = {"triton": (SPLIT_ON, SPLIT_OFF), "fa3": (FA3_SPLIT_ON, FA3_SPLIT_OFF)}.get(backend, (None, None))
-        if on and DECODE_ATTENTION == "split" and (not server.log_lines(on) or server.log_lines(off)):
+        if backend == "triton" and DECODE_ATTENTION == "split" and (
+                not server.log_lines(SPLIT_ON) or server.log_lines(SPLIT_OFF)):
             problems.append(f"{backend} {config.name}: SGLANG_DETSPEC_DECODE_ATTENTION=split did not take the target "
                             f"(its lines: {server.log_lines('DECODE_ATTENTION=split')[:1]})")
+        if backend == "fa3":
+            problem = _e2e.fa3_path_problem(server, DECODE_ATTENTION, head_dim_of(config.model),
+                                            plan.eagle_topk(key[0]) > 1)
+            problems += [f"{backend} {problem}"] if problem else []
         # A server without speculative decoding claims what its backend's decode promises.
         plain = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model))
         if _e2e.family(key[0]).draft is None and _e2e.claimed_logits(server) != [plain]:

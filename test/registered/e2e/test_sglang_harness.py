@@ -11,8 +11,11 @@ this suite runs it, unchanged, on the servers the plugin ships:
   vocabulary;
 
 each on every backend of ``DETSPEC_E2E_BACKENDS`` (``triton``, ``fa3``,
-comma-separated; unset: both, fa3 where sgl-kernel's FA3 library loads), all
-servers at once, with a tokenizer (the harness sends text) and SGLang's own
+comma-separated; unset: both, fa3 where sgl-kernel's FA3 library loads), and
+on fa3 ``no_spec``, ``coupled_chain`` and ``coupled_tree`` again with the
+target read as 2 heads of size 128 (``..._head128``: the same weights; there
+the servers that verify no trees keep SGLang's own FA3 calls, the tree runs
+the split, and each must log which), all servers at once, with a tokenizer (the harness sends text) and SGLang's own
 prefill CUDA-graph choice (the other suites turn prefill graphs off to start
 faster). The tiny models are written at a 128,256-token vocabulary
 (``_harness_plan.VOCAB``: ``radix_cache`` sends ids up to 50,000) with the
@@ -43,6 +46,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -73,27 +77,61 @@ def harness_models(tmp_path_factory) -> _e2e.Models:
                                        attention_scale=_e2e.tiny_models_script().ATTENTION_VISIBLE_SCALE)
 
 
+def wide_head_target(models: _e2e.Models) -> str:
+    """The harness target read as ``plan.WIDE_HEADS`` heads of ``plan.WIDE_HEAD_DIM`` (same weights), beside it.
+
+    Its folder links the target's files and writes its own ``config.json``
+    (``plan.wide_head_config``), once.
+    """
+    source = Path(models.target)
+    folder = source.parent / f"{source.name}{plan.WIDE_SUFFIX}"
+    if not (folder / "config.json").is_file():
+        staging = source.parent / f".{folder.name}.{os.getpid()}"
+        staging.mkdir(parents=True, exist_ok=True)
+        for item in source.iterdir():
+            if item.name != "config.json":
+                (staging / item.name).symlink_to(item.resolve())
+        config = json.loads((source / "config.json").read_text())
+        (staging / "config.json").write_text(json.dumps(plan.wide_head_config(config), indent=1))
+        try:
+            os.rename(staging, folder)
+        except OSError:  # another process wrote it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(folder)
+
+
 def server_configs(models: _e2e.Models, backends) -> dict:
-    """(backend, server label) -> the :class:`_e2e.ServerConfig` of every server the suite starts."""
+    """(backend, server label) -> the :class:`_e2e.ServerConfig` of every server the suite starts.
+
+    On ``plan.WIDE_HEAD_BACKEND`` the servers of ``plan.WIDE_HEAD_SERVERS`` also
+    serve the wide-head target (labels ending in ``plan.WIDE_SUFFIX``).
+    """
+    plans = [(backend, label, models, "") for backend in backends for label in plan.SERVERS]
+    if plan.WIDE_HEAD_BACKEND in backends:
+        wide = dataclasses.replace(models, target=wide_head_target(models))
+        plans += [(plan.WIDE_HEAD_BACKEND, label, wide, plan.WIDE_SUFFIX) for label in plan.WIDE_HEAD_SERVERS]
     configs = {}
-    for backend in backends:
-        for label in plan.SERVERS:
-            config = _e2e.server_config(label, models, extra_args=("--attention-backend", backend),
-                                        tag=f"harness_{backend}", tokenizer=True)
-            configs[(backend, label)] = dataclasses.replace(
-                config, args=plan.without_flag(config.args, plan.PREFILL_GRAPH_FLAG))
+    for backend, label, served, suffix in plans:
+        config = _e2e.server_config(label, served, extra_args=("--attention-backend", backend),
+                                    tag=f"harness_{backend}{suffix}", tokenizer=True)
+        configs[(backend, label + suffix)] = dataclasses.replace(
+            config, args=plan.without_flag(config.args, plan.PREFILL_GRAPH_FLAG))
     return configs
 
 
 def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[str]]:
-    """The server's logged claim and what is wrong with its start-up lines."""
+    """The server's logged claim and what is wrong with its start-up lines (the FA3 path it logs included)."""
     claims = _e2e.claimed_logits(server)
-    expected = logits_guarantee(backend, _forward_plan.eagle_topk(label),
-                                decode_attention=_forward_plan.decode_attention(),
-                                head_dim=head_dim_of(server.config.model))
+    head_dim = head_dim_of(server.config.model)
+    topk = _forward_plan.eagle_topk(plan.base_label(label))
+    decode_attention = _forward_plan.decode_attention()
+    expected = logits_guarantee(backend, topk, decode_attention=decode_attention, head_dim=head_dim)
     problems = _e2e.plugin_problems(server)
     if claims != [expected]:
         problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{expected!r}]")
+    if backend == "fa3":
+        problem = _e2e.fa3_path_problem(server, decode_attention, head_dim, topk > 1)
+        problems += [problem] if problem else []
     return (claims[0] if len(claims) == 1 else None), problems
 
 

@@ -61,5 +61,31 @@ def test_on_hopper_the_warm_up_must_have_run(e2e, tmp_path, monkeypatch, lines, 
     assert problems == [] if problem is None else (len(problems) == 1 and problem in problems[0]), problems
 
 
+
+def fa3_lines():
+    from sglang_detspec.sglang_plugin import fa3_split_hook as fsh
+
+    return {"down": f"[t] sglang-detspec: {fsh.STANDS_DOWN} at head size 128 for a server that verifies no trees",
+            "on": f"[t] sglang-detspec: {fsh.SPLIT_ON} (head size 64; decode = prefill = verify checked ...)",
+            "off": f"[t] sglang-detspec: {fsh.SPLIT_OFF} (a 16-token page): the target keeps SGLang's FA3 calls"}
+
+
+@pytest.mark.parametrize("logged, head_dim, trees, problem", [
+    (("down",), 128, False, None),
+    (("on",), 128, False, "stands down"),  # the split where SGLang's calls would do: the cost the rule removes
+    (("on",), 128, True, None),
+    (("down",), 128, True, "prefix / tail split in every forward mode"),
+    (("on",), 64, False, None),
+    (("on", "off"), 64, False, "prefix / tail split in every forward mode"),
+    ((), 96, False, "stands down"),
+])
+def test_an_fa3_server_logs_the_attention_path_its_shape_takes(e2e, tmp_path, logged, head_dim, trees, problem):
+    lines = fa3_lines()
+    server = server_with(e2e, tmp_path, [ACTIVE, *(lines[k] for k in logged)])
+    found = e2e.fa3_path_problem(server, "split", head_dim, trees)
+    assert (found is None) if problem is None else (problem in found), found
+    assert e2e.fa3_path_problem(server, "sglang", head_dim, trees) is None  # the split not asked for
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

@@ -70,7 +70,7 @@ ALL = sorted(PACKAGE.rglob("*.py"))
 HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
                                                                       "positions.py", "channels.py", "request_rules.py",
                                                                       "decode_attention.py", "shape_rules.py",
-                                                                      "fa3_split.py"))
+                                                                      "fa3_split.py", "fa3_own_calls.py"))
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
@@ -93,7 +93,8 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     keep = ("sglang_detspec.ops", "sglang_detspec.config", "sglang_detspec.sglang_plugin.positions",
             "sglang_detspec.sglang_plugin.channels", "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding",
             "sglang_detspec.sglang_plugin.request_rules", "sglang_detspec.sglang_plugin.decode_attention",
-            "sglang_detspec.sglang_plugin.shape_rules", "sglang_detspec.sglang_plugin.fa3_split")
+            "sglang_detspec.sglang_plugin.shape_rules", "sglang_detspec.sglang_plugin.fa3_split",
+            "sglang_detspec.sglang_plugin.fa3_own_calls")
     bad = {n for n in own(imports(path)) if not allowed(n, keep)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
 

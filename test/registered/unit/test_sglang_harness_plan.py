@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import random
 import sys
 from pathlib import Path
@@ -136,19 +137,36 @@ def test_without_flag(mods):
         strip(("--b", "2", "--a"), "--a")
 
 
-def test_server_configs(mods):
+def test_server_configs(mods, tiny, tmp_path):
     e2e, plan = mods.e2e, mods.plan
-    models = e2e.Models(*(f"/models/{f}" for f in ("target", "eagle", "eagle_random", "mtp", "mtp", "eagle3",
-                                                     "eagle3_full", "mimo")), None)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(tiny.llama_config("LlamaForCausalLM", 2, plan.VOCAB)))
+    (target / "model.safetensors").write_bytes(b"weights")
+    models = e2e.Models(str(target), *(f"/models/{f}" for f in ("eagle", "eagle_random", "mtp", "mtp", "eagle3",
+                                                                 "eagle3_full", "mimo")), None)
     configs = mods.suite.server_configs(models, plan.BACKENDS)
-    assert set(configs) == {(b, s) for b in plan.BACKENDS for s in plan.SERVERS}
+    wide = {(plan.WIDE_HEAD_BACKEND, s + plan.WIDE_SUFFIX) for s in plan.WIDE_HEAD_SERVERS}
+    assert set(configs) == {(b, s) for b in plan.BACKENDS for s in plan.SERVERS} | wide
     assert len({c.name for c in configs.values()}) == len(configs)
     for (backend, label), config in configs.items():
         flags = list(config.args)
+        family = e2e.family(plan.base_label(label))
         assert plan.PREFILL_GRAPH_FLAG not in flags and "--skip-tokenizer-init" not in flags, config.name
         assert flags[len(flags) - 1 - flags[::-1].index("--attention-backend") + 1] == backend
-        assert "--enable-deterministic-inference" in flags and config.model == models.target
-        assert e2e.family(label).spec_args == tuple(flags[:len(e2e.family(label).spec_args)])
+        assert "--enable-deterministic-inference" in flags
+        assert family.spec_args == tuple(flags[:len(family.spec_args)])
+        assert config.model == (models.target if (backend, label) not in wide else str(target) + plan.WIDE_SUFFIX)
+    # The wide-head target: the same files, its config read as 2 heads of 128; a second call reuses it.
+    folder = target.parent / f"target{plan.WIDE_SUFFIX}"
+    assert (folder / "model.safetensors").read_bytes() == b"weights"
+    from sglang_detspec.model_family import head_dim_of
+
+    assert head_dim_of(str(folder)) == plan.WIDE_HEAD_DIM and head_dim_of(str(target)) == 64
+    assert mods.suite.wide_head_target(models) == str(folder)
+    with pytest.raises(ValueError, match="hidden_size 512"):
+        plan.wide_head_config({"hidden_size": 512})
+    assert plan.base_label("coupled_chain" + plan.WIDE_SUFFIX) == "coupled_chain" == plan.base_label("coupled_chain")
 
 
 @pytest.mark.parametrize("raw, fa3, want", [(None, True, ("triton", "fa3")), (None, False, ("triton",)),
