@@ -58,9 +58,13 @@ up to 256 draft tokens, on
 fa3 (not FA4) at a KV page size of 1, --kv-cache-dtype auto, no MLA or
 sliding-window layers, head sizes up to 256 and trees of up to 65 draft
 tokens (both splits measured bitwise on an H200, the FA3 split's servers at its
-current code; serving the 8B shape the FA3 split costs the chain
-0.99-1.21x SGLang's inter-token latency and the tree 0.92-1.06x, the Triton
-split's cost not measured). A server past one of these limits, or whose
+current code; serving the 8B shape the FA3 split costs the tree 0.92-1.06x
+SGLang's inter-token latency and would cost the chain 0.99-1.21x, the Triton
+split's cost not measured). On fa3 a server that verifies no trees (a chain,
+or no speculative decoding) at target head sizes 65 to 128 keeps SGLang's own
+FA3 calls instead, which run every forward mode on one causal kernel there
+(its start-up check of them decides; measured bitwise with SGLang's harness
+at head size 128). A server past one of these limits, or whose
 start-up check fails, keeps SGLang's FA3 calls (on triton the one-pass
 decode) and says which claim that leaves. Other backends and a run without --attention-backend (SGLang picks
 the backend on the GPU, so the dry run cannot know it; where it can read the
