@@ -30,7 +30,13 @@ meets them), then the prefill sizes above them coarse to fine, the largest
 first: a budget that runs out leaves gaps spread over the prefill range,
 not its whole top (on the H200 the ascending order reached 769 of 8,192
 rows in 60 s, and the first wave of 128 prompts still compiled:
-``docs/benchmarks/determinism_tax/2026-12-04-h200-switch-tree/``). Not warmed (they compile at first use, as without the
+``docs/benchmarks/determinism_tax/2026-12-04-h200-switch-tree/``). Where
+decode CUDA graphs are captured the prefill range comes first and the
+decode rows last: their capture compiles them anyway (on an H100 the
+decode-first order reached 69 of 318 row counts in 60 s, 25 kernels were on
+disk before serving, as many as the capture alone had compiled on an H200,
+and 11 compiled while serving:
+``docs/benchmarks/determinism_tax/2026-12-05-h100-chain-own-calls/``). Not warmed (they compile at first use, as without the
 plugin): row counts past the budget or above :func:`max_rows_for` (with
 chunked prefill off, a first request longer than ``max_prefill_tokens``),
 launches whose tensors would pass :data:`MAX_TENSOR_BYTES`, and the
@@ -83,8 +89,8 @@ def warm_rows(max_rows: int) -> list[int]:
     return sorted(r for r in rows if r <= max_rows)
 
 
-def warm_order(rows: list[int], first_up_to: int) -> list[int]:
-    """``rows`` in warm-up order: those <= ``first_up_to`` ascending, then the rest coarse to fine.
+def warm_order(rows: list[int], first_up_to: int, captured: bool = False) -> list[int]:
+    """``rows`` in warm-up order: those <= ``first_up_to`` ascending and the rest coarse to fine.
 
     The rest, ascending as r_1 .. r_n, go largest first, then by the
     binary ruler of their index j (every 2^k-th before the 2^(k-1)-th ones
@@ -96,6 +102,12 @@ def warm_order(rows: list[int], first_up_to: int) -> list[int]:
     Args:
         rows: distinct row counts (:func:`warm_rows`), any order.
         first_up_to: the largest decode or verify batch's rows (0: none).
+        captured: the decode and verify batches run under CUDA graphs. Their capture, after the
+            warm-up, compiles those row counts anyway (on an H200 without the warm-up all 25 kernels
+            of the chain's start-up compiled in its verify capture; on an H100 with a 60 s warm-up
+            that took the decode rows first, 25 were on disk before serving as well, and 11 still
+            compiled while serving), so the rows up to ``first_up_to`` go last, after the prefill
+            range. Without graphs they go first (every eager step meets them).
     """
     ordered = sorted(rows)
     head = [r for r in ordered if r <= first_up_to]
@@ -104,7 +116,8 @@ def warm_order(rows: list[int], first_up_to: int) -> list[int]:
 
     def ruler(j: int) -> tuple[int, int]:  # j is 1-based; the largest (j = n) sorts before every level
         return (-(n.bit_length() + 1), 0) if j == n else (-((j & -j).bit_length()), j)
-    return head + [rest[j - 1] for j in sorted(range(1, n + 1), key=ruler)]
+    coarse = [rest[j - 1] for j in sorted(range(1, n + 1), key=ruler)]
+    return coarse + head if captured else head + coarse
 
 
 def first_rows(running: int | None, graph_max_bs: int | None, tokens_per_request: int) -> int:
@@ -128,6 +141,18 @@ def _graph_max_bs() -> int | None:
         return max(sizes) if sizes else None
     except Exception:  # no graph config (graphs off) or another layout: the running bound alone
         return None
+
+
+def _decode_graphs_captured() -> bool:
+    """Whether SGLang captures decode CUDA graphs (``cuda_graph_config.decode``: a backend other than disabled and
+    at least one batch size); False where the config is not published."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        decode = get_exec().graph.cuda_graph_config.decode
+        return str(getattr(decode.backend, "value", decode.backend)) != "disabled" and bool(decode.bs)
+    except Exception:  # no graph config published: treat as eager
+        return False
 
 
 def covered_up_to(rows: list[int], done) -> int:
@@ -306,7 +331,8 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens, running,
                                       bag.num_draft_tokens or 1, bool(schedule.enable_mixed_chunk)))
         first = first_rows(running, _graph_max_bs(), bag.num_draft_tokens or 1)
-        order = warm_order(rows, first)
+        captured = _decode_graphs_captured()
+        order = warm_order(rows, first, captured)
         head = sum(r <= first for r in rows)
         # Weights kept on the host (--cpu-offload-gb) are multiplied elsewhere: only device weights reach DeepGEMM.
         weights = {shape: w for shape, w in gemm_weights(models_of(scheduler)).items() if w.is_cuda}
@@ -319,9 +345,12 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
     except Exception:  # speed only: what is not warmed here compiles at its first request instead
         log.warning("%s; its kernels compile at first use", FAILED_LOG, exc_info=True)
         return None
-    log.info("%s: %d launches over %d weight shapes %s, %d of %d row counts up to %d (every one up to %d; the %d "
-             "up to %d decode and verify rows first, then %d larger ones coarse to fine), in %.1f s (budget %g s, "
-             "%s)%s", WARMED_LOG, launched, len(weights), list(weights), len(done), len(rows), rows[-1],
-             covered_up_to(rows, done), head, first, len(rows) - head, time.monotonic() - started,
-             bag.gemm_warmup_s, GEMM_WARMUP_ENV, f"; {'; '.join(notes)}" if notes else "")
+    decode_part = f"the {head} up to {first} decode and verify rows"
+    prefill_part = f"{len(rows) - head} larger ones coarse to fine"
+    sequence = (f"{prefill_part} first, then {decode_part}, which the CUDA-graph capture meets too" if captured
+                else f"{decode_part} first, then {prefill_part}")
+    log.info("%s: %d launches over %d weight shapes %s, %d of %d row counts up to %d (every one up to %d; %s), in "
+             "%.1f s (budget %g s, %s)%s", WARMED_LOG, launched, len(weights), list(weights), len(done), len(rows),
+             rows[-1], covered_up_to(rows, done), sequence, time.monotonic() - started, bag.gemm_warmup_s,
+             GEMM_WARMUP_ENV, f"; {'; '.join(notes)}" if notes else "")
     return None

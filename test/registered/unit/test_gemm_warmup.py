@@ -152,6 +152,37 @@ def test_the_order_puts_decode_rows_first_then_the_prefill_range_coarse_to_fine(
     assert g.warm_order([1, 2, 3], 10) == [1, 2, 3]  # all decode rows: ascending
 
 
+def test_under_captured_decode_graphs_the_prefill_range_comes_first():
+    rows = g.warm_rows(8192)
+    eager, captured = g.warm_order(rows, 512), g.warm_order(rows, 512, captured=True)
+    decode = [r for r in rows if r <= 512]
+    assert sorted(captured) == rows and captured[-len(decode):] == decode  # the capture compiles these anyway
+    assert captured[:len(rows) - len(decode)] == eager[len(decode):]  # the prefill range in the same order
+    assert g.warm_order([1, 2, 3], 10, captured=True) == [1, 2, 3]
+
+
+def test_whether_decode_graphs_are_captured_is_read_from_sglangs_config(monkeypatch):
+    import types
+
+    from sglang.srt import runtime_context
+    from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig
+
+    def published(config):
+        monkeypatch.setattr(runtime_context, "get_exec",
+                            lambda: types.SimpleNamespace(graph=types.SimpleNamespace(cuda_graph_config=config)))
+
+    config = CudaGraphConfig()
+    config.decode.bs = [1, 2, 4, 8]
+    published(config)
+    assert g._decode_graphs_captured()
+    config.decode.backend = Backend.DISABLED
+    assert not g._decode_graphs_captured()
+    config.decode.backend, config.decode.bs = Backend.FULL, []
+    assert not g._decode_graphs_captured()
+    monkeypatch.setattr(runtime_context, "get_exec", lambda: (_ for _ in ()).throw(ValueError("not published")))
+    assert not g._decode_graphs_captured()
+
+
 @pytest.mark.parametrize("running, graph_bs, tokens, expected", [
     (4096, 48, 4, 192),   # SGLang's default running bound: the CUDA-graph bound decides
     (32, 48, 8, 256),     # a smaller running bound decides
