@@ -193,6 +193,7 @@ def hook_table() -> list[Hook]:
         Hook(tah.FORWARD_EXTEND, tah.verify_tree_as_decode, "AROUND", _CUDA_ONLY),
         Hook(fsh.INIT, fsh.check_backend, "AFTER", _CUDA_ONLY),
         Hook(f"{fsh.FA}.{channels.FA3_SPLIT_OK.attr}", fsh.check_backend, "ATTR"),
+        Hook(f"{fsh.FA}.{channels.FA3_OWN_CALLS.attr}", fsh.check_backend, "ATTR"),
         Hook(fsh.INIT_EAGER, fsh.forget_split, "AFTER", _CUDA_ONLY),
         Hook(fsh.INIT_OUT_GRAPH, fsh.forget_split, "AFTER", _CUDA_ONLY),
         Hook(fsh.INIT_IN_GRAPH, fsh.forget_split, "AFTER", _CUDA_ONLY),

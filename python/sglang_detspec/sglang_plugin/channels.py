@@ -88,6 +88,7 @@ TREE_GRAPH_META: Slot = Slot("_detspec_tree_graph_metadata")  # per graph batch 
 FA3_SPLIT_OK: Slot = Slot("_detspec_fa3_split_ok")  # bool: this FA3 backend takes the split (decided at __init__)
 FA3_SPLIT: Slot = Slot("_detspec_fa3_split")  # (layout, built while capturing) of the forward in progress, or None
 FA3_SPLIT_WARNED: Slot = Slot("_detspec_fa3_split_warned")  # bool: a layer the split does not cover was logged
+FA3_OWN_CALLS: Slot = Slot("_detspec_fa3_own_calls")  # bool: the split stood down for SGLang's own calls (at __init__)
 # On SGLang's EAGLEWorkerV2 (shape_hook): shape_hook.Shapes, the tree and chain states of a switching tree.
 DRAFT_SHAPES: Slot = Slot("_detspec_shapes")
 # On SGLang's EagleDraftWorker (shape_hook): int, the active state's draft top-k that draft() narrows to.

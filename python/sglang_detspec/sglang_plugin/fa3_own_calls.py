@@ -26,12 +26,10 @@ from typing import Callable
 import torch
 
 from ..ops.prefix_split import PartCall
-from .fa3_split import CHECK_LENGTHS, FA3
+from .fa3_split import CHECK_CHUNK, CHECK_LENGTHS, FA3, same_bits
 
 # Rows a chain verify holds per request in the check (SGLang's default chain: 3 steps, 4 draft tokens).
 CHECK_VERIFY_ROWS = 4
-# The chunk of the check's chunked prefill: its rows start off every key tile edge of FA3's (multiples of 16).
-CHECK_CHUNK = 100
 
 Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PartCall, float], tuple[torch.Tensor, torch.Tensor]]
 
@@ -39,6 +37,11 @@ Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PartCall, float], tup
 def sglang_fa3_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, call: PartCall,
                     softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One FA3 call as SGLang's backend makes it under deterministic inference: ``(o, lse)``.
+
+    A decode call (``max_rows`` 1) gets the scheduler metadata SGLang's
+    backend precomputes for its decode (``_compute_scheduler_metadata``:
+    ``get_scheduler_metadata`` with one query row, causal, one split, no
+    softcap). Not covered: a logit cap (the hook warns for such layers).
 
     Args:
         q: ``[rows, heads, head_dim]`` bf16 / fp16 (``call.rows`` must be None).
@@ -52,15 +55,22 @@ def sglang_fa3_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     from sglang.kernels.ops.attention.flash_attention import flash_attn_with_kvcache
 
+    metadata = None
+    if call.max_rows == 1:
+        from sgl_kernel.flash_attn import get_scheduler_metadata
+
+        metadata = get_scheduler_metadata(batch_size=call.seqlens.numel(), max_seqlen_q=1,
+                                          max_seqlen_k=int(call.seqlens.max()), num_heads=q.shape[1],
+                                          num_heads_k=k_cache.shape[2], headdim=q.shape[2],
+                                          cache_seqlens=call.seqlens, qkv_dtype=k_cache.dtype,
+                                          cu_seqlens_q=call.cu_seqlens_q, page_size=1, causal=True,
+                                          has_softcap=False, num_splits=1)
     o, lse, *_ = flash_attn_with_kvcache(q=q, k_cache=k_cache, v_cache=v_cache, page_table=call.page_table,
                                          cache_seqlens=call.seqlens, cu_seqlens_q=call.cu_seqlens_q,
                                          max_seqlen_q=call.max_rows, softmax_scale=softmax_scale, causal=True,
-                                         return_softmax_lse=True, num_splits=1, ver=FA3)
+                                         return_softmax_lse=True, num_splits=1, ver=FA3,
+                                         scheduler_metadata=metadata)
     return o, lse
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(torch.equal(a.float().contiguous().view(torch.int32), b.float().contiguous().view(torch.int32)))
 
 
 def sglang_calls_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -106,7 +116,7 @@ def sglang_calls_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
         return o, lse.transpose(0, 1)  # [rows, heads], to index by row
 
     def agree(got, want):
-        return _same_bits(got[0], want[0]) and _same_bits(got[1], want[1])
+        return same_bits(got[0], want[0]) and same_bits(got[1], want[1])
 
     at = 0
     seqs, queries, decodes = [], [], []

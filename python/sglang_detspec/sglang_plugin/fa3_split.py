@@ -157,9 +157,12 @@ def backend_problem(backend) -> str | None:
 # (D + B = 192 keys) and several groups on; the trees' depth and width.
 CHECK_LENGTHS = (5, 191, 193, 460)
 CHECK_TREE = (-1, 0, 0, 1, 1, 2, 3, 4)  # parents, SGLang's order (a parent before its children)
+# The start-up checks' chunked prefill: chunks of this many rows, whose starts fall off FA3's key tile edges.
+CHECK_CHUNK = 100
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same values bit for bit, compared as float32 bit patterns."""
     return bool(torch.equal(a.float().contiguous().view(torch.int32), b.float().contiguous().view(torch.int32)))
 
 
@@ -169,7 +172,7 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
 
     Random queries and KV of the given shape in scattered slots; requests of
     ``lengths`` keys: every position of each request decoded (one batch),
-    each request prefilled whole, its rows extended in chunks of 100 after
+    each request prefilled whole, its rows extended in chunks of :data:`CHECK_CHUNK` after
     the cached ones, and :data:`CHECK_TREE` verified after each request's
     keys, every node against the decode of its path; then all requests in
     one prefill and one tree verify, one page-table row each (so the prefix
@@ -207,11 +210,11 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
         pre = run(q, extend_split(seq.unsqueeze(0), torch.zeros(1, **i32), torch.tensor([length], **i32), length,
                                   length))
         chunks = []
-        for lo in range(0, length, 100):
-            m = min(100, length - lo)
+        for lo in range(0, length, CHECK_CHUNK):
+            m = min(CHECK_CHUNK, length - lo)
             chunks.append(run(q[lo:lo + m], extend_split(seq[:lo + m].unsqueeze(0), torch.tensor([lo], **i32),
                                                          torch.tensor([m], **i32), m, m)))
-        if not (_same_bits(dec, pre) and _same_bits(torch.cat(chunks), dec)):
+        if not (same_bits(dec, pre) and same_bits(torch.cat(chunks), dec)):
             return False
         paths = []
         for i in range(n):
@@ -230,7 +233,7 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
         width = max(x.numel() for x in keys)
         node_table = torch.stack([torch.nn.functional.pad(x, (0, width - x.numel())) for x in keys])
         node_dec = run(qn, decode_split(node_table, torch.tensor([x.numel() for x in keys], **i32)))
-        if not _same_bits(tree, node_dec):
+        if not same_bits(tree, node_dec):
             return False
         seqs.append(seq)
         queries.append(q)
@@ -245,4 +248,4 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
     lens = torch.tensor(lengths, **i32)
     pre = run(torch.cat(queries), extend_split(table, torch.zeros_like(lens), lens, width, sum(lengths)))
     tree = run(torch.cat(node_queries), tree_split(table, lens, torch.cat(node_anc), torch.cat(node_lens), n))
-    return _same_bits(pre, torch.cat(decodes)) and _same_bits(tree, torch.cat(node_decodes))
+    return same_bits(pre, torch.cat(decodes)) and same_bits(tree, torch.cat(node_decodes))

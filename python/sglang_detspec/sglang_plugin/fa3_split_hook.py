@@ -64,9 +64,9 @@ import torch
 from ..config import current_config, fa3_own_calls_exact, fa3_split_takes, install_config
 from ..ops.prefix_split import decode_split, extend_split, tree_split
 from ..ops.split_limits import FA3_MAX_HEAD_DIM, PREFIX_SPLIT_DEPTH, PREFIX_SPLIT_MAX_TREE_TOKENS
-from .channels import FA3_SPLIT, FA3_SPLIT_OK, FA3_SPLIT_WARNED
-from .fa3_split import FA_BACKEND as FA
+from .channels import FA3_OWN_CALLS, FA3_SPLIT, FA3_SPLIT_OK, FA3_SPLIT_WARNED
 from .fa3_own_calls import sglang_calls_agree
+from .fa3_split import FA_BACKEND as FA
 from .fa3_split import backend_problem, split_attention, split_modes_agree
 
 INIT = f"{FA}.__init__"
@@ -81,6 +81,7 @@ logger = logging.getLogger("sglang_detspec")
 SPLIT_ON = "FA3 attention runs the prefix / tail split in every forward mode"
 SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used on FA3"
 STANDS_DOWN = "the FA3 split stands down: SGLang's own FA3 calls give this target decode = prefill = verify"
+OWN_CALLS_APART = "the start-up check found SGLang's own FA3 calls rounding decode, prefill or verify rows apart"
 KV_DTYPES = (torch.bfloat16, torch.float16)
 # Layer types SGLang's FA3 extend runs without the causal mask (its own rule in forward_extend).
 NON_CAUSAL_TYPES = ("ENCODER_ONLY", "DECODER_BIDIRECTIONAL")
@@ -118,7 +119,10 @@ def own_calls_serve(bag, backend) -> bool:
     key = _shape_key(backend)
     if key not in _OWN_CHECKED:
         try:
-            _OWN_CHECKED[key] = sglang_calls_agree(*key[0][:3], key[0][3], torch.device(backend.device))
+            _OWN_CHECKED[key] = sglang_calls_agree(*key[0], torch.device(backend.device))
+            if not _OWN_CHECKED[key]:
+                logger.warning("sglang-detspec: %s at head size %d on this GPU; the split serves", OWN_CALLS_APART,
+                               backend.head_dim)
         except Exception as exc:  # any surprise: the split, checked on its own, decides
             logger.warning("sglang-detspec: the start-up check of SGLang's FA3 calls failed (%r); the split serves",
                            exc)
@@ -168,11 +172,13 @@ def check_backend(result, backend, *args, **kwargs):
     that is. Returns None.
     """
     FA3_SPLIT_OK.write(backend, False)
+    FA3_OWN_CALLS.write(backend, False)
     FA3_SPLIT.write(backend, None)
     bag = current_config()
     if not (bag.active and bag.decode_attention == "split") or backend.is_draft_runner:
         return None
     if own_calls_serve(bag, backend):
+        FA3_OWN_CALLS.write(backend, True)
         logger.info("sglang-detspec: %s at head size %d for a server that verifies no trees (checked bitwise at "
                     "start-up); its logits stay %r", STANDS_DOWN, backend.head_dim, bag.logits)
         return None
@@ -199,6 +205,11 @@ def forget_split(result, backend, *args, **kwargs):
 def _serves(backend) -> bool:
     bag = current_config()
     return bag.active and bag.decode_attention == "split" and FA3_SPLIT_OK.read(backend, False)
+
+
+def _stood_down(backend) -> bool:
+    bag = current_config()
+    return bag.active and bag.decode_attention == "split" and FA3_OWN_CALLS.read(backend, False)
 
 
 def _layer_covered(layer, kwargs) -> bool:
@@ -287,6 +298,14 @@ def _run(original, backend, q, k, v, layer, forward_batch, save_kv_cache, args, 
             logger.warning("sglang-detspec: a layer the FA3 split does not cover (a window, a non-causal or cross "
                            "attention layer, sinks, a score modifier, MLA inputs, a returned LSE or another value "
                            "head size) runs SGLang's FA3 call: this server's logits are 'tokens', not 'bitwise'")
+    elif (_stood_down(backend) and not FA3_SPLIT_WARNED.read(backend, False)
+          and (args or getattr(layer, "logit_cap", 0) or not _layer_covered(layer, kwargs))):
+        # The start-up check ran SGLang's plain causal calls: such a layer takes another FA3 variant, unchecked.
+        FA3_SPLIT_WARNED.write(backend, True)
+        logger.warning("sglang-detspec: a layer the start-up check of SGLang's FA3 calls did not cover (a window, a "
+                       "logit cap, a non-causal or cross attention layer, sinks, a score modifier, MLA inputs, a "
+                       "returned LSE or another value head size) runs with the split stood down: this server's "
+                       "logits are 'tokens', not 'bitwise'")
     return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
 
 

@@ -32,12 +32,15 @@ not its whole top (on the H200 the ascending order reached 769 of 8,192
 rows in 60 s, and the first wave of 128 prompts still compiled:
 ``docs/benchmarks/determinism_tax/2026-12-04-h200-switch-tree/``). Where
 decode CUDA graphs are captured the prefill range comes first and the
-decode rows last: their capture compiles them anyway (on an H100 the
+decode rows last: the capture compiles the captured batch sizes' rows
+anyway, and only eager calls (a prefill of at most that many tokens, an LM
+head over a prefill batch's requests) meet the others (on an H100 the
 decode-first order reached 69 of 318 row counts in 60 s, 25 kernels were on
 disk before serving, as many as the capture alone had compiled on an H200,
 and 11 compiled while serving:
-``docs/benchmarks/determinism_tax/2026-12-05-h100-chain-own-calls/``). Not warmed (they compile at first use, as without the
-plugin): row counts past the budget or above :func:`max_rows_for` (with
+``docs/benchmarks/determinism_tax/2026-12-05-h100-chain-own-calls/``; the
+new order is not measured yet). Not warmed (they compile at first use, as
+without the plugin): row counts past the budget or above :func:`max_rows_for` (with
 chunked prefill off, a first request longer than ``max_prefill_tokens``),
 launches whose tensors would pass :data:`MAX_TENSOR_BYTES`, and the
 float32-output LM head of ``--enable-fp32-lm-head`` (``aten::mm.dtype``).
@@ -103,7 +106,8 @@ def warm_order(rows: list[int], first_up_to: int, captured: bool = False) -> lis
         rows: distinct row counts (:func:`warm_rows`), any order.
         first_up_to: the largest decode or verify batch's rows (0: none).
         captured: the decode and verify batches run under CUDA graphs. Their capture, after the
-            warm-up, compiles those row counts anyway (on an H200 without the warm-up all 25 kernels
+            warm-up, compiles the captured batch sizes' row counts anyway, and only eager calls meet the
+            other row counts up to ``first_up_to`` (on an H200 without the warm-up all 25 kernels
             of the chain's start-up compiled in its verify capture; on an H100 with a 60 s warm-up
             that took the decode rows first, 25 were on disk before serving as well, and 11 still
             compiled while serving), so the rows up to ``first_up_to`` go last, after the prefill

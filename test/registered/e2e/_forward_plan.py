@@ -115,6 +115,20 @@ def eagle_topk(family_name: str) -> int:
     return int(args[args.index(flag) + 1]) if flag in args else 1
 
 
+def verifies_trees(family_name: str) -> bool:
+    """Whether a family's server verifies draft trees, by the plugin's own rule (``DetSpecConfig.verifies_trees``).
+
+    Raises:
+        ValueError: unknown family (``_e2e.family``).
+    """
+    from sglang_detspec.config import DetSpecConfig
+
+    args = _e2e.family(family_name).spec_args
+    flag = "--speculative-algorithm"
+    algorithm = args[args.index(flag) + 1] if flag in args else None
+    return DetSpecConfig(algorithm=algorithm, eagle_topk=eagle_topk(family_name)).verifies_trees
+
+
 def is_tree(row: Row) -> bool:
     return eagle_topk(row.family) > 1
 

@@ -312,7 +312,7 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
                             f"(its lines: {server.log_lines('DECODE_ATTENTION=split')[:1]})")
         if backend == "fa3":
             problem = _e2e.fa3_path_problem(server, DECODE_ATTENTION, head_dim_of(config.model),
-                                            plan.eagle_topk(key[0]) > 1)
+                                            plan.verifies_trees(key[0]))
             problems += [f"{backend} {problem}"] if problem else []
         # A server without speculative decoding claims what its backend's decode promises.
         plain = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model))

@@ -130,7 +130,8 @@ def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[s
     if claims != [expected]:
         problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{expected!r}]")
     if backend == "fa3":
-        problem = _e2e.fa3_path_problem(server, decode_attention, head_dim, topk > 1)
+        problem = _e2e.fa3_path_problem(server, decode_attention, head_dim,
+                                        _forward_plan.verifies_trees(plan.base_label(label)))
         problems += [problem] if problem else []
     return (claims[0] if len(claims) == 1 else None), problems
 

@@ -61,7 +61,6 @@ def test_on_hopper_the_warm_up_must_have_run(e2e, tmp_path, monkeypatch, lines, 
     assert problems == [] if problem is None else (len(problems) == 1 and problem in problems[0]), problems
 
 
-
 def fa3_lines():
     from sglang_detspec.sglang_plugin import fa3_split_hook as fsh
 

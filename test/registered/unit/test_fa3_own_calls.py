@@ -143,6 +143,7 @@ def test_a_chain_at_head_size_128_keeps_sglangs_calls(bag, caplog, checks):
 
 @pytest.mark.parametrize("config, overrides", [
     (TREE, {"topk": 4, "speculative_num_draft_tokens": 8}),  # a tree: SGLang's cascade rounds apart
+    (TREE, {}),  # a switching tree's chain state (a top-k 1 backend): the server's rule, so the split too
     (CHAIN, {"head_dim": 64}),  # FA3's unmasked one-row kernel
     (CHAIN, {"head_dim": 256}),
 ])
@@ -166,6 +167,42 @@ def test_where_sglangs_calls_are_found_apart_the_split_serves(bag, caplog, check
     lines = [r.getMessage() for r in caplog.records]
     assert not any(fsh.STANDS_DOWN in line for line in lines) and any(fsh.SPLIT_ON in line for line in lines)
     assert any("check of SGLang's FA3 calls failed" in line for line in lines) is isinstance(answer, Exception)
+    assert any(fsh.OWN_CALLS_APART in line for line in lines) is (answer is False)
+
+
+def layer(**overrides):
+    import types
+
+    fields = dict(sliding_window_size=-1, is_cross_attention=False, head_dim=128, v_head_dim=128, logit_cap=0.0)
+    fields.update(overrides)
+    return types.SimpleNamespace(**fields)
+
+
+@pytest.mark.parametrize("overrides, kwargs, warned", [
+    ({}, {}, False),
+    ({"logit_cap": 30.0}, {}, True),  # another FA3 variant than the start-up check ran
+    ({"sliding_window_size": 128}, {}, True),
+    ({"v_head_dim": 64}, {}, True),
+    ({}, {"sinks": object()}, True),
+])
+def test_with_the_split_stood_down_a_layer_the_check_did_not_cover_lowers_the_claim(bag, caplog, checks,
+                                                                                    overrides, kwargs, warned):
+    bag(CHAIN)
+    b = backend()
+    fsh.check_backend(None, b)
+    calls = []
+
+    def original(backend_, q, k, v, layer_, forward_batch, save_kv_cache, *args, **kw):
+        calls.append(layer_)
+        return "sglang's"
+
+    with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
+        for _ in range(2):
+            out = fsh.split_extend_around(original, b, None, None, None, layer(**overrides), None, True, **kwargs)
+            assert out == "sglang's"  # SGLang's call either way
+    warnings = [r.getMessage() for r in caplog.records if "did not cover" in r.getMessage()]
+    assert len(calls) == 2 and len(warnings) == (1 if warned else 0)
+    assert not warned or "'tokens', not 'bitwise'" in warnings[0]
 
 
 def test_a_backend_the_split_could_not_serve_is_not_checked(bag, checks):

@@ -49,6 +49,7 @@ def test_the_matrix_the_issue_asks_for_is_on_every_backend(plan):
     tree = plan.ROWS["tree"]
     assert plan.eagle_topk(tree.family) == 4 and not tree.env and not tree.args  # no plugin variable set
     assert plan.eagle_topk(plan.ROWS["chain"].family) == 1
+    assert plan.verifies_trees(tree.family) and not plan.verifies_trees(plan.ROWS["chain"].family)
     assert plan.ROWS["eagle3_tree"].family == "eagle3_tree" and plan.ROWS["eagle3_tree"].reference == "no_spec"
     assert plan.ROWS["nextn_tree"].reference == "mimo_no_spec"
 
