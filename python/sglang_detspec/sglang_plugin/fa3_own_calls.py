@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from ..ops.prefix_split import PartCall
-from .fa3_split import CHECK_CHUNK, CHECK_LENGTHS, FA3, same_bits
+from .fa3_split import CHECK_CHUNK, CHECK_LENGTHS, FA3, padded_table, same_bits
 
 # Rows a chain verify holds per request in the check (SGLang's default chain: 3 steps, 4 draft tokens).
 CHECK_VERIFY_ROWS = 4
@@ -139,9 +139,7 @@ def sglang_calls_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dt
         seqs.append(seq)
         queries.append(q)
         decodes.append(dec)
-    # Every request in one call: a page-table row each, the longest sets the width.
-    width = max(lengths)
-    table = torch.stack([torch.nn.functional.pad(s, (0, width - s.numel())) for s in seqs])
+    table = padded_table(seqs)
     lens = torch.tensor(lengths, **i32)
     dec = tuple(torch.cat(parts) for parts in zip(*decodes))
     if not agree(run(torch.cat(queries), table, lens, list(lengths)), dec):

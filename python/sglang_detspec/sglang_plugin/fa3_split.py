@@ -161,6 +161,13 @@ CHECK_TREE = (-1, 0, 0, 1, 1, 2, 3, 4)  # parents, SGLang's order (a parent befo
 CHECK_CHUNK = 100
 
 
+def padded_table(seqs: list[torch.Tensor]) -> torch.Tensor:
+    """The start-up checks' page table of several requests in one call: int32 ``[requests, longest]``, a row each,
+    each request's slots then zeros."""
+    width = max(s.numel() for s in seqs)
+    return torch.stack([torch.nn.functional.pad(s, (0, width - s.numel())) for s in seqs])
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors hold the same values bit for bit, compared as float32 bit patterns."""
     return bool(torch.equal(a.float().contiguous().view(torch.int32), b.float().contiguous().view(torch.int32)))
@@ -242,10 +249,8 @@ def split_modes_agree(heads: int, kv_heads: int, head_dim: int, dtype: torch.dty
         node_decodes.append(node_dec)
         node_anc.append(anc)
         node_lens.append(anc_lens)
-    # Every request in one call: a page-table row each, the longest sets the width.
-    width = max(lengths)
-    table = torch.stack([torch.nn.functional.pad(x, (0, width - x.numel())) for x in seqs])
+    table = padded_table(seqs)
     lens = torch.tensor(lengths, **i32)
-    pre = run(torch.cat(queries), extend_split(table, torch.zeros_like(lens), lens, width, sum(lengths)))
+    pre = run(torch.cat(queries), extend_split(table, torch.zeros_like(lens), lens, table.shape[1], sum(lengths)))
     tree = run(torch.cat(node_queries), tree_split(table, lens, torch.cat(node_anc), torch.cat(node_lens), n))
     return same_bits(pre, torch.cat(decodes)) and same_bits(tree, torch.cat(node_decodes))
