@@ -259,6 +259,18 @@ MEASURED_ATTENTION_BACKENDS = ("fa3", "triton", "flashinfer")
 UNMEASURED_ALGORITHMS = ("NGRAM", "STANDALONE")
 
 
+def fa3_split_path(config: DetSpecConfig) -> str:
+    """Which FA3 path this server's target takes under ``split`` where the split does not stand down, and why."""
+    if config.verifies_trees:
+        return "this server verifies draft trees, so its target runs the split at every head size"
+    if config.head_dim is None:
+        return (f"this server verifies no trees: at a target head size of {FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-"
+                f"{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} it keeps SGLang's own FA3 calls (a start-up check decides), at "
+                "other head sizes it runs the split (the model's head size was not read)")
+    return (f"at target head size {config.head_dim} SGLang's own FA3 calls run a decode step on another kernel than "
+            "a prefill, so this server's target runs the split")
+
+
 def unadmitted_split_backends(backend: str | None) -> list[str]:
     """The parts of a ``prefill/decode`` backend pair outside SGLang's deterministic set, in order.
 
@@ -331,13 +343,14 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      f"verifies no trees and its target's head size, {config.head_dim}, is in "
                      f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}, where SGLang's own FA3 "
                      "calls run decode, prefill, chunked prefill and a chain's verify on one causal kernel over the "
-                     "same key tiles (0 of 2,100 rows apart at head size 128: docs/benchmarks/fa3_chunk_probe/), "
+                     "same key tiles (0 of 2,100 rows apart at head size 128: docs/benchmarks/fa3_chunk_probe/; "
+                     "SGLang's harness on such servers: docs/e2e/2026-12-05-h100-own-calls/), "
                      "so the split would add cost (up to 1.21x SGLang's inter-token latency on the 8B shape) and "
                      "change no claim; a start-up check on the GPU compares SGLang's calls in those modes bit for "
                      "bit, and where it finds a row apart the split serves (logged)")
     elif split_visible and backend in FA3_SPLIT_BACKENDS:
-        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): the "
-                     "prefix / tail split (two FA3 calls per row "
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): "
+                     f"{fa3_split_path(config)}; the prefix / tail split (two FA3 calls per row "
                      "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
                      "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness and the "
                      "forward modes at the default: docs/e2e/2026-12-05-h200-default/); its "

@@ -214,5 +214,20 @@ def test_a_backend_the_split_could_not_serve_is_not_checked(bag, checks):
     assert current_config().decode_attention == "one_pass"  # the existing path: SGLang's calls, claim restated
 
 
+@pytest.mark.parametrize("config, says", [
+    (dataclasses.replace(CHAIN, head_dim=128), "stands down for this server"),
+    (dataclasses.replace(TREE, head_dim=128), "this server verifies draft trees, so its target runs the split"),
+    (dataclasses.replace(CHAIN, algorithm="NGRAM", head_dim=128), "verifies draft trees"),
+    (dataclasses.replace(CHAIN, head_dim=64), "at target head size 64 SGLang's own FA3 calls run a decode step"),
+    (dataclasses.replace(CHAIN, head_dim=256), "at target head size 256"),
+    (CHAIN, "keeps SGLang's own FA3 calls (a start-up check decides)"),  # head size not read
+])
+def test_the_dry_run_says_which_fa3_path_the_server_takes(config, says):
+    from sglang_detspec.sglang_plugin.resolve import unmeasured_notes
+
+    notes = [n for n in unmeasured_notes(config) if n.startswith("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3")]
+    assert len(notes) == 1 and says in notes[0], notes
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
