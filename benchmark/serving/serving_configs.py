@@ -115,11 +115,20 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # requests (sglang_plugin/shape_hook.py), which coupled verify keeps out of the tokens (--configs aem).
     BenchConfig("m", "plugin_tree_switch", "(m) (e) drafting a 3-step chain above 16 requests, plugin coupled",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")), True),
-    # Not in the default order: (d) with SGLang's FA3 calls instead of the prefix / tail split (the default),
-    # what the split adds to the chain's tax in the same rounds (--configs adn; its attention-cost pair
-    # compares the two servers alone).
+    # Not in the default order: (d) with SGLang's FA3 calls instead of the prefix / tail split, what the split
+    # adds to the chain's tax in the same rounds (--configs adn; its attention-cost pair compares the two
+    # servers alone). At head sizes 65-128 (the 8B shape's 128) (d) keeps SGLang's FA3 calls by default since
+    # 2026-12-05 (fa3_split_hook.own_calls_serve), so there (n) runs what (d) runs.
     BenchConfig("n", "plugin_coupled_sglang_attention", "(n) (d) with SGLang's FA3 calls, not the split",
                 CHAIN, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
+                True),
+    # Not in the default order: (m) on one arithmetic that its chain state shares with (d) at head sizes
+    # 65-128: SGLang's FA3 calls everywhere and trees verified per node as decode queries (the node path),
+    # both bitwise there, so above 16 requests it runs what (d) runs (--configs ado on an H200, do on an H100).
+    BenchConfig("o", "plugin_tree_switch_nodes",
+                "(o) (m) on SGLang's FA3 calls, trees verified per node (the node path)",
+                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),
+                             ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
                 True),
 )}
 

@@ -40,20 +40,27 @@ def _flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
-def test_fourteen_configurations_have_the_issue_flags():
-    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmn"
+def test_fifteen_configurations_have_the_issue_flags():
+    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmno"
     s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
     cmds = {k: cfg.server_command(c, s, port=31000) for k, c in cfg.CONFIGS.items()}
     det = {k for k, c in cmds.items() if "--enable-deterministic-inference" in c}
     rej = {k for k, c in cmds.items() if "--speculative-use-rejection-sampling" in c}
     spec = {k for k, c in cmds.items() if "--speculative-algorithm" in c}
-    assert det == set("bcdefhijlmn") and rej == set("abch") and spec == set("abcdehijklmn")
+    assert det == set("bcdefhijlmno") and rej == set("abch") and spec == set("abcdehijklmno")
     assert sorted(cmds["l"]) == sorted([*cmds["d"], "--speculative-adaptive"])
     assert cmds["k"] == [a for a in cmds["e"] if a != "--enable-deterministic-inference"] and not cfg.CONFIGS["k"].env
     assert cmds["j"] == cmds["e"] and dict(cfg.CONFIGS["j"].env)["SGLANG_DETSPEC_TREE_ATTENTION"] == "nodes"
     assert cmds["m"] == cmds["e"] and dict(cfg.CONFIGS["m"].env)["SGLANG_DETSPEC_TREE_CHAIN_BATCH"] == "16"
     assert cmds["n"] == cmds["d"] and dict(cfg.CONFIGS["n"].env) == {"SGLANG_DETSPEC_VERIFY": "coupled",
                                                                      "SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}
+    # (o): (m)'s switch on SGLang's FA3 calls with the node path, the claim the plugin gives it at the 8B shape.
+    o_env = dict(cfg.CONFIGS["o"].env)
+    assert cmds["o"] == cmds["e"] and o_env == {**dict(cfg.CONFIGS["m"].env), **dict(cfg.CONFIGS["j"].env)}
+    from sglang_detspec.config import logits_guarantee
+
+    assert logits_guarantee("fa3", 4, o_env["SGLANG_DETSPEC_TREE_ATTENTION"], o_env["SGLANG_DETSPEC_DECODE_ATTENTION"],
+                            head_dim=128) == "bitwise"
     assert _flag(cmds["e"], "--speculative-eagle-topk") == "4" and _flag(cmds["e"], "--speculative-num-draft-tokens") == "8"
     assert _flag(cmds["i"], "--speculative-num-steps") == "5" and _flag(cmds["i"], "--speculative-num-draft-tokens") == "16"
     for k in "abcdh":
@@ -336,7 +343,7 @@ def test_repetition_and_profile_options_reach_the_plan():
 def test_dry_run_prints_every_server_of_the_default_order(capsys):
     assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
-    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 5 == 9
+    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 6 == 9
     # The node path's cost, SGLang's own tree, the adaptive chain and the switching tree: asked for by --configs.
     assert "(j)" not in text and "(k)" not in text and "(l)" not in text and "(m)" not in text
 
