@@ -4,7 +4,13 @@ A server started with ``DG_JIT_DEBUG=1`` (``run_h200.sh --server-env
 DG_JIT_DEBUG=1``) logs ptxas's ``Compiling entry function`` line for each
 kernel DeepGEMM compiles; those lines carry no time, so each takes the time
 of the last timestamped SGLang line before it. A compile after SGLang's
-``The server is fired up`` line happened inside a request.
+``The server is fired up`` line happened inside a request. With
+``DG_PRINT_CONFIGS=1`` as well (a second ``--server-env``) DeepGEMM prints
+each GEMM shape's chosen configuration once (its ``GemmDesc(... m=, n=, k=
+...)``); the shapes first printed after the ready line are the row counts
+(M) that reached DeepGEMM first inside a request, which the start-up
+warm-up (``sglang_plugin/gemm_warmup_hook.py``) and the CUDA-graph capture
+did not meet.
 
     python benchmark/serving/jit_compiles.py OUT/logs/server_*.log [--json PATH]
 """
@@ -20,20 +26,28 @@ import sys
 COMPILE = "Compiling entry function"
 READY = "The server is fired up"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+# DG_PRINT_CONFIGS: one GemmDesc per new shape; its block sizes, where printed on the same line.
+SHAPE = re.compile(r"GemmDesc\(.*?\bm=(\d+), n=(\d+), k=(\d+)")
+BLOCK = re.compile(r"\bblock_(m|n)=(\d+)")
 
 
 def compiles(lines) -> dict:
     """Count DeepGEMM compiles in one server log's lines (an iterable of str).
 
     Returns ``{"ready_at": str | None, "at_start_up": int, "while_serving": int,
-    "serving_times": {time: count}}``; a compile counts as serving when the
-    ready line came before it. Times are the log's (UTC, second resolution).
+    "serving_times": {time: count}, "shapes_at_start_up": int, "shapes_while_serving":
+    [{"m", "n", "k", "block_m", "block_n", "time"}]}``; a compile or a shape
+    counts as serving when the ready line came before it (block sizes None
+    where the line does not print them). Times are the log's (UTC, second
+    resolution).
     """
     last, ready, start, serving = None, None, 0, collections.Counter()
+    shapes_start, shapes_serving = 0, []
     for line in lines:
         stamp = STAMP.match(line)
         if stamp:
             last = stamp.group(1)
+        shape = SHAPE.search(line)
         if READY in line and ready is None:
             ready = last
         elif COMPILE in line:
@@ -41,8 +55,21 @@ def compiles(lines) -> dict:
                 start += 1
             else:
                 serving[last] += 1
+        elif shape:
+            if ready is None:
+                shapes_start += 1
+            else:
+                blocks = dict(BLOCK.findall(line))
+                m, n, k = (int(v) for v in shape.groups())
+                shapes_serving.append({"m": m, "n": n, "k": k, "block_m": _int(blocks.get("m")),
+                                       "block_n": _int(blocks.get("n")), "time": last})
     return {"ready_at": ready, "at_start_up": start, "while_serving": sum(serving.values()),
-            "serving_times": dict(serving)}
+            "serving_times": dict(serving), "shapes_at_start_up": shapes_start,
+            "shapes_while_serving": shapes_serving}
+
+
+def _int(value: str | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         row = out[path]
         print(f"{path}: {row['at_start_up']} at start-up, {row['while_serving']} while serving "
               f"(ready at {row['ready_at']}){' ' + str(row['serving_times']) if row['serving_times'] else ''}")
+        if row["shapes_while_serving"]:
+            rows = sorted({s["m"] for s in row["shapes_while_serving"]})
+            print(f"  GEMM shapes first met while serving: {len(row['shapes_while_serving'])}, row counts {rows}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

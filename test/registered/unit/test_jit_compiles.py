@@ -26,12 +26,36 @@ ptxas info    : Compiling entry function '_ZN9deep_gemm19sm90_bf16_gemm_implILj6
 [2026-12-04 16:08:33] Decode batch, #running-req: 128
 ptxas info    : Compiling entry function '_ZN9deep_gemm19sm90_bf16_gemm_implILj128ELj224E' for 'sm_90a'
 """
+# The same with DG_PRINT_CONFIGS=1: a GemmDesc per new shape (fields as sgl_deep_gemm 0.2.3 names them).
+DESC = ("GemmDesc(gemm_type=Normal, kernel_type=NoSF, m={m}, n=4096, k=14336, num_groups=1, major_a=K, major_b=K)"
+        " GemmConfig(layout=Layout(swap_ab=0, block_m={bm}, block_n=128, block_k=64, cluster_m=1, cluster_n=1))")
+SHAPES_LOG = "\n".join([
+    "[2026-12-04 16:03:32] Capture target verify CUDA graph begin.",
+    DESC.format(m=4, bm=64),
+    "[2026-12-04 16:07:06] The server is fired up and ready to roll!",
+    "[2026-12-04 16:07:18] Prefill batch, #new-seq: 7, #new-token: 896",
+    DESC.format(m=896, bm=128),
+    "GemmDesc(gemm_type=Normal, kernel_type=NoSF, m=37, n=128256, k=4096, num_groups=1)",
+])
 
 
 def test_compiles_split_at_the_ready_line_with_the_last_time_seen():
     got = jit_compiles.compiles(LOG.splitlines())
     assert got == {"ready_at": "2026-12-04 16:07:06", "at_start_up": 2, "while_serving": 3,
-                   "serving_times": {"2026-12-04 16:07:18": 2, "2026-12-04 16:08:33": 1}}
+                   "serving_times": {"2026-12-04 16:07:18": 2, "2026-12-04 16:08:33": 1},
+                   "shapes_at_start_up": 0, "shapes_while_serving": []}
+
+
+def test_shapes_first_met_while_serving_name_their_row_counts(capsys, tmp_path):
+    got = jit_compiles.compiles(SHAPES_LOG.splitlines())
+    assert got["shapes_at_start_up"] == 1 and got["while_serving"] == 0
+    assert got["shapes_while_serving"] == [
+        {"m": 896, "n": 4096, "k": 14336, "block_m": 128, "block_n": 128, "time": "2026-12-04 16:07:18"},
+        {"m": 37, "n": 128256, "k": 4096, "block_m": None, "block_n": None, "time": "2026-12-04 16:07:18"}]
+    log = tmp_path / "server_y.log"
+    log.write_text(SHAPES_LOG)
+    assert jit_compiles.main([str(log)]) == 0
+    assert "GEMM shapes first met while serving: 2, row counts [37, 896]" in capsys.readouterr().out
 
 
 def test_a_server_that_never_got_ready_counts_everything_as_start_up():
