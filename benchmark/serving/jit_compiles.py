@@ -36,13 +36,14 @@ def compiles(lines) -> dict:
 
     Returns ``{"ready_at": str | None, "at_start_up": int, "while_serving": int,
     "serving_times": {time: count}, "shapes_at_start_up": int, "shapes_while_serving":
-    [{"m", "n", "k", "block_m", "block_n", "time"}]}``; a compile or a shape
+    [{"m", "n", "k", "block_m", "block_n", "time"}], "shapes_unread": int}``
+    (``GemmDesc`` lines whose m, n, k did not parse); a compile or a shape
     counts as serving when the ready line came before it (block sizes None
     where the line does not print them). Times are the log's (UTC, second
     resolution).
     """
     last, ready, start, serving = None, None, 0, collections.Counter()
-    shapes_start, shapes_serving = 0, []
+    shapes_start, shapes_serving, unread = 0, [], 0
     for line in lines:
         stamp = STAMP.match(line)
         if stamp:
@@ -55,6 +56,8 @@ def compiles(lines) -> dict:
                 start += 1
             else:
                 serving[last] += 1
+        elif "GemmDesc(" in line and not shape:
+            unread += 1
         elif shape:
             if ready is None:
                 shapes_start += 1
@@ -65,7 +68,7 @@ def compiles(lines) -> dict:
                                        "block_n": _int(blocks.get("n")), "time": last})
     return {"ready_at": ready, "at_start_up": start, "while_serving": sum(serving.values()),
             "serving_times": dict(serving), "shapes_at_start_up": shapes_start,
-            "shapes_while_serving": shapes_serving}
+            "shapes_while_serving": shapes_serving, "shapes_unread": unread}
 
 
 def _int(value: str | None) -> int | None:
@@ -84,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         row = out[path]
         print(f"{path}: {row['at_start_up']} at start-up, {row['while_serving']} while serving "
               f"(ready at {row['ready_at']}){' ' + str(row['serving_times']) if row['serving_times'] else ''}")
-        if row["shapes_while_serving"]:
-            rows = sorted({s["m"] for s in row["shapes_while_serving"]})
-            print(f"  GEMM shapes first met while serving: {len(row['shapes_while_serving'])}, row counts {rows}")
+        rows = sorted({s["m"] for s in row["shapes_while_serving"]})
+        print(f"  GEMM shapes printed (DG_PRINT_CONFIGS): {row['shapes_at_start_up']} at start-up, "
+              f"{len(row['shapes_while_serving'])} first met while serving{', row counts ' + str(rows) if rows else ''}"
+              f"{'; ' + str(row['shapes_unread']) + ' GemmDesc lines not read' if row['shapes_unread'] else ''}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,6 +1,6 @@
 """The server configurations of the end-to-end serving benchmark and the command lines that run them.
 
-Eleven configurations, one SGLang 0.5.23 server each, on the same target and
+Fifteen configurations, one SGLang 0.5.23 server each, on the same target and
 EAGLE draft (``serving_models.py``):
 
 ==== ================= ============================================================
@@ -23,6 +23,12 @@ j    plugin_tree_nodes  (e) with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` and
 k    spec_fast_tree     (e)'s tree shape, no deterministic inference, no plugin: SGLang's own tree
 f    plugin_no_spec     deterministic inference without speculative decoding
 g    baseline           no speculative decoding, no deterministic inference
+l    plugin_coupled_adaptive (d) with ``--speculative-adaptive``
+m    plugin_tree_switch (e) drafting a 3-step chain above 16 requests
+                        (``SGLANG_DETSPEC_TREE_CHAIN_BATCH=16``)
+n    plugin_coupled_sglang_attention (d) with ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
+o    plugin_tree_switch_nodes (m) with (j)'s settings: SGLang's FA3 calls, trees
+                        verified per node
 ==== ================= ============================================================
 
 Everything here is pure Python (no SGLang, no torch) so the CPU suite checks
@@ -51,7 +57,7 @@ class BenchConfig:
     """One server configuration.
 
     Attributes:
-        key: one letter, ``a``..``k``.
+        key: one letter, ``a``..``o``.
         name: file-name-safe identifier.
         title: one line for tables and plots.
         spec_args: speculative-decoding flags (without the draft path).
@@ -115,16 +121,17 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # requests (sglang_plugin/shape_hook.py), which coupled verify keeps out of the tokens (--configs aem).
     BenchConfig("m", "plugin_tree_switch", "(m) (e) drafting a 3-step chain above 16 requests, plugin coupled",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")), True),
-    # Not in the default order: (d) with SGLang's FA3 calls instead of the prefix / tail split, what the split
-    # adds to the chain's tax in the same rounds (--configs adn; its attention-cost pair compares the two
-    # servers alone). At head sizes 65-128 (the 8B shape's 128) (d) keeps SGLang's FA3 calls by default since
-    # 2026-12-05 (fa3_split_hook.own_calls_serve), so there (n) runs what (d) runs.
+    # Not in the default order: (d) with SGLang's FA3 calls named. At head sizes 65-128 (the 8B shape's 128)
+    # (d) keeps SGLang's FA3 calls by default since 2026-12-05 (fa3_split_hook.own_calls_serve, where its
+    # start-up check passes), so there (n) runs what (d) runs; at other head sizes it shows what the split adds.
     BenchConfig("n", "plugin_coupled_sglang_attention", "(n) (d) with SGLang's FA3 calls, not the split",
                 CHAIN, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
                 True),
-    # Not in the default order: (m) on one arithmetic that its chain state shares with (d) at head sizes
-    # 65-128: SGLang's FA3 calls everywhere and trees verified per node as decode queries (the node path),
-    # both bitwise there, so above 16 requests it runs what (d) runs (--configs ado on an H200, do on an H100).
+    # Not in the default order: (m) on the attention arithmetic its chain state shares with (d) at head sizes
+    # 65-128 (where (d)'s log reads that the FA3 split stands down): SGLang's FA3 calls everywhere and trees
+    # verified per node as decode queries (the node path), bitwise there by the plugin's rules; above 16
+    # requests its target's attention is (d)'s, its draft extend still the tree's (--interleave --configs ado
+    # on an H200; on an H100 --interleave --configs ao beside an --configs ad run).
     BenchConfig("o", "plugin_tree_switch_nodes",
                 "(o) (m) on SGLang's FA3 calls, trees verified per node (the node path)",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),
