@@ -202,14 +202,14 @@ def forget_split(result, backend, *args, **kwargs):
     return None
 
 
+def _decided(backend, slot) -> bool:
+    """The start-up decision ``slot`` (FA3_SPLIT_OK or FA3_OWN_CALLS) holds under the bag in force."""
+    bag = current_config()
+    return bag.active and bag.decode_attention == "split" and slot.read(backend, False)
+
+
 def _serves(backend) -> bool:
-    bag = current_config()
-    return bag.active and bag.decode_attention == "split" and FA3_SPLIT_OK.read(backend, False)
-
-
-def _stood_down(backend) -> bool:
-    bag = current_config()
-    return bag.active and bag.decode_attention == "split" and FA3_OWN_CALLS.read(backend, False)
+    return _decided(backend, FA3_SPLIT_OK)
 
 
 def _layer_covered(layer, kwargs) -> bool:
@@ -298,7 +298,7 @@ def _run(original, backend, q, k, v, layer, forward_batch, save_kv_cache, args, 
             logger.warning("sglang-detspec: a layer the FA3 split does not cover (a window, a non-causal or cross "
                            "attention layer, sinks, a score modifier, MLA inputs, a returned LSE or another value "
                            "head size) runs SGLang's FA3 call: this server's logits are 'tokens', not 'bitwise'")
-    elif (_stood_down(backend) and not FA3_SPLIT_WARNED.read(backend, False)
+    elif (not FA3_SPLIT_WARNED.read(backend, False) and _decided(backend, FA3_OWN_CALLS)
           and (args or getattr(layer, "logit_cap", 0) or not _layer_covered(layer, kwargs))):
         # The start-up check ran SGLang's plain causal calls: such a layer takes another FA3 variant, unchecked.
         FA3_SPLIT_WARNED.write(backend, True)

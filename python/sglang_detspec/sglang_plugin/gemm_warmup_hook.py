@@ -136,27 +136,17 @@ def first_rows(running: int | None, graph_max_bs: int | None, tokens_per_request
     return min(bounds) * max(tokens_per_request, 1) if bounds else 0
 
 
-def _graph_max_bs() -> int | None:
-    """The largest decode batch SGLang captures a CUDA graph for (``cuda_graph_config.decode.bs``), None if unknown."""
-    try:
-        from sglang.srt.runtime_context import get_exec
-
-        sizes = get_exec().graph.cuda_graph_config.decode.bs
-        return max(sizes) if sizes else None
-    except Exception:  # no graph config (graphs off) or another layout: the running bound alone
-        return None
-
-
-def _decode_graphs_captured() -> bool:
-    """Whether SGLang captures decode CUDA graphs (``cuda_graph_config.decode``: a backend other than disabled and
-    at least one batch size); False where the config is not published."""
+def _captured_decode_bs() -> list[int]:
+    """The decode batch sizes SGLang captures CUDA graphs for (``cuda_graph_config.decode``); empty where its
+    backend is disabled or no config is published (every decode step eager)."""
     try:
         from sglang.srt.runtime_context import get_exec
 
         decode = get_exec().graph.cuda_graph_config.decode
-        return str(getattr(decode.backend, "value", decode.backend)) != "disabled" and bool(decode.bs)
-    except Exception:  # no graph config published: treat as eager
-        return False
+        disabled = str(getattr(decode.backend, "value", decode.backend)) == "disabled"
+        return [] if disabled else list(decode.bs or [])
+    except Exception:  # no graph config published: the running bound alone, no capture to rely on
+        return []
 
 
 def covered_up_to(rows: list[int], done) -> int:
@@ -334,8 +324,9 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         running = running or schedule.max_running_requests
         rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens, running,
                                       bag.num_draft_tokens or 1, bool(schedule.enable_mixed_chunk)))
-        first = first_rows(running, _graph_max_bs(), bag.num_draft_tokens or 1)
-        captured = _decode_graphs_captured()
+        graph_bs = _captured_decode_bs()
+        first = first_rows(running, max(graph_bs, default=None), bag.num_draft_tokens or 1)
+        captured = bool(graph_bs)
         order = warm_order(rows, first, captured)
         head = sum(r <= first for r in rows)
         # Weights kept on the host (--cpu-offload-gb) are multiplied elsewhere: only device weights reach DeepGEMM.

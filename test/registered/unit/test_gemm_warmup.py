@@ -161,7 +161,7 @@ def test_under_captured_decode_graphs_the_prefill_range_comes_first():
     assert g.warm_order([1, 2, 3], 10, captured=True) == [1, 2, 3]
 
 
-def test_whether_decode_graphs_are_captured_is_read_from_sglangs_config(monkeypatch):
+def test_the_captured_decode_batch_sizes_are_read_from_sglangs_config(monkeypatch):
     import types
 
     from sglang.srt import runtime_context
@@ -174,13 +174,13 @@ def test_whether_decode_graphs_are_captured_is_read_from_sglangs_config(monkeypa
     config = CudaGraphConfig()
     config.decode.bs = [1, 2, 4, 8]
     published(config)
-    assert g._decode_graphs_captured()
+    assert g._captured_decode_bs() == [1, 2, 4, 8]
     config.decode.backend = Backend.DISABLED
-    assert not g._decode_graphs_captured()
+    assert g._captured_decode_bs() == []
     config.decode.backend, config.decode.bs = Backend.FULL, []
-    assert not g._decode_graphs_captured()
+    assert g._captured_decode_bs() == []
     monkeypatch.setattr(runtime_context, "get_exec", lambda: (_ for _ in ()).throw(ValueError("not published")))
-    assert not g._decode_graphs_captured()
+    assert g._captured_decode_bs() == []
 
 
 @pytest.mark.parametrize("running, graph_bs, tokens, expected", [
