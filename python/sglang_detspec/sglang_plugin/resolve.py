@@ -349,18 +349,20 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "change no claim; a start-up check on the GPU compares SGLang's calls in those modes bit for "
                      "bit, and where it finds a row apart the split serves (logged)")
     elif split_visible and backend in FA3_SPLIT_BACKENDS:
+        cost = ("0.92-1.06x SGLang's FA3 inter-token latency for a tree" if config.verifies_trees else
+                "0.99-1.21x SGLang's FA3 inter-token latency for a chain")
+        fallback = ": 'tokens' for a tree (SGLang's cascade)" if config.verifies_trees else ""
         notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): "
                      f"{fa3_split_path(config)}; the prefix / tail split (two FA3 calls per row "
                      "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
                      "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness and the "
-                     "forward modes at the default: docs/e2e/2026-12-05-h200-default/); its "
-                     "serving cost on the 8B shape (head size 128): 0.92-1.06x SGLang's FA3 inter-token latency "
-                     "for a tree, 0.99-1.21x for a chain (docs/benchmarks/attention_cost/2026-12-05-h200-split/); "
-                     "a start-up check on the GPU "
-                     "compares its decode with its prefill, "
+                     "forward modes at the default: docs/e2e/2026-12-05-h200-default/; SGLang's harness on a "
+                     "head-size-128 tree: docs/e2e/2026-12-05-h100-own-calls/); its serving cost on the 8B shape "
+                     f"(head size 128): {cost} (docs/benchmarks/attention_cost/2026-12-05-h200-split/); "
+                     "a start-up check on the GPU compares its decode with its prefill, "
                      "chunked prefill and tree verify bit for bit, and where it fails, or past a limit the dry run "
                      "cannot see (a layer with a window, sinks or a value head size unlike the key's), the server "
-                     "keeps SGLang's FA3 calls there and logs the claim they give")
+                     f"keeps SGLang's FA3 calls there and logs the claim they give{fallback}")
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")
