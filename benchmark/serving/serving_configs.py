@@ -50,6 +50,9 @@ WIDE_TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5",
              "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16")
 REJECTION = ("--speculative-use-rejection-sampling",)
 DETERMINISTIC = ("--enable-deterministic-inference",)
+# SGLang's scheduler polls its sockets in a loop while no request is running unless told to sleep; in the
+# interleaved modes two or three servers wait while one is measured (serving_run.py --sleep-on-idle).
+SLEEP_ON_IDLE = ("--sleep-on-idle",)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,7 +86,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from serving_configs import (  # noqa: E402
     ATTENTION_BACKENDS, CONFIGS, DEFAULT_CONCURRENCIES, DEFAULT_ORDER, LoadSettings, RepeatSettings, ServerSettings,
-    parse_env_pairs, parse_int_list, parse_keys, plugin_overrides, server_command, shell_line,
+    SLEEP_ON_IDLE, parse_env_pairs, parse_int_list, parse_keys, plugin_overrides, server_command, shell_line,
 )
 from serving_breakdown import CaptureSettings  # noqa: E402
 from serving_interleave import MAX_SERVERS, pairable, schedule  # noqa: E402
@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU memory the servers are fitted to (default: nvidia-smi's; unknown: no check)")
     p.add_argument("--mem-fraction-static", type=float, default=0.88,
                    help="each server's SGLang --mem-fraction-static (default 0.88)")
+    p.add_argument("--sleep-on-idle", action="store_true",
+                   help="every server, (a) included, gets SGLang's --sleep-on-idle: a server waiting for its turn "
+                        "sleeps instead of polling its sockets on a CPU core (several servers share one machine "
+                        "in the interleaved modes; a user's single server has none beside it)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands) and exit")
     return p
 
@@ -300,7 +304,8 @@ def validate(args) -> dict:
                             max_cell_s=args.cell_timeout_s)
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
-                              mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend)
+                              mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend,
+                              extra=SLEEP_ON_IDLE if args.sleep_on_idle else ())
     needed = max(capture.kv_tokens(max(concs)) if capture else 0,
                  kv_tokens(max(host_concs, default=0), args.input_len, args.host_output_len),
                  0 if mode == "breakdown" else kv_tokens(max(il_concs), args.input_len, args.output_len))
@@ -691,6 +696,7 @@ class Run:
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": gpu_text, "gpus_used": gpus, **versions(),
             "label": p["label"], "attention_backend": p["settings"].attention_backend,
+            "every_server_args": list(p["settings"].extra),
             "load": dataclasses.asdict(p["load"]), "repeat": dataclasses.asdict(p["repeat"]),
             "repeats": p["repeat"].repeats, "min_seconds": p["repeat"].min_seconds, "concurrencies": p["concs"],
             "configs": {k: CONFIGS[k].to_json() for k in p["keys"]},

@@ -340,6 +340,22 @@ def test_repetition_and_profile_options_reach_the_plan():
         run.validate(_args("--cell-timeout-s", "0"))
 
 
+def test_sleep_on_idle_reaches_every_server_and_sglang_parses_it(capsys):
+    """--sleep-on-idle goes to (a) as well as the plugin's servers, as SGLang's own flag, and nowhere by default."""
+    from sglang.srt.server_args import ServerArgs
+
+    assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "1", "--configs", "ad", "--profile", "",
+                     "--interleave", "--sleep-on-idle"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "sglang.launch_server" in ln]
+    assert len(lines) == 2 and all(ln.endswith("--sleep-on-idle") or " --sleep-on-idle " in ln for ln in lines)
+    plan = run.validate(_args("--sleep-on-idle"))
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = cfg.server_command(cfg.CONFIGS["a"], plan["settings"], port=31000)
+    assert parser.parse_args(argv[3:]).sleep_on_idle is True
+    assert "--sleep-on-idle" not in cfg.server_command(cfg.CONFIGS["a"], run.validate(_args())["settings"], port=31000)
+
+
 def test_dry_run_prints_every_server_of_the_default_order(capsys):
     assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
