@@ -36,4 +36,5 @@ tail -n 5 "$out/serving.md" 2>/dev/null
 head -n 40 "$out/breakdown.md" 2>/dev/null
 cat "$out"/profile_*.txt 2>/dev/null | head -n 12
 head -n 60 "$out/host.md" 2>/dev/null
+head -n 80 "$out/window.md" 2>/dev/null
 exit $rc

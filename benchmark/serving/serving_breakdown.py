@@ -174,16 +174,18 @@ class Wave:
         return not any(t.is_alive() for t in self._threads)
 
 
-def _post(url: str, body: dict | None, timeout: float = 60.0) -> str:
+def post_json(url: str, body: dict | None, timeout: float = 60.0) -> str:
+    """POST ``body`` as JSON to ``url``; the answer's text (urllib's errors pass through)."""
     data = json.dumps(body or {}).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return resp.read().decode("utf-8", "replace")
 
 
-def profile_request(trace_dir: str, profile_id: str, steps: int) -> dict:
-    """The ``/start_profile`` body: ``steps`` forwards from now, GPU activity only, no stacks or shapes."""
-    return {"output_dir": trace_dir, "num_steps": steps, "activities": ["GPU"], "with_stack": False,
+def profile_request(trace_dir: str, profile_id: str, steps: int, activities: tuple[str, ...] = ("GPU",)) -> dict:
+    """The ``/start_profile`` body: ``steps`` forwards from now, ``activities`` (GPU only by default: the
+    kernel classes need no host events), no stacks or shapes (a small trace, a short export)."""
+    return {"output_dir": trace_dir, "num_steps": steps, "activities": list(activities), "with_stack": False,
             "record_shapes": False, "profile_by_stage": False, "profile_id": profile_id}
 
 
@@ -239,13 +241,13 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, setting
         raise RuntimeError(f"not every one of {concurrency} requests reached {settings.start_tokens} tokens "
                            f"(fewest {min(wave.tokens)}; a KV pool too small to hold the batch?): "
                            f"{wave.errors[:2] or 'time limit'}")
-    _post(url + "/start_profile", profile_request(trace_dir, profile_id, settings.profile_steps))
+    post_json(url + "/start_profile", profile_request(trace_dir, profile_id, settings.profile_steps))
     tokens_at_start = min(wave.tokens)
     ended = wave.join(wave_deadline)
     trace, kernels = wait_trace(trace_dir, profile_id, min(deadline, time.monotonic() + settings.trace_timeout_s))
     if trace is None:
         try:  # the steps never came: flush whatever was recorded so the next cell starts clean
-            _post(url + "/stop_profile", None, timeout=30)
+            post_json(url + "/stop_profile", None, timeout=30)
         except (urllib.error.URLError, OSError):
             pass
         raise RuntimeError(f"no trace {profile_id} within the time limit (wave ended: {ended})")

@@ -60,9 +60,17 @@ rewriting:
   ``serving.json`` (each with its ``.md``) into the one result folder; a
   cell of either part that did not fit is listed as missing with the reason.
 
+With either interleaved mode, ``--window-profile C,...`` then profiles one
+serving window per server and concurrency, requests arriving as others end
+(``serving_window.py``: wall time by prefill / extend, draft, verify, draft
+extend, the rest and GPU idle; ``window.json`` / ``.md``); the rounds get
+the command's time less ``WINDOW_CELL_S`` per window.
+
 ``--server-env KEY=VALUE`` (repeatable) and ``--server-args '...'`` reach
 every configuration that runs the plugin, never (a), (b) or (g), so one
-harness measures a plugin setting on and off.
+harness measures a plugin setting on and off. ``--sleep-on-idle`` reaches
+every server: SGLang's flag that lets a scheduler without requests sleep
+instead of polling on a CPU core, for the servers that wait their turn.
 """
 
 from __future__ import annotations
@@ -101,6 +109,8 @@ DEFAULT_PROFILE = "dc"  # profiled unless --profile says otherwise, where --conf
 DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd", "combined": "ade"}
 BREAKDOWN_MIN_CELL_S = 30  # no breakdown cell starts with less left (warm-up, wave, profile export, parse)
 BREAKDOWN_TRACES = os.path.join("/tmp", "detspec-breakdown-traces")  # large traces stay out of the result folder
+WINDOW_TRACES = os.path.join("/tmp", "detspec-window-traces")
+WINDOW_CELL_S = 30  # kept per serving window: the load's first requests, the profiled steps, the trace's export
 # No server starts with less left: it needs 80-200 s to become healthy, so it would only delay the report.
 START_RESERVE_S = 150
 
@@ -167,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-output-len", type=int, default=4096,
                    help="--host-profile: new tokens per request of the sampled wave; it must outlast the "
                         "recording (default 4096: a chain at one request streams about 500 tokens/s)")
+    p.add_argument("--window-profile", default="",
+                   help="with --interleave, after the rounds: at these concurrencies (comma list, each in "
+                        "--concurrency) one profiled serving window per server, requests arriving as others end "
+                        "(serving_window.py: wall time by prefill / extend, draft, verify, draft extend, "
+                        "the rest and GPU idle; window.json / window.md)")
+    p.add_argument("--window-steps", type=int, default=40,
+                   help="--window-profile: scheduler iterations per window (default 40)")
     p.add_argument("--breakdown-steps", type=int, default=8,
                    help="--breakdown: forwards profiled per cell (default 8; the first is left out)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)),
@@ -283,6 +300,16 @@ def validate(args) -> dict:
         if len(keys) > args.max_servers_per_gpu * gpus:
             raise ValueError(f"configs: --interleave holds every server at once: {len(keys)} servers need "
                              f"max_servers_per_gpu x gpus >= {len(keys)}, got {args.max_servers_per_gpu} x {gpus}")
+    window_concs = (parse_int_list(args.window_profile, "window_profile", maximum=1024)
+                    if args.window_profile.strip() else [])
+    if window_concs:
+        if mode not in ("interleave", "combined"):
+            raise ValueError("window_profile: only with --interleave (the windows follow the interleaved rounds)")
+        if not set(window_concs) <= set(concs):
+            raise ValueError(f"window_profile: {sorted(set(window_concs) - set(concs))} not in concurrency "
+                             f"{','.join(map(str, concs))}")
+    if not 5 <= args.window_steps <= 400:
+        raise ValueError(f"window_steps must lie in [5, 400], got {args.window_steps}")
     host_concs = parse_int_list(args.host_profile, "host_profile", maximum=1024) if args.host_profile.strip() else []
     if host_concs:
         if mode not in ("breakdown", "combined"):
@@ -308,7 +335,7 @@ def validate(args) -> dict:
                               extra=SLEEP_ON_IDLE if args.sleep_on_idle else ())
     needed = max(capture.kv_tokens(max(concs)) if capture else 0,
                  kv_tokens(max(host_concs, default=0), args.input_len, args.host_output_len),
-                 0 if mode == "breakdown" else kv_tokens(max(il_concs), args.input_len, args.output_len))
+                 0 if mode == "breakdown" else kv_tokens(max(il_concs + window_concs), args.input_len, args.output_len))
     if args.max_total_tokens < needed:
         raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)"
                          f"{', output: --breakdown-output-len' if capture else ''}), got {args.max_total_tokens}")
@@ -322,7 +349,7 @@ def validate(args) -> dict:
     label = args.label or os.path.basename(os.path.normpath(args.out)) or "run"
     return {"keys": keys, "concs": concs, "profile": profile, "load": load, "repeat": repeat, "settings": settings,
             "label": label, "mode": mode, "server_env": server_env, "server_args": server_args, "capture": capture,
-            "il_keys": il_keys, "il_concs": il_concs, "host_concs": host_concs,
+            "il_keys": il_keys, "il_concs": il_concs, "host_concs": host_concs, "window_concs": window_concs,
             "max_servers_per_gpu": slots, "gpu_gib": total_gib, "fit_note": fit_note}
 
 
@@ -862,6 +889,7 @@ class Run:
         """Every server started at once; when none is starting any more, the interleaved runs over the ready ones."""
         ready = self.start_all()
         self.interleave_ready(ready)
+        self.windows(ready)
         for s in ready:
             stop(s)
             s.state = "done"
@@ -878,13 +906,15 @@ class Run:
             self.breakdown(s)
             self.write_breakdown()
         self.interleave_ready([s for s in ready if s.key in self.plan["il_keys"]])
+        self.windows(ready)
         for s in ready:
             stop(s)
             s.state = "done"
 
     def interleave_ready(self, ready: list[Server]) -> None:
         """The interleaved protocol over ``ready`` (the driver), or note rows saying why it could not run."""
-        limit = self.left() - REPORT_RESERVE_S
+        # The serving windows come after the rounds: their time is kept back from the driver.
+        limit = self.left() - REPORT_RESERVE_S - WINDOW_CELL_S * len(ready) * len(self.plan["window_concs"])
         concs = self.plan["il_concs"]
         why = None
         keys = pairable([s.key for s in ready])
@@ -907,6 +937,47 @@ class Run:
                  f"{deepgemm_kernels()}")
         rc = self.send(spec, limit, "interleave")
         self.log(f"interleaved runs done (driver rc {rc}); DeepGEMM kernels cached: {deepgemm_kernels()}")
+
+    def windows(self, ready: list[Server]) -> None:
+        """``--window-profile``: one profiled serving window per ready server and concurrency, then window.json/md."""
+        import serving_window
+
+        if not self.plan["window_concs"]:
+            return
+        rows, missing, texts = [], [], []
+        for s in ready:
+            config = CONFIGS[s.key]
+            for conc in self.plan["window_concs"]:
+                left = self.left() - REPORT_RESERVE_S
+                if left < WINDOW_CELL_S:
+                    missing.append({"config": s.key, "concurrency": conc,
+                                    "why": f"{self.left():.0f} s left of the command's budget"})
+                    continue
+                pid = f"{config.name}_window_c{conc}_{int(time.time())}"
+                try:
+                    result = serving_window.capture(
+                        f"http://127.0.0.1:{s.port}", os.path.join(WINDOW_TRACES, config.name), pid, conc,
+                        input_len=self.args.input_len, output_len=self.args.output_len,
+                        vocab=SHAPES[self.args.shape].vocab, steps=self.args.window_steps,
+                        time_left_s=min(left, 120.0))
+                except Exception as exc:  # the other cells are still worth measuring
+                    why = f"{type(exc).__name__}: {exc}"[:500]
+                    missing.append({"config": s.key, "concurrency": conc, "why": why})
+                    self.log(f"({s.key}) window c={conc} failed: {why[:300]}")
+                    continue
+                # The trace stays on the machine (large); its name is enough to find it there.
+                rows.append({"config": s.key, **result, "trace": os.path.basename(result["trace"])})
+                texts.append(serving_window.render(result, f"{config.title}, c = {conc}"))
+                stages = ", ".join(f"{k} {v['share']:.0%}" for k, v in result["stages"].items() if v["share"] > 0)
+                self.log(f"({s.key}) window c={conc}: {result['window_ms']:.0f} ms, idle {result['idle_share']:.0%}, "
+                         f"{stages}")
+        with open(os.path.join(self.out, "window.json"), "w") as f:
+            json.dump({"date_utc": self.meta.get("date_utc"), "machine": self.meta.get("gpu") or "unknown",
+                       "steps": self.args.window_steps, "rows": rows, "missing": missing}, f, indent=1)
+        with open(os.path.join(self.out, "window.md"), "w") as f:
+            f.write("# Serving windows: wall time by stage\n\n" + "\n".join(texts)
+                    + "".join(f"\n- ({m['config']}) c = {m['concurrency']}: not measured, {m['why']}"
+                              for m in missing) + "\n")
 
     def note_cells(self, servers: list[Server], concs: list[int], why: str) -> None:
         """One ``note`` row per (server, concurrency) in ``results.jsonl``: the report lists it as missing."""

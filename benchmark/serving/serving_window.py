@@ -1,0 +1,359 @@
+"""Where a serving window's wall time goes: GPU time by SGLang step stage, and GPU idle, from one trace.
+
+The lockstep profiles (``serving_breakdown``, ``serving_host``) time decode
+steps of one batch with no arrivals. Serving has arrivals: a request that
+ends makes room for one that needs its prefill, so prefill (extend) steps
+and the draft model's extend of the new prompts sit between decode steps.
+This module reads one torch.profiler Chrome trace of N consecutive scheduler
+iterations taken while ``bench_serving`` keeps ``c`` requests in flight
+(SGLang's ``/start_profile`` with ``num_steps`` and CPU + GPU activities) and
+splits the window's wall time (first GPU activity to last) into stages:
+
+- ``prefill_extend``: target forwards of new prompts (SGLang's span
+  ``step[EXTEND ...]``, also ``MIXED`` / ``SPLIT_PREFILL``);
+- ``decode``: target decode forwards (no speculative decoding);
+- ``verify``: target verify forwards (``step[VERIFY ...]``);
+- ``draft``: the draft model proposing (SGLang's ``draft`` span, and draft
+  forwards outside any draft-extend span);
+- ``draft_extend``: the draft model's extend after a verify or a prefill
+  (SGLang's ``draft_extend`` span);
+- ``other``: GPU work launched outside those spans: sampling, the accept
+  walk, the plugin's verify and race kernels, copies between steps;
+- ``idle``: no GPU activity (the GPU waiting for the host).
+
+Method: each GPU activity (kernel, memcpy, memset) is joined to the host
+call that launched it through the profiler's ``correlation`` id, and takes
+the stage of the spans enclosing that launch on its thread (a spec-stage
+span, ``draft`` / ``draft_extend``, wins over the step spans inside it; else
+the innermost step span). CUDA-graph replays launch their kernels from the
+replay call, inside the step's span. Where activities on several streams
+overlap, the overlap counts once, for the first stage of :data:`STAGES`
+among them, so the stages and ``idle`` add up to the window.
+
+:func:`capture` takes such a trace from a running server (``serving_run.py
+--window-profile``): ``c`` request slots, each sending its next request when
+the last one ends (``bench_serving``'s ``--max-concurrency`` load), until
+every slot has finished one request (arrivals are staggered from then on),
+then ``/start_profile`` for ``steps`` scheduler iterations.
+
+    python serving_window.py TRACE.json.gz [--out SUMMARY.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import glob
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from serving_breakdown import post_json, profile_request
+from serving_trace import load_events
+
+# Stages in the order an overlap is credited to (the first one active wins), then idle.
+STAGES = ("verify", "prefill_extend", "decode", "draft_extend", "draft", "other")
+# SGLang's step span names (sglang.srt.utils.profile_utils.build_step_span_name): ``step[<STAGE> bs=<n>
+# [toks=<n>] ...]`` where STAGE is VERIFY, DRAFT (any draft-model forward) or a ForwardMode name.
+STEP_SPAN = re.compile(r"^step\[(\w+) bs=(\d+)(?: toks=(\d+))?")
+# SGLang's coarse speculative stage spans (sglang.srt.speculative.spec_utils.spec_stage_span).
+SPEC_SPANS = {"draft": "draft", "draft_extend": "draft_extend"}
+STEP_STAGES = {"VERIFY": "verify", "DECODE": "decode", "IDLE": "other", "DRAFT": "draft"}
+# Everything else a target forward can be (EXTEND, MIXED, SPLIT_PREFILL, DRAFT_EXTEND run by the target): prefill.
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def _span_stage(mode: str) -> str:
+    return STEP_STAGES.get(mode, "prefill_extend")
+
+
+class _Spans:
+    """The annotation spans of one thread, sorted by start, for the innermost-enclosing lookup."""
+
+    def __init__(self):
+        self.items: list[tuple[float, float, str]] = []
+        self.starts: list[float] = []
+
+    def add(self, start: float, end: float, stage: str) -> None:
+        self.items.append((start, end, stage))
+
+    def seal(self) -> None:
+        self.items.sort()
+        self.starts = [s for s, _, _ in self.items]
+
+    def innermost(self, ts: float) -> str | None:
+        # Spans nest: scanning back from the last start at or before ts, the first that encloses ts is innermost.
+        for j in range(bisect.bisect_right(self.starts, ts) - 1, -1, -1):
+            start, end, stage = self.items[j]
+            if end >= ts:
+                return stage
+        return None
+
+
+def summarize(events: list[dict]) -> dict:
+    """The stage split of one serving window's trace (see the module docstring).
+
+    Args:
+        events: a Chrome trace's ``traceEvents`` (``serving_trace.load_events``),
+            recorded with CPU and GPU activities so that launches, spans and
+            GPU activities share correlation ids.
+
+    Returns:
+        ``{"window_ms", "busy_ms", "idle_ms", "stages": {stage: {"ms", "share", "activity_ms"}}``
+        (``ms``: wall time credited to the stage, ``share`` of the window,
+        ``activity_ms`` the stage's GPU activity durations summed, overlaps
+        included), ``"steps": {stage: count}`` (SGLang's step and stage spans
+        that overlap the window), ``"extend": {"steps", "requests",
+        "tokens"}`` (the target's prefill / extend forwards), ``"target_forwards"``
+        (prefill / extend, decode and verify forwards), ``"ms_per_target_forward"``,
+        ``"unattributed"`` (GPU activities whose launch the trace lacks: ``other``)}.
+
+    Raises:
+        ValueError: the trace has no GPU activity, or no SGLang step span (the
+            CPU activity was not recorded).
+    """
+    gpu = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() in GPU_CATS]
+    if not gpu:
+        raise ValueError("the trace has no GPU activity (record GPU activities)")
+    launches = {}
+    spans: dict[tuple, _Spans] = collections.defaultdict(_Spans)
+    spec: dict[tuple, _Spans] = collections.defaultdict(_Spans)
+    step_rows = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat = str(e.get("cat", "")).lower()
+        if cat in HOST_CATS:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                launches[corr] = ((e.get("pid"), e.get("tid")), float(e["ts"]))
+        elif cat == "user_annotation":
+            name = str(e.get("name", ""))
+            start = float(e["ts"])
+            end = start + float(e.get("dur", 0.0))
+            key = (e.get("pid"), e.get("tid"))
+            m = STEP_SPAN.match(name)
+            if m:
+                stage = _span_stage(m.group(1))
+                spans[key].add(start, end, stage)
+                step_rows.append((start, end, stage, int(m.group(2)), int(m.group(3) or 0)))
+            elif name in SPEC_SPANS:
+                spec[key].add(start, end, SPEC_SPANS[name])
+                step_rows.append((start, end, SPEC_SPANS[name], 0, 0))
+    if not step_rows:
+        raise ValueError("the trace has no SGLang step span (record CPU activities: spans are host events)")
+    for table in (spans, spec):
+        for s in table.values():
+            s.seal()
+
+    intervals = []
+    unattributed = 0
+    for e in gpu:
+        start = float(e["ts"])
+        end = start + float(e.get("dur", 0.0))
+        launch = launches.get((e.get("args") or {}).get("correlation"))
+        stage = "other"
+        if launch is None:
+            unattributed += 1
+        else:
+            key, ts = launch
+            outer = spec[key].innermost(ts) if key in spec else None
+            inner = spans[key].innermost(ts) if key in spans else None
+            if outer is not None:
+                stage = outer
+            elif inner is not None:
+                stage = inner
+        intervals.append((start, end, stage))
+
+    lo = min(s for s, _, _ in intervals)
+    hi = max(e for _, e, _ in intervals)
+    credited = _credit(intervals)
+    activity = collections.Counter()
+    for s, e, stage in intervals:
+        activity[stage] += e - s
+    window = hi - lo
+    busy = sum(credited.values())
+    # Host spans run ahead of the GPU: a span counts where it overlaps the window.
+    in_window = [r for r in step_rows if r[0] <= hi and r[1] >= lo]
+    steps = collections.Counter(r[2] for r in in_window)
+    extend = [r for r in in_window if r[2] == "prefill_extend"]
+    target = sum(steps[s] for s in ("prefill_extend", "decode", "verify"))
+    return {
+        "window_ms": window / 1e3,
+        "busy_ms": busy / 1e3,
+        "idle_ms": (window - busy) / 1e3,
+        "stages": {stage: {"ms": credited.get(stage, 0.0) / 1e3,
+                           "share": credited.get(stage, 0.0) / window if window else 0.0,
+                           "activity_ms": activity.get(stage, 0.0) / 1e3} for stage in STAGES},
+        "idle_share": (window - busy) / window if window else 0.0,
+        "steps": {stage: steps.get(stage, 0) for stage in STAGES},
+        "extend": {"steps": len(extend), "requests": sum(r[3] for r in extend), "tokens": sum(r[4] for r in extend)},
+        "target_forwards": target,
+        "ms_per_target_forward": window / 1e3 / target if target else None,
+        "unattributed": unattributed,
+    }
+
+
+def _credit(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Wall time (trace units) credited per stage: each instant with activity goes to the first active stage."""
+    rank = {stage: i for i, stage in enumerate(STAGES)}
+    points = []
+    for s, e, stage in intervals:
+        if e > s:
+            points.append((s, 1, stage))
+            points.append((e, -1, stage))
+    points.sort(key=lambda p: (p[0], p[1]))
+    active = [0] * len(STAGES)
+    out = collections.Counter()
+    prev = None
+    for t, delta, stage in points:
+        if prev is not None and t > prev:
+            first = next((i for i, n in enumerate(active) if n > 0), None)
+            if first is not None:
+                out[STAGES[first]] += t - prev
+        active[rank[stage]] += delta
+        prev = t
+    return dict(out)
+
+
+def render(summary: dict, title: str) -> str:
+    """A Markdown table of one summary: ms and share of the window per stage, with step counts."""
+    lines = [f"### {title}", "",
+             f"window {summary['window_ms']:.1f} ms, {summary['target_forwards']} target forwards "
+             f"({summary['extend']['steps']} prefill / extend of {summary['extend']['requests']} requests, "
+             f"{summary['extend']['tokens']} tokens); GPU idle {100 * summary['idle_share']:.1f}%", "",
+             "| stage | ms | share | spans | GPU activity ms |", "|---|---|---|---|---|"]
+    for stage in STAGES:
+        row = summary["stages"][stage]
+        lines.append(f"| {stage} | {row['ms']:.2f} | {100 * row['share']:.1f}% | {summary['steps'][stage]} | "
+                     f"{row['activity_ms']:.2f} |")
+    lines.append(f"| idle | {summary['idle_ms']:.2f} | {100 * summary['idle_share']:.1f}% | | |")
+    if summary["unattributed"]:
+        lines += ["", f"{summary['unattributed']} GPU activities had no launch in the trace (counted as other)."]
+    return "\n".join(lines) + "\n"
+
+
+class ClosedLoop:
+    """``concurrency`` request slots, each sending its next ``/generate`` when the last one ends, until stopped.
+
+    Requests: ``input_len`` random token ids (away from the vocabulary's ends,
+    where special tokens sit), ``output_len`` new tokens, temperature 1, EOS
+    ignored. ``done`` counts finished requests, ``errors`` holds failures (text).
+    """
+
+    def __init__(self, url: str, concurrency: int, *, input_len: int, output_len: int, vocab: int, seed: int):
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.url, self.input_len, self.output_len, self.vocab = url, input_len, output_len, vocab
+        self.done = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._slot, args=(random.Random(seed + i),), daemon=True)
+                         for i in range(concurrency)]
+
+    def _slot(self, rng: random.Random) -> None:
+        while not self._stop.is_set():
+            body = {"input_ids": [rng.randrange(1000, self.vocab - 1000) for _ in range(self.input_len)],
+                    "sampling_params": {"max_new_tokens": self.output_len, "temperature": 1.0, "ignore_eos": True}}
+            try:
+                post_json(self.url + "/generate", body, timeout=300)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                with self._lock:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            with self._lock:
+                self.done += 1
+
+    def start(self) -> "ClosedLoop":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, deadline: float) -> bool:
+        """No new requests; wait for the ones in flight until ``deadline``. False when some still run."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+
+def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, input_len: int, output_len: int,
+            vocab: int, steps: int, seed: int = 1, time_left_s: float = 120.0) -> dict:
+    """One serving window of a running server: closed-loop load, ``steps`` iterations profiled, :func:`summarize`.
+
+    Returns the summary plus ``trace`` (path), ``concurrency``, ``iterations`` (``steps``),
+    ``requests_done`` (when the profile started) and ``wall_s``.
+
+    Raises:
+        ValueError: ``steps`` outside [5, 400].
+        RuntimeError: a request failed, the slots did not each finish one
+            request, or no trace came back within ``time_left_s``; the message says which.
+    """
+    if not 5 <= steps <= 400:
+        raise ValueError(f"steps must lie in [5, 400], got {steps}")
+    started = time.monotonic()
+    deadline = started + time_left_s
+    os.makedirs(trace_dir, exist_ok=True)
+    load = ClosedLoop(url, concurrency, input_len=input_len, output_len=output_len, vocab=vocab, seed=seed).start()
+    try:
+        while load.done < concurrency and not load.errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if load.errors or load.done < concurrency:
+            raise RuntimeError(f"the {concurrency} slots did not each finish a request: "
+                               f"{load.errors[:2] or f'{load.done} done by the time limit'}")
+        done_at_start = load.done
+        # CPU activities too: SGLang's step spans are host events.
+        post_json(url + "/start_profile", profile_request(trace_dir, profile_id, steps, ("CPU", "GPU")))
+        pattern = os.path.join(trace_dir, f"{profile_id}*.trace.json.gz")
+        while time.monotonic() < deadline:
+            for path in sorted(glob.glob(pattern)):
+                try:
+                    events = load_events(path)
+                except (OSError, EOFError, ValueError):
+                    continue  # still being written
+                summary = summarize(events)  # a whole trace without activities or spans: its ValueError
+                summary.update({"trace": path, "concurrency": concurrency, "iterations": steps,
+                                "requests_done": done_at_start, "wall_s": round(time.monotonic() - started, 2)})
+                return summary
+            if load.errors:
+                break
+            time.sleep(0.5)
+        try:  # the steps never came: flush whatever was recorded so the next cell starts clean
+            post_json(url + "/stop_profile", None, timeout=30)
+        except (urllib.error.URLError, OSError):
+            pass
+        raise RuntimeError(f"no trace {profile_id} within the time limit: {load.errors[:2] or 'none written'}")
+    finally:
+        load.stop(min(deadline, time.monotonic() + 60.0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("trace", help="a torch.profiler Chrome trace (.json or .json.gz) of a serving window")
+    p.add_argument("--out", default=None, help="write the Markdown table here (default: stdout)")
+    p.add_argument("--json", default=None, help="also write the summary as JSON here")
+    args = p.parse_args(argv)
+    summary = summarize(load_events(args.trace))
+    text = render(summary, args.trace)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""benchmark/serving/serving_window.py: a serving window's wall time by SGLang step stage, and GPU idle."""
+
+import gzip
+import http.server
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=45, suite="detspec-unit-cpu")
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmark" / "serving"
+sys.path.insert(0, str(BENCH))
+
+import serving_trace  # noqa: E402
+import serving_window as window  # noqa: E402
+
+
+def _span(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def _launch(corr, ts, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1, "pid": 7, "tid": tid,
+            "args": {"correlation": corr}}
+
+
+def _kernel(corr, ts, dur, name="k", stream=7):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream,
+            "args": {"correlation": corr}}
+
+
+def _window_events():
+    """Host: a prefill of 2 requests, a draft extend, a draft, a verify with sampling after it. GPU: one kernel each."""
+    return [
+        _span("step[EXTEND bs=2 toks=256]", 0, 100), _launch(1, 10), _kernel(1, 20, 100),
+        _span("draft_extend", 110, 60), _span("step[DRAFT bs=2 toks=256]", 115, 40), _launch(2, 120),
+        _kernel(2, 130, 30),
+        _span("draft", 180, 40), _launch(3, 185), _kernel(3, 190, 20),  # a graph replay: no step span inside
+        _span("step[VERIFY bs=2]", 230, 50), _launch(4, 235), _kernel(4, 240, 60),
+        _launch(5, 290), _kernel(5, 300, 10, name="sampling"),  # after the verify forward, outside every span
+        _kernel(6, 320, 10),  # its launch is not in the trace
+    ]
+
+
+def test_stages_and_idle_add_up_to_the_window():
+    s = window.summarize(_window_events())
+    assert s["window_ms"] == pytest.approx(0.310)  # first GPU activity at 20 us, last ends at 330 us
+    ms = {stage: round(row["ms"] * 1e3, 6) for stage, row in s["stages"].items()}
+    assert ms == {"verify": 60, "prefill_extend": 100, "decode": 0, "draft_extend": 30, "draft": 20, "other": 20}
+    assert s["idle_ms"] == pytest.approx(0.310 - 0.230)
+    assert sum(r["share"] for r in s["stages"].values()) + s["idle_share"] == pytest.approx(1.0)
+    # The draft step inside the draft-extend span counts as its spec stage; the spans themselves are counted.
+    assert s["steps"] == {"verify": 1, "prefill_extend": 1, "decode": 0, "draft_extend": 1, "draft": 2, "other": 0}
+    assert s["extend"] == {"steps": 1, "requests": 2, "tokens": 256}
+    assert s["target_forwards"] == 2 and s["ms_per_target_forward"] == pytest.approx(0.155)
+    assert s["unattributed"] == 1
+
+
+def test_overlapping_streams_count_once_for_the_first_stage():
+    """A sampling kernel on another stream under a verify forward: the overlap is the verify's, not twice."""
+    events = [_span("step[VERIFY bs=4]", 0, 100), _launch(1, 1), _kernel(1, 10, 50),
+              _launch(2, 150), _kernel(2, 30, 40, stream=8)]
+    s = window.summarize(events)
+    assert s["stages"]["verify"]["ms"] * 1e3 == pytest.approx(50)
+    assert s["stages"]["other"]["ms"] * 1e3 == pytest.approx(10)  # 60..70 only
+    assert s["stages"]["other"]["activity_ms"] * 1e3 == pytest.approx(40)
+    assert s["idle_ms"] == pytest.approx(0.0)
+
+
+def test_decode_without_speculation_and_other_prefill_modes():
+    events = [_span("step[DECODE bs=8]", 0, 10), _launch(1, 1), _kernel(1, 5, 10),
+              _span("step[MIXED bs=3 toks=40]", 20, 10), _launch(2, 21), _kernel(2, 25, 10)]
+    s = window.summarize(events)
+    assert s["steps"]["decode"] == 1 and s["steps"]["prefill_extend"] == 1
+    assert s["extend"] == {"steps": 1, "requests": 3, "tokens": 40}
+
+
+def test_errors_name_what_the_trace_lacks():
+    with pytest.raises(ValueError, match="GPU activity"):
+        window.summarize([_span("step[DECODE bs=1]", 0, 1)])
+    with pytest.raises(ValueError, match="CPU activities"):
+        window.summarize([_launch(1, 0), _kernel(1, 1, 1)])
+
+
+def test_sglang_spans_in_a_real_torch_trace(tmp_path):
+    """SGLang's own span helpers under torch.profiler on the CPU: the exported names and category are what
+    the summary reads (GPU activities are added beside them, launched from inside the spans' threads)."""
+    from sglang.srt.speculative.spec_utils import spec_stage_span
+    from sglang.srt.utils.nvtx_utils import profile_range
+
+    x = torch.randn(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with profile_range("step[EXTEND bs=3 toks=384]"):
+            x = x @ x
+        with spec_stage_span("draft_extend"):
+            with profile_range("step[DRAFT bs=3 toks=384]"):
+                x = x @ x
+        with profile_range("step[VERIFY bs=3]"):
+            x = x @ x
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    events = serving_trace.load_events(str(gz))
+    spans = [e for e in events if e.get("cat") == "user_annotation"]
+    names = [e["name"] for e in spans]
+    assert names.count("step[EXTEND bs=3 toks=384]") == 1 and "draft_extend" in names and "step[VERIFY bs=3]" in names
+    # One GPU activity per span, launched at the middle of each span on the span's own thread.
+    extra = []
+    for corr, e in enumerate(sorted(spans, key=lambda e: e["ts"]), start=100):
+        mid = float(e["ts"]) + float(e["dur"]) / 2
+        extra.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": mid, "dur": 0.1,
+                      "pid": e["pid"], "tid": e["tid"], "args": {"correlation": corr}})
+        extra.append(_kernel(corr, mid + 1, 10))
+    s = window.summarize(events + extra)
+    assert s["steps"]["prefill_extend"] == 1 and s["steps"]["verify"] == 1 and s["steps"]["draft_extend"] == 1
+    assert s["extend"] == {"steps": 1, "requests": 3, "tokens": 384}
+    # The draft step's kernel counts for its draft-extend span: 2 kernels there (the span's and the step's).
+    assert s["stages"]["draft_extend"]["activity_ms"] * 1e3 == pytest.approx(20)
+    assert s["stages"]["prefill_extend"]["activity_ms"] * 1e3 == pytest.approx(10)
+    assert s["stages"]["verify"]["activity_ms"] * 1e3 == pytest.approx(10)
+    assert s["unattributed"] == 0
+
+
+def test_cli_writes_table_and_json(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": _window_events()}))
+    out, js = tmp_path / "w.md", tmp_path / "w.json"
+    assert window.main([str(path), "--out", str(out), "--json", str(js)]) == 0
+    text = out.read_text()
+    assert "| prefill_extend | 0.10 |" in text and "| idle |" in text and "no launch in the trace" in text
+    assert json.loads(js.read_text())["target_forwards"] == 2
+
+
+def test_profile_body_asks_sglang_for_host_and_gpu_activities():
+    """The window's /start_profile body builds SGLang's own ProfileReq, CPU activities included (spans)."""
+    import pydantic
+    import serving_breakdown
+    from sglang.srt.managers.io_struct import ProfileReq
+
+    body = serving_breakdown.profile_request("traces", "w", 40, ("CPU", "GPU"))
+    req = pydantic.TypeAdapter(ProfileReq).validate_python(body)
+    assert req.activities == ["CPU", "GPU"] and req.num_steps == 40 and req.profile_by_stage is False
+
+
+class _StandIn(http.server.BaseHTTPRequestHandler):
+    """A stand-in for a server's HTTP routes (no SGLang server runs on a CPU): /generate answers after 5 ms,
+    /start_profile writes a trace of _window_events() where SGLang would."""
+
+    generated = 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        if self.path == "/generate":
+            assert len(body["input_ids"]) == 16 and body["sampling_params"]["max_new_tokens"] == 4
+            time.sleep(0.005)
+            type(self).generated += 1
+        elif self.path == "/start_profile":
+            assert body["activities"] == ["CPU", "GPU"] and body["num_steps"] == 40
+            path = Path(body["output_dir"]) / f"{body['profile_id']}-TP-0.trace.json.gz"
+            path.write_bytes(gzip.compress(json.dumps({"traceEvents": _window_events()}).encode()))
+        out = b"{}"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+def test_capture_loads_the_server_then_profiles_a_window(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        got = window.capture(url, str(tmp_path), "pid1", 4, input_len=16, output_len=4, vocab=5000, steps=40,
+                             time_left_s=30)
+    finally:
+        server.shutdown()
+    assert got["requests_done"] >= 4 and got["concurrency"] == 4 and got["target_forwards"] == 2
+    assert got["trace"].endswith("pid1-TP-0.trace.json.gz") and _StandIn.generated >= got["requests_done"]
+    with pytest.raises(ValueError, match="steps must lie in"):
+        window.capture("http://127.0.0.1:1", str(tmp_path), "p", 1, input_len=1, output_len=1, vocab=5000, steps=4)
+    with pytest.raises(RuntimeError, match="did not each finish a request"):
+        window.capture("http://127.0.0.1:9", str(tmp_path), "p", 2, input_len=4, output_len=1, vocab=5000,
+                       steps=40, time_left_s=5)
+
+
+def test_window_profile_flags_are_checked_where_serving_run_reads_them(monkeypatch):
+    import serving_run as run
+
+    monkeypatch.setattr(run, "gpu_memory_gib", lambda: None)  # as on a machine whose GPU memory is unknown
+
+    def plan(*extra):
+        args = run.build_parser().parse_args(["--out", "x", "--models", "m", "--gpus", "1", "--configs", "ad",
+                                              "--concurrency", "8,32", *extra])
+        return run.validate(args)
+
+    assert plan("--interleave", "--window-profile", "32")["window_concs"] == [32]
+    assert plan("--interleave")["window_concs"] == []
+    for extra, match in ((("--window-profile", "32"), "only with --interleave"),
+                         (("--interleave", "--window-profile", "64"), r"\[64\] not in concurrency"),
+                         (("--interleave", "--window-profile", "32", "--window-steps", "4"), "window_steps")):
+        with pytest.raises(ValueError, match=match):
+            plan(*extra)
+
+
+WINDOW_STAND_IN = """
+import gzip, http.server, json, os, sys, time
+sys.path.insert(0, sys.argv[3])
+import test_serving_window as t
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _json(self, p):
+        b = json.dumps(p).encode(); self.send_response(200); self.send_header("Content-Length", str(len(b)))
+        self.end_headers(); self.wfile.write(b)
+    def do_GET(self):
+        self._json({})
+    def do_POST(self):
+        r = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/start_profile":
+            os.makedirs(r["output_dir"], exist_ok=True)
+            path = os.path.join(r["output_dir"], r["profile_id"] + "-TP-0.trace.json.gz")
+            with gzip.open(path, "wt") as f:
+                json.dump({"traceEvents": t._window_events()}, f)
+            self._json({}); return
+        n = r["sampling_params"]["max_new_tokens"]
+        self.send_response(200); self.end_headers()
+        for k in range(1, n + 1):
+            time.sleep(0.002)
+            c = {"text": "w", "meta_info": {"completion_tokens": k}}
+            self.wfile.write(b"data: " + json.dumps(c).encode() + b"\\n\\n"); self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\\n\\n")
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_orchestrator_profiles_a_window_per_server_after_the_rounds(tmp_path, monkeypatch):
+    """serving_run --interleave --window-profile end to end: stand-in servers (no SGLang server runs on a
+    CPU) that answer /generate and write a trace on /start_profile; window.json / .md per server."""
+    import serving_run as run
+    import test_serving_bench as tsb
+
+    monkeypatch.setattr(run, "gpu_memory_gib", lambda: None)
+    monkeypatch.setattr(run, "WINDOW_TRACES", str(tmp_path / "traces"))
+    model_dir, _ = tsb._stand_in_servers(tmp_path, monkeypatch, WINDOW_STAND_IN,
+                                         extra_argv=[str(Path(__file__).parent)])
+    out = tmp_path / "out"
+    rc = run.main(["--out", str(out), "--models", str(model_dir), "--interleave", "--configs", "da",
+                   "--concurrency", "2", "--input-len", "8", "--output-len", "4", "--rounds", "1",
+                   "--max-total-tokens", "1024", "--gpus", "1", "--budget-s", "300", "--port-base", "34800",
+                   "--min-seconds", "0", "--alternations", "1", "--window-profile", "2", "--sleep-on-idle"])
+    assert rc == 0
+    js = json.loads((out / "window.json").read_text())
+    assert [(r["config"], r["concurrency"]) for r in js["rows"]] == [("d", 2), ("a", 2)] and js["missing"] == []
+    assert all(r["trace"].endswith("-TP-0.trace.json.gz") and "/" not in r["trace"] for r in js["rows"])
+    md = (out / "window.md").read_text()
+    assert "(d) EAGLE chain, plugin coupled, c = 2" in md and "| verify | 0.06 |" in md
+    assert json.loads((out / "meta.json").read_text())["every_server_args"] == ["--sleep-on-idle"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
