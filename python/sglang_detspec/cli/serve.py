@@ -361,8 +361,10 @@ def _run(args) -> int:
             if bag.wants_sampled_drafts():
                 # What the server's start-up does to this chain wherever SGLang admits the flag.
                 bag = dataclasses.replace(bag, rejection_sampling=True)
-                _say("note: start-up turns SGLang's sampled-draft path on for this coupled chain "
-                     "(rejection_sampling=True below; the verify stays coupled)")
+                _say("note: start-up turns SGLang's sampled-draft path on for this coupled chain: the draft "
+                     "samples its proposals instead of taking its argmax (SGLang ties that path to its "
+                     "rejection-sampling flag, hence rejection_sampling=True below); verification stays coupled, "
+                     "not SGLang's rejection sampling")
             _say(f"start-up check passed: {bag.describe()}")
             from ..config import REJECTION_ALGORITHMS
 
