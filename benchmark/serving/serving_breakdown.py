@@ -189,18 +189,33 @@ def profile_request(trace_dir: str, profile_id: str, steps: int, activities: tup
             "record_shapes": False, "profile_by_stage": False, "profile_id": profile_id}
 
 
-def wait_trace(trace_dir: str, profile_id: str, deadline: float) -> tuple[str, list] | tuple[None, None]:
-    """The trace SGLang exported for ``profile_id`` and its GPU activities once it reads back whole.
+# A trace file that keeps its size this long and still does not parse is whole and unreadable, not being written.
+UNREADABLE_AFTER_S = 5.0
 
-    ``(None, None)`` when none reads back by ``deadline`` (monotonic seconds).
+
+def wait_trace(trace_dir: str, profile_id: str, deadline: float,
+               load=None) -> tuple[str, object] | tuple[None, None]:
+    """The trace SGLang exported for ``profile_id``, read by ``load`` (default :func:`trace_kernels`) once whole.
+
+    ``(None, None)`` when none is written by ``deadline`` (monotonic seconds).
+
+    Raises:
+        RuntimeError: a trace file that kept its size for :data:`UNREADABLE_AFTER_S` s and still
+            does not read (a whole file that is not a trace), naming the file and the error.
     """
+    load = load or trace_kernels
     pattern = os.path.join(trace_dir, f"{profile_id}*.trace.json.gz")
+    stable: dict[str, tuple[int, float]] = {}  # path -> (size, when first seen at that size)
     while time.monotonic() < deadline:
         for path in sorted(glob.glob(pattern)):
             try:
-                return path, trace_kernels(path)
-            except (OSError, EOFError, ValueError):
-                pass  # still being written
+                return path, load(path)
+            except (OSError, EOFError, ValueError) as exc:  # still being written, or unreadable
+                size = os.path.getsize(path) if os.path.exists(path) else -1
+                since = stable.get(path, (None, time.monotonic()))
+                stable[path] = since = (size, since[1] if since[0] == size else time.monotonic())
+                if time.monotonic() - since[1] >= UNREADABLE_AFTER_S:
+                    raise RuntimeError(f"trace {path} does not read: {type(exc).__name__}: {exc}") from None
         time.sleep(0.5)
     return None, None
 

@@ -312,6 +312,10 @@ def _meta_lines(meta: dict, indent: str = "") -> list[str]:
         if meta.get(field) is not None:
             value = meta[field]
             lines.append(f"{indent}- {label}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+    if meta.get("interleaved"):
+        # The load's "rounds" are request waves per run and "repeats" the cell mode's: neither counts these.
+        lines.append(f"{indent}- interleaved rounds per cell: {meta.get('alternations')} after one uncounted "
+                     "calibration round (the load's `rounds` are request waves within one run)")
     return lines
 
 

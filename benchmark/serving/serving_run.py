@@ -110,7 +110,7 @@ DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd", "combined": "
 BREAKDOWN_MIN_CELL_S = 30  # no breakdown cell starts with less left (warm-up, wave, profile export, parse)
 BREAKDOWN_TRACES = os.path.join("/tmp", "detspec-breakdown-traces")  # large traces stay out of the result folder
 WINDOW_TRACES = os.path.join("/tmp", "detspec-window-traces")
-WINDOW_CELL_S = 30  # kept per serving window: the load's first requests, the profiled steps, the trace's export
+WINDOW_CELL_S = 45  # kept per serving window: the load's first requests, the profiled steps, the trace's export
 # No server starts with less left: it needs 80-200 s to become healthy, so it would only delay the report.
 START_RESERVE_S = 150
 
@@ -181,9 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --interleave, after the rounds: at these concurrencies (comma list, each in "
                         "--concurrency) one profiled serving window per server, requests arriving as others end "
                         "(serving_window.py: wall time by prefill / extend, draft, verify, draft extend, "
-                        "the rest and GPU idle; window.json / window.md)")
+                        f"the rest and GPU idle; window.json / window.md). Each window keeps {WINDOW_CELL_S} s "
+                        "of --budget-s back from the rounds. The profiler records host activities, which adds "
+                        "host time to every launch: compare windows with each other, not with the rounds")
     p.add_argument("--window-steps", type=int, default=40,
-                   help="--window-profile: scheduler iterations per window (default 40)")
+                   help="--window-profile: scheduler iterations per window, 5-400 (default 40)")
     p.add_argument("--breakdown-steps", type=int, default=8,
                    help="--breakdown: forwards profiled per cell (default 8; the first is left out)")
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)),
@@ -906,7 +908,7 @@ class Run:
             self.breakdown(s)
             self.write_breakdown()
         self.interleave_ready([s for s in ready if s.key in self.plan["il_keys"]])
-        self.windows(ready)
+        self.windows([s for s in ready if s.key in self.plan["il_keys"]])
         for s in ready:
             stop(s)
             s.state = "done"
@@ -959,7 +961,7 @@ class Run:
                         f"http://127.0.0.1:{s.port}", os.path.join(WINDOW_TRACES, config.name), pid, conc,
                         input_len=self.args.input_len, output_len=self.args.output_len,
                         vocab=SHAPES[self.args.shape].vocab, steps=self.args.window_steps,
-                        time_left_s=min(left, 120.0))
+                        time_left_s=min(left, 2 * WINDOW_CELL_S))
                 except Exception as exc:  # the other cells are still worth measuring
                     why = f"{type(exc).__name__}: {exc}"[:500]
                     missing.append({"config": s.key, "concurrency": conc, "why": why})
@@ -1033,6 +1035,10 @@ def main(argv: list[str] | None = None) -> int:
         gpus = args.gpus or 2
         if plan["fit_note"]:
             print(f"# {plan['fit_note']}")
+        if plan["window_concs"]:
+            print(f"# after the rounds: one serving window per server at c = "
+                  f"{','.join(map(str, plan['window_concs']))}, {args.window_steps} scheduler iterations each; "
+                  f"{WINDOW_CELL_S * len(plan['il_keys']) * len(plan['window_concs'])} s kept back from the rounds")
         for s in plan_servers(plan["keys"], gpus, plan["settings"], port_base=args.port_base, out=args.out,
                               profile=plan["profile"], max_conc=max(plan["concs"]), server_env=plan["server_env"],
                               server_args=plan["server_args"]):

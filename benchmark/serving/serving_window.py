@@ -17,8 +17,9 @@ splits the window's wall time (first GPU activity to last) into stages:
   forwards outside any draft-extend span);
 - ``draft_extend``: the draft model's extend after a verify or a prefill
   (SGLang's ``draft_extend`` span);
-- ``other``: GPU work launched outside those spans: sampling, the accept
-  walk, the plugin's verify and race kernels, copies between steps;
+- ``other``: GPU work launched outside those spans: the target's
+  sampling, the accept walk, the plugin's verify kernel, copies between
+  steps (the draft's own draws, inside its spans, count as ``draft``);
 - ``idle``: no GPU activity (the GPU waiting for the host).
 
 Method: each GPU activity (kernel, memcpy, memset) is joined to the host
@@ -44,7 +45,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
-import glob
 import json
 import os
 import random
@@ -55,7 +55,7 @@ import time
 import urllib.error
 import urllib.request
 
-from serving_breakdown import post_json, profile_request
+from serving_breakdown import post_json, profile_request, wait_trace
 from serving_trace import load_events
 
 # Stages in the order an overlap is credited to (the first one active wins), then idle.
@@ -81,17 +81,27 @@ class _Spans:
     def __init__(self):
         self.items: list[tuple[float, float, str]] = []
         self.starts: list[float] = []
+        self.reach: list[float] = []  # reach[j]: the latest end among spans 0..j
 
     def add(self, start: float, end: float, stage: str) -> None:
         self.items.append((start, end, stage))
 
     def seal(self) -> None:
-        self.items.sort()
+        # Equal starts: the longer (outer) span first, so the scan back meets the inner one first.
+        self.items.sort(key=lambda it: (it[0], -it[1]))
         self.starts = [s for s, _, _ in self.items]
+        reach = float("-inf")
+        self.reach = []
+        for _, end, _ in self.items:
+            reach = max(reach, end)
+            self.reach.append(reach)
 
     def innermost(self, ts: float) -> str | None:
-        # Spans nest: scanning back from the last start at or before ts, the first that encloses ts is innermost.
+        # Spans nest: scanning back from the last start at or before ts, the first that encloses ts is
+        # innermost; once no span up to j reaches ts, none before it does either.
         for j in range(bisect.bisect_right(self.starts, ts) - 1, -1, -1):
+            if self.reach[j] < ts:
+                return None
             start, end, stage = self.items[j]
             if end >= ts:
                 return stage
@@ -110,9 +120,13 @@ def summarize(events: list[dict]) -> dict:
         ``{"window_ms", "busy_ms", "idle_ms", "stages": {stage: {"ms", "share", "activity_ms"}}``
         (``ms``: wall time credited to the stage, ``share`` of the window,
         ``activity_ms`` the stage's GPU activity durations summed, overlaps
-        included), ``"steps": {stage: count}`` (SGLang's step and stage spans
-        that overlap the window), ``"extend": {"steps", "requests",
-        "tokens"}`` (the target's prefill / extend forwards), ``"target_forwards"``
+        included), ``"idle_share"`` (of the window), ``"steps": {stage: count}``
+        (spans that overlap the window: SGLang's ``draft`` / ``draft_extend``
+        spans for those stages, its step spans for the target's), ``"draft_forwards"``
+        (its ``step[DRAFT ...]`` spans: eager draft forwards; a CUDA-graph
+        replay has none), ``"extend": {"steps", "requests", "tokens"}`` (the
+        target's prefill / extend forwards; SGLang writes ``toks=`` on
+        ``EXTEND`` spans only, so a ``MIXED`` forward adds no tokens), ``"target_forwards"``
         (prefill / extend, decode and verify forwards), ``"ms_per_target_forward"``,
         ``"unattributed"`` (GPU activities whose launch the trace lacks: ``other``)}.
 
@@ -144,7 +158,10 @@ def summarize(events: list[dict]) -> dict:
             if m:
                 stage = _span_stage(m.group(1))
                 spans[key].add(start, end, stage)
-                step_rows.append((start, end, stage, int(m.group(2)), int(m.group(3) or 0)))
+                # Draft forwards are counted apart: how many sit inside one draft or draft-extend span
+                # depends on CUDA graphs (a graph replay has none), so the spec spans count those stages.
+                row_stage = "draft_forward" if m.group(1) == "DRAFT" else stage
+                step_rows.append((start, end, row_stage, int(m.group(2)), int(m.group(3) or 0)))
             elif name in SPEC_SPANS:
                 spec[key].add(start, end, SPEC_SPANS[name])
                 step_rows.append((start, end, SPEC_SPANS[name], 0, 0))
@@ -195,6 +212,7 @@ def summarize(events: list[dict]) -> dict:
                            "activity_ms": activity.get(stage, 0.0) / 1e3} for stage in STAGES},
         "idle_share": (window - busy) / window if window else 0.0,
         "steps": {stage: steps.get(stage, 0) for stage in STAGES},
+        "draft_forwards": steps.get("draft_forward", 0),
         "extend": {"steps": len(extend), "requests": sum(r[3] for r in extend), "tokens": sum(r[4] for r in extend)},
         "target_forwards": target,
         "ms_per_target_forward": window / 1e3 / target if target else None,
@@ -238,6 +256,8 @@ def render(summary: dict, title: str) -> str:
     lines.append(f"| idle | {summary['idle_ms']:.2f} | {100 * summary['idle_share']:.1f}% | | |")
     if summary["unattributed"]:
         lines += ["", f"{summary['unattributed']} GPU activities had no launch in the trace (counted as other)."]
+    lines += ["", "Profiled with host activities, which add host time to every launch: the idle share is above "
+                  "an unprofiled run's; compare windows with each other."]
     return "\n".join(lines) + "\n"
 
 
@@ -246,7 +266,8 @@ class ClosedLoop:
 
     Requests: ``input_len`` random token ids (away from the vocabulary's ends,
     where special tokens sit), ``output_len`` new tokens, temperature 1, EOS
-    ignored. ``done`` counts finished requests, ``errors`` holds failures (text).
+    ignored. ``done`` counts finished requests, ``slots_done`` the slots that
+    finished at least one, ``errors`` holds failures (text; a slot stops at its first).
     """
 
     def __init__(self, url: str, concurrency: int, *, input_len: int, output_len: int, vocab: int, seed: int):
@@ -254,6 +275,7 @@ class ClosedLoop:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.url, self.input_len, self.output_len, self.vocab = url, input_len, output_len, vocab
         self.done = 0
+        self.slots_done = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -261,42 +283,62 @@ class ClosedLoop:
                          for i in range(concurrency)]
 
     def _slot(self, rng: random.Random) -> None:
+        first = True
         while not self._stop.is_set():
             body = {"input_ids": [rng.randrange(1000, self.vocab - 1000) for _ in range(self.input_len)],
                     "sampling_params": {"max_new_tokens": self.output_len, "temperature": 1.0, "ignore_eos": True}}
             try:
                 post_json(self.url + "/generate", body, timeout=300)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
+            except Exception as exc:  # any failure ends this slot and is reported: none may pass silently
                 with self._lock:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                 return
             with self._lock:
                 self.done += 1
+                self.slots_done += first
+            first = False
 
     def start(self) -> "ClosedLoop":
         for t in self._threads:
             t.start()
         return self
 
-    def stop(self, deadline: float) -> bool:
-        """No new requests; wait for the ones in flight until ``deadline``. False when some still run."""
+    def stop(self, wait_s: float) -> bool:
+        """No new requests; wait up to ``wait_s`` seconds for the ones in flight. False when some still run."""
         self._stop.set()
+        end = time.monotonic() + wait_s
         for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            t.join(max(0.0, end - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
+
+
+# The requests in flight when a window ends are waited for this long, so the next window's server runs alone.
+DRAIN_S = 60.0
 
 
 def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, input_len: int, output_len: int,
             vocab: int, steps: int, seed: int = 1, time_left_s: float = 120.0) -> dict:
     """One serving window of a running server: closed-loop load, ``steps`` iterations profiled, :func:`summarize`.
 
+    Args:
+        url: the server (``http://host:port``); trace_dir: where SGLang writes the trace (made if missing);
+            profile_id: the trace's name prefix (``<profile_id>-TP-0.trace.json.gz``).
+        concurrency: request slots of the :class:`ClosedLoop` load; input_len / output_len: tokens per
+            request; vocab: the target's vocabulary size; seed: the prompts' random seed.
+        steps: scheduler iterations profiled (SGLang's ``num_steps``), in [5, 400].
+        time_left_s: seconds for the load to reach every slot's first finish, the profile and the trace;
+            the requests in flight afterwards get up to :data:`DRAIN_S` more.
+
     Returns the summary plus ``trace`` (path), ``concurrency``, ``iterations`` (``steps``),
-    ``requests_done`` (when the profile started) and ``wall_s``.
+    ``requests_done`` (when the profile started), ``drained`` (whether the requests in flight
+    ended within :data:`DRAIN_S`) and ``wall_s``.
 
     Raises:
-        ValueError: ``steps`` outside [5, 400].
-        RuntimeError: a request failed, the slots did not each finish one
-            request, or no trace came back within ``time_left_s``; the message says which.
+        ValueError: ``steps`` outside [5, 400]; a whole trace without GPU activity or SGLang spans
+            (:func:`summarize`).
+        RuntimeError: a request failed, some slot did not finish a request, or no readable trace came
+            back within ``time_left_s``; the message says which.
+        urllib.error.URLError: ``/start_profile`` refused.
     """
     if not 5 <= steps <= 400:
         raise ValueError(f"steps must lie in [5, 400], got {steps}")
@@ -304,40 +346,34 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, inpu
     deadline = started + time_left_s
     os.makedirs(trace_dir, exist_ok=True)
     load = ClosedLoop(url, concurrency, input_len=input_len, output_len=output_len, vocab=vocab, seed=seed).start()
+    summary = None
     try:
-        while load.done < concurrency and not load.errors and time.monotonic() < deadline:
+        while load.slots_done < concurrency and not load.errors and time.monotonic() < deadline:
             time.sleep(0.01)
-        if load.errors or load.done < concurrency:
-            raise RuntimeError(f"the {concurrency} slots did not each finish a request: "
-                               f"{load.errors[:2] or f'{load.done} done by the time limit'}")
+        if load.errors or load.slots_done < concurrency:
+            raise RuntimeError(f"not every one of the {concurrency} slots finished a request: "
+                               f"{load.errors[:2] or f'{load.slots_done} had by the time limit'}")
         done_at_start = load.done
         # CPU activities too: SGLang's step spans are host events.
         post_json(url + "/start_profile", profile_request(trace_dir, profile_id, steps, ("CPU", "GPU")))
-        pattern = os.path.join(trace_dir, f"{profile_id}*.trace.json.gz")
-        while time.monotonic() < deadline:
-            for path in sorted(glob.glob(pattern)):
-                try:
-                    events = load_events(path)
-                except (OSError, EOFError, ValueError):
-                    continue  # still being written
-                summary = summarize(events)  # a whole trace without activities or spans: its ValueError
-                summary.update({"trace": path, "concurrency": concurrency, "iterations": steps,
-                                "requests_done": done_at_start, "wall_s": round(time.monotonic() - started, 2)})
-                return summary
-            if load.errors:
-                break
-            time.sleep(0.5)
-        try:  # the steps never came: flush whatever was recorded so the next cell starts clean
-            post_json(url + "/stop_profile", None, timeout=30)
-        except (urllib.error.URLError, OSError):
-            pass
-        raise RuntimeError(f"no trace {profile_id} within the time limit: {load.errors[:2] or 'none written'}")
+        path, events = wait_trace(trace_dir, profile_id, deadline, load=load_events)
+        if path is None:
+            try:  # the steps never came: flush whatever was recorded so the next cell starts clean
+                post_json(url + "/stop_profile", None, timeout=30)
+            except (urllib.error.URLError, OSError):
+                pass
+            raise RuntimeError(f"no trace {profile_id} within the time limit: {load.errors[:2] or 'none written'}")
+        summary = summarize(events)
+        summary.update({"trace": path, "concurrency": concurrency, "iterations": steps,
+                        "requests_done": done_at_start})
     finally:
-        load.stop(min(deadline, time.monotonic() + 60.0))
+        drained = load.stop(DRAIN_S)
+    summary.update({"drained": drained, "wall_s": round(time.monotonic() - started, 2)})
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", help="a torch.profiler Chrome trace (.json or .json.gz) of a serving window")
     p.add_argument("--out", default=None, help="write the Markdown table here (default: stdout)")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")

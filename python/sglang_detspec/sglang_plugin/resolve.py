@@ -350,7 +350,9 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "bit, and where it finds a row apart the split serves (logged)")
     elif split_visible and backend in FA3_SPLIT_BACKENDS:
         cost = ("0.92-1.06x SGLang's FA3 inter-token latency for a tree" if config.verifies_trees else
-                "0.99-1.21x SGLang's FA3 inter-token latency for a chain")
+                "0.99-1.21x SGLang's FA3 inter-token latency for a chain running it (a chain at head sizes "
+                f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} keeps SGLang's calls and "
+                "pays none of it)")
         fallback = ": 'tokens' for a tree (SGLang's cascade)" if config.verifies_trees else ""
         notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): "
                      f"{fa3_split_path(config)}; the prefix / tail split (two FA3 calls per row "

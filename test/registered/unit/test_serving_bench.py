@@ -1330,9 +1330,12 @@ def _trace_file(path, steps=5):
 
 
 BREAKDOWN_STAND_IN = """
-import gzip, http.server, json, os, sys, time
+import gzip, http.server, importlib, json, os, sys, time
 sys.path.insert(0, sys.argv[3])
-import test_serving_bench as t
+# An argument "trace-writer=module:function" picks what writes the trace (path, num_steps); default _trace_file.
+_writer = next((a.split("=", 1)[1] for a in sys.argv[4:] if a.startswith("trace-writer=")),
+               "test_serving_bench:_trace_file")
+write_trace = getattr(importlib.import_module(_writer.split(":")[0]), _writer.split(":")[1])
 class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
     def do_GET(self):
@@ -1342,7 +1345,7 @@ class H(http.server.BaseHTTPRequestHandler):
         r = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/start_profile":
             os.makedirs(r["output_dir"], exist_ok=True)
-            t._trace_file(os.path.join(r["output_dir"], r["profile_id"] + "-TP-0.trace.json.gz"), r["num_steps"])
+            write_trace(os.path.join(r["output_dir"], r["profile_id"] + "-TP-0.trace.json.gz"), r["num_steps"])
             self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers(); return
         n = r["sampling_params"]["max_new_tokens"]
         self.send_response(200); self.end_headers()
@@ -1649,6 +1652,7 @@ def test_orchestrator_interleaves_every_ready_server(tmp_path, monkeypatch):
     assert js["interleaved"] is True and js["ratio_to_a_spread"]["d"]["2"]["n"] == 2
     assert js["rounds"] == {"a": {"2": 2}, "d": {"2": 2}}
     assert js["meta"]["mode"] == "interleave" and js["meta"]["repeats"] == 2
+    assert "- interleaved rounds per cell: 2 after one uncounted calibration round" in (out / "serving.md").read_text()
 
 
 # -- plugin settings for the deterministic configurations ---------------------------------------

@@ -55,8 +55,9 @@ def test_stages_and_idle_add_up_to_the_window():
     assert ms == {"verify": 60, "prefill_extend": 100, "decode": 0, "draft_extend": 30, "draft": 20, "other": 20}
     assert s["idle_ms"] == pytest.approx(0.310 - 0.230)
     assert sum(r["share"] for r in s["stages"].values()) + s["idle_share"] == pytest.approx(1.0)
-    # The draft step inside the draft-extend span counts as its spec stage; the spans themselves are counted.
-    assert s["steps"] == {"verify": 1, "prefill_extend": 1, "decode": 0, "draft_extend": 1, "draft": 2, "other": 0}
+    # The draft step's kernel inside the draft-extend span counts for that span; the spec spans count the stages.
+    assert s["steps"] == {"verify": 1, "prefill_extend": 1, "decode": 0, "draft_extend": 1, "draft": 1, "other": 0}
+    assert s["draft_forwards"] == 1
     assert s["extend"] == {"steps": 1, "requests": 2, "tokens": 256}
     assert s["target_forwards"] == 2 and s["ms_per_target_forward"] == pytest.approx(0.155)
     assert s["unattributed"] == 1
@@ -75,10 +76,26 @@ def test_overlapping_streams_count_once_for_the_first_stage():
 
 def test_decode_without_speculation_and_other_prefill_modes():
     events = [_span("step[DECODE bs=8]", 0, 10), _launch(1, 1), _kernel(1, 5, 10),
-              _span("step[MIXED bs=3 toks=40]", 20, 10), _launch(2, 21), _kernel(2, 25, 10)]
+              _span("step[MIXED bs=3]", 20, 10), _launch(2, 21), _kernel(2, 25, 10)]
     s = window.summarize(events)
     assert s["steps"]["decode"] == 1 and s["steps"]["prefill_extend"] == 1
-    assert s["extend"] == {"steps": 1, "requests": 3, "tokens": 40}
+    assert s["extend"] == {"steps": 1, "requests": 3, "tokens": 0}  # SGLang writes toks= on EXTEND spans only
+
+
+def test_nested_spans_with_one_start_and_launches_far_from_any_span():
+    """Two spans starting together: the shorter is inner. A launch after every span ends: no stage (other)."""
+    events = [_span("draft_extend", 0, 100), _span("step[VERIFY bs=1]", 0, 50), _launch(1, 10), _kernel(1, 20, 5),
+              _span("step[DECODE bs=1]", 200, 10), _launch(2, 205), _kernel(2, 210, 5),
+              _launch(3, 500), _kernel(3, 510, 5)]
+    s = window.summarize(events)
+    assert s["stages"]["draft_extend"]["activity_ms"] * 1e3 == pytest.approx(5)  # the spec span wins
+    assert s["stages"]["decode"]["activity_ms"] * 1e3 == pytest.approx(5)
+    assert s["stages"]["other"]["activity_ms"] * 1e3 == pytest.approx(5)
+    spans = window._Spans()
+    for start, end, stage in ((0, 100, "outer"), (0, 50, "inner"), (200, 210, "late")):
+        spans.add(start, end, stage)
+    spans.seal()
+    assert [spans.innermost(t) for t in (10, 60, 150, 205, 300)] == ["inner", "outer", None, "late", None]
 
 
 def test_errors_name_what_the_trace_lacks():
@@ -186,9 +203,23 @@ def test_capture_loads_the_server_then_profiles_a_window(tmp_path):
         server.shutdown()
     assert got["requests_done"] >= 4 and got["concurrency"] == 4 and got["target_forwards"] == 2
     assert got["trace"].endswith("pid1-TP-0.trace.json.gz") and _StandIn.generated >= got["requests_done"]
+    assert got["drained"] is True and got["iterations"] == 40 and got["steps"]["verify"] == 1
+
+
+def test_a_whole_file_that_is_not_a_trace_fails_at_once(tmp_path, monkeypatch):
+    """A trace file that keeps its size and does not parse is reported, not waited on until the deadline."""
+    import serving_breakdown
+
+    monkeypatch.setattr(serving_breakdown, "UNREADABLE_AFTER_S", 0.6)
+    (tmp_path / "p-TP-0.trace.json.gz").write_bytes(gzip.compress(b"{not json"))
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="p-TP-0.trace.json.gz does not read"):
+        serving_breakdown.wait_trace(str(tmp_path), "p", started + 30, load=serving_trace.load_events)
+    assert time.monotonic() - started < 10
+    assert serving_breakdown.wait_trace(str(tmp_path), "absent", time.monotonic() + 0.6) == (None, None)
     with pytest.raises(ValueError, match="steps must lie in"):
         window.capture("http://127.0.0.1:1", str(tmp_path), "p", 1, input_len=1, output_len=1, vocab=5000, steps=4)
-    with pytest.raises(RuntimeError, match="did not each finish a request"):
+    with pytest.raises(RuntimeError, match="not every one of the 2 slots finished a request"):
         window.capture("http://127.0.0.1:9", str(tmp_path), "p", 2, input_len=4, output_len=1, vocab=5000,
                        steps=40, time_left_s=5)
 
@@ -212,46 +243,23 @@ def test_window_profile_flags_are_checked_where_serving_run_reads_them(monkeypat
             plan(*extra)
 
 
-WINDOW_STAND_IN = """
-import gzip, http.server, json, os, sys, time
-sys.path.insert(0, sys.argv[3])
-import test_serving_window as t
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a): pass
-    def _json(self, p):
-        b = json.dumps(p).encode(); self.send_response(200); self.send_header("Content-Length", str(len(b)))
-        self.end_headers(); self.wfile.write(b)
-    def do_GET(self):
-        self._json({})
-    def do_POST(self):
-        r = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path == "/start_profile":
-            os.makedirs(r["output_dir"], exist_ok=True)
-            path = os.path.join(r["output_dir"], r["profile_id"] + "-TP-0.trace.json.gz")
-            with gzip.open(path, "wt") as f:
-                json.dump({"traceEvents": t._window_events()}, f)
-            self._json({}); return
-        n = r["sampling_params"]["max_new_tokens"]
-        self.send_response(200); self.end_headers()
-        for k in range(1, n + 1):
-            time.sleep(0.002)
-            c = {"text": "w", "meta_info": {"completion_tokens": k}}
-            self.wfile.write(b"data: " + json.dumps(c).encode() + b"\\n\\n"); self.wfile.flush()
-        self.wfile.write(b"data: [DONE]\\n\\n")
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
+def _write_window_trace(path, num_steps):
+    """What the stand-in server writes on /start_profile (test_serving_bench.BREAKDOWN_STAND_IN's trace-writer=)."""
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": _window_events()}, f)
 
 
 def test_orchestrator_profiles_a_window_per_server_after_the_rounds(tmp_path, monkeypatch):
     """serving_run --interleave --window-profile end to end: stand-in servers (no SGLang server runs on a
-    CPU) that answer /generate and write a trace on /start_profile; window.json / .md per server."""
+    CPU) that stream /generate and write _window_events() on /start_profile; window.json / .md per server."""
     import serving_run as run
     import test_serving_bench as tsb
 
     monkeypatch.setattr(run, "gpu_memory_gib", lambda: None)
     monkeypatch.setattr(run, "WINDOW_TRACES", str(tmp_path / "traces"))
-    model_dir, _ = tsb._stand_in_servers(tmp_path, monkeypatch, WINDOW_STAND_IN,
-                                         extra_argv=[str(Path(__file__).parent)])
+    writer = "trace-writer=test_serving_window:_write_window_trace"
+    model_dir, _ = tsb._stand_in_servers(tmp_path, monkeypatch, tsb.BREAKDOWN_STAND_IN,
+                                         extra_argv=[str(Path(__file__).parent), writer])
     out = tmp_path / "out"
     rc = run.main(["--out", str(out), "--models", str(model_dir), "--interleave", "--configs", "da",
                    "--concurrency", "2", "--input-len", "8", "--output-len", "4", "--rounds", "1",
