@@ -29,7 +29,10 @@ span, ``draft`` / ``draft_extend``, wins over the step spans inside it; else
 the innermost step span). CUDA-graph replays launch their kernels from the
 replay call, inside the step's span. Where activities on several streams
 overlap, the overlap counts once, for the first stage of :data:`STAGES`
-among them, so the stages and ``idle`` add up to the window.
+among them, so the stages and ``idle`` add up to the window. SGLang stops
+the profiler when the host has run ``num_steps`` iterations; under its
+overlap scheduler the GPU work of the last one may fall outside the trace
+while its host span is counted (one iteration in ``steps``).
 
 :func:`capture` takes such a trace from a running server (``serving_run.py
 --window-profile``): ``c`` request slots, each sending its next request when
