@@ -189,6 +189,15 @@ def profile_request(trace_dir: str, profile_id: str, steps: int, activities: tup
             "record_shapes": False, "profile_by_stage": False, "profile_id": profile_id}
 
 
+def flush_profile(url: str) -> None:
+    """``/stop_profile`` where the profiled steps never came, so the next cell starts clean (errors ignored:
+    a server that cannot answer fails that cell anyway)."""
+    try:
+        post_json(url + "/stop_profile", None, timeout=30)
+    except (urllib.error.URLError, OSError):
+        pass
+
+
 # A trace file that keeps its size this long and still does not parse is whole and unreadable, not being written.
 UNREADABLE_AFTER_S = 5.0
 
@@ -261,10 +270,7 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, setting
     ended = wave.join(wave_deadline)
     trace, kernels = wait_trace(trace_dir, profile_id, min(deadline, time.monotonic() + settings.trace_timeout_s))
     if trace is None:
-        try:  # the steps never came: flush whatever was recorded so the next cell starts clean
-            post_json(url + "/stop_profile", None, timeout=30)
-        except (urllib.error.URLError, OSError):
-            pass
+        flush_profile(url)
         raise RuntimeError(f"no trace {profile_id} within the time limit (wave ended: {ended})")
     if not ended:
         raise RuntimeError(f"the measured wave of {concurrency} requests did not end in time")

@@ -55,10 +55,8 @@ import re
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
-from serving_breakdown import post_json, profile_request, wait_trace
+from serving_breakdown import flush_profile, post_json, profile_request, wait_trace
 from serving_trace import load_events
 
 # Stages in the order an overlap is credited to (the first one active wins), then idle.
@@ -361,10 +359,7 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, inpu
         post_json(url + "/start_profile", profile_request(trace_dir, profile_id, steps, ("CPU", "GPU")))
         path, events = wait_trace(trace_dir, profile_id, deadline, load=load_events)
         if path is None:
-            try:  # the steps never came: flush whatever was recorded so the next cell starts clean
-                post_json(url + "/stop_profile", None, timeout=30)
-            except (urllib.error.URLError, OSError):
-                pass
+            flush_profile(url)
             raise RuntimeError(f"no trace {profile_id} within the time limit: {load.errors[:2] or 'none written'}")
         summary = summarize(events)
         summary.update({"trace": path, "concurrency": concurrency, "iterations": steps,
