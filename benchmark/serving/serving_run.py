@@ -109,7 +109,7 @@ DEFAULT_PROFILE = "dc"  # profiled unless --profile says otherwise, where --conf
 DEFAULT_MODE_CONFIGS = {"breakdown": "adefg", "interleave": "abd", "combined": "ade"}
 BREAKDOWN_MIN_CELL_S = 30  # no breakdown cell starts with less left (warm-up, wave, profile export, parse)
 BREAKDOWN_TRACES = os.path.join("/tmp", "detspec-breakdown-traces")  # large traces stay out of the result folder
-WINDOW_TRACES = os.path.join("/tmp", "detspec-window-traces")
+WINDOW_TRACES = os.path.join("/tmp", "detspec-window-traces")  # as BREAKDOWN_TRACES: the traces stay on the machine
 WINDOW_CELL_S = 45  # kept per serving window: the load's first requests, the profiled steps, the trace's export
 # No server starts with less left: it needs 80-200 s to become healthy, so it would only delay the report.
 START_RESERVE_S = 150
