@@ -5,8 +5,9 @@ steps of one batch with no arrivals. Serving has arrivals: a request that
 ends makes room for one that needs its prefill, so prefill (extend) steps
 and the draft model's extend of the new prompts sit between decode steps.
 This module reads one torch.profiler Chrome trace of N consecutive scheduler
-iterations taken while ``bench_serving`` keeps ``c`` requests in flight
-(SGLang's ``/start_profile`` with ``num_steps`` and CPU + GPU activities) and
+iterations taken while ``c`` requests stay in flight (:class:`ClosedLoop`,
+the load of ``bench_serving --max-concurrency``; SGLang's ``/start_profile``
+with ``num_steps`` and CPU + GPU activities) and
 splits the window's wall time (first GPU activity to last) into stages:
 
 - ``prefill_extend``: target forwards of new prompts (SGLang's span
@@ -20,7 +21,12 @@ splits the window's wall time (first GPU activity to last) into stages:
 - ``other``: GPU work launched outside those spans: the target's
   sampling, the accept walk, the plugin's verify kernel, copies between
   steps (the draft's own draws, inside its spans, count as ``draft``);
-- ``idle``: no GPU activity (the GPU waiting for the host).
+- ``idle``: no GPU activity (the GPU waiting for the host);
+
+and, over the same wall window, the host thread that launches the forwards:
+its time inside each stage's spans and outside every span (SGLang's
+scheduler building batches, processing results, launching the sampling
+and the accept walk, or waiting).
 
 Method: each GPU activity (kernel, memcpy, memset) is joined to the host
 call that launched it through the profiler's ``correlation`` id, and takes
@@ -129,7 +135,12 @@ def summarize(events: list[dict]) -> dict:
         target's prefill / extend forwards; SGLang writes ``toks=`` on
         ``EXTEND`` spans only, so a ``MIXED`` forward adds no tokens), ``"target_forwards"``
         (prefill / extend, decode and verify forwards), ``"ms_per_target_forward"``,
-        ``"unattributed"`` (GPU activities whose launch the trace lacks: ``other``)}.
+        ``"unattributed"`` (GPU activities whose launch the trace lacks: ``other``),
+        ``"host": {"stages_ms", "outside_spans_ms", "outside_share"}`` (over the
+        same wall window, the thread holding the most spans: ms inside each
+        stage's spans, and outside every span, where SGLang's scheduler builds
+        batches, processes results and launches the sampling and the accept
+        walk, or waits)}.
 
     Raises:
         ValueError: the trace has no GPU activity, or no SGLang step span (the
@@ -168,6 +179,9 @@ def summarize(events: list[dict]) -> dict:
                 step_rows.append((start, end, SPEC_SPANS[name], 0, 0))
     if not step_rows:
         raise ValueError("the trace has no SGLang step span (record CPU activities: spans are host events)")
+    # The host side: the thread holding the most spans (the one that launches the forwards).
+    host_key = max(set(spans) | set(spec), key=lambda k: len(spans[k].items) + len(spec[k].items))
+    host_spans = spans[host_key].items + spec[host_key].items
     for table in (spans, spec):
         for s in table.values():
             s.seal()
@@ -199,6 +213,11 @@ def summarize(events: list[dict]) -> dict:
         activity[stage] += e - s
     window = hi - lo
     busy = sum(credited.values())
+    # The same wall window on the host thread: time inside each kind of span (the innermost kind by
+    # STAGES order, as for the GPU), and outside every span: scheduling, result processing, launches
+    # of sampling and the accept walk, and waits.
+    host = _credit([(max(s, lo), min(e, hi), stage) for s, e, stage in host_spans if e > lo and s < hi])
+    host_in = sum(host.values())
     # Host spans run ahead of the GPU: a span counts where it overlaps the window.
     in_window = [r for r in step_rows if r[0] <= hi and r[1] >= lo]
     steps = collections.Counter(r[2] for r in in_window)
@@ -218,6 +237,9 @@ def summarize(events: list[dict]) -> dict:
         "target_forwards": target,
         "ms_per_target_forward": window / 1e3 / target if target else None,
         "unattributed": unattributed,
+        "host": {"stages_ms": {stage: host.get(stage, 0.0) / 1e3 for stage in STAGES if stage != "other"},
+                 "outside_spans_ms": (window - host_in) / 1e3,
+                 "outside_share": (window - host_in) / window if window else 0.0},
     }
 
 
@@ -255,6 +277,11 @@ def render(summary: dict, title: str) -> str:
         lines.append(f"| {stage} | {row['ms']:.2f} | {100 * row['share']:.1f}% | {summary['steps'][stage]} | "
                      f"{row['activity_ms']:.2f} |")
     lines.append(f"| idle | {summary['idle_ms']:.2f} | {100 * summary['idle_share']:.1f}% | | |")
+    host = summary["host"]
+    inside = ", ".join(f"{stage} {ms:.2f}" for stage, ms in host["stages_ms"].items() if ms > 0)
+    lines += ["", f"Host thread over the same window: inside spans {inside or 'none'} ms; outside every span "
+                  f"{host['outside_spans_ms']:.2f} ms ({100 * host['outside_share']:.1f}%: scheduling, result "
+                  "processing, sampling and accept-walk launches, waits)."]
     if summary["unattributed"]:
         lines += ["", f"{summary['unattributed']} GPU activities had no launch in the trace (counted as other)."]
     lines += ["", "Profiled with host activities, which add host time to every launch: the idle share is above "

@@ -61,6 +61,10 @@ def test_stages_and_idle_add_up_to_the_window():
     assert s["extend"] == {"steps": 1, "requests": 2, "tokens": 256}
     assert s["target_forwards"] == 2 and s["ms_per_target_forward"] == pytest.approx(0.155)
     assert s["unattributed"] == 1
+    # Host thread over [20, 330]: EXTEND 20-100, draft extend 110-170, draft 180-220, VERIFY 230-280.
+    host = {k: round(v * 1e3, 6) for k, v in s["host"]["stages_ms"].items()}
+    assert host == {"verify": 50, "prefill_extend": 80, "decode": 0, "draft_extend": 60, "draft": 40}
+    assert s["host"]["outside_spans_ms"] * 1e3 == pytest.approx(310 - 230)
 
 
 def test_overlapping_streams_count_once_for_the_first_stage():
