@@ -189,11 +189,11 @@ def profile_request(trace_dir: str, profile_id: str, steps: int, activities: tup
             "record_shapes": False, "profile_by_stage": False, "profile_id": profile_id}
 
 
-def flush_profile(url: str) -> None:
+def flush_profile(url: str, timeout: float = 30.0) -> None:
     """``/stop_profile`` where the profiled steps never came, so the next cell starts clean (errors ignored:
-    a server that cannot answer fails that cell anyway)."""
+    a server that cannot answer fails that cell anyway); ``timeout`` in seconds."""
     try:
-        post_json(url + "/stop_profile", None, timeout=30)
+        post_json(url + "/stop_profile", None, timeout=timeout)
     except (urllib.error.URLError, OSError):
         pass
 

@@ -961,7 +961,7 @@ class Run:
                         f"http://127.0.0.1:{s.port}", os.path.join(WINDOW_TRACES, config.name), pid, conc,
                         input_len=self.args.input_len, output_len=self.args.output_len,
                         vocab=SHAPES[self.args.shape].vocab, steps=self.args.window_steps,
-                        time_left_s=min(left, 2 * WINDOW_CELL_S))
+                        time_left_s=min(left, WINDOW_CELL_S))
                 except Exception as exc:  # the other cells are still worth measuring
                     why = f"{type(exc).__name__}: {exc}"[:500]
                     missing.append({"config": s.key, "concurrency": conc, "why": why})
@@ -975,9 +975,9 @@ class Run:
                          f"{stages}")
         with open(os.path.join(self.out, "window.json"), "w") as f:
             json.dump({"date_utc": self.meta.get("date_utc"), "machine": self.meta.get("gpu") or "unknown",
-                       "steps": self.args.window_steps, "rows": rows, "missing": missing}, f, indent=1)
+                       "iterations": self.args.window_steps, "rows": rows, "missing": missing}, f, indent=1)
         with open(os.path.join(self.out, "window.md"), "w") as f:
-            f.write("# Serving windows: wall time by stage\n\n" + "\n".join(texts)
+            f.write("# Serving windows: wall time by stage\n\n" + serving_window.compare(rows) + "\n" + "\n".join(texts)
                     + "".join(f"\n- ({m['config']}) c = {m['concurrency']}: not measured, {m['why']}"
                               for m in missing) + "\n")
 

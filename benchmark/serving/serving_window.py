@@ -36,9 +36,10 @@ the innermost step span). CUDA-graph replays launch their kernels from the
 replay call, inside the step's span. Where activities on several streams
 overlap, the overlap counts once, for the first stage of :data:`STAGES`
 among them, so the stages and ``idle`` add up to the window. SGLang stops
-the profiler when the host has run ``num_steps`` iterations; under its
-overlap scheduler the GPU work of the last one may fall outside the trace
-while its host span is counted (one iteration in ``steps``).
+the profiler as the iteration after the last one starts, and the profiler
+synchronizes the device as it stops, so every recorded iteration's GPU
+work is in the trace. A trace merged over several GPUs is refused: its
+correlation ids repeat across processes.
 
 :func:`capture` takes such a trace from a running server (``serving_run.py
 --window-profile``): ``c`` request slots, each sending its next request when
@@ -143,12 +144,17 @@ def summarize(events: list[dict]) -> dict:
         walk, or waits)}.
 
     Raises:
-        ValueError: the trace has no GPU activity, or no SGLang step span (the
-            CPU activity was not recorded).
+        ValueError: the trace has no GPU activity, GPU activity of several
+            devices (a merged trace), or no SGLang step span (the CPU activity
+            was not recorded).
     """
     gpu = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() in GPU_CATS]
     if not gpu:
         raise ValueError("the trace has no GPU activity (record GPU activities)")
+    devices = {e.get("pid") for e in gpu}
+    if len(devices) > 1:
+        raise ValueError(f"the trace holds GPU activity of {len(devices)} devices ({sorted(map(str, devices))}): "
+                         "summarize one rank's trace (correlation ids repeat across processes)")
     launches = {}
     spans: dict[tuple, _Spans] = collections.defaultdict(_Spans)
     spec: dict[tuple, _Spans] = collections.defaultdict(_Spans)
@@ -237,7 +243,8 @@ def summarize(events: list[dict]) -> dict:
         "target_forwards": target,
         "ms_per_target_forward": window / 1e3 / target if target else None,
         "unattributed": unattributed,
-        "host": {"stages_ms": {stage: host.get(stage, 0.0) / 1e3 for stage in STAGES if stage != "other"},
+        # "other" on the host: SGLang's IDLE forwards (a data-parallel rank without requests).
+        "host": {"stages_ms": {stage: host.get(stage, 0.0) / 1e3 for stage in STAGES},
                  "outside_spans_ms": (window - host_in) / 1e3,
                  "outside_share": (window - host_in) / window if window else 0.0},
     }
@@ -294,8 +301,10 @@ class ClosedLoop:
 
     Requests: ``input_len`` random token ids (away from the vocabulary's ends,
     where special tokens sit), ``output_len`` new tokens, temperature 1, EOS
-    ignored. ``done`` counts finished requests, ``slots_done`` the slots that
-    finished at least one, ``errors`` holds failures (text; a slot stops at its first).
+    ignored; slot i's first request asks ``round(output_len * (i + 1) / concurrency)``
+    tokens, which staggers the arrivals that follow. ``done`` counts finished
+    requests, ``slots_done`` the slots that finished their first, ``errors``
+    holds failures (text; a slot stops at its first).
     """
 
     def __init__(self, url: str, concurrency: int, *, input_len: int, output_len: int, vocab: int, seed: int):
@@ -307,14 +316,18 @@ class ClosedLoop:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._slot, args=(random.Random(seed + i),), daemon=True)
+        # Slot i's first request asks (i + 1) / c of output_len new tokens, so the slots' later requests
+        # (all output_len) arrive spread over one request's length instead of as one wave.
+        first_lens = [max(1, round(output_len * (i + 1) / concurrency)) for i in range(concurrency)]
+        self._threads = [threading.Thread(target=self._slot, args=(random.Random(seed + i), first_lens[i]), daemon=True)
                          for i in range(concurrency)]
 
-    def _slot(self, rng: random.Random) -> None:
+    def _slot(self, rng: random.Random, first_len: int) -> None:
         first = True
         while not self._stop.is_set():
             body = {"input_ids": [rng.randrange(1000, self.vocab - 1000) for _ in range(self.input_len)],
-                    "sampling_params": {"max_new_tokens": self.output_len, "temperature": 1.0, "ignore_eos": True}}
+                    "sampling_params": {"max_new_tokens": first_len if first else self.output_len,
+                                        "temperature": 1.0, "ignore_eos": True}}
             try:
                 post_json(self.url + "/generate", body, timeout=300)
             except Exception as exc:  # any failure ends this slot and is reported: none may pass silently
@@ -354,18 +367,18 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, inpu
         concurrency: request slots of the :class:`ClosedLoop` load; input_len / output_len: tokens per
             request; vocab: the target's vocabulary size; seed: the prompts' random seed.
         steps: scheduler iterations profiled (SGLang's ``num_steps``), in [5, 400].
-        time_left_s: seconds for the load to reach every slot's first finish, the profile and the trace;
-            the requests in flight afterwards get up to :data:`DRAIN_S` more.
+        time_left_s: seconds for all of it: the load's first requests, the profile, the trace and the
+            drain of the requests in flight (up to :data:`DRAIN_S`, within the same time).
 
     Returns the summary plus ``trace`` (path), ``concurrency``, ``iterations`` (``steps``),
     ``requests_done`` (when the profile started), ``drained`` (whether the requests in flight
-    ended within :data:`DRAIN_S`) and ``wall_s``.
+    ended in time) and ``wall_s``.
 
     Raises:
         ValueError: ``steps`` outside [5, 400]; a whole trace without GPU activity or SGLang spans
             (:func:`summarize`).
-        RuntimeError: a request failed, some slot did not finish a request, or no readable trace came
-            back within ``time_left_s``; the message says which.
+        RuntimeError: a request failed (before or during the window), some slot did not finish its
+            first request, or no readable trace came back within ``time_left_s``; the message says which.
         urllib.error.URLError: ``/start_profile`` refused.
     """
     if not 5 <= steps <= 400:
@@ -386,15 +399,44 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, inpu
         post_json(url + "/start_profile", profile_request(trace_dir, profile_id, steps, ("CPU", "GPU")))
         path, events = wait_trace(trace_dir, profile_id, deadline, load=load_events)
         if path is None:
-            flush_profile(url)
+            flush_profile(url, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
             raise RuntimeError(f"no trace {profile_id} within the time limit: {load.errors[:2] or 'none written'}")
+        if load.errors:  # a slot that stopped during the window left fewer requests in flight than asked
+            raise RuntimeError(f"a request failed during the window: {load.errors[:2]}")
         summary = summarize(events)
         summary.update({"trace": path, "concurrency": concurrency, "iterations": steps,
                         "requests_done": done_at_start})
     finally:
-        drained = load.stop(DRAIN_S)
+        drained = load.stop(min(DRAIN_S, max(1.0, deadline - time.monotonic())))
     summary.update({"drained": drained, "wall_s": round(time.monotonic() - started, 2)})
     return summary
+
+
+def compare(rows: list[dict]) -> str:
+    """Markdown tables, one per concurrency, with one column per configuration: the windows side by side.
+
+    ``rows``: summaries of :func:`capture`, each with ``config`` (its key) and ``concurrency``. Per column:
+    the window, its target forwards, ms per target forward, prefill / extend forwards (requests), each
+    stage's share of the window, GPU idle, and the host thread's share outside every span.
+    """
+    out = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        cols = [r for r in rows if r["concurrency"] == conc]
+        per_forward = ["-" if r["ms_per_target_forward"] is None else f"{r['ms_per_target_forward']:.2f}"
+                       for r in cols]
+        table = [("window ms", [f"{r['window_ms']:.1f}" for r in cols]),
+                 ("target forwards", [str(r["target_forwards"]) for r in cols]),
+                 ("ms per target forward", per_forward),
+                 ("prefill / extend forwards (requests)",
+                  [f"{r['extend']['steps']} ({r['extend']['requests']})" for r in cols])]
+        table += [(f"{stage} share", [f"{100 * r['stages'][stage]['share']:.1f}%" for r in cols]) for stage in STAGES]
+        table += [("GPU idle", [f"{100 * r['idle_share']:.1f}%" for r in cols]),
+                  ("host outside every span", [f"{100 * r['host']['outside_share']:.1f}%" for r in cols])]
+        out += [f"### c = {conc}", "", "| | " + " | ".join(f"({r['config']})" for r in cols) + " |",
+                "|---|" + "---|" * len(cols)]
+        out += [f"| {name} | " + " | ".join(values) + " |" for name, values in table]
+        out.append("")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,7 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write the Markdown table here (default: stdout)")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")
     args = p.parse_args(argv)
-    summary = summarize(load_events(args.trace))
+    try:
+        summary = summarize(load_events(args.trace))
+    except (OSError, EOFError, ValueError) as exc:
+        p.error(f"{args.trace}: {exc}")
     text = render(summary, args.trace)
     if args.out:
         with open(args.out, "w") as f:

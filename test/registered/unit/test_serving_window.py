@@ -63,8 +63,33 @@ def test_stages_and_idle_add_up_to_the_window():
     assert s["unattributed"] == 1
     # Host thread over [20, 330]: EXTEND 20-100, draft extend 110-170, draft 180-220, VERIFY 230-280.
     host = {k: round(v * 1e3, 6) for k, v in s["host"]["stages_ms"].items()}
-    assert host == {"verify": 50, "prefill_extend": 80, "decode": 0, "draft_extend": 60, "draft": 40}
+    assert host == {"verify": 50, "prefill_extend": 80, "decode": 0, "draft_extend": 60, "draft": 40, "other": 0}
     assert s["host"]["outside_spans_ms"] * 1e3 == pytest.approx(310 - 230)
+
+
+def test_graph_replays_copies_driver_launches_and_a_second_thread():
+    """Kernels of one graph replay share its launch's correlation id; a memcpy launched through the driver
+    API counts as GPU activity; the host split follows the thread that holds the most spans."""
+    graph = [_span("step[VERIFY bs=8]", 0, 50), _launch(1, 5)] + [_kernel(1, 10 + 10 * i, 10) for i in range(3)]
+    copy = [{"ph": "X", "cat": "cuda_driver", "name": "cuMemcpyAsync", "ts": 60, "dur": 1, "pid": 7, "tid": 1,
+             "args": {"correlation": 2}},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 70, "dur": 10, "pid": 0, "tid": 7,
+             "args": {"correlation": 2}}]
+    # Another thread with one short span of its own (a tokenizer-side annotation, say).
+    other = [_span("step[DECODE bs=1]", 0, 5, tid=2)]
+    s = window.summarize(graph + copy + other)
+    assert s["stages"]["verify"]["activity_ms"] * 1e3 == pytest.approx(30)
+    assert s["stages"]["other"]["activity_ms"] * 1e3 == pytest.approx(10)
+    assert s["window_ms"] * 1e3 == pytest.approx(70)
+    assert s["host"]["stages_ms"]["verify"] * 1e3 == pytest.approx(40)  # thread 1's span over [10, 80]
+    assert s["host"]["stages_ms"]["decode"] == 0.0  # thread 2's span is not the host split's
+
+
+def test_a_trace_merged_over_devices_is_refused():
+    events = [_span("step[VERIFY bs=8]", 0, 50), _launch(1, 5), _kernel(1, 10, 10),
+              {**_kernel(1, 30, 10), "pid": 1}]
+    with pytest.raises(ValueError, match="GPU activity of 2 devices"):
+        window.summarize(events)
 
 
 def test_overlapping_streams_count_once_for_the_first_stage():
@@ -175,6 +200,9 @@ class _StandIn(http.server.BaseHTTPRequestHandler):
     /start_profile writes a trace of _window_events() where SGLang would."""
 
     generated = 0
+    lengths: list = []
+    profiling = False
+    fail_while_profiling = False
 
     def log_message(self, *args):
         pass
@@ -182,10 +210,16 @@ class _StandIn(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         if self.path == "/generate":
-            assert len(body["input_ids"]) == 16 and body["sampling_params"]["max_new_tokens"] == 4
-            time.sleep(0.005)
+            assert len(body["input_ids"]) == 16
+            type(self).lengths.append(body["sampling_params"]["max_new_tokens"])
+            if type(self).profiling and type(self).fail_while_profiling:
+                self.send_error(500)
+                return
+            time.sleep(0.005 * body["sampling_params"]["max_new_tokens"])
             type(self).generated += 1
         elif self.path == "/start_profile":
+            type(self).profiling = True
+            time.sleep(0.1)  # the window's iterations run while requests keep arriving
             assert body["activities"] == ["CPU", "GPU"] and body["num_steps"] == 40
             path = Path(body["output_dir"]) / f"{body['profile_id']}-TP-0.trace.json.gz"
             path.write_bytes(gzip.compress(json.dumps({"traceEvents": _window_events()}).encode()))
@@ -197,6 +231,7 @@ class _StandIn(http.server.BaseHTTPRequestHandler):
 
 
 def test_capture_loads_the_server_then_profiles_a_window(tmp_path):
+    _StandIn.lengths, _StandIn.profiling, _StandIn.fail_while_profiling = [], False, False
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -208,6 +243,28 @@ def test_capture_loads_the_server_then_profiles_a_window(tmp_path):
     assert got["requests_done"] >= 4 and got["concurrency"] == 4 and got["target_forwards"] == 2
     assert got["trace"].endswith("pid1-TP-0.trace.json.gz") and _StandIn.generated >= got["requests_done"]
     assert got["drained"] is True and got["iterations"] == 40 and got["steps"]["verify"] == 1
+    # The slots' first requests ask 1..4 of the 4 new tokens (staggered arrivals), every later one all 4.
+    assert sorted(_StandIn.lengths[:4]) == [1, 2, 3, 4] and set(_StandIn.lengths[4:]) == {4}
+
+
+def test_a_request_failing_during_the_window_fails_the_window(tmp_path):
+    _StandIn.lengths, _StandIn.profiling, _StandIn.fail_while_profiling = [], False, True
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(RuntimeError, match="a request failed during the window"):
+            window.capture(url, str(tmp_path), "pid2", 2, input_len=16, output_len=4, vocab=5000, steps=40,
+                           time_left_s=30)
+    finally:
+        server.shutdown()
+        _StandIn.fail_while_profiling = False
+
+
+def test_cli_names_the_file_it_cannot_read(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        window.main([str(tmp_path / "absent.json.gz")])
+    assert "absent.json.gz" in capsys.readouterr().err
 
 
 def test_a_whole_file_that_is_not_a_trace_fails_at_once(tmp_path, monkeypatch):
@@ -275,6 +332,10 @@ def test_orchestrator_profiles_a_window_per_server_after_the_rounds(tmp_path, mo
     assert all(r["trace"].endswith("-TP-0.trace.json.gz") and "/" not in r["trace"] for r in js["rows"])
     md = (out / "window.md").read_text()
     assert "(d) EAGLE chain, plugin coupled, c = 2" in md and "| verify | 0.06 |" in md
+    # The side-by-side table first: one column per server, the same trace so the same figures.
+    per_forward = f"{0.310 / 2:.2f}"  # _window_events(): a 310 us window, 2 target forwards
+    assert "### c = 2\n\n| | (d) | (a) |" in md and f"| ms per target forward | {per_forward} | {per_forward} |" in md
+    assert "| GPU idle | 25.8% | 25.8% |" in md
     assert json.loads((out / "meta.json").read_text())["every_server_args"] == ["--sleep-on-idle"]
 
 
