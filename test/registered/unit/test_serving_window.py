@@ -1,5 +1,6 @@
 """benchmark/serving/serving_window.py: a serving window's wall time by SGLang step stage, and GPU idle."""
 
+import contextlib
 import gzip
 import http.server
 import json
@@ -230,35 +231,40 @@ class _StandIn(http.server.BaseHTTPRequestHandler):
         self.wfile.write(out)
 
 
-def test_capture_loads_the_server_then_profiles_a_window(tmp_path):
-    _StandIn.lengths, _StandIn.profiling, _StandIn.fail_while_profiling = [], False, False
+@contextlib.contextmanager
+def _stand_in(fail_while_profiling=False):
+    """_StandIn served on a free port for the block; yields its URL."""
+    _StandIn.lengths, _StandIn.profiling, _StandIn.fail_while_profiling = [], False, fail_while_profiling
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        got = window.capture(url, str(tmp_path), "pid1", 4, input_len=16, output_len=4, vocab=5000, steps=40,
-                             time_left_s=30)
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+        _StandIn.fail_while_profiling = False
+
+
+def test_capture_loads_the_server_then_profiles_a_window(tmp_path):
+    with _stand_in() as url:
+        got = window.capture(url, str(tmp_path), "pid1", 4, input_len=16, output_len=4, vocab=5000, steps=40,
+                             time_left_s=30)
     assert got["requests_done"] >= 4 and got["concurrency"] == 4 and got["target_forwards"] == 2
     assert got["trace"].endswith("pid1-TP-0.trace.json.gz") and _StandIn.generated >= got["requests_done"]
     assert got["drained"] is True and got["iterations"] == 40 and got["steps"]["verify"] == 1
     # The slots' first requests ask 1..4 of the 4 new tokens (staggered arrivals), every later one all 4.
     assert sorted(_StandIn.lengths[:4]) == [1, 2, 3, 4] and set(_StandIn.lengths[4:]) == {4}
+    with pytest.raises(ValueError, match="steps must lie in"):
+        window.capture("http://127.0.0.1:1", str(tmp_path), "p", 1, input_len=1, output_len=1, vocab=5000, steps=4)
+    with pytest.raises(RuntimeError, match="not every one of the 2 slots finished a request"):
+        window.capture("http://127.0.0.1:9", str(tmp_path), "p", 2, input_len=4, output_len=1, vocab=5000,
+                       steps=40, time_left_s=5)
 
 
 def test_a_request_failing_during_the_window_fails_the_window(tmp_path):
-    _StandIn.lengths, _StandIn.profiling, _StandIn.fail_while_profiling = [], False, True
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with _stand_in(fail_while_profiling=True) as url:
         with pytest.raises(RuntimeError, match="a request failed during the window"):
             window.capture(url, str(tmp_path), "pid2", 2, input_len=16, output_len=4, vocab=5000, steps=40,
                            time_left_s=30)
-    finally:
-        server.shutdown()
-        _StandIn.fail_while_profiling = False
 
 
 def test_cli_names_the_file_it_cannot_read(tmp_path, capsys):
@@ -278,11 +284,6 @@ def test_a_whole_file_that_is_not_a_trace_fails_at_once(tmp_path, monkeypatch):
         serving_breakdown.wait_trace(str(tmp_path), "p", started + 30, load=serving_trace.load_events)
     assert time.monotonic() - started < 10
     assert serving_breakdown.wait_trace(str(tmp_path), "absent", time.monotonic() + 0.6) == (None, None)
-    with pytest.raises(ValueError, match="steps must lie in"):
-        window.capture("http://127.0.0.1:1", str(tmp_path), "p", 1, input_len=1, output_len=1, vocab=5000, steps=4)
-    with pytest.raises(RuntimeError, match="not every one of the 2 slots finished a request"):
-        window.capture("http://127.0.0.1:9", str(tmp_path), "p", 2, input_len=4, output_len=1, vocab=5000,
-                       steps=40, time_left_s=5)
 
 
 def test_window_profile_flags_are_checked_where_serving_run_reads_them(monkeypatch):
