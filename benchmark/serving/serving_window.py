@@ -71,15 +71,15 @@ STAGES = ("verify", "prefill_extend", "decode", "draft_extend", "draft", "other"
 # SGLang's step span names (sglang.srt.utils.profile_utils.build_step_span_name): ``step[<STAGE> bs=<n>
 # [toks=<n>] ...]`` where STAGE is VERIFY, DRAFT (any draft-model forward) or a ForwardMode name.
 STEP_SPAN = re.compile(r"^step\[(\w+) bs=(\d+)(?: toks=(\d+))?")
-# SGLang's coarse speculative stage spans (sglang.srt.speculative.spec_utils.spec_stage_span).
-SPEC_SPANS = {"draft": "draft", "draft_extend": "draft_extend"}
+# SGLang's coarse speculative stage spans (sglang.srt.speculative.spec_utils.spec_stage_span), named as the stages.
+SPEC_SPANS = ("draft", "draft_extend")
 STEP_STAGES = {"VERIFY": "verify", "DECODE": "decode", "IDLE": "other", "DRAFT": "draft"}
-# Everything else a target forward can be (EXTEND, MIXED, SPLIT_PREFILL, DRAFT_EXTEND run by the target): prefill.
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATS = ("cuda_runtime", "cuda_driver")
 
 
 def _span_stage(mode: str) -> str:
+    # Everything else a target forward can be (EXTEND, MIXED, SPLIT_PREFILL, ...) takes new tokens: prefill.
     return STEP_STAGES.get(mode, "prefill_extend")
 
 
@@ -181,8 +181,8 @@ def summarize(events: list[dict]) -> dict:
                 row_stage = "draft_forward" if m.group(1) == "DRAFT" else stage
                 step_rows.append((start, end, row_stage, int(m.group(2)), int(m.group(3) or 0)))
             elif name in SPEC_SPANS:
-                spec[key].add(start, end, SPEC_SPANS[name])
-                step_rows.append((start, end, SPEC_SPANS[name], 0, 0))
+                spec[key].add(start, end, name)
+                step_rows.append((start, end, name, 0, 0))
     if not step_rows:
         raise ValueError("the trace has no SGLang step span (record CPU activities: spans are host events)")
     # The host side: the thread holding the most spans (the one that launches the forwards).
@@ -203,12 +203,9 @@ def summarize(events: list[dict]) -> dict:
             unattributed += 1
         else:
             key, ts = launch
-            outer = spec[key].innermost(ts) if key in spec else None
-            inner = spans[key].innermost(ts) if key in spans else None
-            if outer is not None:
-                stage = outer
-            elif inner is not None:
-                stage = inner
+            # A spec span (draft, draft extend) wins over the draft forwards' step spans inside it.
+            stage = ((spec[key].innermost(ts) if key in spec else None)
+                     or (spans[key].innermost(ts) if key in spans else None) or "other")
         intervals.append((start, end, stage))
 
     lo = min(s for s, _, _ in intervals)
