@@ -180,8 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-profile", default="",
                    help="with --interleave, after the rounds: at these concurrencies (comma list, each in "
                         "--concurrency) one profiled serving window per server, requests arriving as others end "
-                        "(serving_window.py: wall time by prefill / extend, draft, verify, draft extend, "
-                        f"the rest and GPU idle; window.json / window.md). Each window keeps {WINDOW_CELL_S} s "
+                        "(their first requests staggered; serving_window.py: wall time by prefill / extend, "
+                        "decode, verify, draft, draft extend, the rest and GPU idle, and the scheduler thread's "
+                        "time inside and outside SGLang's spans; window.json / window.md). Each window keeps "
+                        f"{WINDOW_CELL_S} s "
                         "of --budget-s back from the rounds. The profiler records host activities, which adds "
                         "host time to every launch: compare windows with each other, not with the rounds")
     p.add_argument("--window-steps", type=int, default=40,
