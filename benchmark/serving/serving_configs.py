@@ -53,6 +53,9 @@ DETERMINISTIC = ("--enable-deterministic-inference",)
 # SGLang's scheduler polls its sockets in a loop while no request is running unless told to sleep; in the
 # interleaved modes two or three servers wait while one is measured (serving_run.py --sleep-on-idle).
 SLEEP_ON_IDLE = ("--sleep-on-idle",)
+# SGLang's prefill CUDA graphs are on by default; the harness turns them off unless asked for them
+# (serving_run.py --prefill-graphs).
+PREFILL_GRAPHS_OFF = ("--cuda-graph-backend-prefill", "disabled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +228,7 @@ class ServerSettings:
     mem_fraction_static: float = 0.88
     attention_backend: str = "fa3"
     extra: tuple[str, ...] = ()
+    prefill_graphs: bool = False
 
     def __post_init__(self):
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -247,8 +251,11 @@ def server_command(config: BenchConfig, settings: ServerSettings, *, port: int, 
     which deterministic mode would pick on Hopper anyway, so (a) and (g)
     run the same attention kernels as the deterministic configurations;
     ``triton`` where SGLang's FA3 library is missing);
-    ``--cuda-graph-backend-prefill disabled`` (prefill graphs cost minutes of
-    Triton compilation at start); a fixed KV pool (``--max-total-tokens``)
+    ``--cuda-graph-backend-prefill disabled`` unless ``settings.prefill_graphs``
+    (SGLang 0.5.23 captures prefill CUDA graphs by default, about 58 token
+    counts up to the prefill chunk, which lengthens every start; with them a
+    prefill that fits a captured count replays it, otherwise it runs eagerly,
+    launch by launch); a fixed KV pool (``--max-total-tokens``)
     so several servers share one GPU whatever order they profile memory in;
     ``--max-running-requests`` and ``--cuda-graph-max-bs-decode`` at the
     largest concurrency, so every measured batch runs in a captured graph
@@ -263,7 +270,8 @@ def server_command(config: BenchConfig, settings: ServerSettings, *, port: int, 
         raise ValueError(f"tp_size and dp_size must be >= 1, got {tp_size}, {dp_size}")
     cmd = [python, "-m", "sglang.launch_server", "--model-path", settings.target,
            "--host", "127.0.0.1", "--port", str(port),
-           "--attention-backend", settings.attention_backend, "--cuda-graph-backend-prefill", "disabled",
+           "--attention-backend", settings.attention_backend,
+           *(() if settings.prefill_graphs else PREFILL_GRAPHS_OFF),
            "--mem-fraction-static", f"{settings.mem_fraction_static:g}",
            "--max-total-tokens", str(settings.max_total_tokens),
            "--max-running-requests", str(settings.max_running_requests),

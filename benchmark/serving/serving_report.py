@@ -33,7 +33,8 @@ and (g) where a command ran them, ``"rounds": {"<config>":
 and ``serving.md`` their tables.
 
 Writes ``serving.md``, ``serving.json`` and one PNG per metric (medians, bars
-from min to max).
+from min to max); for one folder with a ``window.json`` (``--window-profile``)
+also its ``window.md``, re-rendered (``serving_window.report``).
 
     python serving_report.py RESULT_DIR [--out DOCS_DIR]
     python serving_report.py DIR1 DIR2 ... --out MERGED_DIR
@@ -308,7 +309,8 @@ def _meta_lines(meta: dict, indent: str = "") -> list[str]:
                          ("Triton", "triton_version"), ("SGLang", "sglang_version"),
                          ("sglang-detspec", "sglang_detspec_version"), ("attention backend", "attention_backend"),
                          ("models", "models"), ("load", "load"), ("repetitions", "repeat"),
-                         ("shared server flags", "server_flags"), ("wall time (s)", "wall_s")):
+                         ("shared server flags", "server_flags"), ("every server's added flags", "every_server_args"),
+                         ("prefill CUDA graphs", "prefill_cuda_graphs"), ("wall time (s)", "wall_s")):
         if meta.get(field) is not None:
             value = meta[field]
             lines.append(f"{indent}- {label}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
@@ -522,6 +524,22 @@ def write_report(rows: list[dict], meta: dict, out_dir: str, *, with_plots: bool
     return write_commands([Command(meta.get("label") or "run", rows, meta)], out_dir, with_plots=with_plots)
 
 
+def write_window(folder: str, meta: dict, out_dir: str) -> str | None:
+    """``window.md`` re-rendered from ``folder``'s ``window.json`` into ``out_dir``; its path, None without one."""
+    path = os.path.join(folder, "window.json")
+    if not os.path.exists(path):
+        return None
+    import serving_window
+
+    with open(path) as f:
+        windows = json.load(f)
+    titles = {key: cfg.get("title") or key for key, cfg in (meta.get("configs") or {}).items()}
+    out = os.path.join(out_dir, "window.md")
+    with open(out, "w") as f:
+        f.write(serving_window.report(windows["rows"], titles, windows.get("missing", [])))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("result_dir", nargs="+", help="result folders (results.jsonl, meta.json), one per command")
@@ -538,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
         written = write_commands(commands, args.out or args.result_dir[0], with_plots=not args.no_plots)
     except ValueError as exc:
         parser.error(str(exc))
+    if len(commands) == 1:
+        window = write_window(args.result_dir[0], commands[0].meta, args.out or args.result_dir[0])
+        if window:
+            written["window"] = window
     print(json.dumps(written))
     return 0
 

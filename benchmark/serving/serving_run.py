@@ -71,6 +71,8 @@ every configuration that runs the plugin, never (a), (b) or (g), so one
 harness measures a plugin setting on and off. ``--sleep-on-idle`` reaches
 every server: SGLang's flag that lets a scheduler without requests sleep
 instead of polling on a CPU core, for the servers that wait their turn.
+``--prefill-graphs`` keeps SGLang's prefill CUDA graphs (its default) on
+every server; without it every server runs its prefills eagerly.
 """
 
 from __future__ import annotations
@@ -241,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every server, (a) included, gets SGLang's --sleep-on-idle: a server waiting for its turn "
                         "sleeps instead of polling its sockets on a CPU core (several servers share one machine "
                         "in the interleaved modes; a user's single server has none beside it)")
+    p.add_argument("--prefill-graphs", action="store_true",
+                   help="every server keeps SGLang's prefill CUDA graphs (its default, breakable graphs over about "
+                        "58 token counts up to the prefill chunk; longer starts). Default: off on every server, so "
+                        "each prefill, and the arrivals' extends while serving, runs eagerly")
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands) and exit")
     return p
 
@@ -336,7 +342,8 @@ def validate(args) -> dict:
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
                               max_total_tokens=args.max_total_tokens, max_running_requests=max(concs),
                               mem_fraction_static=args.mem_fraction_static, attention_backend=args.attention_backend,
-                              extra=SLEEP_ON_IDLE if args.sleep_on_idle else ())
+                              extra=SLEEP_ON_IDLE if args.sleep_on_idle else (),
+                              prefill_graphs=args.prefill_graphs)
     needed = max(capture.kv_tokens(max(concs)) if capture else 0,
                  kv_tokens(max(host_concs, default=0), args.input_len, args.host_output_len),
                  0 if mode == "breakdown" else kv_tokens(max(il_concs + window_concs), args.input_len, args.output_len))
@@ -728,6 +735,7 @@ class Run:
             "gpu": gpu_text, "gpus_used": gpus, **versions(),
             "label": p["label"], "attention_backend": p["settings"].attention_backend,
             "every_server_args": list(p["settings"].extra),
+            "prefill_cuda_graphs": p["settings"].prefill_graphs,
             "load": dataclasses.asdict(p["load"]), "repeat": dataclasses.asdict(p["repeat"]),
             "repeats": p["repeat"].repeats, "min_seconds": p["repeat"].min_seconds, "concurrencies": p["concs"],
             "configs": {k: CONFIGS[k].to_json() for k in p["keys"]},
@@ -948,7 +956,7 @@ class Run:
 
         if not self.plan["window_concs"]:
             return
-        rows, missing, texts = [], [], []
+        rows, missing = [], []
         for s in ready:
             config = CONFIGS[s.key]
             for conc in self.plan["window_concs"]:
@@ -971,7 +979,6 @@ class Run:
                     continue
                 # The trace stays on the machine (large); its name is enough to find it there.
                 rows.append({"config": s.key, **result, "trace": os.path.basename(result["trace"])})
-                texts.append(serving_window.render(result, f"{config.title}, c = {conc}"))
                 stages = ", ".join(f"{k} {v['share']:.0%}" for k, v in result["stages"].items() if v["share"] > 0)
                 self.log(f"({s.key}) window c={conc}: {result['window_ms']:.0f} ms, idle {result['idle_share']:.0%}, "
                          f"{stages}")
@@ -979,9 +986,7 @@ class Run:
             json.dump({"date_utc": self.meta.get("date_utc"), "machine": self.meta.get("gpu") or "unknown",
                        "iterations": self.args.window_steps, "rows": rows, "missing": missing}, f, indent=1)
         with open(os.path.join(self.out, "window.md"), "w") as f:
-            f.write("# Serving windows: wall time by stage\n\n" + serving_window.compare(rows) + "\n" + "\n".join(texts)
-                    + "".join(f"\n- ({m['config']}) c = {m['concurrency']}: not measured, {m['why']}"
-                              for m in missing) + "\n")
+            f.write(serving_window.report(rows, {k: CONFIGS[k].title for k in CONFIGS}, missing))
 
     def note_cells(self, servers: list[Server], concs: list[int], why: str) -> None:
         """One ``note`` row per (server, concurrency) in ``results.jsonl``: the report lists it as missing."""

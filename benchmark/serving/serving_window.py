@@ -275,13 +275,14 @@ def render(summary: dict, title: str) -> str:
              f"window {summary['window_ms']:.1f} ms, {summary['target_forwards']} target forwards "
              f"({summary['extend']['steps']} prefill / extend of {summary['extend']['requests']} requests, "
              f"{summary['extend']['tokens']} tokens); GPU idle {100 * summary['idle_share']:.1f}%", "",
-             "| stage | ms | share | spans | GPU activity ms |", "|---|---|---|---|---|"]
+             "| stage | ms | share | spans | GPU activity ms | host thread ms in its spans |",
+             "|---|---|---|---|---|---|"]
+    host = summary["host"]
     for stage in STAGES:
         row = summary["stages"][stage]
         lines.append(f"| {stage} | {row['ms']:.2f} | {100 * row['share']:.1f}% | {summary['steps'][stage]} | "
-                     f"{row['activity_ms']:.2f} |")
-    lines.append(f"| idle | {summary['idle_ms']:.2f} | {100 * summary['idle_share']:.1f}% | | |")
-    host = summary["host"]
+                     f"{row['activity_ms']:.2f} | {host['stages_ms'][stage]:.2f} |")
+    lines.append(f"| idle | {summary['idle_ms']:.2f} | {100 * summary['idle_share']:.1f}% | | | |")
     inside = ", ".join(f"{stage} {ms:.2f}" for stage, ms in host["stages_ms"].items() if ms > 0)
     lines += ["", f"Host thread over the same window: inside spans {inside or 'none'} ms; outside every span "
                   f"{host['outside_spans_ms']:.2f} ms ({100 * host['outside_share']:.1f}%: scheduling, result "
@@ -409,12 +410,23 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, inpu
     return summary
 
 
+def _per_extend(summary: dict) -> str:
+    # Host time inside the prefill / extend spans against their GPU work: an eager forward's launches
+    # can take longer than the kernels they launch.
+    n = summary["steps"]["prefill_extend"]
+    if not n:
+        return "-"
+    return (f"{summary['stages']['prefill_extend']['activity_ms'] / n:.2f} / "
+            f"{summary['host']['stages_ms']['prefill_extend'] / n:.2f}")
+
+
 def compare(rows: list[dict]) -> str:
     """Markdown tables, one per concurrency, with one column per configuration: the windows side by side.
 
     ``rows``: summaries of :func:`capture`, each with ``config`` (its key) and ``concurrency``. Per column:
     the window, its target forwards, ms per target forward, prefill / extend forwards (requests), each
-    stage's share of the window, GPU idle, and the host thread's share outside every span.
+    stage's share of the window, per prefill / extend forward its GPU activity and the host thread's time
+    inside its spans, GPU idle, and the host thread's share outside every span.
     """
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
@@ -427,6 +439,7 @@ def compare(rows: list[dict]) -> str:
                  ("prefill / extend forwards (requests)",
                   [f"{r['extend']['steps']} ({r['extend']['requests']})" for r in cols])]
         table += [(f"{stage} share", [f"{100 * r['stages'][stage]['share']:.1f}%" for r in cols]) for stage in STAGES]
+        table += [("prefill / extend ms per forward, GPU / host thread", [_per_extend(r) for r in cols])]
         table += [("GPU idle", [f"{100 * r['idle_share']:.1f}%" for r in cols]),
                   ("host outside every span", [f"{100 * r['host']['outside_share']:.1f}%" for r in cols])]
         out += [f"### c = {conc}", "", "| | " + " | ".join(f"({r['config']})" for r in cols) + " |",
@@ -434,6 +447,19 @@ def compare(rows: list[dict]) -> str:
         out += [f"| {name} | " + " | ".join(values) + " |" for name, values in table]
         out.append("")
     return "\n".join(out)
+
+
+def report(rows: list[dict], titles: dict[str, str], missing: list[dict]) -> str:
+    """``window.md`` of one command: :func:`compare`, then :func:`render` per window, then the windows not measured.
+
+    ``rows`` as in ``window.json`` (summaries with ``config`` and
+    ``concurrency``), ``titles`` each configuration key's title, ``missing``
+    ``{"config", "concurrency", "why"}`` entries.
+    """
+    texts = [render(r, f"{titles.get(r['config'], r['config'])}, c = {r['concurrency']}") for r in rows]
+    return ("# Serving windows: wall time by stage\n\n" + compare(rows) + "\n" + "\n".join(texts)
+            + "".join(f"\n- ({m['config']}) c = {m['concurrency']}: not measured, {m['why']}" for m in missing)
+            + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

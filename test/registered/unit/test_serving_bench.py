@@ -356,6 +356,21 @@ def test_sleep_on_idle_reaches_every_server_and_sglang_parses_it(capsys):
     assert "--sleep-on-idle" not in cfg.server_command(cfg.CONFIGS["a"], run.validate(_args())["settings"], port=31000)
 
 
+def test_prefill_graphs_keep_sglangs_default_on_every_server():
+    """Without --prefill-graphs every server, (a) included, runs prefills eagerly; with it SGLang's default stands."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    default = parser.parse_args(["--model-path", "m"]).cuda_graph_backend_prefill
+    for key in "ad":
+        off = cfg.server_command(cfg.CONFIGS[key], run.validate(_args())["settings"], port=31000)
+        on = cfg.server_command(cfg.CONFIGS[key], run.validate(_args("--prefill-graphs"))["settings"], port=31000)
+        assert parser.parse_args(off[3:]).cuda_graph_backend_prefill == "disabled"
+        assert parser.parse_args(on[3:]).cuda_graph_backend_prefill == default != "disabled"
+        assert [a for a in off if a not in cfg.PREFILL_GRAPHS_OFF] == on
+
+
 def test_dry_run_prints_every_server_of_the_default_order(capsys):
     assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out

@@ -18,6 +18,7 @@ register_cpu_ci(est_time=45, suite="detspec-unit-cpu")
 BENCH = Path(__file__).resolve().parents[3] / "benchmark" / "serving"
 sys.path.insert(0, str(BENCH))
 
+import serving_report  # noqa: E402
 import serving_trace  # noqa: E402
 import serving_window as window  # noqa: E402
 
@@ -182,6 +183,8 @@ def test_cli_writes_table_and_json(tmp_path):
     assert window.main([str(path), "--out", str(out), "--json", str(js)]) == 0
     text = out.read_text()
     assert "| prefill_extend | 0.10 |" in text and "| idle |" in text and "no launch in the trace" in text
+    # The host thread's time inside the stage's spans beside its GPU work (EXTEND 20-100 us on the host).
+    assert "| prefill_extend | 0.10 | 32.3% | 1 | 0.10 | 0.08 |" in text
     assert json.loads(js.read_text())["target_forwards"] == 2
 
 
@@ -337,7 +340,13 @@ def test_orchestrator_profiles_a_window_per_server_after_the_rounds(tmp_path, mo
     per_forward = f"{0.310 / 2:.2f}"  # _window_events(): a 310 us window, 2 target forwards
     assert "### c = 2\n\n| | (d) | (a) |" in md and f"| ms per target forward | {per_forward} | {per_forward} |" in md
     assert "| GPU idle | 25.8% | 25.8% |" in md
-    assert json.loads((out / "meta.json").read_text())["every_server_args"] == ["--sleep-on-idle"]
+    assert "| prefill / extend ms per forward, GPU / host thread | 0.10 / 0.08 | 0.10 / 0.08 |" in md
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["every_server_args"] == ["--sleep-on-idle"] and meta["prefill_cuda_graphs"] is False
+    # The report regenerated from the folder renders the same window.md from window.json.
+    (out / "window.md").unlink()
+    assert serving_report.main([str(out), "--no-plots"]) == 0
+    assert (out / "window.md").read_text() == md
 
 
 if __name__ == "__main__":
