@@ -245,8 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "in the interleaved modes; a user's single server has none beside it)")
     p.add_argument("--prefill-graphs", action="store_true",
                    help="every server keeps SGLang's prefill CUDA graphs (its default, breakable graphs over about "
-                        "58 token counts up to the prefill chunk; longer starts). Default: off on every server, so "
-                        "each prefill, and the arrivals' extends while serving, runs eagerly")
+                        "58 token counts up to the prefill chunk): every start takes longer, so give "
+                        "--server-timeout-s room. Default: off on every server, so each prefill, and the "
+                        "arrivals' extends while serving, runs eagerly")
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands) and exit")
     return p
 

@@ -59,6 +59,7 @@ import json
 import os
 import random
 import re
+import statistics
 import sys
 import threading
 import time
@@ -134,7 +135,10 @@ def summarize(events: list[dict]) -> dict:
         (its ``step[DRAFT ...]`` spans: eager draft forwards; a CUDA-graph
         replay has none), ``"extend": {"steps", "requests", "tokens"}`` (the
         target's prefill / extend forwards; SGLang writes ``toks=`` on
-        ``EXTEND`` spans only, so a ``MIXED`` forward adds no tokens), ``"target_forwards"``
+        ``EXTEND`` spans only, so a ``MIXED`` forward adds no tokens), ``"extend_spans"``
+        (per prefill / extend span of the host thread: ``requests``, ``tokens``,
+        ``host_ms``, and the CUDA runtime / driver ``calls`` inside it with
+        their ``calls_ms`` and the ``longest_call_ms`` / ``longest_call``), ``"target_forwards"``
         (prefill / extend, decode and verify forwards), ``"ms_per_target_forward"``,
         ``"unattributed"`` (GPU activities whose launch the trace lacks: ``other``),
         ``"host": {"stages_ms", "outside_spans_ms", "outside_share"}`` (over the
@@ -156,6 +160,7 @@ def summarize(events: list[dict]) -> dict:
         raise ValueError(f"the trace holds GPU activity of {len(devices)} devices ({sorted(map(str, devices))}): "
                          "summarize one rank's trace (correlation ids repeat across processes)")
     launches = {}
+    runtime: dict[tuple, list] = collections.defaultdict(list)  # host thread -> CUDA runtime / driver calls
     spans: dict[tuple, _Spans] = collections.defaultdict(_Spans)
     spec: dict[tuple, _Spans] = collections.defaultdict(_Spans)
     step_rows = []
@@ -164,9 +169,11 @@ def summarize(events: list[dict]) -> dict:
             continue
         cat = str(e.get("cat", "")).lower()
         if cat in HOST_CATS:
+            key = (e.get("pid"), e.get("tid"))
+            runtime[key].append((float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name", ""))))
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
-                launches[corr] = ((e.get("pid"), e.get("tid")), float(e["ts"]))
+                launches[corr] = (key, float(e["ts"]))
         elif cat == "user_annotation":
             name = str(e.get("name", ""))
             start = float(e["ts"])
@@ -179,10 +186,10 @@ def summarize(events: list[dict]) -> dict:
                 # Draft forwards are counted apart: how many sit inside one draft or draft-extend span
                 # depends on CUDA graphs (a graph replay has none), so the spec spans count those stages.
                 row_stage = "draft_forward" if m.group(1) == "DRAFT" else stage
-                step_rows.append((start, end, row_stage, int(m.group(2)), int(m.group(3) or 0)))
+                step_rows.append((start, end, row_stage, int(m.group(2)), int(m.group(3) or 0), key))
             elif name in SPEC_SPANS:
                 spec[key].add(start, end, name)
-                step_rows.append((start, end, name, 0, 0))
+                step_rows.append((start, end, name, 0, 0, key))
     if not step_rows:
         raise ValueError("the trace has no SGLang step span (record CPU activities: spans are host events)")
     # The host side: the thread holding the most spans (the one that launches the forwards).
@@ -225,6 +232,7 @@ def summarize(events: list[dict]) -> dict:
     in_window = [r for r in step_rows if r[0] <= hi and r[1] >= lo]
     steps = collections.Counter(r[2] for r in in_window)
     extend = [r for r in in_window if r[2] == "prefill_extend"]
+    calls = sorted(runtime.get(host_key, []))
     target = sum(steps[s] for s in ("prefill_extend", "decode", "verify"))
     return {
         "window_ms": window / 1e3,
@@ -237,6 +245,7 @@ def summarize(events: list[dict]) -> dict:
         "steps": {stage: steps.get(stage, 0) for stage in STAGES},
         "draft_forwards": steps.get("draft_forward", 0),
         "extend": {"steps": len(extend), "requests": sum(r[3] for r in extend), "tokens": sum(r[4] for r in extend)},
+        "extend_spans": [_span_calls(r, calls) for r in extend if r[5] == host_key],
         "target_forwards": target,
         "ms_per_target_forward": window / 1e3 / target if target else None,
         "unattributed": unattributed,
@@ -245,6 +254,21 @@ def summarize(events: list[dict]) -> dict:
                  "outside_spans_ms": (window - host_in) / 1e3,
                  "outside_share": (window - host_in) / window if window else 0.0},
     }
+
+
+def _span_calls(row: tuple, calls: list[tuple[float, float, str]]) -> dict:
+    """One host span's CUDA runtime / driver calls: how much of its host time is launching, and its longest call.
+
+    ``calls``: the host thread's ``(ts, dur, name)`` sorted by start. Host time
+    outside these calls is Python and C++ between launches; a long call is a
+    launch that blocked or a synchronising copy (its name says which).
+    """
+    start, end, _, bs, toks, _ = row
+    inside = calls[bisect.bisect_left(calls, (start,)):bisect.bisect_right(calls, (end, float("inf")))]
+    longest = max(inside, key=lambda c: c[1], default=(0.0, 0.0, ""))
+    return {"requests": bs, "tokens": toks, "host_ms": (end - start) / 1e3, "calls": len(inside),
+            "calls_ms": sum(c[1] for c in inside) / 1e3, "longest_call_ms": longest[1] / 1e3,
+            "longest_call": longest[2]}
 
 
 def _credit(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
@@ -270,7 +294,13 @@ def _credit(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
 
 
 def render(summary: dict, title: str) -> str:
-    """A Markdown table of one summary: ms and share of the window per stage, with step counts."""
+    """Markdown of one summary: a table by stage, then the host thread's lines.
+
+    Per stage: ms and share of the window, span count, GPU activity and the
+    host thread's time in its spans; then the host thread outside every span
+    and, where the summary has them, the prefill / extend spans' CUDA runtime
+    calls (:func:`summarize`'s ``extend_spans``).
+    """
     lines = [f"### {title}", "",
              f"window {summary['window_ms']:.1f} ms, {summary['target_forwards']} target forwards "
              f"({summary['extend']['steps']} prefill / extend of {summary['extend']['requests']} requests, "
@@ -287,6 +317,14 @@ def render(summary: dict, title: str) -> str:
     lines += ["", f"Host thread over the same window: inside spans {inside or 'none'} ms; outside every span "
                   f"{host['outside_spans_ms']:.2f} ms ({100 * host['outside_share']:.1f}%: scheduling, result "
                   "processing, sampling and accept-walk launches, waits)."]
+    spans = summary.get("extend_spans") or []
+    if spans:
+        longest = max(spans, key=lambda r: r["longest_call_ms"])
+        lines += ["", f"Prefill / extend spans of the host thread: {len(spans)}; per span, median: "
+                      f"{_median(spans, 'requests'):g} requests, {_median(spans, 'tokens'):g} tokens, "
+                      f"{_median(spans, 'host_ms'):.2f} ms of host time, {_median(spans, 'calls'):g} CUDA runtime / "
+                      f"driver calls taking {_median(spans, 'calls_ms'):.2f} ms of it; the longest call "
+                      f"{longest['longest_call_ms']:.2f} ms ({longest['longest_call'] or 'none'})."]
     if summary["unattributed"]:
         lines += ["", f"{summary['unattributed']} GPU activities had no launch in the trace (counted as other)."]
     lines += ["", "Profiled with host activities, which add host time to every launch: the idle share is above "
@@ -410,6 +448,17 @@ def capture(url: str, trace_dir: str, profile_id: str, concurrency: int, *, inpu
     return summary
 
 
+def _median(rows: list[dict], field: str) -> float:
+    return statistics.median(r[field] for r in rows)
+
+
+def _extend_calls(summary: dict) -> str:
+    spans = summary.get("extend_spans") or []
+    if not spans:
+        return "-"
+    return f"{_median(spans, 'calls'):g} / {_median(spans, 'calls_ms'):.2f} / {_median(spans, 'longest_call_ms'):.2f}"
+
+
 def _per_extend(summary: dict) -> str:
     # Host time inside the prefill / extend spans against their GPU work: an eager forward's launches
     # can take longer than the kernels they launch.
@@ -439,7 +488,9 @@ def compare(rows: list[dict]) -> str:
                  ("prefill / extend forwards (requests)",
                   [f"{r['extend']['steps']} ({r['extend']['requests']})" for r in cols])]
         table += [(f"{stage} share", [f"{100 * r['stages'][stage]['share']:.1f}%" for r in cols]) for stage in STAGES]
-        table += [("prefill / extend ms per forward, GPU / host thread", [_per_extend(r) for r in cols])]
+        table += [("prefill / extend ms per forward, GPU / host thread", [_per_extend(r) for r in cols]),
+                  ("prefill / extend span, median: runtime calls / their ms / longest call ms",
+                   [_extend_calls(r) for r in cols])]
         table += [("GPU idle", [f"{100 * r['idle_share']:.1f}%" for r in cols]),
                   ("host outside every span", [f"{100 * r['host']['outside_share']:.1f}%" for r in cols])]
         out += [f"### c = {conc}", "", "| | " + " | ".join(f"({r['config']})" for r in cols) + " |",

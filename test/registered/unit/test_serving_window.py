@@ -67,6 +67,25 @@ def test_stages_and_idle_add_up_to_the_window():
     host = {k: round(v * 1e3, 6) for k, v in s["host"]["stages_ms"].items()}
     assert host == {"verify": 50, "prefill_extend": 80, "decode": 0, "draft_extend": 60, "draft": 40, "other": 0}
     assert s["host"]["outside_spans_ms"] * 1e3 == pytest.approx(310 - 230)
+    # The prefill span's CUDA runtime calls: one launch of 1 us in its 100 us of host time.
+    assert s["extend_spans"] == [{"requests": 2, "tokens": 256, "host_ms": pytest.approx(0.1), "calls": 1,
+                                  "calls_ms": pytest.approx(0.001), "longest_call_ms": pytest.approx(0.001),
+                                  "longest_call": "cudaLaunchKernel"}]
+
+
+def test_a_prefill_span_that_waits_names_its_longest_call():
+    """A synchronising call inside a prefill span (no correlation, no GPU activity of its own) is its longest call."""
+    sync = {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 40, "dur": 45, "pid": 7,
+            "tid": 1}
+    other_thread = _launch(99, 50, tid=2)  # another thread's call inside the span's time: not the span's
+    s = window.summarize(_window_events() + [sync, other_thread, _kernel(99, 60, 1)])
+    (span,) = s["extend_spans"]
+    assert span["calls"] == 2 and span["calls_ms"] == pytest.approx(0.046)
+    assert span["longest_call"] == "cudaStreamSynchronize" and span["longest_call_ms"] == pytest.approx(0.045)
+    text = window.render(s, "t")
+    assert ("Prefill / extend spans of the host thread: 1; per span, median: 2 requests, 256 tokens, 0.10 ms of host "
+            "time, 2 CUDA runtime / driver calls taking 0.05 ms of it; the longest call 0.04 ms "
+            "(cudaStreamSynchronize).") in text
 
 
 def test_graph_replays_copies_driver_launches_and_a_second_thread():
@@ -186,6 +205,27 @@ def test_cli_writes_table_and_json(tmp_path):
     # The host thread's time inside the stage's spans beside its GPU work (EXTEND 20-100 us on the host).
     assert "| prefill_extend | 0.10 | 32.3% | 1 | 0.10 | 0.08 |" in text
     assert json.loads(js.read_text())["target_forwards"] == 2
+
+
+def test_report_of_windows_without_prefills_calls_or_titles():
+    """report(): a window without prefill spans or runtime calls shows "-", a key without a title names itself."""
+    s = window.summarize([_span("step[VERIFY bs=2]", 0, 50), _launch(1, 5), _kernel(1, 10, 30)])
+    assert s["extend"]["steps"] == 0 and s["extend_spans"] == []
+    md = window.report([{"config": "z", "concurrency": 4, **s}], {}, [{"config": "y", "concurrency": 4, "why": "w"}])
+    assert "| prefill / extend ms per forward, GPU / host thread | - |" in md
+    assert "| prefill / extend span, median: runtime calls / their ms / longest call ms | - |" in md
+    assert "### z, c = 4" in md and "Prefill / extend spans" not in md and md.endswith("- (y) c = 4: not measured, w\n")
+
+
+def test_report_regenerates_only_where_a_window_json_is(tmp_path):
+    """serving_report.write_window: no window.json, nothing written; one without "missing" or titles renders."""
+    assert serving_report.write_window(str(tmp_path), {}, str(tmp_path)) is None
+    assert not (tmp_path / "window.md").exists()
+    s = window.summarize(_window_events())
+    (tmp_path / "window.json").write_text(json.dumps({"rows": [{"config": "d", "concurrency": 2, **s}]}))
+    out = serving_report.write_window(str(tmp_path), {"configs": {"d": {"title": "(d) chain"}}}, str(tmp_path))
+    assert out == str(tmp_path / "window.md")
+    assert "### (d) chain, c = 2" in (tmp_path / "window.md").read_text()
 
 
 def test_profile_body_asks_sglang_for_host_and_gpu_activities():
