@@ -138,7 +138,8 @@ def summarize(events: list[dict]) -> dict:
         ``EXTEND`` spans only, so a ``MIXED`` forward adds no tokens), ``"extend_spans"``
         (per prefill / extend span of the host thread: ``requests``, ``tokens``,
         ``host_ms``, and the CUDA runtime / driver ``calls`` inside it with
-        their ``calls_ms`` and the ``longest_call_ms`` / ``longest_call``), ``"target_forwards"``
+        their ``calls_ms`` and the ``longest_call_ms`` / ``longest_call``, the
+        call fields None where the thread has no such call in the trace), ``"target_forwards"``
         (prefill / extend, decode and verify forwards), ``"ms_per_target_forward"``,
         ``"unattributed"`` (GPU activities whose launch the trace lacks: ``other``),
         ``"host": {"stages_ms", "outside_spans_ms", "outside_share"}`` (over the
@@ -232,7 +233,7 @@ def summarize(events: list[dict]) -> dict:
     in_window = [r for r in step_rows if r[0] <= hi and r[1] >= lo]
     steps = collections.Counter(r[2] for r in in_window)
     extend = [r for r in in_window if r[2] == "prefill_extend"]
-    calls = sorted(runtime.get(host_key, []))
+    calls = sorted(runtime[host_key]) if runtime.get(host_key) else None
     target = sum(steps[s] for s in ("prefill_extend", "decode", "verify"))
     return {
         "window_ms": window / 1e3,
@@ -256,19 +257,27 @@ def summarize(events: list[dict]) -> dict:
     }
 
 
-def _span_calls(row: tuple, calls: list[tuple[float, float, str]]) -> dict:
+def _span_calls(row: tuple, calls: list[tuple[float, float, str]] | None) -> dict:
     """One host span's CUDA runtime / driver calls: how much of its host time is launching, and its longest call.
 
-    ``calls``: the host thread's ``(ts, dur, name)`` sorted by start. Host time
-    outside these calls is Python and C++ between launches; a long call is a
-    launch that blocked or a synchronising copy (its name says which).
+    ``calls``: the host thread's ``(ts, dur, name)`` sorted by start, or None
+    where the trace recorded none on that thread (the call fields are then
+    None). A call counts for the part of it inside the span. Host time outside
+    these calls is Python and C++ between launches; a long call is a launch
+    that blocked or a synchronising copy (its name says which). A driver call
+    the trace records inside a runtime call counts twice.
     """
     start, end, _, bs, toks, _ = row
-    inside = calls[bisect.bisect_left(calls, (start,)):bisect.bisect_right(calls, (end, float("inf")))]
-    longest = max(inside, key=lambda c: c[1], default=(0.0, 0.0, ""))
-    return {"requests": bs, "tokens": toks, "host_ms": (end - start) / 1e3, "calls": len(inside),
-            "calls_ms": sum(c[1] for c in inside) / 1e3, "longest_call_ms": longest[1] / 1e3,
-            "longest_call": longest[2]}
+    out = {"requests": bs, "tokens": toks, "host_ms": (end - start) / 1e3}
+    if calls is None:
+        return {**out, "calls": None, "calls_ms": None, "longest_call_ms": None, "longest_call": None}
+    first = bisect.bisect_left(calls, (start,))
+    # The two calls before the first start inside may reach into the span (a runtime call and a driver call in it).
+    inside = [(min(ts + dur, end) - max(ts, start), name)
+              for ts, dur, name in calls[max(0, first - 2):bisect.bisect_left(calls, (end,))] if ts + dur > start]
+    longest = max(inside, default=(0.0, ""))
+    return {**out, "calls": len(inside), "calls_ms": sum(d for d, _ in inside) / 1e3,
+            "longest_call_ms": longest[0] / 1e3, "longest_call": longest[1]}
 
 
 def _credit(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
@@ -319,12 +328,17 @@ def render(summary: dict, title: str) -> str:
                   "processing, sampling and accept-walk launches, waits)."]
     spans = summary.get("extend_spans") or []
     if spans:
-        longest = max(spans, key=lambda r: r["longest_call_ms"])
-        lines += ["", f"Prefill / extend spans of the host thread: {len(spans)}; per span, median: "
-                      f"{_median(spans, 'requests'):g} requests, {_median(spans, 'tokens'):g} tokens, "
-                      f"{_median(spans, 'host_ms'):.2f} ms of host time, {_median(spans, 'calls'):g} CUDA runtime / "
-                      f"driver calls taking {_median(spans, 'calls_ms'):.2f} ms of it; the longest call "
-                      f"{longest['longest_call_ms']:.2f} ms ({longest['longest_call'] or 'none'})."]
+        text = (f"Prefill / extend spans of the host thread: {len(spans)}; per span, median: "
+                f"{_median(spans, 'requests'):g} requests, {_median(spans, 'tokens'):g} tokens, "
+                f"{_median(spans, 'host_ms'):.2f} ms of host time")
+        if spans[0]["calls"] is None:
+            text += "; the trace recorded no CUDA runtime / driver call on that thread."
+        else:
+            longest = max(spans, key=lambda r: r["longest_call_ms"])
+            text += (f", {_median(spans, 'calls'):g} CUDA runtime / driver calls taking "
+                     f"{_median(spans, 'calls_ms'):.2f} ms of it; the longest call of any span "
+                     f"{longest['longest_call_ms']:.2f} ms ({longest['longest_call'] or 'none'}).")
+        lines += ["", text]
     if summary["unattributed"]:
         lines += ["", f"{summary['unattributed']} GPU activities had no launch in the trace (counted as other)."]
     lines += ["", "Profiled with host activities, which add host time to every launch: the idle share is above "
@@ -454,7 +468,7 @@ def _median(rows: list[dict], field: str) -> float:
 
 def _extend_calls(summary: dict) -> str:
     spans = summary.get("extend_spans") or []
-    if not spans:
+    if not spans or spans[0]["calls"] is None:
         return "-"
     return f"{_median(spans, 'calls'):g} / {_median(spans, 'calls_ms'):.2f} / {_median(spans, 'longest_call_ms'):.2f}"
 
@@ -489,7 +503,7 @@ def compare(rows: list[dict]) -> str:
                   [f"{r['extend']['steps']} ({r['extend']['requests']})" for r in cols])]
         table += [(f"{stage} share", [f"{100 * r['stages'][stage]['share']:.1f}%" for r in cols]) for stage in STAGES]
         table += [("prefill / extend ms per forward, GPU / host thread", [_per_extend(r) for r in cols]),
-                  ("prefill / extend span, median: runtime calls / their ms / longest call ms",
+                  ("prefill / extend span, medians over spans: runtime calls / their ms / longest call ms",
                    [_extend_calls(r) for r in cols])]
         table += [("GPU idle", [f"{100 * r['idle_share']:.1f}%" for r in cols]),
                   ("host outside every span", [f"{100 * r['host']['outside_share']:.1f}%" for r in cols])]

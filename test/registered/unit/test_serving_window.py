@@ -84,8 +84,49 @@ def test_a_prefill_span_that_waits_names_its_longest_call():
     assert span["longest_call"] == "cudaStreamSynchronize" and span["longest_call_ms"] == pytest.approx(0.045)
     text = window.render(s, "t")
     assert ("Prefill / extend spans of the host thread: 1; per span, median: 2 requests, 256 tokens, 0.10 ms of host "
-            "time, 2 CUDA runtime / driver calls taking 0.05 ms of it; the longest call 0.04 ms "
+            "time, 2 CUDA runtime / driver calls taking 0.05 ms of it; the longest call of any span 0.04 ms "
             "(cudaStreamSynchronize).") in text
+    md = window.compare([{"config": "d", "concurrency": 2, **s}])
+    row = "| prefill / extend span, medians over spans: runtime calls / their ms / longest call ms |"
+    assert f"{row} 2 / 0.05 / 0.04 |" in md
+
+
+def _runtime(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def test_prefill_span_calls_count_their_part_inside_the_span():
+    """Calls at the span's edges count for the part inside it; a later, shorter call is not the longest."""
+    events = [
+        _span("step[EXTEND bs=1 toks=128]", 100, 100), _span("step[VERIFY bs=1]", 300, 50),
+        _launch(1, 305), _kernel(1, 310, 20),
+        _runtime("cudaMalloc", 90, 20),  # 100-110 inside: 10 us
+        {**_runtime("cudaLaunchKernel", 100, 2), "args": {"correlation": 9}}, _kernel(9, 105, 50),  # at the start
+        _runtime("cudaMemcpyAsync", 120, 30),  # the longest
+        _runtime("cudaEventRecord", 160, 5),
+        _runtime("cudaStreamSynchronize", 195, 40),  # 195-200 inside: 5 us
+        _runtime("cudaLaunchKernel", 200, 1),  # at the end: outside
+        _span("step[EXTEND bs=3 toks=384]", 100, 100, tid=2), _runtime("cudaFree", 150, 49, tid=2),  # another thread
+    ]
+    s = window.summarize(events)
+    assert s["extend"]["steps"] == 2  # both threads' prefill spans count as forwards
+    (span,) = s["extend_spans"]  # only the host thread's (the one holding the most spans) is timed
+    assert span["requests"] == 1 and span["calls"] == 5
+    assert span["calls_ms"] == pytest.approx((10 + 2 + 30 + 5 + 5) / 1e3)
+    assert span["longest_call"] == "cudaMemcpyAsync" and span["longest_call_ms"] == pytest.approx(0.030)
+
+
+def test_a_trace_without_runtime_calls_says_so():
+    """GPU activity joined by correlation but no runtime call on the host thread: the call fields are None."""
+    gpu = {"ph": "X", "cat": "kernel", "name": "k", "ts": 20, "dur": 10, "pid": 0, "tid": 7, "args": {}}
+    s = window.summarize([_span("step[EXTEND bs=2 toks=256]", 0, 100), gpu])
+    assert s["extend_spans"] == [{"requests": 2, "tokens": 256, "host_ms": pytest.approx(0.1), "calls": None,
+                                  "calls_ms": None, "longest_call_ms": None, "longest_call": None}]
+    assert "recorded no CUDA runtime / driver call on that thread" in window.render(s, "t")
+    old_row = {k: v for k, v in s.items() if k != "extend_spans"}  # window.json written before the field
+    md = window.compare([{"config": "a", "concurrency": 2, **s}, {"config": "b", "concurrency": 2, **old_row}])
+    assert "| prefill / extend span, medians over spans: runtime calls / their ms / longest call ms | - | - |" in md
+    assert "### b, c = 2" in window.report([{"config": "b", "concurrency": 2, **old_row}], {}, [])
 
 
 def test_graph_replays_copies_driver_launches_and_a_second_thread():
@@ -213,7 +254,7 @@ def test_report_of_windows_without_prefills_calls_or_titles():
     assert s["extend"]["steps"] == 0 and s["extend_spans"] == []
     md = window.report([{"config": "z", "concurrency": 4, **s}], {}, [{"config": "y", "concurrency": 4, "why": "w"}])
     assert "| prefill / extend ms per forward, GPU / host thread | - |" in md
-    assert "| prefill / extend span, median: runtime calls / their ms / longest call ms | - |" in md
+    assert "| prefill / extend span, medians over spans: runtime calls / their ms / longest call ms | - |" in md
     assert "### z, c = 4" in md and "Prefill / extend spans" not in md and md.endswith("- (y) c = 4: not measured, w\n")
 
 
