@@ -467,8 +467,10 @@ def _median(rows: list[dict], field: str) -> float:
 
 
 def _extend_calls(summary: dict) -> str:
-    spans = summary.get("extend_spans") or []
-    if not spans or spans[0]["calls"] is None:
+    spans = summary.get("extend_spans")
+    if spans is None or (spans and spans[0]["calls"] is None):
+        return "not recorded"  # a window.json from before the field, or a trace without runtime calls
+    if not spans:
         return "-"
     return f"{_median(spans, 'calls'):g} / {_median(spans, 'calls_ms'):.2f} / {_median(spans, 'longest_call_ms'):.2f}"
 

@@ -125,7 +125,8 @@ def test_a_trace_without_runtime_calls_says_so():
     assert "recorded no CUDA runtime / driver call on that thread" in window.render(s, "t")
     old_row = {k: v for k, v in s.items() if k != "extend_spans"}  # window.json written before the field
     md = window.compare([{"config": "a", "concurrency": 2, **s}, {"config": "b", "concurrency": 2, **old_row}])
-    assert "| prefill / extend span, medians over spans: runtime calls / their ms / longest call ms | - | - |" in md
+    row = "| prefill / extend span, medians over spans: runtime calls / their ms / longest call ms |"
+    assert f"{row} not recorded | not recorded |" in md
     assert "### b, c = 2" in window.report([{"config": "b", "concurrency": 2, **old_row}], {}, [])
 
 
