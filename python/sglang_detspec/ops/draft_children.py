@@ -13,11 +13,30 @@ winners are mapped back to draft columns.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .kernel_choice import use_triton
 from .tree_children import children_and_keys, relative_scores
 from .weights import id_ordered_filtered_probs, target_weights
+
+
+class DraftChildren(NamedTuple):
+    """The children of every row, as the dense tensor SGLang ranks and as that ranking itself.
+
+    Attributes:
+        dense: float32 [R, V_draft]: sampled rows' children at their scores, 0
+            elsewhere; greedy rows' q.
+        values: float32 [R, k]: per row, descending: a sampled row's children's
+            scores (the first 1), a greedy row's k largest q.
+        indices: int64 [R, k]: their draft columns (ties to the smaller id);
+            over a reduced draft vocabulary a child off it is column ``V_draft``.
+    """
+
+    dense: torch.Tensor
+    values: torch.Tensor
+    indices: torch.Tensor
 
 
 def draft_children(
@@ -44,30 +63,59 @@ def draft_children(
     Gumbel-top-k on the TARGET stream, keyed by target id), each at its score
     (the race winner at 1), back in draft columns. Greedy rows
     (``top_ks <= 1``) return q itself, so a top-k of q drafts them. No host
-    sync: safe inside CUDA-graph capture (so greedy rows are raced too and
-    their children thrown away: picking rows out would need one). On the
-    Triton path the scores, the dense tensor and the greedy rows' q come
-    from one kernel after the race (``draft_children_triton``), bit for bit
-    the torch path's. Unchecked (called inside capture); ValueError for an
-    unknown ``kernel``.
+    sync: safe inside CUDA-graph capture. On the Triton path the scores, the
+    dense tensor and the greedy rows' q come from one kernel after the race
+    (``draft_children_triton``), bit for bit the torch path's. Unchecked
+    (called inside capture); ValueError for an unknown ``kernel``.
+    """
+    return draft_children_topk(logits, temperatures, top_ks, seeds, positions, k, cut=cut, kernel=kernel,
+                               hot_token_id=hot_token_id, target_vocab=target_vocab).dense
+
+
+def draft_children_topk(
+    logits: torch.Tensor,  # [R, V_draft] float: draft logits
+    temperatures: torch.Tensor,  # [R, 1] float
+    top_ks: torch.Tensor,  # [R] int: top_k <= 1 marks a greedy row
+    seeds: torch.Tensor,  # [R] int64 request seeds (uint64 bits)
+    positions: torch.Tensor,  # [R] int: absolute position of the token each row drafts
+    k: int,
+    *,
+    cut: tuple = (None, None, None),
+    kernel: str = "auto",
+    hot_token_id: torch.Tensor | None = None,
+    target_vocab: int | None = None,
+) -> DraftChildren:
+    """:func:`draft_children` with the top-k SGLang takes of it: :class:`DraftChildren`.
+
+    The race that picks a sampled row's children also ranks a greedy row's q
+    (``exponential_race``'s ``unit_rows``: its exponentials at 1, q uncut),
+    so ``values`` / ``indices`` are, row by row, the top-k of ``dense`` that
+    SGLang's ``fast_topk`` computes (a sampled row's k children in race order,
+    a greedy row's k largest q; ties to the smaller id, and a row with fewer
+    than k positive weights fills with zero-score children), without a second
+    pass over ``[R, V]``. Same arguments and errors as :func:`draft_children`.
     """
     rows, v = logits.shape
     q = target_weights(logits.float(), temperatures)
+    greedy = (top_ks <= 1).view(-1)
     weights = id_ordered_filtered_probs(q, *cut) if any(c is not None for c in cut) else q
+    if weights is not q:
+        weights = torch.where(greedy.view(-1, 1), q, weights)  # a greedy row ranks q itself, uncut
     if hot_token_id is not None:
         spread = torch.zeros(rows, target_vocab, dtype=weights.dtype, device=weights.device)
         weights = spread.index_copy_(1, hot_token_id, weights)
-    children, keys = children_and_keys(weights, seeds, positions, min(k, v), kernel=kernel)
+    children, keys = children_and_keys(weights, seeds, positions, min(k, v), kernel=kernel, unit_rows=greedy)
     if hot_token_id is not None:
         # Target ids back to draft columns; a zero-weight child off the draft vocabulary lands in
         # a spare last column and drops out.
         column = torch.full((target_vocab,), v, dtype=torch.int64, device=logits.device)
         column[hot_token_id] = torch.arange(v, device=logits.device)
         children = column[children]
+    values = torch.where(greedy.view(-1, 1), keys, relative_scores(keys)).float()
     if use_triton(kernel, logits.device):
         from .draft_children_triton import dense_children_triton
 
-        return dense_children_triton(q, children, keys, top_ks)
+        return DraftChildren(dense_children_triton(q, children, keys, top_ks), values, children)
     sparse = torch.zeros(rows, v + 1, dtype=torch.float32, device=logits.device)
     sparse.scatter_(1, children, relative_scores(keys).float())
-    return torch.where((top_ks <= 1).view(-1, 1), q, sparse[:, :v])
+    return DraftChildren(torch.where(greedy.view(-1, 1), q, sparse[:, :v]), values, children)

@@ -27,6 +27,7 @@ def exponential_race(
     check: bool = True,
     kernel: str = "auto",
     return_scores: bool = False,
+    unit_rows: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Seeded categorical draw by exponential race (Gumbel-max), docs/design.md §3.
 
@@ -58,6 +59,11 @@ def exponential_race(
             (float64, the value the race compared; ``keys.race_keys`` of the
             winners), so a caller that weighs the winners against each other
             needs no second pass over their uniforms.
+        unit_rows: bool [B] on the weights' device, or None: rows that race
+            with every exponential at 1, i.e. draw nothing: their winners are
+            the weights' own top-k (ties to the smaller index) and their scores
+            the weights in float64. For callers that mix rows which sample with
+            rows that take the most likely tokens (greedy drafts) in one launch.
 
     Returns:
         int64 [B, num_samples] token ids, on the weights' device; with
@@ -69,7 +75,7 @@ def exponential_race(
     The Triton kernel keeps everything in registers plus a [B, splits, k] partial.
 
     Raises:
-        ValueError: bad shapes, dtypes or devices; NaN, inf or negative weights;
+        ValueError: bad shapes, dtypes or devices (``unit_rows`` included); NaN, inf or negative weights;
             float64 weights that are subnormal or above 1e290; an all-zero row; fewer than k positive weights in a row; a seed
             outside uint64; a position outside [0, 2**32); draft_step * V + V
             above 2**32; draft_step given for a stream other than DRAFT; an
@@ -87,6 +93,10 @@ def exponential_race(
         raise ValueError(f"draft_step applies to the DRAFT stream only, got draft_step={draft_step} for {stream.name}")
     column_offset = draft_step * v
     check_columns_fit(f"draft_step * V (draft_step={draft_step}, V={v})", column_offset, v)
+    if unit_rows is not None and (unit_rows.dtype != torch.bool or tuple(unit_rows.shape) != (b,)
+                                  or unit_rows.device != dev):
+        raise ValueError(f"unit_rows must be a bool tensor of shape ({b},) on {dev}, got {unit_rows.dtype} "
+                         f"{tuple(unit_rows.shape)} on {unit_rows.device}")
     seeds_t = as_seed_tensor(seeds, b, dev)
     pos_t = as_position_tensor(positions, b, dev, check)
     if check and num_samples > 1 and b:
@@ -104,7 +114,7 @@ def exponential_race(
         from .race_triton import race_triton
 
         return race_triton(weights, seeds_t, pos_t, stream.salt, column_offset, num_samples,
-                           return_scores=return_scores)
+                           return_scores=return_scores, unit_rows=unit_rows)
     lo, hi = key_words(seeds_t, stream.salt)
     return race_reference(weights, row_prefix(lo, hi, pos_t), column_offset, num_samples,
-                          return_scores=return_scores)
+                          return_scores=return_scores, unit_rows=unit_rows)

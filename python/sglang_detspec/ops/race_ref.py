@@ -66,11 +66,14 @@ def race_reference(
     num_samples: int,
     *,
     return_scores: bool = False,
+    unit_rows: torch.Tensor | None = None,  # [B] bool: rows ranked by their weights alone
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Top-``num_samples`` race winners per row: int64 [B, num_samples].
 
     With ``return_scores`` also their race scores (:func:`race_score`),
-    float64 [B, num_samples]. Ties go to the smaller token index.
+    float64 [B, num_samples]. Ties go to the smaller token index. A row of
+    ``unit_rows`` races with every exponential at 1: its score is the weight
+    itself in float64, so its winners are the weights' own top-k.
     Unchecked: callers validate.
     """
     b, v = weights.shape
@@ -84,6 +87,8 @@ def race_reference(
         w = weights[:, start : start + step]
         first = column_offset + start
         scores = race_scores(w, prefix, first)
+        if unit_rows is not None:
+            scores = torch.where(unit_rows.view(-1, 1), w.to(torch.float64), scores)
         if k == 1:
             # argmax returns the first maximum; strict '>' keeps the earlier chunk on ties.
             val, idx = scores.max(dim=1, keepdim=True)

@@ -61,6 +61,7 @@ def _race_topk_kernel(
     w_ptr,  # [B, V] float, row stride w_stride
     seed_ptr,  # [B] int64
     pos_ptr,  # [B] int64
+    unit_ptr,  # [B] bool: rows scored by their weights alone (read with HAS_UNIT only)
     part_v_ptr,  # [B, S, KP] float64 out: per-split top-k scores, descending
     part_i_ptr,  # [B, S, KP] int32 out: their token ids
     V,
@@ -74,10 +75,14 @@ def _race_topk_kernel(
     KP: tl.constexpr,  # next power of two >= K
     BLOCK: tl.constexpr,
     BIG: tl.constexpr,
+    HAS_UNIT: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
     prefix = row_prefix(tl.load(seed_ptr + row), tl.load(pos_ptr + row), SALT_LO, SALT_HI)
+    unit = False
+    if HAS_UNIT:
+        unit = tl.load(unit_ptr + row) != 0
     w_row = w_ptr + row.to(tl.int64) * w_stride
     slots = tl.arange(0, KP)
     bv = tl.full([KP], -2.0, tl.float64)
@@ -87,7 +92,10 @@ def _race_topk_kernel(
     for tile in range(start, end, BLOCK):
         idx, mask, w, h = load_tile(w_row, prefix, tile, col_offset, end, BLOCK)
         s = tl.full([BLOCK], -1.0, tl.float64)
-        if tl.max((may_reach(w, h, kth) & mask).to(tl.int32), axis=0) > 0:
+        if unit:
+            # Every exponential at 1: the score is the weight itself (race_ref.race_reference, unit_rows).
+            s = tl.where(mask, w.to(tl.float64), -1.0)
+        elif tl.max((may_reach(w, h, kth) & mask).to(tl.int32), axis=0) > 0:
             s = tl.where(mask, exact_score(w, h), -1.0)
         if tl.max(s, axis=0) > kth:
             # Merge K times: the list's ids are all smaller than this tile's,
@@ -144,12 +152,15 @@ def race_triton(
     num_samples: int,
     *,
     return_scores: bool = False,
+    unit_rows: torch.Tensor | None = None,  # [B] bool: rows ranked by their weights alone
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused exponential race: int64 [B, num_samples]. Unchecked: callers validate.
 
     With ``return_scores`` also the winners' race scores, float64 [B,
     num_samples] (``triton_hash.exact_score``, the value the race compared).
-    CUDA-graph capturable: seeds and positions are read from device memory
+    ``unit_rows``: rows whose exponentials are all 1 (``race_ref``), scored by
+    their weights in float64; for one sample, the weights' argmax. CUDA-graph
+    capturable: seeds, positions and ``unit_rows`` are read from device memory
     and nothing syncs with the host.
     """
     if weights.stride(1) != 1:
@@ -169,14 +180,23 @@ def race_triton(
         part_v = torch.empty(b, splits, kp, dtype=torch.float64, device=dev)
         part_i = torch.empty(b, splits, kp, dtype=torch.int32, device=dev)
         _race_topk_kernel[(b, splits)](
-            weights, seeds, positions, part_v, part_i, v, weights.stride(0), column_offset, splits, split_cols,
+            weights, seeds, positions, unit_rows if unit_rows is not None else seeds, part_v, part_i, v,
+            weights.stride(0), column_offset, splits, split_cols,
             SALT_LO=salt_lo, SALT_HI=salt_hi, K=num_samples, KP=kp, BLOCK=cfg.BLOCK, BIG=cfg.BIG,
-            num_warps=cfg.NUM_WARPS,
+            HAS_UNIT=unit_rows is not None, num_warps=cfg.NUM_WARPS,
         )
     n = part_v.numel() // max(b, 1)
     scores = torch.empty(b, num_samples, dtype=torch.float64, device=dev) if return_scores else out
     _race_reduce_kernel[(b,)](part_v, part_i, out, scores, n, K=num_samples, NP=cfg.split_lanes(v, kp), BIG=cfg.BIG,
                               WITH_SCORES=return_scores)
+    if num_samples == 1 and unit_rows is not None:
+        # The one-sample kernel is shared with the verify kernels: unit rows take the weights' argmax
+        # after it (the first maximum, as race_ref's strict '>' across chunks keeps).
+        best = weights.argmax(dim=1, keepdim=True)
+        unit = unit_rows.view(-1, 1)
+        out = torch.where(unit, best, out)
+        if return_scores:
+            scores = torch.where(unit, weights.gather(1, best).to(torch.float64), scores)
     return (out, scores) if return_scores else out
 
 

@@ -35,16 +35,19 @@ def coupled_children(
     return children, relative_scores(keys)
 
 
-def children_and_keys(weights, seeds, positions, k: int, *, kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def children_and_keys(weights, seeds, positions, k: int, *, kernel: str = "auto",
+                      unit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The k children of each node and their raw race keys: ``(int64 [R, k], float64 [R, k])``, keys descending.
 
     :func:`coupled_children` before :func:`relative_scores`; for callers that
-    fuse the normalisation into a later kernel. Unchecked, no host sync.
+    fuse the normalisation into a later kernel. ``unit_rows`` (bool [R]):
+    rows ranked by their weights alone (``exponential_race``), whose "children"
+    are the weights' top-k and keys the weights. Unchecked, no host sync.
     """
     # The race's own scores of its winners: recomputing them (keys.race_keys) is a chain of small
     # hash kernels, launched from the host at every draft extend outside the draft CUDA graph.
     return exponential_race(weights, seeds, positions, stream=Stream.TARGET, num_samples=k, check=False,
-                            kernel=kernel, return_scores=True)
+                            kernel=kernel, return_scores=True, unit_rows=unit_rows)
 
 
 def relative_scores(keys: torch.Tensor) -> torch.Tensor:

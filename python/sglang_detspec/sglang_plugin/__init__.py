@@ -32,7 +32,7 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   top-k: tree children are q's Gumbel-top-k on the TARGET stream, and chains
   without SGLang's sampled-draft path draft the race winner (also over a
   reduced draft vocabulary, through its id map), eager and in the draft CUDA
-  graphs.
+  graphs; SGLang's ``fast_topk`` of the children gets the race's own ranking.
 - ``request_validation``: the one table of request rules (``request_rules``:
   token ids inside the vocabulary, ``n``, a batch's per-request lists,
   ``sampling_seed`` in [0, 2**64), logprob fields, ``top_k``,
@@ -162,6 +162,7 @@ def hook_table() -> list[Hook]:
         Hook(tdh.DRAFT_RUNNER_FORWARD, tdh._kept_draft_logits, "PATCH"),
         Hook(tdh.DRAFT_EXTEND_GRAPH_EXECUTE, tdh._kept_draft_logits, "PATCH"),
         Hook(tdh.RENORM, tdh.coupled_renorm_draft_probs, "AROUND"),
+        Hook(tdh.SITE_FAST_TOPK, tdh._ranked_within, "PATCH"),
         Hook(tdh.TOPK1, tdh.coupled_chain_step, "AROUND"),
         Hook(tdh.GRAPH_CAPTURE, tdh.graph_seed_buffer, "AROUND"),
         Hook(tdh.GRAPH_SEED_BUFFER, tdh.graph_seed_buffer, "ATTR"),

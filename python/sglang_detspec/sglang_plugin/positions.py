@@ -49,6 +49,9 @@ class DraftSite(NamedTuple):
         target_vocab: the target's vocabulary size (read with ``hot_token_id``).
         sampling_info: SGLang's ``SamplingBatchInfo`` of the batch, for the
             sites SGLang calls without it (a chain's draft step).
+        picked: a list the site's children hook keeps its last
+            ``ops.draft_children.DraftChildren`` in (one entry), for SGLang's
+            ``fast_topk`` that ranks them next; None: not kept.
     """
 
     k: int
@@ -56,6 +59,7 @@ class DraftSite(NamedTuple):
     hot_token_id: torch.Tensor | None = None
     target_vocab: int | None = None
     sampling_info: object = None
+    picked: list | None = None
 
 
 def eagle_v2_positions(key: torch.Tensor, draft_step: int) -> torch.Tensor:

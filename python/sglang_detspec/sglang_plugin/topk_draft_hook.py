@@ -40,6 +40,18 @@ Hooked symbols (AROUND):
   score, kept shallow bushy trees: measured in
   docs/e2e/2026-12-01-h200-coupled-drafts.) Greedy rows (``top_k <= 1``)
   keep SGLang's probabilities: top-k of q.
+
+Patched for one call (PATCH): while a site above runs, ``eagle_worker_v2``'s
+own ``fast_topk`` name (SGLang's ``sglang.srt.utils.common.fast_topk``,
+which MoE routing elsewhere also calls, some of it under ``torch.compile``:
+so not hooked process-wide) is :func:`ranked_topk`. Called on the tensor
+the renorm hook just returned, with the site's k, it returns the top-k the
+race already found (``DraftChildren``: the children in race order, a greedy
+row's largest q), so SGLang's radix top-k over ``[R, V_draft]`` does not run
+(0.16-0.59 ms per step of the 8B-shape tree at c = 1-32,
+``docs/determinism_tax.md``). Any other call is SGLang's. Over a reduced
+draft vocabulary SGLang's top-k still runs (a child off the draft vocabulary
+has no column to return).
 - ``sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess`` (bound in
   ``eagle_worker_v2``): a chain's draft step; inside a published site the
   sampled rows get the race winner instead of the argmax (SGLang's kernel
@@ -61,7 +73,7 @@ import contextlib
 import torch
 
 from ..config import current_config
-from ..ops.draft_children import draft_children
+from ..ops.draft_children import DraftChildren, draft_children_topk
 from .positions import DraftSite, after_root, draft_forward_positions, draft_site, published_site, sampling_rows
 
 _WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
@@ -69,6 +81,8 @@ DRAFT_FORWARD = f"{_WORKER}.draft_forward"
 EXTEND_PREFILL = f"{_WORKER}._draft_extend_for_prefill"
 EXTEND_DECODE = f"{_WORKER}._draft_extend_for_decode"
 RENORM = "sglang.srt.speculative.spec_utils.renorm_draft_probs"
+# Patched for the duration of one site (:func:`_ranked_within`): the worker module's own binding only.
+SITE_FAST_TOPK = "sglang.srt.speculative.eagle_worker_v2.fast_topk"
 _RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner"
 GRAPH_CAPTURE = f"{_RUNNER}.capture_one_shape"
 GRAPH_EXECUTE = f"{_RUNNER}.execute"
@@ -88,7 +102,8 @@ def _site(worker, positions, sampling_info=None) -> DraftSite:
     """The site a worker publishes: its top-k, the positions, its draft-to-target map (None: same ids)."""
     hot = getattr(worker, "hot_token_id", None)
     target_vocab = worker.target_worker.model_runner.model_config.vocab_size if hot is not None else None
-    return DraftSite(getattr(worker, "topk", 1), positions, hot, target_vocab, sampling_info)
+    return DraftSite(getattr(worker, "topk", 1), positions, hot, target_vocab, sampling_info,
+                     picked=[] if hot is None else None)
 
 
 def draft_forward_site(original, self, forward_batch, *args, **kwargs):
@@ -100,7 +115,7 @@ def draft_forward_site(original, self, forward_batch, *args, **kwargs):
     if not _hooked(self):
         return original(self, forward_batch, *args, **kwargs)
     site = _site(self, lambda: draft_forward_positions(forward_batch.positions), forward_batch.sampling_info)
-    with draft_site(site):
+    with draft_site(site), _ranked_within(site):
         return original(self, forward_batch, *args, **kwargs)
 
 
@@ -108,7 +123,8 @@ def extend_prefill_site(original, self, batch, *args, **kwargs):
     """AROUND hook for ``_draft_extend_for_prefill(batch, ...)``: the first draft sits at ``seq_lens + 1``."""
     if not _hooked(self):
         return original(self, batch, *args, **kwargs)
-    with draft_site(_site(self, lambda: after_root(batch.seq_lens))):
+    site = _site(self, lambda: after_root(batch.seq_lens))
+    with draft_site(site), _ranked_within(site):
         return original(self, batch, *args, **kwargs)
 
 
@@ -126,7 +142,7 @@ def extend_decode_site(original, self, batch, batch_result, *args, **kwargs):
         return original(self, batch, batch_result, *args, **kwargs)
     drafted_at = lambda: after_root(batch_result.new_seq_lens)  # noqa: E731
     site = _site(self, drafted_at)
-    with draft_site(site):
+    with draft_site(site), _ranked_within(site):
         if self.topk > 1:
             return original(self, batch, batch_result, *args, **kwargs)
         with _kept_draft_logits(self) as kept:
@@ -192,10 +208,17 @@ def children_tensor(
     A request's ``R / B`` rows are consecutive and share its temperature,
     top-k / top-p / min-p and seed (:func:`.positions.sampling_rows`).
     """
+    return children_parts(logits, sampling_info, positions, k, kernel, hot_token_id, target_vocab).dense
+
+
+def children_parts(logits, sampling_info, positions, k: int, kernel: str, hot_token_id=None,
+                   target_vocab=None) -> DraftChildren:
+    """:func:`children_tensor` with its top-k (``ops.draft_children.draft_children_topk``); same arguments."""
     rows = logits.shape[0]
     batch = sampling_rows(sampling_info, rows // max(sampling_info.sampling_seed.numel(), 1))
-    return draft_children(logits, batch.temperatures, batch.top_ks, batch.seeds, positions, k, cut=batch.cut_args(),
-                          kernel=kernel, hot_token_id=hot_token_id, target_vocab=target_vocab)
+    return draft_children_topk(logits, batch.temperatures, batch.top_ks, batch.seeds, positions, k,
+                               cut=batch.cut_args(), kernel=kernel, hot_token_id=hot_token_id,
+                               target_vocab=target_vocab)
 
 
 def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs):
@@ -209,8 +232,48 @@ def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_r
     if (site is None or sampling_info is None or sampling_info.sampling_seed is None
             or not next_token_logits.numel()):
         return original(next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs)
-    return children_tensor(next_token_logits, sampling_info, site.positions().view(-1), site.k,
+    parts = children_parts(next_token_logits, sampling_info, site.positions().view(-1), site.k,
                            current_config().kernel, site.hot_token_id, site.target_vocab)
+    if site.picked is not None:
+        site.picked[:] = [parts]
+    return parts.dense
+
+
+def ranked_topk(original, values, topk, dim=-1, *args, **kwargs):
+    """``fast_topk(values [R, V], topk, dim)`` within a site: ``(float32 [R, topk], int64 [R, topk])``.
+
+    ``original``: SGLang's ``fast_topk``. On the tensor
+    :func:`coupled_renorm_draft_probs` just returned in the published site,
+    with the site's k along the last dimension: the top-k its race found
+    (``DraftChildren.values`` / ``.indices``), the ranking SGLang's top-k of
+    that tensor gives (ties to the smaller id). Any other call: SGLang's.
+    """
+    site = published_site()
+    picked = site.picked if site is not None else None
+    if (picked and values is picked[0].dense and topk == site.k and not args and not kwargs
+            and dim in (-1, values.dim() - 1)):
+        return picked[0].values, picked[0].indices
+    return original(values, topk, dim, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _ranked_within(site: DraftSite):
+    """``eagle_worker_v2.fast_topk`` is :func:`ranked_topk` while the block runs, where the site keeps children.
+
+    The scheduler drives a worker from one thread; the module attribute is
+    restored after the block (also on error).
+    """
+    if site.picked is None:
+        yield
+        return
+    from sglang.srt.speculative import eagle_worker_v2 as module
+
+    original = module.fast_topk
+    module.fast_topk = lambda values, topk, dim=-1, *a, **kw: ranked_topk(original, values, topk, dim, *a, **kw)
+    try:
+        yield
+    finally:
+        module.fast_topk = original
 
 
 def coupled_chain_step(original, next_token_logits, positions, draft_tokens=None, draft_token_column=0,

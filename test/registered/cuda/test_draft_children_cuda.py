@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from _register import register_cuda_ci
-from sglang_detspec.ops.draft_children import draft_children
+from sglang_detspec.ops.draft_children import draft_children, draft_children_topk
 
 register_cuda_ci(est_time=30, suite="detspec-kernels-cuda")
 
@@ -53,6 +53,29 @@ def test_fused_tail_equals_the_torch_path(rows, v, k, greedy_every, cut):
     assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
     sampled = top_ks > 1
     assert int((got[sampled] > 0).sum(1).max()) <= k  # the dense tensor holds at most k children per row
+
+
+@pytest.mark.parametrize("rows, v, k, greedy_every, cut", [
+    (64, 128256, 4, 3, False),
+    (16, 1000, 4, 0, True),
+    (7, 151936, 10, 2, True),
+])
+def test_the_ranking_is_sglangs_top_k_of_the_dense_tensor(rows, v, k, greedy_every, cut):
+    """draft_children_topk: the values and ids SGLang's top-k of the dense tensor gives (one pass, no top-k), on
+    both paths; the dense tensor unchanged. Cut rows with fewer positive weights than children compare their
+    positive entries only (which zero columns a top-k returns is not defined)."""
+    gen = torch.Generator(device=DEV).manual_seed(rows + v + k)
+    logits, temps, top_ks, seeds, pos, cut_args = inputs(rows, v, gen, greedy_every, cut)
+    for kernel in ("triton", "torch"):
+        parts = draft_children_topk(logits, temps, top_ks, seeds, pos, k, cut=cut_args, kernel=kernel)
+        assert torch.equal(parts.dense, draft_children(logits, temps, top_ks, seeds, pos, k, cut=cut_args,
+                                                       kernel=kernel))
+        want = torch.topk(parts.dense, k, dim=-1)
+        assert torch.equal(parts.values, want.values)
+        positive = parts.values > 0
+        assert torch.equal(parts.indices[positive], want.indices[positive])
+    triton_parts = draft_children_topk(logits, temps, top_ks, seeds, pos, k, cut=cut_args, kernel="triton")
+    assert torch.equal(triton_parts.values, parts.values) and torch.equal(triton_parts.indices, parts.indices)
 
 
 def test_reduced_draft_vocabulary():

@@ -68,6 +68,23 @@ def test_kernel_equals_reference(b, v, k, step, kind, stream):
     assert got_scores.dtype == torch.float64 and torch.equal(got_scores, want_scores)
 
 
+@pytest.mark.parametrize("b, v, k, kind", [(64, 128256, 4, "softmax"), (33, 32000, 4, "ties"), (8, 5003, 8, "zeros"),
+                                        (128, 4097, 1, "softmax"), (3, 151936, 1, "ties")])
+def test_unit_rows_equal_the_reference(b, v, k, kind):
+    """Rows that rank their weights alone (greedy drafts) beside drawn rows: kernel == reference, ids and scores."""
+    gen = torch.Generator(device=DEV).manual_seed(b + v + k)
+    w, seeds, pos = make_case(b, v, gen, kind)
+    unit = torch.arange(b, device=DEV) % 3 == 0
+    kw = dict(stream=Stream.TARGET, num_samples=k, return_scores=True, unit_rows=unit)
+    got_ids, got_scores = exponential_race(w, seeds, pos, kernel="triton", **kw)
+    want_ids, want_scores = exponential_race(w, seeds, pos, kernel="torch", **kw)
+    assert torch.equal(got_ids, want_ids) and torch.equal(got_scores, want_scores)
+    order = torch.sort(w.double(), dim=1, descending=True, stable=True)
+    assert torch.equal(got_ids[unit], order.indices[unit, :k]) and torch.equal(got_scores[unit], order.values[unit, :k])
+    drawn = exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, kernel="triton")
+    assert torch.equal(got_ids[~unit], drawn[~unit])
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [1, 4])
 def test_adversarial_near_ties(dtype, k):

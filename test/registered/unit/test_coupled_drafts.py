@@ -258,6 +258,66 @@ def test_outside_a_site_or_without_seeds_sglang_runs(loaded, bag):
         assert not torch.equal(eagle_worker_v2.renorm_draft_probs(logits, info, False), plain)
 
 
+def test_fast_topk_in_a_site_returns_the_race_ranking_sglang_would_compute(loaded, bag, monkeypatch):
+    """While a draft site runs, eagle_worker_v2's fast_topk of the children tensor returns, bit for bit, what
+    SGLang's top-k of that tensor returns (greedy, cut and plain rows) without ranking it again; any other
+    tensor, and every other module's fast_topk, stay SGLang's; the binding is restored after the site."""
+    from sglang.srt.speculative import eagle_worker_v2
+    from sglang.srt.utils import common
+
+    bag(TREE_BAG)
+    topk = 3
+    logits, seeds, pos = tree_case(b=3, topk=topk, v=500)
+    info = sampling_info([1, 8, 500], [1.0, 0.8, 1.2], seeds, top_ps=[1.0, 1.0, 0.9], vocab=500)
+    sglangs = eagle_worker_v2.fast_topk
+    ranked_calls = []
+    real_topk = torch.topk
+
+    def counted_topk(*args, **kwargs):
+        ranked_calls.append(args[0].shape)
+        return real_topk(*args, **kwargs)
+
+    class Worker:  # the attributes the hooks read
+        pass
+
+    Worker.topk = topk
+    seen = []
+
+    def draft_forward(self, forward_batch):
+        probs = eagle_worker_v2.renorm_draft_probs(logits, forward_batch.sampling_info, False)
+        monkeypatch.setattr(torch, "topk", counted_topk)
+        ranked = eagle_worker_v2.fast_topk(probs, topk, dim=-1)
+        ranked_topk_calls = len(ranked_calls)
+        again = eagle_worker_v2.fast_topk(probs.clone(), topk, dim=-1)  # another tensor: SGLang's
+        monkeypatch.setattr(torch, "topk", real_topk)
+        seen.append((ranked, ranked_topk_calls, again, common.fast_topk is sglangs, probs))
+
+    fb = type("ForwardBatch", (), {"positions": pos, "sampling_info": info})()
+    topk_draft_hook.draft_forward_site(draft_forward, Worker(), fb)
+    (values, indices), ranked_topk_calls, (v_sglang, i_sglang), common_untouched, probs = seen[0]
+    assert ranked_topk_calls == 0 and len(ranked_calls) == 1  # the ranking came from the race; the copy was ranked
+    want = sglangs(probs, topk, dim=-1)
+    assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
+    assert torch.equal(v_sglang, want.values) and torch.equal(i_sglang, want.indices)
+    assert values.dtype == torch.float32 and indices.dtype == torch.int64
+    assert torch.equal(values[:topk], torch.topk(probs[:topk], topk).values)  # the greedy request: q's top-k
+    assert common_untouched and eagle_worker_v2.fast_topk is sglangs and positions.published_site() is None
+
+
+def test_a_reduced_draft_vocabulary_keeps_sglangs_fast_topk(loaded, bag):
+    """A site over a reduced draft vocabulary keeps no children to rank: eagle_worker_v2.fast_topk stays SGLang's."""
+    from sglang.srt.speculative import eagle_worker_v2
+
+    bag(TREE_BAG)
+    config = type("Config", (), {"vocab_size": 1000})()
+    target = type("Target", (), {"model_runner": type("Runner", (), {"model_config": config})()})()
+    worker = type("Worker", (), {"topk": 4, "hot_token_id": torch.arange(0, 1000, 2), "target_worker": target})()
+    sglangs, inside = eagle_worker_v2.fast_topk, []
+    fb = type("ForwardBatch", (), {"positions": torch.tensor([5, 5]), "sampling_info": None})()
+    topk_draft_hook.draft_forward_site(lambda self, f: inside.append(eagle_worker_v2.fast_topk), worker, fb)
+    assert inside == [sglangs] and positions.published_site() is None
+
+
 def test_sites_publish_the_drafted_positions(loaded, bag):
     """The three worker sites publish t: draft_forward positions + 2, extends seq_lens + 1 / new_seq_lens + 1."""
     bag(TREE_BAG)

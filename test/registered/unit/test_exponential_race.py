@@ -150,6 +150,30 @@ def test_zero_weight_never_drawn():
     assert set(d.tolist()) <= {1, 3}
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_unit_rows_rank_their_weights_and_leave_the_other_rows_drawn(k, monkeypatch):
+    """unit_rows: the weights' own top-k (scores the float64 weights, ties to the smaller id, independently of
+    the chunking), the other rows' draws and scores unchanged; a wrong unit_rows names itself."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.rand(6, 3000, generator=gen)
+    w[2, 2900] = w[2, 17] = w[2, 1500] = 9.0  # a three-way tie at the top, across chunks below
+    unit = torch.tensor([True, False, True, False, True, True])
+    seeds, pos = list(range(6)), [41] * 6
+    drawn = exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, return_scores=True, kernel="torch")
+    for chunk in (3000, 1024):
+        monkeypatch.setattr(race_ref, "chunk_size", lambda b, v, c=chunk: c)
+        ids, scores = exponential_race(w, seeds, pos, stream=Stream.TARGET, num_samples=k, return_scores=True,
+                                       kernel="torch", unit_rows=unit)
+        order = torch.sort(w.double(), dim=1, descending=True, stable=True)  # stable: ties to the smaller id
+        assert torch.equal(ids[unit], order.indices[unit, :k]) and torch.equal(scores[unit], order.values[unit, :k])
+        assert torch.equal(ids[~unit], drawn[0][~unit]) and torch.equal(scores[~unit], drawn[1][~unit])
+        assert ids[2, :min(k, 3)].tolist() == [17, 1500, 2900][:k]
+    with pytest.raises(ValueError, match="unit_rows must be a bool tensor of shape \\(6,\\)"):
+        exponential_race(w, seeds, pos, stream=Stream.TARGET, unit_rows=unit[:3])
+    with pytest.raises(ValueError, match="unit_rows"):
+        exponential_race(w, seeds, pos, stream=Stream.TARGET, unit_rows=unit.int())
+
+
 def test_empty_batch_returns_empty():
     out = exponential_race(torch.ones(0, 10), [], [], stream="draft", num_samples=2)
     assert out.shape == (0, 2) and out.dtype == torch.int64
