@@ -31,7 +31,8 @@ Hooked symbols (AROUND):
 - ``sglang.srt.speculative.spec_utils.renorm_draft_probs`` (bound in
   ``eagle_worker_v2``): inside a published site, returns a [R, V_draft]
   tensor that is zero except at each sampled row's k race winners, so
-  SGLang's own ``fast_topk`` that follows picks exactly those children. Their
+  the ``fast_topk`` that follows picks exactly those children (SGLang's,
+  or within a site the race's ranking: PATCH below). Their
   values, which SGLang multiplies along a path to choose the nodes it keeps,
   are each child's race key relative to the winner's: the coupled chain
   scores 1 at every depth and is always kept (so a tree never accepts fewer
@@ -40,18 +41,6 @@ Hooked symbols (AROUND):
   score, kept shallow bushy trees: measured in
   docs/e2e/2026-12-01-h200-coupled-drafts.) Greedy rows (``top_k <= 1``)
   keep SGLang's probabilities: top-k of q.
-
-Patched for one call (PATCH): while a site above runs, ``eagle_worker_v2``'s
-own ``fast_topk`` name (SGLang's ``sglang.srt.utils.common.fast_topk``,
-which MoE routing elsewhere also calls, some of it under ``torch.compile``:
-so not hooked process-wide) is :func:`ranked_topk`. Called on the tensor
-the renorm hook just returned, with the site's k, it returns the top-k the
-race already found (``DraftChildren``: the children in race order, a greedy
-row's largest q), so SGLang's radix top-k over ``[R, V_draft]`` does not run
-(0.16-0.59 ms per step of the 8B-shape tree at c = 1-32,
-``docs/determinism_tax.md``). Any other call is SGLang's. Over a reduced
-draft vocabulary SGLang's top-k still runs (a child off the draft vocabulary
-has no column to return).
 - ``sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess`` (bound in
   ``eagle_worker_v2``): a chain's draft step; inside a published site the
   sampled rows get the race winner instead of the argmax (SGLang's kernel
@@ -61,6 +50,20 @@ has no column to return).
   seed buffer and do not refill temperatures and top-k; the first gives the
   graphs a seed buffer before capture, the second refills all three before
   every replay.
+
+Patched for one call (PATCH): while a site above runs over a full draft
+vocabulary, ``eagle_worker_v2``'s own ``fast_topk`` binding (SGLang's
+``sglang.srt.utils.common.fast_topk``, which MoE routing elsewhere also
+calls, some of it under ``torch.compile``: so not hooked process-wide) is
+:func:`ranked_topk`. Called on the tensor the renorm hook just returned, with
+its k, it returns the ranking the race already found
+(``ops.draft_children.DraftChildren``: a sampled row's children in race
+order, a greedy row's largest q; the same values as SGLang's top-k of the
+tensor, among equal values the smaller id), so SGLang's radix top-k over
+``[R, V_draft]`` does not run (0.16-0.59 ms per step of the 8B-shape tree at
+c = 1-32, ``docs/determinism_tax.md``). Any other call is SGLang's. Over a
+reduced draft vocabulary SGLang's top-k still runs (a child off the draft
+vocabulary has no column to return).
 
 Chains with SGLang's sampled-draft path on (start-up turns it on wherever
 SGLang admits it) do not come here: they draft through ``draft_hook``.
@@ -73,7 +76,7 @@ import contextlib
 import torch
 
 from ..config import current_config
-from ..ops.draft_children import DraftChildren, draft_children_topk
+from ..ops.draft_children import draft_children, draft_children_topk
 from .positions import DraftSite, after_root, draft_forward_positions, draft_site, published_site, sampling_rows
 
 _WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
@@ -208,17 +211,18 @@ def children_tensor(
     A request's ``R / B`` rows are consecutive and share its temperature,
     top-k / top-p / min-p and seed (:func:`.positions.sampling_rows`).
     """
-    return children_parts(logits, sampling_info, positions, k, kernel, hot_token_id, target_vocab).dense
+    rows = logits.shape[0]
+    batch = sampling_rows(sampling_info, rows // max(sampling_info.sampling_seed.numel(), 1))
+    return draft_children(logits, batch.temperatures, batch.top_ks, batch.seeds, positions, k, cut=batch.cut_args(),
+                          kernel=kernel, hot_token_id=hot_token_id, target_vocab=target_vocab)
 
 
-def children_parts(logits, sampling_info, positions, k: int, kernel: str, hot_token_id=None,
-                   target_vocab=None) -> DraftChildren:
-    """:func:`children_tensor` with its top-k (``ops.draft_children.draft_children_topk``); same arguments."""
+def ranked_children(logits, sampling_info, positions, k: int, kernel: str):
+    """:func:`children_tensor` over a full draft vocabulary with its top-k: ``ops.draft_children.DraftChildren``."""
     rows = logits.shape[0]
     batch = sampling_rows(sampling_info, rows // max(sampling_info.sampling_seed.numel(), 1))
     return draft_children_topk(logits, batch.temperatures, batch.top_ks, batch.seeds, positions, k,
-                               cut=batch.cut_args(), kernel=kernel, hot_token_id=hot_token_id,
-                               target_vocab=target_vocab)
+                               cut=batch.cut_args(), kernel=kernel)
 
 
 def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs):
@@ -232,10 +236,12 @@ def coupled_renorm_draft_probs(original, next_token_logits, sampling_info, use_r
     if (site is None or sampling_info is None or sampling_info.sampling_seed is None
             or not next_token_logits.numel()):
         return original(next_token_logits, sampling_info, use_rejection_sampling, *args, **kwargs)
-    parts = children_parts(next_token_logits, sampling_info, site.positions().view(-1), site.k,
-                           current_config().kernel, site.hot_token_id, site.target_vocab)
-    if site.picked is not None:
-        site.picked[:] = [parts]
+    drafted_at = site.positions().view(-1)
+    if site.picked is None:
+        return children_tensor(next_token_logits, sampling_info, drafted_at, site.k, current_config().kernel,
+                               site.hot_token_id, site.target_vocab)
+    parts = ranked_children(next_token_logits, sampling_info, drafted_at, site.k, current_config().kernel)
+    site.picked[:] = [parts]
     return parts.dense
 
 
@@ -245,12 +251,13 @@ def ranked_topk(original, values, topk, dim=-1, *args, **kwargs):
     ``original``: SGLang's ``fast_topk``. On the tensor
     :func:`coupled_renorm_draft_probs` just returned in the published site,
     with the site's k along the last dimension: the top-k its race found
-    (``DraftChildren.values`` / ``.indices``), the ranking SGLang's top-k of
-    that tensor gives (ties to the smaller id). Any other call: SGLang's.
+    (``DraftChildren.values`` / ``.indices``): the values SGLang's top-k of
+    that tensor gives, among equal values the smaller id. Any other call
+    (another tensor, another k or dimension): SGLang's.
     """
     site = published_site()
     picked = site.picked if site is not None else None
-    if (picked and values is picked[0].dense and topk == site.k and not args and not kwargs
+    if (picked and values is picked[0].dense and topk == picked[0].indices.shape[-1] and not args and not kwargs
             and dim in (-1, values.dim() - 1)):
         return picked[0].values, picked[0].indices
     return original(values, topk, dim, *args, **kwargs)

@@ -59,6 +59,7 @@ def test_fused_tail_equals_the_torch_path(rows, v, k, greedy_every, cut):
     (64, 128256, 4, 3, False),
     (16, 1000, 4, 0, True),
     (7, 151936, 10, 2, True),
+    (128, 4097, 1, 5, False),
 ])
 def test_the_ranking_is_sglangs_top_k_of_the_dense_tensor(rows, v, k, greedy_every, cut):
     """draft_children_topk: the values and ids SGLang's top-k of the dense tensor gives (one pass, no top-k), on
@@ -74,8 +75,20 @@ def test_the_ranking_is_sglangs_top_k_of_the_dense_tensor(rows, v, k, greedy_eve
         assert torch.equal(parts.values, want.values)
         positive = parts.values > 0
         assert torch.equal(parts.indices[positive], want.indices[positive])
+        assert int(parts.indices.min()) >= 0 and int(parts.indices.max()) < v
+        assert all(len(set(row)) == k for row in parts.indices.tolist())
     triton_parts = draft_children_topk(logits, temps, top_ks, seeds, pos, k, cut=cut_args, kernel="triton")
     assert torch.equal(triton_parts.values, parts.values) and torch.equal(triton_parts.indices, parts.indices)
+
+
+def test_a_nan_row_ranks_inside_the_vocabulary():
+    """A row of NaN logits gives no id outside [0, V) to SGLang (the race finds none inside it)."""
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    logits, temps, top_ks, seeds, pos, _ = inputs(8, 3000, gen, greedy_every=4)
+    logits[1] = float("nan")
+    logits[4] = float("nan")  # a greedy row
+    parts = draft_children_topk(logits, temps, top_ks, seeds, pos, 4, kernel="triton")
+    assert int(parts.indices.min()) >= 0 and int(parts.indices.max()) < 3000
 
 
 def test_reduced_draft_vocabulary():

@@ -304,6 +304,42 @@ def test_fast_topk_in_a_site_returns_the_race_ranking_sglang_would_compute(loade
     assert common_untouched and eagle_worker_v2.fast_topk is sglangs and positions.published_site() is None
 
 
+def test_the_prefill_extend_site_ranks_too_and_every_other_call_falls_through(loaded, bag):
+    """The draft extend after a prefill ranks its children the same way (a row cut below k keeps its positive
+    children and SGLang's values); another k or dimension is SGLang's top-k; the binding is back after an error."""
+    from sglang.srt.speculative import eagle_worker_v2
+
+    bag(TREE_BAG)
+    topk = 4
+    logits, seeds, pos = tree_case(b=5, topk=1, v=300)  # one row per request after a prefill
+    info = sampling_info([1, 2, 300, 300, 300], [1.0, 0.9, 1.1, 1.0, 0.8], seeds, vocab=300)  # request 1 keeps 2
+    sglangs, got = eagle_worker_v2.fast_topk, []
+
+    class Worker:
+        pass
+
+    Worker.topk = topk
+
+    def extend(self, batch, *args):
+        probs = eagle_worker_v2.renorm_draft_probs(logits, info, False)
+        got.append((probs, eagle_worker_v2.fast_topk(probs, topk, dim=-1),
+                     eagle_worker_v2.fast_topk(probs, topk - 1, dim=-1), eagle_worker_v2.fast_topk(probs, topk, dim=0)))
+        raise RuntimeError("inside the site")
+
+    batch = type("Batch", (), {"seq_lens": pos})()
+    with pytest.raises(RuntimeError, match="inside the site"):
+        topk_draft_hook.extend_prefill_site(extend, Worker(), batch, None, None)
+    assert eagle_worker_v2.fast_topk is sglangs and positions.published_site() is None
+    probs, (values, indices), narrower, across = got[0]
+    want = sglangs(probs, topk, dim=-1)
+    assert torch.equal(values, want.values)
+    positive = values > 0
+    assert torch.equal(indices[positive], want.indices[positive]) and int(positive[1].sum()) == 2
+    assert len(set(indices[1].tolist())) == topk and int(indices.max()) < 300
+    assert torch.equal(narrower.values, sglangs(probs, topk - 1, dim=-1).values)
+    assert torch.equal(across.indices, sglangs(probs, topk, dim=0).indices)
+
+
 def test_a_reduced_draft_vocabulary_keeps_sglangs_fast_topk(loaded, bag):
     """A site over a reduced draft vocabulary keeps no children to rank: eagle_worker_v2.fast_topk stays SGLang's."""
     from sglang.srt.speculative import eagle_worker_v2
