@@ -18,7 +18,7 @@ import dataclasses
 import torch
 
 from .coupled import coupled_verify_chain, coupled_verify_tree
-from .draft_children import draft_children
+from .draft_children import draft_children, draft_children_topk
 from .kernel_choice import use_triton
 from .race import exponential_race
 from .streams import Stream
@@ -71,7 +71,8 @@ def warm_up(plan: WarmupPlan, device: torch.device, *, kernel: str = "auto") -> 
 
     The samplers' races (TARGET and DRAFT streams, top-1 and top-k with
     scores, as the draft children take them), the draft children's dense
-    tail (k = 1 and the plan's top-k, SGLang's int32 top-k), the coupled chain and tree
+    tail (k = 1 and the plan's top-k, SGLang's int32 top-k) and, for trees,
+    their ranking (the race's unit-row variant), the coupled chain and tree
     verifies (writing SGLang's verify buffers in place, int32 as SGLang
     allocates them, as the verify hook calls them) and the rejection verify,
     over float32 weights as the hooks pass them. Nothing is launched where ``kernel`` resolves to the torch
@@ -91,9 +92,13 @@ def warm_up(plan: WarmupPlan, device: torch.device, *, kernel: str = "auto") -> 
             launched += 2
         exponential_race(w, seeds, pos, stream=Stream.DRAFT, check=False, kernel=kernel)
         launched += 1
+        top_ks = torch.full((1,), 2, dtype=torch.int32, device=device)
         for k in sorted({1, min(plan.topk, v)}):
-            draft_children(w, torch.ones(1, 1, device=device), torch.full((1,), 2, dtype=torch.int32, device=device),
-                           seeds, pos, k, kernel=kernel)
+            draft_children(w, torch.ones(1, 1, device=device), top_ks, seeds, pos, k, kernel=kernel)
+            launched += 1
+        if plan.topk > 1:  # the tree sites' ranking: the race with its unit rows
+            draft_children_topk(w, torch.ones(1, 1, device=device), top_ks, seeds, pos, min(plan.topk, v),
+                                kernel=kernel)
             launched += 1
     v = plan.vocabs[0]
     if plan.draft_tokens:

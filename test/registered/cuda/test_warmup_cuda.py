@@ -16,7 +16,7 @@ import torch
 from _register import register_cuda_ci
 from sglang_detspec.ops import Stream, coupled_verify_chain, coupled_verify_tree, exponential_race
 from sglang_detspec.ops import coupled_triton, draft_children_triton, race_triton, triton_config, verify_triton
-from sglang_detspec.ops.draft_children import draft_children
+from sglang_detspec.ops.draft_children import draft_children, draft_children_topk
 from sglang_detspec.ops.verify import verify_chain
 from sglang_detspec.ops.verify_outputs import VerifyOutputs
 from sglang_detspec.ops.warmup import WarmupPlan, warm_up
@@ -64,6 +64,9 @@ def test_no_batch_size_compiles_after_the_warm_up(vocab):
         for k in (1, 4):
             got = draft_children(w, temps, top_ks, seeds, pos, k)
             assert torch.equal(got, draft_children(w, temps, top_ks, seeds, pos, k, kernel="torch")), (b, k)
+        ranked = draft_children_topk(w, temps, top_ks, seeds, pos, 4)  # the tree sites' ranking
+        want = draft_children_topk(w, temps, top_ks, seeds, pos, 4, kernel="torch")
+        assert all(torch.equal(g, h) for g, h in zip(ranked, want)), b
         draft = exponential_race(w, seeds, pos, stream=Stream.DRAFT)
         assert torch.equal(draft, exponential_race(w, seeds, pos, stream=Stream.DRAFT, kernel="torch")), b
         rows = max(1, b // 8)
