@@ -75,17 +75,9 @@ def draft_children(
                      rank=False).dense
 
 
-def draft_children_topk(
-    logits: torch.Tensor,  # [R, V_draft] float: draft logits
-    temperatures: torch.Tensor,  # [R, 1] float
-    top_ks: torch.Tensor,  # [R] int: top_k <= 1 marks a greedy row
-    seeds: torch.Tensor,  # [R] int64 request seeds (uint64 bits)
-    positions: torch.Tensor,  # [R] int: absolute position of the token each row drafts
-    k: int,
-    *,
-    cut: tuple = (None, None, None),
-    kernel: str = "auto",
-) -> DraftChildren:
+def draft_children_topk(logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch.Tensor, seeds: torch.Tensor,
+                        positions: torch.Tensor, k: int, *, cut: tuple = (None, None, None),
+                        kernel: str = "auto") -> DraftChildren:
     """:func:`draft_children` with a top-k of it: :class:`DraftChildren`, over a full draft vocabulary.
 
     The race that picks a sampled row's children also ranks a greedy row's q
@@ -96,9 +88,9 @@ def draft_children_topk(
     ``indices`` their columns (SGLang's top-k leaves the order among equal
     values open; here the smaller id first, or the race's key order, and a
     row with fewer than k positive weights fills with zero-score columns).
-    Indices stay in ``[0, V)`` whatever the logits. Same arguments and errors
-    as :func:`draft_children` (no reduced draft vocabulary: a child off it
-    has no column).
+    Indices stay in ``[0, V)`` whatever the logits. Arguments (shapes and
+    dtypes) and errors as :func:`draft_children`, without a reduced draft
+    vocabulary (a child off it has no column).
     """
     return _children(logits, temperatures, top_ks, seeds, positions, k, cut, kernel, None, None, rank=True)
 
