@@ -51,8 +51,8 @@ Hooked symbols (AROUND):
   graphs a seed buffer before capture, the second refills all three before
   every replay.
 
-Patched for one call (PATCH): while a site above runs over a full draft
-vocabulary, ``eagle_worker_v2``'s own ``fast_topk`` binding (SGLang's
+Patched for one call (PATCH): while a tree's site above runs over a full
+draft vocabulary, ``eagle_worker_v2``'s own ``fast_topk`` binding (SGLang's
 ``sglang.srt.utils.common.fast_topk``, which MoE routing elsewhere also
 calls, some of it under ``torch.compile``: so not hooked process-wide) is
 :func:`ranked_topk`. Called on the tensor the renorm hook just returned, with
@@ -105,8 +105,9 @@ def _site(worker, positions, sampling_info=None) -> DraftSite:
     """The site a worker publishes: its top-k, the positions, its draft-to-target map (None: same ids)."""
     hot = getattr(worker, "hot_token_id", None)
     target_vocab = worker.target_worker.model_runner.model_config.vocab_size if hot is not None else None
-    return DraftSite(getattr(worker, "topk", 1), positions, hot, target_vocab, sampling_info,
-                     picked=[] if hot is None else None)
+    topk = getattr(worker, "topk", 1)
+    # One child per row: SGLang's fast_topk is a max, cheaper than the ranking's extra argmax for greedy rows.
+    return DraftSite(topk, positions, hot, target_vocab, sampling_info, picked=[] if hot is None and topk > 1 else None)
 
 
 def draft_forward_site(original, self, forward_batch, *args, **kwargs):

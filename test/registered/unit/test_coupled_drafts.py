@@ -341,7 +341,7 @@ def test_the_prefill_extend_site_ranks_too_and_every_other_call_falls_through(lo
 
 
 def test_a_reduced_draft_vocabulary_keeps_sglangs_fast_topk(loaded, bag):
-    """A site over a reduced draft vocabulary keeps no children to rank: eagle_worker_v2.fast_topk stays SGLang's."""
+    """A site over a reduced draft vocabulary, or a chain's, keeps no children to rank: fast_topk stays SGLang's."""
     from sglang.srt.speculative import eagle_worker_v2
 
     bag(TREE_BAG)
@@ -352,6 +352,10 @@ def test_a_reduced_draft_vocabulary_keeps_sglangs_fast_topk(loaded, bag):
     fb = type("ForwardBatch", (), {"positions": torch.tensor([5, 5]), "sampling_info": None})()
     topk_draft_hook.draft_forward_site(lambda self, f: inside.append(eagle_worker_v2.fast_topk), worker, fb)
     assert inside == [sglangs] and positions.published_site() is None
+    # A chain's site (one child per row) keeps SGLang's fast_topk too: a max is cheaper than the ranking.
+    chain = type("Worker", (), {"topk": 1})()
+    topk_draft_hook.draft_forward_site(lambda self, f: inside.append(eagle_worker_v2.fast_topk), chain, fb)
+    assert inside == [sglangs, sglangs]
 
 
 def test_sites_publish_the_drafted_positions(loaded, bag):
