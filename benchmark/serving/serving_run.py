@@ -349,8 +349,11 @@ def validate(args) -> dict:
                  kv_tokens(max(host_concs, default=0), args.input_len, args.host_output_len),
                  0 if mode == "breakdown" else kv_tokens(max(il_concs + window_concs), args.input_len, args.output_len))
     if args.max_total_tokens < needed:
+        limits = {"--breakdown-output-len": capture.kv_tokens(max(concs)) if capture else 0,
+                  "--host-output-len": kv_tokens(max(host_concs, default=0), args.input_len, args.host_output_len)}
+        source = next((f", output: {flag}" for flag, tokens in limits.items() if tokens == needed), "")
         raise ValueError(f"max_total_tokens must be >= {needed} (largest concurrency x (input + output + 16)"
-                         f"{', output: --breakdown-output-len' if capture else ''}), got {args.max_total_tokens}")
+                         f"{source}), got {args.max_total_tokens}")
     if args.gpu_gib is not None and not 1 <= args.gpu_gib <= 4096:
         raise ValueError(f"gpu_gib must lie in [1, 4096], got {args.gpu_gib}")
     total_gib = args.gpu_gib if args.gpu_gib is not None else gpu_memory_gib()

@@ -1702,7 +1702,10 @@ def test_modes_validate_their_arguments():
                          (["--interleave", "--configs", "abdefg"],
                           "configs: --interleave starts at most 3 servers per command, got 6"),
                          (["--interleave", "--max-servers-per-gpu", "2"], "max_servers_per_gpu x gpus >= 3"),
-                         (["--breakdown", "--max-total-tokens", "40000"], "max_total_tokens must be >= 43008"),
+                         (["--breakdown", "--max-total-tokens", "40000"],
+                          r"max_total_tokens must be >= 43008 .*output: --breakdown-output-len\)"),
+                         (["--breakdown", "--host-profile", "32", "--concurrency", "32", "--max-total-tokens", "9216"],
+                          r"max_total_tokens must be >= 135680 .*output: --host-output-len\)"),
                          (["--breakdown", "--breakdown-start-tokens", "180"], "output_len - start_tokens"),
                          (["--server-env", "X"], "server_env entries"),
                          (["--server-args", "'unclosed"], "server_args")):
