@@ -540,6 +540,7 @@ def write(args, plan: dict, runs: list[dict], notes: list[str]) -> None:
             "settings": {"pairs": [dataclasses.asdict(p) for p in plan["pairs"]], "output_len": args.output_len,
                          "rounds": args.rounds, "waves": args.waves, "max_total_tokens": plan["pool"],
                          "gpu_gib": plan["gpu_gib"], "server_waves": [[p.name for p in w] for w in plan["waves"]],
+                         "prefill_cuda_graphs": plan["settings"].prefill_graphs,
                          "model": "8B-shape Llama target with an EAGLE draft (serving_models.py)"},
             "rows": rows, "skipped": plan["skipped"], "notes": notes}
     with open(os.path.join(args.out, "cost.json"), "w") as f:

@@ -53,8 +53,8 @@ DETERMINISTIC = ("--enable-deterministic-inference",)
 # SGLang's scheduler polls its sockets in a loop while no request is running unless told to sleep; in the
 # interleaved modes two or three servers wait while one is measured (serving_run.py --sleep-on-idle).
 SLEEP_ON_IDLE = ("--sleep-on-idle",)
-# SGLang's prefill CUDA graphs are on by default; the harness turns them off unless asked for them
-# (serving_run.py --prefill-graphs).
+# SGLang's prefill CUDA graphs are on by default, and so in the harness; serving_run.py --no-prefill-graphs
+# turns them off on every server (every serving command before 2026-12-05's last ran so).
 PREFILL_GRAPHS_OFF = ("--cuda-graph-backend-prefill", "disabled")
 
 
@@ -228,7 +228,7 @@ class ServerSettings:
     mem_fraction_static: float = 0.88
     attention_backend: str = "fa3"
     extra: tuple[str, ...] = ()
-    prefill_graphs: bool = False
+    prefill_graphs: bool = True
 
     def __post_init__(self):
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -251,11 +251,13 @@ def server_command(config: BenchConfig, settings: ServerSettings, *, port: int, 
     which deterministic mode would pick on Hopper anyway, so (a) and (g)
     run the same attention kernels as the deterministic configurations;
     ``triton`` where SGLang's FA3 library is missing);
-    ``--cuda-graph-backend-prefill disabled`` unless ``settings.prefill_graphs``
-    (SGLang 0.5.23 captures prefill CUDA graphs by default, about 58 token
-    counts up to the prefill chunk, which lengthens every start; with them a
-    prefill that fits a captured count replays it, otherwise it runs eagerly,
-    launch by launch); a fixed KV pool (``--max-total-tokens``)
+    ``--cuda-graph-backend-prefill disabled`` only where
+    ``settings.prefill_graphs`` is off (SGLang 0.5.23 captures prefill CUDA
+    graphs by default, about 58 token counts up to the prefill chunk, 13-16 s
+    more per start at the 8B shape; with them a prefill that fits a captured
+    count replays it, otherwise it runs eagerly, launch by launch, which cost
+    the plugin's chain 10-12% of its throughput at c = 8 and 32 on an H100);
+    a fixed KV pool (``--max-total-tokens``)
     so several servers share one GPU whatever order they profile memory in;
     ``--max-running-requests`` and ``--cuda-graph-max-bs-decode`` at the
     largest concurrency, so every measured batch runs in a captured graph

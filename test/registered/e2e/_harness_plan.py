@@ -75,8 +75,8 @@ WIDE_HEAD_SERVERS = ("no_spec", "coupled_chain", "coupled_tree")
 WIDE_HEAD_BACKEND = "fa3"
 WIDE_HEADS, WIDE_HEAD_DIM = 2, 128
 WIDE_SUFFIX = f"_head{WIDE_HEAD_DIM}"
-# The default E2E flags turn prefill CUDA graphs off (many servers per GPU start faster);
-# the harness runs as a new user would, with SGLang's own choice.
+# The harness runs as a new user would, with SGLang's own prefill CUDA graphs, even where
+# DETSPEC_E2E_SERVER_ARGS turns them off for the other suites.
 PREFILL_GRAPH_FLAG = "--cuda-graph-backend-prefill"
 RESULT_FILE = "sglang_harness"
 

@@ -357,7 +357,7 @@ def test_sleep_on_idle_reaches_every_server_and_sglang_parses_it(capsys):
 
 
 def test_prefill_graphs_keep_sglangs_default_on_every_server():
-    """Without --prefill-graphs every server, (a) included, runs prefills eagerly; with it SGLang's default stands."""
+    """By default SGLang's prefill graphs stand on every server; --no-prefill-graphs turns them off on all, (a) too."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
@@ -365,8 +365,10 @@ def test_prefill_graphs_keep_sglangs_default_on_every_server():
     # Unset on the command line: SGLang resolves its own default (breakable prefill graphs on CUDA).
     assert parser.parse_args(["--model-path", "m"]).cuda_graph_backend_prefill is None
     for key in "ad":
-        off = cfg.server_command(cfg.CONFIGS[key], run.validate(_args())["settings"], port=31000)
-        on = cfg.server_command(cfg.CONFIGS[key], run.validate(_args("--prefill-graphs"))["settings"], port=31000)
+        off = cfg.server_command(cfg.CONFIGS[key], run.validate(_args("--no-prefill-graphs"))["settings"], port=31000)
+        on = cfg.server_command(cfg.CONFIGS[key], run.validate(_args())["settings"], port=31000)
+        assert cfg.server_command(cfg.CONFIGS[key], run.validate(_args("--prefill-graphs"))["settings"],
+                                  port=31000) == on
         assert parser.parse_args(off[3:]).cuda_graph_backend_prefill == "disabled"
         assert parser.parse_args(on[3:]).cuda_graph_backend_prefill is None
         assert [a for a in off if a not in cfg.PREFILL_GRAPHS_OFF] == on

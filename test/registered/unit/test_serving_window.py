@@ -424,7 +424,7 @@ def test_orchestrator_profiles_a_window_per_server_after_the_rounds(tmp_path, mo
     assert "| GPU idle | 25.8% | 25.8% |" in md
     assert "| prefill / extend ms per forward, GPU / host thread | 0.10 / 0.08 | 0.10 / 0.08 |" in md
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["every_server_args"] == ["--sleep-on-idle"] and meta["prefill_cuda_graphs"] is False
+    assert meta["every_server_args"] == ["--sleep-on-idle"] and meta["prefill_cuda_graphs"] is True
     # The report regenerated from the folder renders the same window.md from window.json.
     (out / "window.md").unlink()
     assert serving_report.main([str(out), "--no-plots"]) == 0
