@@ -24,7 +24,9 @@ triton_split          triton   split           (f) the positional-split kernels 
 ===================== ======== =============== ==============================================
 
 Every arm names its ``SGLANG_DETSPEC_DECODE_ATTENTION``. The default pairs
-are the three split pairs; the other two run when named (``--pairs``).
+are the three split pairs; the other two run when named (``--pairs``). Every
+server keeps SGLang's prefill CUDA graphs (its default; ``cost.json``'s
+``settings.prefill_cuda_graphs``) unless ``--no-prefill-graphs``.
 
 Every server's KV pool is what the largest planned cell needs (at most
 ``--max-total-tokens``). The pairs run in waves: as many pairs at once as
@@ -269,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="limit for a group's servers to become healthy, seconds (default 300)")
     p.add_argument("--port-base", type=int, default=32000,
                    help="first server port; each server takes port_base + 10 i (default 32000)")
+    p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="every server keeps SGLang's prefill CUDA graphs (default, as SGLang's); "
+                        "--no-prefill-graphs turns them off, as in the runs of docs/benchmarks/attention_cost/ "
+                        "dated 2026-12-05 or earlier")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return p
 
@@ -314,7 +320,7 @@ def validate(args) -> dict:
                      "(gpu_fit estimate)")
     settings = ServerSettings(target=os.path.join(args.models, "target"), draft=os.path.join(args.models, "eagle"),
                               max_total_tokens=pool, max_running_requests=max(concs),
-                              mem_fraction_static=args.mem_fraction_static)
+                              mem_fraction_static=args.mem_fraction_static, prefill_graphs=args.prefill_graphs)
     return {"pairs": pairs, "cells": cells, "skipped": skipped, "settings": settings, "waves": waves,
             "pool": pool, "gpu_gib": total_gib, "notes": notes}
 

@@ -256,7 +256,8 @@ def server_command(config: BenchConfig, settings: ServerSettings, *, port: int, 
     graphs by default, about 58 token counts up to the prefill chunk, 13-16 s
     more per start at the 8B shape; with them a prefill that fits a captured
     count replays it, otherwise it runs eagerly, launch by launch, which cost
-    the plugin's chain 10-12% of its throughput at c = 8 and 32 on an H100);
+    the plugin's chain 16-21% of its throughput at c = 8 and 32 on an H100,
+    11-12% against (a), in two back-to-back commands);
     a fixed KV pool (``--max-total-tokens``)
     so several servers share one GPU whatever order they profile memory in;
     ``--max-running-requests`` and ``--cuda-graph-max-bs-decode`` at the

@@ -75,8 +75,9 @@ claim 'tokens' (fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head
 sizes 65 to 128), and so do fa3 chains outside head sizes 65 to 128 and,
 with sglang, triton chains. SGLang's
 prefill CUDA graphs (its default, kept in the example) were on in SGLang's own
-harness and the serving benchmark, where they made the coupled chain 19-27%
-faster at 8 and 32 concurrent requests; the other suites' committed runs had
+harness and the serving benchmark, where the coupled chain served 19-27%
+more tokens/s with them at 8 and 32 concurrent requests (two back-to-back
+commands); the other suites' committed runs had
 them off (--cuda-graph-backend-prefill disabled)."""
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given

@@ -83,9 +83,9 @@ MIN_TRIALS = 24  # the issue's bar: the probe in at least 24 changing batches
 # a fixed pool (about 1 GiB for the tiny Llama pair, 13 GiB for the tiny MTP model, and room
 # for the 256-request load without retraction) lets the suite files' servers share one GPU.
 # Prefill CUDA graphs stay at SGLang's default (on), as a user's server runs them: the serving
-# benchmark found them worth 19-27% to the coupled chain; every committed suite run up to
-# docs/e2e/2026-12-05-h100-ranking added --cuda-graph-backend-prefill disabled
-# (DETSPEC_E2E_SERVER_ARGS restores it).
+# benchmark found them worth 19-27% to the coupled chain (two back-to-back commands). Every
+# committed suite run up to docs/e2e/2026-12-05-h100-ranking added
+# --cuda-graph-backend-prefill disabled (DETSPEC_E2E_SERVER_ARGS restores it).
 DEFAULT_SERVER_ARGS = (
     "--attention-backend triton "
     "--skip-tokenizer-init --mem-fraction-static 0.4 --max-total-tokens 262144"

@@ -16,8 +16,8 @@ on fa3 ``no_spec``, ``coupled_chain`` and ``coupled_tree`` again with the
 target read as 2 heads of size 128 (``..._head128``: the same weights; there
 the servers that verify no trees keep SGLang's own FA3 calls, the tree runs
 the split, and each must log which), all servers at once, with a tokenizer (the harness sends text) and SGLang's own
-prefill CUDA-graph choice (the other suites turn prefill graphs off to start
-faster). The tiny models are written at a 128,256-token vocabulary
+prefill CUDA-graph choice (also where ``DETSPEC_E2E_SERVER_ARGS`` turns them
+off for the other suites). The tiny models are written at a 128,256-token vocabulary
 (``_harness_plan.VOCAB``: ``radix_cache`` sends ids up to 50,000) with the
 target's attention output at about the residual's size
 (``make_tiny_models.ATTENTION_VISIBLE_SCALE``: at the default scale one bit of

@@ -68,6 +68,20 @@ def test_a_model_folder_written_with_a_shorter_context_keeps_its_own(tmp_path):
     assert all("context of 8192" in s["why"] for s in plan["skipped"])
 
 
+def test_prefill_graphs_follow_sglangs_default_unless_turned_off(tmp_path):
+    def settings(*extra):
+        args = ac.build_parser().parse_args(["--out", "o", "--models", str(tmp_path), *extra])
+        return ac.validate(args)["settings"]
+
+    assert settings().prefill_graphs is True and settings("--prefill-graphs").prefill_graphs is True
+    off = settings("--no-prefill-graphs")
+    assert off.prefill_graphs is False
+    argv, _ = ac.server_argv(ac.PAIRS["triton_one_pass"], "path", off, 32000)
+    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "disabled"
+    argv, _ = ac.server_argv(ac.PAIRS["triton_one_pass"], "path", settings(), 32000)
+    assert "--cuda-graph-backend-prefill" not in argv
+
+
 def test_rounds_alternate_which_arm_runs_first():
     assert ac.arm_order(1) == ("sglang", "path") and ac.arm_order(2) == ("path", "sglang")
     assert ac.arm_order(3) == ac.arm_order(1)
