@@ -48,37 +48,48 @@ EXAMPLE = """\
       --attention-backend fa3"""
 # Why the example's dry run claims what it claims (config.logits_guarantee), and what no server measured.
 CLAIM_NOTE = """\
-The server's start-up line claims logits='bitwise' (speculative decoding on
-gives the logits of decoding without it, bit for bit) by default for chains
-and trees on triton and fa3 attention, as in the example below: every target
-forward runs the positional split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the
-default), on triton at a KV page size of 1, --kv-cache-dtype auto, head sizes
-up to 256, at most 64 query heads per KV head, no sliding-window layers and
-up to 256 draft tokens, on
-fa3 (not FA4) at a KV page size of 1, --kv-cache-dtype auto, no MLA or
-sliding-window layers, head sizes up to 256 and trees of up to 65 draft
-tokens (both splits measured bitwise on an H200, the FA3 split's servers at its
-current code; serving the 8B shape the FA3 split costs the tree 0.92-1.06x
-SGLang's inter-token latency and would cost the chain 0.99-1.21x, the Triton
-split's cost not measured). On fa3 a server that verifies no trees (a chain,
-or no speculative decoding) at target head sizes 65 to 128 keeps SGLang's own
-FA3 calls instead, which run every forward mode on one causal kernel there
-(its start-up check of them decides; measured bitwise with SGLang's harness
-at head size 128). A server past one of these limits, or whose
-start-up check fails, keeps SGLang's FA3 calls (on triton the one-pass
-decode) and says which claim that leaves. Other backends and a run without --attention-backend (SGLang picks
-the backend on the GPU, so the dry run cannot know it; where it can read the
-target's config.json it notes what fa3 would claim) claim logits='tokens': the same tokens, except where a draw is a
-near-tie inside one bf16 rounding step. SGLANG_DETSPEC_DECODE_ATTENTION=one_pass
-(triton chains stay 'bitwise') or sglang turn the split off: trees then
-claim 'tokens' (fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head
-sizes 65 to 128), and so do fa3 chains outside head sizes 65 to 128 and,
-with sglang, triton chains. SGLang's
-prefill CUDA graphs (its default, kept in the example) were on in SGLang's own
-harness and the serving benchmark, where the coupled chain served 19-27%
-more tokens/s with them at 8 and 32 concurrent requests (two back-to-back
-commands); the other suites' committed runs had
-them off (--cuda-graph-backend-prefill disabled)."""
+Claims. The server's start-up line claims logits='bitwise' (speculative
+decoding on gives the logits of decoding without it, bit for bit) or
+logits='tokens' (the same tokens, except where a draw is a near-tie inside
+one bf16 rounding step); the dry run makes the same claim.
+
+  bitwise   by default for chains and trees on triton and fa3 attention, as
+            in the example below: every target forward runs the positional
+            split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default)
+            - triton: KV page size 1, --kv-cache-dtype auto, head sizes up
+              to 256, at most 64 query heads per KV head, no sliding-window
+              layers, up to 256 draft tokens;
+            - fa3 (not FA4): KV page size 1, --kv-cache-dtype auto, no MLA
+              or sliding-window layers, head sizes up to 256, trees of up
+              to 65 draft tokens;
+            - fa3 servers that verify no trees (a chain, or no speculative
+              decoding) at target head sizes 65 to 128 keep SGLang's own FA3
+              calls instead, which run every forward mode on one causal
+              kernel there (its start-up check of them decides; measured
+              bitwise with SGLang's harness at head size 128).
+  tokens    past one of these limits, or where the start-up check fails (the
+            server keeps SGLang's FA3 calls, on triton the one-pass decode,
+            and says which claim that leaves); other backends; a run without
+            --attention-backend (SGLang picks the backend on the GPU, so the
+            dry run cannot know it; where it can read the target's
+            config.json it notes what fa3 would claim).
+
+Turning the split off: SGLANG_DETSPEC_DECODE_ATTENTION=one_pass (triton
+chains stay 'bitwise') or sglang. Trees then claim 'tokens'
+(fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head sizes 65 to 128),
+and so do fa3 chains outside head sizes 65 to 128 and, with sglang, triton
+chains.
+
+Measured: both splits bitwise on an H200, the FA3 split's servers at its
+current code. Serving the 8B shape the FA3 split costs the tree 0.92-1.06x
+SGLang's inter-token latency and would cost the chain 0.99-1.21x; the
+Triton split's cost is not measured.
+
+Prefill CUDA graphs: SGLang's default, kept in the example. They were on in
+SGLang's own harness and the serving benchmark, where the coupled chain
+served 19-27% more tokens/s with them at 8 and 32 concurrent requests (two
+back-to-back commands); the other suites' committed runs had them off
+(--cuda-graph-backend-prefill disabled)."""
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
 after '--', adding {DETERMINISTIC} if it is missing, with this
