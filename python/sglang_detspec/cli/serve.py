@@ -51,7 +51,8 @@ CLAIM_NOTE = """\
 Claims. The server's start-up line claims logits='bitwise' (speculative
 decoding on gives the logits of decoding without it, bit for bit) or
 logits='tokens' (the same tokens, except where a draw is a near-tie inside
-one bf16 rounding step); the dry run makes the same claim.
+one bf16 rounding step). The dry run states the claim its flags give
+(below: a run without --attention-backend).
 
   bitwise   by default for chains and trees on triton and fa3 attention, as
             in the example below: every target forward runs the positional
@@ -67,18 +68,19 @@ one bf16 rounding step); the dry run makes the same claim.
               calls instead, which run every forward mode on one causal
               kernel there (its start-up check of them decides; measured
               bitwise with SGLang's harness at head size 128).
-  tokens    past one of these limits, or where the start-up check fails (the
-            server keeps SGLang's FA3 calls, on triton the one-pass decode,
-            and says which claim that leaves); other backends; a run without
-            --attention-backend (SGLang picks the backend on the GPU, so the
-            dry run cannot know it; where it can read the target's
-            config.json it notes what fa3 would claim).
+  tokens    other backends; a run without --attention-backend (SGLang picks
+            the backend on the GPU, so the dry run cannot know it; where it
+            can read the target's config.json it notes what fa3 would
+            claim).
+
+A server past one of these limits, or whose start-up check fails, keeps
+SGLang's FA3 calls (on triton the one-pass decode) and says which claim
+that leaves.
 
 Turning the split off: SGLANG_DETSPEC_DECODE_ATTENTION=one_pass (triton
-chains stay 'bitwise') or sglang. Trees then claim 'tokens'
-(fa3 with SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head sizes 65 to 128),
-and so do fa3 chains outside head sizes 65 to 128 and, with sglang, triton
-chains.
+chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 with
+SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head sizes 65 to 128), and so do
+fa3 chains outside head sizes 65 to 128 and, with sglang, triton chains.
 
 Measured: both splits bitwise on an H200, the FA3 split's servers at its
 current code. Serving the 8B shape the FA3 split costs the tree 0.92-1.06x
