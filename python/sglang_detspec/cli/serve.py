@@ -51,12 +51,13 @@ CLAIM_NOTE = """\
 Claims. The server's start-up line claims logits='bitwise' (speculative
 decoding on gives the logits of decoding without it, bit for bit) or
 logits='tokens' (the same tokens, except where a draw is a near-tie inside
-one bf16 rounding step). The dry run states the claim its flags give
-(below: a run without --attention-backend).
+one bf16 rounding step). The dry run states the claim its flags give;
+without --attention-backend it states 'tokens' (see below).
 
-  bitwise   by default for chains and trees on triton and fa3 attention, as
-            in the example below: every target forward runs the positional
-            split (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default)
+  bitwise   by default for chains and trees of dense targets with
+            unquantized weights on triton and fa3 attention, as in the
+            example below: every target forward runs the positional split
+            (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default)
             - triton: KV page size 1, --kv-cache-dtype auto, head sizes up
               to 256, at most 64 query heads per KV head, no sliding-window
               layers, up to 256 draft tokens;
@@ -68,14 +69,17 @@ one bf16 rounding step). The dry run states the claim its flags give
               calls instead, which run every forward mode on one causal
               kernel there (its start-up check of them decides; measured
               bitwise with SGLang's harness at head size 128).
-  tokens    other backends; a run without --attention-backend (SGLang picks
+  tokens    other backends; any --kv-cache-dtype other than auto;
+            mixture-of-experts, MLA or quantized targets (not measured on a
+            server yet); a run without --attention-backend (SGLang picks
             the backend on the GPU, so the dry run cannot know it; where it
             can read the target's config.json it notes what fa3 would
             claim).
 
 A server past one of these limits, or whose start-up check fails, keeps
 SGLang's FA3 calls (on triton the one-pass decode) and says which claim
-that leaves.
+that leaves: 'tokens', except triton chains, which stay 'bitwise' on the
+one-pass decode (with --kv-cache-dtype auto).
 
 Turning the split off: SGLANG_DETSPEC_DECODE_ATTENTION=one_pass (triton
 chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 with

@@ -321,8 +321,32 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
         notes.append(chain_note(config))
-    limit = split_flag_limit(config) if config.decode_attention == "split" else None
-    split_visible = config.decode_attention == "split" and limit is None
+    if family_note(config.model_family, backend) is not None:
+        # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
+        notes.append(family_attention_note(config.model_family))
+    elif config.decode_attention == "split":
+        notes.extend(split_notes(config))
+    if config.algorithm in UNMEASURED_ALGORITHMS:
+        notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
+                     "claim is what the attention backend and top-k promise, not a measured figure")
+    return notes
+
+
+def family_attention_note(family: str) -> str:
+    """:func:`unmeasured_notes`' sentence on attention for a target of an unmeasured family (MoE, MLA, quantized)."""
+    if "mla" in family.split("+"):
+        return ("MLA attention: neither the positional split nor the one-pass decode serves it; SGLang's own "
+                "attention calls run (on triton its split-KV decode kernel), so the split's notes do not apply")
+    return ("the positional split serves this target's attention as it would a dense target's; the claim stays "
+            "'tokens' until a run measures the family (above)")
+
+
+def split_notes(config: DetSpecConfig) -> list[str]:
+    """:func:`unmeasured_notes`' sentences on the positional split (``SGLANG_DETSPEC_DECODE_ATTENTION=split``)."""
+    notes = []
+    backend = config.attention_backend
+    limit = split_flag_limit(config)
+    split_visible = limit is None
     if split_visible and backend in ONE_PASS_DECODE_BACKENDS:  # one backend: a pair claims tokens anyway
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
                      "positional-split Triton kernels were measured "
@@ -365,9 +389,6 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "chunked prefill and tree verify bit for bit, and where it fails, or past a limit the dry run "
                      "cannot see (a layer with a window, sinks or a value head size unlike the key's), the server "
                      f"keeps SGLang's FA3 calls there and logs the claim they give{fallback}")
-    if config.algorithm in UNMEASURED_ALGORITHMS:
-        notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
-                     "claim is what the attention backend and top-k promise, not a measured figure")
     return notes
 
 

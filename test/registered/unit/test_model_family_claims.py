@@ -124,6 +124,12 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
     assert bag.active and bag.model_family == family and bag.attention_backend in ("triton", "fa3")
     assert logits_guarantee(bag.attention_backend, 1) == "bitwise" and bag.logits == "tokens"
     assert any("not measured" in note for note in resolve.setting_notes(bag))
+    # No note speaks of the split's claims ('bitwise', fallbacks) for a target whose claim is the family's.
+    notes = resolve.unmeasured_notes(bag)
+    assert not any("DECODE_ATTENTION=split" in n or "positional-split Triton" in n or "bitwise" in n for n in notes)
+    attention = [n for n in notes if "positional split" in n]
+    assert len(attention) == 1
+    assert ("MLA attention" in attention[0]) == ("mla" in family.split("+"))
     reset_config()
 
 
