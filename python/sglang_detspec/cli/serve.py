@@ -79,7 +79,7 @@ without --attention-backend it states 'tokens' (see below).
 A server past one of these limits, or whose start-up check fails, keeps
 SGLang's FA3 calls (on triton the one-pass decode) and says which claim
 that leaves: 'tokens', except triton chains, which stay 'bitwise' on the
-one-pass decode (with --kv-cache-dtype auto).
+one-pass decode (with --kv-cache-dtype auto and no sliding-window layers).
 
 Turning the split off: SGLANG_DETSPEC_DECODE_ATTENTION=one_pass (triton
 chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 with

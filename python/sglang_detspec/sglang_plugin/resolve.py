@@ -323,7 +323,9 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(chain_note(config))
     if family_note(config.model_family, backend) is not None:
         # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
-        notes.append(family_attention_note(config.model_family))
+        attention = family_attention_note(config)
+        if attention:
+            notes.append(attention)
     elif config.decode_attention == "split":
         notes.extend(split_notes(config))
     if config.algorithm in UNMEASURED_ALGORITHMS:
@@ -332,13 +334,31 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     return notes
 
 
-def family_attention_note(family: str) -> str:
-    """:func:`unmeasured_notes`' sentence on attention for a target of an unmeasured family (MoE, MLA, quantized)."""
-    if "mla" in family.split("+"):
+def family_attention_note(config: DetSpecConfig) -> str | None:
+    """:func:`unmeasured_notes`' sentence on the attention of a target of an unmeasured family, or None.
+
+    MLA: neither of the plugin's attention paths serves it. MoE or quantized
+    weights with standard attention: which attention path serves it where the
+    split would serve a dense target's (the split, or SGLang's own FA3 calls
+    where the split stands down); None where no path of the plugin's serves
+    (another backend, the split turned off or past a limit, no backend named).
+    """
+    if "mla" in (config.model_family or "").split("+"):
         return ("MLA attention: neither the positional split nor the one-pass decode serves it; SGLang's own "
                 "attention calls run (on triton its split-KV decode kernel), so the split's notes do not apply")
-    return ("the positional split serves this target's attention as it would a dense target's; the claim stays "
-            "'tokens' until a run measures the family (above)")
+    backend = config.attention_backend
+    if config.decode_attention != "split" or split_flag_limit(config) is not None:
+        return None
+    if backend in ONE_PASS_DECODE_BACKENDS:
+        path = "the positional-split Triton kernels serve"
+    elif backend in FA3_SPLIT_BACKENDS and fa3_own_calls_exact(config.head_dim, config.verifies_trees):
+        path = "SGLang's own FA3 calls serve (the split stands down: no trees, head size in 65-128)"
+    elif backend in FA3_SPLIT_BACKENDS:
+        path = "the FA3 prefix / tail split serves"
+    else:
+        return None
+    return (f"{path} this target's attention as a dense target's where the start-up check passes; the claim "
+            "stays 'tokens' until a run measures the family (above)")
 
 
 def split_notes(config: DetSpecConfig) -> list[str]:

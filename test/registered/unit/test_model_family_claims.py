@@ -126,11 +126,33 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
     assert any("not measured" in note for note in resolve.setting_notes(bag))
     # No note speaks of the split's claims ('bitwise', fallbacks) for a target whose claim is the family's.
     notes = resolve.unmeasured_notes(bag)
-    assert not any("DECODE_ATTENTION=split" in n or "positional-split Triton" in n or "bitwise" in n for n in notes)
-    attention = [n for n in notes if "positional split" in n]
+    assert not any("DECODE_ATTENTION=split" in n or "bitwise" in n for n in notes)
+    attention = [n for n in notes if "this target's attention" in n or "MLA attention" in n]
     assert len(attention) == 1
     assert ("MLA attention" in attention[0]) == ("mla" in family.split("+"))
     reset_config()
+
+
+MOE_CHAIN = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_tokens=4, model_family="moe")
+
+
+@pytest.mark.parametrize("settings, path", [
+    (dict(attention_backend="triton", head_dim=64), "positional-split Triton kernels"),
+    (dict(attention_backend="fa3", head_dim=64), "FA3 prefix / tail split"),
+    (dict(attention_backend="fa3", head_dim=128), "SGLang's own FA3 calls"),
+    (dict(attention_backend="fa3", head_dim=128, eagle_topk=4, num_draft_tokens=8), "FA3 prefix / tail split"),
+    (dict(attention_backend="flashinfer", head_dim=128), None),
+    (dict(attention_backend="fa3", head_dim=64, decode_attention="sglang"), None),
+    (dict(attention_backend="triton", head_dim=64, kv_cache_dtype="fp8_e4m3"), None),
+    (dict(attention_backend="fa3", head_dim=64, page_size=16), None),
+    (dict(attention_backend=None, head_dim=64), None),
+    (dict(attention_backend="flashinfer", head_dim=None, model_family="mla+moe"), "MLA attention"),
+])
+def test_an_unmeasured_familys_attention_note_names_the_path_that_serves(settings, path):
+    bag = DetSpecConfig(**{**MOE_CHAIN, **settings})
+    notes = [n for n in resolve.unmeasured_notes(bag) if "this target's attention" in n or "MLA attention" in n]
+    assert notes == [] if path is None else (len(notes) == 1 and path in notes[0]), notes
+    assert not any("bitwise" in n for n in resolve.unmeasured_notes(bag))
 
 
 def test_the_dense_target_keeps_its_measured_claim(tiny):
