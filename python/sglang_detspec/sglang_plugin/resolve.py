@@ -346,28 +346,41 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
     if "mla" in (config.model_family or "").split("+"):
         return ("MLA attention: neither the positional split nor the one-pass decode serves it; SGLang's own "
                 "attention calls run (on triton its split-KV decode kernel), so the split's notes do not apply")
-    backend = config.attention_backend
-    if config.decode_attention != "split" or split_flag_limit(config) is not None:
-        return None
-    if backend in ONE_PASS_DECODE_BACKENDS:
-        path = "the positional-split Triton kernels serve"
-    elif backend in FA3_SPLIT_BACKENDS and fa3_own_calls_exact(config.head_dim, config.verifies_trees):
-        path = "SGLang's own FA3 calls serve (the split stands down: no trees, head size in 65-128)"
-    elif backend in FA3_SPLIT_BACKENDS:
-        path = "the FA3 prefix / tail split serves"
-    else:
+    path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
+    if path is None:
         return None
     return (f"{path} this target's attention as a dense target's where the start-up check passes; the claim "
             "stays 'tokens' until a run measures the family (above)")
 
 
+# What serves a target's attention under the split (split_path), as family_attention_note words it; a path
+# missing here (the one-pass decode past a split limit) is no path the family note speaks of.
+FAMILY_PATHS = {"triton_split": "the positional-split Triton kernels serve",
+                "fa3_own_calls": "SGLang's own FA3 calls serve (the split stands down: no trees, head size in 65-128)",
+                "fa3_split": "the FA3 prefix / tail split serves"}
+
+
+def split_path(config: DetSpecConfig) -> str | None:
+    """Which of the plugin's attention paths the flags show serving a dense target under ``split``, or None.
+
+    ``triton_split`` / ``triton_one_pass`` (a split limit the flags show) on triton; ``fa3_own_calls`` (the
+    split stands down: no trees, head size 65-128) / ``fa3_split`` on fa3; None on any other backend, a
+    pair of backends or none named, and on fa3 past a split limit (SGLang's calls, logged in the claim).
+    """
+    backend = config.attention_backend
+    limit = split_flag_limit(config)
+    if backend in ONE_PASS_DECODE_BACKENDS:  # one backend: a pair claims tokens anyway
+        return "triton_one_pass" if limit else "triton_split"
+    if backend in FA3_SPLIT_BACKENDS and limit is None:
+        return "fa3_own_calls" if fa3_own_calls_exact(config.head_dim, config.verifies_trees) else "fa3_split"
+    return None
+
+
 def split_notes(config: DetSpecConfig) -> list[str]:
     """:func:`unmeasured_notes`' sentences on the positional split (``SGLANG_DETSPEC_DECODE_ATTENTION=split``)."""
     notes = []
-    backend = config.attention_backend
-    limit = split_flag_limit(config)
-    split_visible = limit is None
-    if split_visible and backend in ONE_PASS_DECODE_BACKENDS:  # one backend: a pair claims tokens anyway
+    path = split_path(config)
+    if path == "triton_split":
         notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
                      "positional-split Triton kernels were measured "
                      "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models: the "
@@ -377,12 +390,12 @@ def split_notes(config: DetSpecConfig) -> list[str]:
                      "verify bit for bit, and where it fails, or past a limit the dry run does not check (more than "
                      "64 query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
                      "trees drop to 'tokens' (logged); a model with sliding-window layers claims 'tokens' (logged)")
-    if limit and backend in ONE_PASS_DECODE_BACKENDS:
-        notes.append(f"the positional-split Triton kernels cannot serve this server ({limit}): the target keeps the "
+    if path == "triton_one_pass":
+        notes.append(f"the positional-split Triton kernels cannot serve this server ({split_flag_limit(config)}): "
+                     "the target keeps the "
                      "one-pass decode, whose cost is measured without speculative decoding at 2.03x SGLang's "
                      "inter-token latency at one request with 2,048-token prompts (docs/forward_modes.md)")
-    if split_visible and backend in FA3_SPLIT_BACKENDS and fa3_own_calls_exact(config.head_dim,
-                                                                                config.verifies_trees):
+    if path == "fa3_own_calls":
         notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default) stands down for this server: it "
                      f"verifies no trees and its target's head size, {config.head_dim}, is in "
                      f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}, where SGLang's own FA3 "
@@ -392,7 +405,7 @@ def split_notes(config: DetSpecConfig) -> list[str]:
                      "so the split would add cost (up to 1.21x SGLang's inter-token latency on the 8B shape) and "
                      "change no claim; a start-up check on the GPU compares SGLang's calls in those modes bit for "
                      "bit, and where it finds a row apart the split serves (logged)")
-    elif split_visible and backend in FA3_SPLIT_BACKENDS:
+    elif path == "fa3_split":
         cost = ("0.92-1.06x SGLang's FA3 inter-token latency for a tree" if config.verifies_trees else
                 "0.99-1.21x SGLang's FA3 inter-token latency for a chain running it (a chain at head sizes "
                 f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} keeps SGLang's calls and "
