@@ -254,6 +254,8 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
         return []  # SGLang would not serve its fa3 pick on FA3 with this KV cache (its own rule, asked)
     fa3 = dataclasses.replace(bag, attention_backend="fa3")  # every rule of the claim, the family's included
     claim, reason = fa3.logits, fa3.logits_reason
+    if not reason and claim == "tokens":  # the attention rule gave 'bitwise': the family's rule set the claim
+        reason = f"a {bag.model_family} target, not measured yet"
     why = f" ({reason})" if reason else ""
     return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
             f"claims {claim!r}{why} (name --attention-backend fa3 or triton for the dry run to state the claim)"]

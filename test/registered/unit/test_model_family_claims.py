@@ -7,6 +7,7 @@ same flags. The end-to-end plan's refusals (``_families_plan``) come from
 SGLang's own argument resolution too.
 """
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -213,3 +214,15 @@ def test_the_e2e_plan_records_what_sglang_refuses(tiny):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_the_fa3_head_size_note_names_the_family_as_the_reason():
+    from sglang_detspec.cli.serve import fa3_head_size_notes
+
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_tokens=4, head_dim=128,
+                        model_family="moe")
+    assert bag.attention_backend is None
+    (note,) = fa3_head_size_notes(bag)
+    assert "claims 'tokens' (a moe target, not measured yet)" in note
+    (dense,) = fa3_head_size_notes(dataclasses.replace(bag, model_family="dense"))
+    assert "claims 'bitwise'" in dense and "not measured" not in dense
