@@ -1,11 +1,14 @@
 """Start-up: the plugin's Triton kernels compiled before the server takes requests.
 
 Hooked symbol (BEFORE): ``sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs``,
-which every scheduler process calls once, after the models and attention
-backends are set up and before CUDA-graph capture. The plugin's verify,
-draft-extend children and prefill samples run outside CUDA graphs; without
-this their first launches compile inside the first requests (measured as
-Triton compilation in a serving profile, docs/benchmarks/determinism_tax/).
+which every scheduler process calls once, after the models, the KV pool and
+the attention backends are set up and before CUDA-graph capture. The
+plugin's verify, draft-extend children and prefill samples run outside CUDA
+graphs; without this their first launches compile inside the first requests
+(measured as Triton compilation in a serving profile,
+docs/benchmarks/determinism_tax/). A server that verifies trees also gets
+SGLang's KV move of accepted paths compiled for every batch size
+(``kv_move_warmup``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import torch
 
 from ..config import current_config
 from ..ops.warmup import WarmupPlan, warm_up
+from .kv_move_warmup import warm_kv_move
+from .shape_rules import not_applied_reason
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
 
@@ -86,15 +91,39 @@ def warm_sglang_renorm(device: torch.device) -> int:
     return 2
 
 
+def tree_verify_batches(bag, server_args, max_running_requests: int) -> int:
+    """The largest batch a server verifies as a tree: a switching tree's bound where it switches, else the scheduler's.
+
+    (``shape_hook`` builds the chain state where :attr:`DetSpecConfig.chain_at_batch`
+    is set and :func:`~.shape_rules.not_applied_reason` finds nothing.)
+    """
+    threshold = bag.chain_at_batch
+    if threshold and not_applied_reason(server_args, max_running_requests, threshold) is None:
+        return min(threshold, max_running_requests)
+    return max_running_requests
+
+
+def moves_accepted_kv(bag) -> bool:
+    """Whether SGLang moves each verify's accepted KV slots: a tree (or NGRAM) verify outside multi-layer EAGLE.
+
+    (``eagle_worker_common.run_eagle_verify``'s ``finalize_tree_path``, off in
+    the multi-layer worker; ``ngram_worker`` moves after every verify.)
+    """
+    return bag.verifies_trees and not bag.multi_layer_eagle
+
+
 def compile_kernels(scheduler, *args, **kwargs) -> None:
     """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`ops.warmup.warm_up` of each of :func:`plans_for`.
 
-    A rejection verify also gets SGLang's renorms built (:func:`warm_sglang_renorm`).
+    A rejection verify also gets SGLang's renorms built (:func:`warm_sglang_renorm`);
+    a server for which :func:`moves_accepted_kv` holds, SGLang's KV move
+    (:func:`~.kv_move_warmup.warm_kv_move`, batches up to :func:`tree_verify_batches`).
 
     Only in runs whose seeded streams are active, and only on CUDA. The
     target's vocabulary comes from its model runner; a reduced draft
     vocabulary (EAGLE3 ``d2t``, a token map) from the draft worker's
-    ``hot_token_id``.
+    ``hot_token_id``. Each part that fails is logged and skipped (speed
+    only: what it would have compiled compiles at first use instead).
     """
     bag = current_config()
     if not bag.active or not torch.cuda.is_available():
@@ -104,10 +133,10 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
     plans = None
     try:
         runner = scheduler.tp_worker.model_runner
+        device = torch.device("cuda", torch.cuda.current_device())
         draft = getattr(getattr(scheduler, "draft_worker", None), "draft_worker", None)
         hot = getattr(draft, "hot_token_id", None)
         plans = plans_for(bag, runner.model_config.vocab_size, None if hot is None else int(hot.numel()))
-        device = torch.device("cuda", torch.cuda.current_device())
         launched = sum(warm_up(plan, device, kernel=bag.kernel) for plan in plans)
         if renorms_in_verify(bag):
             launched += warm_sglang_renorm(device)
@@ -117,4 +146,17 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
         return None
     log.info("sglang-detspec: %d kernel launches compiled before serving in %.1f s (%s)", launched,
              time.monotonic() - started, plans)
+    if moves_accepted_kv(bag):
+        started = time.monotonic()
+        try:
+            batches = tree_verify_batches(bag, scheduler.server_args, int(runner.max_running_requests))
+            width = plans[0].accept_width or plans[0].tree_nodes
+            moves = warm_kv_move(runner.token_to_kv_pool_allocator.get_kvcache(), width, batches, device)
+        except Exception:  # speed only, as above
+            log.warning("sglang-detspec: start-up warm-up of SGLang's KV move failed; it compiles at first use",
+                        exc_info=True)
+            return None
+        log.info("sglang-detspec: SGLang's KV move of accepted paths compiled for verify batches up to %d "
+                 "(%d slots per request) in %d launches, %.1f s", batches, width, moves,
+                 time.monotonic() - started)
     return None

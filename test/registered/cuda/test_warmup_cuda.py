@@ -118,6 +118,38 @@ def test_sglang_renorm_is_built_at_start_up():
     assert sampling.get_sampling_module.cache_info().currsize == 1
 
 
+def test_sglang_kv_move_compiles_nothing_after_the_warm_up():
+    """A tree server's move of accepted KV slots (SGLang's tiled copy, 2,048-byte rows as at the 8B shape):
+    after ``warm_kv_move``, moves of 4 x b slots (steps 3) for b = 1 .. 300 hit Triton's cache only and move
+    what they should; the warm-up itself leaves every KV slot as it was."""
+    from sglang.kernels.ops.kvcache.cache_move import copy_all_layer_kv_cache_tiled
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_detspec.sglang_plugin.kv_move_warmup import copy_bound, warm_kv_move
+
+    pool = MHATokenToKVPool(size=4096, page_size=1, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=2,
+                            device="cuda", enable_memory_saver=False, enable_kv_cache_copy=True)
+    assert copy_bound(pool) == 256
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    for buf in (*pool.k_buffer, *pool.v_buffer):
+        buf.copy_(torch.randn(buf.shape, generator=gen, device=DEV).to(buf.dtype))
+    kept = [buf.clone() for buf in (*pool.k_buffer, *pool.v_buffer)]
+    assert warm_kv_move(pool, 4, 300, DEV) == 12
+    assert all(torch.equal(a, b) for a, b in zip(kept, (*pool.k_buffer, *pool.v_buffer)))
+
+    def variants() -> int:
+        return sum(len(cache[0]) for cache in copy_all_layer_kv_cache_tiled.device_caches.values())
+
+    before = variants()
+    for b in range(1, 301):
+        slots = torch.randperm(4095, generator=gen, device=DEV)[: 8 * b] + 1  # slot 0 is SGLang's padding
+        tgt, src = slots[: 4 * b], slots[4 * b:]
+        want = pool.k_buffer[1][src].clone()
+        pool.move_kv_cache(tgt, src)
+        assert torch.equal(pool.k_buffer[1][tgt], want), b
+    assert variants() == before, "a batch size compiled SGLang's KV move after the warm-up"
+
+
 def test_plan_checks_its_fields():
     with pytest.raises(ValueError, match="vocabs must be a non-empty tuple"):
         WarmupPlan(())

@@ -961,6 +961,23 @@ def test_a_serving_process_keeps_its_tree_where_ranks_or_the_bound_forbid(loaded
     assert reason is None if words is None else words in reason
 
 
+@pytest.mark.parametrize("flags, bound, max_running, want", [
+    ("", 16, 48, 16),  # the tree state serves batches up to the bound
+    ("", 0, 48, 48),  # no switch: the tree at every batch size
+    ("", 16, 16, 16),  # the switch not applied (bound not below the scheduler's): every batch, 16
+    ("--pp-size 2", 16, 48, 48),  # not applied under pipeline parallelism
+])
+def test_the_kv_move_is_warmed_for_the_batches_the_tree_verifies(loaded, model_dir, flags, bound, max_running,
+                                                                  want):
+    from sglang_detspec.sglang_plugin import warmup_hook
+
+    sa = server_args(model_dir, "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+                                f"--speculative-num-draft-tokens 8 --enable-deterministic-inference {flags}")
+    tree = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
+                         tree_chain_batch=bound, page_size=1, source="server_args")
+    assert warmup_hook.tree_verify_batches(tree, sa, max_running) == want
+
+
 def test_a_failed_chain_build_leaves_the_worker_and_the_published_context_as_they_were(loaded, model_dir, context,
                                                                                       monkeypatch):
     """SGLang's own worker classes, not initialised (their __init__ loads models): the build's first SGLang call

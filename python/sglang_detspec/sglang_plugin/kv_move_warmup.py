@@ -1,0 +1,119 @@
+"""Start-up: SGLang's KV move of accepted tree paths compiled before the server takes requests.
+
+After a tree verify (EAGLE / EAGLE3 / NEXTN with top-k > 1) and after every
+NGRAM verify, SGLang 0.5.23 moves each request's accepted tokens' KV slots to
+the front of its block (``spec_utils.move_accept_tokens_to_target_kvcache``
+-> the KV pool's ``move_kv_cache``), an eager launch of its Triton kernel
+``copy_all_layer_kv_cache_tiled`` over ``N = batch size x accept width``
+slots. The kernel takes ``next_power_of_2(N)`` as a compile-time constant
+(moves longer than the pool's bound, 128 or 256 slots, go in chunks of it),
+and Triton specialises the count itself (1, a multiple of 16, any other), so
+a tree server compiles a new variant the first time its batch reaches a new
+power of two: on one H200 at the 8B shape, 4.2-4.5 s per variant at 128 and
+256 slots, inside the first wave of 128 requests (SGLang's warning "took ...
+s to compile after serving started";
+docs/benchmarks/determinism_tax/2026-12-06-h200-ade-c1-c128/). SGLang's own
+start-up warm-up compiles one variant, a single slot under the bound's
+constant, which no serving move launches. Not warmed: the page-size > 1
+tree's copy of each prefix's last page into its branches (another count).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Triton's specialisation of an integer kernel argument (triton.runtime.jit, its native specialize_impl):
+# the value 1 becomes a constant, a multiple of this is marked divisible, every other value shares one variant.
+TRITON_DIVISIBILITY = 16
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= ``n`` (``n`` >= 1), as SGLang's ``next_power_of_2`` for the copy's bound."""
+    return 1 << (n - 1).bit_length()
+
+
+def count_variant(n: int) -> str:
+    """How Triton specialises an integer argument of value ``n`` >= 1: ``"one"``, ``"divisible"`` or ``"other"``."""
+    if n == 1:
+        return "one"
+    return "divisible" if n % TRITON_DIVISIBILITY == 0 else "other"
+
+
+def move_segments(n: int, bound: int) -> list[int]:
+    """The slot counts of SGLang's launches for one move of ``n`` >= 1 slots with chunk ``bound``.
+
+    ``MHATokenToKVPool._move_kv_cache_impl``: one launch up to ``bound``,
+    else full chunks of ``bound`` and the remainder.
+    """
+    if n <= bound:
+        return [n]
+    return [bound] * (n // bound) + ([n % bound] if n % bound else [])
+
+
+def move_lengths(accept_width: int, max_batch: int, bound: int) -> list[int]:
+    """One move length per kernel variant a server can launch, the least of each, ascending.
+
+    Args:
+        accept_width: slots moved per request (SGLang's ``accept_index``
+            columns: ``num_steps + 1`` for EAGLE, the draft token count
+            for NGRAM), >= 1.
+        max_batch: the largest verify batch, >= 1 (the scheduler's
+            ``max_running_requests``, or a switching tree's bound).
+        bound: the pool's chunk bound (its ``_kv_copy_config
+            ["num_locs_upper"]``), a power of two >= 1.
+
+    Returns:
+        lengths, each <= ``bound``: a move of each runs one launch, and
+        together they compile every (``next_power_of_2``, :func:`count_variant`)
+        pair that moves of ``accept_width x b`` slots, b = 1 .. ``max_batch``,
+        launch. Batches past ``2 x bound`` add no pair (the remainder of
+        ``accept_width x b`` modulo ``bound`` repeats with a period dividing
+        ``bound``), so at most ``2 x bound`` batch sizes are enumerated.
+
+    Raises:
+        ValueError: an argument below its bound, or ``bound`` not a power of two.
+    """
+    for name, value in (("accept_width", accept_width), ("max_batch", max_batch), ("bound", bound)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if bound & (bound - 1):
+        raise ValueError(f"bound must be a power of two, got {bound}")
+    least: dict[tuple[int, str], int] = {}
+    for b in range(1, min(max_batch, 2 * bound) + 1):
+        for s in set(move_segments(accept_width * b, bound)):
+            key = (next_power_of_2(s), count_variant(s))
+            least[key] = min(s, least.get(key, s))
+    return sorted(least.values())
+
+
+def copy_bound(kvcache) -> int | None:
+    """The chunk bound of ``kvcache``'s tiled copy, or None where its moves do not launch that kernel.
+
+    None for pools without the tiled copy's configuration (SGLang builds
+    it for its MHA pool on CUDA), with ``SGLANG_NATIVE_MOVE_KV_CACHE`` (a
+    torch index copy) or with the HND layout (a gather).
+    """
+    config = getattr(kvcache, "_kv_copy_config", None)
+    if (not isinstance(config, dict) or getattr(kvcache, "use_native_move_kv_cache", False)
+            or getattr(kvcache, "use_hnd", False)):
+        return None
+    return int(config.get("num_locs_upper", 256))
+
+
+def warm_kv_move(kvcache, accept_width: int, max_batch: int, device: torch.device) -> int:
+    """Every variant of ``kvcache``'s KV move compiled by one move per :func:`move_lengths`; returns the moves.
+
+    Each move copies slot 0 onto itself in every layer (SGLang's padding
+    slot, which no request owns; SGLang's own warm-up does the same) through
+    the pool's ``move_kv_cache``, the call serving makes, with int64
+    location tensors as serving passes them. 0 where :func:`copy_bound`
+    finds no tiled copy.
+    """
+    bound = copy_bound(kvcache)
+    if bound is None:
+        return 0
+    lengths = move_lengths(accept_width, max_batch, bound)
+    for n in lengths:
+        loc = torch.zeros(n, dtype=torch.int64, device=device)
+        kvcache.move_kv_cache(loc, loc)
+    return len(lengths)
