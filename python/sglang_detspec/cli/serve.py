@@ -92,10 +92,12 @@ SGLang's inter-token latency and would cost the chain 0.99-1.21x; the
 Triton split's cost is not measured.
 
 Prefill CUDA graphs: SGLang's default, kept in the example. They were on in
-SGLang's own harness and the serving benchmark, where the coupled chain
-served 19-27% more tokens/s with them at 8 and 32 concurrent requests (two
-back-to-back commands); the other suites' committed runs had them off
-(--cuda-graph-backend-prefill disabled)."""
+SGLang's own harness, the serving benchmark (where the coupled chain served
+19-27% more tokens/s with them at 8 and 32 concurrent requests, two
+back-to-back commands), the invariance and coupled-tree changing-batch
+suites and the request fuzzer (docs/e2e/2026-12-06-h200-final-code/); the
+other suites' committed runs had them off (--cuda-graph-backend-prefill
+disabled)."""
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
 after '--', adding {DETERMINISTIC} if it is missing, with this
@@ -274,6 +276,18 @@ def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
             "disk cache load instead"]
 
 
+def kv_move_warmup_notes(bag: DetSpecConfig) -> list[str]:
+    """A note where start-up compiles SGLang's KV move of accepted tree paths (``kv_move_warmup``)."""
+    from ..sglang_plugin.warmup_hook import moves_accepted_kv
+
+    if not (bag.active and moves_accepted_kv(bag)):
+        return []
+    return ["this server verifies trees: start-up also compiles SGLang's move of each verify's accepted KV slots "
+            "for every batch size it verifies trees at (one launch per Triton variant, up to 12 at 3 steps and "
+            "2,048-byte KV rows), which SGLang would otherwise compile inside the first large batches (the "
+            "256-slot variants 4-5 s each on an H200)"]
+
+
 def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
     """A note when SGLang's prefill CUDA graphs stay on (its default): which committed runs had them on.
 
@@ -292,8 +306,9 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
     if off:
         return []
     return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): SGLang's own harness "
-            "(docs/e2e/2026-12-05-h200-default/) and the serving benchmark ran with them; the other suites' "
-            "committed runs had them off (--cuda-graph-backend-prefill disabled)"]
+            "(docs/e2e/2026-12-05-h200-default/), the serving benchmark, the invariance and coupled-tree "
+            "suites and the request fuzzer (docs/e2e/2026-12-06-h200-final-code/) ran with them; the other "
+            "suites' committed runs had them off (--cuda-graph-backend-prefill disabled)"]
 
 
 def _hooks_not_in_place() -> list[str]:
@@ -417,7 +432,8 @@ def _run(args) -> int:
                      f"{ns.kv_cache_dtype} on {switched} (FA3 reads FP8 as e4m3 only): the fields above are "
                      f"{switched}'s")
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
-                         + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)):
+                         + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
+                         + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
     if args.dry_run:
         print(dry_run_command(cmd, env))

@@ -9,13 +9,16 @@ slots. The kernel takes ``next_power_of_2(N)`` as a compile-time constant
 (moves longer than the pool's bound, 128 or 256 slots, go in chunks of it),
 and Triton specialises the count itself (1, a multiple of 16, any other), so
 a tree server compiles a new variant the first time its batch reaches a new
-power of two: on one H200 at the 8B shape, 4.2-4.5 s per variant at 128 and
-256 slots, inside the first wave of 128 requests (SGLang's warning "took ...
-s to compile after serving started";
-docs/benchmarks/determinism_tax/2026-12-06-h200-ade-c1-c128/). SGLang's own
-start-up warm-up compiles one variant, a single slot under the bound's
-constant, which no serving move launches. Not warmed: the page-size > 1
-tree's copy of each prefix's last page into its branches (another count).
+power of two: on one H200 at the 8B shape the two 256-slot variants took
+4.2-4.5 s each, inside the first wave of 128 requests (SGLang's warning
+"took ... s to compile after serving started";
+docs/benchmarks/determinism_tax/2026-12-06-h200-ade-c1-c128/; the smaller
+variants compile in under a second each). SGLang's own start-up warm-up
+compiles one variant, a single slot under the bound's constant, which no
+serving move launches. Not warmed: the page-size > 1 tree's copy of each
+prefix's last page into its branches (another count), and pools that wrap
+others (sliding-window and hybrid-linear pools, whose inner pools hold the
+copy: :func:`copy_bound` finds none on the wrapper).
 """
 
 from __future__ import annotations
@@ -25,11 +28,6 @@ import torch
 # Triton's specialisation of an integer kernel argument (triton.runtime.jit, its native specialize_impl):
 # the value 1 becomes a constant, a multiple of this is marked divisible, every other value shares one variant.
 TRITON_DIVISIBILITY = 16
-
-
-def next_power_of_2(n: int) -> int:
-    """The least power of two >= ``n`` (``n`` >= 1), as SGLang's ``next_power_of_2`` for the copy's bound."""
-    return 1 << (n - 1).bit_length()
 
 
 def count_variant(n: int) -> str:
@@ -73,6 +71,8 @@ def move_lengths(accept_width: int, max_batch: int, bound: int) -> list[int]:
     Raises:
         ValueError: an argument below its bound, or ``bound`` not a power of two.
     """
+    from sglang.srt.utils import next_power_of_2
+
     for name, value in (("accept_width", accept_width), ("max_batch", max_batch), ("bound", bound)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
@@ -94,10 +94,10 @@ def copy_bound(kvcache) -> int | None:
     torch index copy) or with the HND layout (a gather).
     """
     config = getattr(kvcache, "_kv_copy_config", None)
-    if (not isinstance(config, dict) or getattr(kvcache, "use_native_move_kv_cache", False)
-            or getattr(kvcache, "use_hnd", False)):
+    if (not isinstance(config, dict) or "num_locs_upper" not in config
+            or getattr(kvcache, "use_native_move_kv_cache", False) or getattr(kvcache, "use_hnd", False)):
         return None
-    return int(config.get("num_locs_upper", 256))
+    return int(config["num_locs_upper"])
 
 
 def warm_kv_move(kvcache, accept_width: int, max_batch: int, device: torch.device) -> int:
@@ -105,9 +105,18 @@ def warm_kv_move(kvcache, accept_width: int, max_batch: int, device: torch.devic
 
     Each move copies slot 0 onto itself in every layer (SGLang's padding
     slot, which no request owns; SGLang's own warm-up does the same) through
-    the pool's ``move_kv_cache``, the call serving makes, with int64
-    location tensors as serving passes them. 0 where :func:`copy_bound`
-    finds no tiled copy.
+    the pool's ``move_kv_cache``, the call serving makes, with int64 location
+    tensors of shape [n] on ``device`` as serving passes them, then waits
+    for the device (on CUDA) so a fault shows here. 0 where
+    :func:`copy_bound` finds no tiled copy.
+
+    Args:
+        kvcache: SGLang's KV pool (``token_to_kv_pool_allocator.get_kvcache()``).
+        accept_width, max_batch: as for :func:`move_lengths`.
+        device: the pool's device.
+
+    Raises:
+        ValueError: from :func:`move_lengths`; whatever SGLang's move raises.
     """
     bound = copy_bound(kvcache)
     if bound is None:
@@ -116,4 +125,6 @@ def warm_kv_move(kvcache, accept_width: int, max_batch: int, device: torch.devic
     for n in lengths:
         loc = torch.zeros(n, dtype=torch.int64, device=device)
         kvcache.move_kv_cache(loc, loc)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return len(lengths)

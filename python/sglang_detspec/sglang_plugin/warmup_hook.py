@@ -21,7 +21,7 @@ import torch
 
 from ..config import current_config
 from ..ops.warmup import WarmupPlan, warm_up
-from .kv_move_warmup import warm_kv_move
+from .kv_move_warmup import copy_bound, warm_kv_move
 from .shape_rules import not_applied_reason
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
@@ -98,8 +98,9 @@ def tree_verify_batches(bag, server_args, max_running_requests: int) -> int:
     is set and :func:`~.shape_rules.not_applied_reason` finds nothing.)
     """
     threshold = bag.chain_at_batch
+    # A bound at or above max_running_requests is not applied (not_applied_reason): the scheduler's bound then.
     if threshold and not_applied_reason(server_args, max_running_requests, threshold) is None:
-        return min(threshold, max_running_requests)
+        return threshold
     return max_running_requests
 
 
@@ -110,6 +111,31 @@ def moves_accepted_kv(bag) -> bool:
     the multi-layer worker; ``ngram_worker`` moves after every verify.)
     """
     return bag.verifies_trees and not bag.multi_layer_eagle
+
+
+def warm_sglang_kv_move(scheduler, bag, accept_width: int, device: torch.device) -> str:
+    """SGLang's KV move of accepted paths compiled for the batches ``scheduler`` verifies as trees; the start-up line.
+
+    ``accept_width``: the plan's ``accept_index`` columns (0: not known, nothing
+    warmed). The batches: :func:`tree_verify_batches` of the model runner's
+    ``max_running_requests``. A pool without a tiled copy of its own
+    (:func:`~.kv_move_warmup.copy_bound`) is named in the line instead.
+
+    Raises:
+        whatever :func:`~.kv_move_warmup.warm_kv_move` raises.
+    """
+    runner = scheduler.tp_worker.model_runner
+    kvcache = runner.token_to_kv_pool_allocator.get_kvcache()
+    if not accept_width:
+        return "SGLang's KV move of accepted paths not warmed: the verify's accept width is not known"
+    if copy_bound(kvcache) is None:
+        return (f"SGLang's KV move of accepted paths not warmed: the KV pool ({type(kvcache).__name__}) has no "
+                "tiled copy of its own; it compiles at first use")
+    started = time.monotonic()
+    batches = tree_verify_batches(bag, scheduler.server_args, int(runner.max_running_requests))
+    moves = warm_kv_move(kvcache, accept_width, batches, device)
+    return (f"SGLang's KV move of accepted paths compiled for verify batches up to {batches} ({accept_width} slots "
+            f"per request) in {moves} launches, {time.monotonic() - started:.1f} s")
 
 
 def compile_kernels(scheduler, *args, **kwargs) -> None:
@@ -147,16 +173,11 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
     log.info("sglang-detspec: %d kernel launches compiled before serving in %.1f s (%s)", launched,
              time.monotonic() - started, plans)
     if moves_accepted_kv(bag):
-        started = time.monotonic()
         try:
-            batches = tree_verify_batches(bag, scheduler.server_args, int(runner.max_running_requests))
-            width = plans[0].accept_width or plans[0].tree_nodes
-            moves = warm_kv_move(runner.token_to_kv_pool_allocator.get_kvcache(), width, batches, device)
+            line = warm_sglang_kv_move(scheduler, bag, plans[0].accept_width, device)
         except Exception:  # speed only, as above
             log.warning("sglang-detspec: start-up warm-up of SGLang's KV move failed; it compiles at first use",
                         exc_info=True)
             return None
-        log.info("sglang-detspec: SGLang's KV move of accepted paths compiled for verify batches up to %d "
-                 "(%d slots per request) in %d launches, %.1f s", batches, width, moves,
-                 time.monotonic() - started)
+        log.info("sglang-detspec: %s", line)
     return None

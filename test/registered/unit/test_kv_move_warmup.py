@@ -6,15 +6,16 @@ on a real pool, its GPU launch recorded), and brute force over batch sizes.
 """
 
 import sys
+import types
 
 import pytest
 import torch
+from sglang.srt.utils import next_power_of_2
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import DetSpecConfig
 from sglang_detspec.sglang_plugin import kv_move_warmup, warmup_hook
-from sglang_detspec.sglang_plugin.kv_move_warmup import (copy_bound, count_variant, move_lengths, move_segments,
-                                                         next_power_of_2)
+from sglang_detspec.sglang_plugin.kv_move_warmup import copy_bound, count_variant, move_lengths, move_segments
 
 register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
 
@@ -34,12 +35,6 @@ def test_the_count_variants_are_tritons():
     # One Triton key per variant of ours, and no key shared by two of ours.
     assert all(len(v) == 1 for v in keys.values()), keys
     assert len({next(iter(v)) for v in keys.values()}) == len(keys) == 3
-
-
-def test_next_power_of_2_is_sglangs():
-    from sglang.srt.utils import next_power_of_2 as sglang_next_power_of_2
-
-    assert all(next_power_of_2(n) == sglang_next_power_of_2(n) for n in range(1, 5000))
 
 
 @pytest.fixture
@@ -129,6 +124,30 @@ def bag(**kw):
 ])
 def test_which_servers_move_accepted_kv(kw, moves):
     assert warmup_hook.moves_accepted_kv(bag(**kw)) is moves
+
+
+def scheduler_with(pool, max_running_requests: int):
+    """The attribute path ``warm_sglang_kv_move`` reads from SGLang's scheduler, holding a real pool."""
+    allocator = types.SimpleNamespace(get_kvcache=lambda: pool)
+    runner = types.SimpleNamespace(token_to_kv_pool_allocator=allocator, max_running_requests=max_running_requests)
+    return types.SimpleNamespace(tp_worker=types.SimpleNamespace(model_runner=runner), server_args=None)
+
+
+def test_the_start_up_warms_the_pools_move_once_per_variant(recorded_pool):
+    pool, calls = recorded_pool
+    tree = bag(algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8)
+    width = warmup_hook.plan_for(tree, 1000).accept_width
+    line = warmup_hook.warm_sglang_kv_move(scheduler_with(pool, 48), tree, width, torch.device("cpu"))
+    assert "not warmed" in line and "MHATokenToKVPool" in line and calls == []  # no tiled copy configured
+    pool._kv_copy_config = {"num_locs_upper": 256, "bytes_per_tile": 128, "byte_tiles": 2, "num_warps": 4}
+    line = warmup_hook.warm_sglang_kv_move(scheduler_with(pool, 48), tree, width, torch.device("cpu"))
+    lengths = move_lengths(4, 48, 256)
+    assert calls == [(n, next_power_of_2(n)) for n in lengths]
+    assert f"verify batches up to 48 (4 slots per request) in {len(lengths)} launches" in line
+    calls.clear()
+    assert "accept width is not known" in warmup_hook.warm_sglang_kv_move(scheduler_with(pool, 48), tree, 0,
+                                                                            torch.device("cpu"))
+    assert calls == []
 
 
 if __name__ == "__main__":

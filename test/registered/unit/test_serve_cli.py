@@ -474,6 +474,13 @@ def test_the_dry_run_says_what_the_deepgemm_warm_up_will_spend(capsys, monkeypat
     assert rc == 0 and words in err
 
 
+@pytest.mark.parametrize("shape, noted", [(TREE, True), (CHAIN, False)])
+def test_the_dry_run_says_a_tree_server_compiles_sglangs_kv_move_at_start_up(capsys, shape, noted):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *shape,
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and ("compiles SGLang's move of each verify's accepted KV slots" in err) is noted
+
+
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
@@ -585,7 +592,8 @@ def test_help_example_can_be_copied_and_passes_the_check(capsys, monkeypatch):
 
 def test_help_says_which_runs_had_prefill_cuda_graphs_on(capsys, monkeypatch):
     out = " ".join(serve_help(capsys, monkeypatch, 80).split())
-    assert "were on in SGLang's own harness and the serving benchmark" in out
+    assert "were on in SGLang's own harness, the serving benchmark" in out
+    assert "the invariance and coupled-tree changing-batch suites and the request fuzzer" in out
     assert "the other suites' committed runs had them off (--cuda-graph-backend-prefill disabled)" in out
     # The example keeps SGLang's default, so its dry run says which runs had them on.
     assert "--cuda-graph-backend-prefill" not in serve.EXAMPLE

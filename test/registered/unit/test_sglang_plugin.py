@@ -964,7 +964,6 @@ def test_a_serving_process_keeps_its_tree_where_ranks_or_the_bound_forbid(loaded
 @pytest.mark.parametrize("flags, bound, max_running, want", [
     ("", 16, 48, 16),  # the tree state serves batches up to the bound
     ("", 0, 48, 48),  # no switch: the tree at every batch size
-    ("", 16, 16, 16),  # the switch not applied (bound not below the scheduler's): every batch, 16
     ("--pp-size 2", 16, 48, 48),  # not applied under pipeline parallelism
 ])
 def test_the_kv_move_is_warmed_for_the_batches_the_tree_verifies(loaded, model_dir, flags, bound, max_running,
