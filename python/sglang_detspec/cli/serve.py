@@ -278,7 +278,7 @@ def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
 
 def kv_move_warmup_notes(bag: DetSpecConfig) -> list[str]:
     """A note where start-up compiles SGLang's KV move of accepted tree paths (``kv_move_warmup``)."""
-    from ..sglang_plugin.warmup_hook import moves_accepted_kv
+    from ..sglang_plugin.kv_move_warmup import moves_accepted_kv
 
     if not (bag.active and moves_accepted_kv(bag)):
         return []

@@ -30,6 +30,17 @@ import torch
 TRITON_DIVISIBILITY = 16
 
 
+def moves_accepted_kv(bag) -> bool:
+    """Whether SGLang moves each verify's accepted KV slots for a server with bag ``bag`` (a ``DetSpecConfig``).
+
+    A tree (or NGRAM) verify outside multi-layer EAGLE:
+    ``eagle_worker_common.run_eagle_verify``'s ``finalize_tree_path`` (off in
+    the multi-layer worker) with top-k above 1; ``ngram_worker`` moves after
+    every verify.
+    """
+    return bag.verifies_trees and not bag.multi_layer_eagle
+
+
 def count_variant(n: int) -> str:
     """How Triton specialises an integer argument of value ``n`` >= 1: ``"one"``, ``"divisible"`` or ``"other"``."""
     if n == 1:

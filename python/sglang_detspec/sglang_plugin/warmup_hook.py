@@ -21,7 +21,7 @@ import torch
 
 from ..config import current_config
 from ..ops.warmup import WarmupPlan, warm_up
-from .kv_move_warmup import copy_bound, warm_kv_move
+from .kv_move_warmup import copy_bound, moves_accepted_kv, warm_kv_move
 from .shape_rules import not_applied_reason
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
@@ -104,15 +104,6 @@ def tree_verify_batches(bag, server_args, max_running_requests: int) -> int:
     return max_running_requests
 
 
-def moves_accepted_kv(bag) -> bool:
-    """Whether SGLang moves each verify's accepted KV slots: a tree (or NGRAM) verify outside multi-layer EAGLE.
-
-    (``eagle_worker_common.run_eagle_verify``'s ``finalize_tree_path``, off in
-    the multi-layer worker; ``ngram_worker`` moves after every verify.)
-    """
-    return bag.verifies_trees and not bag.multi_layer_eagle
-
-
 def warm_sglang_kv_move(scheduler, bag, accept_width: int, device: torch.device) -> str:
     """SGLang's KV move of accepted paths compiled for the batches ``scheduler`` verifies as trees; the start-up line.
 
@@ -142,7 +133,7 @@ def compile_kernels(scheduler, *args, **kwargs) -> None:
     """BEFORE hook for ``Scheduler.init_all_cuda_graphs(self)``: :func:`ops.warmup.warm_up` of each of :func:`plans_for`.
 
     A rejection verify also gets SGLang's renorms built (:func:`warm_sglang_renorm`);
-    a server for which :func:`moves_accepted_kv` holds, SGLang's KV move
+    a server for which :func:`~.kv_move_warmup.moves_accepted_kv` holds, SGLang's KV move
     (:func:`~.kv_move_warmup.warm_kv_move`, batches up to :func:`tree_verify_batches`).
 
     Only in runs whose seeded streams are active, and only on CUDA. The

@@ -123,7 +123,7 @@ def bag(**kw):
      False),
 ])
 def test_which_servers_move_accepted_kv(kw, moves):
-    assert warmup_hook.moves_accepted_kv(bag(**kw)) is moves
+    assert kv_move_warmup.moves_accepted_kv(bag(**kw)) is moves
 
 
 def scheduler_with(pool, max_running_requests: int):

@@ -4,7 +4,7 @@
 - the bag (``config.py``) imports only the torch-free kernel choice, the split kernels' bounds and the family rule;
 - the plugin's hook modules import only ``ops``, the bag, the plugin's
   ``positions`` and ``channels`` modules, the request-seed rules (``seeds``), the
-  request-field rules (``request_rules``) and SGLang; ``positions`` imports only ``ops``
+  request-field rules (``request_rules``), SGLang's KV-move rules (``kv_move_warmup``) and SGLang; ``positions`` imports only ``ops``
   and ``channels``; ``channels`` nothing of the package, ``request_rules`` only the torch-free
   seed encoding (its seed rule is that range check's); the bag's resolution from
   SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag;
@@ -70,7 +70,8 @@ ALL = sorted(PACKAGE.rglob("*.py"))
 HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
                                                                       "positions.py", "channels.py", "request_rules.py",
                                                                       "decode_attention.py", "shape_rules.py",
-                                                                      "fa3_split.py", "fa3_own_calls.py"))
+                                                                      "fa3_split.py", "fa3_own_calls.py",
+                                                                      "kv_move_warmup.py"))
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
@@ -94,7 +95,7 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
             "sglang_detspec.sglang_plugin.channels", "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding",
             "sglang_detspec.sglang_plugin.request_rules", "sglang_detspec.sglang_plugin.decode_attention",
             "sglang_detspec.sglang_plugin.shape_rules", "sglang_detspec.sglang_plugin.fa3_split",
-            "sglang_detspec.sglang_plugin.fa3_own_calls")
+            "sglang_detspec.sglang_plugin.fa3_own_calls", "sglang_detspec.sglang_plugin.kv_move_warmup")
     bad = {n for n in own(imports(path)) if not allowed(n, keep)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
@@ -108,6 +109,7 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
     ("request_rules.py", ("sglang_detspec.ops.seed_encoding",)),
     ("shape_rules.py", ()),
+    ("kv_move_warmup.py", ()),
 ])
 def test_shared_plugin_modules(name, keep):
     bad = {n for n in own(imports(PLUGIN / name)) if not allowed(n, keep)}
