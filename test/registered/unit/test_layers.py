@@ -4,7 +4,8 @@
 - the bag (``config.py``) imports only the torch-free kernel choice, the split kernels' bounds and the family rule;
 - the plugin's hook modules import only ``ops``, the bag, the plugin's
   ``positions`` and ``channels`` modules, the request-seed rules (``seeds``), the
-  request-field rules (``request_rules``), SGLang's KV-move rules (``kv_move_warmup``) and SGLang; ``positions`` imports only ``ops``
+  request-field rules (``request_rules``), SGLang's KV-move rules (``kv_move_warmup``)
+  and SGLang; ``positions`` imports only ``ops``
   and ``channels``; ``channels`` nothing of the package, ``request_rules`` only the torch-free
   seed encoding (its seed rule is that range check's); the bag's resolution from
   SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag;
