@@ -25,10 +25,6 @@ from __future__ import annotations
 
 import torch
 
-# Triton's specialisation of an integer kernel argument (triton.runtime.jit, its native specialize_impl):
-# the value 1 becomes a constant, a multiple of this is marked divisible, every other value shares one variant.
-TRITON_DIVISIBILITY = 16
-
 
 def moves_accepted_kv(bag) -> bool:
     """Whether SGLang moves each verify's accepted KV slots for a server with bag ``bag`` (a ``DetSpecConfig``).
@@ -42,10 +38,16 @@ def moves_accepted_kv(bag) -> bool:
 
 
 def count_variant(n: int) -> str:
-    """How Triton specialises an integer argument of value ``n`` >= 1: ``"one"``, ``"divisible"`` or ``"other"``."""
-    if n == 1:
-        return "one"
-    return "divisible" if n % TRITON_DIVISIBILITY == 0 else "other"
+    """How Triton specialises an integer argument of value ``n`` >= 1: ``"one"``, else its backend's mark.
+
+    Triton's launcher makes the value 1 a constant (in its native
+    ``specialize_impl``) and asks the backend for the rest
+    (``BaseBackend.get_int_specialization``: ``"D"`` for a multiple of 16,
+    ``""`` otherwise; the CUDA backend keeps the base rule).
+    """
+    from triton.backends.compiler import BaseBackend
+
+    return "one" if n == 1 else BaseBackend.get_int_specialization(n, align=True)
 
 
 def move_segments(n: int, bound: int) -> list[int]:

@@ -21,7 +21,7 @@ import torch
 
 from ..config import current_config
 from ..ops.warmup import WarmupPlan, warm_up
-from .kv_move_warmup import copy_bound, moves_accepted_kv, warm_kv_move
+from .kv_move_warmup import moves_accepted_kv, warm_kv_move
 from .shape_rules import not_applied_reason
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
@@ -110,7 +110,7 @@ def warm_sglang_kv_move(scheduler, bag, accept_width: int, device: torch.device)
     ``accept_width``: the plan's ``accept_index`` columns (0: not known, nothing
     warmed). The batches: :func:`tree_verify_batches` of the model runner's
     ``max_running_requests``. A pool without a tiled copy of its own
-    (:func:`~.kv_move_warmup.copy_bound`) is named in the line instead.
+    (:func:`~.kv_move_warmup.warm_kv_move` makes no move) is named in the line instead.
 
     Raises:
         whatever :func:`~.kv_move_warmup.warm_kv_move` raises.
@@ -119,12 +119,12 @@ def warm_sglang_kv_move(scheduler, bag, accept_width: int, device: torch.device)
     kvcache = runner.token_to_kv_pool_allocator.get_kvcache()
     if not accept_width:
         return "SGLang's KV move of accepted paths not warmed: the verify's accept width is not known"
-    if copy_bound(kvcache) is None:
-        return (f"SGLang's KV move of accepted paths not warmed: the KV pool ({type(kvcache).__name__}) has no "
-                "tiled copy of its own; it compiles at first use")
     started = time.monotonic()
     batches = tree_verify_batches(bag, scheduler.server_args, int(runner.max_running_requests))
     moves = warm_kv_move(kvcache, accept_width, batches, device)
+    if not moves:
+        return (f"SGLang's KV move of accepted paths not warmed: the KV pool ({type(kvcache).__name__}) has no "
+                "tiled copy of its own; it compiles at first use")
     return (f"SGLang's KV move of accepted paths compiled for verify batches up to {batches} ({accept_width} slots "
             f"per request) in {moves} launches, {time.monotonic() - started:.1f} s")
 
