@@ -481,6 +481,16 @@ def test_the_dry_run_says_a_tree_server_compiles_sglangs_kv_move_at_start_up(cap
     assert rc == 0 and ("compiles SGLang's move of each verify's accepted KV slots" in err) is noted
 
 
+@pytest.mark.parametrize("flags, words", [(["--dp", "2"], "--dp 2: not yet measured"),
+                                          (["--tp", "2", "--dp", "2"], "--tp 2, --dp 2: not yet measured"),
+                                          ([], None)])
+def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "fa3", *flags])
+    assert rc == 0
+    assert ("not yet measured with the plugin" not in err) if words is None else (words in err)
+
+
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
