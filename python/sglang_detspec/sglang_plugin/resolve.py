@@ -462,7 +462,11 @@ def chain_note(config: DetSpecConfig) -> str:
             f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the tree; "
             "coupled verify makes the tokens independent of the draft shape (tokens equal to no speculative "
             "decoding while switching both ways, the chain verifying under CUDA graphs: the tiny-model runs of "
-            "2026-12-04); its serving cost with the chain's verify CUDA graphs is not measured")
+            "2026-12-04 and 2026-12-06); served at a bound of 16 on fa3 (8B shape, 128-token prompts, output "
+            "tokens/s against SGLang's non-deterministic EAGLE chain, docs/determinism_tax.md): 0.92 / 0.85 at "
+            "8 / 32 requests with the split, 1.03 / 0.90 on SGLang's FA3 calls with trees verified per node "
+            "(SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang); other bounds, "
+            "backends, concurrencies and prompt lengths are not measured")
 
 
 def announce(config: DetSpecConfig) -> None:
