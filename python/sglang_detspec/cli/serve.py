@@ -30,6 +30,7 @@ import os
 import shlex
 import subprocess
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,10 @@ DETERMINISTIC = "--enable-deterministic-inference"
 HELP_FLAGS = ("-h", "--help")
 SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 
+# The E2E suites that have run with SGLang's prefill CUDA graphs on, and where: the help and the dry run say it.
+PREFILL_GRAPH_SUITES = ("the invariance, coupled-chain and coupled-tree changing-batch suites, the request fuzzer, "
+                        "the switching tree, request seeds and multi-layer EAGLE invariance "
+                        "(docs/e2e/2026-12-06-h200-final-code/, docs/e2e/2026-12-06-h100-final-code/)")
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
 EXAMPLE = """\
   detspec serve -- --model-path M --speculative-algorithm EAGLE \\
@@ -91,13 +96,11 @@ current code. Serving the 8B shape the FA3 split costs the tree 0.92-1.06x
 SGLang's inter-token latency and would cost the chain 0.99-1.21x; the
 Triton split's cost is not measured.
 
-Prefill CUDA graphs: SGLang's default, kept in the example. They were on in
-SGLang's own harness, the serving benchmark (where the coupled chain served
-19-27% more tokens/s with them at 8 and 32 concurrent requests, two
-back-to-back commands), the invariance and coupled-tree changing-batch
-suites and the request fuzzer (docs/e2e/2026-12-06-h200-final-code/); the
-other suites' committed runs had them off (--cuda-graph-backend-prefill
-disabled)."""
+""" + textwrap.fill(
+    "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in SGLang's own harness, the serving "
+    "benchmark (where the coupled chain served 19-27% more tokens/s with them at 8 and 32 concurrent requests, two "
+    f"back-to-back commands), {PREFILL_GRAPH_SUITES}; the other suites' committed runs had them off "
+    "(--cuda-graph-backend-prefill disabled).", 76, break_on_hyphens=False, break_long_words=False)
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
 after '--', adding {DETERMINISTIC} if it is missing, with this
@@ -318,9 +321,8 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
     if off:
         return []
     return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): SGLang's own harness "
-            "(docs/e2e/2026-12-05-h200-default/), the serving benchmark, the invariance and coupled-tree "
-            "suites and the request fuzzer (docs/e2e/2026-12-06-h200-final-code/) ran with them; the other "
-            "suites' committed runs had them off (--cuda-graph-backend-prefill disabled)"]
+            f"(docs/e2e/2026-12-05-h200-default/), the serving benchmark, {PREFILL_GRAPH_SUITES} ran with them; "
+            "the other suites' committed runs had them off (--cuda-graph-backend-prefill disabled)"]
 
 
 def _hooks_not_in_place() -> list[str]:

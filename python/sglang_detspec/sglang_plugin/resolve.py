@@ -321,6 +321,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "2026-12-04); its serving cost is not measured")
     if config.chain_at_batch:
         notes.append(chain_note(config))
+    elif config.verifies_trees and config.algorithm != "NGRAM":
+        notes.append(TREE_LOAD_NOTE)
     if family_note(config.model_family, backend) is not None:
         # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
         attention = family_attention_note(config)
@@ -328,6 +330,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
             notes.append(attention)
     elif config.decode_attention == "split":
         notes.extend(split_notes(config))
+    elif node_path_verifies(config):
+        notes.append(NODE_PATH_NOTE)
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")
@@ -454,6 +458,28 @@ def split_flag_limit(config: DetSpecConfig) -> str | None:
     if config.attention_backend in FA3_SPLIT_BACKENDS and not fa3_split_takes(tree_topk, config.num_draft_tokens):
         return f"trees of {config.num_draft_tokens} draft tokens"
     return None
+
+
+def node_path_verifies(config: DetSpecConfig) -> bool:
+    """Whether the FA3 node path verifies this server's trees (``tree_attention='nodes'``, the split off)."""
+    return (config.tree_attention == "nodes" and config.attention_backend == "fa3"
+            and config.decode_attention != "split" and bool(config.algorithm) and (config.eagle_topk or 1) > 1
+            and not kv_layout_limit(config))
+
+
+NODE_PATH_NOTE = (
+    "SGLANG_DETSPEC_TREE_ATTENTION=nodes on fa3: every tree verify runs SGLang's FA3 decode call over one "
+    "query per tree node (0 of 1,024 logprobs apart from no speculative decoding on every tree kind of the "
+    "FA3 forward-mode matrix); against SGLang's cascade verify it cost -3% to +6.5% inter-token latency at "
+    "128-token prompts and +17% (8 requests) to about +36% (32 requests) at 2048-token prompts on the 8B "
+    "shape (docs/forward_modes.md); other prompt lengths are not measured")
+
+
+TREE_LOAD_NOTE = (
+    "a tree verifies twice the rows per request of a chain of its depth: on fa3 at the 8B shape (128-token prompts) "
+    "it served 0.85 / 0.59 of SGLang's non-deterministic EAGLE chain at 32 / 128 requests, below the coupled chain, "
+    "and about level with it or above at 1 and 8 (docs/determinism_tax.md); SGLANG_DETSPEC_TREE_CHAIN_BATCH=B "
+    "drafts a chain for decode batches above B without changing a token")
 
 
 def chain_note(config: DetSpecConfig) -> str:

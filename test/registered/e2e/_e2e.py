@@ -82,21 +82,21 @@ MIN_TRIALS = 24  # the issue's bar: the probe in at least 24 changing batches
 # --max-total-tokens: SGLang sizes its KV pool from the GPU memory free when the server starts;
 # a fixed pool (about 1 GiB for the tiny Llama pair, 13 GiB for the tiny MTP model, and room
 # for the 256-request load without retraction) lets the suite files' servers share one GPU.
-# --mem-fraction-static 0.8: SGLang 0.5.23 refuses to start ("Loaded weights leave no GPU memory
-# for the KV cache") when, after its weights load, less than (1 - fraction) of the memory it saw
-# free before loading is left; servers of one file start together and fill the card meanwhile.
-# At 0.4 one of test_accept_lengths.py's eight servers failed it on an H100 (47.5 GB left after
-# its weights while the others started; SGLang named 0.407 the minimum), where an H200 passed
-# (docs/e2e/2026-12-06-h100-final-code/). The pools are capped by --max-total-tokens, which the
-# tiny models' reach well inside 0.8 of a card, so the higher fraction lets the others fill more
-# of the card meanwhile and grows no pool past the cap.
+# --mem-fraction-static 0.6: SGLang 0.5.23 refuses to start ("Loaded weights leave no GPU memory
+# for the KV cache") when, at its pool sizing, less than (1 - fraction) of the memory it saw free
+# before loading its weights is still free; the servers of one file start together and fill the
+# card meanwhile. At 0.4 one server of test_accept_lengths.py and the one of test_controls.py
+# failed it on an H100 (SGLang named 0.407 and 0.426 the minimum; docs/e2e/2026-12-06-h100-final-code/).
+# At 0.6 the others may take 60% of what a server saw free. The fraction also sizes a pool below
+# the --max-total-tokens cap when memory is short (the tiny MTP model's got 46,502 of 262,144 tokens
+# at 0.4), so pools may grow by a few GiB; each server still leaves 40% of what it saw free.
 # Prefill CUDA graphs stay at SGLang's default (on), as a user's server runs them: the serving
 # benchmark found them worth 19-27% to the coupled chain (two back-to-back commands). Every
 # committed suite run up to docs/e2e/2026-12-05-h100-ranking added
 # --cuda-graph-backend-prefill disabled (DETSPEC_E2E_SERVER_ARGS restores it).
 DEFAULT_SERVER_ARGS = (
     "--attention-backend triton "
-    "--skip-tokenizer-init --mem-fraction-static 0.8 --max-total-tokens 262144"
+    "--skip-tokenizer-init --mem-fraction-static 0.6 --max-total-tokens 262144"
 )
 # SGLang counts Step3p5 (the tiny MTP model) as a hybrid sliding-window model
 # whatever its layer types; all its layers use full attention, so the ordinary

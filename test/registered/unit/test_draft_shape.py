@@ -63,7 +63,24 @@ def test_the_start_up_says_what_the_setting_does_or_that_it_does_nothing():
     assert any("this server keeps its draft shape" in n for n in ignored)
     assert not any("TREE_CHAIN" in n for n in resolve.setting_notes(DetSpecConfig(**TREE)))
     assert "tree_chain_batch=16" in DetSpecConfig(**TREE).describe()
+    # A tree that keeps its shape at every batch size hears what that costs at large batches, and of the setting.
+    assert resolve.TREE_LOAD_NOTE not in notes
+    assert resolve.TREE_LOAD_NOTE in resolve.unmeasured_notes(DetSpecConfig(**{**TREE, "tree_chain_batch": 0}))
+    chain = DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "eagle_topk": 1, "num_draft_tokens": 4})
+    assert resolve.TREE_LOAD_NOTE not in resolve.unmeasured_notes(chain)
     assert "tree_chain_batch" not in DetSpecConfig(**{**TREE, "eagle_topk": 1, "num_draft_tokens": 4}).describe()
+
+
+def test_the_node_path_note_appears_only_where_the_node_path_verifies():
+    """The node path's cost note: the FA3 tree with the split off, and no server where the node path stands by."""
+    nodes = {**TREE, "attention_backend": "fa3", "tree_attention": "nodes", "decode_attention": "sglang"}
+    assert resolve.NODE_PATH_NOTE in resolve.unmeasured_notes(DetSpecConfig(**nodes))
+    for change in ({"decode_attention": "split"},  # the split verifies the trees; the node path stands by
+                   {"attention_backend": "triton"}, {"tree_attention": "cascade"},
+                   {"eagle_topk": 1, "num_draft_tokens": 4},  # a chain verifies no tree
+                   {"page_size": 16},  # the node path reads pages of one token
+                   {"deterministic": False}):  # inactive: no notes at all
+        assert resolve.NODE_PATH_NOTE not in resolve.unmeasured_notes(DetSpecConfig(**{**nodes, **change})), change
 
 
 def test_the_policy():
