@@ -187,6 +187,12 @@ FAMILIES = {
     # the tree drafting as a chain of its depth for decode batches of more than 3 requests (shape_hook)
     "coupled_tree_chain_switch": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",
                                         (("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "3"),)),
+    # the same on SGLang's own FA3 calls, its trees verified one decode query per node (the serving
+    # benchmark's (o), a candidate tree default; its claim needs fa3 at head sizes 65-128)
+    "coupled_tree_switch_nodes": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",
+                                        (("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "3"),
+                                         ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),
+                                         ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang"))),
     "coupled_chain_random_draft": Family("target", "eagle_random", (*EAGLE, *CHAIN_SHAPE), "coupled"),
     # SGLang's adaptive speculation: the draft step count follows the batch size and accept rate
     # (its default table), a change of drafts that coupled verify keeps out of the tokens

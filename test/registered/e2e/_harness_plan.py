@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import _e2e
 import _forward_plan
 
 # Modes of the harness, in the order they run on a server: single first, because SGLang's
@@ -70,8 +71,10 @@ LONGEST_PROMPT_CHARS, NEW_TOKENS = 4097, 100
 SERVERS = ("no_spec", "coupled_chain", "coupled_tree", "eagle3_tree")
 BACKENDS = ("triton", "fa3")
 # On fa3 these also serve a target of head size WIDE_HEAD_DIM (the tiny target's weights as WIDE_HEADS heads):
-# there a server that verifies no trees keeps SGLang's own FA3 calls (config.fa3_own_calls_exact), a tree the split.
-WIDE_HEAD_SERVERS = ("no_spec", "coupled_chain", "coupled_tree")
+# there a server that verifies no trees keeps SGLang's own FA3 calls (config.fa3_own_calls_exact), a tree the split,
+# and the switching tree on the node path (its own environment, _e2e.FAMILIES) SGLang's calls and one decode query
+# per tree node: at head size 128 it claims 'bitwise', at the tiny target's 64 it would not.
+WIDE_HEAD_SERVERS = ("no_spec", "coupled_chain", "coupled_tree", "coupled_tree_switch_nodes")
 WIDE_HEAD_BACKEND = "fa3"
 WIDE_HEADS, WIDE_HEAD_DIM = 2, 128
 WIDE_SUFFIX = f"_head{WIDE_HEAD_DIM}"
@@ -228,6 +231,26 @@ def wide_head_config(config: dict) -> dict:
     if config["hidden_size"] != WIDE_HEADS * WIDE_HEAD_DIM:
         raise ValueError(f"hidden_size {config['hidden_size']} is not {WIDE_HEADS} x {WIDE_HEAD_DIM}")
     return {**config, "num_attention_heads": WIDE_HEADS, "num_key_value_heads": WIDE_HEADS, "head_dim": WIDE_HEAD_DIM}
+
+
+def server_settings(label: str, environ) -> dict:
+    """The plugin's settings for a server of ``label`` (``config.env_settings``): its family's env over ``environ``.
+
+    Raises:
+        ValueError: an unknown family, or a value the plugin refuses (its message names the variable).
+    """
+    from sglang_detspec.config import env_settings
+
+    return env_settings({**environ, **dict(_e2e.family(base_label(label)).env)})
+
+
+def expected_claim(backend: str, label: str, head_dim: int | None, environ) -> str:
+    """The ``logits`` claim the plugin must log for this server: ``config.logits_guarantee`` on its settings."""
+    from sglang_detspec.config import logits_guarantee
+
+    settings = server_settings(label, environ)
+    return logits_guarantee(backend, _forward_plan.eagle_topk(base_label(label)), settings["tree_attention"],
+                            settings["decode_attention"], head_dim=head_dim)
 
 
 def base_label(label: str) -> str:

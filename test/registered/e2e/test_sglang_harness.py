@@ -15,9 +15,13 @@ comma-separated; unset: both, fa3 where sgl-kernel's FA3 library loads), and
 on fa3 ``no_spec``, ``coupled_chain`` and ``coupled_tree`` again with the
 target read as 2 heads of size 128 (``..._head128``: the same weights; there
 the servers that verify no trees keep SGLang's own FA3 calls, the tree runs
-the split, and each must log which), all servers at once, with a tokenizer (the harness sends text) and SGLang's own
-prefill CUDA-graph choice (also where ``DETSPEC_E2E_SERVER_ARGS`` turns them
-off for the other suites). The tiny models are written at a 128,256-token vocabulary
+the split, and each must log which), with ``coupled_tree_switch_nodes``
+beside them there (the tree drafting a chain above 3 requests, on SGLang's
+FA3 calls with its trees verified one decode query per node: the serving
+benchmark's (o), which must log the node path), all servers at once, with
+a tokenizer (the harness sends text) and SGLang's own prefill CUDA-graph
+choice (also where ``DETSPEC_E2E_SERVER_ARGS`` turns them off for the other
+suites). The tiny models are written at a 128,256-token vocabulary
 (``_harness_plan.VOCAB``: ``radix_cache`` sends ids up to 50,000) with the
 target's attention output at about the residual's size
 (``make_tiny_models.ATTENTION_VISIBLE_SCALE``: at the default scale one bit of
@@ -59,8 +63,8 @@ import _harness_plan as plan
 import _harness_run
 from _register import register_cuda_ci
 
-from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import head_dim_of
+from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_ON
 
 register_cuda_ci(est_time=480, suite="detspec-e2e-cuda")
 
@@ -123,16 +127,19 @@ def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[s
     """The server's logged claim and what is wrong with its start-up lines (the FA3 path it logs included)."""
     claims = _e2e.claimed_logits(server)
     head_dim = head_dim_of(server.config.model)
-    topk = _forward_plan.eagle_topk(plan.base_label(label))
-    decode_attention = _forward_plan.decode_attention()
-    expected = logits_guarantee(backend, topk, decode_attention=decode_attention, head_dim=head_dim)
+    settings = plan.server_settings(label, os.environ)
+    expected = plan.expected_claim(backend, label, head_dim, os.environ)
     problems = _e2e.plugin_problems(server)
     if claims != [expected]:
         problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{expected!r}]")
+    trees = _forward_plan.verifies_trees(plan.base_label(label))
     if backend == "fa3":
-        problem = _e2e.fa3_path_problem(server, decode_attention, head_dim,
-                                        _forward_plan.verifies_trees(plan.base_label(label)))
+        problem = _e2e.fa3_path_problem(server, settings["decode_attention"], head_dim, trees)
         problems += [problem] if problem else []
+    if backend == "fa3" and trees and settings["tree_attention"] == "nodes" and settings["decode_attention"] != "split":
+        # The positive control that the node path verified this server's trees, not SGLang's cascade.
+        if not server.log_lines(NODE_PATH_ON):
+            problems.append(f"{backend} {label}: no {NODE_PATH_ON!r} start-up line")
     return (claims[0] if len(claims) == 1 else None), problems
 
 

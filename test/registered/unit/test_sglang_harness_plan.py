@@ -98,6 +98,22 @@ def test_what_is_asserted_follows_the_claim(mods):
         assert asserted("p_vs_d", claim) == asserted("radix_cache", claim) == (claim == "bitwise")
 
 
+def test_each_server_is_held_to_the_claim_of_its_own_settings(mods):
+    """A family's environment overrides the suite's: the node-path switching tree claims bitwise at head size 128."""
+    plan = mods.plan
+    wide = "coupled_tree_switch_nodes" + plan.WIDE_SUFFIX
+    settings = plan.server_settings(wide, {"SGLANG_DETSPEC_DECODE_ATTENTION": "split"})
+    assert (settings["tree_attention"], settings["decode_attention"], settings["tree_chain_batch"]) == ("nodes",
+                                                                                                         "sglang", 3)
+    assert plan.expected_claim("fa3", wide, 128, {}) == "bitwise"
+    # The positive control of the head-size rule: SGLang's calls part decode from prefill at 64.
+    assert plan.expected_claim("fa3", wide, 64, {}) == "tokens"
+    # The default tree keeps the suite's setting (the split): bitwise at both head sizes on fa3.
+    assert plan.server_settings("coupled_tree", {})["decode_attention"] == "split"
+    assert plan.expected_claim("fa3", "coupled_tree", 64, {}) == "bitwise"
+    assert plan.expected_claim("fa3", "coupled_tree", 128, {"SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}) == "tokens"
+
+
 def test_prefix_verdict(mods):
     plan = mods.plan
     assert plan.prefix_logprob_verdict(f"x\n✓✓✓ {plan.PREFIX_LOGPROBS_SAME}! ✓✓✓\n") is True
