@@ -332,12 +332,32 @@ class DetSpecConfig:
         on the drafts. The serving process also leaves it off under attention
         data parallelism and pipeline parallelism (``shape_hook.install_shapes``).
         """
-        if not (self.tree_chain_batch and self.active and self.coupled and self.algorithm in ("EAGLE", "EAGLE3")
-                and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
-                and self.page_size in (None, 1)
-                and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1)):
-            return 0
-        return self.tree_chain_batch
+        return self.tree_chain_batch if self.can_switch_shape else 0
+
+    @property
+    def can_switch_shape(self) -> bool:
+        """Whether ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` would apply to this server: every condition of
+        :attr:`chain_at_batch` but the setting itself."""
+        return bool(self.active and self.coupled and self.algorithm in ("EAGLE", "EAGLE3")
+                    and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
+                    and self.page_size in (None, 1)
+                    and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1))
+
+    @property
+    def node_path_verifies(self) -> bool:
+        """Whether the FA3 node path verifies this server's trees (``tree_attention='nodes'``).
+
+        Where the prefix / tail split serves (``decode_attention='split'``,
+        the default, and a tree it takes, :func:`fa3_split_takes`) it verifies
+        the trees and the node path stands by; elsewhere the node path serves
+        on a KV layout of pages of one token in SGLang's default KV dtype. The
+        serving process decides the same from its backend
+        (``sglang_plugin/tree_attention_hook.py``), which can also turn it down.
+        """
+        split_takes = self.decode_attention == "split" and fa3_split_takes(self.eagle_topk, self.num_draft_tokens)
+        return bool(self.active and self.tree_attention == "nodes" and self.attention_backend in
+                    BITWISE_NODE_TREE_BACKENDS and self.algorithm and (self.eagle_topk or 1) > 1 and not split_takes
+                    and self.page_size in (None, 1) and kv_cache_reason(self.kv_cache_dtype) is None)
 
     def wants_sampled_drafts(self) -> bool:
         """Whether start-up should turn on SGLang's sampled-draft path for this coupled chain.

@@ -45,6 +45,9 @@ SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 PREFILL_GRAPH_SUITES = ("the invariance, coupled-chain and coupled-tree changing-batch suites, the request fuzzer, "
                         "the switching tree, request seeds and multi-layer EAGLE invariance "
                         "(docs/e2e/2026-12-06-h200-final-code/, docs/e2e/2026-12-06-h100-final-code/)")
+PREFILL_GRAPH_OFF_RUNS = "the other suites' committed runs had them off (--cuda-graph-backend-prefill disabled)"
+# The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
+HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
 EXAMPLE = """\
   detspec serve -- --model-path M --speculative-algorithm EAGLE \\
@@ -99,8 +102,8 @@ Triton split's cost is not measured.
 """ + textwrap.fill(
     "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in SGLang's own harness, the serving "
     "benchmark (where the coupled chain served 19-27% more tokens/s with them at 8 and 32 concurrent requests, two "
-    f"back-to-back commands), {PREFILL_GRAPH_SUITES}; the other suites' committed runs had them off "
-    "(--cuda-graph-backend-prefill disabled).", 76, break_on_hyphens=False, break_long_words=False)
+    f"back-to-back commands), {PREFILL_GRAPH_SUITES}; {PREFILL_GRAPH_OFF_RUNS}.", HELP_WIDTH,
+    break_on_hyphens=False, break_long_words=False)
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
 after '--', adding {DETERMINISTIC} if it is missing, with this
@@ -322,7 +325,7 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
         return []
     return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): SGLang's own harness "
             f"(docs/e2e/2026-12-05-h200-default/), the serving benchmark, {PREFILL_GRAPH_SUITES} ran with them; "
-            "the other suites' committed runs had them off (--cuda-graph-backend-prefill disabled)"]
+            f"{PREFILL_GRAPH_OFF_RUNS}"]
 
 
 def _hooks_not_in_place() -> list[str]:

@@ -319,18 +319,19 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "rate): coupled verify makes the tokens independent of the step count (tokens equal to no "
                      "speculative decoding while the steps switched: the tiny-model invariance run of "
                      "2026-12-04); its serving cost is not measured")
+    dense = family_note(config.model_family, backend) is None  # the figures below are a dense target's
     if config.chain_at_batch:
         notes.append(chain_note(config))
-    elif config.verifies_trees and config.algorithm != "NGRAM":
-        notes.append(TREE_LOAD_NOTE)
-    if family_note(config.model_family, backend) is not None:
+    elif config.can_switch_shape and dense:
+        notes.append(tree_load_note(config))
+    if not dense:
         # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
         attention = family_attention_note(config)
         if attention:
             notes.append(attention)
     elif config.decode_attention == "split":
         notes.extend(split_notes(config))
-    elif node_path_verifies(config):
+    if config.node_path_verifies and dense:
         notes.append(NODE_PATH_NOTE)
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
@@ -460,26 +461,24 @@ def split_flag_limit(config: DetSpecConfig) -> str | None:
     return None
 
 
-def node_path_verifies(config: DetSpecConfig) -> bool:
-    """Whether the FA3 node path verifies this server's trees (``tree_attention='nodes'``, the split off)."""
-    return (config.tree_attention == "nodes" and config.attention_backend == "fa3"
-            and config.decode_attention != "split" and bool(config.algorithm) and (config.eagle_topk or 1) > 1
-            and not kv_layout_limit(config))
-
-
 NODE_PATH_NOTE = (
     "SGLANG_DETSPEC_TREE_ATTENTION=nodes on fa3: every tree verify runs SGLang's FA3 decode call over one "
-    "query per tree node (0 of 1,024 logprobs apart from no speculative decoding on every tree kind of the "
-    "FA3 forward-mode matrix); against SGLang's cascade verify it cost -3% to +6.5% inter-token latency at "
-    "128-token prompts and +17% (8 requests) to about +36% (32 requests) at 2048-token prompts on the 8B "
-    "shape (docs/forward_modes.md); other prompt lengths are not measured")
+    "query per tree node (0 of 1,024 logprobs apart from no speculative decoding on the EAGLE, EAGLE3 and NEXTN "
+    "trees of the FA3 forward-mode matrix: tiny models, head size 64, one H200); against SGLang's cascade verify "
+    "it cost -3% to +6.5% inter-token latency at 128-token prompts and +17% (8 requests) to about +36% (32 "
+    "requests) at 2048-token prompts on the 8B shape (one H200, docs/forward_modes.md); other prompt lengths "
+    "are not measured")
 
 
-TREE_LOAD_NOTE = (
-    "a tree verifies twice the rows per request of a chain of its depth: on fa3 at the 8B shape (128-token prompts) "
-    "it served 0.85 / 0.59 of SGLang's non-deterministic EAGLE chain at 32 / 128 requests, below the coupled chain, "
-    "and about level with it or above at 1 and 8 (docs/determinism_tax.md); SGLANG_DETSPEC_TREE_CHAIN_BATCH=B "
-    "drafts a chain for decode batches above B without changing a token")
+def tree_load_note(config: DetSpecConfig) -> str:
+    """:func:`unmeasured_notes`' sentence for a tree that could draft a chain at large batches but does not."""
+    rows = config.num_draft_tokens or "one per draft token,"
+    return (f"a tree verifies {rows} rows per request, a chain of its depth {config.num_steps + 1}: on fa3 at the "
+            "8B shape (128-token prompts, prefill CUDA graphs on) the tree of 8 rows served 0.85 of SGLang's "
+            "non-deterministic EAGLE chain at 32 requests (one H100, da5949a) and 0.59 at 128 (one H200, 18240f4), "
+            "below the coupled chain, and 0.995 / 1.014 at 1 / 8 (the H200 / the H100); other backends and shapes "
+            "are not measured (docs/determinism_tax.md); SGLANG_DETSPEC_TREE_CHAIN_BATCH=B drafts a chain for "
+            "decode batches above B without changing a token")
 
 
 def chain_note(config: DetSpecConfig) -> str:
@@ -490,9 +489,10 @@ def chain_note(config: DetSpecConfig) -> str:
             "decoding while switching both ways, the chain verifying under CUDA graphs: the tiny-model runs of "
             "2026-12-04 and 2026-12-06); served at a bound of 16 on fa3 (8B shape, 128-token prompts, output "
             "tokens/s against SGLang's non-deterministic EAGLE chain, docs/determinism_tax.md): 0.92 / 0.85 at "
-            "8 / 32 requests with the split, 1.03 / 0.90 on SGLang's FA3 calls with trees verified per node "
-            "(SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang); other bounds, "
-            "backends, concurrencies and prompt lengths are not measured")
+            "8 / 32 requests with the split (one H200, 18240f4), 1.03 / 0.90 on SGLang's FA3 calls with trees "
+            "verified per node (SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang; one "
+            "H100, 951108d, where the coupled chain served 0.85 / 0.87); other bounds, backends, concurrencies and "
+            "prompt lengths are not measured")
 
 
 def announce(config: DetSpecConfig) -> None:

@@ -789,6 +789,19 @@ def fa3_path_problem(server: RunningServer, decode_attention: str, head_dim: int
             f"({'a tree' if verifies_trees else 'no trees'}); its lines: {seen[:2]}")
 
 
+def node_path_problem(server: RunningServer) -> str | None:
+    """What is wrong with the start-up lines of a server that must verify its trees by the FA3 node path, or None.
+
+    It must log the node path taking the target (``NODE_PATH_ON``) and never
+    the cascade kept (``NODE_PATH_OFF``: a backend the node path turned down).
+    """
+    from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE_PATH_ON
+
+    if server.log_lines(NODE_PATH_ON) and not server.log_lines(NODE_PATH_OFF):
+        return None
+    return f"the node path did not run (its start-up lines: {server.log_lines('FA3 tree verify')[:2]})"
+
+
 def plugin_problems(server: RunningServer) -> list[str]:
     """What is wrong with the plugin's start-up lines of a deterministic server (empty: nothing).
 

@@ -45,9 +45,11 @@ the suite serves the tiny models written at :data:`VOCAB`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import _e2e
 import _forward_plan
+from sglang_detspec.config import DetSpecConfig, env_settings
 
 # Modes of the harness, in the order they run on a server: single first, because SGLang's
 # harness notes that a /flush_cache before any request can hang, and prefix flushes first.
@@ -233,24 +235,31 @@ def wide_head_config(config: dict) -> dict:
     return {**config, "num_attention_heads": WIDE_HEADS, "num_key_value_heads": WIDE_HEADS, "head_dim": WIDE_HEAD_DIM}
 
 
-def server_settings(label: str, environ) -> dict:
-    """The plugin's settings for a server of ``label`` (``config.env_settings``): its family's env over ``environ``.
+def server_bag(backend: str, label: str, env: Mapping[str, str], head_dim: int | None) -> DetSpecConfig:
+    """The plugin's settings bag for a harness server, as its start-up would resolve them on a tiny target.
+
+    ``env``: the environment the server runs with (the suite's, then its
+    ``ServerConfig.env`` over it, as SGLang's launcher applies them); the
+    speculative flags come from its family (``_e2e.FAMILIES``). The bag's
+    :attr:`~DetSpecConfig.logits` is the claim the server must log, and its
+    :attr:`~DetSpecConfig.node_path_verifies` whether it must log the node path.
 
     Raises:
-        ValueError: an unknown family, or a value the plugin refuses (its message names the variable).
+        ValueError: an unknown family, or a setting the plugin refuses (its message names the variable).
     """
-    from sglang_detspec.config import env_settings
+    settings = env_settings(env)
+    args = _e2e.family(base_label(label)).spec_args
 
-    return env_settings({**environ, **dict(_e2e.family(base_label(label)).env)})
+    def flag(name: str) -> str | None:
+        return args[args.index(name) + 1] if name in args else None
 
-
-def expected_claim(backend: str, label: str, head_dim: int | None, environ) -> str:
-    """The ``logits`` claim the plugin must log for this server: ``config.logits_guarantee`` on its settings."""
-    from sglang_detspec.config import logits_guarantee
-
-    settings = server_settings(label, environ)
-    return logits_guarantee(backend, _forward_plan.eagle_topk(base_label(label)), settings["tree_attention"],
-                            settings["decode_attention"], head_dim=head_dim)
+    steps, tokens = flag("--speculative-num-steps"), flag("--speculative-num-draft-tokens")
+    return DetSpecConfig(
+        deterministic=True, attention_backend=backend, page_size=1, head_dim=head_dim,
+        tree_attention=settings["tree_attention"], decode_attention=settings["decode_attention"],
+        tree_chain_batch=settings["tree_chain_batch"], algorithm=flag("--speculative-algorithm"),
+        num_steps=int(steps) if steps else None, eagle_topk=_forward_plan.eagle_topk(base_label(label)),
+        num_draft_tokens=int(tokens) if tokens else None)
 
 
 def base_label(label: str) -> str:

@@ -121,7 +121,6 @@ from _register import register_cuda_ci
 from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import head_dim_of
 from sglang_detspec.sglang_plugin.attention_hook import SPLIT_OFF, SPLIT_ON
-from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_OFF, NODE_PATH_ON
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
@@ -261,10 +260,10 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
                                     head_dim=head_dim_of(spec.model))
         if claims != [expected]:
             problems.append(f"{backend} {name}: the plugin logged logits={claims}, expected [{expected!r}]")
-        if row.tree_attention == "nodes" and not isinstance(server, str) and (
-                not server.log_lines(NODE_PATH_ON) or server.log_lines(NODE_PATH_OFF)):
-            problems.append(f"{backend} {name}: the node path did not run (its start-up lines: "
-                            f"{server.log_lines('FA3 tree verify')[:2]})")
+        node_problem = (_e2e.node_path_problem(server)
+                        if row.tree_attention == "nodes" and not isinstance(server, str) else None)
+        if node_problem:
+            problems.append(f"{backend} {name}: {node_problem}")
         # A node-path row compares decode calls with decode calls (each node's verify is a decode query),
         # which the head-size rule does not concern: it is held to the claim without that rule.
         held = (logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION)

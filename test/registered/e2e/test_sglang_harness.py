@@ -43,7 +43,9 @@ harness's printout in ``harness_<server>.log``. Every row is recorded; the
 test fails on the rows it asserts (``_harness_plan.asserted``: ``single``
 and ``prefix`` everywhere, ``radix_cache`` and ``p_vs_d`` where the server
 claims ``bitwise``), on a server that does not start, and where the plugin's
-start-up claim is not the one ``config.logits_guarantee`` gives.
+start-up claim is not its settings bag's (``_harness_plan.server_bag``: the
+family's flags and environment, ``config.logits_guarantee``), and on a
+node-path server that does not log the node path.
 """
 
 import dataclasses
@@ -64,7 +66,6 @@ import _harness_run
 from _register import register_cuda_ci
 
 from sglang_detspec.model_family import head_dim_of
-from sglang_detspec.sglang_plugin.tree_attention_hook import NODE_PATH_ON
 
 register_cuda_ci(est_time=480, suite="detspec-e2e-cuda")
 
@@ -127,19 +128,16 @@ def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[s
     """The server's logged claim and what is wrong with its start-up lines (the FA3 path it logs included)."""
     claims = _e2e.claimed_logits(server)
     head_dim = head_dim_of(server.config.model)
-    settings = plan.server_settings(label, os.environ)
-    expected = plan.expected_claim(backend, label, head_dim, os.environ)
+    bag = plan.server_bag(backend, label, {**os.environ, **dict(server.config.env)}, head_dim)
     problems = _e2e.plugin_problems(server)
-    if claims != [expected]:
-        problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{expected!r}]")
-    trees = _forward_plan.verifies_trees(plan.base_label(label))
+    if claims != [bag.logits]:
+        problems.append(f"{backend} {label}: the plugin logged logits={claims}, expected [{bag.logits!r}]")
     if backend == "fa3":
-        problem = _e2e.fa3_path_problem(server, settings["decode_attention"], head_dim, trees)
+        problem = _e2e.fa3_path_problem(server, bag.decode_attention, head_dim, bag.verifies_trees)
         problems += [problem] if problem else []
-    if backend == "fa3" and trees and settings["tree_attention"] == "nodes" and settings["decode_attention"] != "split":
-        # The positive control that the node path verified this server's trees, not SGLang's cascade.
-        if not server.log_lines(NODE_PATH_ON):
-            problems.append(f"{backend} {label}: no {NODE_PATH_ON!r} start-up line")
+    if bag.node_path_verifies:
+        problem = _e2e.node_path_problem(server)
+        problems += [f"{backend} {label}: {problem}"] if problem else []
     return (claims[0] if len(claims) == 1 else None), problems
 
 
@@ -191,7 +189,7 @@ def test_sglang_harness(servers, harness_models):
     machine = _e2e.machine_facts()
     doc = plan.document(rows, machine["date_utc"], machine.get("gpu") or "unknown GPU", passed=not problems,
                         problems=problems, servers=facts, facts=machine,
-                        decode_attention=_forward_plan.decode_attention(),  # the path every server ran
+                        decode_attention=_forward_plan.decode_attention(),  # the suite's; a family env overrides it
                         models={"vocab": plan.VOCAB, "target": harness_models.target,
                                 "attention_scale": _e2e.tiny_models_script().ATTENTION_VISIBLE_SCALE})
     path = _e2e.out_dir() / f"{plan.RESULT_FILE}.json"

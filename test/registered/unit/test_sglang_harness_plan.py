@@ -99,19 +99,24 @@ def test_what_is_asserted_follows_the_claim(mods):
 
 
 def test_each_server_is_held_to_the_claim_of_its_own_settings(mods):
-    """A family's environment overrides the suite's: the node-path switching tree claims bitwise at head size 128."""
-    plan = mods.plan
+    """A server's own environment overrides the suite's: the node-path switching tree claims bitwise at head 128."""
+    plan, e2e = mods.plan, mods.e2e
     wide = "coupled_tree_switch_nodes" + plan.WIDE_SUFFIX
-    settings = plan.server_settings(wide, {"SGLANG_DETSPEC_DECODE_ATTENTION": "split"})
-    assert (settings["tree_attention"], settings["decode_attention"], settings["tree_chain_batch"]) == ("nodes",
-                                                                                                         "sglang", 3)
-    assert plan.expected_claim("fa3", wide, 128, {}) == "bitwise"
+    env = {"SGLANG_DETSPEC_DECODE_ATTENTION": "split", **dict(e2e.family("coupled_tree_switch_nodes").env)}
+    bag = plan.server_bag("fa3", wide, env, 128)
+    assert (bag.tree_attention, bag.decode_attention, bag.chain_at_batch) == ("nodes", "sglang", 3)
+    assert (bag.num_steps, bag.eagle_topk, bag.num_draft_tokens) == (3, 4, 8)
+    assert bag.logits == "bitwise" and bag.node_path_verifies
     # The positive control of the head-size rule: SGLang's calls part decode from prefill at 64.
-    assert plan.expected_claim("fa3", wide, 64, {}) == "tokens"
-    # The default tree keeps the suite's setting (the split): bitwise at both head sizes on fa3.
-    assert plan.server_settings("coupled_tree", {})["decode_attention"] == "split"
-    assert plan.expected_claim("fa3", "coupled_tree", 64, {}) == "bitwise"
-    assert plan.expected_claim("fa3", "coupled_tree", 128, {"SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}) == "tokens"
+    assert plan.server_bag("fa3", wide, env, 64).logits == "tokens"
+    # The default tree keeps the suite's setting (the split): bitwise at both head sizes on fa3, no node path.
+    for head in (64, 128):
+        tree = plan.server_bag("fa3", "coupled_tree" + plan.WIDE_SUFFIX * (head == 128), {}, head)
+        assert tree.decode_attention == "split" and tree.logits == "bitwise" and not tree.node_path_verifies
+    assert plan.server_bag("fa3", "coupled_tree", {"SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}, 128).logits == "tokens"
+    assert plan.server_bag("triton", "no_spec", {}, 64).logits == "bitwise"
+    with pytest.raises(ValueError, match="SGLANG_DETSPEC_TREE_ATTENTION"):
+        plan.server_bag("fa3", "coupled_tree", {"SGLANG_DETSPEC_TREE_ATTENTION": "leaves"}, 64)
 
 
 def test_prefix_verdict(mods):
