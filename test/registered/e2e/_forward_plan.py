@@ -104,15 +104,23 @@ CACHE_HIT = "cache_hit"
 CACHE_HIT_SERVER = ("no_spec", (), ())
 
 
+def spec_flag(family_name: str, flag: str) -> str | None:
+    """The value of speculative-decoding flag ``flag`` in a family's arguments, or None where it has none.
+
+    Raises:
+        ValueError: unknown family (``_e2e.family``).
+    """
+    args = _e2e.family(family_name).spec_args
+    return args[args.index(flag) + 1] if flag in args else None
+
+
 def eagle_topk(family_name: str) -> int:
     """``--speculative-eagle-topk`` of a family (1 where it has none: a chain, or no speculative decoding).
 
     Raises:
         ValueError: unknown family (``_e2e.family``).
     """
-    args = _e2e.family(family_name).spec_args
-    flag = "--speculative-eagle-topk"
-    return int(args[args.index(flag) + 1]) if flag in args else 1
+    return int(spec_flag(family_name, "--speculative-eagle-topk") or 1)
 
 
 def verifies_trees(family_name: str) -> bool:
@@ -123,9 +131,7 @@ def verifies_trees(family_name: str) -> bool:
     """
     from sglang_detspec.config import DetSpecConfig
 
-    args = _e2e.family(family_name).spec_args
-    flag = "--speculative-algorithm"
-    algorithm = args[args.index(flag) + 1] if flag in args else None
+    algorithm = spec_flag(family_name, "--speculative-algorithm")
     return DetSpecConfig(algorithm=algorithm, eagle_topk=eagle_topk(family_name)).verifies_trees
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-import _e2e
 import _forward_plan
 from sglang_detspec.config import DetSpecConfig, env_settings
 
@@ -248,18 +247,15 @@ def server_bag(backend: str, label: str, env: Mapping[str, str], head_dim: int |
         ValueError: an unknown family, or a setting the plugin refuses (its message names the variable).
     """
     settings = env_settings(env)
-    args = _e2e.family(base_label(label)).spec_args
-
-    def flag(name: str) -> str | None:
-        return args[args.index(name) + 1] if name in args else None
-
-    steps, tokens = flag("--speculative-num-steps"), flag("--speculative-num-draft-tokens")
+    family = base_label(label)
+    algorithm = _forward_plan.spec_flag(family, "--speculative-algorithm")
+    steps = _forward_plan.spec_flag(family, "--speculative-num-steps")
+    tokens = _forward_plan.spec_flag(family, "--speculative-num-draft-tokens")
     return DetSpecConfig(
         deterministic=True, attention_backend=backend, page_size=1, head_dim=head_dim,
         tree_attention=settings["tree_attention"], decode_attention=settings["decode_attention"],
-        tree_chain_batch=settings["tree_chain_batch"], algorithm=flag("--speculative-algorithm"),
-        num_steps=int(steps) if steps else None, eagle_topk=_forward_plan.eagle_topk(base_label(label)),
-        num_draft_tokens=int(tokens) if tokens else None)
+        tree_chain_batch=settings["tree_chain_batch"], algorithm=algorithm, eagle_topk=_forward_plan.eagle_topk(family),
+        num_steps=int(steps) if steps else None, num_draft_tokens=int(tokens) if tokens else None)
 
 
 def base_label(label: str) -> str:
