@@ -531,7 +531,7 @@ def guarantee_and_reason(attention_backend: str | None, eagle_topk: int | None, 
     """:func:`logits_guarantee` (same arguments) and, for ``tokens``, why: one clause naming the rule that applied.
 
     The reason is None for ``bitwise``. The start-up notes and the dry run
-    print it (``sglang_plugin/resolve.setting_notes``). The KV-cache rule
+    print it (``sglang_plugin/startup_notes.setting_notes``). The KV-cache rule
     (:func:`kv_cache_reason`) and the head-size rule (:func:`fa3_head_size_reason`)
     apply to what would otherwise be ``bitwise``.
     """

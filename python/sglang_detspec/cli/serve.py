@@ -222,7 +222,7 @@ def switch_notes(bag: DetSpecConfig, notes: list[str], ns: argparse.Namespace) -
     """
     if not bag.chain_at_batch:
         return notes
-    from ..sglang_plugin.resolve import chain_note
+    from ..sglang_plugin.startup_notes import chain_note
     from ..sglang_plugin.shape_rules import not_applied_note, not_applied_reason
 
     reason = not_applied_reason(ns, getattr(ns, "max_running_requests", None), bag.chain_at_batch)
@@ -438,7 +438,8 @@ def _run(args) -> int:
                 kv_reason = kv_cache_reason(bag.kv_cache_dtype)
                 if kv_reason:  # the KV cache alone decides the claim, whatever the backend turns out to be
                     _say(f"note: on every backend logits='tokens' because of {kv_reason}")
-            from ..sglang_plugin.resolve import sglang_backend_switch, setting_notes, unmeasured_notes
+            from ..sglang_plugin.startup_notes import setting_notes, unmeasured_notes
+            from ..sglang_plugin.resolve import sglang_backend_switch
 
             ns = read_launch_args(cmd[3:])
             switched = sglang_backend_switch(ns)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 
 from ..config import DetSpecConfig, install_config
-from .resolve import SAMPLED_DRAFTS_SOURCE, announce, bag_from, config_from_server_args, reduced_draft_vocab
+from .startup_notes import announce
+from .resolve import SAMPLED_DRAFTS_SOURCE, bag_from, config_from_server_args, reduced_draft_vocab
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 

@@ -23,7 +23,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
 from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
 from sglang_detspec.ops.verify_outputs import write_verify_outputs
-from sglang_detspec.sglang_plugin import draft_hook, resolve, verify_hook
+from sglang_detspec.sglang_plugin import draft_hook, resolve, startup_notes, verify_hook
 from sglang_detspec.sglang_plugin.verify_hook import VerifyContext
 
 register_cpu_ci(est_time=60, suite="detspec-unit-cpu")
@@ -100,14 +100,14 @@ def test_adaptive_chain_resolves_sglang_candidate_steps(loaded, model_dir, tmp_p
     bag = resolve.config_from_server_args(server_args(model_dir, f"{eagle(model_dir, CHAIN)} --speculative-adaptive {DET}"))
     assert bag.active and bag.adaptive_steps == tuple(default) and 3 in bag.adaptive_steps
     assert any("--speculative-adaptive" in note and "serving cost is not measured" in note
-               for note in resolve.unmeasured_notes(bag))
+               for note in startup_notes.unmeasured_notes(bag))
     custom = tmp_path / "adaptive.json"
     custom.write_text('{"1": {"candidate_steps": [1, 3]}, "16": {"candidate_steps": [2, 3]}}')
     bag = resolve.config_from_server_args(server_args(
         model_dir, f"{eagle(model_dir, CHAIN)} --speculative-adaptive --speculative-adaptive-config {custom} {DET}"))
     assert bag.adaptive_steps == (1, 2, 3)
     tree = resolve.config_from_server_args(server_args(model_dir, f"{eagle(model_dir, TREE)} --speculative-adaptive {DET}"))
-    assert tree.adaptive_steps == () and not any("adaptive" in n for n in resolve.unmeasured_notes(tree))
+    assert tree.adaptive_steps == () and not any("adaptive" in n for n in startup_notes.unmeasured_notes(tree))
     plain = resolve.config_from_server_args(server_args(model_dir, f"{eagle(model_dir, CHAIN)} {DET}"))
     assert plain.adaptive_steps == () and "adaptive_steps" in plain.shown_fields()
     reset_config()

@@ -20,7 +20,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import MAX_TREE_CHAIN_BATCH, DetSpecConfig, env_settings
-from sglang_detspec.sglang_plugin import channels, resolve, shape_hook
+from sglang_detspec.sglang_plugin import channels, shape_hook, startup_notes
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
@@ -57,41 +57,41 @@ def test_which_servers_switch(change, applies):
 
 
 def test_the_start_up_says_what_the_setting_does_or_that_it_does_nothing():
-    notes = resolve.unmeasured_notes(DetSpecConfig(**TREE))
+    notes = startup_notes.unmeasured_notes(DetSpecConfig(**TREE))
     assert any("decode batches of more than 16 requests draft a chain of 3 steps" in n for n in notes)
-    ignored = resolve.setting_notes(DetSpecConfig(**{**TREE, "page_size": 16}))
+    ignored = startup_notes.setting_notes(DetSpecConfig(**{**TREE, "page_size": 16}))
     assert any("this server keeps its draft shape" in n for n in ignored)
-    assert not any("TREE_CHAIN" in n for n in resolve.setting_notes(DetSpecConfig(**TREE)))
+    assert not any("TREE_CHAIN" in n for n in startup_notes.setting_notes(DetSpecConfig(**TREE)))
     assert "tree_chain_batch=16" in DetSpecConfig(**TREE).describe()
     # A tree that keeps its shape at every batch size, where the setting would apply, hears what that costs at
     # large batches and of the setting; nowhere else.
     fixed = DetSpecConfig(**{**TREE, "tree_chain_batch": 0})
-    assert resolve.tree_load_note(fixed) in resolve.unmeasured_notes(fixed)
-    assert "verifies 8 rows per request, a chain of its depth 4" in resolve.tree_load_note(fixed)
+    assert startup_notes.tree_load_note(fixed) in startup_notes.unmeasured_notes(fixed)
+    assert "verifies 8 rows per request, a chain of its depth 4" in startup_notes.tree_load_note(fixed)
     wide = DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "num_steps": 5, "eagle_topk": 8, "num_draft_tokens": 80})
-    assert "verifies 80 rows per request, a chain of its depth 6" in resolve.tree_load_note(wide)
+    assert "verifies 80 rows per request, a chain of its depth 6" in startup_notes.tree_load_note(wide)
     for change in ({}, {"eagle_topk": 1, "num_draft_tokens": 4}, {"page_size": 16}, {"multi_layer_eagle": True},
                    {"algorithm": "NGRAM"}, {"num_steps": 8, "num_draft_tokens": 6}, {"deterministic": False}):
         bag = DetSpecConfig(**{**TREE, **change, "tree_chain_batch": TREE["tree_chain_batch"] if not change else 0})
-        assert not any(n.startswith("a tree verifies") for n in resolve.unmeasured_notes(bag)), change
+        assert not any(n.startswith("a tree verifies") for n in startup_notes.unmeasured_notes(bag)), change
     assert "tree_chain_batch" not in DetSpecConfig(**{**TREE, "eagle_topk": 1, "num_draft_tokens": 4}).describe()
 
 
 def test_the_node_path_note_appears_only_where_the_node_path_verifies():
     """The node path's cost note: the FA3 tree with the split off, and no server where the node path stands by."""
     nodes = {**TREE, "attention_backend": "fa3", "tree_attention": "nodes", "decode_attention": "sglang"}
-    assert resolve.NODE_PATH_NOTE in resolve.unmeasured_notes(DetSpecConfig(**nodes))
+    assert startup_notes.NODE_PATH_NOTE in startup_notes.unmeasured_notes(DetSpecConfig(**nodes))
     # Where the split declines a tree (more draft tokens than it covers) the node path serves under the split too.
     declined = DetSpecConfig(**{**nodes, "decode_attention": "split", "num_steps": 5, "eagle_topk": 8,
                                 "num_draft_tokens": 80})
-    assert declined.node_path_verifies and resolve.NODE_PATH_NOTE in resolve.unmeasured_notes(declined)
+    assert declined.node_path_verifies and startup_notes.NODE_PATH_NOTE in startup_notes.unmeasured_notes(declined)
     for change in ({"decode_attention": "split"},  # the split verifies the trees; the node path stands by
                    {"attention_backend": "triton"}, {"tree_attention": "cascade"},
                    {"eagle_topk": 1, "num_draft_tokens": 4},  # a chain verifies no tree
                    {"page_size": 16}, {"kv_cache_dtype": "fp8_e4m3"},  # the node path reads bf16 pages of one token
                    {"deterministic": False}):  # inactive: no notes at all
         bag = DetSpecConfig(**{**nodes, **change})
-        assert not bag.node_path_verifies and resolve.NODE_PATH_NOTE not in resolve.unmeasured_notes(bag), change
+        assert not bag.node_path_verifies and startup_notes.NODE_PATH_NOTE not in startup_notes.unmeasured_notes(bag), change
 
 
 def test_the_policy():

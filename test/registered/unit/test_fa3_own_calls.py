@@ -223,7 +223,7 @@ def test_a_backend_the_split_could_not_serve_is_not_checked(bag, checks):
     (CHAIN, "keeps SGLang's own FA3 calls (a start-up check decides)"),  # head size not read
 ])
 def test_the_dry_run_says_which_fa3_path_the_server_takes(config, says):
-    from sglang_detspec.sglang_plugin.resolve import unmeasured_notes
+    from sglang_detspec.sglang_plugin.startup_notes import unmeasured_notes
 
     notes = [n for n in unmeasured_notes(config) if n.startswith("SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3")]
     assert len(notes) == 1 and says in notes[0], notes

@@ -8,7 +8,8 @@
   and SGLang; ``positions`` imports only ``ops``
   and ``channels``; ``channels`` nothing of the package, ``request_rules`` only the torch-free
   seed encoding (its seed rule is that range check's); the bag's resolution from
-  SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag;
+  SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag and the start-up notes
+  (``startup_notes``), which import only the bag and the family rule;
 - no module imports a hook module except the registration (``sglang_plugin/__init__.py``);
 - kernels live in ``ops/``: no ``@triton.jit`` (or ``@triton.autotune``, ``@triton.heuristics``) anywhere else;
 - position rules live in ``positions.py``: no hook module adds to or subtracts from a
@@ -69,6 +70,7 @@ def allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 
 ALL = sorted(PACKAGE.rglob("*.py"))
 HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__.py", "resolve.py", "startup.py",
+                                                                      "startup_notes.py",
                                                                       "positions.py", "channels.py", "request_rules.py",
                                                                       "decode_attention.py", "shape_rules.py",
                                                                       "fa3_split.py", "fa3_own_calls.py",
@@ -104,10 +106,12 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
 @pytest.mark.parametrize("name, keep", [
     ("positions.py", ("sglang_detspec.ops", "sglang_detspec.sglang_plugin.channels")),
     ("channels.py", ()),
-    ("resolve.py", ("sglang_detspec.config", "sglang_detspec.model_family")),
+    ("resolve.py", ("sglang_detspec.config", "sglang_detspec.model_family", "sglang_detspec.sglang_plugin.startup_notes")),
+    ("startup_notes.py", ("sglang_detspec.config", "sglang_detspec.model_family")),
     ("decode_attention.py", ()),
     ("fa3_split.py", ("sglang_detspec.ops",)),
-    ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve")),
+    ("startup.py", ("sglang_detspec.config", "sglang_detspec.sglang_plugin.resolve",
+                    "sglang_detspec.sglang_plugin.startup_notes")),
     ("request_rules.py", ("sglang_detspec.ops.seed_encoding",)),
     ("shape_rules.py", ()),
     ("kv_move_warmup.py", ()),

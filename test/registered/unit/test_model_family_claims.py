@@ -19,7 +19,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
 from sglang_detspec.model_family import (DENSE, MEASURED_BITWISE, ModelTraits, attention_head_dim, family_claim,
                                          family_note, head_dim_of, model_family, traits_of)
-from sglang_detspec.sglang_plugin import resolve
+from sglang_detspec.sglang_plugin import resolve, startup_notes
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
 
@@ -124,9 +124,9 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
     # The same flags on the dense Llama would claim bitwise on both backends (chain, pages of one token).
     assert bag.active and bag.model_family == family and bag.attention_backend in ("triton", "fa3")
     assert logits_guarantee(bag.attention_backend, 1) == "bitwise" and bag.logits == "tokens"
-    assert any("not measured" in note for note in resolve.setting_notes(bag))
+    assert any("not measured" in note for note in startup_notes.setting_notes(bag))
     # No note speaks of the split's claims ('bitwise', fallbacks) for a target whose claim is the family's.
-    notes = resolve.unmeasured_notes(bag)
+    notes = startup_notes.unmeasured_notes(bag)
     assert not any("DECODE_ATTENTION=split" in n or "bitwise" in n for n in notes)
     attention = [n for n in notes if "this target's attention" in n or "MLA attention" in n]
     assert len(attention) == 1
@@ -151,9 +151,9 @@ MOE_CHAIN = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_
 ])
 def test_an_unmeasured_familys_attention_note_names_the_path_that_serves(settings, path):
     bag = DetSpecConfig(**{**MOE_CHAIN, **settings})
-    notes = [n for n in resolve.unmeasured_notes(bag) if "this target's attention" in n or "MLA attention" in n]
+    notes = [n for n in startup_notes.unmeasured_notes(bag) if "this target's attention" in n or "MLA attention" in n]
     assert notes == [] if path is None else (len(notes) == 1 and path in notes[0]), notes
-    assert not any("bitwise" in n for n in resolve.unmeasured_notes(bag))
+    assert not any("bitwise" in n for n in startup_notes.unmeasured_notes(bag))
 
 
 def test_the_dense_target_keeps_its_measured_claim(tiny):
@@ -166,7 +166,7 @@ def test_the_dense_target_keeps_its_measured_claim(tiny):
     reset_config()
     bag = resolve.config_from_server_args(_server_args(
         target, f"--speculative-algorithm EAGLE --speculative-draft-model-path {target} {CHAIN} --attention-backend triton"))
-    assert (bag.model_family, bag.logits) == (DENSE, "bitwise") and resolve.setting_notes(bag) == []
+    assert (bag.model_family, bag.logits) == (DENSE, "bitwise") and startup_notes.setting_notes(bag) == []
     reset_config()
 
 

@@ -18,7 +18,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import DECODE_ATTENTION_ENV, DetSpecConfig, env_settings, logits_guarantee
-from sglang_detspec.sglang_plugin import attention_hook, resolve
+from sglang_detspec.sglang_plugin import attention_hook, startup_notes
 
 register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
 
@@ -331,14 +331,14 @@ def test_a_tree_above_the_kernels_draft_bound_claims_tokens():
 def test_the_start_up_notes_say_what_the_split_s_measurements_cover():
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
                         decode_attention="split")
-    notes = resolve.unmeasured_notes(bag)
+    notes = startup_notes.unmeasured_notes(bag)
     assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "serving cost is not measured" in n for n in notes)
     fa3 = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3",
                         decode_attention="split")
     assert any("split on fa3" in n and "serving cost on the 8B shape" in n and "2026-12-05-h200-split" in n
-               for n in resolve.unmeasured_notes(fa3))
+               for n in startup_notes.unmeasured_notes(fa3))
     flashinfer = dataclasses.replace(fa3, attention_backend="flashinfer")
-    assert not any("DECODE_ATTENTION=split" in n for n in resolve.unmeasured_notes(flashinfer))
+    assert not any("DECODE_ATTENTION=split" in n for n in startup_notes.unmeasured_notes(flashinfer))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,318 @@
+"""The start-up notes: what a server's settings change, and what its claim rests on without a measurement.
+
+One sentence per note, logged at start-up after the bag's own line
+(:func:`announce`, called where the launcher resolves the bag) and printed
+by ``detspec serve --dry-run``: why the attention rule claims ``tokens``,
+settings the bag accepts that change nothing for this server
+(:func:`setting_notes`), and the measured figures, or their absence, behind
+a configuration's claim and cost (:func:`unmeasured_notes`). The figures
+quoted here are the committed runs' (``docs/``); the rules they describe
+live in ``config.py`` and the hooks, which never import this module.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS,
+                      FA3_UNMASKED_DECODE_MAX_HEAD_DIM, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, fa3_own_calls_exact,
+                      fa3_split_takes, kv_cache_reason)
+from ..model_family import family_note
+
+logger = logging.getLogger("sglang_detspec")
+
+
+def setting_notes(config: DetSpecConfig) -> list[str]:
+    """Notes for the start-up log, one sentence each (logged, never silent).
+
+    Why the attention rule claims ``tokens`` (``DetSpecConfig.logits_reason``),
+    an unmeasured target family (``model_family.family_note``), and settings
+    the bag accepts that change nothing for this server.
+    """
+    notes = []
+    # An unknown backend (None: SGLang picks it at start-up) has its own note in the dry run.
+    if config.active and config.attention_backend is not None and config.logits_reason:
+        notes.append(f"logits='tokens' because of {config.logits_reason}")
+    family = family_note(config.model_family, config.attention_backend) if config.active else None
+    if family:
+        notes.append(family)
+    if config.active and config.tree_attention == "nodes":
+        if config.attention_backend not in (None, "fa3"):  # None: not resolved yet (SGLang picks it at start-up)
+            notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only; with "
+                         f"{config.attention_backend} attention it changes nothing")
+        elif kv_layout_limit(config):
+            notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes changes nothing with {kv_layout_limit(config)}: "
+                         "the node path, like the prefix / tail split, reads KV pages of one token in SGLang's "
+                         "default KV dtype (auto), so the server keeps SGLang's FA3 calls")
+        elif config.decode_attention == "split" and (config.eagle_topk or 1) > 1 and config.algorithm:
+            notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3: the prefix / tail split (the "
+                         "default) verifies trees where it serves; the node path verifies the trees it declines; "
+                         "SGLANG_DETSPEC_DECODE_ATTENTION=sglang or one_pass runs the node path for every tree")
+        elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
+            notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
+                         "only; this server verifies no trees")
+    if config.active and config.decode_attention != "split" and config.attention_backend is not None and (
+            config.attention_backend.split("/")[-1] not in ONE_PASS_DECODE_BACKENDS + FA3_SPLIT_BACKENDS):
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION={config.decode_attention} applies to the triton and fa3 "
+                     f"backends only; with {config.attention_backend} attention it changes nothing")
+    if config.active and config.tree_chain_batch and not config.chain_at_batch:
+        kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
+        notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.tree_chain_batch} applies to coupled EAGLE / EAGLE3 "
+                     "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
+                     f"least steps + 1 draft tokens; this server {kept}")
+    return notes
+
+
+# What committed server runs cover (docs/e2e/, docs/forward_modes.md): the attention backends of the
+# 2026-12-02 matrix, and the speculative algorithms no server has run yet (wired and CPU-tested).
+MEASURED_ATTENTION_BACKENDS = ("fa3", "triton", "flashinfer")
+UNMEASURED_ALGORITHMS = ("NGRAM", "STANDALONE")
+
+
+def fa3_split_path(config: DetSpecConfig) -> str:
+    """Which FA3 path this server's target takes under ``split`` where the split does not stand down, and why."""
+    if config.verifies_trees:
+        return "this server verifies draft trees, so its target runs the split at every head size"
+    if config.head_dim is None:
+        return (f"this server verifies no trees: at a target head size of {FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-"
+                f"{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} it keeps SGLang's own FA3 calls (a start-up check decides), at "
+                "other head sizes it runs the split (the model's head size was not read)")
+    return (f"at target head size {config.head_dim} SGLang's own FA3 calls run a decode step on another kernel than "
+            "a prefill, so this server's target runs the split")
+
+
+def unadmitted_split_backends(backend: str | None) -> list[str]:
+    """The parts of a ``prefill/decode`` backend pair outside SGLang's deterministic set, in order.
+
+    SGLang 0.5.23 refuses an ``--attention-backend`` outside its
+    ``DETERMINISTIC_ATTENTION_BACKEND_CHOICES`` (``resolve.sglang_refusals``) but
+    does not check ``--prefill-attention-backend`` / ``--decode-attention-backend``.
+
+    Args:
+        backend: the bag's ``attention_backend`` (``prefill/decode`` where they differ), or None.
+
+    Returns:
+        Each part SGLang would not admit as ``--attention-backend``; empty for one backend or None.
+    """
+    if backend is None or "/" not in backend:
+        return []
+    from sglang.srt.server_args import DETERMINISTIC_ATTENTION_BACKEND_CHOICES as accepted
+
+    return [part for part in dict.fromkeys(backend.split("/")) if part not in accepted]
+
+
+def unmeasured_notes(config: DetSpecConfig) -> list[str]:
+    """What an active server's ``logits`` claim rests on without a server run behind it, one sentence each.
+
+    An attention backend SGLang admits under deterministic inference that no
+    committed run used (FA4, and the non-CUDA ones), a prefill/decode pair of
+    backends (with a part outside SGLang's deterministic set named), and the
+    speculative algorithms in :data:`UNMEASURED_ALGORITHMS`.
+    Empty for an inactive bag (it claims nothing) and for a backend not
+    resolved yet (None).
+    """
+    if not config.active:
+        return []
+    notes = []
+    backend = config.attention_backend
+    if backend is not None and backend not in MEASURED_ATTENTION_BACKENDS:
+        notes.append(f"attention backend {backend}: not measured (servers have run on "
+                     f"{', '.join(MEASURED_ATTENTION_BACKENDS)} only): the logits={config.logits!r} claim is "
+                     "the rule's, not a measured figure")
+    outside = unadmitted_split_backends(backend)
+    if outside:
+        notes.append(f"prefill / decode attention {backend}: SGLang checks only --attention-backend against the "
+                     f"backends it admits under deterministic inference, and {', '.join(outside)} is not among "
+                     "them: nothing vouches for its batch invariance, so outputs may change with the batch")
+    if config.adaptive_steps:
+        notes.append(f"--speculative-adaptive (draft steps {list(config.adaptive_steps)} by batch size and accept "
+                     "rate): coupled verify makes the tokens independent of the step count (tokens equal to no "
+                     "speculative decoding while the steps switched: the tiny-model invariance run of "
+                     "2026-12-04); its serving cost is not measured")
+    dense = family_note(config.model_family, backend) is None  # the figures below are a dense target's
+    if config.chain_at_batch:
+        notes.append(chain_note(config))
+    elif config.can_switch_shape and dense:
+        notes.append(tree_load_note(config))
+    if not dense:
+        # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
+        attention = family_attention_note(config)
+        if attention:
+            notes.append(attention)
+    elif config.decode_attention == "split":
+        notes.extend(split_notes(config))
+    if config.node_path_verifies and dense:
+        notes.append(NODE_PATH_NOTE)
+    if config.algorithm in UNMEASURED_ALGORITHMS:
+        notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
+                     "claim is what the attention backend and top-k promise, not a measured figure")
+    return notes
+
+
+def family_attention_note(config: DetSpecConfig) -> str | None:
+    """:func:`unmeasured_notes`' sentence on the attention of a target of an unmeasured family, or None.
+
+    MLA: neither of the plugin's attention paths serves it. MoE or quantized
+    weights with standard attention: which attention path serves it where the
+    split would serve a dense target's (the split, or SGLang's own FA3 calls
+    where the split stands down); None where no path of the plugin's serves
+    (another backend, the split turned off or past a limit, no backend named).
+    """
+    if "mla" in (config.model_family or "").split("+"):
+        return ("MLA attention: neither the positional split nor the one-pass decode serves it; SGLang's own "
+                "attention calls run (on triton its split-KV decode kernel), so the split's notes do not apply")
+    path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
+    if path is None:
+        return None
+    return (f"{path} this target's attention as a dense target's where the start-up check passes; the claim "
+            "stays 'tokens' until a run measures the family (above)")
+
+
+# What serves a target's attention under the split (split_path), as family_attention_note words it; a path
+# missing here (the one-pass decode past a split limit) is no path the family note speaks of.
+FAMILY_PATHS = {"triton_split": "the positional-split Triton kernels serve",
+                "fa3_own_calls": "SGLang's own FA3 calls serve (the split stands down: no trees, head size in 65-128)",
+                "fa3_split": "the FA3 prefix / tail split serves"}
+
+
+def split_path(config: DetSpecConfig) -> str | None:
+    """Which of the plugin's attention paths the flags show serving a dense target under ``split``, or None.
+
+    ``triton_split`` / ``triton_one_pass`` (a split limit the flags show) on triton; ``fa3_own_calls`` (the
+    split stands down: no trees, head size 65-128) / ``fa3_split`` on fa3; None on any other backend, a
+    pair of backends or none named, and on fa3 past a split limit (SGLang's calls, logged in the claim).
+    """
+    backend = config.attention_backend
+    limit = split_flag_limit(config)
+    if backend in ONE_PASS_DECODE_BACKENDS:  # one backend: a pair claims tokens anyway
+        return "triton_one_pass" if limit else "triton_split"
+    if backend in FA3_SPLIT_BACKENDS and limit is None:
+        return "fa3_own_calls" if fa3_own_calls_exact(config.head_dim, config.verifies_trees) else "fa3_split"
+    return None
+
+
+def split_notes(config: DetSpecConfig) -> list[str]:
+    """:func:`unmeasured_notes`' sentences on the positional split (``SGLANG_DETSPEC_DECODE_ATTENTION=split``)."""
+    notes = []
+    path = split_path(config)
+    if path == "triton_split":
+        notes.append("SGLANG_DETSPEC_DECODE_ATTENTION=split (the default; one_pass or sglang turn it off): the "
+                     "positional-split Triton kernels were measured "
+                     "bitwise on one H200 (kernels at head sizes 64-256; servers on the tiny suite models: the "
+                     "forward modes, docs/e2e/2026-12-05-h200-split/, SGLang's harness at the default, "
+                     "docs/e2e/2026-12-05-h200-default/); their serving cost is not measured; a "
+                     "start-up check on the GPU compares their decode with their prefill, a chunked extend and tree "
+                     "verify bit for bit, and where it fails, or past a limit the dry run does not check (more than "
+                     "64 query heads per KV head), the server keeps the one-pass decode, chains stay 'bitwise' and "
+                     "trees drop to 'tokens' (logged); a model with sliding-window layers claims 'tokens' (logged)")
+    if path == "triton_one_pass":
+        notes.append(f"the positional-split Triton kernels cannot serve this server ({split_flag_limit(config)}): "
+                     "the target keeps the "
+                     "one-pass decode, whose cost is measured without speculative decoding at 2.03x SGLang's "
+                     "inter-token latency at one request with 2,048-token prompts (docs/forward_modes.md)")
+    if path == "fa3_own_calls":
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default) stands down for this server: it "
+                     f"verifies no trees and its target's head size, {config.head_dim}, is in "
+                     f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}, where SGLang's own FA3 "
+                     "calls run decode, prefill, chunked prefill and a chain's verify on one causal kernel over the "
+                     "same key tiles (0 of 2,100 rows apart at head size 128: docs/benchmarks/fa3_chunk_probe/; "
+                     "SGLang's harness on such servers: docs/e2e/2026-12-05-h100-own-calls/), "
+                     "so the split would add cost (up to 1.21x SGLang's inter-token latency on the 8B shape) and "
+                     "change no claim; a start-up check on the GPU compares SGLang's calls in those modes bit for "
+                     "bit, and where it finds a row apart the split serves (logged)")
+    elif path == "fa3_split":
+        cost = ("0.92-1.06x SGLang's FA3 inter-token latency for a tree" if config.verifies_trees else
+                "0.99-1.21x SGLang's FA3 inter-token latency for a chain running it (a chain at head sizes "
+                f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} keeps SGLang's calls and "
+                "pays none of it)")
+        fallback = ": 'tokens' for a tree (SGLang's cascade)" if config.verifies_trees else ""
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): "
+                     f"{fa3_split_path(config)}; the prefix / tail split (two FA3 calls per row "
+                     "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
+                     "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness and the "
+                     "forward modes at the default: docs/e2e/2026-12-05-h200-default/; SGLang's harness on a "
+                     "head-size-128 tree: docs/e2e/2026-12-05-h100-own-calls/); its serving cost on the 8B shape "
+                     f"(head size 128): {cost} (docs/benchmarks/attention_cost/2026-12-05-h200-split/); "
+                     "a start-up check on the GPU compares its decode with its prefill, "
+                     "chunked prefill and tree verify bit for bit, and where it fails, or past a limit the dry run "
+                     "cannot see (a layer with a window, sinks or a value head size unlike the key's), the server "
+                     f"keeps SGLang's FA3 calls there and logs the claim they give{fallback}")
+    return notes
+
+
+def kv_layout_limit(config: DetSpecConfig) -> str | None:
+    """The KV page size or cache dtype that turns down both FA3 paths and the Triton split, or None.
+
+    Both read pages of one token in SGLang's default KV dtype (``auto``).
+    """
+    if (config.page_size or 1) != 1:
+        return f"KV page size {config.page_size}"
+    if kv_cache_reason(config.kv_cache_dtype) is not None:
+        return f"--kv-cache-dtype {config.kv_cache_dtype}"
+    return None
+
+
+def split_flag_limit(config: DetSpecConfig) -> str | None:
+    """A limit of the positional split that the flags already show this server passes, or None.
+
+    Page size, a KV cache dtype other than auto, head size (both splits take
+    up to 256) and, on fa3, the tree's draft tokens: past one the claim's reason says
+    what serves instead, so no note describes the split. Limits only the
+    built backend shows (head counts, windows) are the start-up check's.
+    """
+    kv = kv_layout_limit(config)
+    if kv:
+        return kv
+    if config.head_dim is not None and config.head_dim > FA3_MAX_HEAD_DIM:
+        return f"head size {config.head_dim}"
+    tree_topk = config.eagle_topk if config.algorithm else None
+    if config.attention_backend in FA3_SPLIT_BACKENDS and not fa3_split_takes(tree_topk, config.num_draft_tokens):
+        return f"trees of {config.num_draft_tokens} draft tokens"
+    return None
+
+
+NODE_PATH_NOTE = (
+    "SGLANG_DETSPEC_TREE_ATTENTION=nodes on fa3: every tree verify runs SGLang's FA3 decode call over one "
+    "query per tree node (0 of 1,024 logprobs apart from no speculative decoding on the EAGLE, EAGLE3 and NEXTN "
+    "trees of the FA3 forward-mode matrix: tiny models, head size 64, one H200; SGLang's harness, p_vs_d 10 of "
+    "10, on a tree switching to a chain at head size 128, one H100); against SGLang's cascade verify "
+    "it cost -3% to +6.5% inter-token latency at 128-token prompts and +17% (8 requests) to about +36% (32 "
+    "requests) at 2048-token prompts on the 8B shape (one H200, docs/forward_modes.md); other prompt lengths "
+    "are not measured")
+
+
+def tree_load_note(config: DetSpecConfig) -> str:
+    """:func:`unmeasured_notes`' sentence for a tree that could draft a chain at large batches but does not."""
+    rows = config.num_draft_tokens or "one per draft token,"
+    return (f"a tree verifies {rows} rows per request, a chain of its depth {config.num_steps + 1}: on fa3 at the "
+            "8B shape (128-token prompts, prefill CUDA graphs on) the tree of 8 rows served 0.85 of SGLang's "
+            "non-deterministic EAGLE chain at 32 requests (one H100, da5949a) and 0.59 at 128 (one H200, 18240f4), "
+            "below the coupled chain, and 0.995 / 1.014 at 1 / 8 (the H200 / the H100); other backends and shapes "
+            "are not measured (docs/determinism_tax.md); SGLANG_DETSPEC_TREE_CHAIN_BATCH=B drafts a chain for "
+            "decode batches above B without changing a token")
+
+
+def chain_note(config: DetSpecConfig) -> str:
+    """:func:`unmeasured_notes`' sentence for a switching tree (``config.chain_at_batch`` set)."""
+    return (f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.chain_at_batch}: decode batches of more than "
+            f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the tree; "
+            "coupled verify makes the tokens independent of the draft shape (tokens equal to no speculative "
+            "decoding while switching both ways, the chain verifying under CUDA graphs: the tiny-model runs of "
+            "2026-12-04 and 2026-12-06); served at a bound of 16 on fa3 (8B shape, 128-token prompts, output "
+            "tokens/s against SGLang's non-deterministic EAGLE chain, docs/determinism_tax.md): 0.92 / 0.85 at "
+            "8 / 32 requests with the split (one H200, 18240f4); on SGLang's FA3 calls with trees verified per "
+            "node (SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang) 1.04 / 1.03 / 0.94 "
+            "/ 0.93 at 1 / 8 / 32 / 128 requests (one H100, c052342; 8 requests on another, 951108d), against the "
+            "coupled chain's 0.99 / 0.96 / 0.97 / 0.95 on the first; other bounds, backends and prompt lengths "
+            "are not measured")
+
+
+def announce(config: DetSpecConfig) -> None:
+    """The start-up log line: whether sglang-detspec is active, and the bag (the fields that apply).
+
+    Then one line per :func:`setting_notes` and per :func:`unmeasured_notes`.
+    """
+    state = "active" if config.active else "inactive (SGLang's own sampling runs)"
+    logger.warning("sglang-detspec %s: %s", state, config.describe())
+    for note in setting_notes(config) + unmeasured_notes(config):
+        logger.warning("sglang-detspec: %s", note)
