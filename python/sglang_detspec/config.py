@@ -344,6 +344,16 @@ class DetSpecConfig:
                     and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1))
 
     @property
+    def kv_layout_problem(self) -> str | None:
+        """The KV page size or cache dtype that turns down both FA3 paths (the split and the node path) and
+        the Triton split, or None: they read pages of one token in SGLang's default KV dtype (``auto``)."""
+        if (self.page_size or 1) != 1:
+            return f"KV page size {self.page_size}"
+        if kv_cache_reason(self.kv_cache_dtype) is not None:
+            return f"--kv-cache-dtype {self.kv_cache_dtype}"
+        return None
+
+    @property
     def node_path_verifies(self) -> bool:
         """Whether the FA3 node path verifies this server's trees (``tree_attention='nodes'``).
 
@@ -357,7 +367,7 @@ class DetSpecConfig:
         split_takes = self.decode_attention == "split" and fa3_split_takes(self.eagle_topk, self.num_draft_tokens)
         return bool(self.active and self.tree_attention == "nodes" and self.attention_backend in
                     BITWISE_NODE_TREE_BACKENDS and self.algorithm and (self.eagle_topk or 1) > 1 and not split_takes
-                    and self.page_size in (None, 1) and kv_cache_reason(self.kv_cache_dtype) is None)
+                    and self.kv_layout_problem is None)
 
     def wants_sampled_drafts(self) -> bool:
         """Whether start-up should turn on SGLang's sampled-draft path for this coupled chain.

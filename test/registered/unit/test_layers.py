@@ -8,8 +8,8 @@
   and SGLang; ``positions`` imports only ``ops``
   and ``channels``; ``channels`` nothing of the package, ``request_rules`` only the torch-free
   seed encoding (its seed rule is that range check's); the bag's resolution from
-  SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag and the start-up notes
-  (``startup_notes``), which import only the bag and the family rule;
+  SGLang (``resolve``, with the start-up hooks in ``startup``) only the bag, the family rule and the
+  start-up notes (``startup_notes``), which import of the package only the bag and the family rule;
 - no module imports a hook module except the registration (``sglang_plugin/__init__.py``);
 - kernels live in ``ops/``: no ``@triton.jit`` (or ``@triton.autotune``, ``@triton.heuristics``) anywhere else;
 - position rules live in ``positions.py``: no hook module adds to or subtracts from a
