@@ -281,8 +281,9 @@ def tree_load_note(config: DetSpecConfig) -> str:
             "below the coupled chain, and 0.995 / 1.014 at 1 / 8 (the H200 / the H100); other backends and shapes "
             "are not measured (docs/determinism_tax.md); SGLANG_DETSPEC_TREE_CHAIN_BATCH=B drafts a chain for "
             "decode batches above B without changing a token (at B = 16 on fa3, head sizes 65-128, with "
-            "SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang it served 0.93-1.04 of "
-            "that chain at 1 to 128 requests, one H100, c052342 and 951108d; alone, on the split, 0.85 at 32)")
+            "SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang it served 1.04 / 1.03 / "
+            "0.94 / 0.93 of SGLang's EAGLE chain at 1 / 8 / 32 / 128 requests, one H100, c052342, 8 requests on "
+            "another, 951108d; alone, on the split, 0.85 at 32, one H200, 18240f4)")
 
 
 def chain_note(config: DetSpecConfig) -> str:
