@@ -426,7 +426,8 @@ def _run(args) -> int:
                 # The EAGLE drafts: SGLang picks their tree shape from the model's config at start-up
                 # (Llama: top-k 4); STANDALONE always gets a chain, NGRAM its BFS breadth (resolved_eagle_topk).
                 _say("note: the logits claim above assumes a chain: with --speculative-eagle-topk unset SGLang "
-                     "picks the top-k per model at start-up (a tree, so 'tokens', for some, e.g. Llama); the "
+                     "picks the top-k per model at start-up (a tree for some, e.g. Llama's top-k 4), and a tree's "
+                     "claim follows the tree rules (bitwise on the split, the default, on fa3 and triton); the "
                      "server's start-up line states the claim it serves")
             if bag.attention_backend is None:
                 _say("note: the logits claim above assumes nothing of the attention backend: without "
