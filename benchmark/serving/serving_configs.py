@@ -1,6 +1,6 @@
 """The server configurations of the end-to-end serving benchmark and the command lines that run them.
 
-Fifteen configurations, one SGLang 0.5.23 server each, on the same target and
+Sixteen configurations, one SGLang 0.5.23 server each, on the same target and
 EAGLE draft (``serving_models.py``):
 
 ==== ================= ============================================================
@@ -29,6 +29,9 @@ m    plugin_tree_switch (e) drafting a 3-step chain above 16 requests
 n    plugin_coupled_sglang_attention (d) with ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang``
 o    plugin_tree_switch_nodes (m) with (j)'s settings: SGLang's FA3 calls, trees
                         verified per node
+p    plugin_tree_switch_tokens (o) drafting the chain also for decode batches longer
+                        than 12,288 summed tokens
+                        (``SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288``)
 ==== ================= ============================================================
 
 Everything here is pure Python (no SGLang, no torch) so the CPU suite checks
@@ -142,6 +145,16 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
                 "(o) (m) on SGLang's FA3 calls, trees verified per node (the node path)",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),
                              ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
+                True),
+    # Not in the default order: (o) drafting the chain also where the batch is long, since the node path reads
+    # each node's whole context. At 2048-token prompts (o)'s tree served 1.08-1.17 of (d) with one request
+    # (about 2,100 summed tokens) and 0.96-0.98 with eight (about 17,000): the bound sits between, not measured
+    # there (--interleave --configs adp --input-len 2048).
+    BenchConfig("p", "plugin_tree_switch_tokens",
+                "(p) (o) drafting the chain also above 12,288 summed tokens",
+                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),
+                             ("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "12288"), ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),
+                             ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
                 True),
 )}
 

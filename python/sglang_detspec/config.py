@@ -39,6 +39,9 @@ TREE_ATTENTION_SETTINGS = ("cascade", "nodes")
 TREE_CHAIN_BATCH_ENV = "SGLANG_DETSPEC_TREE_CHAIN_BATCH"
 # Largest accepted value: SGLang's own batch-size fields stay far below it.
 MAX_TREE_CHAIN_BATCH = 1 << 20
+TREE_CHAIN_TOKENS_ENV = "SGLANG_DETSPEC_TREE_CHAIN_TOKENS"
+# Largest accepted value: far above any KV pool SGLang sizes on one node.
+MAX_TREE_CHAIN_TOKENS = 1 << 40
 GEMM_WARMUP_ENV = "SGLANG_DETSPEC_GEMM_WARMUP_S"
 # Seconds the start-up DeepGEMM warm-up may take (sglang_plugin/gemm_warmup_hook.py); 0 turns it off.
 # Bounded because each new kernel is a JIT compile: what the budget leaves compiles at first use
@@ -84,7 +87,7 @@ CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--specula
 # Bag fields that mean something only with speculative decoding on (DetSpecConfig.shown_fields).
 SPECULATIVE_FIELDS = ("verify", "tree_attention", "num_steps", "eagle_topk", "num_draft_tokens",
                       "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab",
-                      "adaptive_steps", "tree_chain_batch")
+                      "adaptive_steps", "tree_chain_batch", "tree_chain_tokens")
 # ... and only with a draft model (NGRAM copies its drafts from earlier text).
 DRAFT_MODEL_FIELDS = ("multi_layer_eagle", "reduced_draft_vocab")
 
@@ -120,6 +123,12 @@ class DetSpecConfig:
             at every batch size. Coupled verify keeps the tokens the same
             whichever shape drafts them. See :attr:`chain_at_batch` for the
             servers it applies to.
+        tree_chain_tokens: ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS``: a coupled
+            tree drafts as that chain also for decode batches whose summed
+            sequence length (the KV tokens the verify reads, SGLang's host
+            copy) is above this many tokens, whatever their request count;
+            0 (the default) leaves the shape to the batch size alone. See
+            :attr:`chain_at_tokens`.
         gemm_warmup_s: ``SGLANG_DETSPEC_GEMM_WARMUP_S``: seconds the start-up
             warm-up of DeepGEMM's matmul kernels may take under deterministic
             inference (``sglang_plugin/gemm_warmup_hook.py``), in
@@ -172,6 +181,7 @@ class DetSpecConfig:
     num_draft_tokens: int | None = None
     adaptive_steps: tuple[int, ...] = ()
     tree_chain_batch: int = 0
+    tree_chain_tokens: int = 0
     gemm_warmup_s: float = DEFAULT_GEMM_WARMUP_S
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
@@ -335,9 +345,25 @@ class DetSpecConfig:
         return self.tree_chain_batch if self.can_switch_shape else 0
 
     @property
+    def chain_at_tokens(self) -> int:
+        """The summed sequence length (tokens) above which this tree server drafts as a chain; 0: no such bound.
+
+        :attr:`tree_chain_tokens` on the servers :attr:`chain_at_batch`
+        applies to. Its reason: the node path (``tree_attention='nodes'``)
+        reads each node's whole context, so a tree's verify attention grows
+        with the batch's KV length faster than a chain's.
+        """
+        return self.tree_chain_tokens if self.can_switch_shape else 0
+
+    @property
+    def switches_shape(self) -> bool:
+        """Whether this server builds the chain state beside its tree: a batch bound or a token bound applies."""
+        return bool(self.chain_at_batch or self.chain_at_tokens)
+
+    @property
     def can_switch_shape(self) -> bool:
-        """Whether ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` would apply to this server: every condition of
-        :attr:`chain_at_batch` but the setting itself."""
+        """Whether ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` and ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS`` would apply to
+        this server: every condition of :attr:`chain_at_batch` but the settings themselves."""
         return bool(self.active and self.coupled and self.algorithm in ("EAGLE", "EAGLE3")
                     and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
                     and self.page_size in (None, 1)
@@ -423,8 +449,8 @@ class DetSpecConfig:
         ``decode_attention`` on a known decode backend it does not change
         (neither :data:`ONE_PASS_DECODE_BACKENDS` nor :data:`FA3_SPLIT_BACKENDS`); ``tree_attention`` on a known
         backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
-        ``tree_chain_batch`` for a chain and for NGRAM; ``gemm_warmup_s`` at
-        its default. An unknown backend or top-k (None: SGLang picks it at start-up) keeps
+        ``tree_chain_batch`` for a chain and for NGRAM, ``tree_chain_tokens``
+        there and at 0; ``gemm_warmup_s`` at its default. An unknown backend or top-k (None: SGLang picks it at start-up) keeps
         the field.
         """
         skip = set()
@@ -439,7 +465,9 @@ class DetSpecConfig:
         if (backend is not None and backend not in BITWISE_NODE_TREE_BACKENDS) or topk == 1:
             skip.add("tree_attention")
         if topk == 1 or algo == "NGRAM":
-            skip.add("tree_chain_batch")
+            skip.update(("tree_chain_batch", "tree_chain_tokens"))
+        if not self.tree_chain_tokens:
+            skip.add("tree_chain_tokens")
         if self.gemm_warmup_s == DEFAULT_GEMM_WARMUP_S:
             skip.add("gemm_warmup_s")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
@@ -762,7 +790,7 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
     Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "tree_chain_batch",
-    "gemm_warmup_s"}`` with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
+    "tree_chain_tokens", "gemm_warmup_s"}`` with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
 
     Raises:
         ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton,
@@ -772,6 +800,8 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_DECODE_ATTENTION`` not in one_pass|sglang|split,
             ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` not an integer in
             [0, :data:`MAX_TREE_CHAIN_BATCH`],
+            ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS`` not an integer in
+            [0, :data:`MAX_TREE_CHAIN_TOKENS`],
             ``SGLANG_DETSPEC_GEMM_WARMUP_S`` not a number of seconds in
             [0, :data:`MAX_GEMM_WARMUP_S`], or
             a removed setting (:data:`REMOVED_ENV`) set to anything but
@@ -788,11 +818,20 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
     decode_attention = _word(env, DECODE_ATTENTION_ENV, DEFAULT_DECODE_ATTENTION, DECODE_ATTENTION_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
-            "decode_attention": decode_attention, "tree_chain_batch": _batch_size(env, TREE_CHAIN_BATCH_ENV),
+            "decode_attention": decode_attention, "tree_chain_batch": _count(env, TREE_CHAIN_BATCH_ENV, MAX_TREE_CHAIN_BATCH, "batch size"),
+            "tree_chain_tokens": _count(env, TREE_CHAIN_TOKENS_ENV, MAX_TREE_CHAIN_TOKENS, "token count"),
             "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S)}
 
 
-def _batch_size(env: Mapping[str, str], name: str) -> int:
+def switch_settings(batch: int, tokens: int = 0) -> str:
+    """The draft-shape switching settings as set, for notes: ``SGLANG_DETSPEC_TREE_CHAIN_BATCH=16``, the token
+    bound's, or both joined by "and"; "" for neither."""
+    parts = [f"{TREE_CHAIN_BATCH_ENV}={batch}"] if batch else []
+    parts += [f"{TREE_CHAIN_TOKENS_ENV}={tokens}"] if tokens else []
+    return " and ".join(parts)
+
+
+def _count(env: Mapping[str, str], name: str, bound: int, what: str) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return 0
@@ -800,8 +839,8 @@ def _batch_size(env: Mapping[str, str], name: str) -> int:
         value = int(raw)
     except ValueError:
         value = -1
-    if not 0 <= value <= MAX_TREE_CHAIN_BATCH:
-        raise ValueError(f"{name} must be an integer batch size in [0, {MAX_TREE_CHAIN_BATCH}] (0: off), got {raw!r}")
+    if not 0 <= value <= bound:
+        raise ValueError(f"{name} must be an integer {what} in [0, {bound}] (0: off), got {raw!r}")
     return value
 
 

@@ -220,15 +220,17 @@ def switch_notes(bag: DetSpecConfig, notes: list[str], ns: argparse.Namespace) -
     flags as typed, so its bound is ``--max-running-requests`` as given
     (SGLang's default is worked out at start-up).
     """
-    if not bag.chain_at_batch:
+    if not bag.switches_shape:
         return notes
     from ..sglang_plugin.startup_notes import chain_note
     from ..sglang_plugin.shape_rules import not_applied_note, not_applied_reason
 
-    reason = not_applied_reason(ns, getattr(ns, "max_running_requests", None), bag.chain_at_batch)
+    reason = not_applied_reason(ns, getattr(ns, "max_running_requests", None), bag.chain_at_batch,
+                                bag.chain_at_tokens)
     if reason is None:
         return notes
-    return [n for n in notes if n != chain_note(bag)] + [not_applied_note(bag.chain_at_batch, reason)]
+    return [n for n in notes if n != chain_note(bag)] + [not_applied_note(bag.chain_at_batch, reason,
+                                                                          bag.chain_at_tokens)]
 
 
 def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str]:

@@ -62,8 +62,9 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   request that decodes up to the context length cannot write past its row.
 - ``shape_hook``: ``EAGLEWorkerV2.init_cuda_graphs`` (AFTER),
   ``forward_batch_generation`` and ``EagleDraftWorker.draft`` (AROUND): with
-  ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` a coupled tree drafts as a chain of its
-  depth for large decode batches (one runtime state per draft shape).
+  ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` / ``_TOKENS`` a coupled tree drafts as a
+  chain of its depth for large or long decode batches (one runtime state per
+  draft shape).
 - ``warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): the plugin's
   Triton kernels that run outside CUDA graphs are compiled at start-up,
   not inside the first requests.

@@ -1,4 +1,4 @@
-"""Draft shape by batch size: a coupled tree drafts as a chain when the running batch is large.
+"""Draft shape by batch: a coupled tree drafts as a chain when the running batch is large or long.
 
 A tree verifies ``num_draft_tokens`` nodes per request, a chain of the same
 depth ``steps + 1``: at large batches the target's verify is compute-bound
@@ -9,7 +9,16 @@ whatever was drafted (drafter invariance), so a server may change its draft
 shape from one step to the next without changing a token. With
 ``SGLANG_DETSPEC_TREE_CHAIN_BATCH=B`` (:attr:`DetSpecConfig.chain_at_batch`)
 a tree server drafts a chain of its step count for decode batches of more
-than B requests and its tree otherwise.
+than B requests and its tree otherwise. With
+``SGLANG_DETSPEC_TREE_CHAIN_TOKENS=T`` (:attr:`DetSpecConfig.chain_at_tokens`)
+it also drafts the chain for decode batches whose summed sequence length is
+above T tokens: on the node path (``SGLANG_DETSPEC_TREE_ATTENTION=nodes``)
+every tree node reads its request's whole context, so the tree's verify
+attention grows with the batch's KV length (8 requests of 2048-token
+prompts: the tree served 0.96-0.97 of the chain, one request 1.08-1.17;
+docs/determinism_tax.md). The length is SGLang's host copy of the batch's
+sequence lengths (``seq_lens_sum`` or ``seq_lens_cpu``): no device
+synchronisation; where a batch carries neither, the batch size decides.
 
 SGLang 0.5.23's adaptive speculation swaps one runtime state per draft step
 count, keyed by steps and with top-k fixed at 1; this module keeps one state
@@ -33,7 +42,8 @@ Hooked symbols:
 
 - ``EAGLEWorkerV2.init_cuda_graphs`` (AFTER): builds the chain state beside
   the tree state SGLang built (its own draft, draft-extend and target verify
-  CUDA graphs, at SGLang's capture batch sizes above B).
+  CUDA graphs, at SGLang's capture batch sizes above B, or at every one of
+  them with a token bound).
 - ``EAGLEWorkerV2.forward_batch_generation`` (AROUND): activates the state of
   the batch before SGLang's step runs.
 - ``EagleDraftWorker.draft`` (AROUND): in the chain state, the draft reads
@@ -103,21 +113,38 @@ class ShapeState:
 
 @dataclasses.dataclass
 class Shapes:
-    """The two states of a switching worker, the batch-size bound between them and the active one."""
+    """The two states of a switching worker, the bounds between them and the active one.
+
+    ``threshold``: decode batches of more requests draft the chain (0: no
+    batch bound); ``tokens``: decode batches whose summed sequence length
+    is above it draft the chain (0: no token bound).
+    """
 
     tree: ShapeState
     chain: ShapeState
     threshold: int
     active: ShapeState
+    tokens: int = 0
     switches: int = 0
     # The current summary window (SUMMARY_S): its start (time.monotonic()), switches and steps by kind.
     window_start: float = dataclasses.field(default_factory=time.monotonic)
     window_switches: int = 0
     window_steps: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
 
-    def for_batch(self, decode: bool, batch_size: int) -> ShapeState:
-        """The chain for decode batches of more than :attr:`threshold` requests, else the tree."""
-        return self.chain if decode and batch_size > self.threshold else self.tree
+    def for_batch(self, decode: bool, batch_size: int, kv_tokens: int | None = None) -> ShapeState:
+        """The chain for decode batches of more than :attr:`threshold` requests or more than :attr:`tokens`
+        summed sequence length (``kv_tokens``, None: not known, the batch size decides), else the tree."""
+        if not decode:
+            return self.tree
+        many = bool(self.threshold) and batch_size > self.threshold
+        long = bool(self.tokens) and kv_tokens is not None and kv_tokens > self.tokens
+        return self.chain if many or long else self.tree
+
+    def bounds(self) -> str:
+        """The bounds in force, for the switch lines: ``bound 16`` (requests), ``bound 8192 tokens`` or both."""
+        parts = [str(self.threshold)] if self.threshold else []
+        parts += [f"{self.tokens} tokens"] if self.tokens else []
+        return ("bounds " if len(parts) > 1 else "bound ") + " / ".join(parts)
 
     def summary(self, now: float) -> str | None:
         """The window's summary line once it is :data:`SUMMARY_S` old (then a new window starts), else None."""
@@ -209,6 +236,10 @@ def capture_overrides(draft_tokens: int, threshold: int) -> dict:
 def build_chain_state(worker, threshold: int) -> ShapeState:
     """Build the chain state of a tree ``worker``: top-k 1, its step count, ``steps + 1`` draft tokens.
 
+    ``threshold``: the chain runs decode batches above it only, so its
+    CUDA graphs are captured at the sizes above it (0: every size, for a
+    token bound, which sends batches of any size to the chain).
+
     Mirrors SGLang's ``EAGLEWorkerV2.build_adaptive_runtime_state`` with the
     top-k published as 1 while the backends and graphs are made (SGLang's
     attention backends and graph runners read it from the runtime context
@@ -272,26 +303,37 @@ def install_shapes(result, worker, *args, **kwargs):
     from sglang.srt.runtime_context import get_schedule
 
     bag = current_config()
-    threshold = bag.chain_at_batch
-    if (not threshold or getattr(worker, "_draft_worker", None) is None
+    threshold, tokens = bag.chain_at_batch, bag.chain_at_tokens
+    if (not (threshold or tokens) or getattr(worker, "_draft_worker", None) is None
             or getattr(worker, "adaptive_controller", None) is not None or worker.topk <= 1):
         return result
     log = logging.getLogger("sglang_detspec")
-    reason = not_applied_reason(worker.server_args, get_schedule().max_running_requests, threshold)
+    reason = not_applied_reason(worker.server_args, get_schedule().max_running_requests, threshold, tokens)
     if reason:
-        log.warning("sglang-detspec: %s", not_applied_note(threshold, reason))
+        log.warning("sglang-detspec: %s", not_applied_note(threshold, reason, tokens))
         return result
     started, free_before = time.monotonic(), _free_device_memory()
     tree = current_state(worker)
-    chain = build_chain_state(worker, threshold)
-    DRAFT_SHAPES.write(worker, Shapes(tree, chain, threshold, tree))
+    chain = build_chain_state(worker, 0 if tokens else threshold)
+    shapes = Shapes(tree, chain, threshold, tree, tokens=tokens)
+    DRAFT_SHAPES.write(worker, shapes)
     DRAFT_TOPK.write(worker._draft_worker, tree.topk)
     used = free_before - _free_device_memory()
-    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches above "
-             "%d in %.1f s, %.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves the rest",
-             chain.steps, chain.draft_tokens, threshold, time.monotonic() - started, used / 2**30,
-             graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens)
+    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches "
+             "above the %s in %.1f s, %.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves "
+             "the rest", chain.steps, chain.draft_tokens, shapes.bounds(), time.monotonic() - started,
+             used / 2**30, graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens)
     return result
+
+
+def batch_kv_tokens(batch) -> int | None:
+    """The batch's summed sequence length from SGLang's host copies (``seq_lens_sum``, else ``seq_lens_cpu``
+    int64 [B]); None where it carries neither (the backends of this server did not ask SGLang for them)."""
+    total = getattr(batch, "seq_lens_sum", None)
+    if total is not None:
+        return int(total)
+    lens = getattr(batch, "seq_lens_cpu", None)
+    return int(lens.sum()) if lens is not None else None
 
 
 def graph_sizes_note(target_graph) -> str:
@@ -317,8 +359,9 @@ def _free_device_memory() -> int:
 def run_in_shape(original, self, batch, *args, **kwargs):
     """AROUND hook for ``EAGLEWorkerV2.forward_batch_generation(batch, ...)``: the batch's state, then SGLang's step.
 
-    Decode batches of more than the bound run the chain; prefill and extend
-    batches (and idle ones) the tree. ``batch.seq_lens.shape`` is host
+    Decode batches above a bound (requests, or summed sequence length)
+    run the chain; prefill and extend batches (and idle ones) the tree.
+    ``batch.seq_lens.shape`` and :func:`batch_kv_tokens` read host
     metadata: no device synchronisation.
     """
     shapes = DRAFT_SHAPES.read(self)  # None: not a switching tree, SGLang's step as is
@@ -326,7 +369,8 @@ def run_in_shape(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
     size = batch.seq_lens.shape[0] if batch.seq_lens is not None else 0
-    state = shapes.for_batch(decode, size)
+    kv_tokens = batch_kv_tokens(batch) if decode and shapes.tokens else None
+    state = shapes.for_batch(decode, size, kv_tokens)
     announce = False
     if state is not shapes.active:
         apply_state(self, state, shapes.tree.topk)
@@ -343,9 +387,10 @@ def run_in_shape(original, self, batch, *args, **kwargs):
     if announce:
         # A decode step's result says whether its target verify replayed a CUDA graph (host flag, no sync).
         graph = f"; {VERIFY_GRAPH_LOG} {getattr(result, 'can_run_cuda_graph', None)}" if decode else ""
+        length = f" and {kv_tokens} tokens" if kv_tokens is not None else ""
         logging.getLogger("sglang_detspec").info(
-            "%s %s (%s batch of %d requests, bound %d%s)", SWITCH_LOG, "chain" if state is shapes.chain else "tree",
-            "decode" if decode else "prefill or extend", size, shapes.threshold, graph)
+            "%s %s (%s batch of %d requests%s, %s%s)", SWITCH_LOG, "chain" if state is shapes.chain else "tree",
+            "decode" if decode else "prefill or extend", size, length, shapes.bounds(), graph)
     return result
 
 

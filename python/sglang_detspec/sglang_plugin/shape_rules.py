@@ -1,4 +1,4 @@
-"""Where a switching tree (``SGLANG_DETSPEC_TREE_CHAIN_BATCH``) does not switch: one rule for the server and the dry run.
+"""Where a switching tree (``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` / ``_TOKENS``) does not switch: one rule for the server and the dry run.
 
 ``shape_hook`` applies it at start-up (and logs the reason); ``detspec serve
 --dry-run`` states it from the flags as typed.
@@ -6,15 +6,21 @@
 
 from __future__ import annotations
 
+from ..config import switch_settings
 
-def not_applied_reason(server_args, max_running_requests: int | None, threshold: int) -> str | None:
+
+def not_applied_reason(server_args, max_running_requests: int | None, threshold: int,
+                       tokens: int = 0) -> str | None:
     """Why a serving process keeps its tree although the bag asks for the switch; None when it switches.
 
-    Under attention data parallelism every rank would pick its shape from
-    its own batch while SGLang pads the ranks' gathers with the local rank's
-    tokens per request; under pipeline parallelism only the last stage
-    drafts, the others verify with the tree's backends. A bound at or above
-    ``max_running_requests`` leaves the chain state nothing to run.
+    ``threshold``: the batch bound (requests, 0: none); ``tokens``: the
+    summed-sequence-length bound (0: none). Under attention data
+    parallelism every rank would pick its shape from its own batch while
+    SGLang pads the ranks' gathers with the local rank's tokens per request;
+    under pipeline parallelism only the last stage drafts, the others verify
+    with the tree's backends. A batch bound at or above
+    ``max_running_requests`` leaves the chain state nothing to run, unless a
+    token bound gives it batches.
     """
     from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.runtime_context import attn_dp_enabled_of
@@ -26,12 +32,11 @@ def not_applied_reason(server_args, max_running_requests: int | None, threshold:
         return "attention data parallelism (each rank would pick its own shape)"
     if (getattr(view, "pp_size", 1) or 1) > 1:
         return "pipeline parallelism (only the last stage drafts)"
-    if max_running_requests is not None and threshold >= max_running_requests:
+    if not tokens and max_running_requests is not None and threshold >= max_running_requests:
         return f"the bound {threshold} is not below --max-running-requests {max_running_requests}"
     return None
 
 
-def not_applied_note(threshold: int, reason: str) -> str:
+def not_applied_note(threshold: int, reason: str, tokens: int = 0) -> str:
     """The sentence the server logs, and the dry run prints, where the switch is not applied."""
-    return (f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={threshold} not applied: {reason}; the tree drafts at every "
-            "batch size")
+    return f"{switch_settings(threshold, tokens)} not applied: {reason}; the tree drafts at every batch size"

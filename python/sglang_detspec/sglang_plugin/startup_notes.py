@@ -17,7 +17,7 @@ import logging
 
 from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS,
                       FA3_UNMASKED_DECODE_MAX_HEAD_DIM, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, fa3_own_calls_exact,
-                      fa3_split_takes)
+                      fa3_split_takes, switch_settings)
 from ..model_family import family_note
 
 logger = logging.getLogger("sglang_detspec")
@@ -56,9 +56,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
             config.attention_backend.split("/")[-1] not in ONE_PASS_DECODE_BACKENDS + FA3_SPLIT_BACKENDS):
         notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION={config.decode_attention} applies to the triton and fa3 "
                      f"backends only; with {config.attention_backend} attention it changes nothing")
-    if config.active and config.tree_chain_batch and not config.chain_at_batch:
+    if config.active and (config.tree_chain_batch or config.tree_chain_tokens) and not config.switches_shape:
         kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
-        notes.append(f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.tree_chain_batch} applies to coupled EAGLE / EAGLE3 "
+        settings = switch_settings(config.tree_chain_batch, config.tree_chain_tokens)
+        notes.append(f"{settings} applies to coupled EAGLE / EAGLE3 "
                      "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
                      f"least steps + 1 draft tokens; this server {kept}")
     return notes
@@ -131,7 +132,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "speculative decoding while the steps switched: the tiny-model invariance run of "
                      "2026-12-04); its serving cost is not measured")
     dense = family_note(config.model_family, backend) is None  # the figures below are a dense target's
-    if config.chain_at_batch:
+    if config.switches_shape:
         notes.append(chain_note(config))
     elif config.can_switch_shape and dense:
         notes.append(tree_load_note(config))
@@ -287,9 +288,17 @@ def tree_load_note(config: DetSpecConfig) -> str:
 
 
 def chain_note(config: DetSpecConfig) -> str:
-    """:func:`unmeasured_notes`' sentence for a switching tree (``config.chain_at_batch`` set)."""
-    return (f"SGLANG_DETSPEC_TREE_CHAIN_BATCH={config.chain_at_batch}: decode batches of more than "
-            f"{config.chain_at_batch} requests draft a chain of {config.num_steps} steps instead of the tree; "
+    """:func:`unmeasured_notes`' sentence for a switching tree (``config.switches_shape``)."""
+    which = []
+    if config.chain_at_batch:
+        which.append(f"of more than {config.chain_at_batch} requests")
+    if config.chain_at_tokens:
+        which.append(f"whose summed sequence length passes {config.chain_at_tokens} tokens")
+    tokens_note = ("; the token bound is not measured in serving (on the node path at 2048-token prompts the tree "
+                   "served 1.04-1.07 of SGLang's EAGLE chain at 1 request and 0.95-0.96 at 8, against the coupled "
+                   "chain's 0.93 / 0.98: one H100, 9f64626)") if config.chain_at_tokens else ""
+    return (f"{switch_settings(config.chain_at_batch, config.chain_at_tokens)}: decode batches "
+            f"{' or '.join(which)} draft a chain of {config.num_steps} steps instead of the tree; "
             "coupled verify makes the tokens independent of the draft shape (tokens equal to no speculative "
             "decoding while switching both ways, the chain verifying under CUDA graphs: the tiny-model runs of "
             "2026-12-04 and 2026-12-06); served at a bound of 16 on fa3 (8B shape, 128-token prompts, output "
@@ -298,7 +307,7 @@ def chain_note(config: DetSpecConfig) -> str:
             "node (SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang) 1.04 / 1.03 / 0.94 "
             "/ 0.93 at 1 / 8 / 32 / 128 requests (one H100, c052342; 8 requests on another, 951108d), against the "
             "coupled chain's 0.99 / 0.96 / 0.97 / 0.95 on the first; other bounds, backends and prompt lengths "
-            "are not measured")
+            f"are not measured{tokens_note}")
 
 
 def announce(config: DetSpecConfig) -> None:

@@ -47,7 +47,7 @@ def plan_for(bag, target_vocab: int, draft_vocab: int | None = None) -> WarmupPl
 def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[WarmupPlan]:
     """:func:`plan_for`, then one chain plan per other draft step count ``--speculative-adaptive`` may switch to.
 
-    A tree server with :attr:`DetSpecConfig.chain_at_batch` also gets the
+    A tree server with :attr:`DetSpecConfig.switches_shape` also gets the
     chain plan of its own step count (``shape_hook``'s chain state).
 
     Each step count s > 0 verifies s drafts with an ``accept_index`` of
@@ -59,7 +59,7 @@ def plans_for(bag, target_vocab: int, draft_vocab: int | None = None) -> list[Wa
     if 0 in bag.adaptive_steps:
         base = dataclasses.replace(base, one_token_verify=True)
     others = [s for s in bag.adaptive_steps if s > 0 and s != bag.num_steps]
-    if bag.chain_at_batch:  # its chain state verifies steps + 1 nodes per request, a shape of its own
+    if bag.switches_shape:  # its chain state verifies steps + 1 nodes per request, a shape of its own
         others.append(bag.num_steps)
     return [base, *(dataclasses.replace(base, draft_tokens=s, tree_nodes=s + 1, topk=1, accept_width=s + 1,
                                         one_token_verify=False) for s in others)]
@@ -92,15 +92,17 @@ def warm_sglang_renorm(device: torch.device) -> int:
 
 
 def tree_verify_batches(bag, server_args, max_running_requests: int) -> int:
-    """The largest batch a server verifies as a tree: a switching tree's bound where it switches, else the scheduler's.
+    """The largest batch a server verifies as a tree: a switching tree's batch bound where it switches, else the
+    scheduler's.
 
-    (``shape_hook`` builds the chain state where :attr:`DetSpecConfig.chain_at_batch`
-    is set and :func:`~.shape_rules.not_applied_reason` finds nothing.)
+    (``shape_hook`` builds the chain state where :attr:`DetSpecConfig.switches_shape`
+    and :func:`~.shape_rules.not_applied_reason` finds nothing; a token bound
+    alone leaves the tree batches of every size.)
     """
     threshold = bag.chain_at_batch
     # A bound at or above max_running_requests is not applied (not_applied_reason): the scheduler's bound then.
-    if threshold and not_applied_reason(server_args, max_running_requests, threshold) is None:
-        return threshold
+    if threshold and not_applied_reason(server_args, max_running_requests, threshold, bag.chain_at_tokens) is None:
+        return min(threshold, max_running_requests)
     return max_running_requests
 
 

@@ -187,6 +187,10 @@ FAMILIES = {
     # the tree drafting as a chain of its depth for decode batches of more than 3 requests (shape_hook)
     "coupled_tree_chain_switch": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",
                                         (("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "3"),)),
+    # the same tree drafting the chain for decode batches longer than 100 summed tokens, whatever
+    # their size (a single request crosses it as it grows)
+    "coupled_tree_token_switch": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",
+                                        (("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "100"),)),
     # the same on SGLang's own FA3 calls, its trees verified one decode query per node (the serving
     # benchmark's (o), a candidate tree default; its claim needs fa3 at head sizes 65-128)
     "coupled_tree_switch_nodes": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",

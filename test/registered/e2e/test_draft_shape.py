@@ -1,4 +1,4 @@
-"""A coupled tree that drafts as a chain at large batches gives the tokens of no speculative decoding.
+"""A coupled tree that drafts as a chain at large or long batches gives the tokens of no speculative decoding.
 
 Servers, side by side, on the tiny Llama target with ``--enable-deterministic-inference``
 and CUDA graphs:
@@ -7,7 +7,11 @@ and CUDA graphs:
 * ``coupled_tree``: tree EAGLE (steps 3, top-k 4, 8 draft tokens), coupled verify;
 * ``coupled_tree_chain_switch``: the same tree with ``SGLANG_DETSPEC_TREE_CHAIN_BATCH=3``
   (``sglang_plugin/shape_hook.py``): decode batches of more than 3 requests draft a chain
-  of 3 steps (top-k 1, 4 draft tokens), smaller ones the tree.
+  of 3 steps (top-k 1, 4 draft tokens), smaller ones the tree;
+* ``coupled_tree_token_switch``: the same tree with ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS=100``:
+  decode batches whose summed sequence length passes 100 tokens draft the chain, whatever
+  their size (a single request crosses the bound as it grows), so the chain also runs
+  batches of one request, under CUDA graphs captured at every size.
 
 Requests: 12 seeded sampled requests (prompts of 4..40 random ids, temperature 1,
 ``ignore_eos``; a top-k, a top-p, a min-p, a top-k and top-p, and a
@@ -23,8 +27,8 @@ Checks (``<DETSPEC_E2E_OUT>/draft_shape_*.json``):
 
 1. Every request of every round: the switching server's tokens equal
    ``no_spec``'s, and so do ``coupled_tree``'s (the control that the
-   reference holds for the fixed tree).
-2. The switching server built its chain state and switched both ways
+   reference holds for the fixed tree); the same for the token-bound server.
+2. Each switching server built its chain state and switched both ways
    (its log's ``draft shape switched to chain`` and ``... to tree`` lines),
    built the chain's target-verify CUDA graphs (the plugin's start-up line
    names their batch sizes: SGLang logs no capture line for a graph runner
@@ -34,7 +38,7 @@ Checks (``<DETSPEC_E2E_OUT>/draft_shape_*.json``):
    compared tokens drafted in both shapes, verified as a server runs them.
 3. Accept lengths of both speculative servers per round (a figure).
 
-About 3 minutes on an H200: three server starts side by side, then seconds of traffic.
+About 3 minutes on an H200: four server starts side by side, then seconds of traffic.
 """
 
 import concurrent.futures
@@ -53,8 +57,8 @@ register_cuda_ci(est_time=200, suite="detspec-e2e-cuda")
 
 REFERENCE = "no_spec"
 TREE = "coupled_tree"
-SWITCH = "coupled_tree_chain_switch"
-GROUP = (REFERENCE, TREE, SWITCH)
+SWITCHES = ("coupled_tree_chain_switch", "coupled_tree_token_switch")
+GROUP = (REFERENCE, TREE, *SWITCHES)
 NUM_REQUESTS = 12
 # Rows with the sampling settings a verify handles apart (penalties are a documented limit: SGLang applies
 # them once per verify round, so they differ between speculative decoding on and off).
@@ -138,7 +142,7 @@ def differences(group: dict, family: str) -> tuple[list[dict], list[str]]:
 
 def test_switching_tree_gives_the_tokens_of_no_speculative_decoding(group):
     result, problems = {}, []
-    for family in (TREE, SWITCH):
+    for family in (TREE, *SWITCHES):
         rows, found = differences(group, family)
         entry = group[family]
         lengths = ({name: accept_length(results) for name, results in entry["rounds"].items()}
@@ -152,22 +156,25 @@ def test_switching_tree_gives_the_tokens_of_no_speculative_decoding(group):
 
 def test_switching_tree_switched_both_ways(group):
     """The positive controls of the token check: both shapes drafted, the chain's verify under a CUDA graph."""
-    entry = group[SWITCH]
-    lines, graphs = entry.get("switch_lines", []), entry.get("chain_graphs", [])
-    problems = [] if not entry["error"] else [f"{SWITCH}: {entry['error']}"]
-    for shape in ("chain", "tree"):
-        if not any(f"{SWITCH_LOG} {shape}" in line for line in lines):
-            problems.append(f"{SWITCH}: no '{SWITCH_LOG} {shape}' line in its log: its tokens were not drafted "
-                            "in both shapes")
-    if not entry["error"] and not graphs:
-        problems.append(f"{SWITCH}: no '{CHAIN_GRAPHS}' start-up line: the chain state has no target-verify "
-                        "CUDA graphs")
-    if not entry["error"] and not any(f"{SWITCH_LOG} chain" in line and f"{VERIFY_GRAPH_LOG} True" in line
-                                      for line in lines):
-        problems.append(f"{SWITCH}: the first chain step did not replay a target-verify CUDA graph (no "
-                        f"'{VERIFY_GRAPH_LOG} True' on its switch line)")
-    path = _e2e.write_result("draft_shape_switches", {"passed": not problems, "problems": problems,
-                                                      "switch_lines": lines, "chain_graphs": graphs})
+    problems, record = [], {}
+    for switch in SWITCHES:
+        entry = group[switch]
+        lines, graphs = entry.get("switch_lines", []), entry.get("chain_graphs", [])
+        record[switch] = {"switch_lines": lines, "chain_graphs": graphs}
+        if entry["error"]:
+            problems.append(f"{switch}: {entry['error']}")
+            continue
+        for shape in ("chain", "tree"):
+            if not any(f"{SWITCH_LOG} {shape}" in line for line in lines):
+                problems.append(f"{switch}: no '{SWITCH_LOG} {shape}' line in its log: its tokens were not drafted "
+                                "in both shapes")
+        if not graphs:
+            problems.append(f"{switch}: no '{CHAIN_GRAPHS}' start-up line: the chain state has no target-verify "
+                            "CUDA graphs")
+        if not any(f"{SWITCH_LOG} chain" in line and f"{VERIFY_GRAPH_LOG} True" in line for line in lines):
+            problems.append(f"{switch}: the first chain step did not replay a target-verify CUDA graph (no "
+                            f"'{VERIFY_GRAPH_LOG} True' on its switch line)")
+    path = _e2e.write_result("draft_shape_switches", {"passed": not problems, "problems": problems, **record})
     assert not problems, "; ".join(problems) + f" ({path})"
 
 

@@ -1,4 +1,4 @@
-"""Draft shape by batch size (sglang_plugin.shape_hook) against SGLang 0.5.23's own code, on the CPU.
+"""Draft shape by batch size and length (sglang_plugin.shape_hook) against SGLang 0.5.23's own code, on the CPU.
 
 The chain state is built and swapped on a GPU server only (the E2E file of
 the same name); here: which bags switch, the setting's checks, the policy,
@@ -19,7 +19,7 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.config import MAX_TREE_CHAIN_BATCH, DetSpecConfig, env_settings
+from sglang_detspec.config import MAX_TREE_CHAIN_BATCH, MAX_TREE_CHAIN_TOKENS, DetSpecConfig, env_settings
 from sglang_detspec.sglang_plugin import channels, shape_hook, startup_notes
 
 register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
@@ -35,6 +35,15 @@ def test_the_setting_is_a_batch_size_and_names_its_bound():
         with pytest.raises(ValueError, match=rf"SGLANG_DETSPEC_TREE_CHAIN_BATCH must be an integer batch size in "
                                              rf"\[0, {MAX_TREE_CHAIN_BATCH}\] \(0: off\), got '{bad}'"):
             env_settings({"SGLANG_DETSPEC_TREE_CHAIN_BATCH": bad})
+
+
+def test_the_token_bound_is_a_token_count_and_names_its_bound():
+    assert env_settings({})["tree_chain_tokens"] == 0
+    assert env_settings({"SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "12288"})["tree_chain_tokens"] == 12288
+    for bad in ("-1", "8k", "1e4", str(MAX_TREE_CHAIN_TOKENS + 1)):
+        with pytest.raises(ValueError, match=rf"SGLANG_DETSPEC_TREE_CHAIN_TOKENS must be an integer token count in "
+                                             rf"\[0, {MAX_TREE_CHAIN_TOKENS}\] \(0: off\), got '{bad}'"):
+            env_settings({"SGLANG_DETSPEC_TREE_CHAIN_TOKENS": bad})
 
 
 @pytest.mark.parametrize("change, applies", [
@@ -54,6 +63,13 @@ def test_the_setting_is_a_batch_size_and_names_its_bound():
 def test_which_servers_switch(change, applies):
     bag = DetSpecConfig(**{**TREE, **change})
     assert bag.chain_at_batch == (bag.tree_chain_batch if applies else 0)
+    # The token bound applies to the same servers, alone or beside the batch bound.
+    alone = DetSpecConfig(**{**TREE, **change, "tree_chain_batch": 0, "tree_chain_tokens": 4096})
+    applies_alone = applies or change == {"tree_chain_batch": 0}
+    assert alone.chain_at_tokens == (4096 if applies_alone else 0) and alone.switches_shape is applies_alone
+    assert alone.chain_at_batch == 0
+    both = DetSpecConfig(**{**TREE, **change, "tree_chain_tokens": 4096})
+    assert both.switches_shape is applies_alone
 
 
 def test_the_start_up_says_what_the_setting_does_or_that_it_does_nothing():
@@ -75,6 +91,24 @@ def test_the_start_up_says_what_the_setting_does_or_that_it_does_nothing():
         bag = DetSpecConfig(**{**TREE, **change, "tree_chain_batch": TREE["tree_chain_batch"] if not change else 0})
         assert not any(n.startswith("a tree verifies") for n in startup_notes.unmeasured_notes(bag)), change
     assert "tree_chain_batch" not in DetSpecConfig(**{**TREE, "eagle_topk": 1, "num_draft_tokens": 4}).describe()
+
+
+def test_the_start_up_says_what_the_token_bound_does_or_that_it_does_nothing():
+    long = DetSpecConfig(**{**TREE, "tree_chain_tokens": 12288})
+    note = startup_notes.chain_note(long)
+    assert note.startswith("SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288: decode "
+                           "batches of more than 16 requests or whose summed sequence length passes 12288 tokens "
+                           "draft a chain of 3 steps")
+    assert "the token bound is not measured in serving" in note and note in startup_notes.unmeasured_notes(long)
+    alone = DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "tree_chain_tokens": 12288})
+    assert startup_notes.chain_note(alone).startswith(
+        "SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288: decode batches whose summed sequence length passes 12288 tokens")
+    assert "the token bound" not in startup_notes.chain_note(DetSpecConfig(**TREE))
+    assert "tree_chain_tokens=12288" in long.describe() and "tree_chain_tokens" not in DetSpecConfig(**TREE).describe()
+    ignored = startup_notes.setting_notes(DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "tree_chain_tokens": 12288,
+                                                            "page_size": 16}))
+    assert any(n.startswith("SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 applies to coupled EAGLE / EAGLE3 trees")
+               and "this server keeps its draft shape" in n for n in ignored)
 
 
 def test_the_node_path_note_appears_only_where_the_node_path_verifies():
@@ -99,6 +133,36 @@ def test_the_policy():
     shapes = shape_hook.Shapes(tree, chain, threshold=16, active=tree)
     assert shapes.for_batch(True, 17) is chain and shapes.for_batch(True, 16) is tree
     assert shapes.for_batch(False, 200) is tree  # prefill and extend batches run the state the server started in
+    assert shapes.for_batch(True, 2, kv_tokens=10**6) is tree  # no token bound: the length is not read
+    long = shape_hook.Shapes(tree, chain, threshold=16, active=tree, tokens=8192)
+    assert long.for_batch(True, 2, 8193) is chain and long.for_batch(True, 2, 8192) is tree
+    assert long.for_batch(True, 17, 100) is chain  # either bound sends the batch to the chain
+    assert long.for_batch(True, 2, None) is tree  # length not known: the batch size decides
+    assert long.for_batch(False, 1, 10**6) is tree
+    tokens_only = shape_hook.Shapes(tree, chain, threshold=0, active=tree, tokens=8192)
+    assert tokens_only.for_batch(True, 1000, 10) is tree and tokens_only.for_batch(True, 1, 9000) is chain
+    assert (shapes.bounds(), long.bounds(), tokens_only.bounds()) == ("bound 16", "bounds 16 / 8192 tokens",
+                                                                      "bound 8192 tokens")
+
+
+def test_the_length_is_read_from_sglangs_host_copies():
+    """The ScheduleBatch SGLang's step receives carries the summed length and the host lengths the policy reads
+    (its overlap scheduler fills both before the step, ``FutureMap.resolve_seq_lens_cpu``, where a backend asks)."""
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    fields = {f.name for f in dataclasses.fields(ScheduleBatch)}
+    assert {"seq_lens_sum", "seq_lens_cpu", "seq_lens"} <= fields
+    assert "ScheduleBatch" in str(inspect.signature(EAGLEWorkerV2.forward_batch_generation).parameters["batch"])
+    assert "batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())" in inspect.getsource(FutureMap.resolve_seq_lens_cpu)
+
+    def batch(total, lens):
+        return type("Batch", (), {"seq_lens_sum": total, "seq_lens_cpu": lens})()
+
+    assert shape_hook.batch_kv_tokens(batch(300, torch.tensor([1, 2]))) == 300  # SGLang's sum first
+    assert shape_hook.batch_kv_tokens(batch(None, torch.tensor([100, 250], dtype=torch.int64))) == 350
+    assert shape_hook.batch_kv_tokens(batch(None, None)) is None
 
 
 def draft_input(rows: int, k: int):
@@ -236,6 +300,35 @@ def test_each_step_runs_in_the_state_of_its_batch(caplog):
                       f"{shape_hook.SWITCH_LOG} tree (decode batch of 3 requests, bound 3; "
                       f"{shape_hook.VERIFY_GRAPH_LOG} False)"]
     assert channels.DRAFT_SHAPES.read(worker).switches == 7
+
+
+def test_long_batches_of_any_size_run_the_chain_under_a_token_bound(caplog):
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    worker, tree, chain = switching_worker()
+    shapes = channels.DRAFT_SHAPES.read(worker)
+    shapes.threshold, shapes.tokens = 0, 100
+    seen = []
+
+    def sglang_step(self, batch, **kwargs):
+        seen.append(shape_hook.current_state(self))
+        return GenerationBatchResult(can_run_cuda_graph=True)
+
+    def batch(mode, lens):
+        lens = torch.tensor(lens, dtype=torch.int64)
+        return type("Batch", (), {"forward_mode": mode, "is_extend_in_batch": False, "seq_lens": lens.clone(),
+                                  "seq_lens_cpu": lens, "seq_lens_sum": None})()
+
+    caplog.set_level("INFO", logger="sglang_detspec")
+    for mode, lens in [(ForwardMode.DECODE, [60, 30]), (ForwardMode.DECODE, [101]), (ForwardMode.EXTEND, [500]),
+                       (ForwardMode.DECODE, [40] * 30), (ForwardMode.DECODE, [50, 50])]:
+        shape_hook.run_in_shape(sglang_step, worker, batch(mode, lens))
+    assert seen == [tree, chain, tree, chain, tree]
+    logged = [r.getMessage() for r in caplog.records if shape_hook.SWITCH_LOG in r.getMessage()]
+    assert logged == [f"{shape_hook.SWITCH_LOG} chain (decode batch of 1 requests and 101 tokens, bound 100 tokens; "
+                      f"{shape_hook.VERIFY_GRAPH_LOG} True)",
+                      f"{shape_hook.SWITCH_LOG} tree (prefill or extend batch of 1 requests, bound 100 tokens)"]
 
 
 def test_a_summary_counts_switches_and_steps_once_a_window_is_full(caplog, monkeypatch):

@@ -47,7 +47,8 @@ def test_the_llama_families_are_the_invariance_suites(e2e):
 
 @pytest.mark.parametrize("name", ["no_spec", "chain_eagle", "coupled_chain", "coupled_tree", "coupled_tree_16",
                                   "coupled_chain_random_draft", "coupled_race_chain", "coupled_chain_adaptive",
-                                  "coupled_tree_chain_switch", "coupled_tree_switch_nodes"])
+                                  "coupled_tree_chain_switch", "coupled_tree_switch_nodes",
+                                  "coupled_tree_token_switch"])
 def test_family_resolves_with_the_verify_the_suite_expects(e2e, loaded, model_dir, monkeypatch, name):
     from sglang.srt.server_args import ServerArgs
 
@@ -70,6 +71,7 @@ def test_family_resolves_with_the_verify_the_suite_expects(e2e, loaded, model_di
         assert bag.adaptive_steps and bag.num_steps in bag.adaptive_steps
     env = dict(config.env)
     assert bag.chain_at_batch == int(env.get("SGLANG_DETSPEC_TREE_CHAIN_BATCH", 0))
+    assert bag.chain_at_tokens == int(env.get("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", 0))
     assert bag.tree_attention == env.get("SGLANG_DETSPEC_TREE_ATTENTION", "cascade")
     assert shlex.join(config.args)  # every argument is a plain string
     reset_config()

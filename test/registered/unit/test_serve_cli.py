@@ -319,6 +319,25 @@ def test_the_dry_run_says_where_the_switching_tree_is_not_applied(capsys, monkey
         assert "decode batches of more than 16 requests draft a chain" not in err
 
 
+@pytest.mark.parametrize("extra, reason", [
+    ([], None),
+    (["--max-running-requests", "8"], None),  # the token bound gives the chain batches of any size
+    (["--pp-size", "2"], "pipeline parallelism"),
+])
+def test_the_dry_run_states_the_token_bound(capsys, monkeypatch, extra, reason):
+    monkeypatch.setenv("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")
+    monkeypatch.setenv("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "12288")
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *TREE,
+                                  "--attention-backend", "fa3", *extra])
+    assert rc == 0
+    note = "or whose summed sequence length passes 12288 tokens draft a chain"
+    if reason is None:
+        assert note in err and "not applied" not in err
+    else:
+        assert (f"SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 not applied: "
+                f"{reason}") in err and note not in err
+
+
 def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path):
     rc, _, err = dry_run(capsys, ["--model-path", "/nonexistent/M", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])

@@ -41,13 +41,13 @@ def _flag(argv, name):
 
 
 def test_fifteen_configurations_have_the_issue_flags():
-    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmno"
+    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmnop"
     s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
     cmds = {k: cfg.server_command(c, s, port=31000) for k, c in cfg.CONFIGS.items()}
     det = {k for k, c in cmds.items() if "--enable-deterministic-inference" in c}
     rej = {k for k, c in cmds.items() if "--speculative-use-rejection-sampling" in c}
     spec = {k for k, c in cmds.items() if "--speculative-algorithm" in c}
-    assert det == set("bcdefhijlmno") and rej == set("abch") and spec == set("abcdehijklmno")
+    assert det == set("bcdefhijlmnop") and rej == set("abch") and spec == set("abcdehijklmnop")
     assert sorted(cmds["l"]) == sorted([*cmds["d"], "--speculative-adaptive"])
     assert cmds["k"] == [a for a in cmds["e"] if a != "--enable-deterministic-inference"] and not cfg.CONFIGS["k"].env
     assert cmds["j"] == cmds["e"] and dict(cfg.CONFIGS["j"].env)["SGLANG_DETSPEC_TREE_ATTENTION"] == "nodes"
@@ -57,6 +57,7 @@ def test_fifteen_configurations_have_the_issue_flags():
     # (o): (m)'s switch on SGLang's FA3 calls with the node path, the claim the plugin gives it at the 8B shape.
     o_env = dict(cfg.CONFIGS["o"].env)
     assert cmds["o"] == cmds["e"] and o_env == {**dict(cfg.CONFIGS["m"].env), **dict(cfg.CONFIGS["j"].env)}
+    assert cmds["p"] == cmds["o"] and dict(cfg.CONFIGS["p"].env) == {**o_env, "SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "12288"}
     from sglang_detspec.config import logits_guarantee
 
     assert logits_guarantee("fa3", 4, o_env["SGLANG_DETSPEC_TREE_ATTENTION"], o_env["SGLANG_DETSPEC_DECODE_ATTENTION"],
@@ -377,7 +378,7 @@ def test_prefill_graphs_keep_sglangs_default_on_every_server():
 def test_dry_run_prints_every_server_of_the_default_order(capsys):
     assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
-    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 6 == 9
+    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 7 == 9
     # The node path's cost, SGLang's own tree, the adaptive chain and the switching tree: asked for by --configs.
     assert "(j)" not in text and "(k)" not in text and "(l)" not in text and "(m)" not in text
 

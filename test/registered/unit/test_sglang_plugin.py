@@ -918,6 +918,7 @@ def test_the_kv_row_holds_a_decode_steps_reserve(loaded, model_dir, context, fla
     ("--cuda-graph-bs-decode 1 2 4 8 16 24 32", 16, [24, 32]),
     ("--cuda-graph-bs-decode 1 2 4 8 16", 16, "disabled"),  # no size above the bound: the chain runs eagerly
     ("--disable-cuda-graph", 16, "disabled"),
+    ("--cuda-graph-bs-decode 1 2 4 8 16 24 32", 0, [1, 2, 4, 8, 16, 24, 32]),  # a token bound: every size
 ])
 def test_a_chain_state_is_built_under_sglangs_own_leaves(loaded, model_dir, context, graph_flags, bound, want):
     """The leaves the build overrides exist in SGLang's published context, take effect, and come back."""
@@ -959,12 +960,17 @@ def test_a_serving_process_keeps_its_tree_where_ranks_or_the_bound_forbid(loaded
                                 f"--speculative-num-draft-tokens 8 --enable-deterministic-inference {flags}")
     reason = shape_rules.not_applied_reason(sa, max_running, 16)
     assert reason is None if words is None else words in reason
+    # A token bound gives the chain batches of any size: a batch bound above the scheduler's is then no reason,
+    # the ranks still are.
+    with_tokens = shape_rules.not_applied_reason(sa, max_running, 16, 8192)
+    assert with_tokens is None if words is None or "bound" in words else words in with_tokens
 
 
 @pytest.mark.parametrize("flags, bound, max_running, want", [
     ("", 16, 48, 16),  # the tree state serves batches up to the bound
     ("", 0, 48, 48),  # no switch: the tree at every batch size
     ("--pp-size 2", 16, 48, 48),  # not applied under pipeline parallelism
+    ("", 64, 48, 48),  # a batch bound above the scheduler's, applied with a token bound: the scheduler's
 ])
 def test_the_kv_move_is_warmed_for_the_batches_the_tree_verifies(loaded, model_dir, flags, bound, max_running,
                                                                   want):
@@ -975,6 +981,10 @@ def test_the_kv_move_is_warmed_for_the_batches_the_tree_verifies(loaded, model_d
     tree = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                          tree_chain_batch=bound, page_size=1, source="server_args")
     assert warmup_hook.tree_verify_batches(tree, sa, max_running) == want
+    # A token bound sends long batches of any size to the chain but leaves the tree every size: same batches.
+    long = dataclasses.replace(tree, tree_chain_tokens=8192)
+    assert warmup_hook.tree_verify_batches(long, sa, max_running) == want
+    assert warmup_hook.tree_verify_batches(dataclasses.replace(long, tree_chain_batch=0), sa, max_running) == max_running
 
 
 def test_a_failed_chain_build_leaves_the_worker_and_the_published_context_as_they_were(loaded, model_dir, context,

@@ -37,6 +37,8 @@ def test_a_tree_that_drafts_chains_at_large_batches_warms_the_chain_too():
                      WarmupPlan((1000,), draft_tokens=3, tree_nodes=4, topk=1, rejection=False, accept_width=4)]
     # Where the switch does not apply (a KV page size above 1), the tree alone.
     assert len(warmup_hook.plans_for(dataclasses.replace(tree, page_size=16), 1000)) == 1
+    # A token bound alone builds the chain state too.
+    assert warmup_hook.plans_for(dataclasses.replace(tree, tree_chain_batch=0, tree_chain_tokens=8192), 1000) == plans
 
 
 def test_only_a_rejection_verify_builds_sglangs_renorms():
