@@ -147,9 +147,8 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
                              ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
                 True),
     # Not in the default order: (o) drafting the chain also where the batch is long, since the node path reads
-    # each node's whole context. At 2048-token prompts (o)'s tree served 1.08-1.17 of (d) with one request
-    # (about 2,100 summed tokens) and 0.96-0.98 with eight (about 17,000): the bound sits between, not measured
-    # there (--interleave --configs adp --input-len 2048).
+    # each node's whole context. The bound sits between the two 2048-token points of docs/determinism_tax.md
+    # (about 2,100 and 17,000 summed tokens; --interleave --configs adp --input-len 2048).
     BenchConfig("p", "plugin_tree_switch_tokens",
                 "(p) (o) drafting the chain also above 12,288 summed tokens",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),

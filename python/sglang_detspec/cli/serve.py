@@ -94,6 +94,10 @@ chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 with
 SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head sizes 65 to 128), and so do
 fa3 chains outside head sizes 65 to 128 and, with sglang, triton chains.
 
+Draft shape: SGLANG_DETSPEC_TREE_CHAIN_BATCH=B and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=T
+make a coupled tree draft a chain of its depth for decode batches above B
+requests or T summed tokens; the tokens stay the same (docs/usage.md).
+
 Measured: both splits bitwise on an H200, the FA3 split's servers at its
 current code. Serving the 8B shape the FA3 split costs the tree 0.92-1.06x
 SGLang's inter-token latency and would cost the chain 0.99-1.21x; the
@@ -213,22 +217,26 @@ def startup_check(launch_args: Sequence[str], environ: Mapping[str, str], *,
 
 
 def switch_notes(bag: DetSpecConfig, notes: list[str], ns: argparse.Namespace) -> list[str]:
-    """``notes`` with the switching tree's note replaced by why it is not applied, where the server would not apply it.
+    """``notes`` with the switching tree's note replaced by why it is not applied, where the server would not apply it,
+    or with a note on a bound that applies but can never decide (``shape_rules.idle_bound_note``).
 
     The server decides at start-up (``shape_hook.install_shapes``) with the
-    same rule (``shape_rules.not_applied_reason``); the dry run reads the
+    same rules (``shape_rules.not_applied_reason``, ``idle_bound_note``); the dry run reads the
     flags as typed, so its bound is ``--max-running-requests`` as given
     (SGLang's default is worked out at start-up).
     """
     if not bag.switches_shape:
         return notes
     from ..sglang_plugin.startup_notes import chain_note
-    from ..sglang_plugin.shape_rules import not_applied_note, not_applied_reason
+    from ..sglang_plugin.shape_rules import idle_bound_note, not_applied_note, not_applied_reason
 
-    reason = not_applied_reason(ns, getattr(ns, "max_running_requests", None), bag.chain_at_batch,
-                                bag.chain_at_tokens)
+    max_running = getattr(ns, "max_running_requests", None)
+    reason = not_applied_reason(ns, max_running, bag.chain_at_batch, bag.chain_at_tokens)
     if reason is None:
-        return notes
+        # The pool as typed (--max-total-tokens); SGLang sizes it from free memory otherwise, known at start-up.
+        idle = idle_bound_note(bag.chain_at_batch, bag.chain_at_tokens, max_running,
+                               getattr(ns, "max_total_tokens", None))
+        return notes + [idle] if idle else notes
     return [n for n in notes if n != chain_note(bag)] + [not_applied_note(bag.chain_at_batch, reason,
                                                                           bag.chain_at_tokens)]
 

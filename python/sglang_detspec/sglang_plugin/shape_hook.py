@@ -14,11 +14,13 @@ than B requests and its tree otherwise. With
 it also drafts the chain for decode batches whose summed sequence length is
 above T tokens: on the node path (``SGLANG_DETSPEC_TREE_ATTENTION=nodes``)
 every tree node reads its request's whole context, so the tree's verify
-attention grows with the batch's KV length (8 requests of 2048-token
-prompts: the tree served 0.96-0.97 of the chain, one request 1.08-1.17;
-docs/determinism_tax.md). The length is SGLang's host copy of the batch's
-sequence lengths (``seq_lens_sum`` or ``seq_lens_cpu``): no device
-synchronisation; where a batch carries neither, the batch size decides.
+attention grows with the batch's KV length (the measured case is in
+docs/determinism_tax.md). The length is read on the host without a device
+synchronisation (:func:`batch_kv_tokens`): SGLang's host lengths where the
+step has them, else the requests' committed KV lengths, which SGLang's own
+decode allocation reads (under its overlap scheduler FA3 and Triton opt out
+of the host lengths, and the committed lengths trail the device by at most
+one verify, a few tokens against a bound of thousands).
 
 SGLang 0.5.23's adaptive speculation swaps one runtime state per draft step
 count, keyed by steps and with top-k fixed at 1; this module keeps one state
@@ -59,7 +61,7 @@ import time
 
 from ..config import current_config
 from .channels import DRAFT_SHAPES, DRAFT_TOPK
-from .shape_rules import not_applied_note, not_applied_reason
+from .shape_rules import idle_bound_note, not_applied_note, not_applied_reason
 
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
 INIT_GRAPHS = f"{_V2}.EAGLEWorkerV2.init_cuda_graphs"
@@ -312,6 +314,11 @@ def install_shapes(result, worker, *args, **kwargs):
     if reason:
         log.warning("sglang-detspec: %s", not_applied_note(threshold, reason, tokens))
         return result
+    runner = worker._target_worker.model_runner
+    idle = idle_bound_note(threshold, tokens, get_schedule().max_running_requests,
+                           getattr(runner, "max_total_num_tokens", None))
+    if idle:
+        log.warning("sglang-detspec: %s", idle)
     started, free_before = time.monotonic(), _free_device_memory()
     tree = current_state(worker)
     chain = build_chain_state(worker, 0 if tokens else threshold)
@@ -327,13 +334,25 @@ def install_shapes(result, worker, *args, **kwargs):
 
 
 def batch_kv_tokens(batch) -> int | None:
-    """The batch's summed sequence length from SGLang's host copies (``seq_lens_sum``, else ``seq_lens_cpu``
-    int64 [B]); None where it carries neither (the backends of this server did not ask SGLang for them)."""
+    """The summed sequence length (tokens) of ``batch``, a ``ScheduleBatch``, read on the host; None: not known.
+
+    In order: SGLang's ``seq_lens_sum``, the sum of its ``seq_lens_cpu``
+    (int64 [B]), both filled before a step only where an attention backend
+    asks for host lengths (``needs_cpu_seq_lens``; FA3 and Triton do not,
+    under the overlap scheduler), else the requests' committed KV lengths
+    (``req.kv.kv_committed_len``, host ints SGLang's decode allocation
+    reads; under overlap they trail the device by at most one verify).
+    """
     total = getattr(batch, "seq_lens_sum", None)
     if total is not None:
         return int(total)
     lens = getattr(batch, "seq_lens_cpu", None)
-    return int(lens.sum()) if lens is not None else None
+    if lens is not None:
+        return int(lens.sum())
+    reqs = getattr(batch, "reqs", None)
+    if not reqs:
+        return None
+    return sum(req.kv.kv_committed_len for req in reqs)
 
 
 def graph_sizes_note(target_graph) -> str:
@@ -369,7 +388,9 @@ def run_in_shape(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
     size = batch.seq_lens.shape[0] if batch.seq_lens is not None else 0
-    kv_tokens = batch_kv_tokens(batch) if decode and shapes.tokens else None
+    # The length only where it decides: a batch above the batch bound drafts the chain anyway.
+    wanted = decode and shapes.tokens and not (shapes.threshold and size > shapes.threshold)
+    kv_tokens = batch_kv_tokens(batch) if wanted else None
     state = shapes.for_batch(decode, size, kv_tokens)
     announce = False
     if state is not shapes.active:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ..config import switch_settings
+from ..config import TREE_CHAIN_BATCH_ENV, TREE_CHAIN_TOKENS_ENV, switch_settings
 
 
 def not_applied_reason(server_args, max_running_requests: int | None, threshold: int,
@@ -35,6 +35,26 @@ def not_applied_reason(server_args, max_running_requests: int | None, threshold:
     if not tokens and max_running_requests is not None and threshold >= max_running_requests:
         return f"the bound {threshold} is not below --max-running-requests {max_running_requests}"
     return None
+
+
+def idle_bound_note(threshold: int, tokens: int, max_running_requests: int | None,
+                    pool_tokens: int | None) -> str | None:
+    """Where the switch applies but one of its bounds can never decide: the sentence saying so, else None.
+
+    With a token bound the switch applies whatever the batch bound, so a
+    batch bound at or above ``max_running_requests`` leaves the token bound
+    alone to act; a token bound at or above the KV pool (``pool_tokens``,
+    None: not known) can never be passed, and the chain state (its graphs
+    at every batch size) is built for nothing.
+    """
+    notes = []
+    if tokens and threshold and max_running_requests is not None and threshold >= max_running_requests:
+        notes.append(f"{TREE_CHAIN_BATCH_ENV}={threshold} is not below --max-running-requests "
+                     f"{max_running_requests}: only the token bound acts")
+    if tokens and pool_tokens is not None and tokens >= pool_tokens:
+        notes.append(f"{TREE_CHAIN_TOKENS_ENV}={tokens} is not below the KV pool's {pool_tokens} tokens: no batch "
+                     "can pass it, and the chain state's CUDA graphs are built for nothing")
+    return "; ".join(notes) or None
 
 
 def not_applied_note(threshold: int, reason: str, tokens: int = 0) -> str:

@@ -59,7 +59,8 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     if config.active and (config.tree_chain_batch or config.tree_chain_tokens) and not config.switches_shape:
         kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
         settings = switch_settings(config.tree_chain_batch, config.tree_chain_tokens)
-        notes.append(f"{settings} applies to coupled EAGLE / EAGLE3 "
+        verb = "apply" if config.tree_chain_batch and config.tree_chain_tokens else "applies"
+        notes.append(f"{settings} {verb} to coupled EAGLE / EAGLE3 "
                      "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
                      f"least steps + 1 draft tokens; this server {kept}")
     return notes
@@ -287,27 +288,38 @@ def tree_load_note(config: DetSpecConfig) -> str:
             "another, 951108d; alone, on the split, 0.85 at 32, one H200, 18240f4)")
 
 
+# What the 2048-token serving runs found for the node-path tree against the chain (docs/determinism_tax.md,
+# "2048-token prompts on one H100 at 9f64626"): the figure behind the token bound, written once.
+LONG_PROMPT_NOTE = ("at 2048-token prompts the tree on the node path served 1.04-1.07 of SGLang's EAGLE chain with "
+                    "1 request (about 2,100 summed tokens) and 0.95-0.96 with 8 (about 17,000), against the coupled "
+                    "chain's 0.93 / 0.98 (one H100, 9f64626)")
+
+
 def chain_note(config: DetSpecConfig) -> str:
-    """:func:`unmeasured_notes`' sentence for a switching tree (``config.switches_shape``)."""
-    which = []
+    """:func:`unmeasured_notes`' sentence for a switching tree (``config.switches_shape``): what each bound set
+    does, and what was measured of each (the token bound: nothing on a GPU yet)."""
+    which, evidence = [], []
     if config.chain_at_batch:
         which.append(f"of more than {config.chain_at_batch} requests")
+        evidence.append(
+            "the batch bound: tokens equal to no speculative decoding while switching both ways, the chain verifying "
+            "under CUDA graphs (the tiny-model runs of 2026-12-04 and 2026-12-06); served at a bound of 16 on fa3 "
+            "(8B shape, 128-token prompts, output tokens/s against SGLang's non-deterministic EAGLE chain, "
+            "docs/determinism_tax.md): 0.92 / 0.85 at 8 / 32 requests with the split (one H200, 18240f4); on "
+            "SGLang's FA3 calls with trees verified per node (SGLANG_DETSPEC_TREE_ATTENTION=nodes "
+            "SGLANG_DETSPEC_DECODE_ATTENTION=sglang) 1.04 / 1.03 / 0.94 / 0.93 at 1 / 8 / 32 / 128 requests (one "
+            "H100, c052342; 8 requests on another, 951108d), against the coupled chain's 0.99 / 0.96 / 0.97 / 0.95 "
+            f"on the first; other bounds and backends are not measured; {LONG_PROMPT_NOTE}"
+            + ("" if config.chain_at_tokens else ", which SGLANG_DETSPEC_TREE_CHAIN_TOKENS addresses"))
     if config.chain_at_tokens:
-        which.append(f"whose summed sequence length passes {config.chain_at_tokens} tokens")
-    tokens_note = ("; the token bound is not measured in serving (on the node path at 2048-token prompts the tree "
-                   "served 1.04-1.07 of SGLang's EAGLE chain at 1 request and 0.95-0.96 at 8, against the coupled "
-                   "chain's 0.93 / 0.98: one H100, 9f64626)") if config.chain_at_tokens else ""
+        which.append(f"whose summed sequence length is above {config.chain_at_tokens} tokens")
+        evidence.append(
+            "the token bound, meant for trees on the node path (SGLANG_DETSPEC_TREE_ATTENTION=nodes), whose verify "
+            "reads each node's whole context: not yet run on a GPU, neither its tokens nor its serving cost"
+            + ("" if config.chain_at_batch else f"; {LONG_PROMPT_NOTE}"))
     return (f"{switch_settings(config.chain_at_batch, config.chain_at_tokens)}: decode batches "
-            f"{' or '.join(which)} draft a chain of {config.num_steps} steps instead of the tree; "
-            "coupled verify makes the tokens independent of the draft shape (tokens equal to no speculative "
-            "decoding while switching both ways, the chain verifying under CUDA graphs: the tiny-model runs of "
-            "2026-12-04 and 2026-12-06); served at a bound of 16 on fa3 (8B shape, 128-token prompts, output "
-            "tokens/s against SGLang's non-deterministic EAGLE chain, docs/determinism_tax.md): 0.92 / 0.85 at "
-            "8 / 32 requests with the split (one H200, 18240f4); on SGLang's FA3 calls with trees verified per "
-            "node (SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang) 1.04 / 1.03 / 0.94 "
-            "/ 0.93 at 1 / 8 / 32 / 128 requests (one H100, c052342; 8 requests on another, 951108d), against the "
-            "coupled chain's 0.99 / 0.96 / 0.97 / 0.95 on the first; other bounds, backends and prompt lengths "
-            f"are not measured{tokens_note}")
+            f"{' or '.join(which)} draft a chain of {config.num_steps} steps instead of the tree; coupled verify "
+            f"makes the tokens independent of the draft shape; {'; '.join(evidence)}")
 
 
 def announce(config: DetSpecConfig) -> None:

@@ -100,7 +100,8 @@ def tree_verify_batches(bag, server_args, max_running_requests: int) -> int:
     alone leaves the tree batches of every size.)
     """
     threshold = bag.chain_at_batch
-    # A bound at or above max_running_requests is not applied (not_applied_reason): the scheduler's bound then.
+    # Where the switch is not applied (not_applied_reason), or the batch bound is at or above
+    # max_running_requests beside a token bound, the tree verifies up to the scheduler's bound.
     if threshold and not_applied_reason(server_args, max_running_requests, threshold, bag.chain_at_tokens) is None:
         return min(threshold, max_running_requests)
     return max_running_requests

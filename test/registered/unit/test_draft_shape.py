@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -97,18 +98,26 @@ def test_the_start_up_says_what_the_token_bound_does_or_that_it_does_nothing():
     long = DetSpecConfig(**{**TREE, "tree_chain_tokens": 12288})
     note = startup_notes.chain_note(long)
     assert note.startswith("SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288: decode "
-                           "batches of more than 16 requests or whose summed sequence length passes 12288 tokens "
+                           "batches of more than 16 requests or whose summed sequence length is above 12288 tokens "
                            "draft a chain of 3 steps")
-    assert "the token bound is not measured in serving" in note and note in startup_notes.unmeasured_notes(long)
-    alone = DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "tree_chain_tokens": 12288})
-    assert startup_notes.chain_note(alone).startswith(
-        "SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288: decode batches whose summed sequence length passes 12288 tokens")
-    assert "the token bound" not in startup_notes.chain_note(DetSpecConfig(**TREE))
+    assert "the token bound, meant for trees on the node path" in note and "not yet run on a GPU" in note
+    assert note.count(startup_notes.LONG_PROMPT_NOTE) == 1 and note in startup_notes.unmeasured_notes(long)
+    # The token bound alone: nothing of the batch bound's runs is quoted for it.
+    alone = startup_notes.chain_note(DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "tree_chain_tokens": 12288}))
+    assert alone.startswith(
+        "SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288: decode batches whose summed sequence length is above 12288 tokens")
+    assert "the batch bound" not in alone and "1.04 / 1.03" not in alone and startup_notes.LONG_PROMPT_NOTE in alone
+    # The batch bound alone points at the token bound for long prompts.
+    batch_only = startup_notes.chain_note(DetSpecConfig(**TREE))
+    assert "the token bound" not in batch_only and "which SGLANG_DETSPEC_TREE_CHAIN_TOKENS addresses" in batch_only
     assert "tree_chain_tokens=12288" in long.describe() and "tree_chain_tokens" not in DetSpecConfig(**TREE).describe()
     ignored = startup_notes.setting_notes(DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "tree_chain_tokens": 12288,
                                                             "page_size": 16}))
     assert any(n.startswith("SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 applies to coupled EAGLE / EAGLE3 trees")
                and "this server keeps its draft shape" in n for n in ignored)
+    both = startup_notes.setting_notes(DetSpecConfig(**{**TREE, "tree_chain_tokens": 12288, "page_size": 16}))
+    assert any(n.startswith("SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 apply to")
+               for n in both)
 
 
 def test_the_node_path_note_appears_only_where_the_node_path_verifies():
@@ -145,25 +154,41 @@ def test_the_policy():
                                                                       "bound 8192 tokens")
 
 
-def test_the_length_is_read_from_sglangs_host_copies():
-    """The ScheduleBatch SGLang's step receives carries the summed length and the host lengths the policy reads
-    (its overlap scheduler fills both before the step, ``FutureMap.resolve_seq_lens_cpu``, where a backend asks)."""
-    from sglang.srt.managers.overlap_utils import FutureMap
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
+def test_the_length_is_read_on_the_host_where_sglang_keeps_it():
+    """FA3 and Triton opt out of SGLang's host lengths under its overlap scheduler, so the requests' committed KV
+    lengths (SGLang's own ``ReqKvInfo``) are what the bound reads there; host lengths, where a step has them, first."""
+    import importlib.util
+
+    from sglang.srt.managers.overlap_utils import FutureMap, decide_needs_cpu_seq_lens
+    from sglang.srt.managers.schedule_batch import ReqKvInfo, ScheduleBatch
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    fields = {f.name for f in dataclasses.fields(ScheduleBatch)}
-    assert {"seq_lens_sum", "seq_lens_cpu", "seq_lens"} <= fields
     assert "ScheduleBatch" in str(inspect.signature(EAGLEWorkerV2.forward_batch_generation).parameters["batch"])
-    assert "batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())" in inspect.getsource(FutureMap.resolve_seq_lens_cpu)
+    assert {"seq_lens_sum", "seq_lens_cpu", "reqs"} <= {f.name for f in dataclasses.fields(ScheduleBatch)}
+    # Why the fallback exists: both backends say they need no host lengths, and then the overlap scheduler
+    # clears them before each step.
+    # (FA3's module needs sgl_kernel's CUDA library to import: its class body is read instead.)
+    for module, cls in (("sglang.srt.layers.attention.flashattention_backend", "FlashAttentionBackend"),
+                        ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend")):
+        with open(importlib.util.find_spec(module).origin) as f:
+            body = next(n for n in ast.parse(f.read()).body if isinstance(n, ast.ClassDef) and n.name == cls)
+        declared = [ast.unparse(n) for n in body.body if isinstance(n, ast.AnnAssign)
+                    and ast.unparse(n.target) == "needs_cpu_seq_lens"]
+        assert declared == ["needs_cpu_seq_lens: bool = False"], (cls, declared)
+    assert 'getattr(b, "needs_cpu_seq_lens", True)' in inspect.getsource(decide_needs_cpu_seq_lens)
+    assert "batch.seq_lens_sum = None" in inspect.getsource(FutureMap.resolve_seq_lens_cpu)
 
-    def batch(total, lens):
-        return type("Batch", (), {"seq_lens_sum": total, "seq_lens_cpu": lens})()
+    def request(committed):
+        return types.SimpleNamespace(kv=ReqKvInfo(kv_committed_len=committed, kv_allocated_len=committed + 4))
 
-    assert shape_hook.batch_kv_tokens(batch(300, torch.tensor([1, 2]))) == 300  # SGLang's sum first
-    assert shape_hook.batch_kv_tokens(batch(None, torch.tensor([100, 250], dtype=torch.int64))) == 350
-    assert shape_hook.batch_kv_tokens(batch(None, None)) is None
+    def batch(total, lens, reqs):
+        return types.SimpleNamespace(seq_lens_sum=total, seq_lens_cpu=lens, reqs=reqs)
 
+    reqs = [request(2100), request(2090), request(7)]
+    assert shape_hook.batch_kv_tokens(batch(None, None, reqs)) == 4197  # FA3 / Triton under overlap
+    assert shape_hook.batch_kv_tokens(batch(None, torch.tensor([100, 250], dtype=torch.int64), reqs)) == 350
+    assert shape_hook.batch_kv_tokens(batch(300, torch.tensor([1, 2]), reqs)) == 300  # SGLang's sum first
+    assert shape_hook.batch_kv_tokens(batch(None, None, [])) is None
 
 def draft_input(rows: int, k: int):
     from sglang.srt.speculative.eagle_info import EagleDraftInput

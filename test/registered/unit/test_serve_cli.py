@@ -319,18 +319,24 @@ def test_the_dry_run_says_where_the_switching_tree_is_not_applied(capsys, monkey
         assert "decode batches of more than 16 requests draft a chain" not in err
 
 
-@pytest.mark.parametrize("extra, reason", [
-    ([], None),
-    (["--max-running-requests", "8"], None),  # the token bound gives the chain batches of any size
-    (["--pp-size", "2"], "pipeline parallelism"),
+@pytest.mark.parametrize("extra, reason, idle", [
+    ([], None, None),
+    # The token bound gives the chain batches of any size: applied, the batch bound idle.
+    (["--max-running-requests", "8"], None,
+     "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 is not below --max-running-requests 8: only the token bound acts"),
+    (["--max-total-tokens", "12288"], None,
+     "SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 is not below the KV pool's 12288 tokens: no batch can pass it"),
+    (["--max-total-tokens", "20480"], None, None),
+    (["--pp-size", "2"], "pipeline parallelism", None),
 ])
-def test_the_dry_run_states_the_token_bound(capsys, monkeypatch, extra, reason):
+def test_the_dry_run_states_the_token_bound(capsys, monkeypatch, extra, reason, idle):
     monkeypatch.setenv("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")
     monkeypatch.setenv("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "12288")
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *TREE,
                                   "--attention-backend", "fa3", *extra])
     assert rc == 0
-    note = "or whose summed sequence length passes 12288 tokens draft a chain"
+    note = "or whose summed sequence length is above 12288 tokens draft a chain"
+    assert (idle in err) if idle else ("only the token bound acts" not in err and "can pass it" not in err)
     if reason is None:
         assert note in err and "not applied" not in err
     else:

@@ -40,7 +40,7 @@ def _flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
-def test_fifteen_configurations_have_the_issue_flags():
+def test_sixteen_configurations_have_the_issue_flags():
     assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmnop"
     s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
     cmds = {k: cfg.server_command(c, s, port=31000) for k, c in cfg.CONFIGS.items()}
