@@ -152,8 +152,8 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     BenchConfig("p", "plugin_tree_switch_tokens",
                 "(p) (o) drafting the chain also above 12,288 summed tokens",
                 TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),
-                             ("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "12288"), ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),
-                             ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
+                             ("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "12288"),
+                             ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
                 True),
 )}
 

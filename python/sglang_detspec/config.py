@@ -125,10 +125,10 @@ class DetSpecConfig:
             servers it applies to.
         tree_chain_tokens: ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS``: a coupled
             tree drafts as that chain also for decode batches whose summed
-            sequence length (the KV tokens the verify reads, SGLang's host
-            copy) is above this many tokens, whatever their request count;
-            0 (the default) leaves the shape to the batch size alone. See
-            :attr:`chain_at_tokens`.
+            sequence length (the KV tokens the verify reads, counted on the
+            host: ``shape_hook.batch_kv_tokens``) is above this many tokens,
+            whatever their request count; 0 (the default) leaves the shape
+            to the batch size alone. See :attr:`chain_at_tokens`.
         gemm_warmup_s: ``SGLANG_DETSPEC_GEMM_WARMUP_S``: seconds the start-up
             warm-up of DeepGEMM's matmul kernels may take under deterministic
             inference (``sglang_plugin/gemm_warmup_hook.py``), in
@@ -450,8 +450,8 @@ class DetSpecConfig:
         (neither :data:`ONE_PASS_DECODE_BACKENDS` nor :data:`FA3_SPLIT_BACKENDS`); ``tree_attention`` on a known
         backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
         ``tree_chain_batch`` for a chain and for NGRAM, ``tree_chain_tokens``
-        there and at 0; ``gemm_warmup_s`` at its default. An unknown backend or top-k (None: SGLang picks it at start-up) keeps
-        the field.
+        there and at 0; ``gemm_warmup_s`` at its default. An unknown backend
+        or top-k (None: SGLang picks it at start-up) keeps the field.
         """
         skip = set()
         algo, backend, topk = self.algorithm, self.attention_backend, self.eagle_topk
@@ -818,7 +818,8 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
     decode_attention = _word(env, DECODE_ATTENTION_ENV, DEFAULT_DECODE_ATTENTION, DECODE_ATTENTION_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
-            "decode_attention": decode_attention, "tree_chain_batch": _count(env, TREE_CHAIN_BATCH_ENV, MAX_TREE_CHAIN_BATCH, "batch size"),
+            "decode_attention": decode_attention,
+            "tree_chain_batch": _count(env, TREE_CHAIN_BATCH_ENV, MAX_TREE_CHAIN_BATCH, "batch size"),
             "tree_chain_tokens": _count(env, TREE_CHAIN_TOKENS_ENV, MAX_TREE_CHAIN_TOKENS, "token count"),
             "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S)}
 

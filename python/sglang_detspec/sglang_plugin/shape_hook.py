@@ -19,8 +19,9 @@ docs/determinism_tax.md). The length is read on the host without a device
 synchronisation (:func:`batch_kv_tokens`): SGLang's host lengths where the
 step has them, else the requests' committed KV lengths, which SGLang's own
 decode allocation reads (under its overlap scheduler FA3 and Triton opt out
-of the host lengths, and the committed lengths trail the device by at most
-one verify, a few tokens against a bound of thousands).
+of the host lengths, and the committed lengths trail the device by one
+verify's accepted tokens per request, at most steps + 1 each: the switch
+comes at most one step late).
 
 SGLang 0.5.23's adaptive speculation swaps one runtime state per draft step
 count, keyed by steps and with top-k fixed at 1; this module keeps one state
@@ -310,13 +311,14 @@ def install_shapes(result, worker, *args, **kwargs):
             or getattr(worker, "adaptive_controller", None) is not None or worker.topk <= 1):
         return result
     log = logging.getLogger("sglang_detspec")
-    reason = not_applied_reason(worker.server_args, get_schedule().max_running_requests, threshold, tokens)
+    runner = worker._target_worker.model_runner
+    # The model runner's cap where its memory planning lowered the requested one.
+    max_running = getattr(runner, "max_running_requests", None) or get_schedule().max_running_requests
+    reason = not_applied_reason(worker.server_args, max_running, threshold, tokens)
     if reason:
         log.warning("sglang-detspec: %s", not_applied_note(threshold, reason, tokens))
         return result
-    runner = worker._target_worker.model_runner
-    idle = idle_bound_note(threshold, tokens, get_schedule().max_running_requests,
-                           getattr(runner, "max_total_num_tokens", None))
+    idle = idle_bound_note(threshold, tokens, max_running, getattr(runner, "max_total_num_tokens", None))
     if idle:
         log.warning("sglang-detspec: %s", idle)
     started, free_before = time.monotonic(), _free_device_memory()

@@ -1,7 +1,9 @@
-"""Where a switching tree (``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` / ``_TOKENS``) does not switch: one rule for the server and the dry run.
+"""Where a switching tree does not switch, or a bound of it cannot decide: one rule for the server and the dry run.
 
-``shape_hook`` applies it at start-up (and logs the reason); ``detspec serve
---dry-run`` states it from the flags as typed.
+The bounds are ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` and
+``SGLANG_DETSPEC_TREE_CHAIN_TOKENS``. ``shape_hook`` applies the rules at
+start-up (and logs the reason); ``detspec serve --dry-run`` states them from
+the flags as typed.
 """
 
 from __future__ import annotations
@@ -44,16 +46,17 @@ def idle_bound_note(threshold: int, tokens: int, max_running_requests: int | Non
     With a token bound the switch applies whatever the batch bound, so a
     batch bound at or above ``max_running_requests`` leaves the token bound
     alone to act; a token bound at or above the KV pool (``pool_tokens``,
-    None: not known) can never be passed, and the chain state (its graphs
-    at every batch size) is built for nothing.
+    None: not known) is passed only by requests that share cached prefixes
+    (the summed length counts a shared prefix once per request, the pool
+    once).
     """
     notes = []
     if tokens and threshold and max_running_requests is not None and threshold >= max_running_requests:
         notes.append(f"{TREE_CHAIN_BATCH_ENV}={threshold} is not below --max-running-requests "
                      f"{max_running_requests}: only the token bound acts")
     if tokens and pool_tokens is not None and tokens >= pool_tokens:
-        notes.append(f"{TREE_CHAIN_TOKENS_ENV}={tokens} is not below the KV pool's {pool_tokens} tokens: no batch "
-                     "can pass it, and the chain state's CUDA graphs are built for nothing")
+        notes.append(f"{TREE_CHAIN_TOKENS_ENV}={tokens} is not below the KV pool's {pool_tokens} tokens: only "
+                     "batches whose requests share cached prefixes can pass it")
     return "; ".join(notes) or None
 
 

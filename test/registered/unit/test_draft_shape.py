@@ -29,22 +29,17 @@ TREE = dict(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, nu
             tree_chain_batch=16)
 
 
-def test_the_setting_is_a_batch_size_and_names_its_bound():
-    assert env_settings({})["tree_chain_batch"] == 0
-    assert env_settings({"SGLANG_DETSPEC_TREE_CHAIN_BATCH": " 32 "})["tree_chain_batch"] == 32
-    for bad in ("-1", "x", "1.5", str(MAX_TREE_CHAIN_BATCH + 1)):
-        with pytest.raises(ValueError, match=rf"SGLANG_DETSPEC_TREE_CHAIN_BATCH must be an integer batch size in "
-                                             rf"\[0, {MAX_TREE_CHAIN_BATCH}\] \(0: off\), got '{bad}'"):
-            env_settings({"SGLANG_DETSPEC_TREE_CHAIN_BATCH": bad})
-
-
-def test_the_token_bound_is_a_token_count_and_names_its_bound():
-    assert env_settings({})["tree_chain_tokens"] == 0
-    assert env_settings({"SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "12288"})["tree_chain_tokens"] == 12288
-    for bad in ("-1", "8k", "1e4", str(MAX_TREE_CHAIN_TOKENS + 1)):
-        with pytest.raises(ValueError, match=rf"SGLANG_DETSPEC_TREE_CHAIN_TOKENS must be an integer token count in "
-                                             rf"\[0, {MAX_TREE_CHAIN_TOKENS}\] \(0: off\), got '{bad}'"):
-            env_settings({"SGLANG_DETSPEC_TREE_CHAIN_TOKENS": bad})
+@pytest.mark.parametrize("name, field, bound, what, good", [
+    ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "tree_chain_batch", MAX_TREE_CHAIN_BATCH, "batch size", (" 32 ", 32)),
+    ("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "tree_chain_tokens", MAX_TREE_CHAIN_TOKENS, "token count", ("12288", 12288)),
+])
+def test_each_bound_is_a_count_and_names_its_range(name, field, bound, what, good):
+    assert env_settings({})[field] == 0
+    assert env_settings({name: good[0]})[field] == good[1]
+    for bad in ("-1", "x", "1.5", "8k", "1e4", str(bound + 1)):
+        with pytest.raises(ValueError, match=rf"{name} must be an integer {what} in \[0, {bound}\] \(0: off\), "
+                                             rf"got '{bad}'"):
+            env_settings({name: bad})
 
 
 @pytest.mark.parametrize("change, applies", [
@@ -177,6 +172,11 @@ def test_the_length_is_read_on_the_host_where_sglang_keeps_it():
         assert declared == ["needs_cpu_seq_lens: bool = False"], (cls, declared)
     assert 'getattr(b, "needs_cpu_seq_lens", True)' in inspect.getsource(decide_needs_cpu_seq_lens)
     assert "batch.seq_lens_sum = None" in inspect.getsource(FutureMap.resolve_seq_lens_cpu)
+    # ... and SGLang advances each request's committed length by the tokens its verify accepted.
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    assert "kv_committed_len += num_accept_tokens" in inspect.getsource(
+        SchedulerBatchResultProcessor._resolve_spec_v2_tokens)
 
     def request(committed):
         return types.SimpleNamespace(kv=ReqKvInfo(kv_committed_len=committed, kv_allocated_len=committed + 4))
@@ -350,6 +350,14 @@ def test_long_batches_of_any_size_run_the_chain_under_a_token_bound(caplog):
                        (ForwardMode.DECODE, [40] * 30), (ForwardMode.DECODE, [50, 50])]:
         shape_hook.run_in_shape(sglang_step, worker, batch(mode, lens))
     assert seen == [tree, chain, tree, chain, tree]
+    # Above the batch bound the chain is decided by the size: the length is not read (requests without KV
+    # records would raise if it were).
+    shapes.threshold = 4
+    unread = type("Batch", (), {"forward_mode": ForwardMode.DECODE, "is_extend_in_batch": False,
+                                "seq_lens": torch.zeros(5, dtype=torch.int64), "seq_lens_cpu": None,
+                                "seq_lens_sum": None, "reqs": [object()] * 5})()
+    shape_hook.run_in_shape(sglang_step, worker, unread)
+    assert seen[-1] == chain
     logged = [r.getMessage() for r in caplog.records if shape_hook.SWITCH_LOG in r.getMessage()]
     assert logged == [f"{shape_hook.SWITCH_LOG} chain (decode batch of 1 requests and 101 tokens, bound 100 tokens; "
                       f"{shape_hook.VERIFY_GRAPH_LOG} True)",
