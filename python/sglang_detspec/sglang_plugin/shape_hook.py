@@ -412,8 +412,9 @@ def run_in_shape(original, self, batch, *args, **kwargs):
         graph = f"; {VERIFY_GRAPH_LOG} {getattr(result, 'can_run_cuda_graph', None)}" if decode else ""
         length = f" and {kv_tokens} tokens" if kv_tokens is not None else ""
         logging.getLogger("sglang_detspec").info(
-            "%s %s (%s batch of %d requests%s, %s%s)", SWITCH_LOG, "chain" if state is shapes.chain else "tree",
-            "decode" if decode else "prefill or extend", size, length, shapes.bounds(), graph)
+            "%s %s (%s batch of %d %s%s, %s%s)", SWITCH_LOG, "chain" if state is shapes.chain else "tree",
+            "decode" if decode else "prefill or extend", size, "request" if size == 1 else "requests", length,
+            shapes.bounds(), graph)
     return result
 
 

@@ -359,9 +359,9 @@ def test_long_batches_of_any_size_run_the_chain_under_a_token_bound(caplog):
     shape_hook.run_in_shape(sglang_step, worker, unread)
     assert seen[-1] == chain
     logged = [r.getMessage() for r in caplog.records if shape_hook.SWITCH_LOG in r.getMessage()]
-    assert logged == [f"{shape_hook.SWITCH_LOG} chain (decode batch of 1 requests and 101 tokens, bound 100 tokens; "
+    assert logged == [f"{shape_hook.SWITCH_LOG} chain (decode batch of 1 request and 101 tokens, bound 100 tokens; "
                       f"{shape_hook.VERIFY_GRAPH_LOG} True)",
-                      f"{shape_hook.SWITCH_LOG} tree (prefill or extend batch of 1 requests, bound 100 tokens)"]
+                      f"{shape_hook.SWITCH_LOG} tree (prefill or extend batch of 1 request, bound 100 tokens)"]
 
 
 def test_a_summary_counts_switches_and_steps_once_a_window_is_full(caplog, monkeypatch):
