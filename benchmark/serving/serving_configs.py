@@ -31,8 +31,12 @@ o    plugin_tree_switch_nodes (m) with (j)'s settings: SGLang's FA3 calls, trees
                         verified per node
 p    plugin_tree_switch_tokens (o) drafting the chain also for decode batches longer
                         than 12,288 summed tokens
-                        (``SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288``)
+                        (``SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288``): the FA3 tree default
+                        at head sizes 65-128 since 2026-12-06
 ==== ================= ============================================================
+
+Every tree configuration names all four tree settings (:func:`tree_env`), so
+each runs what it says whatever the plugin's defaults.
 
 Everything here is pure Python (no SGLang, no torch) so the CPU suite checks
 the command lines this module builds.
@@ -56,6 +60,19 @@ DETERMINISTIC = ("--enable-deterministic-inference",)
 # SGLang's scheduler polls its sockets in a loop while no request is running unless told to sleep; in the
 # interleaved modes two or three servers wait while one is measured (serving_run.py --sleep-on-idle).
 SLEEP_ON_IDLE = ("--sleep-on-idle",)
+COUPLED = (("SGLANG_DETSPEC_VERIFY", "coupled"),)
+
+
+def tree_env(attention: str, decode: str, batch: int, tokens: int) -> tuple[tuple[str, str], ...]:
+    """A coupled tree's four tree settings, every one named: since 2026-12-06 an FA3 tree server at head sizes
+    65-128 (the 8B shape's 128) takes (p)'s for those unset (``config.FA3_TREE_DEFAULTS``), so a configuration
+    that leaves one out would change with that default."""
+    return COUPLED + (("SGLANG_DETSPEC_TREE_ATTENTION", attention), ("SGLANG_DETSPEC_DECODE_ATTENTION", decode),
+                      ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", str(batch)), ("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", str(tokens)))
+
+
+# The plain tree (the FA3 prefix / tail split verifies it, no bound), the settings (e) and (i) have always run.
+PLAIN_TREE = tree_env("cascade", "split", 0, 0)
 # SGLang's prefill CUDA graphs are on by default, and so in the harness; serving_run.py --no-prefill-graphs
 # turns them off on every server (every serving command before 2026-12-05's last ran so).
 PREFILL_GRAPHS_OFF = ("--cuda-graph-backend-prefill", "disabled")
@@ -102,9 +119,9 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     BenchConfig("d", "plugin_coupled", "(d) EAGLE chain, plugin coupled",
                 CHAIN, True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
     BenchConfig("e", "plugin_tree", "(e) EAGLE tree topk 4 / 8 tokens, plugin coupled",
-                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
+                TREE, True, PLAIN_TREE, True),
     BenchConfig("i", "plugin_tree_16", "(i) EAGLE tree 5 steps, topk 4 / 16 tokens, plugin coupled",
-                WIDE_TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
+                WIDE_TREE, True, PLAIN_TREE, True),
     BenchConfig("f", "plugin_no_spec", "(f) no speculation, plugin deterministic",
                 (), True, (), True),
     BenchConfig("g", "baseline", "(g) no speculation, not deterministic",
@@ -116,8 +133,7 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # Not in the default order: the node path's cost, measured beside (e) (--configs bej).
     # The node path runs only without the prefix / tail split (the default on FA3), so (j) turns the split off.
     BenchConfig("j", "plugin_tree_nodes", "(j) (e) with FA3 tree verify as decode queries per node",
-                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),
-                             ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")), True),
+                TREE, True, tree_env("nodes", "sglang", 0, 0), True),
     # Not one of (a)-(g): before coupled drafts became the default, the coupled chain with
     # raced drafts needed the user's rejection flag; it now takes the same path as (d).
     BenchConfig("h", "plugin_coupled_race", "(h) EAGLE chain, plugin coupled, coupled-race drafts",
@@ -129,7 +145,7 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # Not in the default order: (e) drafting a chain of its depth for decode batches of more than 16
     # requests (sglang_plugin/shape_hook.py), which coupled verify keeps out of the tokens (--configs aem).
     BenchConfig("m", "plugin_tree_switch", "(m) (e) drafting a 3-step chain above 16 requests, plugin coupled",
-                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16")), True),
+                TREE, True, tree_env("cascade", "split", 16, 0), True),
     # Not in the default order: (d) with SGLang's FA3 calls named. At head sizes 65-128 (the 8B shape's 128)
     # (d) keeps SGLang's FA3 calls by default since 2026-12-05 (fa3_split_hook.own_calls_serve, where its
     # start-up check passes), so there (n) runs what (d) runs; at other head sizes it shows what the split adds.
@@ -143,18 +159,13 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # on an H200; on an H100 --interleave --configs ao beside an --configs ad run).
     BenchConfig("o", "plugin_tree_switch_nodes",
                 "(o) (m) on SGLang's FA3 calls, trees verified per node (the node path)",
-                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),
-                             ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
-                True),
+                TREE, True, tree_env("nodes", "sglang", 16, 0), True),
     # Not in the default order: (o) drafting the chain also where the batch is long, since the node path reads
     # each node's whole context. The bound sits between the two 2048-token points of docs/determinism_tax.md
     # (about 2,100 and 17,000 summed tokens; --interleave --configs adp --input-len 2048).
     BenchConfig("p", "plugin_tree_switch_tokens",
                 "(p) (o) drafting the chain also above 12,288 summed tokens",
-                TREE, True, (("SGLANG_DETSPEC_VERIFY", "coupled"), ("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "16"),
-                             ("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "12288"),
-                             ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"), ("SGLANG_DETSPEC_DECODE_ATTENTION", "sglang")),
-                True),
+                TREE, True, tree_env("nodes", "sglang", 16, 12288), True),
 )}
 
 # Measured first: the ratios against (b) of the plugin's configurations survive a run cut short.

@@ -57,7 +57,9 @@ METRICS = (  # (field, label, unit, higher is better)
     ("output_throughput", "output tokens/s", "tokens/s", True),
     ("mean_itl_ms", "mean inter-token latency", "ms", False),
     ("p99_itl_ms", "p99 inter-token latency", "ms", False),
-    ("accept_length", "accept length (server average)", "tokens/round", True),
+    # bench_serving reads SGLang's avg_spec_accept_length after each run: an average over every verify since the
+    # server started, so a cell's value also holds the server's earlier cells (a switching tree's other shape too).
+    ("accept_length", "accept length (server's running average since its start)", "tokens/round", True),
 )
 # The plugin's configurations (SGLANG_DETSPEC active), each compared with SGLang's own deterministic path.
 RATIO_KEYS = ("c", "d", "e", "i", "j", "f", "h")

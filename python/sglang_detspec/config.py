@@ -65,6 +65,19 @@ DECODE_ATTENTION_SETTINGS = ("one_pass", "sglang", "split")
 DEFAULT_DECODE_ATTENTION = "split"
 # The settings whose Triton decode equals the verify's and the prefill's bit for bit.
 BITWISE_DECODE_ATTENTION = ("one_pass", "split")
+# What the four tree settings are where an FA3 tree server does not qualify for FA3_TREE_DEFAULTS (or sets them).
+PLAIN_TREE_DEFAULTS = {"tree_attention": "cascade", "decode_attention": DEFAULT_DECODE_ATTENTION,
+                       "tree_chain_batch": 0, "tree_chain_tokens": 0}
+# ... and what an FA3 tree server at head sizes 65-128 takes for each it leaves unset
+# (DetSpecConfig.takes_fa3_tree_defaults): the switching tree on the node path. On the 8B shape (head size 128)
+# it served at or above the plain tree (the split) and the coupled chain at 1, 4 and 8 requests of 2048-token
+# prompts (within the rounds' spread at 8) and at 1 / 8 / 32 / 128 requests of 128-token prompts
+# (docs/determinism_tax.md, "The token bound on one H100").
+FA3_TREE_DEFAULTS = {"tree_attention": "nodes", "decode_attention": "sglang",
+                     "tree_chain_batch": 16, "tree_chain_tokens": 12288}
+# ... read from these variables.
+TREE_SETTING_ENVS = {"tree_attention": TREE_ATTENTION_ENV, "decode_attention": DECODE_ATTENTION_ENV,
+                     "tree_chain_batch": TREE_CHAIN_BATCH_ENV, "tree_chain_tokens": TREE_CHAIN_TOKENS_ENV}
 # Settings that no longer exist: setting one is an error, so a run never silently lacks what it asked for.
 REMOVED_ENV = {
     "SGLANG_DETSPEC_GEMM": "the plugin's split-K GEMM is no longer part of the package (measured slower than "
@@ -119,16 +132,18 @@ class DetSpecConfig:
         tree_chain_batch: ``SGLANG_DETSPEC_TREE_CHAIN_BATCH``: a coupled tree
             drafts as a chain of its step count (top-k 1, steps + 1 draft
             tokens) for decode batches of more than this many requests
-            (``sglang_plugin/shape_hook.py``); 0 (the default) keeps the tree
-            at every batch size. Coupled verify keeps the tokens the same
+            (``sglang_plugin/shape_hook.py``); 0 (the default, but on the
+            servers of :attr:`takes_fa3_tree_defaults`) keeps the tree at
+            every batch size. Coupled verify keeps the tokens the same
             whichever shape drafts them. See :attr:`chain_at_batch` for the
             servers it applies to.
         tree_chain_tokens: ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS``: a coupled
             tree drafts as that chain also for decode batches whose summed
             sequence length (the KV tokens the verify reads, counted on the
             host: ``shape_hook.batch_kv_tokens``) is above this many tokens,
-            whatever their request count; 0 (the default) leaves the shape
-            to the batch size alone. See :attr:`chain_at_tokens`.
+            whatever their request count; 0 (the default, but on the servers
+            of :attr:`takes_fa3_tree_defaults`) leaves the shape to the batch
+            size alone. See :attr:`chain_at_tokens`.
         gemm_warmup_s: ``SGLANG_DETSPEC_GEMM_WARMUP_S``: seconds the start-up
             warm-up of DeepGEMM's matmul kernels may take under deterministic
             inference (``sglang_plugin/gemm_warmup_hook.py``), in
@@ -167,6 +182,14 @@ class DetSpecConfig:
             ``dense``, ``moe``, ``mla+moe+fp8``, ...), None when its config was not read.
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
+        set_tree_settings: which of the four tree settings
+            (:data:`TREE_SETTING_ENVS`, in its order) the environment set; the others take
+            their server's default (:func:`with_server_defaults`).
+
+    The four tree settings' defaults depend on the server: an FA3 tree at
+    head sizes 65-128 takes :data:`FA3_TREE_DEFAULTS` for those unset
+    (:attr:`takes_fa3_tree_defaults`), every other server
+    :data:`PLAIN_TREE_DEFAULTS`.
     """
 
     kernel: str = "auto"
@@ -195,6 +218,7 @@ class DetSpecConfig:
     head_dim: int | None = None
     model_family: str | None = None
     source: str = "env"
+    set_tree_settings: tuple[str, ...] = ()
 
     @property
     def ours(self) -> bool:
@@ -370,6 +394,30 @@ class DetSpecConfig:
                     and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1))
 
     @property
+    def takes_fa3_tree_defaults(self) -> bool:
+        """Whether the tree settings this server leaves unset take :data:`FA3_TREE_DEFAULTS`.
+
+        An FA3 server whose tree can draft a chain (:attr:`can_switch_shape`)
+        at a target head size of 65-128 (read from its ``config.json``; where
+        SGLang's own FA3 decode call and the node path are bitwise,
+        :func:`fa3_head_size_reason`), on pages of one token in SGLang's
+        default KV dtype, whose family the attention claim speaks for (dense,
+        or measured bitwise). None of the four tree settings enters this
+        test, so it holds or not whatever they are.
+        """
+        return bool(self.can_switch_shape and self.attention_backend == "fa3" and self.head_dim is not None
+                    and fa3_head_size_reason(self.head_dim) is None and self.kv_layout_problem is None
+                    and family_claim(self.model_family, "bitwise", self.attention_backend) == "bitwise")
+
+    def setting_origin(self, field: str) -> str:
+        """How one of the four tree settings got its value: ``set``, ``the FA3 tree default`` or ``the default``."""
+        if field in self.set_tree_settings:
+            return "set"
+        if self.takes_fa3_tree_defaults and getattr(self, field) == FA3_TREE_DEFAULTS[field]:
+            return "the FA3 tree default"
+        return "the default"
+
+    @property
     def kv_layout_problem(self) -> str | None:
         """The KV page size or cache dtype that turns down both FA3 paths (the split and the node path) and
         the Triton split, or None: they read pages of one token in SGLang's default KV dtype (``auto``)."""
@@ -472,6 +520,7 @@ class DetSpecConfig:
             skip.add("gemm_warmup_s")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
+        skip.add("set_tree_settings")  # the start-up note on the FA3 tree defaults says it
         if kv_cache_reason(self.kv_cache_dtype) is None:  # auto or unknown: no rule reads it
             skip.add("kv_cache_dtype")
         names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
@@ -790,7 +839,9 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
     Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "tree_chain_batch",
-    "tree_chain_tokens", "gemm_warmup_s"}`` with ``verify`` as set (``auto`` unresolved; see :func:`resolve_verify`).
+    "tree_chain_tokens", "gemm_warmup_s", "set_tree_settings"}`` with ``verify`` as set (``auto`` unresolved; see
+    :func:`resolve_verify`), the four tree settings at their plain defaults where unset (the server's own
+    defaults come with :func:`with_server_defaults`) and ``set_tree_settings`` naming those set.
 
     Raises:
         ValueError: ``SGLANG_DETSPEC_KERNEL`` not in auto|torch|triton,
@@ -815,13 +866,44 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
     disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
     verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
-    tree_attention = _word(env, TREE_ATTENTION_ENV, "cascade", TREE_ATTENTION_SETTINGS)
-    decode_attention = _word(env, DECODE_ATTENTION_ENV, DEFAULT_DECODE_ATTENTION, DECODE_ATTENTION_SETTINGS)
+    tree_attention = _word(env, TREE_ATTENTION_ENV, PLAIN_TREE_DEFAULTS["tree_attention"], TREE_ATTENTION_SETTINGS)
+    decode_attention = _word(env, DECODE_ATTENTION_ENV, PLAIN_TREE_DEFAULTS["decode_attention"],
+                             DECODE_ATTENTION_SETTINGS)
     return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
             "decode_attention": decode_attention,
             "tree_chain_batch": _count(env, TREE_CHAIN_BATCH_ENV, MAX_TREE_CHAIN_BATCH, "batch size"),
             "tree_chain_tokens": _count(env, TREE_CHAIN_TOKENS_ENV, MAX_TREE_CHAIN_TOKENS, "token count"),
-            "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S)}
+            "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S),
+            "set_tree_settings": tuple(field for field, name in TREE_SETTING_ENVS.items()
+                                       if env.get(name, "").strip())}
+
+
+def with_server_defaults(config: DetSpecConfig) -> DetSpecConfig:
+    """``config`` with each tree setting the environment left unset at its server's default.
+
+    :data:`FA3_TREE_DEFAULTS` where :attr:`DetSpecConfig.takes_fa3_tree_defaults`
+    holds, :data:`PLAIN_TREE_DEFAULTS` elsewhere; settings in
+    ``config.set_tree_settings`` keep their value. One exception keeps a
+    set tree attention of ``cascade`` bitwise: the decode attention's FA3
+    tree default (``sglang``) serves the node path, so beside SGLang's
+    cascade the unset decode attention stays the split (which verifies the
+    trees instead). Idempotent, and it reads no tree setting to decide, so
+    it may run again after the backend or head size is filled in.
+
+    Args:
+        config: a bag whose ``set_tree_settings`` says which of the four the environment set.
+
+    Returns:
+        The same bag where nothing changes, else a copy with the unset settings replaced.
+    """
+    defaults = FA3_TREE_DEFAULTS if config.takes_fa3_tree_defaults else PLAIN_TREE_DEFAULTS
+    values = {field: value for field, value in defaults.items() if field not in config.set_tree_settings}
+    if values.get("decode_attention") == FA3_TREE_DEFAULTS["decode_attention"] and \
+            values.get("tree_attention", config.tree_attention) != FA3_TREE_DEFAULTS["tree_attention"]:
+        values["decode_attention"] = PLAIN_TREE_DEFAULTS["decode_attention"]
+    if all(getattr(config, field) == value for field, value in values.items()):
+        return config
+    return dataclasses.replace(config, **values)
 
 
 def switch_settings(batch: int, tokens: int = 0) -> str:

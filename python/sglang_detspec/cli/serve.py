@@ -266,17 +266,23 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
+    from ..config import FA3_TREE_DEFAULTS, TREE_SETTING_ENVS, with_server_defaults
     from ..sglang_plugin.resolve import sglang_backend_switch
 
     if sglang_backend_switch(argparse.Namespace(attention_backend="fa3", kv_cache_dtype=bag.kv_cache_dtype)):
         return []  # SGLang would not serve its fa3 pick on FA3 with this KV cache (its own rule, asked)
-    fa3 = dataclasses.replace(bag, attention_backend="fa3")  # every rule of the claim, the family's included
+    # Every rule of the claim, the family's included, and the tree settings' FA3 defaults.
+    fa3 = with_server_defaults(dataclasses.replace(bag, attention_backend="fa3"))
     claim, reason = fa3.logits, fa3.logits_reason
     if not reason and claim == "tokens":  # the attention rule gave 'bitwise': the family's rule set the claim
         reason = f"a {bag.model_family} target, not measured yet"
     why = f" ({reason})" if reason else ""
+    taken = [f for f in FA3_TREE_DEFAULTS if fa3.setting_origin(f) == "the FA3 tree default"]
+    defaults = (f", with the FA3 tree defaults for its tree settings not set ("
+                f"{' '.join(f'{TREE_SETTING_ENVS[f]}={getattr(fa3, f)}' for f in taken)})" if taken else "")
     return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
-            f"claims {claim!r}{why} (name --attention-backend fa3 or triton for the dry run to state the claim)"]
+            f"claims {claim!r}{why}{defaults} (name --attention-backend fa3 or triton for the dry run to state the "
+            "claim)"]
 
 
 def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:

@@ -310,14 +310,19 @@ def required_by(config) -> set[str]:
     through the node path rests on the node path's hooks, and an FA3 server
     with the prefix / tail split (the default) on the split's hooks (required
     whatever the claim, where SGLang's FA3 backend imports: where it does not,
-    no FA3 server can start; the node path, where asked for, is the split's
-    fallback, so its hooks are too).
+    no FA3 server can start). The node path's hooks are required where the
+    environment asks for it, and where it comes with the FA3 tree default
+    only where the FA3 backend imports, as the split's (so a CPU machine's
+    dry run of such a tree does not stop on hooks no server there could
+    run). The node path, where asked for, is the split's fallback, so its
+    hooks are required beside the split's.
     """
     required = set()
     claim = dataclasses.replace(config, head_dim=None).logits
     tree = config.algorithm is not None and (config.eagle_topk or 1) > 1
+    asked = "tree_attention" in config.set_tree_settings
     # The node path serves trees where the split does not (asked for, or declined), so it is required either way.
-    if tree and config.tree_attention == "nodes" and claim == "bitwise":
+    if tree and config.tree_attention == "nodes" and claim == "bitwise" and (asked or _fa3_backend_imports()):
         required |= {row.target for row in registry_rows() if row.hook.__module__ == tree_attention_hook.__name__}
     if config.attention_backend == "fa3" and config.decode_attention == "split" and _fa3_backend_imports():
         required |= {row.target for row in registry_rows() if row.hook.__module__ == fa3_split_hook.__name__}

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
-                      resolve_verify)
+                      resolve_verify, with_server_defaults)
 from ..model_family import config_file, head_dim_of, model_family
 from .startup_notes import announce
 
@@ -74,6 +74,10 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
         sampled_drafts: the plugin turned the rejection-sampling flag on for
             coupled drafts (:func:`declared_sampled_drafts`): the verify stays coupled.
 
+    The four tree settings the environment leaves unset take the server's
+    defaults (``config.with_server_defaults``: the FA3 tree defaults on an FA3
+    tree at head sizes 65-128).
+
     Raises:
         ValueError: a bad ``SGLANG_DETSPEC_*`` setting, or a flag out of its bound (:func:`check_bounds`).
     """
@@ -96,7 +100,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["adaptive_steps"] = adaptive_steps(spec) if values["algorithm"] else ()
     settings = env_settings(environ)
     settings["verify"] = "coupled" if sampled_drafts else resolve_verify(settings["verify"], values["rejection_sampling"])
-    bag = DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values)
+    bag = with_server_defaults(DetSpecConfig(**settings, deterministic=bool(deterministic), source=source, **values))
     if bag.ours:  # a run the plugin serves; others meet SGLang's own rules only
         check_bounds(values)
     return bag
@@ -201,14 +205,15 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(record) if record else None
-    return dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)),
+    # The tree settings' defaults read the backend and the head size filled in here (with_server_defaults).
+    return with_server_defaults(dataclasses.replace(bag, rl_on_policy=bool(getattr(det, "rl_on_policy_target", None)),
                                attention_backend=attention_backend_of(exec_bag.kernel),
                                page_size=getattr(view, "page_size", None),
                                kv_cache_dtype=getattr(view, "kv_cache_dtype", None),
                                model_family=model_family(getattr(view, "model_path", None),
                                                          getattr(view, "quantization", None)),
                                head_dim=head_dim_of(getattr(view, "model_path", None)),
-                               tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1))
+                               tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1)))
 
 
 def install_published_bag(result, *args, **kwargs) -> None:

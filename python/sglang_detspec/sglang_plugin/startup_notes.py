@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 
-from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS,
-                      FA3_UNMASKED_DECODE_MAX_HEAD_DIM, ONE_PASS_DECODE_BACKENDS, DetSpecConfig, fa3_own_calls_exact,
-                      fa3_split_takes, switch_settings)
+from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
+                      FA3_UNMASKED_DECODE_MAX_HEAD_DIM, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
+                      TREE_SETTING_ENVS, DetSpecConfig, fa3_own_calls_exact, fa3_split_takes, switch_settings)
 from ..model_family import family_note
 
 logger = logging.getLogger("sglang_detspec")
@@ -31,6 +31,9 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     the bag accepts that change nothing for this server.
     """
     notes = []
+    defaults = fa3_tree_defaults_note(config)
+    if defaults:
+        notes.append(defaults)
     # An unknown backend (None: SGLang picks it at start-up) has its own note in the dry run.
     if config.active and config.attention_backend is not None and config.logits_reason:
         notes.append(f"logits='tokens' because of {config.logits_reason}")
@@ -46,8 +49,9 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
                          "the node path, like the prefix / tail split, reads KV pages of one token in SGLang's "
                          "default KV dtype (auto), so the server keeps SGLang's FA3 calls")
         elif config.decode_attention == "split" and (config.eagle_topk or 1) > 1 and config.algorithm:
-            notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3: the prefix / tail split (the "
-                         "default) verifies trees where it serves; the node path verifies the trees it declines; "
+            notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes stands by on fa3: the prefix / tail split "
+                         "(SGLANG_DETSPEC_DECODE_ATTENTION=split) verifies trees where it serves; the node path "
+                         "verifies the trees it declines; "
                          "SGLANG_DETSPEC_DECODE_ATTENTION=sglang or one_pass runs the node path for every tree")
         elif config.algorithm is None or (config.eagle_topk or 1) <= 1:
             notes.append("SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to tree verify (--speculative-eagle-topk > 1) "
@@ -64,6 +68,29 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
                      "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
                      f"least steps + 1 draft tokens; this server {kept}")
     return notes
+
+
+# What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100"),
+# written once for the note below.
+FA3_TREE_DEFAULTS_EVIDENCE = (
+    "on the 8B shape (head size 128, one H100) it served 1.04-1.07 of SGLang's non-deterministic EAGLE chain at "
+    "1 request, 0.99 at 4 and 0.97-0.98 at 8 (2048-token prompts), 1.04 / 1.03 / 0.94 / 0.93 at 1 / 8 / 32 / 128 "
+    "(128-token prompts), at or above the plain tree and the coupled chain in each but within the rounds' spread "
+    "at 8 requests of 2048 tokens, where it drafts the chain")
+
+
+def fa3_tree_defaults_note(config: DetSpecConfig) -> str | None:
+    """The note naming the tree settings this server took from ``config.FA3_TREE_DEFAULTS``, or None (none taken)."""
+    taken = [f for f in FA3_TREE_DEFAULTS if config.setting_origin(f) == "the FA3 tree default"]
+    if not (config.active and taken):
+        return None
+    names = " ".join(f"{TREE_SETTING_ENVS[f]}={getattr(config, f)}" for f in taken)
+    every = " ".join(f"{TREE_SETTING_ENVS[f]}={v}" for f, v in FA3_TREE_DEFAULTS.items())
+    plain = " ".join(f"{TREE_SETTING_ENVS[f]}={v}" for f, v in PLAIN_TREE_DEFAULTS.items())
+    return (f"FA3 tree defaults (head size {config.head_dim}, in {FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-"
+            f"{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}) for the tree settings not set in the environment: {names}; all four "
+            f"({every}) make the tree verified per node on SGLang's FA3 calls, drafting a chain for large or long "
+            f"decode batches; {FA3_TREE_DEFAULTS_EVIDENCE}; {plain} gives the plain tree")
 
 
 # What committed server runs cover (docs/e2e/, docs/forward_modes.md): the attention backends of the
@@ -230,7 +257,8 @@ def split_notes(config: DetSpecConfig) -> list[str]:
                 f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} keeps SGLang's calls and "
                 "pays none of it)")
         fallback = ": 'tokens' for a tree (SGLang's cascade)" if config.verifies_trees else ""
-        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 (the default; sglang or one_pass turn it off): "
+        origin = "as set" if config.setting_origin("decode_attention") == "set" else "the default"
+        notes.append(f"SGLANG_DETSPEC_DECODE_ATTENTION=split on fa3 ({origin}; sglang or one_pass turn it off): "
                      f"{fa3_split_path(config)}; the prefix / tail split (two FA3 calls per row "
                      "over key ranges chosen from its own length) was measured bitwise on one H200 (kernels at head "
                      "sizes 64-256; servers on the tiny suite models at head size 64, SGLang's harness and the "
@@ -297,7 +325,7 @@ LONG_PROMPT_NOTE = ("at 2048-token prompts the tree on the node path served 1.04
 
 def chain_note(config: DetSpecConfig) -> str:
     """:func:`unmeasured_notes`' sentence for a switching tree (``config.switches_shape``): what each bound set
-    does, and what was measured of each (the token bound: nothing on a GPU yet)."""
+    does, and what was measured of each."""
     which, evidence = [], []
     if config.chain_at_batch:
         which.append(f"of more than {config.chain_at_batch} requests")
@@ -315,7 +343,11 @@ def chain_note(config: DetSpecConfig) -> str:
         which.append(f"whose summed sequence length is above {config.chain_at_tokens} tokens")
         evidence.append(
             "the token bound, meant for trees on the node path (SGLANG_DETSPEC_TREE_ATTENTION=nodes), whose verify "
-            "reads each node's whole context: not yet run on a GPU, neither its tokens nor its serving cost"
+            "reads each node's whole context: tokens equal to no speculative decoding while switching both ways on "
+            "100 tokens (the tiny-model run of 2026-12-06, Triton); at 12,288 beside a batch bound of 16 on the "
+            "node path it served 0.99 of SGLang's non-deterministic EAGLE chain at 4 requests of 2048-token "
+            "prompts (the tree) and 0.97-0.98 at 8 (the chain), against the coupled chain's 0.95 / 0.98 and the "
+            "plain tree's 0.96 / 0.98 (one H100, adc7ae7); other bounds and backends are not measured"
             + ("" if config.chain_at_batch else f"; {LONG_PROMPT_NOTE}"))
     return (f"{switch_settings(config.chain_at_batch, config.chain_at_tokens)}: decode batches "
             f"{' or '.join(which)} draft a chain of {config.num_steps} steps instead of the tree; coupled verify "

@@ -48,7 +48,7 @@ import dataclasses
 from collections.abc import Mapping
 
 import _forward_plan
-from sglang_detspec.config import DetSpecConfig, env_settings
+from sglang_detspec.config import DetSpecConfig, env_settings, with_server_defaults
 
 # Modes of the harness, in the order they run on a server: single first, because SGLang's
 # harness notes that a /flush_cache before any request can hang, and prefix flushes first.
@@ -72,9 +72,10 @@ LONGEST_PROMPT_CHARS, NEW_TOKENS = 4097, 100
 SERVERS = ("no_spec", "coupled_chain", "coupled_tree", "eagle3_tree")
 BACKENDS = ("triton", "fa3")
 # On fa3 these also serve a target of head size WIDE_HEAD_DIM (the tiny target's weights as WIDE_HEADS heads):
-# there a server that verifies no trees keeps SGLang's own FA3 calls (config.fa3_own_calls_exact), a tree the split,
-# and the switching tree on the node path (its own environment, _e2e.FAMILIES) SGLang's calls and one decode query
-# per tree node: at head size 128 it claims 'bitwise', at the tiny target's 64 it would not.
+# there a server that verifies no trees keeps SGLang's own FA3 calls (config.fa3_own_calls_exact), a tree with no
+# setting named takes the FA3 tree default (config.FA3_TREE_DEFAULTS: the node path, both bounds), and the switching
+# tree on the node path (its own environment, _e2e.FAMILIES, a bound of 3 requests) SGLang's calls and one decode
+# query per tree node: at head size 128 both claim 'bitwise', at the tiny target's 64 the latter would not.
 WIDE_HEAD_SERVERS = ("no_spec", "coupled_chain", "coupled_tree", "coupled_tree_switch_nodes")
 WIDE_HEAD_BACKEND = "fa3"
 WIDE_HEADS, WIDE_HEAD_DIM = 2, 128
@@ -251,11 +252,14 @@ def server_bag(backend: str, label: str, env: Mapping[str, str], head_dim: int |
     algorithm = _forward_plan.spec_flag(family, "--speculative-algorithm")
     steps = _forward_plan.spec_flag(family, "--speculative-num-steps")
     tokens = _forward_plan.spec_flag(family, "--speculative-num-draft-tokens")
-    return DetSpecConfig(
+    # The server's own resolution fills in the tree settings it leaves unset (the FA3 tree defaults at head size 128).
+    return with_server_defaults(DetSpecConfig(
         deterministic=True, attention_backend=backend, page_size=1, head_dim=head_dim,
         tree_attention=settings["tree_attention"], decode_attention=settings["decode_attention"],
-        tree_chain_batch=settings["tree_chain_batch"], algorithm=algorithm, eagle_topk=_forward_plan.eagle_topk(family),
-        num_steps=int(steps) if steps else None, num_draft_tokens=int(tokens) if tokens else None)
+        tree_chain_batch=settings["tree_chain_batch"], tree_chain_tokens=settings["tree_chain_tokens"],
+        set_tree_settings=settings["set_tree_settings"], algorithm=algorithm,
+        eagle_topk=_forward_plan.eagle_topk(family), num_steps=int(steps) if steps else None,
+        num_draft_tokens=int(tokens) if tokens else None))
 
 
 def base_label(label: str) -> str:

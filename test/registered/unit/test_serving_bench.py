@@ -50,16 +50,32 @@ def test_sixteen_configurations_have_the_issue_flags():
     assert det == set("bcdefhijlmnop") and rej == set("abch") and spec == set("abcdehijklmnop")
     assert sorted(cmds["l"]) == sorted([*cmds["d"], "--speculative-adaptive"])
     assert cmds["k"] == [a for a in cmds["e"] if a != "--enable-deterministic-inference"] and not cfg.CONFIGS["k"].env
-    assert cmds["j"] == cmds["e"] and dict(cfg.CONFIGS["j"].env)["SGLANG_DETSPEC_TREE_ATTENTION"] == "nodes"
-    assert cmds["m"] == cmds["e"] and dict(cfg.CONFIGS["m"].env)["SGLANG_DETSPEC_TREE_CHAIN_BATCH"] == "16"
-    assert cmds["n"] == cmds["d"] and dict(cfg.CONFIGS["n"].env) == {"SGLANG_DETSPEC_VERIFY": "coupled",
-                                                                     "SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}
-    # (o): (m)'s switch on SGLang's FA3 calls with the node path, the claim the plugin gives it at the 8B shape.
-    o_env = dict(cfg.CONFIGS["o"].env)
-    assert cmds["o"] == cmds["e"] and o_env == {**dict(cfg.CONFIGS["m"].env), **dict(cfg.CONFIGS["j"].env)}
-    assert cmds["p"] == cmds["o"] and dict(cfg.CONFIGS["p"].env) == {**o_env, "SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "12288"}
-    from sglang_detspec.config import logits_guarantee
+    assert dict(cfg.CONFIGS["n"].env) == {"SGLANG_DETSPEC_VERIFY": "coupled", "SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}
+    assert cmds["n"] == cmds["d"]
+    # Every tree configuration names all four tree settings, so an FA3 tree default never changes what it runs.
+    from sglang_detspec.config import (TREE_SETTING_ENVS, DetSpecConfig, env_settings, logits_guarantee,
+                                       with_server_defaults)
 
+    stated = {"e": ("cascade", "split", 0, 0), "i": ("cascade", "split", 0, 0), "j": ("nodes", "sglang", 0, 0),
+              "m": ("cascade", "split", 16, 0), "o": ("nodes", "sglang", 16, 0), "p": ("nodes", "sglang", 16, 12288)}
+
+    def served(env, tree=cfg.TREE):  # the bag an 8B-shape FA3 server (head size 128) resolves with this env
+        args = dict(zip(tree[::2], tree[1::2]))
+        bag = DetSpecConfig(**env_settings(env), deterministic=True, algorithm="EAGLE",
+                            num_steps=int(args["--speculative-num-steps"]), eagle_topk=int(args["--speculative-eagle-topk"]),
+                            num_draft_tokens=int(args["--speculative-num-draft-tokens"]), attention_backend="fa3",
+                            head_dim=128, page_size=1, model_family="dense")
+        bag = with_server_defaults(bag)
+        return bag.tree_attention, bag.decode_attention, bag.tree_chain_batch, bag.tree_chain_tokens
+
+    for key, values in stated.items():
+        env = dict(cfg.CONFIGS[key].env)
+        assert set(TREE_SETTING_ENVS.values()) <= set(env) and env["SGLANG_DETSPEC_VERIFY"] == "coupled", key
+        assert served(env, cfg.WIDE_TREE if key == "i" else cfg.TREE) == values, key
+        assert cmds[key] == cmds["i" if key == "i" else "e"]
+    # (p) is what such a server runs with no tree setting named: the FA3 tree default.
+    assert served({"SGLANG_DETSPEC_VERIFY": "coupled"}) == stated["p"]
+    o_env = dict(cfg.CONFIGS["o"].env)
     assert logits_guarantee("fa3", 4, o_env["SGLANG_DETSPEC_TREE_ATTENTION"], o_env["SGLANG_DETSPEC_DECODE_ATTENTION"],
                             head_dim=128) == "bitwise"
     assert _flag(cmds["e"], "--speculative-eagle-topk") == "4" and _flag(cmds["e"], "--speculative-num-draft-tokens") == "8"

@@ -109,11 +109,17 @@ def test_each_server_is_held_to_the_claim_of_its_own_settings(mods):
     assert bag.logits == "bitwise" and bag.node_path_verifies
     # The positive control of the head-size rule: SGLang's calls part decode from prefill at 64.
     assert plan.server_bag("fa3", wide, env, 64).logits == "tokens"
-    # The default tree keeps the suite's setting (the split): bitwise at both head sizes on fa3, no node path.
-    for head in (64, 128):
-        tree = plan.server_bag("fa3", "coupled_tree" + plan.WIDE_SUFFIX * (head == 128), {}, head)
-        assert tree.decode_attention == "split" and tree.logits == "bitwise" and not tree.node_path_verifies
-    assert plan.server_bag("fa3", "coupled_tree", {"SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}, 128).logits == "tokens"
+    # A tree with no setting named: the plain tree (the split) at head size 64, the FA3 tree default (the node
+    # path, both bounds) at 128, where the harness's coupled_tree_head128 then checks the default; bitwise at both.
+    plain = plan.server_bag("fa3", "coupled_tree", {}, 64)
+    assert (plain.decode_attention, plain.tree_attention, plain.chain_at_batch) == ("split", "cascade", 0)
+    assert plain.logits == "bitwise" and not plain.node_path_verifies
+    default = plan.server_bag("fa3", "coupled_tree" + plan.WIDE_SUFFIX, {}, 128)
+    assert (default.tree_attention, default.decode_attention, default.chain_at_batch, default.chain_at_tokens) == (
+        "nodes", "sglang", 16, 12288)
+    assert default.logits == "bitwise" and default.node_path_verifies
+    cascade = {"SGLANG_DETSPEC_TREE_ATTENTION": "cascade", "SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}
+    assert plan.server_bag("fa3", "coupled_tree", cascade, 128).logits == "tokens"
     assert plan.server_bag("triton", "no_spec", {}, 64).logits == "bitwise"
     with pytest.raises(ValueError, match="SGLANG_DETSPEC_TREE_ATTENTION"):
         plan.server_bag("fa3", "coupled_tree", {"SGLANG_DETSPEC_TREE_ATTENTION": "leaves"}, 64)

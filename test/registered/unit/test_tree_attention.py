@@ -383,9 +383,13 @@ def test_a_bitwise_tree_claim_requires_the_node_hooks(monkeypatch):
     split_nodes = dataclasses.replace(bag, decode_attention="split")
     assert split_rows and sglang_plugin.required_by(split_nodes) == node_rows | split_rows
     assert sglang_plugin.required_by(dataclasses.replace(split_nodes, tree_attention="cascade")) == split_rows
-    # ... and on nothing where it does not (no FA3 server can start there); the opt-in node path still is.
+    # ... and on nothing where it does not (no FA3 server can start there); the node path asked for still is,
+    # the node path of the FA3 tree default (not set in the environment) is not.
     monkeypatch.setattr(sglang_plugin, "_fa3_backend_imports", lambda: False)
-    assert sglang_plugin.required_by(bag) == node_rows and sglang_plugin.required_by(chain) == set()
+    asked = dataclasses.replace(bag, set_tree_settings=("tree_attention",))
+    assert sglang_plugin.required_by(asked) == node_rows and sglang_plugin.required_by(chain) == set()
+    assert sglang_plugin.required_by(bag) == set()
+    bag = asked
     monkeypatch.undo()
     if not torch.cuda.is_available():
         assert not sglang_plugin._fa3_backend_imports()  # the FA3 backend does not import without CUDA
@@ -400,7 +404,8 @@ def test_start_up_stops_where_nothing_backs_a_bitwise_tree_claim(bag):
     from sglang_detspec import sglang_plugin
 
     nodes = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
-                          attention_backend="fa3", tree_attention="nodes", decode_attention="one_pass", source="server_args")
+                          attention_backend="fa3", tree_attention="nodes", decode_attention="one_pass", source="server_args",
+                          set_tree_settings=("tree_attention", "decode_attention"))
 
     def message(config):
         bag(config)
