@@ -70,9 +70,9 @@ PLAIN_TREE_DEFAULTS = {"tree_attention": "cascade", "decode_attention": DEFAULT_
                        "tree_chain_batch": 0, "tree_chain_tokens": 0}
 # ... and what an FA3 tree server at head sizes 65-128 takes for each it leaves unset
 # (DetSpecConfig.takes_fa3_tree_defaults): the switching tree on the node path. On the 8B shape (head size 128)
-# it served at or above the plain tree (the split) and the coupled chain at 1, 4 and 8 requests of 2048-token
-# prompts (within the rounds' spread at 8) and at 1 / 8 / 32 / 128 requests of 128-token prompts
-# (docs/determinism_tax.md, "The token bound on one H100").
+# it served above the plain tree (the split) and the coupled chain at 1 request and at 4 of 2048 tokens, level with
+# them within the rounds' spread at 8 of 2048 tokens, and 1-3% below the chain at 32 and 128 short requests, where
+# both draft the chain (docs/determinism_tax.md, "The token bound on one H100").
 FA3_TREE_DEFAULTS = {"tree_attention": "nodes", "decode_attention": "sglang",
                      "tree_chain_batch": 16, "tree_chain_tokens": 12288}
 # ... read from these variables.
@@ -97,6 +97,9 @@ _FALSE = ("", "0", "false", "no", "off")
 COUPLED_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 REJECTION_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+# The algorithms whose trees can draft a chain of their depth (sglang_plugin/shape_hook.py): SGLang's EAGLEWorkerV2
+# serves them (NEXTN is SGLang's alias of EAGLE: flags as typed in a dry run still say NEXTN).
+SHAPE_SWITCH_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 # Bag fields that mean something only with speculative decoding on (DetSpecConfig.shown_fields).
 SPECULATIVE_FIELDS = ("verify", "tree_attention", "num_steps", "eagle_topk", "num_draft_tokens",
                       "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab",
@@ -160,11 +163,13 @@ class DetSpecConfig:
             vocabulary (EAGLE3 ``draft_vocab_size``, ``--speculative-token-map``);
             rejection mode cannot serve it.
         tree_attention: ``SGLANG_DETSPEC_TREE_ATTENTION``: ``cascade`` (SGLang's
-            tree verify attention) or ``nodes`` (on FA3, each tree node's
-            verify runs as the decode query of that token, so tree verify
-            logits equal decode logits bit for bit).
+            tree verify attention, the default but for the FA3 tree default)
+            or ``nodes`` (on FA3, each tree node's verify runs as the decode
+            query of that token, so tree verify logits equal decode logits
+            bit for bit).
         decode_attention: ``SGLANG_DETSPEC_DECODE_ATTENTION``: ``split``
-            (the default: every target forward mode runs the positional
+            (the default but for the FA3 tree default, whose is ``sglang``:
+            every target forward mode runs the positional
             split, Triton's kernels or FA3's prefix / tail split, so decode,
             prefill and chain and tree verify logits agree bit for bit),
             ``one_pass`` (on Triton the target's decode runs the verify's
@@ -182,6 +187,9 @@ class DetSpecConfig:
             ``dense``, ``moe``, ``mla+moe+fp8``, ...), None when its config was not read.
         source: ``env`` before resolution; ``server_args``, ``raw_args`` or
             ``runtime_context`` after the plugin resolved it from SGLang.
+        parallel_reason: the parallel layout that keeps this server's draft
+            shape fixed (attention data or pipeline parallelism,
+            ``sglang_plugin/shape_rules.parallel_reason``), None otherwise.
         set_tree_settings: which of the four tree settings
             (:data:`TREE_SETTING_ENVS`, in its order) the environment set; the others take
             their server's default (:func:`with_server_defaults`).
@@ -219,6 +227,7 @@ class DetSpecConfig:
     model_family: str | None = None
     source: str = "env"
     set_tree_settings: tuple[str, ...] = ()
+    parallel_reason: str | None = None
 
     @property
     def ours(self) -> bool:
@@ -388,7 +397,7 @@ class DetSpecConfig:
     def can_switch_shape(self) -> bool:
         """Whether ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` and ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS`` would apply to
         this server: every condition of :attr:`chain_at_batch` but the settings themselves."""
-        return bool(self.active and self.coupled and self.algorithm in ("EAGLE", "EAGLE3")
+        return bool(self.active and self.coupled and self.algorithm in SHAPE_SWITCH_ALGORITHMS
                     and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
                     and self.page_size in (None, 1)
                     and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1))
@@ -402,12 +411,23 @@ class DetSpecConfig:
         SGLang's own FA3 decode call and the node path are bitwise,
         :func:`fa3_head_size_reason`), on pages of one token in SGLang's
         default KV dtype, whose family the attention claim speaks for (dense,
-        or measured bitwise). None of the four tree settings enters this
+        or measured bitwise), and whose parallel layout lets its draft shape
+        switch (:attr:`parallel_reason`: elsewhere it would be the node path
+        at every batch size). None of the four tree settings enters this
         test, so it holds or not whatever they are.
         """
-        return bool(self.can_switch_shape and self.attention_backend == "fa3" and self.head_dim is not None
-                    and fa3_head_size_reason(self.head_dim) is None and self.kv_layout_problem is None
-                    and family_claim(self.model_family, "bitwise", self.attention_backend) == "bitwise")
+        if not (self.can_switch_shape and self.parallel_reason is None and self.attention_backend == "fa3"
+                and self.head_dim is not None):
+            return False
+        # Where the node path on SGLang's FA3 calls would claim bitwise (every rule of the claim, written once).
+        node_path = dataclasses.replace(self, tree_attention=FA3_TREE_DEFAULTS["tree_attention"],
+                                        decode_attention=FA3_TREE_DEFAULTS["decode_attention"])
+        return node_path.logits == "bitwise"
+
+    @property
+    def fa3_defaults_taken(self) -> tuple[str, ...]:
+        """The tree settings this server took from :data:`FA3_TREE_DEFAULTS`, in its order (empty: none)."""
+        return tuple(f for f in FA3_TREE_DEFAULTS if self.setting_origin(f) == "the FA3 tree default")
 
     def setting_origin(self, field: str) -> str:
         """How one of the four tree settings got its value: ``set``, ``the FA3 tree default`` or ``the default``."""
@@ -521,6 +541,8 @@ class DetSpecConfig:
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
         skip.add("set_tree_settings")  # the start-up note on the FA3 tree defaults says it
+        if self.parallel_reason is None:
+            skip.add("parallel_reason")
         if kv_cache_reason(self.kv_cache_dtype) is None:  # auto or unknown: no rule reads it
             skip.add("kv_cache_dtype")
         names = {"eagle_topk": "ngram_max_bfs_breadth"} if algo == "NGRAM" else {}
@@ -881,14 +903,18 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
 def with_server_defaults(config: DetSpecConfig) -> DetSpecConfig:
     """``config`` with each tree setting the environment left unset at its server's default.
 
-    :data:`FA3_TREE_DEFAULTS` where :attr:`DetSpecConfig.takes_fa3_tree_defaults`
-    holds, :data:`PLAIN_TREE_DEFAULTS` elsewhere; settings in
-    ``config.set_tree_settings`` keep their value. One exception keeps a
-    set tree attention of ``cascade`` bitwise: the decode attention's FA3
-    tree default (``sglang``) serves the node path, so beside SGLang's
-    cascade the unset decode attention stays the split (which verifies the
-    trees instead). Idempotent, and it reads no tree setting to decide, so
-    it may run again after the backend or head size is filled in.
+    Where :attr:`DetSpecConfig.takes_fa3_tree_defaults` holds, the unset
+    settings complete the node path: tree attention ``nodes``, decode
+    attention ``sglang`` beside it (the split otherwise), and the two bounds of
+    :data:`FA3_TREE_DEFAULTS` only where the node path then verifies the
+    trees (tree attention ``nodes`` and a decode attention other than
+    ``split``, which would verify them itself). So a tree attention set to
+    ``cascade``, or a decode attention set to ``split``, with the others
+    unset, gives the plain tree, the configuration measured beside it.
+    Elsewhere the unset settings take :data:`PLAIN_TREE_DEFAULTS`. Settings
+    in ``config.set_tree_settings`` keep their value. Idempotent, and it
+    reads no unset tree setting to decide, so it may run again after the
+    backend or head size is filled in.
 
     Args:
         config: a bag whose ``set_tree_settings`` says which of the four the environment set.
@@ -896,11 +922,21 @@ def with_server_defaults(config: DetSpecConfig) -> DetSpecConfig:
     Returns:
         The same bag where nothing changes, else a copy with the unset settings replaced.
     """
-    defaults = FA3_TREE_DEFAULTS if config.takes_fa3_tree_defaults else PLAIN_TREE_DEFAULTS
-    values = {field: value for field, value in defaults.items() if field not in config.set_tree_settings}
-    if values.get("decode_attention") == FA3_TREE_DEFAULTS["decode_attention"] and \
-            values.get("tree_attention", config.tree_attention) != FA3_TREE_DEFAULTS["tree_attention"]:
-        values["decode_attention"] = PLAIN_TREE_DEFAULTS["decode_attention"]
+    unset = [field for field in FA3_TREE_DEFAULTS if field not in config.set_tree_settings]
+    values = {field: PLAIN_TREE_DEFAULTS[field] for field in unset}
+    if config.takes_fa3_tree_defaults:
+        def chosen(field):
+            return values[field] if field in values else getattr(config, field)
+
+        if "tree_attention" in values:
+            values["tree_attention"] = FA3_TREE_DEFAULTS["tree_attention"]
+        nodes = chosen("tree_attention") == FA3_TREE_DEFAULTS["tree_attention"]
+        if "decode_attention" in values and nodes:
+            values["decode_attention"] = FA3_TREE_DEFAULTS["decode_attention"]
+        if nodes and chosen("decode_attention") != PLAIN_TREE_DEFAULTS["decode_attention"]:
+            for bound in ("tree_chain_batch", "tree_chain_tokens"):
+                if bound in values:
+                    values[bound] = FA3_TREE_DEFAULTS[bound]
     if all(getattr(config, field) == value for field, value in values.items()):
         return config
     return dataclasses.replace(config, **values)

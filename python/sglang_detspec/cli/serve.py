@@ -76,7 +76,12 @@ without --attention-backend it states 'tokens' (see below).
               no speculative decoding) at target head sizes 65 to 128 keep SGLang's own FA3
               calls instead, which run every forward mode on one causal
               kernel there (its start-up check of them decides; measured
-              bitwise with SGLang's harness at head size 128).
+              bitwise with SGLang's harness at head size 128);
+            - fa3 EAGLE / EAGLE3 / NEXTN trees at target head sizes 65 to
+              128 take the FA3 tree default instead: SGLang's FA3 calls,
+              each tree node verified as one decode query (the node path),
+              a chain drafted above 16 requests or 12,288 summed tokens
+              (for the tree settings not set in the environment).
   tokens    other backends; any --kv-cache-dtype other than auto;
             mixture-of-experts, MLA or quantized targets (not measured on a
             server yet); a run without --attention-backend (SGLang picks
@@ -90,18 +95,20 @@ that leaves: 'tokens', except triton chains, which stay 'bitwise' on the
 one-pass decode (with --kv-cache-dtype auto and no sliding-window layers).
 
 Turning the split off: SGLANG_DETSPEC_DECODE_ATTENTION=one_pass (triton
-chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 with
-SGLANG_DETSPEC_TREE_ATTENTION=nodes apart, head sizes 65 to 128), and so do
-fa3 chains outside head sizes 65 to 128 and, with sglang, triton chains.
+chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 on the node
+path apart, head sizes 65 to 128, as in the FA3 tree default), and so do fa3
+chains outside head sizes 65 to 128 and, with sglang, triton chains.
 
 Draft shape: SGLANG_DETSPEC_TREE_CHAIN_BATCH=B and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=T
 make a coupled tree draft a chain of its depth for decode batches above B
-requests or T summed tokens; the tokens stay the same (docs/usage.md).
+requests or T summed tokens (0 by default; 16 and 12288 in the FA3 tree
+default); the tokens stay the same (docs/usage.md).
 
 Measured: both splits bitwise on an H200, the FA3 split's servers at its
-current code. Serving the 8B shape the FA3 split costs the tree 0.92-1.06x
-SGLang's inter-token latency and would cost the chain 0.99-1.21x; the
-Triton split's cost is not measured.
+current code. Serving the 8B shape the FA3 split costs the plain tree
+0.92-1.06x SGLang's inter-token latency and would cost the chain 0.99-1.21x
+(there both run SGLang's FA3 calls by default); the Triton split's cost is
+not measured.
 
 """ + textwrap.fill(
     "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in SGLang's own harness, the serving "
@@ -249,11 +256,19 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     """
     if bag.model_family is not None or bag.logits != "bitwise":  # a 'tokens' claim assumes nothing of the model
         return []
+    from ..config import FA3_TREE_DEFAULTS, TREE_SETTING_ENVS
+
+    tree = ""
+    if bag.can_switch_shape and bag.attention_backend in (None, "fa3"):
+        unset = [f for f in FA3_TREE_DEFAULTS if f not in bag.set_tree_settings]
+        tree = ("; an FA3 tree server whose target has a head size of 65-128 takes the FA3 tree defaults for its "
+                "unset tree settings (" + " ".join(f"{TREE_SETTING_ENVS[f]}={FA3_TREE_DEFAULTS[f]}" for f in unset)
+                + "), which this dry run cannot show") if unset else ""
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
             "the default, up to 256; on fa3 without it 65 to 128); MoE, MLA and quantized targets claim 'tokens', "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
-            "loads)"]
+            f"loads){tree}"]
 
 
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
@@ -266,7 +281,7 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """
     if not bag.active or bag.attention_backend is not None or bag.head_dim is None:
         return []
-    from ..config import FA3_TREE_DEFAULTS, TREE_SETTING_ENVS, with_server_defaults
+    from ..config import TREE_SETTING_ENVS, with_server_defaults
     from ..sglang_plugin.resolve import sglang_backend_switch
 
     if sglang_backend_switch(argparse.Namespace(attention_backend="fa3", kv_cache_dtype=bag.kv_cache_dtype)):
@@ -277,7 +292,7 @@ def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     if not reason and claim == "tokens":  # the attention rule gave 'bitwise': the family's rule set the claim
         reason = f"a {bag.model_family} target, not measured yet"
     why = f" ({reason})" if reason else ""
-    taken = [f for f in FA3_TREE_DEFAULTS if fa3.setting_origin(f) == "the FA3 tree default"]
+    taken = fa3.fa3_defaults_taken
     defaults = (f", with the FA3 tree defaults for its tree settings not set ("
                 f"{' '.join(f'{TREE_SETTING_ENVS[f]}={getattr(fa3, f)}' for f in taken)})" if taken else "")
     return [f"on Hopper SGLang picks fa3 here, and at this target's head size ({bag.head_dim}) an FA3 server "
@@ -443,8 +458,9 @@ def _run(args) -> int:
                 # (Llama: top-k 4); STANDALONE always gets a chain, NGRAM its BFS breadth (resolved_eagle_topk).
                 _say("note: the logits claim above assumes a chain: with --speculative-eagle-topk unset SGLang "
                      "picks the top-k per model at start-up (a tree for some, e.g. Llama's top-k 4), and a tree's "
-                     "claim follows the tree rules (bitwise on the split, the default, on fa3 and triton); the "
-                     "server's start-up line states the claim it serves")
+                     "claim follows the tree rules (bitwise on the split on fa3 and triton, and on fa3 at head "
+                     "sizes 65-128 on the FA3 tree default's node path); the server's start-up line states the "
+                     "claim and the tree settings it serves")
             if bag.attention_backend is None:
                 _say("note: the logits claim above assumes nothing of the attention backend: without "
                      "--attention-backend SGLang picks it on the GPU at start-up (fa3 on Hopper under "

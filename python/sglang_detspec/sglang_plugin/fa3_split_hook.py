@@ -1,4 +1,5 @@
-"""FA3 attention under the prefix / tail split in every forward mode of the target (the default).
+"""FA3 attention under the prefix / tail split in every forward mode of the target (the default but for FA3 trees
+at head sizes 65-128, whose default is the node path: ``config.FA3_TREE_DEFAULTS``).
 
 ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the bag's ``decode_attention``, its
 default; ``sglang`` or ``one_pass`` keep SGLang's calls) on an FA3 server: the target's prefill, chunked prefill, extend after a

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
                       resolve_verify, with_server_defaults)
 from ..model_family import config_file, head_dim_of, model_family
+from .shape_rules import parallel_reason
 from .startup_notes import announce
 
 logger = logging.getLogger("sglang_detspec")
@@ -94,6 +95,10 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["kv_cache_dtype"] = getattr(spec, "kv_cache_dtype", None)
     values["model_family"] = model_family(getattr(spec, "model_path", None), getattr(spec, "quantization", None))
     values["head_dim"] = head_dim_of(getattr(spec, "model_path", None))
+    try:
+        values["parallel_reason"] = parallel_reason(spec)
+    except AttributeError:  # the runtime context's "spec" namespace: its caller reads the record
+        values["parallel_reason"] = None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])
@@ -213,6 +218,7 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
                                model_family=model_family(getattr(view, "model_path", None),
                                                          getattr(view, "quantization", None)),
                                head_dim=head_dim_of(getattr(view, "model_path", None)),
+                               parallel_reason=parallel_reason(view) if view is not None else None,
                                tokenizer_workers=int(getattr(serving, "tokenizer_worker_num", 1) or 1)))
 
 

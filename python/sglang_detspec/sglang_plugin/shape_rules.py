@@ -25,15 +25,10 @@ def not_applied_reason(server_args, max_running_requests: int | None, threshold:
     token bound gives it batches.
     """
     from sglang.srt.arg_groups.overrides import resolved_view
-    from sglang.srt.runtime_context import attn_dp_enabled_of
 
-    view = resolved_view(server_args)
-    # Flags as typed (the dry run) may still carry the deprecated spelling SGLang maps to attn_dp_size = dp_size.
-    legacy_dp = getattr(view, "enable_dp_attention", False) and (getattr(view, "dp_size", 1) or 1) > 1
-    if attn_dp_enabled_of(view) or legacy_dp:
-        return "attention data parallelism (each rank would pick its own shape)"
-    if (getattr(view, "pp_size", 1) or 1) > 1:
-        return "pipeline parallelism (only the last stage drafts)"
+    parallel = parallel_reason(resolved_view(server_args))
+    if parallel:
+        return parallel
     if not tokens and max_running_requests is not None and threshold >= max_running_requests:
         return f"the bound {threshold} is not below --max-running-requests {max_running_requests}"
     return None
@@ -63,3 +58,22 @@ def idle_bound_note(threshold: int, tokens: int, max_running_requests: int | Non
 def not_applied_note(threshold: int, reason: str, tokens: int = 0) -> str:
     """The sentence the server logs, and the dry run prints, where the switch is not applied."""
     return f"{switch_settings(threshold, tokens)} not applied: {reason}; the tree drafts at every batch size"
+
+
+def parallel_reason(view) -> str | None:
+    """The parallel layout that keeps a server's draft shape fixed, or None (:func:`not_applied_reason`'s first rules).
+
+    ``view``: SGLang's resolved view of the server arguments, or the flags as
+    typed (the dry run). Also what keeps the FA3 tree default off a server
+    (``config.DetSpecConfig.takes_fa3_tree_defaults``): without its bounds it
+    would be the node path at every batch size.
+    """
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    # Flags as typed (the dry run) may still carry the deprecated spelling SGLang maps to attn_dp_size = dp_size.
+    legacy_dp = getattr(view, "enable_dp_attention", False) and (getattr(view, "dp_size", 1) or 1) > 1
+    if attn_dp_enabled_of(view) or legacy_dp:
+        return "attention data parallelism (each rank would pick its own shape)"
+    if (getattr(view, "pp_size", 1) or 1) > 1:
+        return "pipeline parallelism (only the last stage drafts)"
+    return None

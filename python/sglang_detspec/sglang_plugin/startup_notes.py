@@ -17,7 +17,8 @@ import logging
 
 from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
                       FA3_UNMASKED_DECODE_MAX_HEAD_DIM, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
-                      TREE_SETTING_ENVS, DetSpecConfig, fa3_own_calls_exact, fa3_split_takes, switch_settings)
+                      TREE_SETTING_ENVS, DetSpecConfig, fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes,
+                      switch_settings)
 from ..model_family import family_note
 
 logger = logging.getLogger("sglang_detspec")
@@ -73,24 +74,53 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
 # What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100"),
 # written once for the note below.
 FA3_TREE_DEFAULTS_EVIDENCE = (
-    "on the 8B shape (head size 128, one H100) it served 1.04-1.07 of SGLang's non-deterministic EAGLE chain at "
-    "1 request, 0.99 at 4 and 0.97-0.98 at 8 (2048-token prompts), 1.04 / 1.03 / 0.94 / 0.93 at 1 / 8 / 32 / 128 "
-    "(128-token prompts), at or above the plain tree and the coupled chain in each but within the rounds' spread "
-    "at 8 requests of 2048 tokens, where it drafts the chain")
+    "on the 8B shape (head size 128, one H100) it served 1.04-1.07 of SGLang's non-deterministic EAGLE chain at 1 "
+    "request, above the plain tree and the coupled chain, 0.99 at 4 requests of 2048-token prompts (above both), "
+    "0.97-0.98 at 8 (level with both within the rounds' spread: it drafts the chain there) and 0.94 / 0.93 at 32 / "
+    "128 short requests (1-3% below the coupled chain); no server taking these defaults unnamed has run yet")
+
+
+# How the note on the defaults a server took begins (E2E files look for it in a server's log).
+DEFAULTS_TAKEN_LOG = "FA3 tree defaults (head size"
 
 
 def fa3_tree_defaults_note(config: DetSpecConfig) -> str | None:
-    """The note naming the tree settings this server took from ``config.FA3_TREE_DEFAULTS``, or None (none taken)."""
-    taken = [f for f in FA3_TREE_DEFAULTS if config.setting_origin(f) == "the FA3 tree default"]
-    if not (config.active and taken):
+    """The note on ``config.FA3_TREE_DEFAULTS`` for an FA3 tree that could take them, or None.
+
+    Where the server took some: which (those the environment left unset),
+    what they make and what was measured of them. Where an FA3 tree that
+    can switch its draft shape does not take them: why (the head size, the
+    KV layout or the target's family), so a user knows which tree runs.
+    """
+    if not (config.active and config.attention_backend == "fa3" and config.can_switch_shape):
+        return None
+    if not config.takes_fa3_tree_defaults:
+        return (f"FA3 tree defaults not taken ({fa3_tree_defaults_miss(config)}): the tree settings not set in the "
+                "environment keep their plain defaults")
+    taken = config.fa3_defaults_taken
+    if not taken:
         return None
     names = " ".join(f"{TREE_SETTING_ENVS[f]}={getattr(config, f)}" for f in taken)
-    every = " ".join(f"{TREE_SETTING_ENVS[f]}={v}" for f, v in FA3_TREE_DEFAULTS.items())
     plain = " ".join(f"{TREE_SETTING_ENVS[f]}={v}" for f, v in PLAIN_TREE_DEFAULTS.items())
-    return (f"FA3 tree defaults (head size {config.head_dim}, in {FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-"
-            f"{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}) for the tree settings not set in the environment: {names}; all four "
-            f"({every}) make the tree verified per node on SGLang's FA3 calls, drafting a chain for large or long "
-            f"decode batches; {FA3_TREE_DEFAULTS_EVIDENCE}; {plain} gives the plain tree")
+    return (f"{DEFAULTS_TAKEN_LOG} {config.head_dim}, in {FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-"
+            f"{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}) taken for the tree settings not set in the environment: {names}; with "
+            f"all four this is the tree verified per node on SGLang's FA3 calls, drafting a chain above "
+            f"{FA3_TREE_DEFAULTS['tree_chain_batch']} requests or {FA3_TREE_DEFAULTS['tree_chain_tokens']:,} summed "
+            f"tokens; {FA3_TREE_DEFAULTS_EVIDENCE}; {plain} gives the plain tree")
+
+
+def fa3_tree_defaults_miss(config: DetSpecConfig) -> str:
+    """Why an FA3 tree that can switch its draft shape does not take ``config.FA3_TREE_DEFAULTS`` (one clause)."""
+    if config.parallel_reason:
+        return f"{config.parallel_reason}: its bounds could not act, leaving the node path at every batch size"
+    if config.head_dim is None:
+        return "the target's head size was not read from its config.json"
+    if fa3_head_size_reason(config.head_dim) is not None:
+        return (f"head size {config.head_dim} is outside {FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-"
+                f"{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}, where SGLang's FA3 decode call, and so the node path, is not bitwise")
+    if config.kv_layout_problem:
+        return f"{config.kv_layout_problem}: the node path reads KV pages of one token in SGLang's default KV dtype"
+    return f"a {config.model_family} target, which no run has measured"
 
 
 # What committed server runs cover (docs/e2e/, docs/forward_modes.md): the attention backends of the
@@ -162,8 +192,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     dense = family_note(config.model_family, backend) is None  # the figures below are a dense target's
     if config.switches_shape:
         notes.append(chain_note(config))
-    elif config.can_switch_shape and dense:
-        notes.append(tree_load_note(config))
+    elif config.can_switch_shape and dense and "tree_chain_batch" not in config.set_tree_settings:
+        notes.append(tree_load_note(config))  # a bound the user set to 0 needs no pointer to it
     if not dense:
         # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
         attention = family_attention_note(config)

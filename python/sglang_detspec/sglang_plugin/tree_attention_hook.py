@@ -1,8 +1,10 @@
 """FA3 tree verify as decode queries: each tree node attends like the decode step of its token.
 
-Opt-in: ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` (the bag's ``tree_attention``) with
-``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` (or ``one_pass``): under the prefix / tail
-split, the default, trees are already bitwise and this path stands down.
+Serves with ``SGLANG_DETSPEC_TREE_ATTENTION=nodes`` (the bag's ``tree_attention``) beside
+``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` (or ``one_pass``): the FA3 tree default at target
+head sizes 65-128 (``config.FA3_TREE_DEFAULTS``), or asked for. Under the prefix / tail split
+(``split``) trees are already bitwise and this path stands by. Where the backend turns it down
+(``check_backend``) the bag in force becomes the cascade's, with the claim that leaves.
 
 Why: SGLang 0.5.23's FA3 backend verifies a draft tree (``topk > 1``) by
 cascade attention: one call over the cached prefix, one over each node's
@@ -48,7 +50,7 @@ import logging
 
 import torch
 
-from ..config import current_config
+from ..config import current_config, install_config
 from ..ops.node_rows import node_key_lists
 from .channels import TREE_BUFFERS, TREE_GRAPH_META, TREE_NODES, TREE_NODES_OK
 from .fa3_split import FA_BACKEND as FA
@@ -118,8 +120,12 @@ def check_backend(result, backend, *args, **kwargs):
         return None
     why = backend_problem(backend)
     if why:
-        logger.warning("sglang-detspec: %s (%s): this server's tree logits are 'tokens', not 'bitwise' "
-                       "(docs/forward_modes.md)", NODE_PATH_OFF, why)
+        # The bag in force says what serves from here on, so its claim (the start-up line, the responses' checks)
+        # is the cascade's, or the split's where that verifies the trees instead.
+        kept = dataclasses.replace(bag, tree_attention="cascade")
+        install_config(kept)
+        logger.warning("sglang-detspec: %s (%s): this server's tree logits are %r%s (docs/forward_modes.md)",
+                       NODE_PATH_OFF, why, kept.logits, "" if kept.logits == bag.logits else f", not {bag.logits!r}")
         return None
     TREE_NODES_OK.write(backend, True)
     if bag.decode_attention == "split":

@@ -192,7 +192,7 @@ FAMILIES = {
     "coupled_tree_token_switch": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",
                                         (("SGLANG_DETSPEC_TREE_CHAIN_TOKENS", "100"),)),
     # the same on SGLang's own FA3 calls, its trees verified one decode query per node (the serving
-    # benchmark's (o), a candidate tree default; its claim needs fa3 at head sizes 65-128)
+    # benchmark's (o); the FA3 tree default adds the token bound; its claim needs fa3 at head sizes 65-128)
     "coupled_tree_switch_nodes": Family("target", "eagle", (*EAGLE, *TREE_SHAPE), "coupled",
                                         (("SGLANG_DETSPEC_TREE_CHAIN_BATCH", "3"),
                                          ("SGLANG_DETSPEC_TREE_ATTENTION", "nodes"),

@@ -49,6 +49,19 @@ def tree_attention(env: tuple) -> str:
     return "nodes" if env == TREE_NODES else "cascade"
 
 
+def server_env(env: tuple) -> tuple:
+    """A server's extra environment with its tree attention and both draft-shape bounds named.
+
+    A row measures the tree verify its name says (:func:`tree_attention`) at a
+    fixed draft shape; left unset, an FA3 tree at a target head size of
+    65-128 would take ``config.FA3_TREE_DEFAULTS`` (the node path and both
+    bounds). The decode attention stays the suite's (:func:`decode_attention`).
+    """
+    named = {"SGLANG_DETSPEC_TREE_ATTENTION": tree_attention(env), "SGLANG_DETSPEC_TREE_CHAIN_BATCH": "0",
+             "SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "0"}
+    return tuple({**named, **dict(env)}.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One row of ``forward_modes_<backend>.json``: a speculative server against its reference.

@@ -206,7 +206,7 @@ def decode_then_prefill(server, prompts, params) -> dict:
 def server_configs(models, backend: str) -> dict:
     """(family, env, args) key -> the :class:`_e2e.ServerConfig` of every server ``backend`` starts."""
     return {key: _e2e.server_config(key[0], models, extra_args=("--attention-backend", backend, *key[2]),
-                                    tag=plan.server_tag(backend, key[1], key[2]), extra_env=key[1])
+                                    tag=plan.server_tag(backend, key[1], key[2]), extra_env=plan.server_env(key[1]))
             for key in plan.server_keys(backend)}
 
 

@@ -66,6 +66,7 @@ import _harness_run
 from _register import register_cuda_ci
 
 from sglang_detspec.model_family import head_dim_of
+from sglang_detspec.sglang_plugin.startup_notes import DEFAULTS_TAKEN_LOG
 
 register_cuda_ci(est_time=480, suite="detspec-e2e-cuda")
 
@@ -138,6 +139,9 @@ def claim_problems(backend: str, label: str, server) -> tuple[str | None, list[s
     if bag.node_path_verifies:
         problem = _e2e.node_path_problem(server)
         problems += [f"{backend} {label}: {problem}"] if problem else []
+    if bag.fa3_defaults_taken and not server.log_lines(DEFAULTS_TAKEN_LOG):
+        problems.append(f"{backend} {label}: no start-up note {DEFAULTS_TAKEN_LOG!r} for the FA3 tree defaults it "
+                        f"takes ({', '.join(bag.fa3_defaults_taken)})")
     return (claims[0] if len(claims) == 1 else None), problems
 
 
@@ -189,7 +193,9 @@ def test_sglang_harness(servers, harness_models):
     machine = _e2e.machine_facts()
     doc = plan.document(rows, machine["date_utc"], machine.get("gpu") or "unknown GPU", passed=not problems,
                         problems=problems, servers=facts, facts=machine,
-                        decode_attention=_forward_plan.decode_attention(),  # the suite's; a family env overrides it
+                        # The suite's; a family env overrides it, and so does the FA3 tree default (each server's
+                        # start-up line, in its log, says what it ran).
+                        decode_attention=_forward_plan.decode_attention(),
                         models={"vocab": plan.VOCAB, "target": harness_models.target,
                                 "attention_scale": _e2e.tiny_models_script().ATTENTION_VISIBLE_SCALE})
     path = _e2e.out_dir() / f"{plan.RESULT_FILE}.json"

@@ -352,5 +352,30 @@ def test_the_node_path_stands_by_under_the_split_and_says_so(caplog):
         config.reset_config()
 
 
+@pytest.mark.parametrize("overrides, why", [({"has_swa": True}, "sliding-window"), ({"fa_impl_ver": 4}, "FA4")])
+def test_a_node_path_the_backend_turns_down_lowers_the_claim(caplog, overrides, why):
+    """The FA3 tree default's node path, declined by its backend: the bag in force says the cascade's 'tokens'."""
+    fields = dict(fa_impl_ver=3, use_mla=False, page_size=1, has_swa=False, local_attn_builder=None,
+                  kv_cache_dtype_str="auto", attn_cp_size=1, fa_skip_kv_cache=False, is_draft_runner=False, topk=4)
+    backend = types.SimpleNamespace(**{**fields, **overrides})
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
+                        attention_backend="fa3", head_dim=128, page_size=1, tree_attention="nodes",
+                        decode_attention="sglang", source="server_args")
+    assert bag.logits == "bitwise"
+    from sglang_detspec import config
+
+    config.install_config(bag)
+    try:
+        with caplog.at_level(logging.INFO, logger="sglang_detspec"):
+            tah.check_backend(None, backend)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and tah.NODE_PATH_OFF in warnings[0] and why in warnings[0]
+        assert "tree logits are 'tokens', not 'bitwise'" in warnings[0]
+        assert config.current_config().tree_attention == "cascade" and config.current_config().logits == "tokens"
+        assert not tah._serves(backend)
+    finally:
+        config.reset_config()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))

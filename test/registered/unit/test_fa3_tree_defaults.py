@@ -74,23 +74,33 @@ def test_an_fa3_tree_at_head_size_128_takes_all_four():
     (dict(deterministic=False), "SGLang's own code runs"),
     (dict(disabled=True), "SGLang's own code runs"),
     (dict(verify="rejection", rejection_sampling=True), "rejection mode (refused for trees)"),
+    (dict(parallel_reason="pipeline parallelism (only the last stage drafts)"), "no bound could act"),
 ])
 def test_every_other_server_keeps_the_plain_defaults(change, why):
     bag = resolved(**change)
     assert not bag.takes_fa3_tree_defaults, why
     assert tree_settings(bag) == PLAIN_TREE_DEFAULTS, why
-    assert startup_notes.fa3_tree_defaults_note(bag) is None
+    note = startup_notes.fa3_tree_defaults_note(bag)
+    if bag.active and bag.attention_backend == "fa3" and bag.can_switch_shape:
+        # An FA3 tree that could have taken them says why it did not.
+        assert note.startswith("FA3 tree defaults not taken (") and note.endswith("keep their plain defaults"), why
+    else:
+        assert note is None, why
 
 
 @pytest.mark.parametrize("env, want", [
     ({"SGLANG_DETSPEC_TREE_CHAIN_BATCH": "32"}, {**FA3_TREE_DEFAULTS, "tree_chain_batch": 32}),
     ({"SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "0"}, {**FA3_TREE_DEFAULTS, "tree_chain_tokens": 0}),
-    ({"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}, {**FA3_TREE_DEFAULTS, "decode_attention": "split"}),
-    # SGLang's cascade set: the decode attention stays the split, which verifies the tree bitwise.
-    ({"SGLANG_DETSPEC_TREE_ATTENTION": "cascade"}, {**FA3_TREE_DEFAULTS, "tree_attention": "cascade",
-                                                     "decode_attention": "split"}),
+    ({"SGLANG_DETSPEC_DECODE_ATTENTION": "one_pass"}, {**FA3_TREE_DEFAULTS, "decode_attention": "one_pass"}),
+    # The split set: it verifies the trees (the node path stands by past its reach), so no bounds by default.
+    ({"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}, {**PLAIN_TREE_DEFAULTS, "tree_attention": "nodes"}),
+    # SGLang's cascade set: the plain tree (the split verifies it bitwise), no bounds.
+    ({"SGLANG_DETSPEC_TREE_ATTENTION": "cascade"}, PLAIN_TREE_DEFAULTS),
     ({"SGLANG_DETSPEC_TREE_ATTENTION": "cascade", "SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"},
-     {**FA3_TREE_DEFAULTS, "tree_attention": "cascade"}),
+     {**PLAIN_TREE_DEFAULTS, "decode_attention": "sglang"}),
+    # A bound set beside the cascade keeps its value; the other bound stays off.
+    ({"SGLANG_DETSPEC_TREE_ATTENTION": "cascade", "SGLANG_DETSPEC_TREE_CHAIN_BATCH": "16"},
+     {**PLAIN_TREE_DEFAULTS, "tree_chain_batch": 16}),
     ({name: value for name, value in zip(TREE_SETTING_ENVS.values(), ("cascade", "split", "0", "0"))},
      PLAIN_TREE_DEFAULTS),
 ])
@@ -108,6 +118,11 @@ def test_a_setting_given_keeps_its_value_and_the_others_take_the_default(env, wa
         return
     named = note.split(": ", 1)[1].split("; ", 1)[0]  # the settings this server took, before the evidence
     assert named == " ".join(f"{TREE_SETTING_ENVS[f]}={FA3_TREE_DEFAULTS[f]}" for f in taken)
+
+
+def test_nextn_as_typed_takes_them_as_the_eagle_it_resolves_to():
+    # A dry run reads the flags as typed (NEXTN); the server reads SGLang's resolved EAGLE: both take the defaults.
+    assert tree_settings(resolved(algorithm="NEXTN")) == tree_settings(resolved(algorithm="EAGLE")) == FA3_TREE_DEFAULTS
 
 
 def test_the_cascade_set_with_the_split_kept_stays_bitwise_and_with_sglang_not():
@@ -130,9 +145,13 @@ def test_resolution_is_idempotent_and_follows_the_backend_when_it_is_filled_in_l
 
 def test_the_start_up_note_names_what_was_taken_and_how_to_get_the_plain_tree():
     note = startup_notes.fa3_tree_defaults_note(resolved())
-    assert note.startswith("FA3 tree defaults (head size 128, in 65-128) for the tree settings not set in the "
+    assert note.startswith("FA3 tree defaults (head size 128, in 65-128) taken for the tree settings not set in the "
                            "environment: SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang "
-                           "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288; ")
+                           "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288; with all four "
+                           "this is the tree verified per node on SGLang's FA3 calls, drafting a chain above 16 "
+                           "requests or 12,288 summed tokens; ")
+    assert "no server taking these defaults unnamed has run yet" in note
+    assert note.count("SGLANG_DETSPEC_TREE_ATTENTION=nodes") == 1
     assert note.endswith("SGLANG_DETSPEC_TREE_ATTENTION=cascade SGLANG_DETSPEC_DECODE_ATTENTION=split "
                          "SGLANG_DETSPEC_TREE_CHAIN_BATCH=0 SGLANG_DETSPEC_TREE_CHAIN_TOKENS=0 gives the plain tree")
     assert note in startup_notes.setting_notes(resolved())
@@ -214,3 +233,20 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_a_dry_run_that_cannot_read_the_config_says_the_server_may_take_the_defaults():
+    import argparse
+
+    from sglang_detspec.cli.serve import family_unknown_notes
+
+    unread = resolved(head_dim=None, model_family=None)
+    assert tree_settings(unread) == PLAIN_TREE_DEFAULTS
+    (note,) = family_unknown_notes(unread, argparse.Namespace(model_path="org/model"))
+    assert note.endswith("an FA3 tree server whose target has a head size of 65-128 takes the FA3 tree defaults for "
+                         "its unset tree settings (SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION="
+                         "sglang SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288), which this "
+                         "dry run cannot show")
+    (triton,) = family_unknown_notes(resolved(head_dim=None, model_family=None, attention_backend="triton"),
+                                     argparse.Namespace(model_path="org/model"))
+    assert "FA3 tree defaults" not in triton

@@ -143,6 +143,10 @@ def test_server_configs_carry_the_backend_and_the_chunk_size(e2e, e2e_import):
             assert flags[len(flags) - 1 - flags[::-1].index("--attention-backend") + 1] == backend, config.name
             assert ("--chunked-prefill-size" in flags) == (args == plan.CHUNKED_PREFILL), config.name
             assert set(env) <= set(config.env)
+            # Each server names its tree attention and a fixed draft shape: the FA3 tree default never picks them.
+            named = dict(config.env)
+            assert named["SGLANG_DETSPEC_TREE_ATTENTION"] == plan.tree_attention(env), config.name
+            assert named["SGLANG_DETSPEC_TREE_CHAIN_BATCH"] == named["SGLANG_DETSPEC_TREE_CHAIN_TOKENS"] == "0"
         chunked = plan.ROWS["chunked"]
         if "chunked" in plan.skipped_rows(backend):
             assert chunked.server not in configs and chunked.reference_server not in configs

@@ -106,7 +106,9 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
 @pytest.mark.parametrize("name, keep", [
     ("positions.py", ("sglang_detspec.ops", "sglang_detspec.sglang_plugin.channels")),
     ("channels.py", ()),
-    ("resolve.py", ("sglang_detspec.config", "sglang_detspec.model_family", "sglang_detspec.sglang_plugin.startup_notes")),
+    # shape_rules: the parallel layout that keeps a draft shape fixed, a bag field (one rule for the server and bag).
+    ("resolve.py", ("sglang_detspec.config", "sglang_detspec.model_family", "sglang_detspec.sglang_plugin.startup_notes",
+                    "sglang_detspec.sglang_plugin.shape_rules")),
     ("startup_notes.py", ("sglang_detspec.config", "sglang_detspec.model_family")),
     ("decode_attention.py", ()),
     ("fa3_split.py", ("sglang_detspec.ops",)),

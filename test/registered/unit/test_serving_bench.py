@@ -72,7 +72,8 @@ def test_sixteen_configurations_have_the_issue_flags():
         env = dict(cfg.CONFIGS[key].env)
         assert set(TREE_SETTING_ENVS.values()) <= set(env) and env["SGLANG_DETSPEC_VERIFY"] == "coupled", key
         assert served(env, cfg.WIDE_TREE if key == "i" else cfg.TREE) == values, key
-        assert cmds[key] == cmds["i" if key == "i" else "e"]
+        if key not in "ei":  # the tree variants differ from (e) in their environment only
+            assert cmds[key] == cmds["e"], key
     # (p) is what such a server runs with no tree setting named: the FA3 tree default.
     assert served({"SGLANG_DETSPEC_VERIFY": "coupled"}) == stated["p"]
     o_env = dict(cfg.CONFIGS["o"].env)

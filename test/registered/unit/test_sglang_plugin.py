@@ -353,6 +353,24 @@ def test_the_launchers_publish_keeps_the_bag_its_resolution_installed(loaded, mo
         assert resolved.tokenizer_workers == 2
 
 
+def test_a_scheduler_process_resolves_the_fa3_tree_defaults_as_its_launcher(loaded, model_dir, context):
+    """The runtime context's "spec" namespace has no backend: the defaults come from the record read beside it."""
+    from sglang.srt.runtime_context import publish
+
+    flags = ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+             "--speculative-num-draft-tokens 8 --enable-deterministic-inference --attention-backend fa3")
+    reset_config()
+    sa = server_args(model_dir, flags)  # head size 128 (model_dir)
+    launcher = current_config()
+    assert (launcher.tree_attention, launcher.decode_attention, launcher.chain_at_batch, launcher.chain_at_tokens) == (
+        "nodes", "sglang", 16, 12288)
+    reset_config()  # a scheduler process: handed the resolved record, nothing installed yet
+    publish(sa, role="scheduler")
+    scheduler = current_config()
+    assert scheduler.source == "runtime_context"
+    assert dataclasses.replace(scheduler, source="server_args") == launcher
+
+
 def test_republishing_another_record_replaces_the_bag(loaded, model_dir, context, caplog):
     """SGLang's re-publish is last-publish-wins (a process that rebuilds an engine): so is the bag."""
     from sglang.srt.runtime_context import publish
