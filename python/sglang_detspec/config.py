@@ -135,7 +135,7 @@ class DetSpecConfig:
         tree_chain_batch: ``SGLANG_DETSPEC_TREE_CHAIN_BATCH``: a coupled tree
             drafts as a chain of its step count (top-k 1, steps + 1 draft
             tokens) for decode batches of more than this many requests
-            (``sglang_plugin/shape_hook.py``); 0 (the default, but on the
+            (``sglang_plugin/shape_hook.py``); 0 (the default, except on the
             servers of :attr:`takes_fa3_tree_defaults`) keeps the tree at
             every batch size. Coupled verify keeps the tokens the same
             whichever shape drafts them. See :attr:`chain_at_batch` for the
@@ -144,7 +144,7 @@ class DetSpecConfig:
             tree drafts as that chain also for decode batches whose summed
             sequence length (the KV tokens the verify reads, counted on the
             host: ``shape_hook.batch_kv_tokens``) is above this many tokens,
-            whatever their request count; 0 (the default, but on the servers
+            whatever their request count; 0 (the default, except on the servers
             of :attr:`takes_fa3_tree_defaults`) leaves the shape to the batch
             size alone. See :attr:`chain_at_tokens`.
         gemm_warmup_s: ``SGLANG_DETSPEC_GEMM_WARMUP_S``: seconds the start-up
@@ -163,13 +163,13 @@ class DetSpecConfig:
             vocabulary (EAGLE3 ``draft_vocab_size``, ``--speculative-token-map``);
             rejection mode cannot serve it.
         tree_attention: ``SGLANG_DETSPEC_TREE_ATTENTION``: ``cascade`` (SGLang's
-            tree verify attention, the default but for the FA3 tree default)
+            tree verify attention; the default, except in the FA3 tree default)
             or ``nodes`` (on FA3, each tree node's verify runs as the decode
             query of that token, so tree verify logits equal decode logits
             bit for bit).
         decode_attention: ``SGLANG_DETSPEC_DECODE_ATTENTION``: ``split``
-            (the default but for the FA3 tree default, whose is ``sglang``:
-            every target forward mode runs the positional
+            (the default, except in the FA3 tree default, which takes
+            ``sglang``: every target forward mode runs the positional
             split, Triton's kernels or FA3's prefix / tail split, so decode,
             prefill and chain and tree verify logits agree bit for bit),
             ``one_pass`` (on Triton the target's decode runs the verify's
@@ -366,7 +366,7 @@ class DetSpecConfig:
         """The batch size above which this tree server drafts as a chain; 0: its tree at every size.
 
         :attr:`tree_chain_batch` where it applies: an active coupled EAGLE /
-        EAGLE3 tree (``topk > 1``, SGLang's ``EAGLEWorkerV2``: not multi-layer
+        EAGLE3 / NEXTN tree (``topk > 1``, SGLang's ``EAGLEWorkerV2``: not multi-layer
         EAGLE) with a KV page size of 1 (above it SGLang lays a tree's draft
         slots out per branch) and at least ``steps + 1`` draft tokens (SGLang
         sizes the verify's logits buffers to the published draft tokens, and a
@@ -541,7 +541,7 @@ class DetSpecConfig:
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
         skip.add("set_tree_settings")  # the start-up note on the FA3 tree defaults says it
-        if self.parallel_reason is None:
+        if self.parallel_reason is None or not self.can_switch_shape:  # it speaks of a switching draft shape
             skip.add("parallel_reason")
         if kv_cache_reason(self.kv_cache_dtype) is None:  # auto or unknown: no rule reads it
             skip.add("kv_cache_dtype")
@@ -928,7 +928,8 @@ def with_server_defaults(config: DetSpecConfig) -> DetSpecConfig:
         def chosen(field):
             return values[field] if field in values else getattr(config, field)
 
-        if "tree_attention" in values:
+        split_set = "decode_attention" not in values and config.decode_attention == PLAIN_TREE_DEFAULTS["decode_attention"]
+        if "tree_attention" in values and not split_set:  # the split asked for verifies the trees: no node path
             values["tree_attention"] = FA3_TREE_DEFAULTS["tree_attention"]
         nodes = chosen("tree_attention") == FA3_TREE_DEFAULTS["tree_attention"]
         if "decode_attention" in values and nodes:

@@ -78,7 +78,8 @@ without --attention-backend it states 'tokens' (see below).
               kernel there (its start-up check of them decides; measured
               bitwise with SGLang's harness at head size 128);
             - fa3 EAGLE / EAGLE3 / NEXTN trees at target head sizes 65 to
-              128 take the FA3 tree default instead: SGLang's FA3 calls,
+              128 (no attention data or pipeline parallelism) take the FA3
+              tree default instead: SGLang's FA3 calls,
               each tree node verified as one decode query (the node path),
               a chain drafted above 16 requests or 12,288 summed tokens
               (for the tree settings not set in the environment).
@@ -256,19 +257,11 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     """
     if bag.model_family is not None or bag.logits != "bitwise":  # a 'tokens' claim assumes nothing of the model
         return []
-    from ..config import FA3_TREE_DEFAULTS, TREE_SETTING_ENVS
-
-    tree = ""
-    if bag.can_switch_shape and bag.attention_backend in (None, "fa3"):
-        unset = [f for f in FA3_TREE_DEFAULTS if f not in bag.set_tree_settings]
-        tree = ("; an FA3 tree server whose target has a head size of 65-128 takes the FA3 tree defaults for its "
-                "unset tree settings (" + " ".join(f"{TREE_SETTING_ENVS[f]}={FA3_TREE_DEFAULTS[f]}" for f in unset)
-                + "), which this dry run cannot show") if unset else ""
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
             "the default, up to 256; on fa3 without it 65 to 128); MoE, MLA and quantized targets claim 'tokens', "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
-            f"loads){tree}"]
+            "loads)"]
 
 
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:

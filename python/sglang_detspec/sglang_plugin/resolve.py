@@ -95,10 +95,8 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["kv_cache_dtype"] = getattr(spec, "kv_cache_dtype", None)
     values["model_family"] = model_family(getattr(spec, "model_path", None), getattr(spec, "quantization", None))
     values["head_dim"] = head_dim_of(getattr(spec, "model_path", None))
-    try:
-        values["parallel_reason"] = parallel_reason(spec)
-    except AttributeError:  # the runtime context's "spec" namespace: its caller reads the record
-        values["parallel_reason"] = None
+    # The runtime context's "spec" namespace has no parallel fields: its caller reads the record.
+    values["parallel_reason"] = parallel_reason(spec) if hasattr(spec, "attn_dp_size") else None
     algo = values["algorithm"]
     values["algorithm"] = None if algo is None or str(algo).upper() == "NONE" else str(algo).upper()
     values["eagle_topk"] = resolved_eagle_topk(spec, values["algorithm"], values["eagle_topk"])

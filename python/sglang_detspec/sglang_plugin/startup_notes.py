@@ -65,7 +65,7 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
         settings = switch_settings(config.tree_chain_batch, config.tree_chain_tokens)
         verb = "apply" if config.tree_chain_batch and config.tree_chain_tokens else "applies"
-        notes.append(f"{settings} {verb} to coupled EAGLE / EAGLE3 "
+        notes.append(f"{settings} {verb} to coupled EAGLE / EAGLE3 / NEXTN "
                      "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
                      f"least steps + 1 draft tokens; this server {kept}")
     return notes
@@ -92,7 +92,8 @@ def fa3_tree_defaults_note(config: DetSpecConfig) -> str | None:
     can switch its draft shape does not take them: why (the head size, the
     KV layout or the target's family), so a user knows which tree runs.
     """
-    if not (config.active and config.attention_backend == "fa3" and config.can_switch_shape):
+    if not (config.active and config.attention_backend == "fa3" and config.can_switch_shape) or \
+            len(config.set_tree_settings) == len(FA3_TREE_DEFAULTS):  # all four set: no default to speak of
         return None
     if not config.takes_fa3_tree_defaults:
         return (f"FA3 tree defaults not taken ({fa3_tree_defaults_miss(config)}): the tree settings not set in the "
@@ -114,7 +115,8 @@ def fa3_tree_defaults_miss(config: DetSpecConfig) -> str:
     if config.parallel_reason:
         return f"{config.parallel_reason}: its bounds could not act, leaving the node path at every batch size"
     if config.head_dim is None:
-        return "the target's head size was not read from its config.json"
+        return ("the target's head size was not read from its config.json here; a server that reads a head size of "
+                f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} takes them")
     if fa3_head_size_reason(config.head_dim) is not None:
         return (f"head size {config.head_dim} is outside {FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-"
                 f"{FA3_CAUSAL_KEPT_MAX_HEAD_DIM}, where SGLang's FA3 decode call, and so the node path, is not bitwise")

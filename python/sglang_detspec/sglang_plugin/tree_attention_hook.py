@@ -121,8 +121,13 @@ def check_backend(result, backend, *args, **kwargs):
     why = backend_problem(backend)
     if why:
         # The bag in force says what serves from here on, so its claim (the start-up line, the responses' checks)
-        # is the cascade's, or the split's where that verifies the trees instead.
-        kept = dataclasses.replace(bag, tree_attention="cascade")
+        # is the cascade's: the same problem turns the split down too (fa3_split.backend_problem), and the bounds
+        # the FA3 tree default gave the node path go with it.
+        lowered = {"tree_attention": "cascade", "decode_attention": "one_pass" if bag.decode_attention == "split"
+                   else bag.decode_attention}
+        lowered.update({bound: 0 for bound in ("tree_chain_batch", "tree_chain_tokens")
+                        if bound in bag.fa3_defaults_taken})
+        kept = dataclasses.replace(bag, **lowered)
         install_config(kept)
         logger.warning("sglang-detspec: %s (%s): this server's tree logits are %r%s (docs/forward_modes.md)",
                        NODE_PATH_OFF, why, kept.logits, "" if kept.logits == bag.logits else f", not {bag.logits!r}")

@@ -55,10 +55,11 @@ def server_env(env: tuple) -> tuple:
     A row measures the tree verify its name says (:func:`tree_attention`) at a
     fixed draft shape; left unset, an FA3 tree at a target head size of
     65-128 would take ``config.FA3_TREE_DEFAULTS`` (the node path and both
-    bounds). The decode attention stays the suite's (:func:`decode_attention`).
+    bounds). The decode attention is named as the suite's (:func:`decode_attention`), which the
+    rows' expected claims read.
     """
-    named = {"SGLANG_DETSPEC_TREE_ATTENTION": tree_attention(env), "SGLANG_DETSPEC_TREE_CHAIN_BATCH": "0",
-             "SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "0"}
+    named = {"SGLANG_DETSPEC_TREE_ATTENTION": tree_attention(env), "SGLANG_DETSPEC_DECODE_ATTENTION": decode_attention(),
+             "SGLANG_DETSPEC_TREE_CHAIN_BATCH": "0", "SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "0"}
     return tuple({**named, **dict(env)}.items())
 
 

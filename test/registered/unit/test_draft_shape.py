@@ -109,7 +109,7 @@ def test_the_start_up_says_what_the_token_bound_does_or_that_it_does_nothing():
     assert "tree_chain_tokens=12288" in long.describe() and "tree_chain_tokens" not in DetSpecConfig(**TREE).describe()
     ignored = startup_notes.setting_notes(DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "tree_chain_tokens": 12288,
                                                             "page_size": 16}))
-    assert any(n.startswith("SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 applies to coupled EAGLE / EAGLE3 trees")
+    assert any(n.startswith("SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 applies to coupled EAGLE / EAGLE3 / NEXTN trees")
                and "this server keeps its draft shape" in n for n in ignored)
     both = startup_notes.setting_notes(DetSpecConfig(**{**TREE, "tree_chain_tokens": 12288, "page_size": 16}))
     assert any(n.startswith("SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288 apply to")

@@ -360,8 +360,10 @@ def test_a_node_path_the_backend_turns_down_lowers_the_claim(caplog, overrides, 
     backend = types.SimpleNamespace(**{**fields, **overrides})
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
                         attention_backend="fa3", head_dim=128, page_size=1, tree_attention="nodes",
-                        decode_attention="sglang", source="server_args")
-    assert bag.logits == "bitwise"
+                        decode_attention="sglang", tree_chain_batch=16, tree_chain_tokens=12288, source="server_args",
+                        set_tree_settings=("tree_chain_batch",))
+    assert bag.logits == "bitwise" and bag.fa3_defaults_taken == ("tree_attention", "decode_attention",
+                                                                  "tree_chain_tokens")
     from sglang_detspec import config
 
     config.install_config(bag)
@@ -371,7 +373,10 @@ def test_a_node_path_the_backend_turns_down_lowers_the_claim(caplog, overrides, 
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and tah.NODE_PATH_OFF in warnings[0] and why in warnings[0]
         assert "tree logits are 'tokens', not 'bitwise'" in warnings[0]
-        assert config.current_config().tree_attention == "cascade" and config.current_config().logits == "tokens"
+        kept = config.current_config()
+        assert kept.tree_attention == "cascade" and kept.logits == "tokens"
+        # The token bound the default gave the node path goes with it; the batch bound that was set stays.
+        assert (kept.tree_chain_batch, kept.tree_chain_tokens) == (16, 0)
         assert not tah._serves(backend)
     finally:
         config.reset_config()

@@ -92,8 +92,10 @@ def test_every_other_server_keeps_the_plain_defaults(change, why):
     ({"SGLANG_DETSPEC_TREE_CHAIN_BATCH": "32"}, {**FA3_TREE_DEFAULTS, "tree_chain_batch": 32}),
     ({"SGLANG_DETSPEC_TREE_CHAIN_TOKENS": "0"}, {**FA3_TREE_DEFAULTS, "tree_chain_tokens": 0}),
     ({"SGLANG_DETSPEC_DECODE_ATTENTION": "one_pass"}, {**FA3_TREE_DEFAULTS, "decode_attention": "one_pass"}),
-    # The split set: it verifies the trees (the node path stands by past its reach), so no bounds by default.
-    ({"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}, {**PLAIN_TREE_DEFAULTS, "tree_attention": "nodes"}),
+    # The split set: it verifies the trees, so the plain tree (no node path, no bounds).
+    ({"SGLANG_DETSPEC_DECODE_ATTENTION": "split"}, PLAIN_TREE_DEFAULTS),
+    ({"SGLANG_DETSPEC_DECODE_ATTENTION": "split", "SGLANG_DETSPEC_TREE_ATTENTION": "nodes"},
+     {**PLAIN_TREE_DEFAULTS, "tree_attention": "nodes"}),
     # SGLang's cascade set: the plain tree (the split verifies it bitwise), no bounds.
     ({"SGLANG_DETSPEC_TREE_ATTENTION": "cascade"}, PLAIN_TREE_DEFAULTS),
     ({"SGLANG_DETSPEC_TREE_ATTENTION": "cascade", "SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"},
@@ -229,24 +231,28 @@ def test_a_dry_run_without_a_backend_says_fa3_would_take_the_defaults():
     assert "FA3 tree defaults" not in fa3_head_size_notes(resolved(plain, attention_backend=None))[0]
 
 
+def test_an_fa3_tree_whose_head_size_is_unknown_says_a_server_that_reads_one_may_take_them():
+    note = startup_notes.fa3_tree_defaults_note(resolved(head_dim=None))
+    assert note == ("FA3 tree defaults not taken (the target's head size was not read from its config.json here; a "
+                    "server that reads a head size of 65-128 takes them): the tree settings not set in the environment "
+                    "keep their plain defaults")
+    every = {name: value for name, value in zip(TREE_SETTING_ENVS.values(), ("cascade", "split", "0", "0"))}
+    assert startup_notes.fa3_tree_defaults_note(resolved(every, head_dim=None)) is None  # all four set: no default
+    assert startup_notes.fa3_tree_defaults_note(resolved(every)) is None
+
+
+def test_the_parallel_layout_shows_only_where_a_draft_shape_could_switch():
+    blocked = resolved(parallel_reason="pipeline parallelism (only the last stage drafts)")
+    assert "parallel_reason='pipeline parallelism" in blocked.describe()
+    chain = resolved(eagle_topk=1, num_draft_tokens=4, parallel_reason="pipeline parallelism (only the last stage "
+                                                                        "drafts)")
+    assert "parallel_reason" not in chain.describe() and "parallel_reason" not in resolved().describe()
+    note = startup_notes.fa3_tree_defaults_note(blocked)
+    assert note.startswith("FA3 tree defaults not taken (pipeline parallelism (only the last stage drafts): its "
+                           "bounds could not act, leaving the node path at every batch size)")
+
+
 if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v"]))
-
-
-def test_a_dry_run_that_cannot_read_the_config_says_the_server_may_take_the_defaults():
-    import argparse
-
-    from sglang_detspec.cli.serve import family_unknown_notes
-
-    unread = resolved(head_dim=None, model_family=None)
-    assert tree_settings(unread) == PLAIN_TREE_DEFAULTS
-    (note,) = family_unknown_notes(unread, argparse.Namespace(model_path="org/model"))
-    assert note.endswith("an FA3 tree server whose target has a head size of 65-128 takes the FA3 tree defaults for "
-                         "its unset tree settings (SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION="
-                         "sglang SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288), which this "
-                         "dry run cannot show")
-    (triton,) = family_unknown_notes(resolved(head_dim=None, model_family=None, attention_backend="triton"),
-                                     argparse.Namespace(model_path="org/model"))
-    assert "FA3 tree defaults" not in triton

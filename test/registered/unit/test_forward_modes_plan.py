@@ -147,6 +147,7 @@ def test_server_configs_carry_the_backend_and_the_chunk_size(e2e, e2e_import):
             named = dict(config.env)
             assert named["SGLANG_DETSPEC_TREE_ATTENTION"] == plan.tree_attention(env), config.name
             assert named["SGLANG_DETSPEC_TREE_CHAIN_BATCH"] == named["SGLANG_DETSPEC_TREE_CHAIN_TOKENS"] == "0"
+            assert named["SGLANG_DETSPEC_DECODE_ATTENTION"] == plan.decode_attention(), config.name
         chunked = plan.ROWS["chunked"]
         if "chunked" in plan.skipped_rows(backend):
             assert chunked.server not in configs and chunked.reference_server not in configs
