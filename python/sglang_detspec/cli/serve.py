@@ -320,12 +320,12 @@ def kv_move_warmup_notes(bag: DetSpecConfig) -> list[str]:
 
 def parallelism_notes(ns: argparse.Namespace) -> list[str]:
     """A note for tensor, data or pipeline parallelism: not measured with the plugin (docs/results.md)."""
-    sizes = {flag: getattr(ns, name, 1) or 1 for flag, name in (("--tp", "tp_size"), ("--dp", "dp_size"),
-                                                                  ("--pp", "pp_size"))}
+    sizes = {flag: getattr(ns, name, 1) or 1 for flag, name in (("--tp-size", "tp_size"), ("--dp-size", "dp_size"),
+                                                                  ("--pp-size", "pp_size"))}
     named = [f"{flag} {size}" for flag, size in sizes.items() if size > 1]
     if not named:
         return []
-    return [f"{', '.join(named)}: not yet measured with the plugin, and one earlier --dp 2 audit (rejection mode) "
+    return [f"{', '.join(named)}: not yet measured with the plugin, and one earlier --dp-size 2 audit (rejection mode) "
             "had 1 of 61 requests change output between batches, cause not known (docs/results.md, 'Not measured "
             "yet'): do not count on reproducible outputs across batches here yet; audit the server (detspec audit)"]
 

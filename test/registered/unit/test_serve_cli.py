@@ -511,8 +511,9 @@ def test_the_dry_run_says_a_tree_server_compiles_sglangs_kv_move_at_start_up(cap
     assert rc == 0 and ("compiles SGLang's move of each verify's accepted KV slots" in err) is noted
 
 
-@pytest.mark.parametrize("flags, words", [(["--dp", "2"], "--dp 2: not yet measured"),
-                                          (["--tp", "2", "--dp", "2"], "--tp 2, --dp 2: not yet measured"),
+@pytest.mark.parametrize("flags, words", [(["--dp-size", "2"], "--dp-size 2: not yet measured"),
+                                          (["--tp-size", "2", "--dp-size", "2"], "--tp-size 2, --dp-size 2: not yet measured"),
+                                          (["--pp-size", "2"], "--pp-size 2: not yet measured"),
                                           ([], None)])
 def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
