@@ -71,8 +71,9 @@ PLAIN_TREE_DEFAULTS = {"tree_attention": "cascade", "decode_attention": DEFAULT_
 # ... and what an FA3 tree server at head sizes 65-128 takes for each it leaves unset
 # (DetSpecConfig.takes_fa3_tree_defaults): the switching tree on the node path. On the 8B shape (head size 128)
 # it served above the plain tree (the split) and the coupled chain at 1 request and at 4 of 2048 tokens, level with
-# them within the rounds' spread at 8 of 2048 tokens, and 1-3% below the chain at 32 and 128 short requests, where
-# both draft the chain (docs/determinism_tax.md, "The token bound on one H100").
+# them within the rounds' spread at 8 of 2048 tokens, above the chain at 1 and 8 short requests, level with it at 32
+# and about 1% below at 128, where both draft the chain (docs/determinism_tax.md, "The token bound on one H100" and
+# "The FA3 tree default on servers").
 FA3_TREE_DEFAULTS = {"tree_attention": "nodes", "decode_attention": "sglang",
                      "tree_chain_batch": 16, "tree_chain_tokens": 12288}
 # ... read from these variables.

@@ -71,8 +71,8 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     return notes
 
 
-# What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100"),
-# written once for the note below.
+# What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100" and
+# "The FA3 tree default on servers"), written once for the note below.
 FA3_TREE_DEFAULTS_EVIDENCE = (
     "on the 8B shape (head size 128, one H100) it served 1.13 / 1.07 / 0.96 of SGLang's non-deterministic EAGLE "
     "chain at 1 / 8 / 32 short requests (above the coupled chain at 1 and 8, level with it at 32, where it drafts "
