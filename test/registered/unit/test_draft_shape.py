@@ -102,7 +102,7 @@ def test_the_start_up_says_what_the_token_bound_does_or_that_it_does_nothing():
     alone = startup_notes.chain_note(DetSpecConfig(**{**TREE, "tree_chain_batch": 0, "tree_chain_tokens": 12288}))
     assert alone.startswith(
         "SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288: decode batches whose summed sequence length is above 12288 tokens")
-    assert "the batch bound" not in alone and "1.04 / 1.03" not in alone and startup_notes.LONG_PROMPT_NOTE in alone
+    assert "the batch bound" not in alone and "1.13 / 1.07" not in alone and startup_notes.LONG_PROMPT_NOTE in alone
     # The batch bound alone points at the token bound for long prompts.
     batch_only = startup_notes.chain_note(DetSpecConfig(**TREE))
     assert "the token bound" not in batch_only and "which SGLANG_DETSPEC_TREE_CHAIN_TOKENS addresses" in batch_only
