@@ -56,6 +56,7 @@ Usage: python scripts/tiny_families.py OUT_DIR (``make_tiny_models.py`` runs it 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -335,7 +336,8 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
-    print(f"wrote {', '.join(f + '/' for f in FOLDERS)} under {sys.argv[1]}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("out_dir", help="folder to write the model folders into (created)")
+    out_dir = parser.parse_args().out_dir
+    main(out_dir)
+    print(f"wrote {', '.join(f + '/' for f in FOLDERS)} under {out_dir}")
