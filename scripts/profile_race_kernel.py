@@ -4,6 +4,7 @@ Usage: ncu --clock-control none --kernel-name regex:_race_argmax -c 1 \
            python3 scripts/profile_race_kernel.py [B] [V]
 """
 
+import argparse
 import os
 import sys
 
@@ -14,8 +15,11 @@ from sglang_detspec.ops import exponential_race  # noqa: E402
 
 
 def main() -> None:
-    b = int(sys.argv[1]) if len(sys.argv) > 1 else 128
-    v = int(sys.argv[2]) if len(sys.argv) > 2 else 163840
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("b", nargs="?", type=int, default=128, help="rows (draft proposals), default 128")
+    parser.add_argument("v", nargs="?", type=int, default=163840, help="vocabulary size, default 163840")
+    args = parser.parse_args()
+    b, v = args.b, args.v
     gen = torch.Generator(device="cuda").manual_seed(0)
     probs = torch.softmax(torch.randn(b, v, generator=gen, device="cuda"), dim=-1)
     seeds = torch.arange(b, device="cuda")
