@@ -17,4 +17,5 @@ if ls .wheels-gpu/*.whl >/dev/null 2>&1; then
   "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" .wheels-gpu/*.whl
 fi
 export PYTHONPATH="$PWD/python${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}"
-"$python" -m pytest test/registered/cuda -q -p no:cacheprovider "$@"
+# -rA: every test named with its outcome in the closing summary, so a log shows what ran, not only dots.
+"$python" -m pytest test/registered/cuda -q -rA -p no:cacheprovider "$@"
