@@ -1,6 +1,6 @@
 """The server configurations of the end-to-end serving benchmark and the command lines that run them.
 
-Sixteen configurations, one SGLang 0.5.23 server each, on the same target and
+Eighteen configurations, one SGLang 0.5.23 server each, on the same target and
 EAGLE draft (``serving_models.py``):
 
 ==== ================= ============================================================
@@ -33,6 +33,9 @@ p    plugin_tree_switch_tokens (o) drafting the chain also for decode batches lo
                         than 12,288 summed tokens
                         (``SGLANG_DETSPEC_TREE_CHAIN_TOKENS=12288``): the FA3 tree default
                         at head sizes 65-128 since 2026-12-06
+q    plugin_coupled_deep (d) drafting 5 steps (6 draft tokens): what a deeper chain
+                        gives the coupling back at large batches
+r    spec_fast_deep     (a) drafting 5 steps (6 draft tokens): SGLang's own gain from it
 ==== ================= ============================================================
 
 Every tree configuration names all four tree settings (:func:`tree_env`), so
@@ -53,6 +56,8 @@ CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
+DEEP_CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5",
+              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6")
 WIDE_TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5",
              "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16")
 REJECTION = ("--speculative-use-rejection-sampling",)
@@ -83,7 +88,7 @@ class BenchConfig:
     """One server configuration.
 
     Attributes:
-        key: one letter, ``a``..``o``.
+        key: one letter, ``a``..``r``.
         name: file-name-safe identifier.
         title: one line for tables and plots.
         spec_args: speculative-decoding flags (without the draft path).
@@ -166,6 +171,17 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     BenchConfig("p", "plugin_tree_switch_tokens",
                 "(p) (o) drafting the chain also above 12,288 summed tokens",
                 TREE, True, tree_env("nodes", "sglang", 16, 12288), True),
+    # Not in the default order: the coupled chain at 5 steps beside SGLang's at 5 (--interleave --configs aqr).
+    # Coupled verify accepts each draft token at (1 - TV) / (1 + TV) against rejection's 1 - TV, so a chain of
+    # 3 steps commits about 7% fewer tokens per step than (a) (docs/determinism_tax.md); a deeper draft wins back
+    # tokens per step where a step's cost grows little with its verified rows (large batches). Coupled verify
+    # keeps the tokens whatever the depth, so a server may draft deeper at large batches without changing an
+    # output. The benchmark's draft accepts each position at one fixed rate (serving_models.py); a real
+    # draft's rate falls with depth, so these figures bound a real draft's gain from above.
+    BenchConfig("q", "plugin_coupled_deep", "(q) EAGLE chain 5 steps, plugin coupled",
+                DEEP_CHAIN, True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
+    BenchConfig("r", "spec_fast_deep", "(r) EAGLE chain 5 steps, rejection, not deterministic",
+                DEEP_CHAIN + REJECTION, False, (), False),
 )}
 
 # Measured first: the ratios against (b) of the plugin's configurations survive a run cut short.

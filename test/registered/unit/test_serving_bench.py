@@ -40,14 +40,20 @@ def _flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
-def test_sixteen_configurations_have_the_issue_flags():
-    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmnop"
+def test_eighteen_configurations_have_the_issue_flags():
+    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmnopqr"
     s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
     cmds = {k: cfg.server_command(c, s, port=31000) for k, c in cfg.CONFIGS.items()}
     det = {k for k, c in cmds.items() if "--enable-deterministic-inference" in c}
     rej = {k for k, c in cmds.items() if "--speculative-use-rejection-sampling" in c}
     spec = {k for k, c in cmds.items() if "--speculative-algorithm" in c}
-    assert det == set("bcdefhijlmnop") and rej == set("abch") and spec == set("abcdehijklmnop")
+    assert det == set("bcdefhijlmnopq") and rej == set("abchr") and spec == set("abcdehijklmnopqr")
+    # The deep pair: the chains of (d) and (a) at 5 steps and 6 draft tokens, everything else theirs.
+    for key, base in (("q", "d"), ("r", "a")):
+        expected = list(cmds[base])
+        expected[expected.index("--speculative-num-steps") + 1] = "5"
+        expected[expected.index("--speculative-num-draft-tokens") + 1] = "6"
+        assert cmds[key] == expected and cfg.CONFIGS[key].env == cfg.CONFIGS[base].env, key
     assert sorted(cmds["l"]) == sorted([*cmds["d"], "--speculative-adaptive"])
     assert cmds["k"] == [a for a in cmds["e"] if a != "--enable-deterministic-inference"] and not cfg.CONFIGS["k"].env
     assert dict(cfg.CONFIGS["n"].env) == {"SGLANG_DETSPEC_VERIFY": "coupled", "SGLANG_DETSPEC_DECODE_ATTENTION": "sglang"}
@@ -395,7 +401,7 @@ def test_prefill_graphs_keep_sglangs_default_on_every_server():
 def test_dry_run_prints_every_server_of_the_default_order(capsys):
     assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
-    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 7 == 9
+    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 9 == 9
     # The node path's cost, SGLang's own tree, the adaptive chain and the switching tree: asked for by --configs.
     assert "(j)" not in text and "(k)" not in text and "(l)" not in text and "(m)" not in text
 
