@@ -171,13 +171,14 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     BenchConfig("p", "plugin_tree_switch_tokens",
                 "(p) (o) drafting the chain also above 12,288 summed tokens",
                 TREE, True, tree_env("nodes", "sglang", 16, 12288), True),
-    # Not in the default order: the coupled chain at 5 steps beside SGLang's at 5 (--interleave --configs aqr).
-    # Coupled verify accepts each draft token at (1 - TV) / (1 + TV) against rejection's 1 - TV, so a chain of
-    # 3 steps commits about 7% fewer tokens per step than (a) (docs/determinism_tax.md); a deeper draft wins back
-    # tokens per step where a step's cost grows little with its verified rows (large batches). Coupled verify
-    # keeps the tokens whatever the depth, so a server may draft deeper at large batches without changing an
-    # output. The benchmark's draft accepts each position at one fixed rate (serving_models.py); a real
-    # draft's rate falls with depth, so these figures bound a real draft's gain from above.
+    # Not in the default order: the coupled chain at 5 steps beside (d) (--interleave --configs adq) and
+    # SGLang's own at 5 steps (--configs aqr). Coupled verify accepts each draft token at least at
+    # (1 - TV) / (1 + TV), rejection at 1 - TV (docs/design.md): on the benchmark's models a chain of 3 steps
+    # commits 2.96 tokens per step against (a)'s 3.20 (about 0.80 against 0.85 per position). A deeper draft
+    # wins back tokens per step where a step's cost grows less than its accepted tokens, which these measure;
+    # coupled verify keeps the tokens whatever the depth, so a server may draft deeper at large batches without
+    # changing an output. The benchmark's draft accepts each position at one fixed rate (serving_models.py); a
+    # real draft's rate falls with depth, so these figures bound a real draft's gain from above.
     BenchConfig("q", "plugin_coupled_deep", "(q) EAGLE chain 5 steps, plugin coupled",
                 DEEP_CHAIN, True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
     BenchConfig("r", "spec_fast_deep", "(r) EAGLE chain 5 steps, rejection, not deterministic",

@@ -344,9 +344,10 @@ def tree_load_note(config: DetSpecConfig) -> str:
             "below the coupled chain, and 0.995 / 1.014 at 1 / 8 (the H200 / the H100); other backends and shapes "
             "are not measured (docs/determinism_tax.md); SGLANG_DETSPEC_TREE_CHAIN_BATCH=B drafts a chain for "
             "decode batches above B without changing a token (at B = 16 on fa3, head sizes 65-128, with "
-            "SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang it served 1.04 / 1.03 / "
-            "0.94 / 0.93 of SGLang's EAGLE chain at 1 / 8 / 32 / 128 requests, one H100, c052342, 8 requests on "
-            "another, 951108d; alone, on the split, 0.85 at 32, one H200, 18240f4)")
+            "SGLANG_DETSPEC_TREE_ATTENTION=nodes SGLANG_DETSPEC_DECODE_ATTENTION=sglang and a summed-token bound "
+            "of 12,288 it served 1.13 / 1.07 / 0.96 of SGLang's EAGLE chain at 1 / 8 / 32 requests, one H100, "
+            "62a91f2, and without the token bound 0.93 at 128, another H100, c052342; alone, on the split, 0.85 "
+            "at 32, one H200, 18240f4)")
 
 
 # What the 2048-token serving runs found for the node-path tree against the chain (docs/determinism_tax.md,
