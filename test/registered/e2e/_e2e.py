@@ -695,7 +695,7 @@ class Servers:
 
     def _launch(self, config: ServerConfig, helpers):
         url = f"http://127.0.0.1:{free_port()}"
-        sink = LogSink(out_dir() / f"server_{self.label}{config.name}.log")
+        sink = LogSink(self._log_path(config))
         timeout = env_int("DETSPEC_E2E_LAUNCH_TIMEOUT", 480)
         started = time.monotonic()
         try:
@@ -711,6 +711,14 @@ class Servers:
         # Lets a wrapper that had to kill pytest (a per-command time limit) stop this server too.
         self._pid_file(config).write_text(str(process.pid))
         return server
+
+    def _log_path(self, config: ServerConfig) -> Path:
+        """The server's log file; a restart of the same server writes ``.2.log``, ``.3.log``, ... beside the first."""
+        stem = out_dir() / f"server_{self.label}{config.name}"
+        path, start = stem.with_name(stem.name + ".log"), 2
+        while path.exists():
+            path, start = stem.with_name(f"{stem.name}.{start}.log"), start + 1
+        return path
 
     def stop(self) -> None:
         """Stop every running server."""

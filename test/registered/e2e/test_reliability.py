@@ -51,6 +51,7 @@ TEST_ORDER = (
     "test_restart_mid_load_gives_the_same_outputs",
 )
 NEW_TOKENS = 24
+LOAD_TOKENS = 256  # the restart test's load: long enough to be in flight when a server is killed
 BIG_BODY_BYTES = 10 * 1024 * 1024
 
 
@@ -86,10 +87,10 @@ def good_requests(vocab: int, count: int, seed: int) -> list[tuple[list[int], di
     return out
 
 
-def run_all(url: str, reqs, workers: int = 32) -> list:
+def run_all(url: str, reqs, workers: int = 32, want_tokens: int = NEW_TOKENS) -> list:
     """Each request alone (one POST each), ``workers`` at a time; results in order."""
     def one(req):
-        got = _requests.generate(url, req[0], req[1], want_tokens=NEW_TOKENS)
+        got = _requests.generate(url, req[0], req[1], want_tokens=want_tokens)
         return got[0] if len(got) == 1 else f"{len(got)} results"
 
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -315,8 +316,11 @@ def test_restart_mid_load_gives_the_same_outputs(servers, group, models):
     vocab = _e2e.vocab_size(models.target)
     reqs = good_requests(vocab, 48, seed=6)
     before = {mode: tokens(run_all(started[name].url, reqs)) for mode, name in names.items()}
+    # Long requests, so that a batch in flight spans the moment its server is killed.
+    load_reqs = [(prompt, {**params, "max_new_tokens": LOAD_TOKENS}) for prompt, params in reqs[:8]]
     stop = threading.Event()
-    cut_off = {mode: 0 for mode in names}  # requests sent before the kill that got no answer
+    cut_off = {mode: 0 for mode in names}  # requests sent before the kill, answered after it with an error
+    early_errors = {mode: [] for mode in names}  # errors answered before the kill: the server was up, a fault
     # Each server's own kill time: the stops run one after another, and a batch sent to the
     # second server while the first one was being stopped is still cut off by its own stop.
     killed_at = {mode: float("inf") for mode in names}
@@ -324,18 +328,26 @@ def test_restart_mid_load_gives_the_same_outputs(servers, group, models):
     def load(mode, url):  # traffic that the stop cuts off; counted only to confirm it was in flight
         while not stop.is_set():
             sent = time.monotonic()
-            answers = tokens(run_all(url, reqs[:8], workers=8))
-            if sent < killed_at[mode]:
-                cut_off[mode] += sum(isinstance(a, str) for a in answers)
+            if sent >= killed_at[mode]:
+                return  # its server is stopped: nothing more to cut off
+            failed = [a for a in tokens(run_all(url, load_reqs, workers=8, want_tokens=LOAD_TOKENS))
+                      if isinstance(a, str)]
+            if time.monotonic() < killed_at[mode]:
+                early_errors[mode] += failed
+            elif sent < killed_at[mode]:
+                cut_off[mode] += len(failed)
 
     with concurrent.futures.ThreadPoolExecutor(len(MODES)) as pool:
-        for mode, name in names.items():
-            pool.submit(load, mode, started[name].url)
-        time.sleep(2.0)
-        for mode, name in names.items():
-            killed_at[mode] = time.monotonic()
-            servers._stop(name)  # the servers die in the middle of the load
-        stop.set()
+        loads = [pool.submit(load, mode, started[name].url) for mode, name in names.items()]
+        try:
+            time.sleep(2.0)
+            for mode, name in names.items():
+                killed_at[mode] = time.monotonic()
+                servers._stop(name)  # the servers die in the middle of the load
+        finally:
+            stop.set()
+        for running in loads:
+            running.result()  # an exception in a load thread is raised here, not read as "nothing in flight"
     restarted = servers.ensure_group(everyone)  # the stopped ones start again, in parallel; no_spec stays
     problems = []
     for mode, name in names.items():
@@ -346,13 +358,14 @@ def test_restart_mid_load_gives_the_same_outputs(servers, group, models):
         after = tokens(run_all(server.url, reqs))
         changed = [i for i, (a, b) in enumerate(zip(before[mode], after)) if a != b]
         # The kill must have cut requests off, or the test restarted an idle server.
-        mine = [] if cut_off[mode] else [f"{mode}: no request was in flight when the server was stopped"]
+        mine = [] if cut_off[mode] else [f"{mode}: no request sent before its stop was cut off by it"]
+        mine += [f"{mode}: load request failed before the stop: {e}" for e in early_errors[mode][:3]]
         if changed:
             mine.append(f"{mode}: {len(changed)} of {len(reqs)} outputs changed across the restart: {changed[:8]}")
         mine += [f"{mode}: request {i}: {t}" for i, t in enumerate(after) if isinstance(t, str)][:5]
         _e2e.write_result(f"reliability_restart_{mode}", {
             "passed": not mine, "problems": mine, "requests": len(reqs), "changed": len(changed),
-            "requests_cut_off_by_the_stop": cut_off[mode],
+            "requests_cut_off_by_the_stop": cut_off[mode], "load_errors_before_the_stop": len(early_errors[mode]),
             "server": server.facts()})
         problems += mine
     assert not problems, "; ".join(problems[:6])

@@ -86,5 +86,21 @@ def test_an_fa3_server_logs_the_attention_path_its_shape_takes(e2e, tmp_path, lo
     assert e2e.fa3_path_problem(server, "sglang", head_dim, trees) is None  # the split not asked for
 
 
+def test_a_restarted_server_logs_beside_its_first_log(e2e, tmp_path, monkeypatch):
+    """A server started again under the same name (the reliability file's restart) keeps the first log."""
+    monkeypatch.setenv("DETSPEC_E2E_OUT", str(tmp_path))
+    config = e2e.ServerConfig(name="coupled_chain_det_cuda_graph", model="m", args=(), deterministic=True,
+                              cuda_graph=True, env=(), verify="coupled")
+    servers = e2e.Servers("test_reliability")
+    names = []
+    for _ in range(3):
+        path = servers._log_path(config)
+        e2e.LogSink(path).close()  # the sink creates the file, as a launch does
+        names.append(path.name)
+    assert names == ["server_test_reliability-coupled_chain_det_cuda_graph.log",
+                     "server_test_reliability-coupled_chain_det_cuda_graph.2.log",
+                     "server_test_reliability-coupled_chain_det_cuda_graph.3.log"]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
