@@ -42,10 +42,10 @@ HELP_FLAGS = ("-h", "--help")
 SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 
 # The E2E suites that have run with SGLang's prefill CUDA graphs on, and where: the help and the dry run say it.
-PREFILL_GRAPH_SUITES = ("the invariance, coupled-chain and coupled-tree changing-batch suites, the request fuzzer, "
-                        "the switching tree, request seeds and multi-layer EAGLE invariance "
-                        "(docs/e2e/2026-12-06-h200-final-code/, docs/e2e/2026-12-06-h100-final-code/)")
-PREFILL_GRAPH_OFF_RUNS = "the other suites' committed runs had them off (--cuda-graph-backend-prefill disabled)"
+PREFILL_GRAPH_SUITES = ("every E2E suite but the forward-mode matrix and the model families "
+                        "(the runs of 2026-12-06 in docs/results.md)")
+PREFILL_GRAPH_OFF_RUNS = ("the forward-mode matrix's committed runs had them off (--cuda-graph-backend-prefill "
+                          "disabled), and the model families' suite has not run")
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
 HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
@@ -105,11 +105,11 @@ make a coupled tree draft a chain of its depth for decode batches above B
 requests or T summed tokens (0 by default; 16 and 12288 in the FA3 tree
 default); the tokens stay the same (docs/usage.md).
 
-Measured: both splits bitwise on an H200, the FA3 split's servers at its
-current code. Serving the 8B shape the FA3 split costs the plain tree
-0.92-1.06x SGLang's inter-token latency and would cost the chain 0.99-1.21x
-(there both run SGLang's FA3 calls by default); the Triton split's cost is
-not measured.
+Measured: both splits bitwise on an H200 (docs/forward_modes.md). Serving
+the 8B shape the FA3 split cost the plain tree 0.92-1.06x SGLang's
+inter-token latency and the chain 0.99-1.21x; at that shape's head size
+of 128 neither pays it by default (the chain keeps SGLang's FA3 calls, the
+tree takes the FA3 tree default). The Triton split's cost is not measured.
 
 """ + textwrap.fill(
     "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in SGLang's own harness, the serving "
@@ -444,6 +444,10 @@ def _run(args) -> int:
                      "rejection-sampling flag, hence rejection_sampling=True below); verification stays coupled, "
                      "not SGLang's rejection sampling")
             _say(f"start-up check passed: {bag.describe()}")
+            ns = read_launch_args(cmd[3:])
+            # Right under the claim it qualifies, not at the end of the notes.
+            for warning in parallelism_notes(ns):
+                _say(f"warning: {warning}")
             from ..config import REJECTION_ALGORITHMS
 
             if bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None:
@@ -467,7 +471,6 @@ def _run(args) -> int:
             from ..sglang_plugin.startup_notes import setting_notes, unmeasured_notes
             from ..sglang_plugin.resolve import sglang_backend_switch
 
-            ns = read_launch_args(cmd[3:])
             switched = sglang_backend_switch(ns)
             # Explicit --prefill / --decode-attention-backend flags win over the switched one: say it only where
             # the bag (which startup_check built with the switch) serves the switched backend.
@@ -477,7 +480,7 @@ def _run(args) -> int:
                      f"{switched}'s")
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
                          + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
-                         + kv_move_warmup_notes(bag) + parallelism_notes(ns)):
+                         + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
     if args.dry_run:
         print(dry_run_command(cmd, env))
