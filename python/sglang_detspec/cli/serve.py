@@ -42,10 +42,10 @@ HELP_FLAGS = ("-h", "--help")
 SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 
 # The E2E suites that have run with SGLang's prefill CUDA graphs on, and where: the help and the dry run say it.
-PREFILL_GRAPH_SUITES = ("every E2E suite but the forward-mode matrix and the model families "
-                        "(the runs of 2026-12-06 in docs/results.md)")
+PREFILL_GRAPH_SUITES = ("every E2E suite but the forward-mode matrix, the model families and the two-GPU suite, "
+                        "SGLang's harness among them (the runs of 2026-12-06 in docs/results.md)")
 PREFILL_GRAPH_OFF_RUNS = ("the forward-mode matrix's committed runs had them off (--cuda-graph-backend-prefill "
-                          "disabled), and the model families' suite has not run")
+                          "disabled), and the model families' and two-GPU suites have not run")
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
 HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
@@ -112,9 +112,9 @@ of 128 neither pays it by default (the chain keeps SGLang's FA3 calls, the
 tree takes the FA3 tree default). The Triton split's cost is not measured.
 
 """ + textwrap.fill(
-    "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in SGLang's own harness, the serving "
-    "benchmark (where the coupled chain served 19-27% more tokens/s with them at 8 and 32 concurrent requests, two "
-    f"back-to-back commands), {PREFILL_GRAPH_SUITES}; {PREFILL_GRAPH_OFF_RUNS}.", HELP_WIDTH,
+    "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in the serving benchmark (where the "
+    "coupled chain served 19-27% more tokens/s with them at 8 and 32 concurrent requests, two back-to-back "
+    f"commands) and in {PREFILL_GRAPH_SUITES}; {PREFILL_GRAPH_OFF_RUNS}.", HELP_WIDTH,
     break_on_hyphens=False, break_long_words=False)
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
@@ -347,9 +347,8 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
         off = bool(getattr(ns, "disable_prefill_cuda_graph", False) or getattr(ns, "disable_cuda_graph", False))
     if off:
         return []
-    return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): SGLang's own harness "
-            f"(docs/e2e/2026-12-05-h200-default/), the serving benchmark, {PREFILL_GRAPH_SUITES} ran with them; "
-            f"{PREFILL_GRAPH_OFF_RUNS}"]
+    return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): the serving benchmark and "
+            f"{PREFILL_GRAPH_SUITES} ran with them; {PREFILL_GRAPH_OFF_RUNS}"]
 
 
 def _hooks_not_in_place() -> list[str]:
