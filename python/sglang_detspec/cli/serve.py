@@ -481,6 +481,8 @@ def _run(args) -> int:
                          + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
                          + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
+            # The notes run long: the claim again as the last line before the command.
+            _say(f"claim: logits={bag.logits!r}{' (see the warning above)' if parallelism_notes(ns) else ''}")
     if args.dry_run:
         print(dry_run_command(cmd, env))
         return 0

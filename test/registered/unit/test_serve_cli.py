@@ -520,10 +520,12 @@ def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words
                                   "--attention-backend", "fa3", *flags])
     assert rc == 0
     assert ("not yet measured with the plugin" not in err) if words is None else (words in err)
+    lines = err.splitlines()
     if words is not None:  # a warning on the line right under the claim it qualifies
-        lines = err.splitlines()
         passed = next(i for i, line in enumerate(lines) if "start-up check passed" in line)
         assert lines[passed + 1].startswith("detspec: warning: ") and words in lines[passed + 1], lines[passed:passed + 2]
+    # The claim again as the last line before the command, pointing to the warning where there is one.
+    assert lines[-1] == "detspec: claim: logits='bitwise'" + (" (see the warning above)" if words else ""), lines[-1]
 
 
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
