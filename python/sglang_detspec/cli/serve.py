@@ -445,7 +445,8 @@ def _run(args) -> int:
             _say(f"start-up check passed: {bag.describe()}")
             ns = read_launch_args(cmd[3:])
             # Right under the claim it qualifies, not at the end of the notes.
-            for warning in parallelism_notes(ns):
+            warnings = parallelism_notes(ns)
+            for warning in warnings:
                 _say(f"warning: {warning}")
             from ..config import REJECTION_ALGORITHMS
 
@@ -482,7 +483,7 @@ def _run(args) -> int:
                          + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
             # The notes run long: the claim again as the last line before the command.
-            _say(f"claim: logits={bag.logits!r}{' (see the warning above)' if parallelism_notes(ns) else ''}")
+            _say(f"claim: logits={bag.logits!r}{' (see the warning above)' if warnings else ''}")
     if args.dry_run:
         print(dry_run_command(cmd, env))
         return 0
