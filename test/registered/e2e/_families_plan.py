@@ -4,10 +4,11 @@ Plain data and small functions, no GPU: the CPU unit tests
 (``test/registered/unit/test_model_family_claims.py``) read the same table and
 resolve the same flags through SGLang's real argument resolution.
 
-Per family and attention backend three servers run side by side: the target
-without speculative decoding (the reference), a chain and a tree, all with
-deterministic inference and CUDA graphs on. ``auto`` is SGLang's own choice
-(no ``--attention-backend``: fa3 on Hopper under deterministic inference).
+Per family and attention backend four servers run side by side: the target
+without speculative decoding (the reference), a chain, a tree and the chain
+again under SGLang's retraction test switch, all with deterministic
+inference and CUDA graphs on. ``auto`` is SGLang's own choice (no
+``--attention-backend``: fa3 on Hopper under deterministic inference).
 """
 
 from __future__ import annotations
@@ -16,11 +17,19 @@ import dataclasses
 import os
 
 import _e2e
+from _forward_plan import FORCE_RETRACT
 
 BACKENDS_ENV = "DETSPEC_E2E_FAMILY_BACKENDS"
 AUTO = "auto"
 KNOWN_BACKENDS = (AUTO, "triton", "fa3", "flashinfer")
 SHAPES = {"chain": _e2e.CHAIN_SHAPE, "tree": _e2e.TREE_SHAPE}
+# The chain server whose scheduler retracts running requests (SGLANG_TEST_RETRACT: every few decode
+# steps one request goes back to the queue and is prefilled again later).
+RETRACTION = "chain_retract"
+# Every server of one family and backend, as its row's ``speculative`` field names it.
+SERVER_SHAPES = ("none", *SHAPES, RETRACTION)
+# The radix-cache check: each request again, its prompt followed by this many of its first outputs.
+CACHED_TOKENS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +68,25 @@ def backend_args(backend: str) -> tuple[str, ...]:
 
 
 def spec_args(family: ModelFamily, shape: str, models_dir: str) -> tuple[str, ...]:
-    """The speculative flags of ``family`` drafting ``shape`` (a key of :data:`SHAPES`); empty for ``none``.
+    """The speculative flags of ``family`` drafting ``shape`` (one of :data:`SERVER_SHAPES`); empty for ``none``.
+
+    :data:`RETRACTION` drafts the chain (its retraction comes from :func:`server_env`).
 
     Raises:
-        ValueError: ``shape`` neither ``none`` nor a key of :data:`SHAPES`.
+        ValueError: ``shape`` not one of :data:`SERVER_SHAPES`.
     """
+    if shape not in SERVER_SHAPES:
+        raise ValueError(f"shape must be one of {', '.join(SERVER_SHAPES)}, got {shape!r}")
     if shape == "none":
         return ()
-    if shape not in SHAPES:
-        raise ValueError(f"shape must be 'none' or one of {', '.join(SHAPES)}, got {shape!r}")
-    return ("--speculative-algorithm", family.algorithm, *SHAPES[shape],
+    drafted = "chain" if shape == RETRACTION else shape
+    return ("--speculative-algorithm", family.algorithm, *SHAPES[drafted],
             "--speculative-draft-model-path", os.path.join(models_dir, family.draft))
+
+
+def server_env(shape: str) -> tuple[tuple[str, str], ...]:
+    """The extra environment of the ``shape`` server: SGLang's retraction test switch for :data:`RETRACTION`."""
+    return FORCE_RETRACT if shape == RETRACTION else ()
 
 
 def server_flags(family: ModelFamily, shape: str, backend: str, models_dir: str) -> tuple[str, ...]:

@@ -46,14 +46,19 @@ def request_set(vocab: int, temperature: float | None = None) -> tuple[list[list
 
 def query(server: _e2e.RunningServer, vocab: int, temperature: float | None = None) -> list:
     """The 8 requests on ``server``: the plain rows as one batch, then the filtered rows; 8 results in order."""
-    prompts, params = request_set(vocab, temperature)
+    return send(server, *request_set(vocab, temperature), NEW_TOKENS)
+
+
+def send(server: _e2e.RunningServer, prompts: list, params: list, want_tokens: int) -> list:
+    """``prompts`` (8, in :func:`request_set`'s row order) with ``params``: the plain rows as one batch, then the
+    filtered rows, as :func:`query` sends them; 8 results in order, an error string in place of each one that failed."""
     results = []
     for lo, hi in ((0, PLAIN_ROWS), (PLAIN_ROWS, NUM_REQUESTS)):
         if results and any(isinstance(r, str) and "stacks:" in r for r in results):
             results += [results[-1]] * (hi - lo)  # the server hung: no second wait
             continue
         got = _requests.generate(server.url, prompts[lo:hi], params[lo:hi], return_logprob=True,
-                                 want_tokens=NEW_TOKENS, timeout=QUERY_TIMEOUT_S)
+                                 want_tokens=want_tokens, timeout=QUERY_TIMEOUT_S)
         if isinstance(got, list) and any(isinstance(g, str) and "Timeout" in g for g in got):
             got = [f"{g} (stacks: {server.dump_stacks('query_timeout').name})" if isinstance(g, str) else g
                    for g in got]

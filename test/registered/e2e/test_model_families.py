@@ -3,12 +3,14 @@
 Per attention backend (``auto``: SGLang's own choice, no ``--attention-backend``;
 then ``triton``, ``fa3``, ``flashinfer``) and per family of
 ``_families_plan.FAMILIES`` (the tiny models of ``scripts/tiny_families.py``),
-three deterministic servers with CUDA graphs on: the target without
-speculative decoding, a coupled chain (3 steps) and a coupled tree (3 steps,
-top-k 4, 8 tokens). A server SGLang refuses (its real argument resolution
-says so before anything loads: e.g. DeepSeek-family models accept only the
-radix-cache backends under deterministic inference) starts nothing and its
-row records SGLang's reason. Checks, one row each in ``model_families.json``:
+four deterministic servers with CUDA graphs on: the target without
+speculative decoding, a coupled chain (3 steps), a coupled tree (3 steps,
+top-k 4, 8 tokens) and the coupled chain under SGLang's retraction test
+switch (``SGLANG_TEST_RETRACT=1``). A server SGLang refuses (its real
+argument resolution says so before anything loads: e.g. DeepSeek-family
+models accept only the radix-cache backends under deterministic inference)
+starts nothing and its row records SGLang's reason. Checks, one row each in
+``model_families.json``:
 
 * ``changing_batches``: the changing-batch audit (``_e2e.run_audit``, at
   least 24 trials, 25 by default) on the chain and the tree: 1 unique probe
@@ -19,12 +21,20 @@ row records SGLang's reason. Checks, one row each in ``model_families.json``:
 * ``logprobs``: the plugin's start-up claim (``logits='...'``) is the rule's
   (``config.DetSpecConfig.logits``: ``tokens`` for every family here until
   ``model_family.MEASURED_BITWISE`` records one), and a ``bitwise`` claim has
-  0 requests with other logprobs (a ``tokens`` claim's are recorded).
+  0 requests with other logprobs (a ``tokens`` claim's are recorded);
+* ``retraction``: the retracting chain gives the reference's tokens for the
+  same 8 requests, and the scheduler did retract (``num_retractions``);
+* ``radix_cache``: on the reference, the chain and the tree, the cache
+  flushed and then holding each prompt alone, each request again with its
+  prompt followed by its first 32 outputs (one extend over a cached prefix
+  where the first run decoded): the same last 32 tokens, and logprobs under
+  a ``bitwise`` claim; every request must be served from the cache. Where
+  the server runs without a radix cache (SGLang's deterministic mode keeps
+  it only on some backends) the row says so and is not a check.
 
 ``DETSPEC_E2E_FAMILY_BACKENDS`` picks backends (comma-separated, from
-``auto,triton,fa3,flashinfer``); each backend starts up to 9 servers at once.
+``auto,triton,fa3,flashinfer``); each backend starts up to 12 servers at once.
 ``model_families.json`` is rewritten after each backend with every row so far.
-Not covered here yet: retraction and radix-cache hits on these families.
 """
 
 import concurrent.futures
@@ -37,6 +47,7 @@ import pytest
 
 import _e2e
 import _families_plan as plan
+import _forward_plan as forward_plan
 import _invariance
 import _requests
 from _register import register_cuda_ci
@@ -89,14 +100,15 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
     configs, refused = {}, {}
     for name, fam in plan.FAMILIES.items():
         model = os.path.join(models_dir, fam.folder)
-        for shape in ("none", *plan.SHAPES):
+        for shape in plan.SERVER_SHAPES:
             flags = plan.server_flags(fam, shape, backend, models_dir)
             reason = plan.sglang_refusal(model, flags)
             if reason is not None:
                 refused[(name, shape)] = reason
                 continue
             configs[(name, shape)] = _e2e.ServerConfig(f"{name}_{shape}_{backend}_det_cuda_graph", model, flags,
-                                                       True, True, verify=None if shape == "none" else "coupled")
+                                                       True, True, env=plan.server_env(shape),
+                                                       verify=None if shape == "none" else "coupled")
     rows, problems = [], []
     for (name, shape), reason in refused.items():
         rows.append(row(name, shape, backend, "start", refused=reason, passed=True))
@@ -104,7 +116,7 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         return rows, problems
     group = _invariance.run_group(servers, list(configs.values()), _e2e.vocab_size(next(iter(configs.values())).model),
                                   f"model_families_{backend}_requests")
-    spec = [key for key in configs if key[1] != "none"]
+    spec = [key for key in configs if key[1] in plan.SHAPES]
 
     def audit(key):
         config = configs[key]
@@ -162,7 +174,88 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         elif not logprobs_ok:
             problems.append(f"{config.name}: {other_logprobs} of {compared} requests have other logprobs, "
                             f"claimed {claimed}")
+    for name in plan.FAMILIES:
+        key = (name, plan.RETRACTION)
+        if key in configs and (name, "none") in configs:
+            retraction_row, found = retraction(servers, group, configs[(name, "none")], configs[key], name, backend)
+            rows.append(retraction_row)
+            problems += found
+        for shape in ("none", *plan.SHAPES):
+            server = servers.running.get(configs[(name, shape)].name) if (name, shape) in configs else None
+            if server is not None:
+                cache_row, found = radix_cache(server, configs[(name, shape)], group, name, shape, backend)
+                rows.append(cache_row)
+                problems += found
     return rows, problems
+
+
+def retraction(servers, group: dict, ref, config, name: str, backend: str) -> tuple[dict, list[str]]:
+    """The ``retraction`` row of family ``name``: the retracting chain's tokens against the reference's, and that
+    it retracted."""
+    outcome = _invariance.compare(group, ref.name, config.name)
+    server = servers.running.get(config.name)
+    claims = claimed_by(server) if server else []
+    claimed = claims[0] if len(claims) == 1 else None
+    retracted = sum(r.retractions or 0 for r in group[config.name]["results"] if not isinstance(r, str))
+    compared, other_tokens = outcome["requests_compared"], outcome["requests_with_other_tokens"]
+    problems = list(outcome["problems"])
+    if server is not None and not retracted:
+        problems.append(f"{config.name}: no request was retracted (SGLANG_TEST_RETRACT): the row measured nothing")
+    if claimed == "bitwise" and outcome["requests_with_other_logprobs"]:
+        problems.append(f"{config.name}: {outcome['requests_with_other_logprobs']} of {compared} requests have "
+                        f"other logprobs after retraction, claimed bitwise")
+    return row(name, plan.RETRACTION, backend, "retraction", trials=compared, unique=1 + (other_tokens > 0),
+               differing_sequences=other_tokens, claimed=claimed, retractions=retracted,
+               passed=not problems and compared == _invariance.NUM_REQUESTS), problems
+
+
+def radix_cache(server, config, group: dict, name: str, shape: str, backend: str) -> tuple[dict, list[str]]:
+    """The ``radix_cache`` row of family ``name``'s ``shape`` server: its own requests again over a cached prompt
+    (module docstring)."""
+    claims = claimed_by(server)
+    claimed = claims[0] if len(claims) == 1 else None
+    info = _requests.get(server.url, "/server_info")
+    if info["status"] != 200 or not isinstance(info["body"], dict):
+        problem = f"{config.name} radix cache: /server_info answered {info['status']}"
+        return row(name, shape, backend, "radix_cache", claimed=claimed, error=problem), [problem]
+    if info["body"].get("disable_radix_cache"):
+        reason = (f"the server runs without a radix cache (SGLang's deterministic mode keeps it only on "
+                  f"{', '.join(forward_plan.radix_cache_backends())})")
+        return row(name, shape, backend, "radix_cache", claimed=claimed, not_applicable=reason, passed=True), []
+    first = group[config.name]["results"]
+    if len(first) != _invariance.NUM_REQUESTS or any(isinstance(r, str) for r in first):
+        problem = f"{config.name} radix cache: the first run failed"
+        return row(name, shape, backend, "radix_cache", claimed=claimed, error=problem), [problem]
+    cached, rest = plan.CACHED_TOKENS, _invariance.NEW_TOKENS - plan.CACHED_TOKENS
+    prompts, params = _invariance.request_set(_e2e.vocab_size(config.model))
+    problems = []
+    flushed = _requests.post(server.url, "/flush_cache", {})
+    if flushed["status"] != 200:
+        problems.append(f"{config.name} radix cache: /flush_cache answered {flushed['status']}: {flushed['text']}")
+    warm = _invariance.send(server, prompts, [{**q, "max_new_tokens": 1} for q in params], 1)
+    problems += [f"{config.name} radix cache warm-up: {w}" for w in warm if isinstance(w, str)][:2]
+    again = _invariance.send(server, [p + list(r.output_ids[:cached]) for p, r in zip(prompts, first)],
+                             [{**q, "max_new_tokens": rest} for q in params], rest)
+    problems += [f"{config.name} radix cache: request {i}: {r}" for i, r in enumerate(again) if isinstance(r, str)][:2]
+    done = [(i, p, f, a) for i, (p, f, a) in enumerate(zip(prompts, first, again)) if not isinstance(a, str)]
+    # SGLang matches at most all but the last input token; the warmed prompt is all of it but that one.
+    misses = [i for i, p, _, a in done if (a.cached_tokens or 0) < len(p) - 1]
+    if misses:
+        problems.append(f"{config.name} radix cache: requests {misses[:5]} were not served from the cache "
+                        f"(meta_info cached_tokens below the prompt length): the row measured no cache hit")
+    other_tokens = sum(a.output_ids != f.output_ids[cached:] for _, _, f, a in done)
+    other_logprobs = sum(a.logprobs is None or f.logprobs is None or a.logprobs != f.logprobs[cached:]
+                         for _, _, f, a in done)
+    if other_tokens:
+        problems.append(f"{config.name} radix cache: {other_tokens} of {len(done)} requests gave other tokens "
+                        f"after a cache hit")
+    if claimed == "bitwise" and other_logprobs:
+        problems.append(f"{config.name} radix cache: {other_logprobs} of {len(done)} requests have other logprobs "
+                        f"after a cache hit, claimed bitwise")
+    return row(name, shape, backend, "radix_cache", trials=len(done), unique=1 + (other_tokens > 0),
+               differing_sequences=other_tokens, claimed=claimed, other_logprobs=other_logprobs,
+               passed=not problems and len(done) == _invariance.NUM_REQUESTS), problems
+
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -212,6 +212,29 @@ def test_the_e2e_plan_records_what_sglang_refuses(tiny):
         plan.spec_args(qwen, "wide", str(tiny))
 
 
+def test_the_retraction_server_is_the_chain_with_sglangs_retraction_switch(tiny):
+    sys.path.insert(0, str(ROOT / "test" / "registered" / "e2e"))
+    try:
+        import _families_plan as plan
+        from _invariance import NEW_TOKENS
+    finally:
+        sys.path.pop(0)
+    assert plan.SERVER_SHAPES == ("none", "chain", "tree", plan.RETRACTION)
+    for fam in plan.FAMILIES.values():
+        assert plan.spec_args(fam, plan.RETRACTION, str(tiny)) == plan.spec_args(fam, "chain", str(tiny))
+    assert plan.server_env(plan.RETRACTION) == (("SGLANG_TEST_RETRACT", "1"),)
+    assert all(plan.server_env(shape) == () for shape in ("none", "chain", "tree"))
+    # SGLang resolves the retracting chain as it resolves the chain: the same refusals per backend.
+    deepseek = plan.FAMILIES["deepseek_v3"]
+    for backend in plan.KNOWN_BACKENDS:
+        chain, retract = (plan.sglang_refusal(str(tiny / deepseek.folder),
+                                              plan.server_flags(deepseek, shape, backend, str(tiny)))
+                          for shape in ("chain", plan.RETRACTION))
+        assert chain == retract, backend
+    # The radix-cache check resends each request with this many outputs: fewer than the request's tokens.
+    assert 0 < plan.CACHED_TOKENS < NEW_TOKENS
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
 
