@@ -42,9 +42,9 @@ HELP_FLAGS = ("-h", "--help")
 SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 
 # The E2E suites that have run with SGLang's prefill CUDA graphs on, and where: the help and the dry run say it.
-PREFILL_GRAPH_SUITES = ("every E2E suite but the model families and the two-GPU suite, the forward-mode matrix "
-                        "and SGLang's harness among them (the runs of 2026-12-06 in docs/results.md)")
-PREFILL_GRAPH_OFF_RUNS = "the model families' and two-GPU suites have not run"
+PREFILL_GRAPH_SUITES = ("every E2E suite that runs CUDA graphs (all but the controls), the forward-mode matrix and "
+                        "SGLang's harness among them (the runs of 2026-12-06 in docs/results.md)")
+PREFILL_GRAPH_OFF_RUNS = "the model families and the two-GPU suite have not run"
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
 HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.

@@ -60,6 +60,7 @@ register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 BACKENDS = plan.selected_backends()
 LOGITS_FIELD = re.compile(r"logits='(\w+)'")
 TEST_ORDER = ("test_model_families",)
+FLUSH_TIMEOUT_S = 30
 ROWS: list[dict] = []  # every backend's rows so far: model_families.json holds them all
 
 
@@ -114,8 +115,8 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         rows.append(row(name, shape, backend, "start", refused=reason, passed=True))
     if not configs:
         return rows, problems
-    group = _invariance.run_group(servers, list(configs.values()), _e2e.vocab_size(next(iter(configs.values())).model),
-                                  f"model_families_{backend}_requests")
+    vocab = _e2e.vocab_size(next(iter(configs.values())).model)
+    group = _invariance.run_group(servers, list(configs.values()), vocab, f"model_families_{backend}_requests")
     spec = [key for key in configs if key[1] in plan.SHAPES]
 
     def audit(key):
@@ -183,7 +184,7 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         for shape in ("none", *plan.SHAPES):
             server = servers.running.get(configs[(name, shape)].name) if (name, shape) in configs else None
             if server is not None:
-                cache_row, found = radix_cache(server, configs[(name, shape)], group, name, shape, backend)
+                cache_row, found = radix_cache(server, configs[(name, shape)], group, vocab, name, shape, backend)
                 rows.append(cache_row)
                 problems += found
     return rows, problems
@@ -204,32 +205,42 @@ def retraction(servers, group: dict, ref, config, name: str, backend: str) -> tu
     if claimed == "bitwise" and outcome["requests_with_other_logprobs"]:
         problems.append(f"{config.name}: {outcome['requests_with_other_logprobs']} of {compared} requests have "
                         f"other logprobs after retraction, claimed bitwise")
+    parted = [{"request": r["request"], "first_different_token": r["first_different_token"]}
+              for r in outcome["rows"] if not r["same_tokens"]]
     return row(name, plan.RETRACTION, backend, "retraction", trials=compared, unique=1 + (other_tokens > 0),
-               differing_sequences=other_tokens, claimed=claimed, retractions=retracted,
+               differing_sequences=other_tokens, claimed=claimed, retractions=retracted, parted=parted,
                passed=not problems and compared == _invariance.NUM_REQUESTS), problems
 
 
-def radix_cache(server, config, group: dict, name: str, shape: str, backend: str) -> tuple[dict, list[str]]:
-    """The ``radix_cache`` row of family ``name``'s ``shape`` server: its own requests again over a cached prompt
-    (module docstring)."""
+def radix_cache(server, config, group: dict, vocab: int, name: str, shape: str,
+                backend: str) -> tuple[dict, list[str]]:
+    """The ``radix_cache`` row of family ``name``'s ``shape`` server: its own requests (those of ``run_group`` at
+    ``vocab``) again over a cached prompt (module docstring)."""
     claims = claimed_by(server)
     claimed = claims[0] if len(claims) == 1 else None
     info = _requests.get(server.url, "/server_info")
     if info["status"] != 200 or not isinstance(info["body"], dict):
         problem = f"{config.name} radix cache: /server_info answered {info['status']}"
         return row(name, shape, backend, "radix_cache", claimed=claimed, error=problem), [problem]
+    resolved, keeps = info["body"].get("attention_backend"), forward_plan.radix_cache_backends()
+    if isinstance(resolved, str) and bool(info["body"].get("disable_radix_cache")) != (resolved not in keeps):
+        problem = (f"{config.name} radix cache: disable_radix_cache is {info['body'].get('disable_radix_cache')!r} on "
+                   f"{resolved}, but SGLang's list of backends that keep it in deterministic mode ({', '.join(keeps)}) "
+                   f"says {resolved not in keeps}")
+        return row(name, shape, backend, "radix_cache", claimed=claimed, error=problem), [problem]
     if info["body"].get("disable_radix_cache"):
-        reason = (f"the server runs without a radix cache (SGLang's deterministic mode keeps it only on "
-                  f"{', '.join(forward_plan.radix_cache_backends())})")
+        reason = (f"the server runs without a radix cache on {resolved} (SGLang's deterministic mode keeps it only "
+                  f"on {', '.join(keeps)})")
         return row(name, shape, backend, "radix_cache", claimed=claimed, not_applicable=reason, passed=True), []
     first = group[config.name]["results"]
     if len(first) != _invariance.NUM_REQUESTS or any(isinstance(r, str) for r in first):
         problem = f"{config.name} radix cache: the first run failed"
         return row(name, shape, backend, "radix_cache", claimed=claimed, error=problem), [problem]
     cached, rest = plan.CACHED_TOKENS, _invariance.NEW_TOKENS - plan.CACHED_TOKENS
-    prompts, params = _invariance.request_set(_e2e.vocab_size(config.model))
+    prompts, params = _invariance.request_set(vocab)
     problems = []
-    flushed = _requests.post(server.url, "/flush_cache", {})
+    # SGLang flushes only an idle scheduler; with a timeout it waits for one instead of answering 400 at once.
+    flushed = _requests.post(server.url, f"/flush_cache?timeout={FLUSH_TIMEOUT_S}", {})
     if flushed["status"] != 200:
         problems.append(f"{config.name} radix cache: /flush_cache answered {flushed['status']}: {flushed['text']}")
     warm = _invariance.send(server, prompts, [{**q, "max_new_tokens": 1} for q in params], 1)
@@ -243,7 +254,12 @@ def radix_cache(server, config, group: dict, name: str, shape: str, backend: str
     if misses:
         problems.append(f"{config.name} radix cache: requests {misses[:5]} were not served from the cache "
                         f"(meta_info cached_tokens below the prompt length): the row measured no cache hit")
-    other_tokens = sum(a.output_ids != f.output_ids[cached:] for _, _, f, a in done)
+    # Where a request parts from its first run, and the logprob gap there: a near-tie or not.
+    parted = [{"request": i, "first_different_token": j,
+               "logprobs_there": [f.logprobs[cached + j] if f.logprobs else None, a.logprobs[j] if a.logprobs else None]}
+              for i, _, f, a in done
+              for j in [_requests.first_difference(f.output_ids[cached:], a.output_ids)] if j is not None]
+    other_tokens = len(parted)
     other_logprobs = sum(a.logprobs is None or f.logprobs is None or a.logprobs != f.logprobs[cached:]
                          for _, _, f, a in done)
     if other_tokens:
@@ -253,7 +269,7 @@ def radix_cache(server, config, group: dict, name: str, shape: str, backend: str
         problems.append(f"{config.name} radix cache: {other_logprobs} of {len(done)} requests have other logprobs "
                         f"after a cache hit, claimed bitwise")
     return row(name, shape, backend, "radix_cache", trials=len(done), unique=1 + (other_tokens > 0),
-               differing_sequences=other_tokens, claimed=claimed, other_logprobs=other_logprobs,
+               differing_sequences=other_tokens, claimed=claimed, other_logprobs=other_logprobs, parted=parted,
                passed=not problems and len(done) == _invariance.NUM_REQUESTS), problems
 
 
