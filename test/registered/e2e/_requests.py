@@ -127,6 +127,37 @@ def generate(url: str, input_ids, sampling_params, *, return_logprob: bool = Fal
     return [parse_generated(item, want_tokens) for item in items]
 
 
+# SGLang flushes only an idle scheduler; with a timeout it waits for one instead of answering 400 at once.
+FLUSH_TIMEOUT_S = 30
+
+
+def resend_over_cache(server, send, prompts: list, params: list, first: list, cached: int,
+                      new_tokens: int) -> tuple[list, list[str]]:
+    """Each request again over a radix-cache hit: the cache flushed, each prompt cached alone (one token
+    generated), then each prompt followed by its first ``cached`` outputs of ``first``, ``new_tokens`` more.
+
+    ``send(server, prompts, params, want_tokens)`` sends a request set and returns its results in order.
+    Returns the second run's results (error strings where one failed) and the problems: a failed flush or
+    warm-up, and requests SGLang did not serve from the cache (``meta_info["cached_tokens"]`` below the
+    prompt length), in which case nothing was measured for them.
+    """
+    problems = []
+    flushed = post(server.url, f"/flush_cache?timeout={FLUSH_TIMEOUT_S}", {})
+    if flushed["status"] != 200:
+        problems.append(f"/flush_cache answered {flushed['status']}: {flushed['text']}")
+    warm = send(server, prompts, [{**q, "max_new_tokens": 1} for q in params], 1)
+    problems += [f"warm-up: {w}" for w in warm if isinstance(w, str)][:2]
+    again = send(server, [p + list(r.output_ids[:cached]) for p, r in zip(prompts, first)],
+                 [{**q, "max_new_tokens": new_tokens} for q in params], new_tokens)
+    # SGLang matches at most all but the last input token; the warmed prompt is all of it but that one.
+    misses = [i for i, (p, r) in enumerate(zip(prompts, again))
+              if not isinstance(r, str) and (r.cached_tokens or 0) < len(p) - 1]
+    if misses:
+        problems.append(f"requests {misses[:5]} were not served from the radix cache (meta_info cached_tokens "
+                        f"below the prompt length): no cache hit measured")
+    return again, problems
+
+
 def errors(results) -> list[str]:
     """The error strings among ``results`` (a list of :class:`Generated` or str)."""
     return [r for r in results if isinstance(r, str)]

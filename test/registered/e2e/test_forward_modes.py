@@ -380,19 +380,9 @@ def cache_hit(backend: str, config, started: dict, first: list, sets: dict) -> t
         again = [server if isinstance(server, str) else "the first run failed"] * NUM_REQUESTS
     else:
         prompts, params = sets[(config.model, plan.SHORT_PROMPTS)]
-        flushed = _requests.post(server.url, "/flush_cache", {})
-        warm = run(server, prompts, [{**q, "max_new_tokens": 1} for q in params], 1)
-        again = run(server, [p + list(r.output_ids[:CACHED_TOKENS]) for p, r in zip(prompts, first)],
-                    [{**q, "max_new_tokens": NEW_TOKENS - CACHED_TOKENS} for q in params], NEW_TOKENS - CACHED_TOKENS)
-        if flushed["status"] != 200:
-            problems.append(f"{backend} cache_hit: /flush_cache answered {flushed['status']}: {flushed['text']}")
-        problems += [f"{backend} cache_hit warm-up: {w}" for w in warm if isinstance(w, str)][:2]
-        # SGLang matches at most all but the last input token; the warmed prompt is all of it but that one.
-        misses = [i for i, (p, r) in enumerate(zip(prompts, again))
-                  if not isinstance(r, str) and (r.cached_tokens or 0) < len(p) - 1]
-        if misses:
-            problems.append(f"{backend} cache_hit: requests {misses[:5]} were not served from the radix cache "
-                            f"(meta_info cached_tokens below the prompt length): the row measured no cache hit")
+        again, found = _requests.resend_over_cache(server, run, prompts, params, first, CACHED_TOKENS,
+                                                   NEW_TOKENS - CACHED_TOKENS)
+        problems += [f"{backend} cache_hit: {p}" for p in found]
     return {**row, **compare(first, again, offset=CACHED_TOKENS)}, problems
 
 

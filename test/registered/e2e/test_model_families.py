@@ -60,7 +60,6 @@ register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 BACKENDS = plan.selected_backends()
 LOGITS_FIELD = re.compile(r"logits='(\w+)'")
 TEST_ORDER = ("test_model_families",)
-FLUSH_TIMEOUT_S = 30
 ROWS: list[dict] = []  # every backend's rows so far: model_families.json holds them all
 
 
@@ -238,30 +237,18 @@ def radix_cache(server, config, group: dict, vocab: int, name: str, shape: str,
         return row(name, shape, backend, "radix_cache", claimed=claimed, error=problem), [problem]
     cached, rest = plan.CACHED_TOKENS, _invariance.NEW_TOKENS - plan.CACHED_TOKENS
     prompts, params = _invariance.request_set(vocab)
-    problems = []
-    # SGLang flushes only an idle scheduler; with a timeout it waits for one instead of answering 400 at once.
-    flushed = _requests.post(server.url, f"/flush_cache?timeout={FLUSH_TIMEOUT_S}", {})
-    if flushed["status"] != 200:
-        problems.append(f"{config.name} radix cache: /flush_cache answered {flushed['status']}: {flushed['text']}")
-    warm = _invariance.send(server, prompts, [{**q, "max_new_tokens": 1} for q in params], 1)
-    problems += [f"{config.name} radix cache warm-up: {w}" for w in warm if isinstance(w, str)][:2]
-    again = _invariance.send(server, [p + list(r.output_ids[:cached]) for p, r in zip(prompts, first)],
-                             [{**q, "max_new_tokens": rest} for q in params], rest)
+    again, found = _requests.resend_over_cache(server, _invariance.send, prompts, params, first, cached, rest)
+    problems = [f"{config.name} radix cache: {p}" for p in found]
     problems += [f"{config.name} radix cache: request {i}: {r}" for i, r in enumerate(again) if isinstance(r, str)][:2]
-    done = [(i, p, f, a) for i, (p, f, a) in enumerate(zip(prompts, first, again)) if not isinstance(a, str)]
-    # SGLang matches at most all but the last input token; the warmed prompt is all of it but that one.
-    misses = [i for i, p, _, a in done if (a.cached_tokens or 0) < len(p) - 1]
-    if misses:
-        problems.append(f"{config.name} radix cache: requests {misses[:5]} were not served from the cache "
-                        f"(meta_info cached_tokens below the prompt length): the row measured no cache hit")
+    done = [(i, f, a) for i, (f, a) in enumerate(zip(first, again)) if not isinstance(a, str)]
     # Where a request parts from its first run, and the logprob gap there: a near-tie or not.
     parted = [{"request": i, "first_different_token": j,
                "logprobs_there": [f.logprobs[cached + j] if f.logprobs else None, a.logprobs[j] if a.logprobs else None]}
-              for i, _, f, a in done
+              for i, f, a in done
               for j in [_requests.first_difference(f.output_ids[cached:], a.output_ids)] if j is not None]
     other_tokens = len(parted)
     other_logprobs = sum(a.logprobs is None or f.logprobs is None or a.logprobs != f.logprobs[cached:]
-                         for _, _, f, a in done)
+                         for _, f, a in done)
     if other_tokens:
         problems.append(f"{config.name} radix cache: {other_tokens} of {len(done)} requests gave other tokens "
                         f"after a cache hit")
