@@ -42,9 +42,9 @@ HELP_FLAGS = ("-h", "--help")
 SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 
 # The E2E suites that have run with SGLang's prefill CUDA graphs on, and where: the help and the dry run say it.
-PREFILL_GRAPH_SUITES = ("every E2E suite that runs CUDA graphs (all but the controls), the forward-mode matrix and "
+PREFILL_GRAPH_SUITES = ("every E2E file that runs CUDA graphs (all but the controls), the forward-mode matrix and "
                         "SGLang's harness among them (the runs of 2026-12-06 in docs/results.md)")
-PREFILL_GRAPH_OFF_RUNS = "the model families and the two-GPU suite have not run"
+PREFILL_GRAPH_OFF_RUNS = "except the model-families and two-GPU files, which have never run"
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
 HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
@@ -113,7 +113,7 @@ tree takes the FA3 tree default). The Triton split's cost is not measured.
 """ + textwrap.fill(
     "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in the serving benchmark (where the "
     "coupled chain served 19-27% more tokens/s with them at 8 and 32 concurrent requests, two back-to-back "
-    f"commands) and in {PREFILL_GRAPH_SUITES}; {PREFILL_GRAPH_OFF_RUNS}.", HELP_WIDTH,
+    f"commands) and in {PREFILL_GRAPH_SUITES}, {PREFILL_GRAPH_OFF_RUNS}.", HELP_WIDTH,
     break_on_hyphens=False, break_long_words=False)
 DESCRIPTION = f"""\
 Run SGLang's server (python -m sglang.launch_server) with the arguments given
@@ -347,7 +347,7 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
     if off:
         return []
     return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): the serving benchmark and "
-            f"{PREFILL_GRAPH_SUITES} ran with them; {PREFILL_GRAPH_OFF_RUNS}"]
+            f"{PREFILL_GRAPH_SUITES} ran with them, {PREFILL_GRAPH_OFF_RUNS}"]
 
 
 def _hooks_not_in_place() -> list[str]:

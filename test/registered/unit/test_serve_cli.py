@@ -640,9 +640,9 @@ def test_help_example_can_be_copied_and_passes_the_check(capsys, monkeypatch):
 def test_help_says_which_runs_had_prefill_cuda_graphs_on(capsys, monkeypatch):
     out = " ".join(serve_help(capsys, monkeypatch, 80).split())
     assert "were on in the serving benchmark" in out
-    assert "every E2E suite that runs CUDA graphs (all but the controls), the forward-mode matrix" in out
+    assert "every E2E file that runs CUDA graphs (all but the controls), the forward-mode matrix" in out
     assert serve.PREFILL_GRAPH_SUITES in out
-    assert "the model families and the two-GPU suite have not run" in out
+    assert "except the model-families and two-GPU files, which have never run" in out
     # The example keeps SGLang's default, so its dry run says which runs had them on.
     assert "--cuda-graph-backend-prefill" not in serve.EXAMPLE
 
