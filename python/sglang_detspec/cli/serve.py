@@ -108,7 +108,9 @@ Measured: both splits bitwise on an H200 (docs/forward_modes.md). Serving
 the 8B shape the FA3 split cost the plain tree 0.92-1.06x SGLang's
 inter-token latency and the chain 0.99-1.21x; at that shape's head size
 of 128 neither pays it by default (the chain keeps SGLang's FA3 calls, the
-tree takes the FA3 tree default). The Triton split's cost is not measured.
+tree takes the FA3 tree default). The Triton split served without
+speculative decoding at 0.97-1.13x SGLang's deterministic Triton
+inter-token latency; with speculative decoding its cost is not measured.
 
 """ + textwrap.fill(
     "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in the serving benchmark (where the "

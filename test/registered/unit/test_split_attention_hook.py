@@ -332,7 +332,8 @@ def test_the_start_up_notes_say_what_the_split_s_measurements_cover():
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
                         decode_attention="split")
     notes = startup_notes.unmeasured_notes(bag)
-    assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "serving cost is not measured" in n for n in notes)
+    assert any("SGLANG_DETSPEC_DECODE_ATTENTION=split" in n and "0.97-1.13x" in n
+               and "2026-12-06-h100-triton-split" in n for n in notes)
     fa3 = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3",
                         decode_attention="split")
     assert any("split on fa3" in n and "serving cost on the 8B shape" in n and "2026-12-05-h200-split" in n
