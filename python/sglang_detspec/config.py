@@ -578,9 +578,10 @@ FA3_UNMASKED_DECODE_MAX_HEAD_DIM = 64
 FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # ... where SGLANG_DETSPEC_DECODE_ATTENTION=split runs every forward mode of the target as two calls over key
 # ranges chosen from each row's own length (sglang_plugin/fa3_split_hook.py): trees bitwise, and decode on the
-# prefill's causal kernel at every head size (the default, measured bitwise on the H200: docs/e2e/2026-12-05-h200-
-# default, serving cost in docs/benchmarks/attention_cost/2026-12-05-h200-split; its start-up check decides on each
-# GPU, and where it fails the server keeps SGLang's calls and states the claim that leaves). A server that
+# prefill's causal kernel at every head size (the default, measured bitwise on the H200:
+# docs/e2e/2026-12-05-h200-default, serving cost in docs/benchmarks/attention_cost/2026-12-05-h200-split; its
+# start-up check decides on each GPU, and where it fails the server keeps SGLang's calls and states the claim that
+# leaves). A server that
 # verifies no trees at head sizes 65-128 keeps SGLang's own calls instead (fa3_own_calls_exact).
 FA3_SPLIT_BACKENDS = ("fa3",)
 # ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
