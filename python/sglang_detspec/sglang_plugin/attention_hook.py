@@ -47,7 +47,8 @@ checked bitwise at start-up), which reads each KV head once per group.
 
 ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the default, measured bitwise on the H200 in
 ``docs/e2e/2026-12-05-h200-split/``; its serving cost without speculative decoding in
-``docs/benchmarks/attention_cost/2026-12-06-h100-triton-split/``; ``one_pass`` asks for the path above) gives decode its split-KV parallelism back: the instance's
+``docs/benchmarks/attention_cost/2026-12-06-h100-triton-split/``; ``one_pass`` asks for the path above)
+gives decode its split-KV parallelism back: the instance's
 ``decode_attention_fwd`` and ``extend_attention_fwd_unified`` (the name
 deterministic prefill, extend and verify call) both run the plugin's
 positional-split kernels (``ops/split_attention.py``: each row's keys cut
