@@ -74,8 +74,8 @@ $(DEMO_STAMP): pyproject.toml Makefile
 	@$(if $(TORCH_INDEX),$(TORCH_INDEX_CHECK))
 	@echo "== make demo: installing the light demo venv $(DEMO_VENV): $(DEMO_DEPS) and"
 	@echo "   sglang-detspec without SGLang: torch from $(if $(TORCH_INDEX),$(TORCH_INDEX),the default index) (about"
-	@echo "   3 GB of CUDA wheels from the default index, about 0.2 GB from a CPU wheel index), about 2 minutes"
-	@echo "   or more the first time; pip's progress follows. Later runs reuse $(DEMO_VENV)."
+	@echo "   3 GB of CUDA wheels from the default index, about 0.2 GB from a CPU wheel index), about 2-4 minutes"
+	@echo "   the first time; pip's progress follows. Later runs reuse $(DEMO_VENV)."
 	test -x $(DEMO_BIN)/python || $(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) --upgrade pip
 	$(DEMO_BIN)/python -m pip install $(PIP_PROGRESS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
