@@ -1006,8 +1006,10 @@ def check_same_tokens(runs: list[AuditRun], result_name: str) -> None:
     )
 
 
-def backend_list(variable: str, raw: str, known) -> tuple[str, ...]:
-    """``raw``, the comma-separated value of the environment variable ``variable``, as a tuple of backends.
+def backend_list(variable: str, raw: str, known, noun: str = "backend") -> tuple[str, ...]:
+    """``raw``, the comma-separated value of the environment variable ``variable``, as a tuple of names.
+
+    ``noun`` is what the names are (``backend``, ``family``), for the messages.
 
     Raises:
         ValueError: a name outside ``known``, a name given twice, or no name
@@ -1017,7 +1019,8 @@ def backend_list(variable: str, raw: str, known) -> tuple[str, ...]:
     allowed = f"allowed: {', '.join(known)}, comma-separated"
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"{variable}={raw!r} names unknown backends {unknown} ({allowed})")
+        plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+        raise ValueError(f"{variable}={raw!r} names unknown {plural} {unknown} ({allowed})")
     if len(set(names)) != len(names):
-        raise ValueError(f"{variable}={raw!r} names a backend twice ({allowed})")
+        raise ValueError(f"{variable}={raw!r} names a {noun} twice ({allowed})")
     return tuple(names)

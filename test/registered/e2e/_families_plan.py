@@ -20,6 +20,7 @@ import _e2e
 from _forward_plan import FORCE_RETRACT
 
 BACKENDS_ENV = "DETSPEC_E2E_FAMILY_BACKENDS"
+FAMILIES_ENV = "DETSPEC_E2E_FAMILIES"
 AUTO = "auto"
 KNOWN_BACKENDS = (AUTO, "triton", "fa3", "flashinfer")
 SHAPES = {"chain": _e2e.CHAIN_SHAPE, "tree": _e2e.TREE_SHAPE}
@@ -135,3 +136,20 @@ def selected_backends(environ=None) -> tuple[str, ...]:
     if raw is None or raw.strip() == "":
         return KNOWN_BACKENDS
     return _e2e.backend_list(BACKENDS_ENV, raw, KNOWN_BACKENDS)
+
+
+def selected_families(environ=None) -> dict[str, ModelFamily]:
+    """The families to run: ``DETSPEC_E2E_FAMILIES`` (comma-separated names of :data:`FAMILIES`), else all.
+
+    Fewer families start fewer servers at once (four each), so a short command
+    can run one family and the next command another.
+
+    Raises:
+        ValueError: an unknown name, a name given twice, or no name; the
+            message names the variable and the allowed values.
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get(FAMILIES_ENV)
+    if raw is None or raw.strip() == "":
+        return dict(FAMILIES)
+    return {name: FAMILIES[name] for name in _e2e.backend_list(FAMILIES_ENV, raw, tuple(FAMILIES), "family")}

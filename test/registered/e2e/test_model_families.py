@@ -33,7 +33,9 @@ starts nothing and its row records SGLang's reason. Checks, one row each in
   it only on some backends) the row says so and is not a check.
 
 ``DETSPEC_E2E_FAMILY_BACKENDS`` picks backends (comma-separated, from
-``auto,triton,fa3,flashinfer``); each backend starts up to 12 servers at once.
+``auto,triton,fa3,flashinfer``) and ``DETSPEC_E2E_FAMILIES`` families (from
+``deepseek_v3,deepseek_v3_fp8,qwen3_moe``); each backend starts up to 4
+servers per family at once.
 ``model_families.json`` is rewritten after each backend with every row so far.
 """
 
@@ -58,6 +60,7 @@ from sglang_detspec.model_family import family_claim, head_dim_of, model_family
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
 BACKENDS = plan.selected_backends()
+FAMILIES = plan.selected_families()
 LOGITS_FIELD = re.compile(r"logits='(\w+)'")
 TEST_ORDER = ("test_model_families",)
 ROWS: list[dict] = []  # every backend's rows so far: model_families.json holds them all
@@ -98,7 +101,7 @@ def expected_claim(server, model_path: str, shape: str) -> str:
 
 def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[str]]:
     configs, refused = {}, {}
-    for name, fam in plan.FAMILIES.items():
+    for name, fam in FAMILIES.items():
         model = os.path.join(models_dir, fam.folder)
         for shape in plan.SERVER_SHAPES:
             flags = plan.server_flags(fam, shape, backend, models_dir)
@@ -174,7 +177,7 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         elif not logprobs_ok:
             problems.append(f"{config.name}: {other_logprobs} of {compared} requests have other logprobs, "
                             f"claimed {claimed}")
-    for name in plan.FAMILIES:
+    for name in FAMILIES:
         key = (name, plan.RETRACTION)
         if key in configs and (name, "none") in configs:
             retraction_row, found = retraction(servers, group, configs[(name, "none")], configs[key], name, backend)

@@ -208,6 +208,11 @@ def test_the_e2e_plan_records_what_sglang_refuses(tiny):
     for raw, match in (("fa2", "unknown backends"), ("fa3,fa3", "twice")):
         with pytest.raises(ValueError, match=match):
             plan.selected_backends({plan.BACKENDS_ENV: raw})
+    assert plan.selected_families({}) == plan.FAMILIES
+    assert list(plan.selected_families({plan.FAMILIES_ENV: "qwen3_moe, deepseek_v3"})) == ["qwen3_moe", "deepseek_v3"]
+    for raw, match in (("llama", "unknown families"), ("qwen3_moe,qwen3_moe", "a family twice"), (",", "unknown")):
+        with pytest.raises(ValueError, match=match):
+            plan.selected_families({plan.FAMILIES_ENV: raw})
     with pytest.raises(ValueError, match="shape must be"):
         plan.spec_args(qwen, "wide", str(tiny))
 
