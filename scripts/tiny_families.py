@@ -1,8 +1,9 @@
 """Tiny random-weight targets of the families people speculate with: MoE, MLA and FP8.
 
-Written by ``make_tiny_models.py`` beside its dense models (same vocabulary,
-tokenizer and hidden size, a generator of their own so the dense models'
-weights do not move). Folders:
+Written by ``make_tiny_models.py`` beside its dense models (same vocabulary
+and tokenizer, a generator of their own so the dense models' weights do not
+move; Qwen3-MoE at their hidden size, which its EAGLE3 draft shares, the
+DeepSeek targets at twice it, :data:`DEEPSEEK_HIDDEN`). Folders:
 
 - ``deepseek_v3/``: ``DeepseekV3ForCausalLM`` with multi-head latent
   attention (MLA: ``q_lora_rank``, ``kv_lora_rank``, a rotary and a
@@ -37,9 +38,10 @@ the residual, and a 1e-3 change of it was nearly always rounded away. Measured
 with Hugging Face transformers' own DeepSeek-V3 and Qwen3-MoE forwards in
 bf16 on the written checkpoints (``test/registered/unit/test_tiny_families.py``
 asserts it for every expert a short prompt routes to and every attention
-output): a perturbed expert of the last layer changes the logits at 61 and
-63 of the 64 positions routed to it (DeepSeek-V3, Qwen3-MoE) of a 32-token
-prompt; at a scale of 0.03, at 45 and 46.
+output): a perturbed expert of the last layer changes the logits at 64 of
+the 64 positions routed to it, on both targets, of a 32-token prompt (61
+and 63 on the earlier set whose DeepSeek targets were 256 wide; at a scale
+of 0.03 there, at 45 and 46).
 
 The price is acceptance. The drafts copy the bigram (the NEXTN layer's
 ``eh_proj = [I | 0]`` keeps the embedding of the token read and its block's
@@ -47,9 +49,9 @@ output projections are zero; the EAGLE3 draft is ``make_tiny_models``'s),
 and the targets' next-token distributions overlap it by about 0.88
 (DeepSeek-V3) and 0.91 (Qwen3-MoE) at temperature 1 (one minus the total
 variation, on random contexts; 0.994 at the old scale), so a 3-step chain
-accepts about 3.3 tokens per verify and rejections, residual draws and bonus
-tokens all run. 0.2 would leave 0.77 and 0.82; 0.03 keeps 0.96 and 0.97
-but misses about 3 in 10 of the perturbations above.
+accepts about 3.3-3.5 tokens per verify and rejections, residual draws and
+bonus tokens all run. On the earlier set, 0.2 left 0.77 and 0.82; 0.03 kept
+0.96 and 0.97 but missed about 3 in 10 of the perturbations above.
 
 Usage: python scripts/tiny_families.py OUT_DIR (``make_tiny_models.py`` runs it too)
 """
@@ -68,13 +70,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared wri
 import make_tiny_models as base  # noqa: E402
 
 VOCAB, HIDDEN = base.VOCAB, base.HIDDEN
+# SGLang 0.5.23's DeepSeek NEXTN draft joins its two normalized inputs in one fused CUDA kernel
+# (kernels/ops/layernorm/fused_eh_norm.py, no fallback on CUDA) that takes hidden sizes above 256
+# that are multiples of 256; at the dense models' 256 its CUDA-graph capture fails at start-up.
+DEEPSEEK_HIDDEN = 2 * HIDDEN
 SEED = 20261203  # apart from make_tiny_models' seed: adding these folders moved none of its weights
 # Output projections of the trunk (o_proj, down_proj of the dense MLP and of every expert): large
 # enough that a rounding difference in one layer's output reaches the bf16 logits, small enough
 # that the bigram drafts are still accepted about 9 times in 10 (the module docstring measures both).
 LAYER_OUT_SCALE = 0.1
 # Written last: its absence marks a set from an older generator (the E2E suites rewrite it).
-VERSION_FILE = "tiny_families-v2.json"
+VERSION_FILE = "tiny_families-v3.json"
 
 # MLA sizes: DeepSeek-V3's per-head sizes (the attention kernels' MLA paths are built for
 # them: 512 + 64 = 576 key dims), few heads.
@@ -115,6 +121,7 @@ def deepseek_v3_config() -> dict:
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
         **SHARED_CONFIG,
+        "hidden_size": DEEPSEEK_HIDDEN,
         "num_hidden_layers": DEEPSEEK_LAYERS,
         "num_nextn_predict_layers": 1,
         "num_attention_heads": MLA_HEADS,
@@ -146,23 +153,30 @@ def _rand(gen: torch.Generator, rows: int, cols: int, scale: float = 1.0) -> tor
     return torch.randn(rows, cols, generator=gen) * (cols**-0.5) * scale
 
 
-def mlp_weights(prefix: str, gen: torch.Generator, inter: int, out_scale: float) -> dict:
+def embedding_and_head(gen: torch.Generator, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A target's embedding [VOCAB, hidden] (rows of RMS 1: the final norm is nearly the identity) and head."""
+    embed = torch.randn(VOCAB, hidden, generator=gen)
+    embed /= embed.pow(2).mean(dim=1, keepdim=True).sqrt()
+    return embed, torch.randn(VOCAB, hidden, generator=gen) * (base.LOGIT_STD / hidden**0.5)
+
+
+def mlp_weights(prefix: str, gen: torch.Generator, inter: int, out_scale: float, hidden: int = HIDDEN) -> dict:
     """A SwiGLU MLP under checkpoint names ``{prefix}.gate_proj`` / ``up_proj`` / ``down_proj``."""
-    return {f"{prefix}.gate_proj.weight": _rand(gen, inter, HIDDEN),
-            f"{prefix}.up_proj.weight": _rand(gen, inter, HIDDEN),
-            f"{prefix}.down_proj.weight": _rand(gen, HIDDEN, inter, out_scale)}
+    return {f"{prefix}.gate_proj.weight": _rand(gen, inter, hidden),
+            f"{prefix}.up_proj.weight": _rand(gen, inter, hidden),
+            f"{prefix}.down_proj.weight": _rand(gen, hidden, inter, out_scale)}
 
 
 def moe_weights(prefix: str, gen: torch.Generator, experts: int, shared: int, out_scale: float,
-                correction_bias: bool) -> dict:
+                correction_bias: bool, hidden: int = HIDDEN) -> dict:
     """Router (``{prefix}.gate``), routed experts (``{prefix}.experts.<e>``), shared experts if any."""
-    w = {f"{prefix}.gate.weight": _rand(gen, experts, HIDDEN)}
+    w = {f"{prefix}.gate.weight": _rand(gen, experts, hidden)}
     if correction_bias:  # noaux_tc's per-expert bias, float32 in DeepSeek-V3's checkpoint
         w[f"{prefix}.gate.e_score_correction_bias"] = torch.zeros(experts)
     for e in range(experts):
-        w.update(mlp_weights(f"{prefix}.experts.{e}", gen, MOE_INTER, out_scale))
+        w.update(mlp_weights(f"{prefix}.experts.{e}", gen, MOE_INTER, out_scale, hidden))
     if shared:
-        w.update(mlp_weights(f"{prefix}.shared_experts", gen, MOE_INTER * shared, out_scale))
+        w.update(mlp_weights(f"{prefix}.shared_experts", gen, MOE_INTER * shared, out_scale, hidden))
     return w
 
 
@@ -171,25 +185,28 @@ def mla_layer_weights(prefix: str, gen: torch.Generator, out_scale: float, moe: 
     qk_head = QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM
     a = f"{prefix}.self_attn"
     w = {
-        f"{prefix}.input_layernorm.weight": torch.ones(HIDDEN),
-        f"{prefix}.post_attention_layernorm.weight": torch.ones(HIDDEN),
-        f"{a}.q_a_proj.weight": _rand(gen, Q_LORA_RANK, HIDDEN),
+        f"{prefix}.input_layernorm.weight": torch.ones(DEEPSEEK_HIDDEN),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(DEEPSEEK_HIDDEN),
+        f"{a}.q_a_proj.weight": _rand(gen, Q_LORA_RANK, DEEPSEEK_HIDDEN),
         f"{a}.q_a_layernorm.weight": torch.ones(Q_LORA_RANK),
         f"{a}.q_b_proj.weight": _rand(gen, MLA_HEADS * qk_head, Q_LORA_RANK),
-        f"{a}.kv_a_proj_with_mqa.weight": _rand(gen, KV_LORA_RANK + QK_ROPE_HEAD_DIM, HIDDEN),
+        f"{a}.kv_a_proj_with_mqa.weight": _rand(gen, KV_LORA_RANK + QK_ROPE_HEAD_DIM, DEEPSEEK_HIDDEN),
         f"{a}.kv_a_layernorm.weight": torch.ones(KV_LORA_RANK),
         f"{a}.kv_b_proj.weight": _rand(gen, MLA_HEADS * (QK_NOPE_HEAD_DIM + V_HEAD_DIM), KV_LORA_RANK),
-        f"{a}.o_proj.weight": _rand(gen, HIDDEN, MLA_HEADS * V_HEAD_DIM, out_scale),
+        f"{a}.o_proj.weight": _rand(gen, DEEPSEEK_HIDDEN, MLA_HEADS * V_HEAD_DIM, out_scale),
     }
     if moe:
-        w.update(moe_weights(f"{prefix}.mlp", gen, ROUTED_EXPERTS, SHARED_EXPERTS, out_scale, correction_bias=True))
+        w.update(moe_weights(f"{prefix}.mlp", gen, ROUTED_EXPERTS, SHARED_EXPERTS, out_scale, correction_bias=True,
+                                  hidden=DEEPSEEK_HIDDEN))
     else:
-        w.update(mlp_weights(f"{prefix}.mlp", gen, DENSE_INTER, out_scale))
+        w.update(mlp_weights(f"{prefix}.mlp", gen, DENSE_INTER, out_scale, DEEPSEEK_HIDDEN))
     return w
 
 
 def deepseek_v3_weights(gen: torch.Generator, embed: torch.Tensor, lm_head: torch.Tensor) -> dict:
     """The tiny DeepSeek-V3 checkpoint in float32 (the writer casts): trunk, final norm, heads, NEXTN layer.
+
+    ``embed`` and ``lm_head`` are [VOCAB, DEEPSEEK_HIDDEN].
 
     The NEXTN layer ``model.layers.{DEEPSEEK_LAYERS}`` carries ``enorm``,
     ``hnorm``, ``eh_proj`` [H, 2H] over ``[enorm(embedding), hnorm(hidden)]``,
@@ -199,14 +216,15 @@ def deepseek_v3_weights(gen: torch.Generator, embed: torch.Tensor, lm_head: torc
     keeps the embedding of the token read, so the layer predicts the target's
     bigram of it.
     """
-    w = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN), "lm_head.weight": lm_head}
+    w = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(DEEPSEEK_HIDDEN), "lm_head.weight": lm_head}
     for i in range(DEEPSEEK_LAYERS):
         w.update(mla_layer_weights(f"model.layers.{i}", gen, LAYER_OUT_SCALE, moe=i >= 1))
     nextn = f"model.layers.{DEEPSEEK_LAYERS}"
     w.update(mla_layer_weights(nextn, gen, 0.0, moe=True))
-    w[f"{nextn}.eh_proj.weight"] = torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], dim=1)
+    eye, zeros = torch.eye(DEEPSEEK_HIDDEN), torch.zeros(DEEPSEEK_HIDDEN, DEEPSEEK_HIDDEN)
+    w[f"{nextn}.eh_proj.weight"] = torch.cat([eye, zeros], dim=1)
     for norm in ("enorm", "hnorm", "shared_head.norm"):
-        w[f"{nextn}.{norm}.weight"] = torch.ones(HIDDEN)
+        w[f"{nextn}.{norm}.weight"] = torch.ones(DEEPSEEK_HIDDEN)
     w[f"{nextn}.shared_head.head.weight"] = lm_head
     w[f"{nextn}.embed_tokens.weight"] = embed
     return w
@@ -317,11 +335,10 @@ def main(out_dir: str) -> None:
     set whose writing stopped part way lacks it.
     """
     gen = torch.Generator().manual_seed(SEED)
-    embed = torch.randn(VOCAB, HIDDEN, generator=gen)
-    embed /= embed.pow(2).mean(dim=1, keepdim=True).sqrt()  # RMS 1: the final norm is nearly the identity
-    lm_head = torch.randn(VOCAB, HIDDEN, generator=gen) * (base.LOGIT_STD / HIDDEN**0.5)
-
-    deepseek = deepseek_v3_weights(gen, embed, lm_head)
+    embed, lm_head = embedding_and_head(gen, HIDDEN)
+    # A stream of its own for each width, so one family's sizes do not move the other's weights.
+    deepseek_gen = torch.Generator().manual_seed(SEED + 1)
+    deepseek = deepseek_v3_weights(deepseek_gen, *embedding_and_head(deepseek_gen, DEEPSEEK_HIDDEN))
     base.write(os.path.join(out_dir, "deepseek_v3"), deepseek_v3_config(), deepseek)
     base.write(os.path.join(out_dir, "deepseek_v3_fp8"),
                {**deepseek_v3_config(), "quantization_config": FP8_QUANTIZATION_CONFIG}, fp8_checkpoint(deepseek))

@@ -18,12 +18,13 @@ of a kernel's rounding difference) changes some bf16 logit of a short
 prompt, shown on transformers' own forwards of the written checkpoints
 (``test/registered/unit/test_tiny_families.py``). So 0 differing logprobs
 there on a backend may promote the family on that backend, for the kernel
-paths those shapes take (8 experts of intermediate 128, hidden 256, one
-GPU): a full-size model can take other tile configurations or expert
-parallelism, which the entry's run does not cover and its record names.
-A run on a set written before the targets were made sensitive (no
-``tiny_families-v2.json`` beside the folders; layer outputs at 1e-3, a
-rounding difference rounded away before the logits) promotes nothing.
+paths those shapes take (8 experts of intermediate 128, hidden 512 for
+DeepSeek-V3 and 256 for Qwen3-MoE, one GPU): a full-size model can take
+other tile configurations or expert parallelism, which the entry's run does
+not cover and its record names. A run on a set written before the targets
+were made sensitive (no ``tiny_families-v2.json`` or a later version file
+beside the folders; layer outputs at 1e-3, a rounding difference rounded
+away before the logits) promotes nothing.
 
 The family is read from the target's ``config.json`` (and SGLang's
 ``--quantization`` flag), never guessed from its name.

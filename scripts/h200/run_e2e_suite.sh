@@ -91,9 +91,10 @@ echo "GPUs: ${gpus[*]}; multi-layer EAGLE extra server flags: ${DETSPEC_E2E_MTP_
 # The tiny models are written once per machine and reused by the following commands; written
 # here, before the parallel runs, so no two processes write the same folder. The marker names
 # the generator's version: an older set (no tokenizer, no EAGLE3, MiMo or MoE / MLA / FP8 folders, or
-# MoE / MLA / FP8 targets whose layer outputs are too small to move the logits) is written again.
+# MoE / MLA / FP8 targets whose layer outputs are too small to move the logits, or DeepSeek
+# targets narrower than SGLang's fused NEXTN norm takes) is written again.
 export DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
-marker="$DETSPEC_E2E_MODELS/.complete-v5"
+marker="$DETSPEC_E2E_MODELS/.complete-v6"
 [ -f "$marker" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" && touch "$marker"; } || exit 1
 touch "$results/.setup-done"  # a second run of this command may start (DETSPEC_E2E_INSTALLED=1)
 # A healthy start takes 70-150 s on an H200 (more while many servers start at once). SGLang's

@@ -319,7 +319,7 @@ TINY_FOLDERS = ("target", "eagle", "eagle_random", "mtp", "eagle3", "eagle3_full
 # folders of scripts/tiny_families.py serve test_model_families.py; its version file marks the
 # family targets whose layer outputs reach the logits, tiny_families.VERSION_FILE).
 TOKENIZER_FILES = ("target/tokenizer.json", "target/tokenizer_config.json")
-FAMILY_FILES = ("deepseek_v3_fp8/model.safetensors", "qwen3_moe_eagle3/model.safetensors", "tiny_families-v2.json")
+FAMILY_FILES = ("deepseek_v3_fp8/model.safetensors", "qwen3_moe_eagle3/model.safetensors", "tiny_families-v3.json")
 TINY_FILES = TOKENIZER_FILES + FAMILY_FILES
 
 
@@ -661,6 +661,9 @@ class Servers:
         running = self.running.get(config.name)
         if running is not None and running.config == config and running.process.poll() is None:
             return running  # started with others by ensure_group: keep them all
+        if config.name in self.failed:
+            # Before ensure_group, which would stop every other server for a start it does not retry.
+            raise RuntimeError(self.failed[config.name])
         outcome = self.ensure_group([config])[config.name]
         if isinstance(outcome, str):
             raise RuntimeError(outcome)

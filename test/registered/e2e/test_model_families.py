@@ -133,7 +133,8 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
     for key in configs:
         started = servers.running.get(configs[key].name)
         if started is None:
-            problems.append(f"{configs[key].name}: did not start ({servers.failed.get(configs[key].name)})")
+            why = servers.failed.get(configs[key].name, "it started, then was stopped before its checks")
+            problems.append(f"{configs[key].name}: not running ({why})")
         elif key[1] == "none" and claimed_by(started) != [expected_claim(started, configs[key].model, "none")]:
             problems.append(f"{configs[key].name}: claimed {claimed_by(started)}, the rule says "
                             f"{expected_claim(started, configs[key].model, 'none')!r}")

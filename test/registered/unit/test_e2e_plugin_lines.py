@@ -1,10 +1,12 @@
-"""The E2E suites' check of a deterministic server's plugin lines (``test/registered/e2e/_e2e.plugin_problems``).
+"""The E2E suites' server harness (``test/registered/e2e/_e2e``): the check of a deterministic server's plugin lines
+(``plugin_problems``), its log names and its reuse of running servers.
 
 Real ``RunningServer`` and ``LogSink`` objects over a log file written here;
 the lines are the plugin's own strings (its start-up line, the warm-up lines
 of ``gemm_warmup_hook`` and ``warmup_hook``).
 """
 
+import subprocess
 import sys
 
 import pytest
@@ -100,6 +102,27 @@ def test_a_restarted_server_logs_beside_its_first_log(e2e, tmp_path, monkeypatch
     assert names == ["server_test_reliability-coupled_chain_det_cuda_graph.log",
                      "server_test_reliability-coupled_chain_det_cuda_graph.2.log",
                      "server_test_reliability-coupled_chain_det_cuda_graph.3.log"]
+
+
+def test_asking_for_a_server_that_failed_to_start_leaves_the_others_running(e2e, tmp_path, monkeypatch):
+    """A failed start is not retried, so asking for it again (an audit thread beside others) must not stop the
+    servers the others are using, as a start of a missing server would."""
+    monkeypatch.setenv("DETSPEC_E2E_OUT", str(tmp_path))
+    servers = e2e.Servers("test_families")
+    up = e2e.ServerConfig(name="none_det", model="m", args=(), deterministic=True, cuda_graph=True, env=())
+    down = e2e.ServerConfig(name="chain_det", model="m", args=(), deterministic=True, cuda_graph=True, env=())
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        servers.running[up.name] = e2e.RunningServer(up, "http://127.0.0.1:1", process, e2e.LogSink(tmp_path / "up.log"),
+                                                     0.0)
+        servers.failed[down.name] = "server chain_det did not become healthy within 300 s"
+        with pytest.raises(RuntimeError, match="chain_det did not become healthy"):
+            servers.ensure(down)
+        assert servers.running[up.name].process.poll() is None
+        assert servers.ensure(up).process is process
+    finally:
+        process.kill()
+        process.wait()
 
 
 if __name__ == "__main__":

@@ -88,6 +88,18 @@ def test_sglang_serves_the_deepseek_checkpoint_as_its_own_nextn_draft(tiny, fold
     assert ModelRegistry.resolve_model_cls(draft.hf_config.architectures)[1] == "DeepseekV3ForCausalLMNextN"
 
 
+@pytest.mark.parametrize("folder", ["deepseek_v3", "deepseek_v3_fp8"])
+def test_the_deepseek_width_is_one_sglangs_fused_nextn_norm_takes(tiny, families, folder):
+    """SGLang's DeepSeek NEXTN draft runs ``fused_eh_norm`` on CUDA with no fallback: a width it refuses fails the
+    draft's CUDA-graph capture at start-up (the dense models' 256 did)."""
+    from sglang.kernels.ops.layernorm.fused_eh_norm import is_supported_fused_eh_norm_hidden_size
+
+    draft, _ = model_config(tiny / folder, is_draft_model=True)
+    assert draft.hf_config.hidden_size == families.DEEPSEEK_HIDDEN
+    assert is_supported_fused_eh_norm_hidden_size(draft.hf_config.hidden_size)
+    assert not is_supported_fused_eh_norm_hidden_size(families.HIDDEN)  # why the DeepSeek targets are wider
+
+
 def test_the_nextn_layer_sits_where_sglangs_deepseek_loader_reads_it(tiny):
     from sglang.srt.models.deepseek_common.deepseek_weight_loader import DeepseekV2WeightLoaderMixin
 
@@ -325,15 +337,15 @@ def test_the_targets_stay_near_the_bigram_their_drafts_copy(hf_models, tiny, fam
     model, _ = hf_models[folder]
     if folder == "deepseek_v3":  # the NEXTN layer reads only the token's embedding and its block adds nothing
         stored, nextn = tensors(tiny / folder), f"model.layers.{families.DEEPSEEK_LAYERS}"
-        eh = stored[f"{nextn}.eh_proj.weight"].float()
-        assert torch.equal(eh, torch.cat([torch.eye(families.HIDDEN), torch.zeros(families.HIDDEN, families.HIDDEN)], 1))
+        eh, hidden = stored[f"{nextn}.eh_proj.weight"].float(), families.DEEPSEEK_HIDDEN
+        assert torch.equal(eh, torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1))
         assert not stored[f"{nextn}.self_attn.o_proj.weight"].any()
         assert not stored[f"{nextn}.mlp.shared_experts.down_proj.weight"].any()
     ids = prompt(model, (4, 64), seed=1)
     with torch.no_grad():
         target = model(ids).logits.float().softmax(-1)
     embed, head = model.model.embed_tokens.weight.float(), model.lm_head.weight.float()
-    bigram = (F.rms_norm(embed[ids], (families.HIDDEN,), eps=1e-6) @ head.T).softmax(-1)
+    bigram = (F.rms_norm(embed[ids], (model.config.hidden_size,), eps=1e-6) @ head.T).softmax(-1)
     accept = 1 - 0.5 * (target - bigram).abs().sum(-1)
     assert accept.mean() >= MIN_BIGRAM_ACCEPT, accept.mean()
     assert accept.mean() < 0.97  # and not the bigram itself: the layers' outputs count
