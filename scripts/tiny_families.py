@@ -75,6 +75,8 @@ VOCAB, HIDDEN = base.VOCAB, base.HIDDEN
 # that are multiples of 256; at the dense models' 256 its CUDA-graph capture fails at start-up.
 DEEPSEEK_HIDDEN = 2 * HIDDEN
 SEED = 20261203  # apart from make_tiny_models' seed: adding these folders moved none of its weights
+# The DeepSeek targets' own stream: their width (DEEPSEEK_HIDDEN) does not move Qwen3-MoE's weights.
+DEEPSEEK_SEED = SEED + 1
 # Output projections of the trunk (o_proj, down_proj of the dense MLP and of every expert): large
 # enough that a rounding difference in one layer's output reaches the bf16 logits, small enough
 # that the bigram drafts are still accepted about 9 times in 10 (the module docstring measures both).
@@ -161,7 +163,8 @@ def embedding_and_head(gen: torch.Generator, hidden: int) -> tuple[torch.Tensor,
 
 
 def mlp_weights(prefix: str, gen: torch.Generator, inter: int, out_scale: float, hidden: int = HIDDEN) -> dict:
-    """A SwiGLU MLP under checkpoint names ``{prefix}.gate_proj`` / ``up_proj`` / ``down_proj``."""
+    """A SwiGLU MLP under checkpoint names ``{prefix}.gate_proj`` / ``up_proj`` [inter, hidden] and ``down_proj``
+    [hidden, inter] (float32), its output scaled by ``out_scale``."""
     return {f"{prefix}.gate_proj.weight": _rand(gen, inter, hidden),
             f"{prefix}.up_proj.weight": _rand(gen, inter, hidden),
             f"{prefix}.down_proj.weight": _rand(gen, hidden, inter, out_scale)}
@@ -169,7 +172,10 @@ def mlp_weights(prefix: str, gen: torch.Generator, inter: int, out_scale: float,
 
 def moe_weights(prefix: str, gen: torch.Generator, experts: int, shared: int, out_scale: float,
                 correction_bias: bool, hidden: int = HIDDEN) -> dict:
-    """Router (``{prefix}.gate``), routed experts (``{prefix}.experts.<e>``), shared experts if any."""
+    """Router (``{prefix}.gate`` [experts, hidden]), routed experts (``{prefix}.experts.<e>``), shared experts if any.
+
+    Every expert is a :func:`mlp_weights` MLP of width ``hidden``; float32.
+    """
     w = {f"{prefix}.gate.weight": _rand(gen, experts, hidden)}
     if correction_bias:  # noaux_tc's per-expert bias, float32 in DeepSeek-V3's checkpoint
         w[f"{prefix}.gate.e_score_correction_bias"] = torch.zeros(experts)
@@ -197,7 +203,7 @@ def mla_layer_weights(prefix: str, gen: torch.Generator, out_scale: float, moe: 
     }
     if moe:
         w.update(moe_weights(f"{prefix}.mlp", gen, ROUTED_EXPERTS, SHARED_EXPERTS, out_scale, correction_bias=True,
-                                  hidden=DEEPSEEK_HIDDEN))
+                             hidden=DEEPSEEK_HIDDEN))
     else:
         w.update(mlp_weights(f"{prefix}.mlp", gen, DENSE_INTER, out_scale, DEEPSEEK_HIDDEN))
     return w
@@ -336,8 +342,7 @@ def main(out_dir: str) -> None:
     """
     gen = torch.Generator().manual_seed(SEED)
     embed, lm_head = embedding_and_head(gen, HIDDEN)
-    # A stream of its own for each width, so one family's sizes do not move the other's weights.
-    deepseek_gen = torch.Generator().manual_seed(SEED + 1)
+    deepseek_gen = torch.Generator().manual_seed(DEEPSEEK_SEED)
     deepseek = deepseek_v3_weights(deepseek_gen, *embedding_and_head(deepseek_gen, DEEPSEEK_HIDDEN))
     base.write(os.path.join(out_dir, "deepseek_v3"), deepseek_v3_config(), deepseek)
     base.write(os.path.join(out_dir, "deepseek_v3_fp8"),
@@ -349,7 +354,8 @@ def main(out_dir: str) -> None:
     for folder in TOKENIZER_FOLDERS:
         base.write_tokenizer(os.path.join(out_dir, folder))
     with open(os.path.join(out_dir, VERSION_FILE), "w") as f:
-        json.dump({"seed": SEED, "layer_out_scale": LAYER_OUT_SCALE, "folders": list(FOLDERS)}, f, indent=1)
+        json.dump({"seed": SEED, "deepseek_seed": DEEPSEEK_SEED, "hidden": HIDDEN, "deepseek_hidden": DEEPSEEK_HIDDEN,
+                   "layer_out_scale": LAYER_OUT_SCALE, "folders": list(FOLDERS)}, f, indent=1)
 
 
 if __name__ == "__main__":

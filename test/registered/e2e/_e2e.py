@@ -636,7 +636,8 @@ class Servers:
     """The SGLang servers a test module runs, and what was measured on each configuration.
 
     :meth:`ensure` keeps one server at a time (a configuration that is not
-    running stops the others); :meth:`ensure_group` starts several at once, in parallel (the tiny
+    running stops the others, unless it already failed to start: that raises
+    its error and stops nothing); :meth:`ensure_group` starts several at once, in parallel (the tiny
     models share a GPU: each server's KV pool is fixed by
     ``--max-total-tokens``). Tests of one configuration sit next to each other
     in a file, so each configuration starts once per module; results are
@@ -1009,10 +1010,10 @@ def check_same_tokens(runs: list[AuditRun], result_name: str) -> None:
     )
 
 
-def backend_list(variable: str, raw: str, known, noun: str = "backend") -> tuple[str, ...]:
+def backend_list(variable: str, raw: str, known, noun: str = "backend", plural: str = "backends") -> tuple[str, ...]:
     """``raw``, the comma-separated value of the environment variable ``variable``, as a tuple of names.
 
-    ``noun`` is what the names are (``backend``, ``family``), for the messages.
+    ``noun`` and ``plural`` say what the names are (backends, families), for the messages.
 
     Raises:
         ValueError: a name outside ``known``, a name given twice, or no name
@@ -1022,7 +1023,6 @@ def backend_list(variable: str, raw: str, known, noun: str = "backend") -> tuple
     allowed = f"allowed: {', '.join(known)}, comma-separated"
     unknown = [n for n in names if n not in known]
     if unknown:
-        plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
         raise ValueError(f"{variable}={raw!r} names unknown {plural} {unknown} ({allowed})")
     if len(set(names)) != len(names):
         raise ValueError(f"{variable}={raw!r} names a {noun} twice ({allowed})")

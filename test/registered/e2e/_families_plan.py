@@ -152,4 +152,4 @@ def selected_families(environ=None) -> dict[str, ModelFamily]:
     raw = environ.get(FAMILIES_ENV)
     if raw is None or raw.strip() == "":
         return dict(FAMILIES)
-    return {name: FAMILIES[name] for name in _e2e.backend_list(FAMILIES_ENV, raw, tuple(FAMILIES), "family")}
+    return {name: FAMILIES[name] for name in _e2e.backend_list(FAMILIES_ENV, raw, tuple(FAMILIES), "family", "families")}

@@ -112,17 +112,19 @@ def test_asking_for_a_server_that_failed_to_start_leaves_the_others_running(e2e,
     up = e2e.ServerConfig(name="none_det", model="m", args=(), deterministic=True, cuda_graph=True, env=())
     down = e2e.ServerConfig(name="chain_det", model="m", args=(), deterministic=True, cuda_graph=True, env=())
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sink = e2e.LogSink(tmp_path / "up.log")
     try:
-        servers.running[up.name] = e2e.RunningServer(up, "http://127.0.0.1:1", process, e2e.LogSink(tmp_path / "up.log"),
-                                                     0.0)
+        servers.running[up.name] = e2e.RunningServer(up, "http://127.0.0.1:1", process, sink, 0.0)
         servers.failed[down.name] = "server chain_det did not become healthy within 300 s"
         with pytest.raises(RuntimeError, match="chain_det did not become healthy"):
             servers.ensure(down)
+        assert up.name in servers.running, "asking for the failed configuration stopped the running server"
         assert servers.running[up.name].process.poll() is None
         assert servers.ensure(up).process is process
     finally:
         process.kill()
         process.wait()
+        sink.close()
 
 
 if __name__ == "__main__":

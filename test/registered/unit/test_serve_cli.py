@@ -353,10 +353,12 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     rc, _, err = dry_run(capsys, ["--model-path", "/nonexistent/M", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
     assert rc == 0 and "config.json could not be read here ('/nonexistent/M')" in err
+    assert err.splitlines()[-1] == f"detspec: claim: logits='bitwise' ({serve.DENSE_ASSUMED})"
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
-    assert rc == 0 and "could not be read" not in err
+    assert rc == 0 and "could not be read" not in err and serve.DENSE_ASSUMED not in err
+    assert err.splitlines()[-1] == "detspec: claim: logits='bitwise'"
 
 
 @pytest.mark.parametrize("decode, head_dim, backend, claim, fa3_claim", [
@@ -525,7 +527,9 @@ def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words
         passed = next(i for i, line in enumerate(lines) if "start-up check passed" in line)
         assert lines[passed + 1].startswith("detspec: warning: ") and words in lines[passed + 1], lines[passed:passed + 2]
     # The claim again as the last line before the command, pointing to the warning where there is one.
-    assert lines[-1] == "detspec: claim: logits='bitwise'" + (" (see the warning above)" if words else ""), lines[-1]
+    # "m" is no model folder here: the claim is marked as assuming a dense target too.
+    marks = ["see the warning above"] * bool(words) + [serve.DENSE_ASSUMED]
+    assert lines[-1] == f"detspec: claim: logits='bitwise' ({'; '.join(marks)})", lines[-1]
 
 
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
@@ -642,7 +646,7 @@ def test_help_says_which_runs_had_prefill_cuda_graphs_on(capsys, monkeypatch):
     assert "were on in the serving benchmark" in out
     assert "every E2E file that runs CUDA graphs (all but the controls), the forward-mode matrix" in out
     assert serve.PREFILL_GRAPH_SUITES in out
-    assert "except the model-families and two-GPU files, which have never run" in out
+    assert "except the model-families file (no check yet: its first run stopped at start-up) and the two-GPU file" in out
     # The example keeps SGLang's default, so its dry run says which runs had them on.
     assert "--cuda-graph-backend-prefill" not in serve.EXAMPLE
 

@@ -184,7 +184,8 @@ def test_family_targets_carry_the_word_level_tokenizer(tiny, folder):
 def test_the_set_carries_the_version_file_the_e2e_suites_require(tiny, families):
     """An older set (no version file) counts as incomplete, so the E2E suites write the sensitive targets again."""
     written = json.loads((tiny / families.VERSION_FILE).read_text())
-    assert written == {"seed": families.SEED, "layer_out_scale": families.LAYER_OUT_SCALE,
+    assert written == {"seed": families.SEED, "deepseek_seed": families.DEEPSEEK_SEED, "hidden": families.HIDDEN,
+                       "deepseek_hidden": families.DEEPSEEK_HIDDEN, "layer_out_scale": families.LAYER_OUT_SCALE,
                        "folders": list(families.FOLDERS)}
     sys.path.insert(0, str(ROOT / "test" / "registered" / "e2e"))
     try:
