@@ -131,11 +131,7 @@ def selected_backends(environ=None) -> tuple[str, ...]:
         ValueError: an unknown name, a name given twice, or no name; the
             message names the variable and the allowed values.
     """
-    environ = os.environ if environ is None else environ
-    raw = environ.get(BACKENDS_ENV)
-    if raw is None or raw.strip() == "":
-        return KNOWN_BACKENDS
-    return _e2e.backend_list(BACKENDS_ENV, raw, KNOWN_BACKENDS)
+    return _selected(environ, BACKENDS_ENV, KNOWN_BACKENDS, "backend", "backends")
 
 
 def selected_families(environ=None) -> dict[str, ModelFamily]:
@@ -145,11 +141,15 @@ def selected_families(environ=None) -> dict[str, ModelFamily]:
     can run one family and the next command another.
 
     Raises:
-        ValueError: an unknown name, a name given twice, or no name; the
-            message names the variable and the allowed values.
+        ValueError: as :func:`selected_backends`.
     """
+    return {name: FAMILIES[name] for name in _selected(environ, FAMILIES_ENV, tuple(FAMILIES), "family", "families")}
+
+
+def _selected(environ, variable: str, known: tuple[str, ...], noun: str, plural: str) -> tuple[str, ...]:
+    """The names ``variable`` lists in ``environ`` (``os.environ`` if None), or all of ``known`` where it is unset."""
     environ = os.environ if environ is None else environ
-    raw = environ.get(FAMILIES_ENV)
+    raw = environ.get(variable)
     if raw is None or raw.strip() == "":
-        return dict(FAMILIES)
-    return {name: FAMILIES[name] for name in _e2e.backend_list(FAMILIES_ENV, raw, tuple(FAMILIES), "family", "families")}
+        return known
+    return _e2e.backend_list(variable, raw, known, noun, plural)
