@@ -482,12 +482,13 @@ def _run(args) -> int:
                 _say(f"note: SGLang serves --attention-backend {ns.attention_backend} with --kv-cache-dtype "
                      f"{ns.kv_cache_dtype} on {switched} (FA3 reads FP8 as e4m3 only): the fields above are "
                      f"{switched}'s")
+            dense_assumed = family_unknown_notes(bag, ns)
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
-                         + family_unknown_notes(bag, ns) + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
+                         + dense_assumed + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
                          + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
             # The notes run long: the claim again as the last line before the command, with what qualifies it.
-            marks = ["see the warning above"] * bool(warnings) + [DENSE_ASSUMED] * bool(family_unknown_notes(bag, ns))
+            marks = ["see the warning above"] * bool(warnings) + [DENSE_ASSUMED] * bool(dense_assumed)
             _say(f"claim: logits={bag.logits!r}" + (f" ({'; '.join(marks)})" if marks else ""))
     if args.dry_run:
         print(dry_run_command(cmd, env))
