@@ -52,6 +52,12 @@ def _json_to_stdout(argv: Sequence[str]) -> bool:
     return "--json=-" in argv or any(a == "--json" and b == "-" for a, b in zip(argv, argv[1:]))
 
 
+# What a first run looks like; shown only while both subcommands it names are registered.
+FIRST_STEPS = ("first steps: 'detspec audit' (embedded tiny models on this machine, no server, no download), "
+               "then 'detspec serve --dry-run -- --model-path M ...' (the claim a server with those SGLang "
+               "flags would make); 'detspec COMMAND --help' for the rest.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``detspec`` parser with every subcommand module registered."""
     parser = Parser(prog="detspec")
@@ -69,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     *rest, last = subparsers.choices
     names = f"{', '.join(rest)} and {last}" if rest else last
     parser.description = f"Deterministic speculative decoding for SGLang: {names}."
+    parser.epilog = FIRST_STEPS if {"audit", "serve"} <= set(subparsers.choices) else None
     return parser
 
 

@@ -66,7 +66,7 @@ without --attention-backend it states 'tokens' (see below).
 
   bitwise   by default for chains and trees of dense targets with
             unquantized weights on triton and fa3 attention, as in the
-            example below: every target forward runs the positional split
+            example above: every target forward runs the positional split
             (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default)
             - triton: KV page size 1, --kv-cache-dtype auto, head sizes up
               to 256, at most 64 query heads per KV head, no sliding-window
@@ -129,8 +129,12 @@ whitelist is set).
 First SGLang's own launch_server parser reads the arguments and the plugin's
 start-up check runs on them, with SGLang's refusal of attention backends it
 does not admit under deterministic inference: a combination the server would
-refuse stops here with the server's message and exit status 2."""
-EPILOG = f"{CLAIM_NOTE}\n\nexample:\n{EXAMPLE}"
+refuse stops here with the server's message and exit status 2.
+
+example:
+{EXAMPLE}"""
+# The claims come after the options: the example and the usage line are what a first reader needs.
+EPILOG = CLAIM_NOTE
 USAGE_HINT = "put '--' before SGLang's launch_server arguments: detspec serve [--dry-run] -- --model-path M ..."
 
 
@@ -517,6 +521,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="launch SGLang's server with sglang-detspec on",
+        # argparse's own usage line would hide the '--' that every run needs.
+        usage="%(prog)s [-h] [--dry-run] -- LAUNCH_SERVER_ARGS ...",
         description=DESCRIPTION,
         epilog=EPILOG,
         # Keeps the line breaks above: the default formatter would wrap inside the example's flags.

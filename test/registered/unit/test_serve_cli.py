@@ -630,7 +630,9 @@ def test_help_never_breaks_a_flag(capsys, monkeypatch, columns):
 def test_help_example_can_be_copied_and_passes_the_check(capsys, monkeypatch):
     out = serve_help(capsys, monkeypatch, 60)
     assert "``" not in out and DETERMINISTIC in out and "SGLANG_PLUGINS" in out
-    example = out.split("example:\n", 1)[1]
+    # The example sits under the description, before the options, ending at the first blank line.
+    example = out.split("example:\n", 1)[1].split("\n\n", 1)[0]
+    assert out.index("example:") < out.index("--dry-run  ")
     # A shell drops each backslash-newline (line continuation) before splitting into words.
     words = shlex.split(example.replace("\\\n", ""))
     assert words[:3] == ["detspec", "serve", "--"]
@@ -639,6 +641,23 @@ def test_help_example_can_be_copied_and_passes_the_check(capsys, monkeypatch):
     assert shlex.split(cmd)[3:] == [*words[3:], DETERMINISTIC]
     # The claim the help explains is the one the example's dry run makes.
     assert "logits='bitwise'" in start_up_line(err) and "claims logits='bitwise'" in out
+
+
+def test_help_usage_line_shows_the_separator(capsys, monkeypatch):
+    usage = serve_help(capsys, monkeypatch, 80).splitlines()[0]
+    assert usage.startswith("usage: detspec serve") and " -- " in usage
+
+
+def test_top_level_help_names_a_first_step_that_runs(capsys):
+    from sglang_detspec.cli.main import FIRST_STEPS, build_parser
+    parser = build_parser()
+    assert parser.epilog == FIRST_STEPS
+    # Every command the first steps quote is one the parser accepts.
+    for quoted in re.findall(r"'detspec (\w+)", FIRST_STEPS):
+        assert quoted in parser._subparsers._group_actions[0].choices or quoted == "COMMAND"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "first steps: 'detspec audit'" in " ".join(capsys.readouterr().out.split())
 
 
 def test_help_says_which_runs_had_prefill_cuda_graphs_on(capsys, monkeypatch):
