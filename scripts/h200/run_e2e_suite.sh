@@ -97,9 +97,9 @@ export DETSPEC_E2E_MODELS=${DETSPEC_E2E_MODELS:-/tmp/detspec-e2e-models}
 marker="$DETSPEC_E2E_MODELS/.complete-v6"
 [ -f "$marker" ] || { python3 scripts/make_tiny_models.py "$DETSPEC_E2E_MODELS" && touch "$marker"; } || exit 1
 touch "$results/.setup-done"  # a second run of this command may start (DETSPEC_E2E_INSTALLED=1)
-# A healthy start takes 70-150 s on an H200 (more while many servers start at once). SGLang's
-# helper retries a failed start once with HF_HUB_OFFLINE=0 (env.sh sets it to 1), so a start
-# that hangs costs twice this.
+# A healthy start takes 70-150 s on an H200 (more while many servers start at once). A start that
+# hangs costs this once: the harness passes HF_HUB_OFFLINE=ON, which SGLang's helper does not
+# retry online as it does "1" (_e2e.server_env).
 export DETSPEC_E2E_LAUNCH_TIMEOUT=${DETSPEC_E2E_LAUNCH_TIMEOUT:-300}
 limit=$(( budget - ($(date +%s) - t0) - 25 ))
 [ $limit -ge 60 ] || { echo "run_e2e_suite: only $limit s left for the tests" >&2; exit 1; }

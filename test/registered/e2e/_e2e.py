@@ -632,6 +632,21 @@ class RunningServer:
                 "log": self.sink.path.name, "plugin_lines": self.log_lines("sglang-detspec")[:8]}
 
 
+def server_env(config_env) -> dict | None:
+    """The environment a server is launched with, over this process's: ``config_env``, and offline as ``ON``.
+
+    SGLang's ``popen_launch_server`` launches a server that fails to start a second
+    time, online, when ``HF_HUB_OFFLINE`` is exactly ``"1"``; the suites' models are
+    local and the GPU machine has no network, so that second start only doubles the
+    cost of a failure. ``ON`` is the same setting to huggingface_hub (it reads 1, ON,
+    YES and TRUE alike) without that retry.
+    """
+    env = dict(config_env)
+    if env.get("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE")) == "1":
+        env["HF_HUB_OFFLINE"] = "ON"
+    return env or None
+
+
 class Servers:
     """The SGLang servers a test module runs, and what was measured on each configuration.
 
@@ -705,7 +720,7 @@ class Servers:
         try:
             process = helpers.popen_launch_server(
                 config.model, url, timeout=timeout, other_args=list(config.args),
-                env=dict(config.env) or None,  # merged over this process's environment
+                env=server_env(config.env),  # merged over this process's environment
                 return_stdout_stderr=(sink, sink), device="cuda",  # --device is in the args already
             )
         except Exception as exc:

@@ -6,6 +6,7 @@ the lines are the plugin's own strings (its start-up line, the warm-up lines
 of ``gemm_warmup_hook`` and ``warmup_hook``).
 """
 
+import os
 import subprocess
 import sys
 
@@ -125,6 +126,31 @@ def test_asking_for_a_server_that_failed_to_start_leaves_the_others_running(e2e,
         process.kill()
         process.wait()
         sink.close()
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_a_server_that_fails_to_start_is_launched_once(e2e, tmp_path, monkeypatch, fixed):
+    """SGLang's real ``popen_launch_server`` relaunches online when ``HF_HUB_OFFLINE`` is ``"1"``; the harness's
+    environment keeps the server offline without that second launch (the unfixed call shows the retry happens)."""
+    import huggingface_hub.constants
+
+    # A stand-in for the `sglang` command that fails at once, writing the offline setting it was given.
+    starts = tmp_path / "starts"
+    command = tmp_path / "bin" / "sglang"
+    command.parent.mkdir()
+    command.write_text(f'#!/bin/sh\necho "$HF_HUB_OFFLINE" >> {starts}\nexit 1\n')
+    command.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{command.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    helpers = e2e.sglang_test_helpers()
+    env = e2e.server_env(()) if fixed else None
+    with pytest.raises(Exception):
+        helpers.popen_launch_server(str(tmp_path), f"http://127.0.0.1:{e2e.free_port()}", timeout=60, env=env,
+                                    device="cuda")
+    launches = starts.read_text().split()
+    assert launches == (["ON"] if fixed else ["1", "0"])
+    # The value the server was given is offline to huggingface_hub, the reader SGLang's loader asks.
+    assert huggingface_hub.constants._is_true("ON")
 
 
 if __name__ == "__main__":
