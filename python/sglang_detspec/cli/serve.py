@@ -86,8 +86,8 @@ without --attention-backend it states 'tokens' (see below).
               a chain drafted above 16 requests or 12,288 summed tokens
               (for the tree settings not set in the environment).
   tokens    other backends; any --kv-cache-dtype other than auto;
-            mixture-of-experts, MLA or quantized targets (not measured on a
-            server yet); a run without --attention-backend (SGLang picks
+            MLA or quantized targets, mixture-of-experts targets outside
+            fa3 (measured bitwise on fa3: docs/e2e/README.md); a run without --attention-backend (SGLang picks
             the backend on the GPU, so the dry run cannot know it; where it
             can read the target's config.json it notes what fa3 would
             claim).

@@ -90,6 +90,18 @@ def server_env(shape: str) -> tuple[tuple[str, str], ...]:
     return FORCE_RETRACT if shape == RETRACTION else ()
 
 
+# SGLang compiles DeepGEMM's FP8 GEMMs for every row count up to twice the chunked-prefill size at start-up
+# (its "JIT Pre-Compile session"): 3.3 minutes for the tiny FP8 target's six weight shapes on an H100, with four
+# servers sharing the compile cache's locks, so none started within 300 s (docs/e2e/2026-12-07-h100-model-families).
+# Off, the same kernels compile at their first use instead.
+FP8_ENV = (("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "0"),)
+
+
+def family_env(family: ModelFamily) -> tuple[tuple[str, str], ...]:
+    """The extra environment of every server of ``family``: :data:`FP8_ENV` for an FP8 checkpoint."""
+    return FP8_ENV if family.quantization == "fp8" else ()
+
+
 def server_flags(family: ModelFamily, shape: str, backend: str, models_dir: str) -> tuple[str, ...]:
     """Every flag of one server but the model path, as ``_e2e.server_config`` lays them out (deterministic, CUDA graphs)."""
     import shlex

@@ -110,7 +110,7 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
                 refused[(name, shape)] = reason
                 continue
             configs[(name, shape)] = _e2e.ServerConfig(f"{name}_{shape}_{backend}_det_cuda_graph", model, flags,
-                                                       True, True, env=plan.server_env(shape),
+                                                       True, True, env=plan.server_env(shape) + plan.family_env(fam),
                                                        verify=None if shape == "none" else "coupled")
     rows, problems = [], []
     for (name, shape), reason in refused.items():

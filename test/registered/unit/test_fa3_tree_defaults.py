@@ -70,7 +70,7 @@ def test_an_fa3_tree_at_head_size_128_takes_all_four():
     (dict(algorithm="NGRAM"), "NGRAM does not switch shape"),
     (dict(page_size=16), "pages of more than one token"),
     (dict(kv_cache_dtype="fp8_e4m3"), "a quantized KV cache"),
-    (dict(model_family="moe"), "a family the claim does not speak for"),
+    (dict(model_family="moe+fp8"), "a family the claim does not speak for"),
     (dict(deterministic=False), "SGLang's own code runs"),
     (dict(disabled=True), "SGLang's own code runs"),
     (dict(verify="rejection", rejection_sampling=True), "rejection mode (refused for trees)"),

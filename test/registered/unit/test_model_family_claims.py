@@ -62,18 +62,40 @@ def test_the_quantization_flag_counts_and_bad_configs_are_refused():
         traits_of(["not", "a", "dict"])
 
 
+# The tiny family whose label each measured entry names (scripts/tiny_families.py writes them).
+LABEL_OF_FAMILY = {"deepseek_v3": "mla+moe", "deepseek_v3_fp8": "mla+moe+fp8", "qwen3_moe": "moe"}
+
+
 def test_unmeasured_families_claim_tokens_and_say_so():
-    assert MEASURED_BITWISE == {}  # a measured family enters with the run that recorded it
     for backend in ("triton", "fa3"):
         assert family_claim(DENSE, "bitwise", backend) == family_claim(None, "bitwise", backend) == "bitwise"
         assert family_claim("mla+moe", "bitwise", backend) == "tokens"
         assert family_claim("moe", "tokens", backend) == "tokens"
-        assert "not measured" in family_note("mla+moe+fp8", backend) and backend in family_note("moe", backend)
+        assert "not measured" in family_note("mla+moe+fp8", backend)
+    assert "triton" in family_note("moe", "triton") and family_note("moe", "fa3") is None
+    assert family_claim("moe", "bitwise", "fa3") == "bitwise" and family_claim("moe", "bitwise", "triton") == "tokens"
     assert family_note(DENSE, "fa3") is None and family_note(None, "fa3") is None
+
+
+@pytest.mark.parametrize("entry", sorted(MEASURED_BITWISE))
+def test_a_measured_family_has_a_committed_run_with_no_logprob_apart(entry):
+    """Each promotion names a committed run in which every row of that family passed, its logprob rows 0 apart,
+    on servers whose plugin line names that backend."""
+    label, backend = entry
+    run = ROOT / MEASURED_BITWISE[entry] / "test_model_families"
+    record = json.loads((run / "model_families_auto.json").read_text())
+    rows = [r for r in record["rows"] if LABEL_OF_FAMILY[r["family"]] == label]
+    checks = {(r["speculative"], r["check"]) for r in rows}
+    assert {("chain", "logprobs"), ("tree", "logprobs"), ("tree", "radix_cache"), ("chain_retract", "retraction")} <= checks
+    assert all(r["passed"] and r["differing_sequences"] == 0 and r.get("other_logprobs", 0) == 0 for r in rows)
+    family = next(r["family"] for r in rows)
+    logs = sorted(run.glob(f"server_test_model_families-{family}_*.log"))
+    assert len(logs) == 4
+    assert all(f"attention_backend='{backend}'" in log.read_text() for log in logs)
     chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
     assert DetSpecConfig(**chain).logits == DetSpecConfig(**chain, model_family=DENSE).logits == "bitwise"
-    bag = DetSpecConfig(**chain, model_family="moe")
-    assert bag.logits == "tokens" and "logits='tokens'" in bag.describe() and "model_family='moe'" in bag.describe()
+    bag = DetSpecConfig(**chain, model_family="moe+fp8")
+    assert bag.logits == "tokens" and "logits='tokens'" in bag.describe() and "model_family='moe+fp8'" in bag.describe()
 
 
 def test_model_family_reads_the_folder_and_tolerates_what_it_cannot_read(tiny, tmp_path):
@@ -123,7 +145,12 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
                                                                                 if backend else "")))
     # The same flags on the dense Llama would claim bitwise on both backends (chain, pages of one token).
     assert bag.active and bag.model_family == family and bag.attention_backend in ("triton", "fa3")
-    assert logits_guarantee(bag.attention_backend, 1) == "bitwise" and bag.logits == "tokens"
+    assert logits_guarantee(bag.attention_backend, 1) == "bitwise"
+    if (family, bag.attention_backend) in MEASURED_BITWISE:  # a run recorded it: the family's claim is the attention's
+        assert bag.logits == "bitwise" and not any("not measured" in n for n in startup_notes.setting_notes(bag))
+        reset_config()
+        return
+    assert bag.logits == "tokens"
     assert any("not measured" in note for note in startup_notes.setting_notes(bag))
     # No note speaks of the split's claims ('bitwise', fallbacks) for a target whose claim is the family's.
     notes = startup_notes.unmeasured_notes(bag)
@@ -134,7 +161,8 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
     reset_config()
 
 
-MOE_CHAIN = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_tokens=4, model_family="moe")
+# An unmeasured family on every backend (moe alone is measured on fa3: MEASURED_BITWISE).
+MOE_CHAIN = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_tokens=4, model_family="moe+fp8")
 
 
 @pytest.mark.parametrize("settings, path", [
@@ -229,6 +257,10 @@ def test_the_retraction_server_is_the_chain_with_sglangs_retraction_switch(tiny)
         assert plan.spec_args(fam, plan.RETRACTION, str(tiny)) == plan.spec_args(fam, "chain", str(tiny))
     assert plan.server_env(plan.RETRACTION) == (("SGLANG_TEST_RETRACT", "1"),)
     assert all(plan.server_env(shape) == () for shape in ("none", "chain", "tree"))
+    # SGLang's DeepGEMM start-up compile is off for the FP8 family only, under the name SGLang reads.
+    from sglang.srt.environ import envs
+    assert [plan.family_env(f) for f in plan.FAMILIES.values()] == [(), plan.FP8_ENV, ()]
+    assert hasattr(envs, plan.FP8_ENV[0][0])
     # SGLang resolves the retracting chain as it resolves the chain: the same refusals per backend.
     deepseek = plan.FAMILIES["deepseek_v3"]
     for backend in plan.KNOWN_BACKENDS:
@@ -248,9 +280,9 @@ def test_the_fa3_head_size_note_names_the_family_as_the_reason():
     from sglang_detspec.cli.serve import fa3_head_size_notes
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_tokens=4, head_dim=128,
-                        model_family="moe")
+                        model_family="moe+fp8")
     assert bag.attention_backend is None
     (note,) = fa3_head_size_notes(bag)
-    assert "claims 'tokens' (a moe target, not measured yet)" in note
+    assert "claims 'tokens' (a moe+fp8 target, not measured yet)" in note
     (dense,) = fa3_head_size_notes(dataclasses.replace(bag, model_family="dense"))
     assert "claims 'bitwise'" in dense and "not measured" not in dense
