@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from .model_family import family_claim
+from .model_family import DENSE, family_claim
 from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
@@ -76,6 +76,10 @@ PLAIN_TREE_DEFAULTS = {"tree_attention": "cascade", "decode_attention": DEFAULT_
 # "The FA3 tree default on servers").
 FA3_TREE_DEFAULTS = {"tree_attention": "nodes", "decode_attention": "sglang",
                      "tree_chain_batch": 16, "tree_chain_tokens": 12288}
+# Why an MLA target's tree drafts a chain at every decode batch (DetSpecConfig.chains_every_batch), written once.
+MLA_TREE_EVIDENCE = ("on fa3 the tiny DeepSeek-V3 target's tree verify moved every logprob after each sequence's "
+                     "first (up to 0.067) and 2 of 8 sequences took other tokens, while its chain gave the decode's "
+                     "bits (one H100, docs/e2e/2026-12-07-h100-model-families)")
 # ... read from these variables.
 TREE_SETTING_ENVS = {"tree_attention": TREE_ATTENTION_ENV, "decode_attention": DECODE_ATTENTION_ENV,
                      "tree_chain_batch": TREE_CHAIN_BATCH_ENV, "tree_chain_tokens": TREE_CHAIN_TOKENS_ENV}
@@ -390,9 +394,33 @@ class DetSpecConfig:
         return self.tree_chain_tokens if self.can_switch_shape else 0
 
     @property
+    def chains_every_batch(self) -> bool:
+        """Whether this tree server drafts a chain of its depth at every decode batch: an MLA target's tree.
+
+        An MLA target's tree verify runs SGLang's own MLA tree attention
+        (neither the positional split nor the node path serves MLA), which is
+        not its decode's computation: on fa3 the tiny DeepSeek-V3 tree moved
+        every logprob (up to 0.067) and 2 of 8 sequences took other tokens,
+        while its chain verify gave the decode's bits
+        (:data:`MLA_TREE_EVIDENCE`). Coupled verify makes the tokens
+        independent of the draft shape, so such a tree drafts the chain at
+        every decode batch, where :attr:`can_switch_shape` and the parallel
+        layout allow, unless either draft-shape bound is set in the
+        environment (then the bounds decide, as for any tree).
+        """
+        return bool(self.can_switch_shape and self.parallel_reason is None and "mla" in self.family_traits
+                    and not {"tree_chain_batch", "tree_chain_tokens"} & set(self.set_tree_settings))
+
+    @property
+    def family_traits(self) -> tuple[str, ...]:
+        """The target family's traits (``model_family`` split at ``+``: ``("mla", "moe")``); empty when dense or unknown."""
+        return tuple(t for t in (self.model_family or "").split("+") if t and t != DENSE)
+
+    @property
     def switches_shape(self) -> bool:
-        """Whether this server builds the chain state beside its tree: a batch bound or a token bound applies."""
-        return bool(self.chain_at_batch or self.chain_at_tokens)
+        """Whether this server builds the chain state beside its tree: a batch bound, a token bound or
+        :attr:`chains_every_batch` applies."""
+        return bool(self.chain_at_batch or self.chain_at_tokens or self.chains_every_batch)
 
     @property
     def can_switch_shape(self) -> bool:

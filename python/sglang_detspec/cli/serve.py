@@ -43,11 +43,10 @@ SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 
 # The E2E suites that have run with SGLang's prefill CUDA graphs on, and where: the help and the dry run say it.
 PREFILL_GRAPH_SUITES = ("every E2E file that runs CUDA graphs (all but the controls), the forward-mode matrix and "
-                        "SGLang's harness among them (the runs of 2026-12-06 in docs/results.md)")
+                        "SGLang's harness among them (the runs of 2026-12-06 and 2026-12-07 in docs/results.md)")
 # The claim line's mark when the target's config.json was not read (family_unknown_notes).
 DENSE_ASSUMED = "assuming a dense target: its config.json was not read, see the note above"
-PREFILL_GRAPH_OFF_RUNS = ("except the model-families file (no check yet: its first run stopped at start-up) and the "
-                          "two-GPU file (never run)")
+PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
 HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.

@@ -23,6 +23,12 @@ of the host lengths, and the committed lengths trail the device by one
 verify's accepted tokens per request, at most steps + 1 each: the switch
 comes at most one step late).
 
+An MLA target's tree drafts the chain at every decode batch where neither
+bound is set (:attr:`DetSpecConfig.chains_every_batch`): its tree verify
+runs SGLang's own MLA tree attention, which is not its decode's
+computation, while its chain verify is. The tree state then serves the
+prefill and extend batches only.
+
 SGLang 0.5.23's adaptive speculation swaps one runtime state per draft step
 count, keyed by steps and with top-k fixed at 1; this module keeps one state
 per shape (top-k, steps, draft tokens) the same way: the draft worker's
@@ -75,6 +81,9 @@ SWITCH_LOG = "sglang-detspec: draft shape switched to"
 SUMMARY_LOG = "sglang-detspec: draft shapes in the last"
 SUMMARY_S = 60.0
 STEP_KINDS = ("chain decode", "tree decode", "prefill or extend")
+# The chain state's start-up line of an MLA target's tree (DetSpecConfig.chains_every_batch): the suites' evidence
+# that its tree drafted the chain.
+EVERY_BATCH = "every decode batch"
 # Beside each logged switch on a decode batch: SGLang's flag for its target verify under a CUDA graph (True / False).
 VERIFY_GRAPH_LOG = "verify CUDA graph:"
 _CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
@@ -120,7 +129,8 @@ class Shapes:
 
     ``threshold``: decode batches of more requests draft the chain (0: no
     batch bound); ``tokens``: decode batches whose summed sequence length
-    is above it draft the chain (0: no token bound).
+    is above it draft the chain (0: no token bound); ``every``: every
+    decode batch drafts the chain (``DetSpecConfig.chains_every_batch``).
     """
 
     tree: ShapeState
@@ -128,6 +138,7 @@ class Shapes:
     threshold: int
     active: ShapeState
     tokens: int = 0
+    every: bool = False
     switches: int = 0
     # The current summary window (SUMMARY_S): its start (time.monotonic()), switches and steps by kind.
     window_start: float = dataclasses.field(default_factory=time.monotonic)
@@ -139,12 +150,17 @@ class Shapes:
         summed sequence length (``kv_tokens``, None: not known, the batch size decides), else the tree."""
         if not decode:
             return self.tree
+        if self.every:
+            return self.chain
         many = bool(self.threshold) and batch_size > self.threshold
         long = bool(self.tokens) and kv_tokens is not None and kv_tokens > self.tokens
         return self.chain if many or long else self.tree
 
     def bounds(self) -> str:
-        """The bounds in force, for the switch lines: ``bound 16`` (requests), ``bound 8192 tokens`` or both."""
+        """The bounds in force, for the switch lines: ``bound 16`` (requests), ``bound 8192 tokens``, both, or
+        ``every decode batch``."""
+        if self.every:
+            return EVERY_BATCH
         parts = [str(self.threshold)] if self.threshold else []
         parts += [f"{self.tokens} tokens"] if self.tokens else []
         return ("bounds " if len(parts) > 1 else "bound ") + " / ".join(parts)
@@ -306,8 +322,8 @@ def install_shapes(result, worker, *args, **kwargs):
     from sglang.srt.runtime_context import get_schedule
 
     bag = current_config()
-    threshold, tokens = bag.chain_at_batch, bag.chain_at_tokens
-    if (not (threshold or tokens) or getattr(worker, "_draft_worker", None) is None
+    threshold, tokens, every = bag.chain_at_batch, bag.chain_at_tokens, bag.chains_every_batch
+    if (not (threshold or tokens or every) or getattr(worker, "_draft_worker", None) is None
             or getattr(worker, "adaptive_controller", None) is not None or worker.topk <= 1):
         return result
     log = logging.getLogger("sglang_detspec")
@@ -323,15 +339,17 @@ def install_shapes(result, worker, *args, **kwargs):
         log.warning("sglang-detspec: %s", idle)
     started, free_before = time.monotonic(), _free_device_memory()
     tree = current_state(worker)
-    chain = build_chain_state(worker, 0 if tokens else threshold)
-    shapes = Shapes(tree, chain, threshold, tree, tokens=tokens)
+    chain = build_chain_state(worker, 0 if tokens or every else threshold)
+    shapes = Shapes(tree, chain, threshold, tree, tokens=tokens, every=every)
     DRAFT_SHAPES.write(worker, shapes)
     DRAFT_TOPK.write(worker._draft_worker, tree.topk)
     used = free_before - _free_device_memory()
-    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches "
-             "above the %s in %.1f s, %.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves "
-             "the rest", chain.steps, chain.draft_tokens, shapes.bounds(), time.monotonic() - started,
-             used / 2**30, graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens)
+    where = EVERY_BATCH if every else f"decode batches above the {shapes.bounds()}"
+    rest = "prefill and extend batches" if every else "the rest"
+    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for %s in %.1f s, "
+             "%.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves %s", chain.steps,
+             chain.draft_tokens, where, time.monotonic() - started, used / 2**30,
+             graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens, rest)
     return result
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
-                      FA3_UNMASKED_DECODE_MAX_HEAD_DIM, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
+                      FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_TREE_EVIDENCE, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
                       TREE_SETTING_ENVS, DetSpecConfig, fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes,
                       switch_settings)
 from ..model_family import family_note
@@ -115,6 +115,8 @@ def fa3_tree_defaults_miss(config: DetSpecConfig) -> str:
     """Why an FA3 tree that can switch its draft shape does not take ``config.FA3_TREE_DEFAULTS`` (one clause)."""
     if config.parallel_reason:
         return f"{config.parallel_reason}: its bounds could not act, leaving the node path at every batch size"
+    if "mla" in config.family_traits:
+        return "an MLA target, whose attention the node path does not serve"
     if config.head_dim is None:
         return ("the target's head size was not read from its config.json here; a server that reads a head size of "
                 f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} takes them")
@@ -362,7 +364,14 @@ LONG_PROMPT_NOTE = ("at 2048-token prompts the tree on the node path served 1.04
 
 def chain_note(config: DetSpecConfig) -> str:
     """:func:`unmeasured_notes`' sentence for a switching tree (``config.switches_shape``): what each bound set
-    does, and what was measured of each."""
+    does, and what was measured of each; for an MLA target's tree with neither bound set, why it drafts the chain
+    at every decode batch (``config.chains_every_batch``)."""
+    if config.chains_every_batch:
+        return (f"an MLA target's tree: every decode batch drafts a chain of {config.num_steps} steps instead of "
+                f"the tree, whose verify runs SGLang's own MLA tree attention; {MLA_TREE_EVIDENCE}; coupled verify "
+                "makes the tokens independent of the draft shape; setting SGLANG_DETSPEC_TREE_CHAIN_BATCH or "
+                "SGLANG_DETSPEC_TREE_CHAIN_TOKENS (0 for the tree at every batch) lets the bounds decide instead; "
+                "the chain state's verify on an MLA target is not measured yet")
     which, evidence = [], []
     if config.chain_at_batch:
         which.append(f"of more than {config.chain_at_batch} requests")

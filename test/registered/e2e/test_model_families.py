@@ -19,9 +19,12 @@ starts nothing and its row records SGLang's reason. Checks, one row each in
   temperatures 0.7-1.3, top-k / top-p rows) on the chain and the tree give
   the reference's tokens, request by request;
 * ``logprobs``: the plugin's start-up claim (``logits='...'``) is the rule's
-  (``config.DetSpecConfig.logits``: ``tokens`` for every family here until
-  ``model_family.MEASURED_BITWISE`` records one), and a ``bitwise`` claim has
-  0 requests with other logprobs (a ``tokens`` claim's are recorded);
+  (``config.DetSpecConfig.logits``: ``tokens`` for a family here unless
+  ``model_family.MEASURED_BITWISE`` records it on the backend), and a
+  ``bitwise`` claim has 0 requests with other logprobs (a ``tokens``
+  claim's are recorded); an MLA target's tree server must have logged its
+  chain draft state for every decode batch
+  (``config.DetSpecConfig.chains_every_batch``);
 * ``retraction``: the retracting chain gives the reference's tokens for the
   same 8 requests, and the scheduler did retract (``num_retractions``);
 * ``radix_cache``: on the reference, the chain and the tree, the cache
@@ -56,6 +59,7 @@ from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import family_claim, head_dim_of, model_family
+from sglang_detspec.sglang_plugin.shape_hook import EVERY_BATCH
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
@@ -173,6 +177,10 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         logprobs_ok = claim_ok and (claimed != "bitwise" or other_logprobs == 0) and compared > 0
         rows.append(row(name, shape, backend, "logprobs", trials=compared, unique=1 + (other_logprobs > 0),
                         differing_sequences=other_logprobs, claimed=claimed, passed=logprobs_ok))
+        if shape == "tree" and server is not None and "mla" in (model_family(config.model) or "").split("+"):
+            # An MLA target's tree drafts the chain at every decode batch (DetSpecConfig.chains_every_batch).
+            if not server.log_lines(f"built for {EVERY_BATCH}"):
+                problems.append(f"{config.name}: no chain draft state built for {EVERY_BATCH} (its start-up log)")
         if not claim_ok:
             problems.append(f"{config.name}: the plugin logged logits={claims}, the rule says [{expected!r}]")
         elif not logprobs_ok:

@@ -68,6 +68,48 @@ def test_which_servers_switch(change, applies):
     assert both.switches_shape is applies_alone
 
 
+MLA_TREE = {**TREE, "tree_chain_batch": 0, "attention_backend": "fa3", "model_family": "mla+moe"}
+
+
+@pytest.mark.parametrize("change, every", [
+    ({}, True),
+    ({"model_family": "mla+moe+fp8", "attention_backend": "triton"}, True),  # not a backend rule: MLA's tree verify
+    ({"model_family": "moe"}, False),  # dense attention: the split or the node path serves its trees
+    ({"model_family": None}, False),
+    ({"eagle_topk": 1, "num_draft_tokens": 4}, False),  # a chain already
+    ({"set_tree_settings": ("tree_chain_batch",)}, False),  # a bound set in the environment decides, 0 included
+    ({"set_tree_settings": ("tree_chain_tokens",), "tree_chain_tokens": 4096}, False),
+    ({"set_tree_settings": ("tree_attention",)}, True),  # the other settings leave the draft shape alone
+    ({"parallel_reason": "pipeline parallelism (only the last stage drafts)"}, False),
+    ({"page_size": 16}, False),
+    ({"multi_layer_eagle": True}, False),
+])
+def test_an_mla_targets_tree_drafts_the_chain_at_every_decode_batch(change, every):
+    bag = DetSpecConfig(**{**MLA_TREE, **change})
+    assert bag.chains_every_batch is every
+    assert bag.switches_shape is (every or bool(bag.chain_at_tokens))
+    assert bag.chain_at_batch == 0  # no batch bound: the chain is not a bound's
+    notes = startup_notes.unmeasured_notes(bag)
+    assert any("every decode batch drafts a chain of 3 steps" in n for n in notes) is every
+
+
+def test_the_every_batch_policy_and_its_notes():
+    from sglang_detspec.config import MLA_TREE_EVIDENCE
+    from sglang_detspec.sglang_plugin.shape_rules import not_applied_note
+
+    tree, chain = object(), object()
+    every = shape_hook.Shapes(tree, chain, threshold=0, active=tree, every=True)
+    assert all(every.for_batch(True, n, kv) is chain for n, kv in ((1, None), (1, 1), (256, 10**6)))
+    assert every.for_batch(False, 1) is tree  # prefill and extend keep the tree state
+    assert every.bounds() == "every decode batch"
+    note = startup_notes.chain_note(DetSpecConfig(**MLA_TREE))
+    assert MLA_TREE_EVIDENCE in note and "SGLANG_DETSPEC_TREE_CHAIN_BATCH" in note
+    assert not_applied_note(0, "pipeline parallelism", 0).startswith(
+        "the chain draft at every decode batch (an MLA target's tree) not applied: pipeline parallelism")
+    # The FA3 tree default's miss names MLA, not an unread head size (MLA targets have none to read).
+    assert "an MLA target" in startup_notes.fa3_tree_defaults_note(DetSpecConfig(**MLA_TREE))
+
+
 def test_the_start_up_says_what_the_setting_does_or_that_it_does_nothing():
     notes = startup_notes.unmeasured_notes(DetSpecConfig(**TREE))
     assert any("decode batches of more than 16 requests draft a chain of 3 steps" in n for n in notes)

@@ -665,7 +665,7 @@ def test_help_says_which_runs_had_prefill_cuda_graphs_on(capsys, monkeypatch):
     assert "were on in the serving benchmark" in out
     assert "every E2E file that runs CUDA graphs (all but the controls), the forward-mode matrix" in out
     assert serve.PREFILL_GRAPH_SUITES in out
-    assert "except the model-families file (no check yet: its first run stopped at start-up) and the two-GPU file" in out
+    assert "except the two-GPU file (never run)" in out and "model-families file" not in out
     # The example keeps SGLang's default, so its dry run says which runs had them on.
     assert "--cuda-graph-backend-prefill" not in serve.EXAMPLE
 
