@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from .model_family import DENSE, family_claim
+from .model_family import family_claim, label_traits
 from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
@@ -289,7 +289,39 @@ class DetSpecConfig:
                 "--speculative-use-block-verification is not supported (sglang-detspec implements the classic "
                 "chain verify and coupled verify): drop the flag"
             ))
+        why = self.mla_tree_verify_reason
+        if why:
+            problems.append(Refusal("mla_tree",
+                "an MLA target's tree verify runs SGLang's own MLA tree attention, which is not its decode's "
+                f"computation ({MLA_TREE_EVIDENCE}), and this server would verify trees: {why}; draft a chain "
+                "(--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)"
+                + ("" if self.parallel_reason or not self._shape_can_switch else
+                   ", or unset SGLANG_DETSPEC_TREE_CHAIN_BATCH and SGLANG_DETSPEC_TREE_CHAIN_TOKENS (the tree then "
+                   "drafts the chain at every decode batch)")
+            ))
         return problems
+
+    @property
+    def mla_tree_verify_reason(self) -> str | None:
+        """Why an MLA target's coupled tree server would verify trees at some decode batch, or None.
+
+        None where the target is not MLA, the server verifies no trees, or
+        :attr:`chains_every_batch` holds. Otherwise one clause: a draft-shape
+        bound set in the environment, the parallel layout, or what keeps the
+        draft shape fixed (:attr:`can_switch_shape`).
+        """
+        if not (self.ours and self.coupled and self.verifies_trees and "mla" in self.family_traits) or \
+                self._chains_every_batch:
+            return None
+        if self.parallel_reason:
+            return self.parallel_reason
+        if not self._shape_can_switch:
+            return ("its draft shape cannot switch: NGRAM, multi-layer EAGLE, a KV page size above 1 or fewer "
+                    "than steps + 1 draft tokens")
+        settings = switch_settings(self.tree_chain_batch, self.tree_chain_tokens)
+        if not settings:
+            return "a draft-shape bound set to 0, the tree at every decode batch"
+        return f"{settings} set, the tree at the decode batches within the bounds"
 
     def _rejection_refusals(self) -> list[Refusal]:
         algo = self.algorithm
@@ -408,13 +440,18 @@ class DetSpecConfig:
         layout allow, unless either draft-shape bound is set in the
         environment (then the bounds decide, as for any tree).
         """
-        return bool(self.can_switch_shape and self.parallel_reason is None and "mla" in self.family_traits
+        return bool(self.active and self._chains_every_batch)
+
+    @property
+    def _chains_every_batch(self) -> bool:
+        # chains_every_batch but `active` (refusals() reads this).
+        return bool(self._shape_can_switch and self.parallel_reason is None and "mla" in self.family_traits
                     and not {"tree_chain_batch", "tree_chain_tokens"} & set(self.set_tree_settings))
 
     @property
     def family_traits(self) -> tuple[str, ...]:
         """The target family's traits (``model_family`` split at ``+``: ``("mla", "moe")``); empty when dense or unknown."""
-        return tuple(t for t in (self.model_family or "").split("+") if t and t != DENSE)
+        return label_traits(self.model_family)
 
     @property
     def switches_shape(self) -> bool:
@@ -426,7 +463,12 @@ class DetSpecConfig:
     def can_switch_shape(self) -> bool:
         """Whether ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` and ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS`` would apply to
         this server: every condition of :attr:`chain_at_batch` but the settings themselves."""
-        return bool(self.active and self.coupled and self.algorithm in SHAPE_SWITCH_ALGORITHMS
+        return bool(self.active and self._shape_can_switch)
+
+    @property
+    def _shape_can_switch(self) -> bool:
+        # Every condition of can_switch_shape but `active`, which reads refusals(), which reads this.
+        return bool(self.ours and self.coupled and self.algorithm in SHAPE_SWITCH_ALGORITHMS
                     and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
                     and self.page_size in (None, 1)
                     and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1))
@@ -840,7 +882,7 @@ class Refusal(str):
     while the message is free to change: ``algorithm_not_covered``,
     ``reduced_draft_vocab``, ``rl_on_policy``, ``tokenizer_workers``,
     ``block_verification``, ``rejection_needs_flag``, ``rejection_algorithm``,
-    ``rejection_chain_unset``, ``rejection_tree``; and ``attention_backend``,
+    ``rejection_chain_unset``, ``rejection_tree``, ``mla_tree``; and ``attention_backend``,
     SGLang's own refusal as ``detspec serve`` states it up front
     (``sglang_plugin/resolve.py``, ``sglang_refusals``).
     """

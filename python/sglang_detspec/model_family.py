@@ -4,10 +4,11 @@ The logits claim (``config.logits_guarantee``) was measured on dense
 full-attention targets in bf16 (``docs/forward_modes.md``). Mixture-of-experts
 layers, multi-head latent attention (MLA) and FP8 weights take other kernels
 under SGLang's deterministic inference (the fused MoE kernel's fixed tile
-configuration, the MLA attention paths, the FP8 GEMMs with pinned tactics),
-and no end-to-end run has compared their logprobs across forward modes yet:
-for them the claim is ``tokens``, and the start-up line says it is not
-measured. A family enters :data:`MEASURED_BITWISE` when a committed run
+configuration, the MLA attention paths, the FP8 GEMMs with pinned tactics):
+for them the claim is ``tokens`` until a run measures them, and the start-up
+line says what was measured (:data:`MEASURED_APART`) or that nothing was
+(the model-family suite's first checks ran on 2026-12-07, fa3 only:
+``docs/e2e/2026-12-07-h100-model-families``). A family enters :data:`MEASURED_BITWISE` when a committed run
 (``test/registered/e2e/test_model_families.py``) records 0 differing logprobs
 for it on a backend, on a target whose logits those layers move. The tiny
 family targets (``scripts/tiny_families.py``) are such targets: their
@@ -49,6 +50,19 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "mo
 MEASURED_BITWISE: dict[tuple[str, str], str] = {
     ("moe", "fa3"): "docs/e2e/2026-12-07-h100-model-families/fp8_qwen3_moe",
 }
+# What a promotion covers beyond its run, for the start-up note (family_evidence_note).
+MEASURED_SHAPES = {
+    ("moe", "fa3"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the FA3 prefix / tail split; 8 "
+                    "experts of intermediate 128, one GPU); the attention paths other head sizes take (SGLang's FA3 "
+                    "calls and the node path at 65-128) were measured on dense targets only, and other expert "
+                    "layouts, expert parallelism and MoE runner backends not at all",
+}
+# (family label, attention backend) pairs a committed run measured apart from bitwise somewhere: what it found.
+MEASURED_APART: dict[tuple[str, str], str] = {
+    ("mla+moe", "fa3"): "the tiny DeepSeek-V3's NEXTN chain gave the logprobs of decoding without speculative "
+                        "decoding bit for bit, its tree did not (docs/e2e/2026-12-07-h100-model-families), so its "
+                        "tree drafts the chain at every decode batch, which has not run on a server yet",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +86,11 @@ class ModelTraits:
         if self.quantization:
             parts.append(self.quantization)
         return "+".join(parts) or DENSE
+
+
+def label_traits(label: str | None) -> tuple[str, ...]:
+    """The traits a :attr:`ModelTraits.label` names (``"mla+moe"`` -> ``("mla", "moe")``); empty for dense or None."""
+    return tuple(t for t in (label or "").split("+") if t and t != DENSE)
 
 
 def _uses_experts(config: Mapping) -> bool:
@@ -184,9 +203,27 @@ def family_claim(family: str | None, attention_claim: str, attention_backend: st
 
 
 def family_note(family: str | None, attention_backend: str | None) -> str | None:
-    """The start-up note for a family no run has measured on this backend (None for dense or measured ones)."""
+    """The start-up note for a family whose claim is ``tokens`` on this backend (None for dense or promoted ones):
+    what a run measured of it (:data:`MEASURED_APART`), or that none did."""
     if family in (None, DENSE) or (family, attention_backend) in MEASURED_BITWISE:
         return None
-    where = f"{attention_backend} attention" if attention_backend else "any attention backend"
+    found = MEASURED_APART.get((family, attention_backend))
+    if found:
+        return f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens': {found}"
+    if attention_backend is None:
+        measured = sorted({b for f, b in (*MEASURED_BITWISE, *MEASURED_APART) if f == family})
+        where = ("the backend SGLang picks here" + (f" (measured on {', '.join(measured)} only; name "
+                                                     "--attention-backend for its claim)" if measured else ""))
+    else:
+        where = f"{attention_backend} attention"
     return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens', not measured "
             f"(no end-to-end run has recorded its logprobs across forward modes on {where} yet)")
+
+
+def family_evidence_note(family: str | None, attention_backend: str | None) -> str | None:
+    """The start-up note for a promoted family (:data:`MEASURED_BITWISE`): its run and what the run does not cover."""
+    run = MEASURED_BITWISE.get((family, attention_backend))
+    if run is None:
+        return None
+    return (f"the target is {family}: it claims what its attention claims on {attention_backend}, measured "
+            f"{MEASURED_SHAPES[(family, attention_backend)]} ({run})")

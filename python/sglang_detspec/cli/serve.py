@@ -74,10 +74,11 @@ without --attention-backend it states 'tokens' (see below).
               or sliding-window layers, head sizes up to 256, trees of up
               to 65 draft tokens;
             - fa3 servers that verify no trees (a chain, multi-layer EAGLE,
-              no speculative decoding) at target head sizes 65 to 128 keep SGLang's own FA3
-              calls instead, which run every forward mode on one causal
-              kernel there (its start-up check of them decides; measured
-              bitwise with SGLang's harness at head size 128);
+              no speculative decoding) at target head sizes 65 to 128
+              keep SGLang's own FA3 calls instead, which run every
+              forward mode on one causal kernel there (its start-up
+              check of them decides; measured bitwise with SGLang's
+              harness at head size 128);
             - fa3 EAGLE / EAGLE3 / NEXTN trees at target head sizes 65 to
               128 (no attention data or pipeline parallelism) take the FA3
               tree default instead: SGLang's FA3 calls,
@@ -86,10 +87,11 @@ without --attention-backend it states 'tokens' (see below).
               (for the tree settings not set in the environment).
   tokens    other backends; any --kv-cache-dtype other than auto;
             MLA or quantized targets, mixture-of-experts targets outside
-            fa3 (measured bitwise on fa3: docs/e2e/README.md); a run without --attention-backend (SGLang picks
-            the backend on the GPU, so the dry run cannot know it; where it
-            can read the target's config.json it notes what fa3 would
-            claim).
+            fa3 (measured bitwise on fa3: the run of 2026-12-07 in
+            docs/results.md); a run without --attention-backend (SGLang
+            picks the backend on the GPU, so the dry run cannot know it;
+            where it can read the target's config.json it notes what fa3
+            would claim).
 
 A server past one of these limits, or whose start-up check fails, keeps
 SGLang's FA3 calls (on triton the one-pass decode) and says which claim
@@ -101,10 +103,14 @@ chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 on the node
 path apart, head sizes 65 to 128, as in the FA3 tree default), and so do fa3
 chains outside head sizes 65 to 128 and, with sglang, triton chains.
 
-Draft shape: SGLANG_DETSPEC_TREE_CHAIN_BATCH=B and SGLANG_DETSPEC_TREE_CHAIN_TOKENS=T
-make a coupled tree draft a chain of its depth for decode batches above B
-requests or T summed tokens (0 by default; 16 and 12288 in the FA3 tree
-default); the tokens stay the same (docs/usage.md).
+Draft shape: SGLANG_DETSPEC_TREE_CHAIN_BATCH=B and
+SGLANG_DETSPEC_TREE_CHAIN_TOKENS=T make a coupled tree draft a chain of its
+depth for decode batches above B requests or T summed tokens (0 by default;
+16 and 12288 in the FA3 tree default); the tokens stay the same
+(docs/usage.md). An MLA target's tree
+drafts the chain at every decode batch (its tree verify, SGLang's own MLA
+tree attention, was measured apart from decode); with a bound set, or
+where its shape cannot switch, start-up refuses it (refusal mla_tree).
 
 Measured: both splits bitwise on an H200 (docs/forward_modes.md). Serving
 the 8B shape the FA3 split cost the plain tree 0.92-1.06x SGLang's
@@ -266,7 +272,8 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
         return []
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
-            "the default, up to 256; on fa3 without it 65 to 128); MoE, MLA and quantized targets claim 'tokens', "
+            "the default, up to 256; on fa3 without it 65 to 128); MLA and quantized targets claim 'tokens', as do "
+            "MoE targets outside fa3, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
             "loads)"]
 

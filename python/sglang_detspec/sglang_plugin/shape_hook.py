@@ -84,6 +84,7 @@ STEP_KINDS = ("chain decode", "tree decode", "prefill or extend")
 # The chain state's start-up line of an MLA target's tree (DetSpecConfig.chains_every_batch): the suites' evidence
 # that its tree drafted the chain.
 EVERY_BATCH = "every decode batch"
+BUILT_FOR_EVERY_BATCH_LOG = f"built for {EVERY_BATCH}"
 # Beside each logged switch on a decode batch: SGLang's flag for its target verify under a CUDA graph (True / False).
 VERIFY_GRAPH_LOG = "verify CUDA graph:"
 _CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
@@ -344,11 +345,11 @@ def install_shapes(result, worker, *args, **kwargs):
     DRAFT_SHAPES.write(worker, shapes)
     DRAFT_TOPK.write(worker._draft_worker, tree.topk)
     used = free_before - _free_device_memory()
-    where = EVERY_BATCH if every else f"decode batches above the {shapes.bounds()}"
+    built = BUILT_FOR_EVERY_BATCH_LOG if every else f"built for decode batches above the {shapes.bounds()}"
     rest = "prefill and extend batches" if every else "the rest"
-    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for %s in %.1f s, "
+    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) %s in %.1f s, "
              "%.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves %s", chain.steps,
-             chain.draft_tokens, where, time.monotonic() - started, used / 2**30,
+             chain.draft_tokens, built, time.monotonic() - started, used / 2**30,
              graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens, rest)
     return result
 
@@ -398,8 +399,9 @@ def _free_device_memory() -> int:
 def run_in_shape(original, self, batch, *args, **kwargs):
     """AROUND hook for ``EAGLEWorkerV2.forward_batch_generation(batch, ...)``: the batch's state, then SGLang's step.
 
-    Decode batches above a bound (requests, or summed sequence length)
-    run the chain; prefill and extend batches (and idle ones) the tree.
+    Decode batches above a bound (requests, or summed sequence length),
+    or every decode batch where :attr:`Shapes.every` holds (idle ones too),
+    run the chain; prefill and extend batches the tree.
     ``batch.seq_lens.shape`` and :func:`batch_kv_tokens` read host
     metadata: no device synchronisation.
     """

@@ -56,10 +56,8 @@ def idle_bound_note(threshold: int, tokens: int, max_running_requests: int | Non
 
 
 def not_applied_note(threshold: int, reason: str, tokens: int = 0) -> str:
-    """The sentence the server logs, and the dry run prints, where the switch is not applied (neither bound set:
-    an MLA target's chain at every decode batch, ``DetSpecConfig.chains_every_batch``)."""
-    what = switch_settings(threshold, tokens) or "the chain draft at every decode batch (an MLA target's tree)"
-    return f"{what} not applied: {reason}; the tree drafts at every batch size"
+    """The sentence the server logs, and the dry run prints, where the switch is not applied."""
+    return f"{switch_settings(threshold, tokens)} not applied: {reason}; the tree drafts at every batch size"
 
 
 def parallel_reason(view) -> str | None:

@@ -17,9 +17,9 @@ import logging
 
 from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
                       FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_TREE_EVIDENCE, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
-                      TREE_SETTING_ENVS, DetSpecConfig, fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes,
-                      switch_settings)
-from ..model_family import family_note
+                      TREE_CHAIN_BATCH_ENV, TREE_CHAIN_TOKENS_ENV, TREE_SETTING_ENVS, DetSpecConfig,
+                      fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes, switch_settings)
+from ..model_family import family_evidence_note, family_note
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -41,6 +41,9 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     family = family_note(config.model_family, config.attention_backend) if config.active else None
     if family:
         notes.append(family)
+    evidence = family_evidence_note(config.model_family, config.attention_backend) if config.active else None
+    if evidence:
+        notes.append(evidence)
     if config.active and config.tree_attention == "nodes":
         if config.attention_backend not in (None, "fa3"):  # None: not resolved yet (SGLang picks it at start-up)
             notes.append(f"SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only; with "
@@ -113,10 +116,10 @@ def fa3_tree_defaults_note(config: DetSpecConfig) -> str | None:
 
 def fa3_tree_defaults_miss(config: DetSpecConfig) -> str:
     """Why an FA3 tree that can switch its draft shape does not take ``config.FA3_TREE_DEFAULTS`` (one clause)."""
-    if config.parallel_reason:
-        return f"{config.parallel_reason}: its bounds could not act, leaving the node path at every batch size"
     if "mla" in config.family_traits:
         return "an MLA target, whose attention the node path does not serve"
+    if config.parallel_reason:
+        return f"{config.parallel_reason}: its bounds could not act, leaving the node path at every batch size"
     if config.head_dim is None:
         return ("the target's head size was not read from its config.json here; a server that reads a head size of "
                 f"{FA3_UNMASKED_DECODE_MAX_HEAD_DIM + 1}-{FA3_CAUSAL_KEPT_MAX_HEAD_DIM} takes them")
@@ -223,7 +226,7 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
     where the split stands down); None where no path of the plugin's serves
     (another backend, the split turned off or past a limit, no backend named).
     """
-    if "mla" in (config.model_family or "").split("+"):
+    if "mla" in config.family_traits:
         return ("MLA attention: neither the positional split nor the one-pass decode serves it; SGLang's own "
                 "attention calls run (on triton its split-KV decode kernel), so the split's notes do not apply")
     path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
@@ -369,9 +372,12 @@ def chain_note(config: DetSpecConfig) -> str:
     if config.chains_every_batch:
         return (f"an MLA target's tree: every decode batch drafts a chain of {config.num_steps} steps instead of "
                 f"the tree, whose verify runs SGLang's own MLA tree attention; {MLA_TREE_EVIDENCE}; coupled verify "
-                "makes the tokens independent of the draft shape; setting SGLANG_DETSPEC_TREE_CHAIN_BATCH or "
-                "SGLANG_DETSPEC_TREE_CHAIN_TOKENS (0 for the tree at every batch) lets the bounds decide instead; "
-                "the chain state's verify on an MLA target is not measured yet")
+                "makes the tokens independent of the draft shape; the tree state serves prefill and extend batches "
+                "only, and its KV reserve and CUDA graphs stay beside the chain state's; accept lengths are the "
+                "chain's (2.98 tokens per verify against the tree's 3.58 there); --speculative-eagle-topk 1 "
+                f"serves the chain without the tree state; a draft-shape bound ({TREE_CHAIN_BATCH_ENV}, "
+                f"{TREE_CHAIN_TOKENS_ENV}) is refused here (refusal mla_tree); this chain state's verify "
+                "on an MLA target has not run on a server yet (the chain server's has)")
     which, evidence = [], []
     if config.chain_at_batch:
         which.append(f"of more than {config.chain_at_batch} requests")

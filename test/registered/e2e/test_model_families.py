@@ -58,8 +58,8 @@ import _requests
 from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
-from sglang_detspec.model_family import family_claim, head_dim_of, model_family
-from sglang_detspec.sglang_plugin.shape_hook import EVERY_BATCH
+from sglang_detspec.model_family import family_claim, head_dim_of, label_traits, model_family
+from sglang_detspec.sglang_plugin.shape_hook import BUILT_FOR_EVERY_BATCH_LOG, SWITCH_LOG
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
@@ -177,10 +177,13 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         logprobs_ok = claim_ok and (claimed != "bitwise" or other_logprobs == 0) and compared > 0
         rows.append(row(name, shape, backend, "logprobs", trials=compared, unique=1 + (other_logprobs > 0),
                         differing_sequences=other_logprobs, claimed=claimed, passed=logprobs_ok))
-        if shape == "tree" and server is not None and "mla" in (model_family(config.model) or "").split("+"):
-            # An MLA target's tree drafts the chain at every decode batch (DetSpecConfig.chains_every_batch).
-            if not server.log_lines(f"built for {EVERY_BATCH}"):
-                problems.append(f"{config.name}: no chain draft state built for {EVERY_BATCH} (its start-up log)")
+        if shape == "tree" and server is not None and "mla" in label_traits(model_family(config.model)):
+            # An MLA target's tree drafts the chain at every decode batch (DetSpecConfig.chains_every_batch):
+            # its chain state was built, and no decode batch switched to the tree.
+            if not server.log_lines(BUILT_FOR_EVERY_BATCH_LOG):
+                problems.append(f"{config.name}: no chain draft state {BUILT_FOR_EVERY_BATCH_LOG} (its start-up log)")
+            if server.log_lines(f"{SWITCH_LOG} tree (decode batch"):
+                problems.append(f"{config.name}: a decode batch drafted the tree")
         if not claim_ok:
             problems.append(f"{config.name}: the plugin logged logits={claims}, the rule says [{expected!r}]")
         elif not logprobs_ok:

@@ -93,9 +93,32 @@ def test_an_mla_targets_tree_drafts_the_chain_at_every_decode_batch(change, ever
     assert any("every decode batch drafts a chain of 3 steps" in n for n in notes) is every
 
 
+@pytest.mark.parametrize("change, why", [
+    ({"set_tree_settings": ("tree_chain_batch",)}, "a draft-shape bound set to 0, the tree at every decode batch"),
+    ({"set_tree_settings": ("tree_chain_batch",), "tree_chain_batch": 16},
+     "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 set, the tree at the decode batches within the bounds"),
+    ({"parallel_reason": "pipeline parallelism (only the last stage drafts)"}, "pipeline parallelism"),
+    ({"page_size": 16}, "its draft shape cannot switch"),
+    ({"algorithm": "NGRAM", "eagle_topk": None, "num_steps": None}, "its draft shape cannot switch"),
+])
+def test_an_mla_tree_that_would_verify_trees_is_refused(change, why):
+    bag = DetSpecConfig(**{**MLA_TREE, **change})
+    (refusal,) = bag.refusals()
+    assert refusal.code == "mla_tree" and why in refusal and "--speculative-eagle-topk 1" in refusal
+    assert not bag.active and not bag.chains_every_batch
+    # The unset bounds are offered only where the tree could then draft the chain at every decode batch.
+    assert ("unset SGLANG_DETSPEC_TREE_CHAIN_BATCH" in refusal) == ("set_tree_settings" in change
+                                                                      and "parallel_reason" not in change)
+
+
+def test_trees_of_other_families_and_mla_chains_are_not_refused():
+    for change in ({}, {"model_family": "moe"}, {"model_family": None}, {"eagle_topk": 1, "num_draft_tokens": 4},
+                   {"model_family": "moe", "set_tree_settings": ("tree_chain_batch",)}):
+        assert DetSpecConfig(**{**MLA_TREE, **change}).refusals() == []
+
+
 def test_the_every_batch_policy_and_its_notes():
     from sglang_detspec.config import MLA_TREE_EVIDENCE
-    from sglang_detspec.sglang_plugin.shape_rules import not_applied_note
 
     tree, chain = object(), object()
     every = shape_hook.Shapes(tree, chain, threshold=0, active=tree, every=True)
@@ -104,8 +127,6 @@ def test_the_every_batch_policy_and_its_notes():
     assert every.bounds() == "every decode batch"
     note = startup_notes.chain_note(DetSpecConfig(**MLA_TREE))
     assert MLA_TREE_EVIDENCE in note and "SGLANG_DETSPEC_TREE_CHAIN_BATCH" in note
-    assert not_applied_note(0, "pipeline parallelism", 0).startswith(
-        "the chain draft at every decode batch (an MLA target's tree) not applied: pipeline parallelism")
     # The FA3 tree default's miss names MLA, not an unread head size (MLA targets have none to read).
     assert "an MLA target" in startup_notes.fa3_tree_defaults_note(DetSpecConfig(**MLA_TREE))
 

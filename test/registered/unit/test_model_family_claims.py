@@ -17,8 +17,9 @@ import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
-from sglang_detspec.model_family import (DENSE, MEASURED_BITWISE, ModelTraits, attention_head_dim, family_claim,
-                                         family_note, head_dim_of, model_family, traits_of)
+from sglang_detspec.model_family import (DENSE, MEASURED_APART, MEASURED_BITWISE, ModelTraits, attention_head_dim,
+                                         family_claim, family_evidence_note, family_note, head_dim_of, model_family,
+                                         traits_of)
 from sglang_detspec.sglang_plugin import resolve, startup_notes
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
@@ -75,6 +76,21 @@ def test_unmeasured_families_claim_tokens_and_say_so():
     assert "triton" in family_note("moe", "triton") and family_note("moe", "fa3") is None
     assert family_claim("moe", "bitwise", "fa3") == "bitwise" and family_claim("moe", "bitwise", "triton") == "tokens"
     assert family_note(DENSE, "fa3") is None and family_note(None, "fa3") is None
+    chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
+    assert DetSpecConfig(**chain).logits == DetSpecConfig(**chain, model_family=DENSE).logits == "bitwise"
+    bag = DetSpecConfig(**chain, model_family="moe+fp8")
+    assert bag.logits == "tokens" and "logits='tokens'" in bag.describe() and "model_family='moe+fp8'" in bag.describe()
+
+
+def test_family_notes_say_what_was_measured():
+    # A promoted family's note names its run and what the run does not cover.
+    for (family, backend), run in MEASURED_BITWISE.items():
+        note = family_evidence_note(family, backend)
+        assert run in note and "not at all" in note
+    assert family_evidence_note("moe", "triton") is None and family_evidence_note("mla+moe", "fa3") is None
+    # A family measured apart says what was found; without a backend the note names where it was measured.
+    assert "its tree did not" in family_note("mla+moe", "fa3") and "not measured" not in family_note("mla+moe", "fa3")
+    assert "measured on fa3 only" in family_note("moe", None) and "measured on" not in family_note("moe+fp8", None)
 
 
 @pytest.mark.parametrize("entry", sorted(MEASURED_BITWISE))
@@ -92,10 +108,6 @@ def test_a_measured_family_has_a_committed_run_with_no_logprob_apart(entry):
     logs = sorted(run.glob(f"server_test_model_families-{family}_*.log"))
     assert len(logs) == 4
     assert all(f"attention_backend='{backend}'" in log.read_text() for log in logs)
-    chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
-    assert DetSpecConfig(**chain).logits == DetSpecConfig(**chain, model_family=DENSE).logits == "bitwise"
-    bag = DetSpecConfig(**chain, model_family="moe+fp8")
-    assert bag.logits == "tokens" and "logits='tokens'" in bag.describe() and "model_family='moe+fp8'" in bag.describe()
 
 
 def test_model_family_reads_the_folder_and_tolerates_what_it_cannot_read(tiny, tmp_path):
@@ -151,7 +163,10 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
         reset_config()
         return
     assert bag.logits == "tokens"
-    assert any("not measured" in note for note in startup_notes.setting_notes(bag))
+    # The family note says what a run measured of it on this backend, or that none did.
+    apart = MEASURED_APART.get((family, bag.attention_backend))
+    assert any(("not measured" in note) if apart is None else (apart in note)
+               for note in startup_notes.setting_notes(bag))
     # No note speaks of the split's claims ('bitwise', fallbacks) for a target whose claim is the family's.
     notes = startup_notes.unmeasured_notes(bag)
     assert not any("DECODE_ATTENTION=split" in n or "bitwise" in n for n in notes)
