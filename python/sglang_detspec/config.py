@@ -294,7 +294,9 @@ class DetSpecConfig:
             problems.append(Refusal("mla_tree",
                 "an MLA target's tree verify runs SGLang's own MLA tree attention, which is not its decode's "
                 f"computation ({MLA_TREE_EVIDENCE}), and this server would verify trees: {why}; draft a chain "
-                "(--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)"
+                + ("with EAGLE or NEXTN (--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)"
+                   if self.algorithm not in SHAPE_SWITCH_ALGORITHMS else
+                   "(--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)")
                 + ("" if self.parallel_reason or not self._shape_can_switch else
                    ", or unset SGLANG_DETSPEC_TREE_CHAIN_BATCH and SGLANG_DETSPEC_TREE_CHAIN_TOKENS (the tree then "
                    "drafts the chain at every decode batch)")
@@ -315,9 +317,14 @@ class DetSpecConfig:
             return None
         if self.parallel_reason:
             return self.parallel_reason
+        if self.algorithm not in SHAPE_SWITCH_ALGORITHMS:
+            return f"{self.algorithm} drafts no chain of its own"
+        if self.multi_layer_eagle:
+            return "multi-layer EAGLE keeps its draft shape"
+        if self.page_size not in (None, 1):
+            return f"KV page size {self.page_size} (the draft shape switches at pages of one token)"
         if not self._shape_can_switch:
-            return ("its draft shape cannot switch: NGRAM, multi-layer EAGLE, a KV page size above 1 or fewer "
-                    "than steps + 1 draft tokens")
+            return f"{self.num_draft_tokens} draft tokens, fewer than steps + 1, cannot verify the chain of its depth"
         settings = switch_settings(self.tree_chain_batch, self.tree_chain_tokens)
         if not settings:
             return "a draft-shape bound set to 0, the tree at every decode batch"
@@ -436,9 +443,10 @@ class DetSpecConfig:
         while its chain verify gave the decode's bits
         (:data:`MLA_TREE_EVIDENCE`). Coupled verify makes the tokens
         independent of the draft shape, so such a tree drafts the chain at
-        every decode batch, where :attr:`can_switch_shape` and the parallel
-        layout allow, unless either draft-shape bound is set in the
-        environment (then the bounds decide, as for any tree).
+        every decode batch; where it could not (a draft-shape bound set in
+        the environment, a parallel layout or draft shape that cannot switch)
+        start-up refuses it (:attr:`mla_tree_verify_reason`, refusal
+        ``mla_tree``), so an active MLA tree server always holds this.
         """
         return bool(self.active and self._chains_every_batch)
 

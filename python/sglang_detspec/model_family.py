@@ -210,12 +210,12 @@ def family_note(family: str | None, attention_backend: str | None) -> str | None
     found = MEASURED_APART.get((family, attention_backend))
     if found:
         return f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens': {found}"
-    if attention_backend is None:
-        measured = sorted({b for f, b in (*MEASURED_BITWISE, *MEASURED_APART) if f == family})
-        where = ("the backend SGLang picks here" + (f" (measured on {', '.join(measured)} only; name "
-                                                     "--attention-backend for its claim)" if measured else ""))
-    else:
-        where = f"{attention_backend} attention"
+    measured = sorted({b for f, b in (*MEASURED_BITWISE, *MEASURED_APART) if f == family})
+    if attention_backend is None and measured:
+        return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens' until the "
+                f"backend is known (a run measured this family on {', '.join(measured)}; name --attention-backend "
+                "for that backend's claim and what was measured there)")
+    where = f"{attention_backend} attention" if attention_backend else "any attention backend"
     return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens', not measured "
             f"(no end-to-end run has recorded its logprobs across forward modes on {where} yet)")
 

@@ -275,7 +275,9 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
             "the default, up to 256; on fa3 without it 65 to 128); MLA and quantized targets claim 'tokens', as do "
             "MoE targets outside fa3, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
-            "loads)"]
+            "loads)" + ("; an MLA target's tree with a draft-shape bound set, attention data or pipeline "
+                        "parallelism, KV pages above 1, NGRAM, STANDALONE or multi-layer EAGLE is refused at "
+                        "start-up (refusal mla_tree)" if bag.verifies_trees else "")]
 
 
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:

@@ -77,16 +77,11 @@ MLA_TREE = {**TREE, "tree_chain_batch": 0, "attention_backend": "fa3", "model_fa
     ({"model_family": "moe"}, False),  # dense attention: the split or the node path serves its trees
     ({"model_family": None}, False),
     ({"eagle_topk": 1, "num_draft_tokens": 4}, False),  # a chain already
-    ({"set_tree_settings": ("tree_chain_batch",)}, False),  # a bound set in the environment decides, 0 included
-    ({"set_tree_settings": ("tree_chain_tokens",), "tree_chain_tokens": 4096}, False),
     ({"set_tree_settings": ("tree_attention",)}, True),  # the other settings leave the draft shape alone
-    ({"parallel_reason": "pipeline parallelism (only the last stage drafts)"}, False),
-    ({"page_size": 16}, False),
-    ({"multi_layer_eagle": True}, False),
 ])
 def test_an_mla_targets_tree_drafts_the_chain_at_every_decode_batch(change, every):
     bag = DetSpecConfig(**{**MLA_TREE, **change})
-    assert bag.chains_every_batch is every
+    assert bag.active and bag.chains_every_batch is every
     assert bag.switches_shape is (every or bool(bag.chain_at_tokens))
     assert bag.chain_at_batch == 0  # no batch bound: the chain is not a bound's
     notes = startup_notes.unmeasured_notes(bag)
@@ -98,8 +93,10 @@ def test_an_mla_targets_tree_drafts_the_chain_at_every_decode_batch(change, ever
     ({"set_tree_settings": ("tree_chain_batch",), "tree_chain_batch": 16},
      "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 set, the tree at the decode batches within the bounds"),
     ({"parallel_reason": "pipeline parallelism (only the last stage drafts)"}, "pipeline parallelism"),
-    ({"page_size": 16}, "its draft shape cannot switch"),
-    ({"algorithm": "NGRAM", "eagle_topk": None, "num_steps": None}, "its draft shape cannot switch"),
+    ({"page_size": 16}, "KV page size 16"),
+    ({"algorithm": "NGRAM", "eagle_topk": None, "num_steps": None}, "NGRAM drafts no chain of its own"),
+    ({"multi_layer_eagle": True}, "multi-layer EAGLE keeps its draft shape"),
+    ({"num_draft_tokens": 3}, "3 draft tokens, fewer than steps + 1"),
 ])
 def test_an_mla_tree_that_would_verify_trees_is_refused(change, why):
     bag = DetSpecConfig(**{**MLA_TREE, **change})
