@@ -295,11 +295,11 @@ class DetSpecConfig:
                 "an MLA target's tree verify runs SGLang's own MLA tree attention, which is not its decode's "
                 f"computation ({MLA_TREE_EVIDENCE}), and this server would verify trees: {why}; draft a chain "
                 + ("with EAGLE or NEXTN (--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)"
-                   if self.algorithm not in SHAPE_SWITCH_ALGORITHMS else
+                   if self.algorithm == "NGRAM" else
                    "(--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)")
                 + ("" if self.parallel_reason or not self._shape_can_switch else
-                   ", or unset SGLANG_DETSPEC_TREE_CHAIN_BATCH and SGLANG_DETSPEC_TREE_CHAIN_TOKENS (the tree then "
-                   "drafts the chain at every decode batch)")
+                   f", or unset {TREE_CHAIN_BATCH_ENV} and {TREE_CHAIN_TOKENS_ENV} (the tree then drafts the "
+                   "chain at every decode batch)")
             ))
         return problems
 
@@ -318,7 +318,7 @@ class DetSpecConfig:
         if self.parallel_reason:
             return self.parallel_reason
         if self.algorithm not in SHAPE_SWITCH_ALGORITHMS:
-            return f"{self.algorithm} drafts no chain of its own"
+            return f"{self.algorithm} trees keep their draft shape"
         if self.multi_layer_eagle:
             return "multi-layer EAGLE keeps its draft shape"
         if self.page_size not in (None, 1):

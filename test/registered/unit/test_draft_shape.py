@@ -94,7 +94,7 @@ def test_an_mla_targets_tree_drafts_the_chain_at_every_decode_batch(change, ever
      "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 set, the tree at the decode batches within the bounds"),
     ({"parallel_reason": "pipeline parallelism (only the last stage drafts)"}, "pipeline parallelism"),
     ({"page_size": 16}, "KV page size 16"),
-    ({"algorithm": "NGRAM", "eagle_topk": None, "num_steps": None}, "NGRAM drafts no chain of its own"),
+    ({"algorithm": "NGRAM", "eagle_topk": None, "num_steps": None}, "NGRAM trees keep their draft shape"),
     ({"multi_layer_eagle": True}, "multi-layer EAGLE keeps its draft shape"),
     ({"num_draft_tokens": 3}, "3 draft tokens, fewer than steps + 1"),
 ])
@@ -102,6 +102,7 @@ def test_an_mla_tree_that_would_verify_trees_is_refused(change, why):
     bag = DetSpecConfig(**{**MLA_TREE, **change})
     (refusal,) = bag.refusals()
     assert refusal.code == "mla_tree" and why in refusal and "--speculative-eagle-topk 1" in refusal
+    assert ("with EAGLE or NEXTN" in refusal) == (change.get("algorithm") == "NGRAM")  # NGRAM has no top-k
     assert not bag.active and not bag.chains_every_batch
     # The unset bounds are offered only where the tree could then draft the chain at every decode batch.
     assert ("unset SGLANG_DETSPEC_TREE_CHAIN_BATCH" in refusal) == ("set_tree_settings" in change
