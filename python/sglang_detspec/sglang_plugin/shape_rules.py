@@ -57,8 +57,7 @@ def idle_bound_note(threshold: int, tokens: int, max_running_requests: int | Non
 
 def not_applied_note(threshold: int, reason: str, tokens: int = 0) -> str:
     """The sentence the server logs, and the dry run prints, where the switch is not applied."""
-    what = switch_settings(threshold, tokens) or "the draft-shape switch"
-    return f"{what} not applied: {reason}; the tree drafts at every batch size"
+    return f"{switch_settings(threshold, tokens)} not applied: {reason}; the tree drafts at every batch size"
 
 
 def parallel_reason(view) -> str | None:

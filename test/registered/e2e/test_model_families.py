@@ -59,7 +59,7 @@ from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import family_claim, head_dim_of, label_traits, model_family
-from sglang_detspec.sglang_plugin.shape_hook import BUILT_FOR_EVERY_BATCH_LOG, SUMMARY_LOG, SWITCH_LOG
+from sglang_detspec.sglang_plugin.shape_hook import BUILT_FOR_EVERY_BATCH_LOG, STEP_KINDS, SUMMARY_LOG, SWITCH_LOG
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
@@ -184,7 +184,7 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
                 problems.append(f"{config.name}: no chain draft state {BUILT_FOR_EVERY_BATCH_LOG} (its start-up log)")
             # The first switches each way are logged, and every SUMMARY_S seconds the steps by shape.
             tree_decodes = [int(n) for line in server.log_lines(SUMMARY_LOG)
-                            for n in re.findall(r"tree decode (\d+)", line)]
+                            for n in re.findall(rf"{STEP_KINDS[1]} (\d+)", line)]
             if server.log_lines(f"{SWITCH_LOG} tree (decode batch") or any(tree_decodes):
                 problems.append(f"{config.name}: a decode batch drafted the tree")
         if not claim_ok:
