@@ -76,7 +76,7 @@ PLAIN_TREE_DEFAULTS = {"tree_attention": "cascade", "decode_attention": DEFAULT_
 # "The FA3 tree default on servers").
 FA3_TREE_DEFAULTS = {"tree_attention": "nodes", "decode_attention": "sglang",
                      "tree_chain_batch": 16, "tree_chain_tokens": 12288}
-# Why an MLA target's tree drafts a chain at every decode batch (DetSpecConfig.chains_every_batch), written once.
+# Why an MLA target's tree is served as the chain of its depth (DetSpecConfig.mla_tree_as_chain), written once.
 MLA_TREE_EVIDENCE = ("on fa3 the tiny DeepSeek-V3 target's tree verify moved every logprob after each sequence's "
                      "first (up to 0.067) and 2 of 8 sequences took other tokens, while its chain gave the decode's "
                      "bits (one H100, docs/e2e/2026-12-07-h100-model-families)")
@@ -105,6 +105,9 @@ CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--specula
 # The algorithms whose trees can draft a chain of their depth (sglang_plugin/shape_hook.py): SGLang's EAGLEWorkerV2
 # serves them (NEXTN is SGLang's alias of EAGLE: flags as typed in a dry run still say NEXTN).
 SHAPE_SWITCH_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+# The algorithms whose tree flags start-up can resolve to a chain (--speculative-eagle-topk 1): every one whose draft
+# shape is top-k, steps and draft tokens (NGRAM's comes from its own match flags).
+TOPK_SHAPE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 # Bag fields that mean something only with speculative decoding on (DetSpecConfig.shown_fields).
 SPECULATIVE_FIELDS = ("verify", "tree_attention", "num_steps", "eagle_topk", "num_draft_tokens",
                       "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab",
@@ -294,41 +297,58 @@ class DetSpecConfig:
             problems.append(Refusal("mla_tree",
                 "an MLA target's tree verify runs SGLang's own MLA tree attention, which is not its decode's "
                 f"computation ({MLA_TREE_EVIDENCE}), and this server would verify trees: {why}; draft a chain "
-                + ("with EAGLE or NEXTN (--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)"
-                   if self.algorithm == "NGRAM" else
-                   "(--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)")
-                + ("" if self.parallel_reason or not self._shape_can_switch else
-                   f", or unset {TREE_CHAIN_BATCH_ENV} and {TREE_CHAIN_TOKENS_ENV} (the tree then drafts the "
-                   "chain at every decode batch)")
+                "with EAGLE or NEXTN (--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)"
             ))
         return problems
 
     @property
     def mla_tree_verify_reason(self) -> str | None:
-        """Why an MLA target's coupled tree server would verify trees at some decode batch, or None.
+        """Why an MLA target's coupled tree server would verify trees, or None.
 
         None where the target is not MLA, the server verifies no trees, or
-        :attr:`chains_every_batch` holds. Otherwise one clause: a draft-shape
-        bound set in the environment, the parallel layout, or what keeps the
-        draft shape fixed (:attr:`can_switch_shape`).
+        start-up serves the tree as a chain (:attr:`mla_tree_as_chain`).
+        Otherwise one clause: the algorithm whose drafts keep their tree
+        shape (NGRAM).
         """
-        if not (self.ours and self.coupled and self.verifies_trees and "mla" in self.family_traits) or \
-                self._chains_every_batch:
+        if not self._mla_tree or self.mla_tree_as_chain:
             return None
-        if self.parallel_reason:
-            return self.parallel_reason
-        if self.algorithm not in SHAPE_SWITCH_ALGORITHMS:
-            return f"{self.algorithm} trees keep their draft shape"
-        if self.multi_layer_eagle:
-            return "multi-layer EAGLE keeps its draft shape"
-        if self.page_size not in (None, 1):
-            return f"KV page size {self.page_size} (the draft shape switches at pages of one token)"
-        if not self._shape_can_switch:
-            return f"{self.num_draft_tokens} draft tokens, fewer than steps + 1, cannot verify the chain of its depth"
-        settings = switch_settings(self.tree_chain_batch, self.tree_chain_tokens)
-        if not settings:
-            return "a draft-shape bound set to 0, the tree at every decode batch"
-        return f"{settings} set, the tree at the decode batches within the bounds"
+        return f"{self.algorithm} trees keep their draft shape"
+
+    @property
+    def mla_tree_as_chain(self) -> bool:
+        """Whether start-up serves this MLA target's coupled tree as the chain of its depth.
+
+        An MLA target's tree verify runs SGLang's own MLA tree attention
+        (neither the positional split nor the node path serves MLA), which is
+        not its decode's computation: on fa3 the tiny DeepSeek-V3 tree moved
+        every logprob (up to 0.067) and 2 of 8 sequences took other tokens,
+        while its chain verify gave the decode's bits
+        (:data:`MLA_TREE_EVIDENCE`). Coupled verify makes the tokens
+        independent of the draft shape, so start-up resolves such a tree's
+        flags to ``--speculative-eagle-topk 1`` and ``num_steps + 1`` draft
+        tokens (``sglang_plugin.startup``): the server is the chain server,
+        with no tree KV reserve or tree CUDA graphs. Holds for the algorithms
+        of :data:`TOPK_SHAPE_ALGORITHMS` with the step count known; NGRAM
+        trees are refused instead (:attr:`mla_tree_verify_reason`).
+        """
+        return bool(self._mla_tree and self.algorithm in TOPK_SHAPE_ALGORITHMS and self.num_steps)
+
+    @property
+    def _mla_tree(self) -> bool:
+        # Not `active`, which reads refusals(), which reads this.
+        return bool(self.ours and self.coupled and self.verifies_trees and "mla" in self.family_traits)
+
+    def as_chain(self) -> "DetSpecConfig":
+        """This bag with the chain of its depth: ``eagle_topk`` 1 and ``num_steps + 1`` draft tokens.
+
+        What start-up resolves an MLA target's tree to (:attr:`mla_tree_as_chain`).
+
+        Raises:
+            ValueError: ``num_steps`` unset (no depth to keep).
+        """
+        if not self.num_steps:
+            raise ValueError(f"num_steps must be set to keep the tree's depth, got {self.num_steps!r}")
+        return dataclasses.replace(self, eagle_topk=1, num_draft_tokens=self.num_steps + 1)
 
     def _rejection_refusals(self) -> list[Refusal]:
         algo = self.algorithm
@@ -433,50 +453,20 @@ class DetSpecConfig:
         return self.tree_chain_tokens if self.can_switch_shape else 0
 
     @property
-    def chains_every_batch(self) -> bool:
-        """Whether this tree server drafts a chain of its depth at every decode batch: an MLA target's tree.
-
-        An MLA target's tree verify runs SGLang's own MLA tree attention
-        (neither the positional split nor the node path serves MLA), which is
-        not its decode's computation: on fa3 the tiny DeepSeek-V3 tree moved
-        every logprob (up to 0.067) and 2 of 8 sequences took other tokens,
-        while its chain verify gave the decode's bits
-        (:data:`MLA_TREE_EVIDENCE`). Coupled verify makes the tokens
-        independent of the draft shape, so such a tree drafts the chain at
-        every decode batch; where it could not (a draft-shape bound set in
-        the environment, a parallel layout or draft shape that cannot switch)
-        start-up refuses it (:attr:`mla_tree_verify_reason`, refusal
-        ``mla_tree``), so an active MLA tree server always holds this.
-        """
-        return bool(self.active and self._chains_every_batch)
-
-    @property
-    def _chains_every_batch(self) -> bool:
-        # chains_every_batch but `active` (refusals() reads this).
-        return bool(self._shape_can_switch and self.parallel_reason is None and "mla" in self.family_traits
-                    and not {"tree_chain_batch", "tree_chain_tokens"} & set(self.set_tree_settings))
-
-    @property
     def family_traits(self) -> tuple[str, ...]:
         """The target family's traits (``model_family`` split at ``+``: ``("mla", "moe")``); empty when dense or unknown."""
         return label_traits(self.model_family)
 
     @property
     def switches_shape(self) -> bool:
-        """Whether this server builds the chain state beside its tree: a batch bound, a token bound or
-        :attr:`chains_every_batch` applies."""
-        return bool(self.chain_at_batch or self.chain_at_tokens or self.chains_every_batch)
+        """Whether this server builds the chain state beside its tree: a batch bound or a token bound applies."""
+        return bool(self.chain_at_batch or self.chain_at_tokens)
 
     @property
     def can_switch_shape(self) -> bool:
         """Whether ``SGLANG_DETSPEC_TREE_CHAIN_BATCH`` and ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS`` would apply to
         this server: every condition of :attr:`chain_at_batch` but the settings themselves."""
-        return bool(self.active and self._shape_can_switch)
-
-    @property
-    def _shape_can_switch(self) -> bool:
-        # Every condition of can_switch_shape but `active`, which reads refusals(), which reads this.
-        return bool(self.ours and self.coupled and self.algorithm in SHAPE_SWITCH_ALGORITHMS
+        return bool(self.active and self.coupled and self.algorithm in SHAPE_SWITCH_ALGORITHMS
                     and (self.eagle_topk or 1) > 1 and self.num_steps and not self.multi_layer_eagle
                     and self.page_size in (None, 1)
                     and (self.num_draft_tokens is None or self.num_draft_tokens >= self.num_steps + 1))

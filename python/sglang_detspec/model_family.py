@@ -61,7 +61,7 @@ MEASURED_SHAPES = {
 MEASURED_APART: dict[tuple[str, str], str] = {
     ("mla+moe", "fa3"): "the tiny DeepSeek-V3's NEXTN chain gave the logprobs of decoding without speculative "
                         "decoding bit for bit, its tree did not (docs/e2e/2026-12-07-h100-model-families), so its "
-                        "tree drafts the chain at every decode batch, which has not run on a server yet",
+                        "tree flags are served as the chain of their depth",
 }
 
 

@@ -107,10 +107,10 @@ Draft shape: SGLANG_DETSPEC_TREE_CHAIN_BATCH=B and
 SGLANG_DETSPEC_TREE_CHAIN_TOKENS=T make a coupled tree draft a chain of its
 depth for decode batches above B requests or T summed tokens (0 by default;
 16 and 12288 in the FA3 tree default); the tokens stay the same
-(docs/usage.md). An MLA target's tree
-drafts the chain at every decode batch (its tree verify, SGLang's own MLA
-tree attention, was measured apart from decode); with a bound set, or
-where its shape cannot switch, start-up refuses it (refusal mla_tree).
+(docs/usage.md). An MLA target's tree is served as the chain of its
+depth (start-up sets --speculative-eagle-topk 1: its tree verify, SGLang's
+own MLA tree attention, was measured apart from decode); an NGRAM tree on
+it is refused (refusal mla_tree).
 
 Measured: both splits bitwise on an H200 (docs/forward_modes.md). Serving
 the 8B shape the FA3 split cost the plain tree 0.92-1.06x SGLang's
@@ -275,9 +275,8 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
             "the default, up to 256; on fa3 without it 65 to 128); MLA and quantized targets claim 'tokens', as do "
             "MoE targets outside fa3, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
-            "loads)" + ("; an MLA target's tree with a draft-shape bound set, attention data or pipeline "
-                        "parallelism, KV pages above 1, NGRAM, STANDALONE or multi-layer EAGLE is refused at "
-                        "start-up (refusal mla_tree)" if bag.verifies_trees else "")]
+            "loads)" + ("; an MLA target's tree is served as the chain of its depth (an NGRAM tree on it is "
+                        "refused at start-up, refusal mla_tree)" if bag.verifies_trees else "")]
 
 
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
@@ -451,6 +450,12 @@ def _run(args) -> int:
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
         elif args.dry_run:
+            if bag.mla_tree_as_chain:
+                from ..sglang_plugin.startup_notes import mla_chain_note
+
+                # What the server's start-up declares for this tree before SGLang builds anything.
+                _say(f"note: {mla_chain_note(bag)}")
+                bag = bag.as_chain()
             if bag.wants_sampled_drafts():
                 # What the server's start-up does to this chain wherever SGLang admits the flag.
                 bag = dataclasses.replace(bag, rejection_sampling=True)

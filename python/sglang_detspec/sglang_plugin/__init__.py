@@ -14,8 +14,9 @@ Hooks (each module's docstring names the SGLang symbols it hooks and why;
 docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-hooks``):
 
 - ``startup``: ``handle_speculative_decoding`` (BEFORE and AFTER): refuses
-  what cannot be made deterministic, turns SGLang's sampled-draft path on for
-  coupled chains, installs and logs the bag (in the launcher).
+  what cannot be made deterministic, serves an MLA target's tree as the chain
+  of its depth, turns SGLang's sampled-draft path on for coupled chains,
+  installs and logs the bag (in the launcher).
 - ``resolve``: ``runtime_context.publish`` (AFTER): installs and logs the
   bag of the published context at the entry of every process (scheduler
   processes get theirs there, before any hooked site reads it).

@@ -32,10 +32,9 @@ def moves_accepted_kv(bag) -> bool:
     A tree (or NGRAM) verify outside multi-layer EAGLE:
     ``eagle_worker_common.run_eagle_verify``'s ``finalize_tree_path`` (off in
     the multi-layer worker) with top-k above 1; ``ngram_worker`` moves after
-    every verify. Not an MLA target's tree, which verifies chains only
-    (``DetSpecConfig.chains_every_batch``).
+    every verify.
     """
-    return bag.verifies_trees and not bag.multi_layer_eagle and not bag.chains_every_batch
+    return bag.verifies_trees and not bag.multi_layer_eagle
 
 
 def count_variant(n: int) -> str:

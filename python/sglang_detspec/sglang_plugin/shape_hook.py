@@ -23,12 +23,6 @@ of the host lengths, and the committed lengths trail the device by one
 verify's accepted tokens per request, at most steps + 1 each: the switch
 comes at most one step late).
 
-An MLA target's tree drafts the chain at every decode batch where neither
-bound is set (:attr:`DetSpecConfig.chains_every_batch`): its tree verify
-runs SGLang's own MLA tree attention, which is not its decode's
-computation, while its chain verify is. The tree state then serves the
-prefill and extend batches only.
-
 SGLang 0.5.23's adaptive speculation swaps one runtime state per draft step
 count, keyed by steps and with top-k fixed at 1; this module keeps one state
 per shape (top-k, steps, draft tokens) the same way: the draft worker's
@@ -81,10 +75,6 @@ SWITCH_LOG = "sglang-detspec: draft shape switched to"
 SUMMARY_LOG = "sglang-detspec: draft shapes in the last"
 SUMMARY_S = 60.0
 STEP_KINDS = ("chain decode", "tree decode", "prefill or extend")
-# The chain state's start-up line of an MLA target's tree (DetSpecConfig.chains_every_batch): the suites' evidence
-# that its tree drafted the chain.
-EVERY_BATCH = "every decode batch"
-BUILT_FOR_EVERY_BATCH_LOG = f"built for {EVERY_BATCH}"
 # Beside each logged switch on a decode batch: SGLang's flag for its target verify under a CUDA graph (True / False).
 VERIFY_GRAPH_LOG = "verify CUDA graph:"
 _CAPTURE_SOURCE = "sglang_detspec.tree_chain_capture"
@@ -130,8 +120,7 @@ class Shapes:
 
     ``threshold``: decode batches of more requests draft the chain (0: no
     batch bound); ``tokens``: decode batches whose summed sequence length
-    is above it draft the chain (0: no token bound); ``every``: every
-    decode batch drafts the chain (``DetSpecConfig.chains_every_batch``).
+    is above it draft the chain (0: no token bound).
     """
 
     tree: ShapeState
@@ -139,7 +128,6 @@ class Shapes:
     threshold: int
     active: ShapeState
     tokens: int = 0
-    every: bool = False
     switches: int = 0
     # The current summary window (SUMMARY_S): its start (time.monotonic()), switches and steps by kind.
     window_start: float = dataclasses.field(default_factory=time.monotonic)
@@ -151,17 +139,12 @@ class Shapes:
         summed sequence length (``kv_tokens``, None: not known, the batch size decides), else the tree."""
         if not decode:
             return self.tree
-        if self.every:
-            return self.chain
         many = bool(self.threshold) and batch_size > self.threshold
         long = bool(self.tokens) and kv_tokens is not None and kv_tokens > self.tokens
         return self.chain if many or long else self.tree
 
     def bounds(self) -> str:
-        """The bounds in force, for the switch lines: ``bound 16`` (requests), ``bound 8192 tokens``, both, or
-        ``every decode batch``."""
-        if self.every:
-            return EVERY_BATCH
+        """The bounds in force, for the switch lines: ``bound 16`` (requests), ``bound 8192 tokens`` or both."""
         parts = [str(self.threshold)] if self.threshold else []
         parts += [f"{self.tokens} tokens"] if self.tokens else []
         return ("bounds " if len(parts) > 1 else "bound ") + " / ".join(parts)
@@ -323,8 +306,8 @@ def install_shapes(result, worker, *args, **kwargs):
     from sglang.srt.runtime_context import get_schedule
 
     bag = current_config()
-    threshold, tokens, every = bag.chain_at_batch, bag.chain_at_tokens, bag.chains_every_batch
-    if (not (threshold or tokens or every) or getattr(worker, "_draft_worker", None) is None
+    threshold, tokens = bag.chain_at_batch, bag.chain_at_tokens
+    if (not (threshold or tokens) or getattr(worker, "_draft_worker", None) is None
             or getattr(worker, "adaptive_controller", None) is not None or worker.topk <= 1):
         return result
     log = logging.getLogger("sglang_detspec")
@@ -340,17 +323,15 @@ def install_shapes(result, worker, *args, **kwargs):
         log.warning("sglang-detspec: %s", idle)
     started, free_before = time.monotonic(), _free_device_memory()
     tree = current_state(worker)
-    chain = build_chain_state(worker, 0 if tokens or every else threshold)
-    shapes = Shapes(tree, chain, threshold, tree, tokens=tokens, every=every)
+    chain = build_chain_state(worker, 0 if tokens else threshold)
+    shapes = Shapes(tree, chain, threshold, tree, tokens=tokens)
     DRAFT_SHAPES.write(worker, shapes)
     DRAFT_TOPK.write(worker._draft_worker, tree.topk)
     used = free_before - _free_device_memory()
-    built = BUILT_FOR_EVERY_BATCH_LOG if every else f"built for decode batches above the {shapes.bounds()}"
-    rest = "prefill and extend batches" if every else "the rest"
-    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) %s in %.1f s, "
-             "%.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves %s", chain.steps,
-             chain.draft_tokens, built, time.monotonic() - started, used / 2**30,
-             graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens, rest)
+    log.info("sglang-detspec: chain draft state (top-k 1, %d steps, %d draft tokens) built for decode batches "
+             "above the %s in %.1f s, %.2f GB of device memory, %s; the tree (top-k %d, %d draft tokens) serves "
+             "the rest", chain.steps, chain.draft_tokens, shapes.bounds(), time.monotonic() - started,
+             used / 2**30, graph_sizes_note(chain.target_graph), tree.topk, tree.draft_tokens)
     return result
 
 
@@ -399,9 +380,8 @@ def _free_device_memory() -> int:
 def run_in_shape(original, self, batch, *args, **kwargs):
     """AROUND hook for ``EAGLEWorkerV2.forward_batch_generation(batch, ...)``: the batch's state, then SGLang's step.
 
-    Decode batches above a bound (requests, or summed sequence length),
-    or every decode batch where :attr:`Shapes.every` holds (idle ones too),
-    run the chain; prefill and extend batches the tree.
+    Decode batches above a bound (requests, or summed sequence length)
+    run the chain; prefill and extend batches (and idle ones) the tree.
     ``batch.seq_lens.shape`` and :func:`batch_kv_tokens` read host
     metadata: no device synchronisation.
     """

@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 
 from ..config import DetSpecConfig, install_config
-from .startup_notes import announce
+from .startup_notes import announce, mla_chain_note
 from .resolve import SAMPLED_DRAFTS_SOURCE, bag_from, config_from_server_args, reduced_draft_vocab
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
+# The source of the declaration that serves an MLA target's tree as its chain (DetSpecConfig.mla_tree_as_chain).
+MLA_CHAIN_SOURCE = "sglang_detspec.mla_tree_as_chain"
 
 
 class RefusedError(ValueError):
@@ -59,13 +61,17 @@ def resolve_and_announce(result, server_args) -> None:
     SGLang may change speculative flags during resolution (NEXTN becomes
     EAGLE, NGRAM gets its tree shape, block verification can turn rejection
     sampling on), so the resolved values are checked again before the bag is
-    installed.
+    installed. An MLA target's tree is resolved to the chain of its depth
+    here (:func:`serve_mla_tree_as_chain`), before any worker sizes its KV
+    reserve or captures CUDA graphs.
 
     Raises:
         RefusedError: (a ValueError) the bag's :meth:`~DetSpecConfig.refusals`, one line each with its code.
     """
     bag = config_from_server_args(server_args)
     _raise(bag)
+    if bag.mla_tree_as_chain:
+        bag = serve_mla_tree_as_chain(server_args, bag)
     if bag.wants_sampled_drafts():
         blockers = sampled_draft_blockers(server_args)
         if blockers:
@@ -78,6 +84,25 @@ def resolve_and_announce(result, server_args) -> None:
     install_config(bag)
     announce(bag)
     return None
+
+
+def serve_mla_tree_as_chain(server_args, bag: DetSpecConfig) -> DetSpecConfig:
+    """Resolve an MLA target's tree flags to the chain of its depth; log why; the new bag.
+
+    Declares ``speculative_eagle_topk=1`` and ``speculative_num_draft_tokens
+    = num_steps + 1`` (SGLang's own declaration mechanism, as its
+    resolution does for algorithms that serve chains only), so SGLang then
+    builds the chain server: no tree KV reserve, no tree CUDA graphs, the
+    chain verify that was measured with the decode's bits. Coupled verify
+    keeps the tokens those of the tree (:attr:`DetSpecConfig.mla_tree_as_chain`).
+    """
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    chain = bag.as_chain()
+    declare_resolution(server_args, MLA_CHAIN_SOURCE, speculative_eagle_topk=chain.eagle_topk,
+                       speculative_num_draft_tokens=chain.num_draft_tokens)
+    logging.getLogger("sglang_detspec").info("sglang-detspec: %s", mla_chain_note(bag))
+    return config_from_server_args(server_args)
 
 
 def sampled_draft_blockers(server_args) -> list[str]:

@@ -17,7 +17,7 @@ import logging
 
 from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
                       FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_TREE_EVIDENCE, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
-                      TREE_CHAIN_BATCH_ENV, TREE_CHAIN_TOKENS_ENV, TREE_SETTING_ENVS, DetSpecConfig,
+                      TREE_SETTING_ENVS, DetSpecConfig,
                       fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes, switch_settings)
 from ..model_family import family_evidence_note, family_note
 
@@ -365,19 +365,31 @@ LONG_PROMPT_NOTE = ("at 2048-token prompts the tree on the node path served 1.04
                     "chain's 0.93 / 0.98 (one H100, 9f64626)")
 
 
+# The words of mla_chain_note the suites look for in a server's log.
+MLA_CHAIN_LOG = "is served as the chain of its depth"
+
+
+def mla_chain_note(config: DetSpecConfig) -> str:
+    """What start-up does to an MLA target's tree (``config.mla_tree_as_chain``, ``config`` the bag as typed): the
+    one sentence the server logs and the dry run prints.
+
+    Raises:
+        ValueError: ``config`` is not such a tree (nothing to say).
+    """
+    if not config.mla_tree_as_chain:
+        raise ValueError("config must be an MLA target's tree served as a chain (mla_tree_as_chain)")
+    chain = config.as_chain()
+    return (f"an MLA target's tree (top-k {config.eagle_topk}, {config.num_draft_tokens} draft tokens) "
+            f"{MLA_CHAIN_LOG} (--speculative-eagle-topk 1 --speculative-num-draft-tokens "
+            f"{chain.num_draft_tokens}, {chain.num_steps} steps): its tree verify would run SGLang's own MLA tree "
+            f"attention, which is not its decode's computation ({MLA_TREE_EVIDENCE}); coupled verify makes the "
+            "tokens independent of the draft shape, so they are the tree's; accept lengths are the chain's (2.98 "
+            "tokens per verify against the tree's 3.58 there), with no tree KV reserve or tree CUDA graphs")
+
+
 def chain_note(config: DetSpecConfig) -> str:
     """:func:`unmeasured_notes`' sentence for a switching tree (``config.switches_shape``): what each bound set
-    does, and what was measured of each; for an MLA target's tree with neither bound set, why it drafts the chain
-    at every decode batch (``config.chains_every_batch``)."""
-    if config.chains_every_batch:
-        return (f"an MLA target's tree: every decode batch drafts a chain of {config.num_steps} steps instead of "
-                f"the tree, whose verify runs SGLang's own MLA tree attention; {MLA_TREE_EVIDENCE}; coupled verify "
-                "makes the tokens independent of the draft shape; the tree state serves prefill and extend batches "
-                "only, and its KV reserve and CUDA graphs stay beside the chain state's; accept lengths are the "
-                "chain's (2.98 tokens per verify against the tree's 3.58 there); --speculative-eagle-topk 1 "
-                f"serves the chain without the tree state; a draft-shape bound ({TREE_CHAIN_BATCH_ENV}, "
-                f"{TREE_CHAIN_TOKENS_ENV}) is refused here (refusal mla_tree); this chain state's verify "
-                "on an MLA target has not run on a server yet (the chain server's has)")
+    does, and what was measured of each."""
     which, evidence = [], []
     if config.chain_at_batch:
         which.append(f"of more than {config.chain_at_batch} requests")

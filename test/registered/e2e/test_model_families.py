@@ -22,9 +22,9 @@ starts nothing and its row records SGLang's reason. Checks, one row each in
   (``config.DetSpecConfig.logits``: ``tokens`` for a family here unless
   ``model_family.MEASURED_BITWISE`` records it on the backend), and a
   ``bitwise`` claim has 0 requests with other logprobs (a ``tokens``
-  claim's are recorded); an MLA target's tree server must have logged its
-  chain draft state for every decode batch
-  (``config.DetSpecConfig.chains_every_batch``);
+  claim's are recorded); an MLA target's tree server must be the chain
+  server of its depth (``config.DetSpecConfig.mla_tree_as_chain``: its
+  start-up line, SGLang's resolved shape, no draft-shape switch);
 * ``retraction``: the retracting chain gives the reference's tokens for the
   same 8 requests, and the scheduler did retract (``num_retractions``);
 * ``radix_cache``: on the reference, the chain and the tree, the cache
@@ -59,7 +59,8 @@ from _register import register_cuda_ci
 
 from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import family_claim, head_dim_of, label_traits, model_family
-from sglang_detspec.sglang_plugin.shape_hook import BUILT_FOR_EVERY_BATCH_LOG, STEP_KINDS, SUMMARY_LOG, SWITCH_LOG
+from sglang_detspec.sglang_plugin.shape_hook import SWITCH_LOG
+from sglang_detspec.sglang_plugin.startup_notes import MLA_CHAIN_LOG
 
 register_cuda_ci(est_time=600, suite="detspec-e2e-cuda")
 
@@ -86,6 +87,26 @@ def row(family: str, shape: str, backend: str, check: str, **fields) -> dict:
             "backend": backend, "check": check, "trials": 0, "unique": 0, "differing_sequences": 0,
             "claimed": None, "passed": False}
     return {**base, **fields}
+
+
+def mla_tree_problems(server) -> list[str]:
+    """An MLA target's tree server is the chain server (``DetSpecConfig.mla_tree_as_chain``): the start-up line
+    saying so, SGLang's resolved chain of the tree's depth (``/server_info``), no draft-shape switch."""
+    problems = []
+    name = server.config.name
+    if len(server.log_lines(MLA_CHAIN_LOG)) != 1:
+        problems.append(f"{name}: its log has {len(server.log_lines(MLA_CHAIN_LOG))} lines '{MLA_CHAIN_LOG}', not 1")
+    info = _requests.get(server.url, "/server_info")
+    body = info["body"] if info["status"] == 200 and isinstance(info["body"], dict) else {}
+    shape = tuple(body.get(k) for k in ("speculative_eagle_topk", "speculative_num_steps",
+                                        "speculative_num_draft_tokens"))
+    steps = int(_e2e.TREE_SHAPE[_e2e.TREE_SHAPE.index("--speculative-num-steps") + 1])
+    if shape != (1, steps, steps + 1):
+        problems.append(f"{name}: SGLang resolved (top-k, steps, draft tokens) {shape}, not the chain "
+                        f"(1, {steps}, {steps + 1})")
+    if server.log_lines(SWITCH_LOG):
+        problems.append(f"{name}: its draft shape switched")
+    return problems
 
 
 def claimed_by(server) -> list[str]:
@@ -178,15 +199,7 @@ def measure(servers, models_dir: str, backend: str) -> tuple[list[dict], list[st
         rows.append(row(name, shape, backend, "logprobs", trials=compared, unique=1 + (other_logprobs > 0),
                         differing_sequences=other_logprobs, claimed=claimed, passed=logprobs_ok))
         if shape == "tree" and server is not None and "mla" in label_traits(model_family(config.model)):
-            # An MLA target's tree drafts the chain at every decode batch (DetSpecConfig.chains_every_batch):
-            # its chain state was built, and no decode batch switched to the tree.
-            if not server.log_lines(BUILT_FOR_EVERY_BATCH_LOG):
-                problems.append(f"{config.name}: no chain draft state {BUILT_FOR_EVERY_BATCH_LOG} (its start-up log)")
-            # The first switches each way are logged, and every SUMMARY_S seconds the steps by shape.
-            tree_decodes = [int(n) for line in server.log_lines(SUMMARY_LOG)
-                            for n in re.findall(rf"{STEP_KINDS[1]} (\d+)", line)]
-            if server.log_lines(f"{SWITCH_LOG} tree (decode batch") or any(tree_decodes):
-                problems.append(f"{config.name}: a decode batch drafted the tree")
+            problems += mla_tree_problems(server)
         if not claim_ok:
             problems.append(f"{config.name}: the plugin logged logits={claims}, the rule says [{expected!r}]")
         elif not logprobs_ok:

@@ -71,42 +71,49 @@ def test_which_servers_switch(change, applies):
 MLA_TREE = {**TREE, "tree_chain_batch": 0, "attention_backend": "fa3", "model_family": "mla+moe"}
 
 
-@pytest.mark.parametrize("change, every", [
+@pytest.mark.parametrize("change, as_chain", [
     ({}, True),
     ({"model_family": "mla+moe+fp8", "attention_backend": "triton"}, True),  # not a backend rule: MLA's tree verify
+    ({"algorithm": "EAGLE3"}, True),
+    ({"algorithm": "STANDALONE"}, True),
+    # What kept a tree's shape from switching does not keep it from being resolved to a chain at start-up.
+    ({"set_tree_settings": ("tree_chain_batch",), "tree_chain_batch": 16}, True),
+    ({"parallel_reason": "pipeline parallelism (only the last stage drafts)"}, True),
+    ({"page_size": 16}, True),
+    ({"multi_layer_eagle": True}, True),
+    ({"num_draft_tokens": 3}, True),
     ({"model_family": "moe"}, False),  # dense attention: the split or the node path serves its trees
     ({"model_family": None}, False),
     ({"eagle_topk": 1, "num_draft_tokens": 4}, False),  # a chain already
-    ({"set_tree_settings": ("tree_attention",)}, True),  # the other settings leave the draft shape alone
+    ({"verify": "rejection", "rejection_sampling": True}, False),  # rejection mode refuses trees itself
+    ({"deterministic": False}, False),  # SGLang's own code runs
 ])
-def test_an_mla_targets_tree_drafts_the_chain_at_every_decode_batch(change, every):
+def test_an_mla_targets_tree_is_served_as_the_chain_of_its_depth(change, as_chain):
     bag = DetSpecConfig(**{**MLA_TREE, **change})
-    assert bag.active and bag.chains_every_batch is every
-    assert bag.switches_shape is (every or bool(bag.chain_at_tokens))
-    assert bag.chain_at_batch == 0  # no batch bound: the chain is not a bound's
-    notes = startup_notes.unmeasured_notes(bag)
-    assert any("every decode batch drafts a chain of 3 steps" in n for n in notes) is every
+    assert bag.mla_tree_as_chain is as_chain
+    if not as_chain:
+        return
+    assert bag.refusals() == [] and bag.mla_tree_verify_reason is None
+    chain = bag.as_chain()
+    assert (chain.eagle_topk, chain.num_steps, chain.num_draft_tokens) == (1, 3, 4)
+    # The chain is what SGLang then builds: no tree, no draft-shape switch, no further rewrite.
+    assert not chain.verifies_trees and not chain.switches_shape and not chain.mla_tree_as_chain
+    assert chain.active and chain.coupled
+    note = startup_notes.mla_chain_note(bag)
+    assert "(top-k 4, " in note and "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4, 3 steps" in note
 
 
-@pytest.mark.parametrize("change, why", [
-    ({"set_tree_settings": ("tree_chain_batch",)}, "a draft-shape bound set to 0, the tree at every decode batch"),
-    ({"set_tree_settings": ("tree_chain_batch",), "tree_chain_batch": 16},
-     "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16 set, the tree at the decode batches within the bounds"),
-    ({"parallel_reason": "pipeline parallelism (only the last stage drafts)"}, "pipeline parallelism"),
-    ({"page_size": 16}, "KV page size 16"),
-    ({"algorithm": "NGRAM", "eagle_topk": None, "num_steps": None}, "NGRAM trees keep their draft shape"),
-    ({"multi_layer_eagle": True}, "multi-layer EAGLE keeps its draft shape"),
-    ({"num_draft_tokens": 3}, "3 draft tokens, fewer than steps + 1"),
-])
-def test_an_mla_tree_that_would_verify_trees_is_refused(change, why):
-    bag = DetSpecConfig(**{**MLA_TREE, **change})
+def test_an_mla_ngram_tree_is_refused_and_the_note_needs_a_tree():
+    bag = DetSpecConfig(**{**MLA_TREE, "algorithm": "NGRAM", "eagle_topk": None, "num_steps": None})
     (refusal,) = bag.refusals()
-    assert refusal.code == "mla_tree" and why in refusal and "--speculative-eagle-topk 1" in refusal
-    assert ("with EAGLE or NEXTN" in refusal) == (change.get("algorithm") == "NGRAM")  # NGRAM has no top-k
-    assert not bag.active and not bag.chains_every_batch
-    # The unset bounds are offered only where the tree could then draft the chain at every decode batch.
-    assert ("unset SGLANG_DETSPEC_TREE_CHAIN_BATCH" in refusal) == ("set_tree_settings" in change
-                                                                      and "parallel_reason" not in change)
+    assert refusal.code == "mla_tree" and "NGRAM trees keep their draft shape" in refusal
+    assert "with EAGLE or NEXTN (--speculative-eagle-topk 1" in refusal
+    assert not bag.active and not bag.mla_tree_as_chain
+    for not_one in (bag, DetSpecConfig(**{**MLA_TREE, "model_family": "moe"})):
+        with pytest.raises(ValueError, match="must be an MLA target's tree served as a chain"):
+            startup_notes.mla_chain_note(not_one)
+    with pytest.raises(ValueError, match="num_steps must be set"):
+        DetSpecConfig(**{**MLA_TREE, "num_steps": None}).as_chain()
 
 
 def test_trees_of_other_families_and_mla_chains_are_not_refused():
@@ -115,16 +122,7 @@ def test_trees_of_other_families_and_mla_chains_are_not_refused():
         assert DetSpecConfig(**{**MLA_TREE, **change}).refusals() == []
 
 
-def test_the_every_batch_policy_and_its_notes():
-    from sglang_detspec.config import MLA_TREE_EVIDENCE
-
-    tree, chain = object(), object()
-    every = shape_hook.Shapes(tree, chain, threshold=0, active=tree, every=True)
-    assert all(every.for_batch(True, n, kv) is chain for n, kv in ((1, None), (1, 1), (256, 10**6)))
-    assert every.for_batch(False, 1) is tree  # prefill and extend keep the tree state
-    assert every.bounds() == "every decode batch"
-    note = startup_notes.chain_note(DetSpecConfig(**MLA_TREE))
-    assert MLA_TREE_EVIDENCE in note and "SGLANG_DETSPEC_TREE_CHAIN_BATCH" in note
+def test_the_fa3_tree_default_miss_names_mla():
     # The FA3 tree default's miss names MLA, not an unread head size (MLA targets have none to read).
     assert "an MLA target" in startup_notes.fa3_tree_defaults_note(DetSpecConfig(**MLA_TREE))
 

@@ -121,11 +121,6 @@ def bag(**kw):
     ({"algorithm": "NGRAM", "num_draft_tokens": 8}, True),
     ({"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8, "multi_layer_eagle": True},
      False),
-    # An MLA target's tree verifies chains only (DetSpecConfig.chains_every_batch), unless a bound is set.
-    ({"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8, "model_family": "mla+moe"},
-     False),
-    ({"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8, "model_family": "mla+moe",
-      "set_tree_settings": ("tree_chain_batch",)}, True),
 ])
 def test_which_servers_move_accepted_kv(kw, moves):
     assert kv_move_warmup.moves_accepted_kv(bag(**kw)) is moves

@@ -10,13 +10,14 @@ SGLang's own argument resolution too.
 import dataclasses
 import importlib.util
 import json
+import logging
 import sys
 from pathlib import Path
 
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.config import DetSpecConfig, logits_guarantee, reset_config
+from sglang_detspec.config import DetSpecConfig, current_config, logits_guarantee, reset_config
 from sglang_detspec.model_family import (DENSE, MEASURED_APART, MEASURED_BITWISE, ModelTraits, attention_head_dim,
                                          family_claim, family_evidence_note, family_note, head_dim_of, model_family,
                                          traits_of)
@@ -211,6 +212,56 @@ def test_the_dense_target_keeps_its_measured_claim(tiny):
     bag = resolve.config_from_server_args(_server_args(
         target, f"--speculative-algorithm EAGLE --speculative-draft-model-path {target} {CHAIN} --attention-backend triton"))
     assert (bag.model_family, bag.logits) == (DENSE, "bitwise") and startup_notes.setting_notes(bag) == []
+    reset_config()
+
+
+TREE = "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8"
+MLA_CHAIN_LINE = startup_notes.MLA_CHAIN_LOG
+
+
+@pytest.mark.parametrize("backend", [None, "triton", "fa3"])
+def test_start_up_serves_an_mla_targets_tree_as_the_chain_server(tiny, backend, caplog):
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # SGLang's own loader: the start-up hooks run inside its resolution below
+    model = tiny / "deepseek_v3"
+    flags = f"--speculative-algorithm NEXTN --speculative-draft-model-path {model} " + (
+        f" --attention-backend {backend}" if backend else "")
+    reset_config()
+    with caplog.at_level(logging.INFO, logger="sglang_detspec"):
+        tree_args = _server_args(model, f"{flags} {TREE}")
+    served = current_config()
+    view = resolved_view(tree_args)
+    # SGLang resolved the chain of the tree's depth, so its workers size a chain's KV reserve and capture chain graphs.
+    assert (view.speculative_eagle_topk, view.speculative_num_steps, view.speculative_num_draft_tokens) == (1, 3, 4)
+    assert served.active and not served.verifies_trees and not served.switches_shape
+    lines = [r.getMessage() for r in caplog.records if MLA_CHAIN_LINE in r.getMessage()]
+    assert len(lines) == 1 and "(top-k 4, 8 draft tokens)" in lines[0]
+    # ... the very server the chain's own flags start (a scheduler process resolves the same from this record).
+    reset_config()
+    assert resolve.config_from_server_args(tree_args) == served
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sglang_detspec"):
+        chain_args = _server_args(model, f"{flags} {CHAIN}")
+    assert current_config() == served == resolve.config_from_server_args(chain_args)
+    assert not any(MLA_CHAIN_LINE in r.getMessage() for r in caplog.records)
+    reset_config()
+
+
+def test_the_dry_run_shows_an_mla_targets_tree_as_its_chain(tiny, capsys, monkeypatch):
+    from sglang_detspec.cli.main import main
+
+    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    model = tiny / "deepseek_v3"
+    assert main(["serve", "--dry-run", "--", "--model-path", str(model), "--device", "cuda",
+                 "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", str(model), *TREE.split(),
+                 "--attention-backend", "fa3"]) == 0
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if MLA_CHAIN_LINE in line]) == 1
+    (passed,) = [line for line in err.splitlines() if "start-up check passed" in line]
+    assert "eagle_topk=1" in passed and "num_draft_tokens=4" in passed and "model_family='mla+moe'" in passed
     reset_config()
 
 
