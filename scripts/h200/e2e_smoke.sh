@@ -5,10 +5,7 @@
 # runs `detspec audit --url`. Writes JSON and log tails to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-. /tmp/e2e/remote/env.sh
-out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
-python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
-export PATH=/tmp/site/bin:$PATH
+. scripts/h200/project_env.sh || exit 1
 models=/tmp/detspec-smoke-models
 python3 scripts/make_tiny_models.py "$models" || exit 1
 port=30000

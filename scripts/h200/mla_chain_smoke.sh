@@ -4,10 +4,7 @@
 # short changing-batch audit. OUT: results folder; WAIT_S: seconds to wait for /health; AUDIT_S, TRIALS: the audit.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-. /tmp/e2e/remote/env.sh
-out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
-python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
-export PATH=/tmp/site/bin:$PATH
+. scripts/h200/project_env.sh || exit 1
 python3 -c "import sys; sys.path.insert(0, 'scripts'); import tiny_families; tiny_families.main('/tmp/detspec-fam')" || exit 1
 m=/tmp/detspec-fam/deepseek_v3
 python3 -m sglang.launch_server --model-path $m --speculative-algorithm NEXTN --speculative-draft-model-path $m \

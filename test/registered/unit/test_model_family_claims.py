@@ -249,34 +249,32 @@ def test_start_up_serves_an_mla_targets_tree_as_the_chain_server(tiny, backend, 
     reset_config()
 
 
-def test_the_dry_run_shows_an_mla_targets_tree_as_its_chain(tiny, capsys, monkeypatch):
+def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
+    """``detspec serve --dry-run`` of a NEXTN server of ``model`` on fa3 drafting ``shape``: (its stderr, the
+    "start-up check passed" line)."""
     from sglang_detspec.cli.main import main
 
     for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
         monkeypatch.delenv(name, raising=False)
-    model = tiny / "deepseek_v3"
     assert main(["serve", "--dry-run", "--", "--model-path", str(model), "--device", "cuda",
-                 "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", str(model), *TREE.split(),
+                 "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", str(model), *shape.split(),
                  "--attention-backend", "fa3"]) == 0
     err = capsys.readouterr().err
-    assert len([line for line in err.splitlines() if MLA_CHAIN_LINE in line]) == 1
     (passed,) = [line for line in err.splitlines() if "start-up check passed" in line]
+    return err, passed
+
+
+def test_the_dry_run_shows_an_mla_targets_tree_as_its_chain(tiny, capsys, monkeypatch):
+    err, passed = _dry_run_nextn(tiny / "deepseek_v3", TREE, capsys, monkeypatch)
+    assert len([line for line in err.splitlines() if MLA_CHAIN_LINE in line]) == 1
     assert "eagle_topk=1" in passed and "num_draft_tokens=4" in passed and "model_family='mla+moe'" in passed
     reset_config()
 
 
 def test_the_dry_run_claims_tokens_and_says_not_measured(tiny, capsys, monkeypatch):
-    from sglang_detspec.cli.main import main
-
-    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
-        monkeypatch.delenv(name, raising=False)
-    model = tiny / "deepseek_v3_fp8"
-    assert main(["serve", "--dry-run", "--", "--model-path", str(model), "--device", "cuda",
-                 "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", str(model), *CHAIN.split(),
-                 "--attention-backend", "fa3"]) == 0
-    err = capsys.readouterr().err
-    passed = [line for line in err.splitlines() if "start-up check passed" in line]
-    assert len(passed) == 1 and "logits='tokens'" in passed[0] and "model_family='mla+moe+fp8'" in passed[0]
+    err, passed = _dry_run_nextn(tiny / "deepseek_v3_fp8", CHAIN, capsys, monkeypatch)
+    assert "logits='tokens'" in passed and "model_family='mla+moe+fp8'" in passed
+    assert MLA_CHAIN_LINE not in err
     assert "not measured" in err
     reset_config()
 
