@@ -297,7 +297,8 @@ class DetSpecConfig:
             problems.append(Refusal("mla_tree",
                 "an MLA target's tree verify runs SGLang's own MLA tree attention, which is not its decode's "
                 f"computation ({MLA_TREE_EVIDENCE}), and this server would verify trees: {why}; draft a chain "
-                "with EAGLE or NEXTN (--speculative-eagle-topk 1 --speculative-num-draft-tokens <steps + 1>)"
+                "with EAGLE or NEXTN (--speculative-num-steps S --speculative-eagle-topk 1 "
+                "--speculative-num-draft-tokens S+1)"
             ))
         return problems
 
@@ -306,13 +307,16 @@ class DetSpecConfig:
         """Why an MLA target's coupled tree server would verify trees, or None.
 
         None where the target is not MLA, the server verifies no trees, or
-        start-up serves the tree as a chain (:attr:`mla_tree_as_chain`).
-        Otherwise one clause: the algorithm whose drafts keep their tree
-        shape (NGRAM).
+        its draft shape is top-k, steps and draft tokens
+        (:data:`TOPK_SHAPE_ALGORITHMS`: start-up serves the tree as a chain,
+        :attr:`mla_tree_as_chain`, once SGLang has resolved the steps).
+        Otherwise one clause: NGRAM, whose drafts are verified as trees at
+        any breadth.
         """
-        if not self._mla_tree or self.mla_tree_as_chain:
+        if not self._mla_tree or self.algorithm in TOPK_SHAPE_ALGORITHMS:
             return None
-        return f"{self.algorithm} trees keep their draft shape"
+        return (f"{self.algorithm} drafts are verified as trees at any breadth (SGLang pads a short match with root "
+                "children)")
 
     @property
     def mla_tree_as_chain(self) -> bool:
@@ -328,8 +332,10 @@ class DetSpecConfig:
         flags to ``--speculative-eagle-topk 1`` and ``num_steps + 1`` draft
         tokens (``sglang_plugin.startup``): the server is the chain server,
         with no tree KV reserve or tree CUDA graphs. Holds for the algorithms
-        of :data:`TOPK_SHAPE_ALGORITHMS` with the step count known; NGRAM
-        trees are refused instead (:attr:`mla_tree_verify_reason`).
+        of :data:`TOPK_SHAPE_ALGORITHMS` with the step count known (SGLang
+        resolves it before the start-up hook; flags as typed may leave it to
+        SGLang); NGRAM servers are refused instead
+        (:attr:`mla_tree_verify_reason`).
         """
         return bool(self._mla_tree and self.algorithm in TOPK_SHAPE_ALGORITHMS and self.num_steps)
 

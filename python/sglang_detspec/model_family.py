@@ -59,9 +59,10 @@ MEASURED_SHAPES = {
 }
 # (family label, attention backend) pairs a committed run measured apart from bitwise somewhere: what it found.
 MEASURED_APART: dict[tuple[str, str], str] = {
-    ("mla+moe", "fa3"): "the tiny DeepSeek-V3's NEXTN chain gave the logprobs of decoding without speculative "
-                        "decoding bit for bit, its tree did not (docs/e2e/2026-12-07-h100-model-families), so its "
-                        "tree flags are served as the chain of their depth",
+    ("mla+moe", "fa3"): "one run of the tiny DeepSeek-V3 is all there is: its NEXTN chain gave the logprobs of "
+                        "decoding without speculative decoding bit for bit, its tree did not "
+                        "(docs/e2e/2026-12-07-h100-model-families); MLA trees are served as the chain of their "
+                        "depth since, and MLA's forward modes (prefill against decode) have not been measured",
 }
 
 
@@ -212,9 +213,14 @@ def family_note(family: str | None, attention_backend: str | None) -> str | None
         return f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens': {found}"
     measured = sorted({b for f, b in (*MEASURED_BITWISE, *MEASURED_APART) if f == family})
     if attention_backend is None and measured:
+        promoted = sorted({b for f, b in MEASURED_BITWISE if f == family})
+        if not promoted:
+            return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens' on every "
+                    f"backend (a run measured this family on {', '.join(measured)}; name --attention-backend for "
+                    "what was measured there)")
         return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens' until the "
-                f"backend is known (a run measured this family on {', '.join(measured)}; name --attention-backend "
-                "for that backend's claim and what was measured there)")
+                f"backend is known (a run measured this family bitwise on {', '.join(promoted)}; name "
+                "--attention-backend for that backend's claim and what was measured there)")
     where = f"{attention_backend} attention" if attention_backend else "any attention backend"
     return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens', not measured "
             f"(no end-to-end run has recorded its logprobs across forward modes on {where} yet)")

@@ -109,8 +109,8 @@ depth for decode batches above B requests or T summed tokens (0 by default;
 16 and 12288 in the FA3 tree default); the tokens stay the same
 (docs/usage.md). An MLA target's tree is served as the chain of its
 depth (start-up sets --speculative-eagle-topk 1: its tree verify, SGLang's
-own MLA tree attention, was measured apart from decode); an NGRAM tree on
-it is refused (refusal mla_tree).
+own MLA tree attention, was measured apart from decode); NGRAM on it,
+verified as trees at any breadth, is refused (refusal mla_tree).
 
 Measured: both splits bitwise on an H200 (docs/forward_modes.md). Serving
 the 8B shape the FA3 split cost the plain tree 0.92-1.06x SGLang's
@@ -275,8 +275,8 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
             "the default, up to 256; on fa3 without it 65 to 128); MLA and quantized targets claim 'tokens', as do "
             "MoE targets outside fa3, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
-            "loads)" + ("; an MLA target's tree is served as the chain of its depth (an NGRAM tree on it is "
-                        "refused at start-up, refusal mla_tree)" if bag.verifies_trees else "")]
+            "loads)" + ("; an MLA target's tree is served as the chain of its depth (NGRAM on it is refused at "
+                        "start-up, refusal mla_tree)" if bag.verifies_trees else "")]
 
 
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
@@ -314,11 +314,15 @@ def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
 
     if not bag.deterministic:
         return []
+    # SGLang's own pre-compile for FP8 block-quantized weights comes before the plugin's warm-up.
+    fp8 = (["FP8 weights: SGLang's own DeepGEMM pre-compile runs first at start-up (3.3 minutes on an H100 for the "
+            "tiny FP8 DeepSeek-V3, four servers starting together); `python -m sglang.compile_deep_gemm` with the "
+            "server's arguments fills DeepGEMM's cache ahead of time"] if "fp8" in bag.family_traits else [])
     if not bag.gemm_warmup_s:
-        return [f"{GEMM_WARMUP_ENV}=0: DeepGEMM's matmul kernels compile at first use, inside requests"]
-    return [f"on a Hopper GPU start-up spends up to {bag.gemm_warmup_s:g} s compiling DeepGEMM's matmul kernels "
-            f"for the batch sizes it will meet ({GEMM_WARMUP_ENV}; 0 turns it off); kernels already in DeepGEMM's "
-            "disk cache load instead"]
+        return fp8 + [f"{GEMM_WARMUP_ENV}=0: DeepGEMM's matmul kernels compile at first use, inside requests"]
+    return fp8 + [f"on a Hopper GPU start-up spends up to {bag.gemm_warmup_s:g} s compiling DeepGEMM's matmul "
+                  f"kernels for the batch sizes it will meet ({GEMM_WARMUP_ENV}; 0 turns it off); kernels already "
+                  "in DeepGEMM's disk cache load instead"]
 
 
 def kv_move_warmup_notes(bag: DetSpecConfig) -> list[str]:
@@ -454,7 +458,8 @@ def _run(args) -> int:
                 from ..sglang_plugin.startup_notes import mla_chain_note
 
                 # What the server's start-up declares for this tree before SGLang builds anything.
-                _say(f"note: {mla_chain_note(bag)}")
+                _say(f"note: {mla_chain_note(bag)}; the command below keeps the flags as typed, the server's "
+                     "start-up declares the chain's")
                 bag = bag.as_chain()
             if bag.wants_sampled_drafts():
                 # What the server's start-up does to this chain wherever SGLang admits the flag.

@@ -66,6 +66,8 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
                      f"backends only; with {config.attention_backend} attention it changes nothing")
     if config.active and (config.tree_chain_batch or config.tree_chain_tokens) and not config.switches_shape:
         kept = "keeps its draft shape" if config.algorithm else "runs no speculative decoding"
+        if config.algorithm and "mla" in config.family_traits:
+            kept = "drafts a chain (an MLA target's trees are served as the chain of their depth): nothing to bound"
         settings = switch_settings(config.tree_chain_batch, config.tree_chain_tokens)
         verb = "apply" if config.tree_chain_batch and config.tree_chain_tokens else "applies"
         notes.append(f"{settings} {verb} to coupled EAGLE / EAGLE3 / NEXTN "

@@ -103,12 +103,31 @@ def test_an_mla_targets_tree_is_served_as_the_chain_of_its_depth(change, as_chai
     assert "(top-k 4, " in note and "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4, 3 steps" in note
 
 
-def test_an_mla_ngram_tree_is_refused_and_the_note_needs_a_tree():
-    bag = DetSpecConfig(**{**MLA_TREE, "algorithm": "NGRAM", "eagle_topk": None, "num_steps": None})
+@pytest.mark.parametrize("topk", [None, 1, 4])
+def test_ngram_on_an_mla_target_is_refused_at_any_breadth(topk):
+    bag = DetSpecConfig(**{**MLA_TREE, "algorithm": "NGRAM", "eagle_topk": topk, "num_steps": None})
     (refusal,) = bag.refusals()
-    assert refusal.code == "mla_tree" and "NGRAM trees keep their draft shape" in refusal
-    assert "with EAGLE or NEXTN (--speculative-eagle-topk 1" in refusal
+    assert refusal.code == "mla_tree" and "NGRAM drafts are verified as trees at any breadth" in refusal
+    assert "with EAGLE or NEXTN (--speculative-num-steps S --speculative-eagle-topk 1" in refusal
     assert not bag.active and not bag.mla_tree_as_chain
+
+
+def test_an_mla_tree_whose_steps_sglang_resolves_is_not_refused():
+    # Flags as typed may leave the steps to SGLang; start-up rewrites once they are resolved.
+    bag = DetSpecConfig(**{**MLA_TREE, "num_steps": None})
+    assert bag.refusals() == [] and bag.active and not bag.mla_tree_as_chain
+
+
+def test_a_bound_on_an_mla_chain_says_there_is_nothing_to_bound():
+    chain = DetSpecConfig(**{**MLA_TREE, "tree_chain_batch": 16, "set_tree_settings": ("tree_chain_batch",)}).as_chain()
+    (note,) = [n for n in startup_notes.setting_notes(chain) if "SGLANG_DETSPEC_TREE_CHAIN_BATCH=16" in n]
+    assert "an MLA target's trees are served as the chain of their depth" in note and "keeps its" not in note
+    dense = dataclasses.replace(chain, model_family=None)
+    assert any("this server keeps its draft shape" in n for n in startup_notes.setting_notes(dense))
+
+
+def test_the_mla_chain_note_needs_such_a_tree():
+    bag = DetSpecConfig(**{**MLA_TREE, "algorithm": "NGRAM", "eagle_topk": None, "num_steps": None})
     for not_one in (bag, DetSpecConfig(**{**MLA_TREE, "model_family": "moe"})):
         with pytest.raises(ValueError, match="must be an MLA target's tree served as a chain"):
             startup_notes.mla_chain_note(not_one)

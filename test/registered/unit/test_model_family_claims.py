@@ -91,7 +91,9 @@ def test_family_notes_say_what_was_measured():
     assert family_evidence_note("moe", "triton") is None and family_evidence_note("mla+moe", "fa3") is None
     # A family measured apart says what was found; without a backend the note names where it was measured.
     assert "its tree did not" in family_note("mla+moe", "fa3") and "not measured" not in family_note("mla+moe", "fa3")
-    assert "a run measured this family on fa3" in family_note("moe", None)
+    assert "until the backend is known (a run measured this family bitwise on fa3" in family_note("moe", None)
+    # Measured apart only: 'tokens' whatever backend SGLang picks.
+    assert "'tokens' on every backend (a run measured this family on fa3" in family_note("mla+moe", None)
     assert "not measured" in family_note("moe+fp8", None) and "a run measured" not in family_note("moe+fp8", None)
 
 
@@ -266,7 +268,9 @@ def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
 
 def test_the_dry_run_shows_an_mla_targets_tree_as_its_chain(tiny, capsys, monkeypatch):
     err, passed = _dry_run_nextn(tiny / "deepseek_v3", TREE, capsys, monkeypatch)
-    assert len([line for line in err.splitlines() if MLA_CHAIN_LINE in line]) == 1
+    (line,) = [line for line in err.splitlines() if MLA_CHAIN_LINE in line]
+    assert "the command below keeps the flags as typed" in line
+    assert "SGLang's own DeepGEMM pre-compile" not in err  # bf16 weights
     assert "eagle_topk=1" in passed and "num_draft_tokens=4" in passed and "model_family='mla+moe'" in passed
     reset_config()
 
@@ -275,6 +279,7 @@ def test_the_dry_run_claims_tokens_and_says_not_measured(tiny, capsys, monkeypat
     err, passed = _dry_run_nextn(tiny / "deepseek_v3_fp8", CHAIN, capsys, monkeypatch)
     assert "logits='tokens'" in passed and "model_family='mla+moe+fp8'" in passed
     assert MLA_CHAIN_LINE not in err
+    assert "FP8 weights: SGLang's own DeepGEMM pre-compile runs first" in err
     assert "not measured" in err
     reset_config()
 
