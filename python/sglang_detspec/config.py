@@ -107,7 +107,7 @@ CHAIN_FLAGS = ("--speculative-num-steps", "--speculative-eagle-topk", "--specula
 SHAPE_SWITCH_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 # The algorithms whose tree flags start-up can resolve to a chain (--speculative-eagle-topk 1): every one whose draft
 # shape is top-k, steps and draft tokens (NGRAM's comes from its own match flags).
-TOPK_SHAPE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+TOPK_SHAPE_ALGORITHMS = SHAPE_SWITCH_ALGORITHMS + ("STANDALONE",)
 # Bag fields that mean something only with speculative decoding on (DetSpecConfig.shown_fields).
 SPECULATIVE_FIELDS = ("verify", "tree_attention", "num_steps", "eagle_topk", "num_draft_tokens",
                       "rejection_sampling", "multi_layer_eagle", "block_verification", "reduced_draft_vocab",
@@ -324,9 +324,7 @@ class DetSpecConfig:
 
         An MLA target's tree verify runs SGLang's own MLA tree attention
         (neither the positional split nor the node path serves MLA), which is
-        not its decode's computation: on fa3 the tiny DeepSeek-V3 tree moved
-        every logprob (up to 0.067) and 2 of 8 sequences took other tokens,
-        while its chain verify gave the decode's bits
+        not its decode's computation, while its chain verify is
         (:data:`MLA_TREE_EVIDENCE`). Coupled verify makes the tokens
         independent of the draft shape, so start-up resolves such a tree's
         flags to ``--speculative-eagle-topk 1`` and ``num_steps + 1`` draft

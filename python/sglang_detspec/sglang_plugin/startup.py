@@ -46,13 +46,18 @@ def check_raw_flags(server_args) -> None:
     """BEFORE hook for ``handle_speculative_decoding``: check the flags as typed.
 
     Runs before SGLang's own speculative checks, so our message (which says
-    what to change) comes first.
+    what to change) comes first, and an MLA target's tree typed with its
+    steps is declared the chain of its depth here (:func:`declare_mla_chain`),
+    so SGLang's speculative resolution (adaptive steps, draft-token budgets)
+    sees the chain the server will run.
 
     Raises:
         RefusedError: (a ValueError) the bag's :meth:`~DetSpecConfig.refusals`, one line each with its code.
     """
     raw = bag_from(server_args, getattr(server_args, "enable_deterministic_inference", False), "raw_args")
     _raise(raw)
+    if raw.mla_tree_as_chain:
+        declare_mla_chain(server_args, raw)
 
 
 def resolve_and_announce(result, server_args) -> None:
@@ -61,9 +66,10 @@ def resolve_and_announce(result, server_args) -> None:
     SGLang may change speculative flags during resolution (NEXTN becomes
     EAGLE, NGRAM gets its tree shape, block verification can turn rejection
     sampling on), so the resolved values are checked again before the bag is
-    installed. An MLA target's tree is resolved to the chain of its depth
-    here (:func:`serve_mla_tree_as_chain`), before any worker sizes its KV
-    reserve or captures CUDA graphs.
+    installed. An MLA target's tree whose steps SGLang resolved is declared
+    the chain of its depth here (:func:`declare_mla_chain`; one typed with
+    its steps was declared before SGLang's resolution), before any worker
+    sizes its KV reserve or captures CUDA graphs.
 
     Raises:
         RefusedError: (a ValueError) the bag's :meth:`~DetSpecConfig.refusals`, one line each with its code.
@@ -71,7 +77,9 @@ def resolve_and_announce(result, server_args) -> None:
     bag = config_from_server_args(server_args)
     _raise(bag)
     if bag.mla_tree_as_chain:
-        bag = serve_mla_tree_as_chain(server_args, bag)
+        declare_mla_chain(server_args, bag)
+        bag = config_from_server_args(server_args)
+        _raise(bag)
     if bag.wants_sampled_drafts():
         blockers = sampled_draft_blockers(server_args)
         if blockers:
@@ -86,8 +94,8 @@ def resolve_and_announce(result, server_args) -> None:
     return None
 
 
-def serve_mla_tree_as_chain(server_args, bag: DetSpecConfig) -> DetSpecConfig:
-    """Resolve an MLA target's tree flags to the chain of its depth; log why; the new bag.
+def declare_mla_chain(server_args, bag: DetSpecConfig) -> None:
+    """Declare an MLA target's tree (``bag.mla_tree_as_chain``) the chain of its depth on ``server_args``; log why.
 
     Declares ``speculative_eagle_topk=1`` and ``speculative_num_draft_tokens
     = num_steps + 1`` (SGLang's own declaration mechanism, as its
@@ -95,6 +103,12 @@ def serve_mla_tree_as_chain(server_args, bag: DetSpecConfig) -> DetSpecConfig:
     builds the chain server: no tree KV reserve, no tree CUDA graphs, the
     chain verify that was measured with the decode's bits. Coupled verify
     keeps the tokens those of the tree (:attr:`DetSpecConfig.mla_tree_as_chain`).
+    Checks SGLang ran before its speculative resolution saw the flags as
+    typed (SGLang's own rules for trees there apply).
+
+    Raises:
+        ValueError: ``bag`` has no ``num_steps`` (:meth:`DetSpecConfig.as_chain`), or SGLang's
+            ``declare_resolution`` refuses the record (already published).
     """
     from sglang.srt.arg_groups.overrides import declare_resolution
 
@@ -102,7 +116,6 @@ def serve_mla_tree_as_chain(server_args, bag: DetSpecConfig) -> DetSpecConfig:
     declare_resolution(server_args, MLA_CHAIN_SOURCE, speculative_eagle_topk=chain.eagle_topk,
                        speculative_num_draft_tokens=chain.num_draft_tokens)
     logging.getLogger("sglang_detspec").info("sglang-detspec: %s", mla_chain_note(bag))
-    return config_from_server_args(server_args)
 
 
 def sampled_draft_blockers(server_args) -> list[str]:

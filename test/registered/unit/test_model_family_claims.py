@@ -221,14 +221,24 @@ TREE = "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-d
 MLA_CHAIN_LINE = startup_notes.MLA_CHAIN_LOG
 
 
-@pytest.mark.parametrize("backend", [None, "triton", "fa3"])
-def test_start_up_serves_an_mla_targets_tree_as_the_chain_server(tiny, backend, caplog):
+def _resolved_fields(server_args) -> dict:
+    from sglang.srt.arg_groups.arg_utils import field_names
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(server_args)
+    return {name: getattr(view, name) for name in field_names(type(server_args))}
+
+
+@pytest.mark.parametrize("backend, extra", [(None, ""), ("triton", ""), ("fa3", ""),
+                                            ("fa3", "--speculative-adaptive"), ("triton", "--page-size 16"),
+                                            ("fa3", "--speculative-algorithm STANDALONE")])
+def test_start_up_serves_an_mla_targets_tree_as_the_chain_server(tiny, backend, extra, caplog):
     from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.plugins import load_plugins
 
     load_plugins()  # SGLang's own loader: the start-up hooks run inside its resolution below
     model = tiny / "deepseek_v3"
-    flags = f"--speculative-algorithm NEXTN --speculative-draft-model-path {model} " + (
+    flags = f"--random-seed 1 --speculative-algorithm NEXTN --speculative-draft-model-path {model} {extra}" + (
         f" --attention-backend {backend}" if backend else "")
     reset_config()
     with caplog.at_level(logging.INFO, logger="sglang_detspec"):
@@ -248,6 +258,9 @@ def test_start_up_serves_an_mla_targets_tree_as_the_chain_server(tiny, backend, 
         chain_args = _server_args(model, f"{flags} {CHAIN}")
     assert current_config() == served == resolve.config_from_server_args(chain_args)
     assert not any(MLA_CHAIN_LINE in r.getMessage() for r in caplog.records)
+    # SGLang resolved every server argument as for the chain's own flags (adaptive steps, budgets, pages).
+    tree_fields, chain_fields = _resolved_fields(tree_args), _resolved_fields(chain_args)
+    assert {k: v for k, v in tree_fields.items() if chain_fields[k] != v} == {}
     reset_config()
 
 
@@ -272,6 +285,8 @@ def test_the_dry_run_shows_an_mla_targets_tree_as_its_chain(tiny, capsys, monkey
     assert "the command below keeps the flags as typed" in line
     assert "SGLang's own DeepGEMM pre-compile" not in err  # bf16 weights
     assert "eagle_topk=1" in passed and "num_draft_tokens=4" in passed and "model_family='mla+moe'" in passed
+    # The same claim line as the chain's own flags.
+    assert _dry_run_nextn(tiny / "deepseek_v3", CHAIN, capsys, monkeypatch)[1] == passed
     reset_config()
 
 
