@@ -307,14 +307,15 @@ class DetSpecConfig:
         """Why an MLA target's coupled tree server would verify trees, or None.
 
         None where the target is not MLA, the server verifies no trees, or
-        its draft shape is top-k, steps and draft tokens
-        (:data:`TOPK_SHAPE_ALGORITHMS`: start-up serves the tree as a chain,
-        :attr:`mla_tree_as_chain`, once SGLang has resolved the steps).
-        Otherwise one clause: NGRAM, whose drafts are verified as trees at
-        any breadth.
+        start-up serves the tree as the chain of its depth
+        (:attr:`mla_tree_as_chain`). Otherwise one clause: NGRAM, whose
+        drafts are verified as trees at any breadth, or a tree typed without
+        its depth (SGLang 0.5.23 itself stops at top-k without steps).
         """
-        if not self._mla_tree or self.algorithm in TOPK_SHAPE_ALGORITHMS:
+        if not self._mla_tree or self.mla_tree_as_chain:
             return None
+        if self.algorithm in TOPK_SHAPE_ALGORITHMS:
+            return "its depth (--speculative-num-steps) is not given, and the chain served in its place needs it"
         return (f"{self.algorithm} drafts are verified as trees at any breadth (SGLang pads a short match with root "
                 "children)")
 
@@ -330,9 +331,8 @@ class DetSpecConfig:
         flags to ``--speculative-eagle-topk 1`` and ``num_steps + 1`` draft
         tokens (``sglang_plugin.startup``): the server is the chain server,
         with no tree KV reserve or tree CUDA graphs. Holds for the algorithms
-        of :data:`TOPK_SHAPE_ALGORITHMS` with the step count known (SGLang
-        resolves it before the start-up hook; flags as typed may leave it to
-        SGLang); NGRAM servers are refused instead
+        of :data:`TOPK_SHAPE_ALGORITHMS` with ``num_steps`` given; NGRAM
+        servers and trees without their steps are refused instead
         (:attr:`mla_tree_verify_reason`).
         """
         return bool(self._mla_tree and self.algorithm in TOPK_SHAPE_ALGORITHMS and self.num_steps)

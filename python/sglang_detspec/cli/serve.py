@@ -315,9 +315,10 @@ def gemm_warmup_notes(bag: DetSpecConfig) -> list[str]:
     if not bag.deterministic:
         return []
     # SGLang's own pre-compile for FP8 block-quantized weights comes before the plugin's warm-up.
-    fp8 = (["FP8 weights: SGLang's own DeepGEMM pre-compile runs first at start-up (3.3 minutes on an H100 for the "
-            "tiny FP8 DeepSeek-V3, four servers starting together); `python -m sglang.compile_deep_gemm` with the "
-            "server's arguments fills DeepGEMM's cache ahead of time"] if "fp8" in bag.family_traits else [])
+    fp8 = (["FP8 weights: block-quantized ones (DeepSeek-V3's format) go through DeepGEMM, whose kernels SGLang "
+            "pre-compiles first at start-up (3.3 minutes on an H100 for the tiny FP8 DeepSeek-V3, four servers "
+            "starting together); `python -m sglang.compile_deep_gemm` with the server's arguments fills DeepGEMM's "
+            "cache ahead of time"] if "fp8" in bag.family_traits else [])
     if not bag.gemm_warmup_s:
         return fp8 + [f"{GEMM_WARMUP_ENV}=0: DeepGEMM's matmul kernels compile at first use, inside requests"]
     return fp8 + [f"on a Hopper GPU start-up spends up to {bag.gemm_warmup_s:g} s compiling DeepGEMM's matmul "

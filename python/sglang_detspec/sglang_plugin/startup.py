@@ -46,10 +46,10 @@ def check_raw_flags(server_args) -> None:
     """BEFORE hook for ``handle_speculative_decoding``: check the flags as typed.
 
     Runs before SGLang's own speculative checks, so our message (which says
-    what to change) comes first, and an MLA target's tree typed with its
-    steps is declared the chain of its depth here (:func:`declare_mla_chain`),
-    so SGLang's speculative resolution (adaptive steps, draft-token budgets)
-    sees the chain the server will run.
+    what to change) comes first, and an MLA target's tree is declared the
+    chain of its depth here (:func:`declare_mla_chain`), so SGLang's
+    speculative resolution (adaptive steps, draft-token budgets) sees the
+    chain the server will run.
 
     Raises:
         RefusedError: (a ValueError) the bag's :meth:`~DetSpecConfig.refusals`, one line each with its code.
@@ -66,20 +66,18 @@ def resolve_and_announce(result, server_args) -> None:
     SGLang may change speculative flags during resolution (NEXTN becomes
     EAGLE, NGRAM gets its tree shape, block verification can turn rejection
     sampling on), so the resolved values are checked again before the bag is
-    installed. An MLA target's tree whose steps SGLang resolved is declared
-    the chain of its depth here (:func:`declare_mla_chain`; one typed with
-    its steps was declared before SGLang's resolution), before any worker
-    sizes its KV reserve or captures CUDA graphs.
+    installed. Where the BEFORE hook declared an MLA target's tree the chain
+    of its depth, the line saying so is logged here, once SGLang's
+    resolution has accepted the chain.
 
     Raises:
         RefusedError: (a ValueError) the bag's :meth:`~DetSpecConfig.refusals`, one line each with its code.
     """
     bag = config_from_server_args(server_args)
     _raise(bag)
-    if bag.mla_tree_as_chain:
-        declare_mla_chain(server_args, bag)
-        bag = config_from_server_args(server_args)
-        _raise(bag)
+    raw = bag_from(server_args, getattr(server_args, "enable_deterministic_inference", False), "raw_args")
+    if raw.mla_tree_as_chain:
+        logging.getLogger("sglang_detspec").info("sglang-detspec: %s", mla_chain_note(raw))
     if bag.wants_sampled_drafts():
         blockers = sampled_draft_blockers(server_args)
         if blockers:
@@ -95,7 +93,7 @@ def resolve_and_announce(result, server_args) -> None:
 
 
 def declare_mla_chain(server_args, bag: DetSpecConfig) -> None:
-    """Declare an MLA target's tree (``bag.mla_tree_as_chain``) the chain of its depth on ``server_args``; log why.
+    """Declare an MLA target's tree (``bag.mla_tree_as_chain``) the chain of its depth on ``server_args``.
 
     Declares ``speculative_eagle_topk=1`` and ``speculative_num_draft_tokens
     = num_steps + 1`` (SGLang's own declaration mechanism, as its
@@ -115,7 +113,6 @@ def declare_mla_chain(server_args, bag: DetSpecConfig) -> None:
     chain = bag.as_chain()
     declare_resolution(server_args, MLA_CHAIN_SOURCE, speculative_eagle_topk=chain.eagle_topk,
                        speculative_num_draft_tokens=chain.num_draft_tokens)
-    logging.getLogger("sglang_detspec").info("sglang-detspec: %s", mla_chain_note(bag))
 
 
 def sampled_draft_blockers(server_args) -> list[str]:

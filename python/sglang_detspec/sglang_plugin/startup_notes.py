@@ -381,7 +381,8 @@ def mla_chain_note(config: DetSpecConfig) -> str:
     if not config.mla_tree_as_chain:
         raise ValueError("config must be an MLA target's tree served as a chain (mla_tree_as_chain)")
     chain = config.as_chain()
-    return (f"an MLA target's tree (top-k {config.eagle_topk}, {config.num_draft_tokens} draft tokens) "
+    typed = f"top-k {config.eagle_topk}" + (f", {config.num_draft_tokens} draft tokens" if config.num_draft_tokens else "")
+    return (f"an MLA target's tree ({typed}) "
             f"{MLA_CHAIN_LOG} (--speculative-eagle-topk 1 --speculative-num-draft-tokens "
             f"{chain.num_draft_tokens}, {chain.num_steps} steps): its tree verify would run SGLang's own MLA tree "
             f"attention, which is not its decode's computation ({MLA_TREE_EVIDENCE}); coupled verify makes the "

@@ -112,10 +112,15 @@ def test_ngram_on_an_mla_target_is_refused_at_any_breadth(topk):
     assert not bag.active and not bag.mla_tree_as_chain
 
 
-def test_an_mla_tree_whose_steps_sglang_resolves_is_not_refused():
-    # Flags as typed may leave the steps to SGLang; start-up rewrites once they are resolved.
+def test_an_mla_tree_without_its_depth_is_refused_with_the_flag_to_give():
+    # SGLang 0.5.23 stops at top-k without steps with a bare assertion; the chain served in the tree's place needs them.
     bag = DetSpecConfig(**{**MLA_TREE, "num_steps": None})
-    assert bag.refusals() == [] and bag.active and not bag.mla_tree_as_chain
+    (refusal,) = bag.refusals()
+    assert refusal.code == "mla_tree" and "its depth (--speculative-num-steps) is not given" in refusal
+    assert not bag.active and not bag.mla_tree_as_chain
+    # Without typed draft tokens the note names the top-k alone.
+    note = startup_notes.mla_chain_note(DetSpecConfig(**{**MLA_TREE, "num_draft_tokens": None}))
+    assert "(top-k 4) is served as the chain of its depth" in note and "None" not in note
 
 
 def test_a_bound_on_an_mla_chain_says_there_is_nothing_to_bound():

@@ -264,6 +264,17 @@ def test_start_up_serves_an_mla_targets_tree_as_the_chain_server(tiny, backend, 
     reset_config()
 
 
+def test_an_mla_tree_typed_without_its_steps_stops_with_the_plugins_message(tiny):
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    model = tiny / "deepseek_v3"
+    with pytest.raises(ValueError, match=r"its depth \(--speculative-num-steps\) is not given.*\[refusal: mla_tree\]"):
+        _server_args(model, f"--speculative-algorithm NEXTN --speculative-draft-model-path {model} "
+                            "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8 --attention-backend fa3")
+    reset_config()
+
+
 def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
     """``detspec serve --dry-run`` of a NEXTN server of ``model`` on fa3 drafting ``shape``: (its stderr, the
     "start-up check passed" line)."""
@@ -283,7 +294,7 @@ def test_the_dry_run_shows_an_mla_targets_tree_as_its_chain(tiny, capsys, monkey
     err, passed = _dry_run_nextn(tiny / "deepseek_v3", TREE, capsys, monkeypatch)
     (line,) = [line for line in err.splitlines() if MLA_CHAIN_LINE in line]
     assert "the command below keeps the flags as typed" in line
-    assert "SGLang's own DeepGEMM pre-compile" not in err  # bf16 weights
+    assert "FP8 weights" not in err  # bf16 weights
     assert "eagle_topk=1" in passed and "num_draft_tokens=4" in passed and "model_family='mla+moe'" in passed
     # The same claim line as the chain's own flags.
     assert _dry_run_nextn(tiny / "deepseek_v3", CHAIN, capsys, monkeypatch)[1] == passed
@@ -294,7 +305,7 @@ def test_the_dry_run_claims_tokens_and_says_not_measured(tiny, capsys, monkeypat
     err, passed = _dry_run_nextn(tiny / "deepseek_v3_fp8", CHAIN, capsys, monkeypatch)
     assert "logits='tokens'" in passed and "model_family='mla+moe+fp8'" in passed
     assert MLA_CHAIN_LINE not in err
-    assert "FP8 weights: SGLang's own DeepGEMM pre-compile runs first" in err
+    assert "FP8 weights: block-quantized ones (DeepSeek-V3's format) go through DeepGEMM" in err
     assert "not measured" in err
     reset_config()
 
