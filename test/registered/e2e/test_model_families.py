@@ -94,8 +94,9 @@ def mla_tree_problems(server) -> list[str]:
     saying so, SGLang's resolved chain of the tree's depth (``/server_info``), no draft-shape switch."""
     problems = []
     name = server.config.name
-    if len(server.log_lines(MLA_CHAIN_LOG)) != 1:
-        problems.append(f"{name}: its log has {len(server.log_lines(MLA_CHAIN_LOG))} lines '{MLA_CHAIN_LOG}', not 1")
+    lines = server.log_lines(MLA_CHAIN_LOG)
+    if len(lines) != 1:
+        problems.append(f"{name}: its log has {len(lines)} lines '{MLA_CHAIN_LOG}', not 1")
     info = _requests.get(server.url, "/server_info")
     body = info["body"] if info["status"] == 200 and isinstance(info["body"], dict) else {}
     shape = tuple(body.get(k) for k in ("speculative_eagle_topk", "speculative_num_steps",
