@@ -477,7 +477,14 @@ def _run(args) -> int:
                 _say(f"warning: {warning}")
             from ..config import REJECTION_ALGORITHMS
 
-            if bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None:
+            from ..model_family import family_holds_tokens
+
+            if (bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None
+                    and family_holds_tokens(bag.model_family, bag.attention_backend)):
+                _say(f"note: the logits claim above ('tokens') holds whatever draft shape SGLang picks at start-up "
+                     f"with --speculative-eagle-topk unset: a {bag.model_family} target claims 'tokens' on trees "
+                     "and chains alike; the server's start-up line states the shape it serves")
+            elif bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None:
                 # The EAGLE drafts: SGLang picks their tree shape from the model's config at start-up
                 # (Llama: top-k 4); STANDALONE always gets a chain, NGRAM its BFS breadth (resolved_eagle_topk).
                 _say("note: the logits claim above assumes a chain: with --speculative-eagle-topk unset SGLang "

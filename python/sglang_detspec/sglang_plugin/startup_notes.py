@@ -229,7 +229,8 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
     (another backend, the split turned off or past a limit, no backend named).
     """
     if "mla" in config.family_traits:
-        return ("MLA attention: neither the positional split nor the one-pass decode serves it; SGLang's own "
+        return (f"MLA attention: neither the positional split nor the one-pass decode serves it (the setting "
+                f"decode_attention='{config.decode_attention}' above does not act on this target); SGLang's own "
                 "attention calls run (on triton its split-KV decode kernel), so the split's notes do not apply")
     path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
     if path is None:
