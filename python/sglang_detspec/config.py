@@ -292,6 +292,9 @@ class DetSpecConfig:
                 "--speculative-use-block-verification is not supported (sglang-detspec implements the classic "
                 "chain verify and coupled verify): drop the flag"
             ))
+        shape = self.draft_shape_problem
+        if shape:
+            problems.append(Refusal("draft_shape", shape))
         why = self.mla_tree_verify_reason
         if why:
             problems.append(Refusal("mla_tree",
@@ -303,19 +306,52 @@ class DetSpecConfig:
         return problems
 
     @property
+    def draft_shape_problem(self) -> str | None:
+        """Which draft-shape flag an EAGLE / EAGLE3 / NEXTN / STANDALONE server lacks, or None.
+
+        SGLang 0.5.23 picks the three shape flags per model only when none is
+        given (``_handle_eagle_family``), and stops without a message on the
+        others: a bare assertion for ``--speculative-eagle-topk`` or
+        ``--speculative-num-draft-tokens`` without ``--speculative-num-steps``,
+        a ``TypeError`` for steps without a top-k; a tree without its draft
+        tokens passes resolution without the count the tree verify sizes each
+        batch by (``EAGLEWorkerV2``).
+        Only flags as typed (``source='raw_args'``: the start-up check before
+        SGLang's resolution, the dry run) are read: a resolved record always
+        has the three. Under ``--speculative-adaptive`` (chains: :attr:`adaptive_steps`)
+        SGLang fills the chain's flags itself. An MLA target's tree served as
+        its chain gets its draft tokens from start-up (:attr:`mla_tree_as_chain`).
+        """
+        if self.source != "raw_args" or self.algorithm not in TOPK_SHAPE_ALGORITHMS or self.adaptive_steps:
+            return None  # a resolved record carries SGLang's own pick
+        given = [flag for flag, value in (("--speculative-eagle-topk", self.eagle_topk),
+                                          ("--speculative-num-draft-tokens", self.num_draft_tokens)) if value is not None]
+        if self.num_steps is None and given:
+            return (f"{' and '.join(given)} without --speculative-num-steps: give the number of draft steps too, or "
+                    "none of the three flags (SGLang then picks all three for the model); SGLang 0.5.23 would stop "
+                    "here on a bare assertion")
+        if self.num_steps is not None and self.eagle_topk is None:
+            return ("--speculative-num-steps without --speculative-eagle-topk: give the top-k too (1 for a chain), or "
+                    "none of the three flags; SGLang 0.5.23 would stop here on a TypeError")
+        if (self.eagle_topk or 1) > 1 and self.num_draft_tokens is None and not self.mla_tree_as_chain:
+            return (f"a tree (--speculative-eagle-topk {self.eagle_topk}) without --speculative-num-draft-tokens: "
+                    "give the number of draft tokens it verifies (SGLang 0.5.23 resolves such flags without the "
+                    "count its tree verify sizes each batch by)")
+        return None
+
+    @property
     def mla_tree_verify_reason(self) -> str | None:
         """Why an MLA target's coupled tree server would verify trees, or None.
 
         None where the target is not MLA, the server verifies no trees, or
         start-up serves the tree as the chain of its depth
-        (:attr:`mla_tree_as_chain`). Otherwise one clause: NGRAM, whose
-        drafts are verified as trees at any breadth, or a tree typed without
-        its depth (SGLang 0.5.23 itself stops at top-k without steps).
+        (:attr:`mla_tree_as_chain`), or a tree typed without its depth
+        (:attr:`draft_shape_problem` refuses that one). Otherwise one clause:
+        NGRAM, whose drafts are verified as trees at any breadth.
         """
-        if not self._mla_tree or self.mla_tree_as_chain:
+        if not self._mla_tree or self.mla_tree_as_chain or self.algorithm in TOPK_SHAPE_ALGORITHMS:
+            # A tree typed without its steps: draft_shape_problem names the flag to give.
             return None
-        if self.algorithm in TOPK_SHAPE_ALGORITHMS:
-            return "its depth (--speculative-num-steps) is not given, and the chain served in its place needs it"
         return (f"{self.algorithm} drafts are verified as trees at any breadth (SGLang pads a short match with root "
                 "children)")
 

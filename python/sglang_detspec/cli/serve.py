@@ -479,12 +479,14 @@ def _run(args) -> int:
 
             from ..model_family import family_holds_tokens
 
-            if (bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None
-                    and family_holds_tokens(bag.model_family, bag.attention_backend)):
-                _say(f"note: the logits claim above ('tokens') holds whatever draft shape SGLang picks at start-up "
-                     f"with --speculative-eagle-topk unset: a {bag.model_family} target claims 'tokens' on trees "
-                     "and chains alike; the server's start-up line states the shape it serves")
-            elif bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None:
+            # Without any shape flag SGLang picks all three per model (partial sets are refused above);
+            # under --speculative-adaptive it serves a chain.
+            picks_shape = bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None and not bag.adaptive_steps
+            if picks_shape and family_holds_tokens(bag.model_family, bag.attention_backend):
+                _say(f"note: the logits claim above ({bag.logits!r}) holds whatever draft shape SGLang picks at "
+                     f"start-up with --speculative-eagle-topk unset: a target of family {bag.model_family} claims "
+                     "'tokens' on trees and chains alike; the server's start-up line states the shape it serves")
+            elif picks_shape:
                 # The EAGLE drafts: SGLang picks their tree shape from the model's config at start-up
                 # (Llama: top-k 4); STANDALONE always gets a chain, NGRAM its BFS breadth (resolved_eagle_topk).
                 _say("note: the logits claim above assumes a chain: with --speculative-eagle-topk unset SGLang "

@@ -36,7 +36,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     if defaults:
         notes.append(defaults)
     # An unknown backend (None: SGLang picks it at start-up) has its own note in the dry run.
-    if config.active and config.attention_backend is not None and config.logits_reason:
+    # MLA attention runs none of the plugin's attention paths, so the attention rule's reason would
+    # blame a setting that does not act there; the family and MLA notes say why the claim is 'tokens'.
+    if (config.active and config.attention_backend is not None and config.logits_reason
+            and "mla" not in config.family_traits):
         notes.append(f"logits='tokens' because of {config.logits_reason}")
     family = family_note(config.model_family, config.attention_backend) if config.active else None
     if family:
@@ -229,9 +232,11 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
     (another backend, the split turned off or past a limit, no backend named).
     """
     if "mla" in config.family_traits:
-        return (f"MLA attention: neither the positional split nor the one-pass decode serves it (the setting "
-                f"decode_attention='{config.decode_attention}' above does not act on this target); SGLang's own "
-                "attention calls run (on triton its split-KV decode kernel), so the split's notes do not apply")
+        setting = (f"the setting decode_attention='{config.decode_attention}' above"
+                   if "decode_attention" in config.shown_fields() else "SGLANG_DETSPEC_DECODE_ATTENTION")
+        return (f"MLA attention: neither the positional split nor the one-pass decode serves it ({setting} does "
+                "not act on this target); SGLang's own attention calls run (on triton its split-KV decode "
+                "kernel), so the split's notes do not apply")
     path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
     if path is None:
         return None

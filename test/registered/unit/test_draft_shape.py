@@ -27,6 +27,7 @@ register_cpu_ci(est_time=30, suite="detspec-unit-cpu")
 
 TREE = dict(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8, page_size=1,
             tree_chain_batch=16)
+TYPED = {**TREE, "source": "raw_args"}  # flags as typed, before SGLang's resolution
 
 
 @pytest.mark.parametrize("name, field, bound, what, good", [
@@ -114,13 +115,44 @@ def test_ngram_on_an_mla_target_is_refused_at_any_breadth(topk):
 
 def test_an_mla_tree_without_its_depth_is_refused_with_the_flag_to_give():
     # SGLang 0.5.23 stops at top-k without steps with a bare assertion; the chain served in the tree's place needs them.
-    bag = DetSpecConfig(**{**MLA_TREE, "num_steps": None})
+    bag = DetSpecConfig(**{**MLA_TREE, "num_steps": None, "source": "raw_args"})
     (refusal,) = bag.refusals()
-    assert refusal.code == "mla_tree" and "its depth (--speculative-num-steps) is not given" in refusal
-    assert not bag.active and not bag.mla_tree_as_chain
+    assert refusal.code == "draft_shape" and "without --speculative-num-steps" in refusal
+    assert not bag.active and not bag.mla_tree_as_chain and bag.mla_tree_verify_reason is None
+    # Its draft tokens may be left out: start-up declares the chain's.
+    assert DetSpecConfig(**{**MLA_TREE, "num_draft_tokens": None, "source": "raw_args"}).refusals() == []
     # Without typed draft tokens the note names the top-k alone.
     note = startup_notes.mla_chain_note(DetSpecConfig(**{**MLA_TREE, "num_draft_tokens": None}))
     assert "(top-k 4) is served as the chain of its depth" in note and "None" not in note
+
+
+@pytest.mark.parametrize("shape, flag", [
+    ({"num_steps": None}, "--speculative-eagle-topk and --speculative-num-draft-tokens without --speculative-num-steps"),
+    ({"num_steps": None, "eagle_topk": None}, "--speculative-num-draft-tokens without --speculative-num-steps"),
+    ({"num_steps": None, "eagle_topk": 1, "num_draft_tokens": None}, "--speculative-eagle-topk without --speculative"),
+    ({"eagle_topk": None}, "--speculative-num-steps without --speculative-eagle-topk"),
+    ({"num_draft_tokens": None}, "a tree (--speculative-eagle-topk 4) without --speculative-num-draft-tokens"),
+])
+def test_a_partial_draft_shape_is_refused_naming_the_flag_to_give(shape, flag):
+    bag = DetSpecConfig(**{**TYPED, **shape})
+    (refusal,) = bag.refusals()
+    assert refusal.code == "draft_shape" and flag in refusal and not bag.active
+    # Where SGLang fills the shape itself, or the run is not the plugin's, nothing is refused.
+    assert DetSpecConfig(**{**TYPED, **shape, "deterministic": False}).refusals() == []
+    assert DetSpecConfig(**{**TYPED, **shape, "algorithm": "NGRAM"}).draft_shape_problem is None
+    # A resolved record (SGLang's own pick filled in) is not read.
+    assert DetSpecConfig(**{**TREE, **shape}).draft_shape_problem is None
+    if (shape.get("eagle_topk") or 1) == 1:
+        assert DetSpecConfig(**{**TYPED, **shape, "adaptive_steps": (1, 3, 7)}).draft_shape_problem is None
+
+
+@pytest.mark.parametrize("shape", [
+    {"num_steps": None, "eagle_topk": None, "num_draft_tokens": None},  # SGLang's per-model pick
+    {"eagle_topk": 1, "num_draft_tokens": None},  # a chain's draft tokens follow from its steps
+    {},
+])
+def test_the_shapes_sglang_resolves_pass(shape):
+    assert DetSpecConfig(**{**TYPED, **shape}).draft_shape_problem is None
 
 
 def test_a_bound_on_an_mla_chain_says_there_is_nothing_to_bound():

@@ -285,7 +285,8 @@ def test_the_dry_run_says_ngram_and_standalone_are_not_measured(model_dir, capsy
         monkeypatch.delenv(name, raising=False)
     for algorithm, noted in (("NGRAM", True), ("EAGLE", False)):
         reset_config()
-        flags = ["--speculative-algorithm", algorithm, "--attention-backend", "triton", "--speculative-eagle-topk", "1"]
+        flags = ["--speculative-algorithm", algorithm, "--attention-backend", "triton", "--speculative-eagle-topk", "1",
+                 "--speculative-num-steps", "3"]
         extra = ["--speculative-draft-model-path", model_dir] if algorithm == "EAGLE" else []
         assert main(["serve", "--dry-run", "--", "--model-path", model_dir, *extra, *flags]) == 0
         assert ("has not yet run on a server" in capsys.readouterr().err) == noted

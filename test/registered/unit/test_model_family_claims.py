@@ -203,6 +203,26 @@ def test_an_unmeasured_familys_attention_note_names_the_path_that_serves(setting
     assert not any("bitwise" in n for n in startup_notes.unmeasured_notes(bag))
 
 
+@pytest.mark.parametrize("backend, shown", [("triton", True), ("fa3", True), ("flashinfer", False), ("fa4", False)])
+def test_the_mla_note_names_the_decode_setting_only_where_the_line_shows_it(backend, shown):
+    bag = DetSpecConfig(**{**MOE_CHAIN, "attention_backend": backend, "head_dim": None, "model_family": "mla+moe"})
+    (note,) = [n for n in startup_notes.unmeasured_notes(bag) if "MLA attention" in n]
+    assert ("decode_attention" in bag.shown_fields()) is shown
+    assert ("the setting decode_attention='split' above does not act" in note) is shown
+    assert ("SGLANG_DETSPEC_DECODE_ATTENTION does not act" in note) is not shown
+
+
+@pytest.mark.parametrize("settings", [dict(attention_backend="triton", decode_attention="sglang"),
+                                      dict(attention_backend="fa3", page_size=16)])
+def test_an_mla_target_is_not_told_an_attention_setting_lowers_its_claim(settings):
+    # The attention rule's reason blames a setting that does not act on MLA attention; a dense target keeps it.
+    mla = DetSpecConfig(**{**MOE_CHAIN, "head_dim": None, "model_family": "mla+moe", **settings})
+    assert mla.logits == "tokens" and mla.logits_reason
+    assert not any(n.startswith("logits='tokens' because of") for n in startup_notes.setting_notes(mla))
+    dense = dataclasses.replace(mla, model_family=None, head_dim=64)
+    assert any(n.startswith("logits='tokens' because of") for n in startup_notes.setting_notes(dense))
+
+
 def test_the_dense_target_keeps_its_measured_claim(tiny):
     target = tiny / "dense"
     target.mkdir()
@@ -269,10 +289,60 @@ def test_an_mla_tree_typed_without_its_steps_stops_with_the_plugins_message(tiny
 
     load_plugins()
     model = tiny / "deepseek_v3"
-    with pytest.raises(ValueError, match=r"its depth \(--speculative-num-steps\) is not given.*\[refusal: mla_tree\]"):
+    with pytest.raises(ValueError, match=r"without --speculative-num-steps.*\[refusal: draft_shape\]"):
         _server_args(model, f"--speculative-algorithm NEXTN --speculative-draft-model-path {model} "
                             "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8 --attention-backend fa3")
     reset_config()
+
+
+def _sglang_outcome(model, flags, monkeypatch, plugin: bool) -> str:
+    """What SGLang's real resolution of ``flags`` gives: ``ok topk,steps,tokens``, ``refused`` (the plugin's
+    draft-shape refusal) or ``stopped`` (any other exception), with the plugin active or turned off."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    if plugin:
+        monkeypatch.delenv("SGLANG_DETSPEC_DISABLE", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
+    reset_config()
+    try:
+        view = resolved_view(_server_args(model, flags))
+    except ValueError as exc:
+        if "[refusal: draft_shape]" in str(exc):
+            return "refused"
+        return "stopped"
+    except Exception:  # SGLang's bare assertion or TypeError
+        return "stopped"
+    finally:
+        reset_config()
+    return f"ok {view.speculative_eagle_topk},{view.speculative_num_steps},{view.speculative_num_draft_tokens}"
+
+
+@pytest.mark.parametrize("folder, algorithm, draft", [("qwen3_moe", "EAGLE3", "qwen3_moe_eagle3"),
+                                                      ("deepseek_v3", "NEXTN", "deepseek_v3")])
+def test_the_draft_shape_refusal_is_exactly_what_sglang_cannot_serve(tiny, folder, algorithm, draft, monkeypatch):
+    import itertools
+
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    model = tiny / folder
+    base = (f"--speculative-algorithm {algorithm} --speculative-draft-model-path {tiny / draft} "
+            "--attention-backend triton")
+    mla = folder == "deepseek_v3"
+    for steps, topk, tokens in itertools.product((None, 3), (None, 1, 4), (None, 4, 8)):
+        flags = base + "".join(f" --speculative-{name} {value}" for name, value in (
+            ("num-steps", steps), ("eagle-topk", topk), ("num-draft-tokens", tokens)) if value is not None)
+        alone, served = (_sglang_outcome(model, flags, monkeypatch, plugin) for plugin in (False, True))
+        tree_without_count = alone == "ok 4,3,None"
+        if alone == "stopped" or (tree_without_count and not mla):
+            # SGLang alone stops without a message, or resolves a tree it cannot size: the plugin refuses first.
+            assert served == "refused", (flags, alone, served)
+        elif tree_without_count:
+            assert served == "ok 1,3,4", (flags, alone, served)  # an MLA tree served as the chain of its depth
+        else:
+            assert served.startswith("ok"), (flags, alone, served)
 
 
 def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
@@ -307,7 +377,7 @@ def test_the_dry_run_with_the_shape_unset_says_the_familys_claim_holds_for_any_s
     # An MLA target claims 'tokens' on trees and chains alike: the generic tree-rules note would mislead.
     err, passed = _dry_run_nextn(tiny / "deepseek_v3", "", capsys, monkeypatch)
     assert "logits='tokens'" in passed
-    assert "a mla+moe target claims 'tokens' on trees and chains alike" in err
+    assert "a target of family mla+moe claims 'tokens' on trees and chains alike" in err
     assert "the logits claim above assumes a chain" not in err
     # Qwen3-MoE is measured bitwise on fa3: its tree's claim follows the tree rules, so the generic note stays.
     assert not family_holds_tokens("moe", "fa3") and family_holds_tokens("moe", "triton")
