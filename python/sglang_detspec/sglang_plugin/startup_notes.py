@@ -410,7 +410,8 @@ def chain_note(config: DetSpecConfig) -> str:
             "SGLang's FA3 calls with trees verified per node (SGLANG_DETSPEC_TREE_ATTENTION=nodes "
             "SGLANG_DETSPEC_DECODE_ATTENTION=sglang) 1.13 / 1.07 / 0.96 at 1 / 8 / 32 requests with a "
             "summed-token bound of 12,288 beside it (one H100, 62a91f2), against the coupled chain's 0.99 / 0.97 / "
-            "0.95 in the same rounds, and 0.93 at 128 without it (another H100, c052342; the chain 0.95); other "
+            "0.95 in the same rounds, 0.91 at 128 with it (another H100, a516b19) and 0.93 at 128 without it "
+            "(another H100, c052342; the chain 0.95); other "
             f"bounds and backends are not measured; {LONG_PROMPT_NOTE}"
             + ("" if config.chain_at_tokens else ", which SGLANG_DETSPEC_TREE_CHAIN_TOKENS addresses"))
     if config.chain_at_tokens:
