@@ -454,6 +454,8 @@ def _run(args) -> int:
             return _fail("this server would stop at start-up:\n  - " + "\n  - ".join(lines))
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
+            if args.dry_run:
+                _sglang_verdict(cmd[3:])
         elif args.dry_run:
             if bag.mla_tree_as_chain:
                 from ..sglang_plugin.startup_notes import mla_chain_note
@@ -520,12 +522,33 @@ def _run(args) -> int:
                          + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
             # The notes run long: the claim again as the last line before the command, with what qualifies it.
-            marks = ["see the warning above"] * bool(warnings) + [DENSE_ASSUMED] * bool(dense_assumed)
+            refused = _sglang_verdict(cmd[3:])
+            marks = ["see the warning above"] * bool(warnings or refused) + [DENSE_ASSUMED] * bool(dense_assumed)
             _say(f"claim: logits={bag.logits!r}" + (f" ({'; '.join(marks)})" if marks else ""))
     if args.dry_run:
         print(dry_run_command(cmd, env))
         return 0
     return _serve(cmd, env)
+
+
+def _sglang_verdict(launch_args: list[str]) -> bool:
+    """Print what SGLang's own argument resolution, run here, says of the flags; True when it refuses them."""
+    from ..sglang_plugin.resolve import sglang_resolution_refusal
+
+    try:
+        refusal = sglang_resolution_refusal(launch_args)
+    except LookupError as exc:
+        _say(f"note: SGLang's own argument resolution not run here ({exc}); the server runs it at start-up")
+        return False
+    except Exception as exc:  # SGLang's resolution, on a machine that is not the server's
+        _say(f"note: SGLang's own argument resolution did not finish here ({type(exc).__name__}: {exc}); the "
+             "server runs it at start-up")
+        return False
+    if refusal:
+        _say(f"warning: SGLang's own argument resolution, run on this machine as on a CUDA device, refuses these "
+             f"flags: {refusal} (rules that read the GPU, e.g. fa4's, are decided on this machine's platform; "
+             "the server decides on its own)")
+    return bool(refusal)
 
 
 def _serve(cmd: list[str], env: Mapping[str, str]) -> int:

@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
@@ -322,6 +322,53 @@ def sglang_backend_switch(args) -> str | None:
     finally:
         sglang_log.setLevel(level)
     return switched if switched not in (None, typed) else None
+
+
+def sglang_resolution_refusal(launch_args: Sequence[str]) -> str | None:
+    """SGLang's own refusal of ``launch_server`` flags, from its real argument resolution run in this process.
+
+    Parses ``launch_args`` with SGLang's parser and runs
+    ``ServerArgs.resolve_once``, the resolution ``launch_server`` runs before
+    it loads any weight (it reads the model's ``config.json``): e.g. SGLang
+    0.5.23 accepts only ascend, fa3, fa4 and triton attention for a
+    DeepSeek-family (absorbed-MLA) target under deterministic inference,
+    which the backend list of :func:`sglang_refusals` does not show. Flags
+    without ``--device`` are resolved as on ``cuda`` (the machine that runs
+    the server has a GPU; this one may not). Rules that read the GPU (e.g.
+    fa4 for such a target needs SM100 / SM110) are decided on this
+    machine's platform, so a caller on another machine reports the result
+    as SGLang's verdict here, not a refusal.
+
+    Args:
+        launch_args: ``launch_server`` arguments, ``--model-path`` naming a
+            local folder (a hub id is not fetched).
+
+    Returns:
+        SGLang's message when its resolution raises ``ValueError`` (its
+        refusals; the plugin's own refusals are ``ValueError`` too); None
+        when it accepts the flags.
+
+    Raises:
+        LookupError: ``--model-path`` is missing or not a local folder.
+        Exception: anything else SGLang's resolution raises (not a refusal).
+    """
+    import os
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = list(launch_args)
+    if "--device" not in args:
+        args += ["--device", "cuda"]
+    record = ServerArgs.from_cli_args(parser.parse_args(args))
+    if not (record.model_path and os.path.isdir(record.model_path)):
+        raise LookupError(f"--model-path {record.model_path} is not a local folder")
+    try:
+        record.resolve_once()
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def sglang_refusals(args) -> list[Refusal]:

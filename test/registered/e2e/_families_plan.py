@@ -117,23 +117,13 @@ def server_flags(family: ModelFamily, shape: str, backend: str, models_dir: str)
 def sglang_refusal(model_path: str, flags: tuple[str, ...]) -> str | None:
     """SGLang's own refusal of a server, from its real argument resolution (no GPU needed); None when it accepts.
 
-    Runs ``ServerArgs.resolve_once`` on the flags, the resolution
-    ``launch_server`` runs before it loads anything: e.g. deterministic
-    inference on a DeepSeek-family (absorbed-MLA) model accepts only the
-    radix-cache backends. Only SGLang's ``ValueError`` counts as a refusal.
+    ``resolve.sglang_resolution_refusal``: e.g. deterministic inference on a
+    DeepSeek-family (absorbed-MLA) model accepts only the radix-cache
+    backends. Only SGLang's ``ValueError`` counts as a refusal.
     """
-    import argparse
+    from sglang_detspec.sglang_plugin.resolve import sglang_resolution_refusal
 
-    from sglang.srt.server_args import ServerArgs
-
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", model_path, *flags]))
-    try:
-        args.resolve_once()
-    except ValueError as exc:
-        return str(exc)
-    return None
+    return sglang_resolution_refusal(["--model-path", model_path, *flags])
 
 
 def selected_backends(environ=None) -> tuple[str, ...]:

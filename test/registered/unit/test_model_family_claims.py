@@ -386,6 +386,33 @@ def test_the_dry_run_with_the_shape_unset_says_the_familys_claim_holds_for_any_s
     reset_config()
 
 
+def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monkeypatch):
+    from sglang_detspec.cli.main import main
+    from sglang_detspec.sglang_plugin.resolve import sglang_resolution_refusal
+
+    for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    model = str(tiny / "deepseek_v3")
+    flags = ["--model-path", model, "--speculative-algorithm", "NEXTN", "--enable-deterministic-inference"]
+    # SGLang's own rule for absorbed-MLA targets, which its backend list alone does not show.
+    refusal = sglang_resolution_refusal([*flags, "--attention-backend", "flashinfer"])
+    assert "absorbed-MLA" in refusal and "flashinfer" in refusal
+    assert sglang_resolution_refusal([*flags, "--attention-backend", "fa3"]) is None
+    with pytest.raises(LookupError, match="not a local folder"):
+        sglang_resolution_refusal(["--model-path", "org/model", "--speculative-algorithm", "NEXTN"])
+    for backend, refused in (("flashinfer", True), ("triton", False)):
+        reset_config()
+        assert main(["serve", "--dry-run", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
+                     "--attention-backend", backend]) == 0
+        lines = capsys.readouterr().err.splitlines()
+        warned = [line for line in lines if "SGLang's own argument resolution" in line]
+        assert bool(warned) is refused, warned
+        if refused:
+            assert "absorbed-MLA" in warned[0] and lines[-1].startswith("detspec: claim:")
+            assert "see the warning above" in lines[-1]
+    reset_config()
+
+
 def test_the_dry_run_claims_tokens_and_says_not_measured(tiny, capsys, monkeypatch):
     err, passed = _dry_run_nextn(tiny / "deepseek_v3_fp8", CHAIN, capsys, monkeypatch)
     assert "logits='tokens'" in passed and "model_family='mla+moe+fp8'" in passed
