@@ -59,10 +59,11 @@ MEASURED_SHAPES = {
 }
 # (family label, attention backend) pairs a committed run measured apart from bitwise somewhere: what it found.
 MEASURED_APART: dict[tuple[str, str], str] = {
-    ("mla+moe", "fa3"): "one run of the tiny DeepSeek-V3 is all there is: its NEXTN chain gave the logprobs of "
-                        "decoding without speculative decoding bit for bit, its tree did not "
-                        "(docs/e2e/2026-12-07-h100-model-families); MLA trees are served as the chain of their "
-                        "depth since, and MLA's forward modes (prefill against decode) have not been measured",
+    ("mla+moe", "fa3"): "two runs of the tiny DeepSeek-V3 are all there is: its NEXTN chain gave the logprobs of "
+                        "decoding without speculative decoding bit for bit, its tree verified as a tree did not "
+                        "(docs/e2e/2026-12-07-h100-model-families), its tree served as the chain of its depth did "
+                        "(docs/e2e/2026-12-07-h100-mla-chain-served); MLA's forward modes (prefill against decode) "
+                        "have not been measured",
 }
 
 
