@@ -452,10 +452,17 @@ def _run(args) -> int:
         if problems:
             lines = [f"{p} [refusal: {p.code}]" if hasattr(p, "code") else p for p in problems]
             return _fail("this server would stop at start-up:\n  - " + "\n  - ".join(lines))
+        unresolved = None
+        if args.dry_run:
+            refusal, unresolved = _sglang_verdict(cmd[3:])
+            if refusal:
+                return _fail(f"SGLang's own argument resolution, run here as on a CUDA device, refuses these flags: "
+                             f"{refusal} (a rule that reads the GPU, e.g. fa4's for an absorbed-MLA target, is "
+                             "decided on this machine's platform: on the server's GPU it may accept them)")
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
-            if args.dry_run:
-                _sglang_verdict(cmd[3:])
+            if unresolved:
+                _say(f"note: {unresolved}")
         elif args.dry_run:
             if bag.mla_tree_as_chain:
                 from ..sglang_plugin.startup_notes import mla_chain_note
@@ -522,8 +529,9 @@ def _run(args) -> int:
                          + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
             # The notes run long: the claim again as the last line before the command, with what qualifies it.
-            refused = _sglang_verdict(cmd[3:])
-            marks = ["see the warning above"] * bool(warnings or refused) + [DENSE_ASSUMED] * bool(dense_assumed)
+            if unresolved:
+                _say(f"note: {unresolved}")
+            marks = ["see the warning above"] * bool(warnings) + [DENSE_ASSUMED] * bool(dense_assumed)
             _say(f"claim: logits={bag.logits!r}" + (f" ({'; '.join(marks)})" if marks else ""))
     if args.dry_run:
         print(dry_run_command(cmd, env))
@@ -531,24 +539,18 @@ def _run(args) -> int:
     return _serve(cmd, env)
 
 
-def _sglang_verdict(launch_args: list[str]) -> bool:
-    """Print what SGLang's own argument resolution, run here, says of the flags; True when it refuses them."""
+def _sglang_verdict(launch_args: list[str]) -> tuple[str | None, str | None]:
+    """What SGLang's own argument resolution, run here, says of the flags: (its refusal, or None; why it did
+    not run or finish here, or None)."""
     from ..sglang_plugin.resolve import sglang_resolution_refusal
 
     try:
-        refusal = sglang_resolution_refusal(launch_args)
+        return sglang_resolution_refusal(launch_args), None
     except LookupError as exc:
-        _say(f"note: SGLang's own argument resolution not run here ({exc}); the server runs it at start-up")
-        return False
+        return None, f"SGLang's own argument resolution not run here ({exc}); the server runs it at start-up"
     except Exception as exc:  # SGLang's resolution, on a machine that is not the server's
-        _say(f"note: SGLang's own argument resolution did not finish here ({type(exc).__name__}: {exc}); the "
-             "server runs it at start-up")
-        return False
-    if refusal:
-        _say(f"warning: SGLang's own argument resolution, run on this machine as on a CUDA device, refuses these "
-             f"flags: {refusal} (rules that read the GPU, e.g. fa4's, are decided on this machine's platform; "
-             "the server decides on its own)")
-    return bool(refusal)
+        return None, (f"SGLang's own argument resolution did not finish here ({type(exc).__name__}: {exc}); the "
+                      "server runs it at start-up")
 
 
 def _serve(cmd: list[str], env: Mapping[str, str]) -> int:

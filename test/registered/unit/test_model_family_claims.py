@@ -90,7 +90,8 @@ def test_family_notes_say_what_was_measured():
         assert run in note and "not at all" in note
     assert family_evidence_note("moe", "triton") is None and family_evidence_note("mla+moe", "fa3") is None
     # A family measured apart says what was found; without a backend the note names where it was measured.
-    assert "its tree did not" in family_note("mla+moe", "fa3") and "not measured" not in family_note("mla+moe", "fa3")
+    assert "its tree verified as a tree did not" in family_note("mla+moe", "fa3")
+    assert "not measured" not in family_note("mla+moe", "fa3")
     assert "until the backend is known (a run measured this family bitwise on fa3" in family_note("moe", None)
     # Measured apart only: 'tokens' whatever backend SGLang picks.
     assert "'tokens' on every backend (a run measured this family on fa3" in family_note("mla+moe", None)
@@ -402,14 +403,12 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
         sglang_resolution_refusal(["--model-path", "org/model", "--speculative-algorithm", "NEXTN"])
     for backend, refused in (("flashinfer", True), ("triton", False)):
         reset_config()
-        assert main(["serve", "--dry-run", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
-                     "--attention-backend", backend]) == 0
-        lines = capsys.readouterr().err.splitlines()
-        warned = [line for line in lines if "SGLang's own argument resolution" in line]
-        assert bool(warned) is refused, warned
-        if refused:
-            assert "absorbed-MLA" in warned[0] and lines[-1].startswith("detspec: claim:")
-            assert "see the warning above" in lines[-1]
+        rc = main(["serve", "--dry-run", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
+                   "--attention-backend", backend])
+        err = capsys.readouterr().err
+        assert rc == (2 if refused else 0)
+        assert ("SGLang's own argument resolution, run here as on a CUDA device, refuses" in err) is refused
+        assert ("absorbed-MLA" in err) is refused and ("start-up check passed" in err) is not refused
     reset_config()
 
 
