@@ -17,7 +17,7 @@ import logging
 
 from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
                       FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_TREE_EVIDENCE, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
-                      TREE_SETTING_ENVS, DetSpecConfig,
+                      TREE_SETTING_ENVS, VERIFY_ENV, DetSpecConfig,
                       fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes, switch_settings)
 from ..model_family import family_evidence_note, family_note
 
@@ -32,6 +32,8 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     the bag accepts that change nothing for this server.
     """
     notes = []
+    if config.active and config.verify == "rejection":
+        notes.append(REJECTION_MODE_NOTE)
     defaults = fa3_tree_defaults_note(config)
     if defaults:
         notes.append(defaults)
@@ -88,6 +90,15 @@ FA3_TREE_DEFAULTS_EVIDENCE = (
     "at 8 (level with both within the rounds' spread: it drafts the chain there) and 0.91 at 128 short requests "
     "(another H100; without the token bound 0.93 there, 1% below the coupled chain); SGLang's harness passed on a "
     "server taking them unnamed (p_vs_d 10 of 10)")
+
+
+# Rejection mode's tokens follow its draft, so the logits claim cannot speak for them (README, "Two verify modes").
+REJECTION_MODE_NOTE = (
+    f"verify='rejection' ({VERIFY_ENV}=rejection, or auto with --speculative-use-rejection-sampling): SGLang's "
+    "rejection sampling picks the tokens, so they depend on the draft model and shape and are not those of the "
+    "server without speculative decoding (the logits claim speaks of the target's logits at the positions "
+    "decoded), and a request SGLang retracts can change its output; drop --speculative-use-rejection-sampling "
+    f"(or set {VERIFY_ENV}=coupled) for coupled verify, whose tokens are the target's own seeded draws")
 
 
 # How the note on the defaults a server took begins (E2E files look for it in a server's log).

@@ -224,6 +224,16 @@ def test_an_mla_target_is_not_told_an_attention_setting_lowers_its_claim(setting
     assert any(n.startswith("logits='tokens' because of") for n in startup_notes.setting_notes(dense))
 
 
+def test_rejection_mode_says_its_tokens_follow_the_draft():
+    # The logits claim would otherwise read as "the tokens of no speculative decoding", which rejection mode is not.
+    rejection = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_steps=3, num_draft_tokens=4,
+                              rejection_sampling=True, verify="rejection", attention_backend="fa3")
+    assert rejection.active and rejection.verify == "rejection"
+    assert startup_notes.REJECTION_MODE_NOTE in startup_notes.setting_notes(rejection)
+    coupled = dataclasses.replace(rejection, verify="coupled")
+    assert coupled.active and startup_notes.REJECTION_MODE_NOTE not in startup_notes.setting_notes(coupled)
+
+
 def test_the_dense_target_keeps_its_measured_claim(tiny):
     target = tiny / "dense"
     target.mkdir()
