@@ -204,19 +204,6 @@ def family_claim(family: str | None, attention_claim: str, attention_backend: st
     return "bitwise" if (family, attention_backend) in MEASURED_BITWISE else "tokens"
 
 
-def family_holds_tokens(family: str | None, attention_backend: str | None) -> bool:
-    """Whether the target's family alone makes the logits claim ``tokens``, whatever the draft shape and attention.
-
-    True for a non-dense family that :data:`MEASURED_BITWISE` does not record
-    on ``attention_backend`` (None: on any backend): :func:`family_claim`
-    then gives ``tokens`` for every attention claim, trees and chains alike.
-    """
-    if family in (None, DENSE):
-        return False
-    return not any(f == family and (attention_backend is None or b == attention_backend)
-                   for f, b in MEASURED_BITWISE)
-
-
 def family_note(family: str | None, attention_backend: str | None) -> str | None:
     """The start-up note for a family whose claim is ``tokens`` on this backend (None for dense or promoted ones):
     what a run measured of it (:data:`MEASURED_APART`), or that none did."""

@@ -452,9 +452,9 @@ def _run(args) -> int:
         if problems:
             lines = [f"{p} [refusal: {p.code}]" if hasattr(p, "code") else p for p in problems]
             return _fail("this server would stop at start-up:\n  - " + "\n  - ".join(lines))
-        unresolved = None
+        unresolved = record = None
         if args.dry_run:
-            refusal, unresolved = _sglang_verdict(cmd[3:])
+            refusal, unresolved, record = _sglang_verdict(cmd[3:])
             if refusal:
                 return _fail(f"SGLang's own argument resolution, run here as on a CUDA device, refuses these flags: "
                              f"{refusal} (a rule that reads the GPU, e.g. fa4's for an absorbed-MLA target, is "
@@ -486,15 +486,11 @@ def _run(args) -> int:
                 _say(f"warning: {warning}")
             from ..config import REJECTION_ALGORITHMS
 
-            from ..model_family import family_holds_tokens
-
             # Without any shape flag SGLang picks all three per model (partial sets are refused above);
             # under --speculative-adaptive it serves a chain.
             picks_shape = bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None and not bag.adaptive_steps
-            if picks_shape and family_holds_tokens(bag.model_family, bag.attention_backend):
-                _say(f"note: the logits claim above ({bag.logits!r}) holds whatever draft shape SGLang picks at "
-                     f"start-up with --speculative-eagle-topk unset: a target of family {bag.model_family} claims "
-                     "'tokens' on trees and chains alike; the server's start-up line states the shape it serves")
+            if picks_shape and record is not None:
+                _say(f"note: {picked_shape_note(bag, record, env)}")
             elif picks_shape:
                 # The EAGLE drafts: SGLang picks their tree shape from the model's config at start-up
                 # (Llama: top-k 4); STANDALONE always gets a chain, NGRAM its BFS breadth (resolved_eagle_topk).
@@ -539,18 +535,38 @@ def _run(args) -> int:
     return _serve(cmd, env)
 
 
-def _sglang_verdict(launch_args: list[str]) -> tuple[str | None, str | None]:
-    """What SGLang's own argument resolution, run here, says of the flags: (its refusal, or None; why it did
-    not run or finish here, or None)."""
-    from ..sglang_plugin.resolve import sglang_resolution_refusal
+def _sglang_verdict(launch_args: list[str]):
+    """What SGLang's own argument resolution, run here, says of the flags: (its refusal or None, why it did not
+    run or finish here or None, the resolved ``ServerArgs`` or None)."""
+    from ..sglang_plugin.resolve import sglang_resolution
 
     try:
-        return sglang_resolution_refusal(launch_args), None
+        refusal, record = sglang_resolution(launch_args)
+        return refusal, None, record
     except LookupError as exc:
-        return None, f"SGLang's own argument resolution not run here ({exc}); the server runs it at start-up"
+        return None, f"SGLang's own argument resolution not run here ({exc}); the server runs it at start-up", None
     except Exception as exc:  # SGLang's resolution, on a machine that is not the server's
         return None, (f"SGLang's own argument resolution did not finish here ({type(exc).__name__}: {exc}); the "
-                      "server runs it at start-up")
+                      "server runs it at start-up"), None
+
+
+def picked_shape_note(bag: DetSpecConfig, record, env: Mapping[str, str]) -> str:
+    """The dry-run note for a server whose draft shape SGLang picks: the shape its resolution picked here, and
+    the claim the server makes with it (``resolve.config_from_server_args``, what start-up reads)."""
+    from ..sglang_plugin.resolve import config_from_server_args
+
+    served = config_from_server_args(record, env)
+    shape = (f"--speculative-num-steps {served.num_steps} --speculative-eagle-topk {served.eagle_topk} "
+             f"--speculative-num-draft-tokens {served.num_draft_tokens}")
+    picked = f"with the shape flags unset SGLang picks {shape} for this model (its own resolution, run here)"
+    if bag.attention_backend is None:
+        # Without --attention-backend the resolution here picked this machine's backend, not the server's.
+        return (f"{picked}; the claim follows from that shape and the backend SGLang picks on the server's GPU, "
+                "which its start-up line states")
+    same = served.logits == bag.logits
+    return (f"{picked}; with that shape the server claims logits={served.logits!r}"
+            + ("" if same else f", not the {bag.logits!r} above, which assumes a chain")
+            + "; the server's start-up line states the claim and the tree settings it serves")
 
 
 def _serve(cmd: list[str], env: Mapping[str, str]) -> int:

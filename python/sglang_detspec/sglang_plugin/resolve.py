@@ -325,7 +325,16 @@ def sglang_backend_switch(args) -> str | None:
 
 
 def sglang_resolution_refusal(launch_args: Sequence[str]) -> str | None:
-    """SGLang's own refusal of ``launch_server`` flags, from its real argument resolution run in this process.
+    """SGLang's own refusal of ``launch_server`` flags (:func:`sglang_resolution`'s message); None when it accepts.
+
+    Raises:
+        LookupError, Exception: as :func:`sglang_resolution`.
+    """
+    return sglang_resolution(launch_args)[0]
+
+
+def sglang_resolution(launch_args: Sequence[str]):
+    """SGLang's own verdict on ``launch_server`` flags, from its real argument resolution run in this process.
 
     Parses ``launch_args`` with SGLang's parser and runs
     ``ServerArgs.resolve_once``, the resolution ``launch_server`` runs before
@@ -344,9 +353,11 @@ def sglang_resolution_refusal(launch_args: Sequence[str]) -> str | None:
             local folder (a hub id is not fetched).
 
     Returns:
-        SGLang's message when its resolution raises ``ValueError`` (its
-        refusals; the plugin's own refusals are ``ValueError`` too); None
-        when it accepts the flags.
+        ``(message, None)`` when its resolution raises ``ValueError`` (its
+        refusals; the plugin's own refusals are ``ValueError`` too, but this
+        process has not loaded the plugin's hooks unless its caller did);
+        ``(None, record)`` with the resolved ``ServerArgs`` when it accepts
+        the flags (e.g. the draft shape SGLang picks for the model).
 
     Raises:
         LookupError: ``--model-path`` is missing or not a local folder.
@@ -367,8 +378,8 @@ def sglang_resolution_refusal(launch_args: Sequence[str]) -> str | None:
     try:
         record.resolve_once()
     except ValueError as exc:
-        return str(exc)
-    return None
+        return str(exc), None
+    return None, record
 
 
 def sglang_refusals(args) -> list[Refusal]:

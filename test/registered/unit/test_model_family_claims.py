@@ -382,18 +382,13 @@ def test_the_dry_run_shows_an_mla_targets_tree_as_its_chain(tiny, capsys, monkey
     reset_config()
 
 
-def test_the_dry_run_with_the_shape_unset_says_the_familys_claim_holds_for_any_shape(tiny, capsys, monkeypatch):
-    from sglang_detspec.model_family import family_holds_tokens
-
-    # An MLA target claims 'tokens' on trees and chains alike: the generic tree-rules note would mislead.
+def test_the_dry_run_with_the_shape_unset_states_the_shape_sglang_picks(tiny, capsys, monkeypatch):
+    # SGLang's own resolution picks the chain (3, 1, 4) for a DeepSeek-V3 target: the note states it and its claim.
     err, passed = _dry_run_nextn(tiny / "deepseek_v3", "", capsys, monkeypatch)
-    assert "logits='tokens'" in passed
-    assert "a target of family mla+moe claims 'tokens' on trees and chains alike" in err
-    assert "the logits claim above assumes a chain" not in err
-    # Qwen3-MoE is measured bitwise on fa3: its tree's claim follows the tree rules, so the generic note stays.
-    assert not family_holds_tokens("moe", "fa3") and family_holds_tokens("moe", "triton")
-    assert family_holds_tokens("mla+moe", None) and not family_holds_tokens("moe", None)
-    assert not family_holds_tokens("dense", "fa3") and not family_holds_tokens(None, None)
+    assert "logits='tokens'" in passed and "the logits claim above assumes a chain" not in err
+    (note,) = [line for line in err.splitlines() if "with the shape flags unset SGLang picks" in line]
+    assert ("--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in note
+            and "the server claims logits='tokens'" in note and "not the" not in note)
     reset_config()
 
 
