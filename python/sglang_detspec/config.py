@@ -920,7 +920,7 @@ class Refusal(str):
     while the message is free to change: ``algorithm_not_covered``,
     ``reduced_draft_vocab``, ``rl_on_policy``, ``tokenizer_workers``,
     ``block_verification``, ``rejection_needs_flag``, ``rejection_algorithm``,
-    ``rejection_chain_unset``, ``rejection_tree``, ``mla_tree``; and ``attention_backend``,
+    ``rejection_chain_unset``, ``rejection_tree``, ``draft_shape``, ``mla_tree``; and ``attention_backend``,
     SGLang's own refusal as ``detspec serve`` states it up front
     (``sglang_plugin/resolve.py``, ``sglang_refusals``).
     """

@@ -541,7 +541,7 @@ def _sglang_verdict(launch_args: list[str]):
     from ..sglang_plugin.resolve import sglang_resolution
 
     try:
-        refusal, record = sglang_resolution(launch_args)
+        refusal, record = sglang_resolution(read_launch_args(launch_args))
         return refusal, None, record
     except LookupError as exc:
         return None, f"SGLang's own argument resolution not run here ({exc}); the server runs it at start-up", None

@@ -127,7 +127,8 @@ def adaptive_steps(spec) -> tuple[int, ...]:
     # Flags as typed (the dry run's raw record) have not met _maybe_disable_adaptive yet: its
     # rules on what this bag reads (SGLang 0.5.23's adaptive_unsupported_reason).
     algorithm = str(getattr(spec, "speculative_algorithm", None) or "").upper()
-    if (algorithm not in ("EAGLE", "EAGLE3") or getattr(spec, "speculative_eagle_topk", None) not in (None, 1)
+    # NEXTN as typed: SGLang renames it EAGLE before it decides on adaptive speculation.
+    if (algorithm not in ("EAGLE", "EAGLE3", "NEXTN") or getattr(spec, "speculative_eagle_topk", None) not in (None, 1)
             or getattr(spec, "enable_multi_layer_eagle", False)):
         return ()
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
@@ -333,52 +334,66 @@ def sglang_resolution_refusal(launch_args: Sequence[str]) -> str | None:
     return sglang_resolution(launch_args)[0]
 
 
-def sglang_resolution(launch_args: Sequence[str]):
+def sglang_resolution(launch: argparse.Namespace | Sequence[str]):
     """SGLang's own verdict on ``launch_server`` flags, from its real argument resolution run in this process.
 
-    Parses ``launch_args`` with SGLang's parser and runs
-    ``ServerArgs.resolve_once``, the resolution ``launch_server`` runs before
-    it loads any weight (it reads the model's ``config.json``): e.g. SGLang
-    0.5.23 accepts only ascend, fa3, fa4 and triton attention for a
-    DeepSeek-family (absorbed-MLA) target under deterministic inference,
-    which the backend list of :func:`sglang_refusals` does not show. Flags
-    without ``--device`` are resolved as on ``cuda`` (the machine that runs
-    the server has a GPU; this one may not). Rules that read the GPU (e.g.
-    fa4 for such a target needs SM100 / SM110) are decided on this
-    machine's platform, so a caller on another machine reports the result
-    as SGLang's verdict here, not a refusal.
+    Runs ``ServerArgs.resolve_once`` on the flags, the resolution
+    ``launch_server`` runs before it loads any weight (it reads the model's
+    ``config.json``): e.g. SGLang 0.5.23 accepts only ascend, fa3, fa4 and
+    triton attention for a DeepSeek-family (absorbed-MLA) target under
+    deterministic inference, which the backend list of
+    :func:`sglang_refusals` does not show. Flags without a device are
+    resolved as on ``cuda`` (the machine that runs the server has a GPU;
+    this one may not). Rules that read the GPU (e.g. fa4 for such a target
+    needs SM100 / SM110) are decided on this machine's platform, so a caller
+    on another machine reports the result as SGLang's verdict here. The
+    environment variables SGLang's resolution sets and its log level are
+    restored afterwards; the plugin's hooks run only where the caller loaded
+    them.
 
     Args:
-        launch_args: ``launch_server`` arguments, ``--model-path`` naming a
-            local folder (a hub id is not fetched).
+        launch: SGLang's parsed ``launch_server`` arguments (a ``--config``
+            file merged in, ``cli.serve.read_launch_args``), or the arguments
+            as a list; ``--model-path`` and a ``--speculative-draft-model-path``
+            naming local folders (hub ids are not fetched).
 
     Returns:
         ``(message, None)`` when its resolution raises ``ValueError`` (its
-        refusals; the plugin's own refusals are ``ValueError`` too, but this
-        process has not loaded the plugin's hooks unless its caller did);
-        ``(None, record)`` with the resolved ``ServerArgs`` when it accepts
-        the flags (e.g. the draft shape SGLang picks for the model).
+        refusals); ``(None, record)`` with the resolved ``ServerArgs`` when
+        it accepts the flags (e.g. the draft shape SGLang picks for the model).
 
     Raises:
-        LookupError: ``--model-path`` is missing or not a local folder.
+        LookupError: a model or draft path that is not a local folder.
         Exception: anything else SGLang's resolution raises (not a refusal).
     """
+    import copy
     import os
 
     from sglang.srt.server_args import ServerArgs
 
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    args = list(launch_args)
-    if "--device" not in args:
-        args += ["--device", "cuda"]
-    record = ServerArgs.from_cli_args(parser.parse_args(args))
-    if not (record.model_path and os.path.isdir(record.model_path)):
-        raise LookupError(f"--model-path {record.model_path} is not a local folder")
+    if not isinstance(launch, argparse.Namespace):
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        launch = parser.parse_args(list(launch))
+    ns = copy.copy(launch)
+    if getattr(ns, "device", None) is None:
+        ns.device = "cuda"
+    for flag, path in (("--model-path", ns.model_path),
+                       ("--speculative-draft-model-path", getattr(ns, "speculative_draft_model_path", None))):
+        if (path is not None or flag == "--model-path") and not (path and os.path.isdir(path)):
+            raise LookupError(f"{flag} {path} is not a local folder")
+    record = ServerArgs.from_cli_args(ns)
+    environ, sglang_log = dict(os.environ), logging.getLogger("sglang")
+    level = sglang_log.level
+    sglang_log.setLevel(logging.ERROR)  # its resolution's notes belong in the server's log, not the dry run's
     try:
         record.resolve_once()
     except ValueError as exc:
         return str(exc), None
+    finally:
+        sglang_log.setLevel(level)
+        os.environ.clear()
+        os.environ.update(environ)
     return None, record
 
 

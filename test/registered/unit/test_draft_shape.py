@@ -146,6 +146,21 @@ def test_a_partial_draft_shape_is_refused_naming_the_flag_to_give(shape, flag):
         assert DetSpecConfig(**{**TYPED, **shape, "adaptive_steps": (1, 3, 7)}).draft_shape_problem is None
 
 
+@pytest.mark.parametrize("algorithm", ["EAGLE", "NEXTN"])
+def test_a_partial_adaptive_chain_is_not_refused(algorithm):
+    # SGLang fills an adaptive chain's flags itself; NEXTN as typed is EAGLE by the time SGLang decides.
+    from sglang_detspec.sglang_plugin.resolve import adaptive_steps
+
+    typed = types.SimpleNamespace(speculative_adaptive=True, speculative_algorithm=algorithm,
+                                  speculative_eagle_topk=None, enable_multi_layer_eagle=False,
+                                  speculative_adaptive_config=None)
+    steps = adaptive_steps(typed)
+    assert steps
+    bag = DetSpecConfig(**{**TYPED, "algorithm": algorithm, "eagle_topk": None, "num_draft_tokens": None,
+                           "adaptive_steps": steps})
+    assert bag.draft_shape_problem is None and bag.refusals() == []
+
+
 @pytest.mark.parametrize("shape", [
     {"num_steps": None, "eagle_topk": None, "num_draft_tokens": None},  # SGLang's per-model pick
     {"eagle_topk": 1, "num_draft_tokens": None},  # a chain's draft tokens follow from its steps

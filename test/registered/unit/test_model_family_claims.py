@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -319,10 +320,8 @@ def _sglang_outcome(model, flags, monkeypatch, plugin: bool) -> str:
     try:
         view = resolved_view(_server_args(model, flags))
     except ValueError as exc:
-        if "[refusal: draft_shape]" in str(exc):
-            return "refused"
-        return "stopped"
-    except Exception:  # SGLang's bare assertion or TypeError
+        return "refused" if "[refusal: draft_shape]" in str(exc) else "sglang refuses"
+    except (AssertionError, TypeError):  # SGLang's bare assertion or TypeError
         return "stopped"
     finally:
         reset_config()
@@ -342,8 +341,9 @@ def test_the_draft_shape_refusal_is_exactly_what_sglang_cannot_serve(tiny, folde
     base = (f"--speculative-algorithm {algorithm} --speculative-draft-model-path {tiny / draft} "
             "--attention-backend triton")
     mla = folder == "deepseek_v3"
-    for steps, topk, tokens in itertools.product((None, 3), (None, 1, 4), (None, 4, 8)):
-        flags = base + "".join(f" --speculative-{name} {value}" for name, value in (
+    for adaptive, steps, topk, tokens in itertools.product(("", " --speculative-adaptive"), (None, 3), (None, 1, 4),
+                                                           (None, 4, 8)):
+        flags = base + adaptive + "".join(f" --speculative-{name} {value}" for name, value in (
             ("num-steps", steps), ("eagle-topk", topk), ("num-draft-tokens", tokens)) if value is not None)
         alone, served = (_sglang_outcome(model, flags, monkeypatch, plugin) for plugin in (False, True))
         tree_without_count = alone == "ok 4,3,None"
@@ -352,8 +352,10 @@ def test_the_draft_shape_refusal_is_exactly_what_sglang_cannot_serve(tiny, folde
             assert served == "refused", (flags, alone, served)
         elif tree_without_count:
             assert served == "ok 1,3,4", (flags, alone, served)  # an MLA tree served as the chain of its depth
-        else:
+        elif alone.startswith("ok"):
             assert served.startswith("ok"), (flags, alone, served)
+        else:  # SGLang's own refusal, with its message: the plugin adds none of its own
+            assert served != "refused", (flags, alone, served)
 
 
 def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
@@ -392,7 +394,7 @@ def test_the_dry_run_with_the_shape_unset_states_the_shape_sglang_picks(tiny, ca
     reset_config()
 
 
-def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monkeypatch):
+def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monkeypatch, tmp_path):
     from sglang_detspec.cli.main import main
     from sglang_detspec.sglang_plugin.resolve import sglang_resolution_refusal
 
@@ -406,6 +408,19 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
     assert sglang_resolution_refusal([*flags, "--attention-backend", "fa3"]) is None
     with pytest.raises(LookupError, match="not a local folder"):
         sglang_resolution_refusal(["--model-path", "org/model", "--speculative-algorithm", "NEXTN"])
+    with pytest.raises(LookupError, match="--speculative-draft-model-path org/draft is not a local folder"):
+        sglang_resolution_refusal([*flags, "--speculative-draft-model-path", "org/draft"])
+    # SGLang's resolution sets environment variables; the caller's environment comes back as it was.
+    monkeypatch.delenv("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", raising=False)
+    before = dict(os.environ)
+    assert sglang_resolution_refusal([*flags, "--attention-backend", "triton"]) is None
+    assert dict(os.environ) == before
+    # A --config file is merged in as SGLang's launch_server does.
+    config = tmp_path / "server.yaml"
+    config.write_text(f"model-path: {model}\nspeculative-algorithm: NEXTN\nattention-backend: flashinfer\n")
+    reset_config()
+    assert main(["serve", "--dry-run", "--", "--config", str(config)]) == 2
+    assert "absorbed-MLA" in capsys.readouterr().err
     for backend, refused in (("flashinfer", True), ("triton", False)):
         reset_config()
         rc = main(["serve", "--dry-run", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
