@@ -23,7 +23,7 @@ from pathlib import Path
 from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
                       resolve_verify, with_server_defaults)
 from ..model_family import config_file, head_dim_of, model_family
-from .shape_rules import parallel_reason
+from .shape_rules import attention_dp, parallel_reason
 from .startup_notes import announce
 
 logger = logging.getLogger("sglang_detspec")
@@ -117,7 +117,8 @@ def adaptive_steps(spec) -> tuple[int, ...]:
     every batch-size slot, as SGLang sizes its runtime states. SGLang turns
     the flag off itself where it cannot run (top-k > 1, multi-layer EAGLE,
     ...; ``_maybe_disable_adaptive``); for flags as typed its rules on the
-    algorithm, top-k and multi-layer EAGLE apply here too.
+    algorithm (NEXTN counted as EAGLE), top-k, multi-layer EAGLE, attention
+    data parallelism, two-batch overlap and PD multiplexing apply here too.
 
     Raises:
         ValueError: SGLang's, for a malformed adaptive config file.
@@ -129,7 +130,8 @@ def adaptive_steps(spec) -> tuple[int, ...]:
     algorithm = str(getattr(spec, "speculative_algorithm", None) or "").upper()
     # NEXTN as typed: SGLang renames it EAGLE before it decides on adaptive speculation.
     if (algorithm not in ("EAGLE", "EAGLE3", "NEXTN") or getattr(spec, "speculative_eagle_topk", None) not in (None, 1)
-            or getattr(spec, "enable_multi_layer_eagle", False)):
+            or getattr(spec, "enable_multi_layer_eagle", False) or attention_dp(spec)
+            or getattr(spec, "enable_two_batch_overlap", False) or getattr(spec, "enable_pdmux", False)):
         return ()
     from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
 

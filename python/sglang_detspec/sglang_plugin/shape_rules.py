@@ -60,6 +60,15 @@ def not_applied_note(threshold: int, reason: str, tokens: int = 0) -> str:
     return f"{switch_settings(threshold, tokens)} not applied: {reason}; the tree drafts at every batch size"
 
 
+def attention_dp(view) -> bool:
+    """Whether ``view`` (SGLang's resolved view, or the flags as typed) runs attention data parallelism."""
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    # Flags as typed (the dry run) may still carry the deprecated spelling SGLang maps to attn_dp_size = dp_size.
+    legacy_dp = getattr(view, "enable_dp_attention", False) and (getattr(view, "dp_size", 1) or 1) > 1
+    return bool((hasattr(view, "attn_dp_size") and attn_dp_enabled_of(view)) or legacy_dp)
+
+
 def parallel_reason(view) -> str | None:
     """The parallel layout that keeps a server's draft shape fixed, or None (:func:`not_applied_reason`'s first rules).
 
@@ -68,11 +77,7 @@ def parallel_reason(view) -> str | None:
     (``config.DetSpecConfig.takes_fa3_tree_defaults``): without its bounds it
     would be the node path at every batch size.
     """
-    from sglang.srt.runtime_context import attn_dp_enabled_of
-
-    # Flags as typed (the dry run) may still carry the deprecated spelling SGLang maps to attn_dp_size = dp_size.
-    legacy_dp = getattr(view, "enable_dp_attention", False) and (getattr(view, "dp_size", 1) or 1) > 1
-    if attn_dp_enabled_of(view) or legacy_dp:
+    if attention_dp(view):
         return "attention data parallelism (each rank would pick its own shape)"
     if (getattr(view, "pp_size", 1) or 1) > 1:
         return "pipeline parallelism (only the last stage drafts)"

@@ -358,6 +358,20 @@ def test_the_draft_shape_refusal_is_exactly_what_sglang_cannot_serve(tiny, folde
             assert served != "refused", (flags, alone, served)
 
 
+@pytest.mark.parametrize("extra", ["--tp-size 2 --attn-dp-size 2 --speculative-num-steps 3",
+                                   "--enable-two-batch-overlap --speculative-eagle-topk 1"])
+def test_a_partial_shape_where_sglang_turns_adaptive_off_is_refused(tiny, extra, monkeypatch):
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    flags = (f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {tiny / 'qwen3_moe_eagle3'} "
+             f"--attention-backend triton --speculative-adaptive {extra}")
+    # SGLang turns adaptive off for these layouts and then stops without a message; the plugin refuses first.
+    assert _sglang_outcome(tiny / "qwen3_moe", flags, monkeypatch, plugin=False) == "stopped"
+    assert _sglang_outcome(tiny / "qwen3_moe", flags, monkeypatch, plugin=True) == "refused"
+
+
 def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
     """``detspec serve --dry-run`` of a NEXTN server of ``model`` on fa3 drafting ``shape``: (its stderr, the
     "start-up check passed" line)."""
