@@ -555,14 +555,17 @@ def picked_shape_note(bag: DetSpecConfig, record, env: Mapping[str, str]) -> str
     the claim the server makes with it (``resolve.config_from_server_args``, what start-up reads)."""
     from ..sglang_plugin.resolve import config_from_server_args
 
-    served = config_from_server_args(record, env)
-    shape = (f"--speculative-num-steps {served.num_steps} --speculative-eagle-topk {served.eagle_topk} "
-             f"--speculative-num-draft-tokens {served.num_draft_tokens}")
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(record)
+    shape = (f"--speculative-num-steps {view.speculative_num_steps} --speculative-eagle-topk "
+             f"{view.speculative_eagle_topk} --speculative-num-draft-tokens {view.speculative_num_draft_tokens}")
     picked = f"with the shape flags unset SGLang picks {shape} for this model (its own resolution, run here)"
     if bag.attention_backend is None:
         # Without --attention-backend the resolution here picked this machine's backend, not the server's.
         return (f"{picked}; the claim follows from that shape and the backend SGLang picks on the server's GPU, "
                 "which its start-up line states")
+    served = config_from_server_args(record, env)
     same = served.logits == bag.logits
     return (f"{picked}; with that shape the server claims logits={served.logits!r}"
             + ("" if same else f", not the {bag.logits!r} above, which assumes a chain")

@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import (COUPLED_ALGORITHMS, DetSpecConfig, Refusal, current_config, env_settings, install_config,
@@ -327,16 +327,7 @@ def sglang_backend_switch(args) -> str | None:
     return switched if switched not in (None, typed) else None
 
 
-def sglang_resolution_refusal(launch_args: Sequence[str]) -> str | None:
-    """SGLang's own refusal of ``launch_server`` flags (:func:`sglang_resolution`'s message); None when it accepts.
-
-    Raises:
-        LookupError, Exception: as :func:`sglang_resolution`.
-    """
-    return sglang_resolution(launch_args)[0]
-
-
-def sglang_resolution(launch: argparse.Namespace | Sequence[str]):
+def sglang_resolution(launch: argparse.Namespace):
     """SGLang's own verdict on ``launch_server`` flags, from its real argument resolution run in this process.
 
     Runs ``ServerArgs.resolve_once`` on the flags, the resolution
@@ -355,9 +346,9 @@ def sglang_resolution(launch: argparse.Namespace | Sequence[str]):
 
     Args:
         launch: SGLang's parsed ``launch_server`` arguments (a ``--config``
-            file merged in, ``cli.serve.read_launch_args``), or the arguments
-            as a list; ``--model-path`` and a ``--speculative-draft-model-path``
-            naming local folders (hub ids are not fetched).
+            file merged in: ``cli.serve.read_launch_args``); ``--model-path``
+            and a ``--speculative-draft-model-path`` naming local folders (hub
+            ids are not fetched).
 
     Returns:
         ``(message, None)`` when its resolution raises ``ValueError`` (its
@@ -373,10 +364,6 @@ def sglang_resolution(launch: argparse.Namespace | Sequence[str]):
 
     from sglang.srt.server_args import ServerArgs
 
-    if not isinstance(launch, argparse.Namespace):
-        parser = argparse.ArgumentParser()
-        ServerArgs.add_cli_args(parser)
-        launch = parser.parse_args(list(launch))
     ns = copy.copy(launch)
     if getattr(ns, "device", None) is None:
         ns.device = "cuda"

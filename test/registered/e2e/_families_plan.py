@@ -117,13 +117,14 @@ def server_flags(family: ModelFamily, shape: str, backend: str, models_dir: str)
 def sglang_refusal(model_path: str, flags: tuple[str, ...]) -> str | None:
     """SGLang's own refusal of a server, from its real argument resolution (no GPU needed); None when it accepts.
 
-    ``resolve.sglang_resolution_refusal``: e.g. deterministic inference on a
+    ``resolve.sglang_resolution``: e.g. deterministic inference on a
     DeepSeek-family (absorbed-MLA) model accepts only the radix-cache
     backends. Only SGLang's ``ValueError`` counts as a refusal.
     """
-    from sglang_detspec.sglang_plugin.resolve import sglang_resolution_refusal
+    from sglang_detspec.cli.serve import read_launch_args
+    from sglang_detspec.sglang_plugin.resolve import sglang_resolution
 
-    return sglang_resolution_refusal(["--model-path", model_path, *flags])
+    return sglang_resolution(read_launch_args(["--model-path", model_path, *flags]))[0]
 
 
 def selected_backends(environ=None) -> tuple[str, ...]:

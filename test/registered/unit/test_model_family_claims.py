@@ -410,7 +410,11 @@ def test_the_dry_run_with_the_shape_unset_states_the_shape_sglang_picks(tiny, ca
 
 def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monkeypatch, tmp_path):
     from sglang_detspec.cli.main import main
-    from sglang_detspec.sglang_plugin.resolve import sglang_resolution_refusal
+    from sglang_detspec.cli.serve import read_launch_args
+    from sglang_detspec.sglang_plugin.resolve import sglang_resolution
+
+    def sglang_resolution_refusal(launch):
+        return sglang_resolution(read_launch_args(launch))[0]
 
     for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
         monkeypatch.delenv(name, raising=False)
