@@ -421,7 +421,8 @@ class DetSpecConfig:
         if self.eagle_topk is not None and int(self.eagle_topk) > 1:
             problems.append(Refusal("rejection_tree",
                 f"--speculative-eagle-topk {self.eagle_topk} drafts a tree; rejection mode verifies chains "
-                f"only: set --speculative-eagle-topk 1, or {VERIFY_ENV}=coupled (serves trees)"
+                f"only: set --speculative-eagle-topk 1, or drop --speculative-use-rejection-sampling (with "
+                f"{VERIFY_ENV} unset or coupled: coupled verify serves trees)"
             ))
         return problems
 

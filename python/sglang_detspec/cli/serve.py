@@ -457,13 +457,24 @@ def _run(args) -> int:
             refusal, unresolved, record = _sglang_verdict(cmd[3:])
             if refusal:
                 return _fail(f"SGLang's own argument resolution, run here as on a CUDA device, refuses these flags: "
-                             f"{refusal} (a rule that reads the GPU, e.g. fa4's for an absorbed-MLA target, is "
-                             "decided on this machine's platform: on the server's GPU it may accept them)")
+                             f"{refusal} (only a rule that reads the GPU, such as fa4's for an absorbed-MLA target, "
+                             "can decide otherwise on the server's GPU)")
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
             if unresolved:
                 _say(f"note: {unresolved}")
         elif args.dry_run:
+            from ..config import TOPK_SHAPE_ALGORITHMS
+
+            if record is not None and (bag.eagle_topk is None or bag.adaptive_steps) and bag.algorithm in (
+                    TOPK_SHAPE_ALGORITHMS) and bag.attention_backend is not None:
+                # SGLang fills the draft shape (its per-model pick, or an adaptive chain): describe the server its
+                # resolution gives, as start-up reads it. Without a backend named the resolution here would have
+                # picked this machine's backend, so the flags' bag stays.
+                from ..sglang_plugin.resolve import config_from_server_args
+
+                _say(f"note: {filled_shape_note(record)}; the line below describes that server")
+                bag = config_from_server_args(record, env)
             if bag.mla_tree_as_chain:
                 from ..sglang_plugin.startup_notes import mla_chain_note
 
@@ -490,7 +501,8 @@ def _run(args) -> int:
             # under --speculative-adaptive it serves a chain.
             picks_shape = bag.algorithm in REJECTION_ALGORITHMS and bag.eagle_topk is None and not bag.adaptive_steps
             if picks_shape and record is not None:
-                _say(f"note: {picked_shape_note(bag, record, env)}")
+                _say(f"note: {filled_shape_note(record)}; the claim follows from that shape and the backend SGLang "
+                     "picks on the server's GPU, which its start-up line states")
             elif picks_shape:
                 # The EAGLE drafts: SGLang picks their tree shape from the model's config at start-up
                 # (Llama: top-k 4); STANDALONE always gets a chain, NGRAM its BFS breadth (resolved_eagle_topk).
@@ -550,26 +562,14 @@ def _sglang_verdict(launch_args: list[str]):
                       "server runs it at start-up"), None
 
 
-def picked_shape_note(bag: DetSpecConfig, record, env: Mapping[str, str]) -> str:
-    """The dry-run note for a server whose draft shape SGLang picks: the shape its resolution picked here, and
-    the claim the server makes with it (``resolve.config_from_server_args``, what start-up reads)."""
-    from ..sglang_plugin.resolve import config_from_server_args
-
+def filled_shape_note(record) -> str:
+    """The draft shape SGLang's resolution (run here) filled in for flags that leave it to SGLang, as a note."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(record)
-    shape = (f"--speculative-num-steps {view.speculative_num_steps} --speculative-eagle-topk "
-             f"{view.speculative_eagle_topk} --speculative-num-draft-tokens {view.speculative_num_draft_tokens}")
-    picked = f"with the shape flags unset SGLang picks {shape} for this model (its own resolution, run here)"
-    if bag.attention_backend is None:
-        # Without --attention-backend the resolution here picked this machine's backend, not the server's.
-        return (f"{picked}; the claim follows from that shape and the backend SGLang picks on the server's GPU, "
-                "which its start-up line states")
-    served = config_from_server_args(record, env)
-    same = served.logits == bag.logits
-    return (f"{picked}; with that shape the server claims logits={served.logits!r}"
-            + ("" if same else f", not the {bag.logits!r} above, which assumes a chain")
-            + "; the server's start-up line states the claim and the tree settings it serves")
+    return (f"SGLang resolves these flags to --speculative-num-steps {view.speculative_num_steps} "
+            f"--speculative-eagle-topk {view.speculative_eagle_topk} --speculative-num-draft-tokens "
+            f"{view.speculative_num_draft_tokens} for this model (its own resolution, run here)")
 
 
 def _serve(cmd: list[str], env: Mapping[str, str]) -> int:

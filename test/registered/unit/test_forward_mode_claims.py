@@ -273,12 +273,14 @@ def test_the_dry_run_says_when_sglang_picks_the_tree_shape(model_dir, capsys, mo
     # The tiny model is a Llama: SGLang gives it a tree at start-up, so the server claims 'tokens' ...
     assert resolve.config_from_server_args(_server_args(model_dir, flags)).logits == "tokens"
     reset_config()
-    # ... which the dry run's claim line, read from the flags, does not know; SGLang's own resolution, run by the
-    # dry run on the model's config, gives the tree's shape and claim.
+    # ... which the flags alone do not tell; SGLang's own resolution, run by the dry run on the model's config,
+    # gives the tree, and the dry run describes that server, as start-up reads it.
     assert main(["serve", "--dry-run", "--", "--model-path", model_dir, *flags.split()]) == 0
     err = capsys.readouterr().err
-    (note,) = [line for line in err.splitlines() if "with the shape flags unset SGLang picks" in line]
-    assert "--speculative-eagle-topk 4" in note and "the server claims logits='tokens', not the 'bitwise' above" in note
+    (note,) = [line for line in err.splitlines() if "SGLang resolves these flags to" in line]
+    assert "--speculative-eagle-topk 4" in note and "the line below describes that server" in note
+    (passed,) = [line for line in err.splitlines() if "start-up check passed" in line]
+    assert "eagle_topk=4" in passed and "logits='tokens'" in passed
     # Where SGLang's resolution cannot run here (no local model folder), the note says what the claim assumes.
     reset_config()
     assert main(["serve", "--dry-run", "--", "--model-path", "org/model", *flags.split()]) == 0

@@ -402,9 +402,10 @@ def test_the_dry_run_with_the_shape_unset_states_the_shape_sglang_picks(tiny, ca
     # SGLang's own resolution picks the chain (3, 1, 4) for a DeepSeek-V3 target: the note states it and its claim.
     err, passed = _dry_run_nextn(tiny / "deepseek_v3", "", capsys, monkeypatch)
     assert "logits='tokens'" in passed and "the logits claim above assumes a chain" not in err
-    (note,) = [line for line in err.splitlines() if "with the shape flags unset SGLang picks" in line]
-    assert ("--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in note
-            and "the server claims logits='tokens'" in note and "not the" not in note)
+    (note,) = [line for line in err.splitlines() if "SGLang resolves these flags to" in line]
+    assert "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in note
+    # The line describes the chain SGLang resolved, its sampled drafts turned on as start-up does.
+    assert "eagle_topk=1" in passed and "num_draft_tokens=4" in passed and "rejection_sampling=True" in passed
     reset_config()
 
 
