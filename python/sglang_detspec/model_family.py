@@ -47,8 +47,11 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "mo
 # recorded, with the run. Dense targets are not listed: config.logits_guarantee is theirs.
 # moe on fa3: the tiny Qwen3-MoE target (dense attention, head size 64) with its EAGLE3 draft, chain and
 # tree, 0 of 512 logprobs apart from no speculative decoding, 0 after radix-cache hits and retractions.
+# moe on triton: the same target on the positional-split Triton kernels, chain and tree, 0 of 512 logprobs apart,
+# 0 after radix-cache hits and retractions.
 MEASURED_BITWISE: dict[tuple[str, str], str] = {
     ("moe", "fa3"): "docs/e2e/2026-12-07-h100-model-families/fp8_qwen3_moe",
+    ("moe", "triton"): "docs/e2e/2026-12-07-h100-families-backends/triton",
 }
 # What a promotion covers beyond its run, for the start-up note (family_evidence_note).
 MEASURED_SHAPES = {
@@ -56,6 +59,9 @@ MEASURED_SHAPES = {
                     "experts of intermediate 128, one GPU); the attention paths other head sizes take (SGLang's FA3 "
                     "calls and the node path at 65-128) were measured on dense targets only, and other expert "
                     "layouts, expert parallelism and MoE runner backends not at all",
+    ("moe", "triton"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the positional-split kernels; 8 "
+                       "experts of intermediate 128, one GPU); other expert layouts, expert parallelism and MoE "
+                       "runner backends not at all",
 }
 # (family label, attention backend) pairs a committed run measured apart from bitwise somewhere: what it found.
 MEASURED_APART: dict[tuple[str, str], str] = {
@@ -64,6 +70,24 @@ MEASURED_APART: dict[tuple[str, str], str] = {
                         "(docs/e2e/2026-12-07-h100-model-families), its tree served as the chain of its depth did "
                         "(docs/e2e/2026-12-07-h100-mla-chain-served); MLA's forward modes (prefill against decode) "
                         "have not been measured",
+    ("mla+moe+fp8", "fa3"): "one run of the tiny FP8 DeepSeek-V3 (SGLang's prefill CUDA graphs off) is all there "
+                            "is: its chain and its tree served as the chain gave the logprobs of decoding without "
+                            "speculative decoding bit for bit, and after radix-cache hits and retractions "
+                            "(docs/e2e/2026-12-07-h100-families-backends/fp8-auto); MLA's prefill against decode "
+                            "has not been measured",
+    ("mla+moe", "triton"): "the tiny DeepSeek-V3 with SGLang's split-KV decode: 372 of 512 logprobs of its chain "
+                           "apart from decoding without speculative decoding, no token, and a radix-cache hit moved "
+                           "the logprobs of all 8 requests of the server without speculative decoding "
+                           "(docs/e2e/2026-12-07-h100-families-backends/triton); the one-pass decode that serves "
+                           "MLA on triton since has not run on a server",
+    ("mla+moe+fp8", "triton"): "the tiny FP8 DeepSeek-V3 with SGLang's split-KV decode: 370 of 512 logprobs of "
+                               "its chain apart from decoding without speculative decoding, and after a radix-cache "
+                               "hit 1 of 8 requests of the server without speculative decoding took another token "
+                               "(docs/e2e/2026-12-07-h100-families-backends/fp8-triton); the one-pass decode that "
+                               "serves MLA on triton since has not run on a server",
+    ("moe", "flashinfer"): "the tiny Qwen3-MoE on FlashInfer: 96 and 130 of 512 logprobs of its chain and tree "
+                           "apart from decoding without speculative decoding, no token "
+                           "(docs/e2e/2026-12-07-h100-families-backends/flashinfer)",
 }
 
 
@@ -193,6 +217,16 @@ def config_file(model_path: str) -> Path | str | None:
     return cached if isinstance(cached, str) else None
 
 
+# What each trait of a family label (ModelTraits.label) stands for, as start-up notes spell it out.
+TRAIT_NAMES = {"mla": "multi-head latent attention", "moe": "mixture-of-experts layers"}
+
+
+def spelled(family: str) -> str:
+    """A family label in words: ``"mla+moe+fp8"`` -> ``"multi-head latent attention, mixture-of-experts layers,
+    fp8 weights"`` (a quantization trait is named as the weights' method)."""
+    return ", ".join(TRAIT_NAMES.get(t, f"{t} weights") for t in label_traits(family)) or DENSE
+
+
 def family_claim(family: str | None, attention_claim: str, attention_backend: str | None) -> str:
     """The logits claim for a target of ``family`` whose attention backend alone would give ``attention_claim``.
 
@@ -211,19 +245,19 @@ def family_note(family: str | None, attention_backend: str | None) -> str | None
         return None
     found = MEASURED_APART.get((family, attention_backend))
     if found:
-        return f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens': {found}"
+        return f"the target is {family} ({spelled(family)}): its logits claim is 'tokens': {found}"
     measured = sorted({b for f, b in (*MEASURED_BITWISE, *MEASURED_APART) if f == family})
     if attention_backend is None and measured:
         promoted = sorted({b for f, b in MEASURED_BITWISE if f == family})
         if not promoted:
-            return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens' on every "
+            return (f"the target is {family} ({spelled(family)}): its logits claim is 'tokens' on every "
                     f"backend (a run measured this family on {', '.join(measured)}; name --attention-backend for "
                     "what was measured there)")
-        return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens' until the "
+        return (f"the target is {family} ({spelled(family)}): its logits claim is 'tokens' until the "
                 f"backend is known (a run measured this family bitwise on {', '.join(promoted)}; name "
                 "--attention-backend for that backend's claim and what was measured there)")
     where = f"{attention_backend} attention" if attention_backend else "any attention backend"
-    return (f"the target is {family} (MoE / MLA / quantized weights): its logits claim is 'tokens', not measured "
+    return (f"the target is {family} ({spelled(family)}): its logits claim is 'tokens', not measured "
             f"(no end-to-end run has recorded its logprobs across forward modes on {where} yet)")
 
 

@@ -54,15 +54,22 @@ trap finish EXIT
 
 export PATH=/tmp/site/bin:$PATH
 if [ "${DETSPEC_E2E_INSTALLED:-0}" = 1 ]; then
-  [ -x /tmp/site/bin/sglang ] || { echo "run_e2e_suite: DETSPEC_E2E_INSTALLED=1 but nothing is installed" >&2; exit 1; }
+  [ -d /tmp/site/sglang ] && [ -d /tmp/site/sglang_detspec ] \
+    || { echo "run_e2e_suite: DETSPEC_E2E_INSTALLED=1 but nothing is installed" >&2; exit 1; }
 else
   # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
   # working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
   python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
-
-  # popen_launch_server runs the `sglang` console script. The wheels were unpacked with zipfile,
-  # which writes no console scripts, and pip --upgrade --target just replaced /tmp/site/bin with
-  # this package's scripts: write SGLang's own entry point (sglang.cli.main:main) as the command.
+  # py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
+  # stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed.
+  bash "$(dirname "$0")/install_py_spy.sh"
+fi
+# popen_launch_server runs the `sglang` console script. The wheels were unpacked with zipfile,
+# which writes no console scripts, and any pip --upgrade --target (this script's above, the serving
+# benchmark's) replaces /tmp/site/bin with this package's scripts: write SGLang's own entry point
+# (sglang.cli.main:main) as the command whenever it is missing.
+if [ ! -x /tmp/site/bin/sglang ]; then
+  mkdir -p /tmp/site/bin
   cat > /tmp/site/bin/sglang <<'PY'
 #!/usr/bin/env python3
 import sys
@@ -75,10 +82,6 @@ if __name__ == "__main__":
     sys.exit(main())
 PY
   chmod +x /tmp/site/bin/sglang
-
-  # py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
-  # stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed.
-  bash "$(dirname "$0")/install_py_spy.sh"
 fi
 
 # A run that skips everything must not pass as a GPU run.

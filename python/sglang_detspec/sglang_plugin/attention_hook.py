@@ -29,7 +29,7 @@ Not covered by the one-pass decode, and why (``docs/forward_modes.md``):
 tree verify (its custom mask interleaves other branches' keys between a
 node's ancestors, so the tiles differ from the decode's; the ``split``
 setting below covers it), the draft model's backends (their numerics decide
-only how much a step commits), MLA and decode-context-parallel backends and
+only how much a step commits), decode-context-parallel backends and
 layers with Grok's attention temperature (they keep SGLang's kernel: the
 single-pass kernel scales that temperature by another formula), and
 sliding-window layers (deterministic extend pads the window to whole key
@@ -44,6 +44,12 @@ summarised, ``docs/forward_modes.md`` ("What it costs").
 On Hopper a query-head group shares one 64-row tile (``sglang_plugin.decode_attention.decode_packed``,
 checked bitwise at start-up), which reads each KV head once per group.
 ``SGLANG_DETSPEC_DECODE_ATTENTION=sglang`` keeps SGLang's decode (claim ``tokens``).
+
+MLA (DeepSeek-family targets, ``backend.use_mla``): SGLang runs their
+attention absorbed in every forward mode under deterministic inference, so
+the one-pass decode serves them under ``split`` and ``one_pass`` alike
+(:func:`_mla_one_pass`; no packed tile: its start-up check covers head dims
+without a rope part only).
 
 ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the default, measured bitwise on the H200 in
 ``docs/e2e/2026-12-05-h200-split/``; its serving cost without speculative decoding in
@@ -82,6 +88,11 @@ EXTEND_FWD = f"{_BACKEND}.extend_attention_fwd_unified"
 SPLIT_ON = "attention run the positional-split Triton kernels"
 SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used"
 
+# Logged on an MLA target's backend: what the one-pass decode covers there.
+MLA_ONE_PASS = ("MLA target decode runs the verify's single-pass Triton kernel, the one SGLang's deterministic "
+                "prefill, extend and verify run for absorbed MLA: a decoded token's logits are meant to equal the "
+                "same token's in a verify, a prefill and an extend after a radix-cache hit (the family's claim "
+                "stays 'tokens' until a run measures it)")
 logger = logging.getLogger("sglang_detspec")
 
 
@@ -92,11 +103,12 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
     deterministic mode is on for this backend, the bag's ``decode_attention``
     is ``split`` (the default) or ``one_pass`` (``sglang`` keeps SGLang's
     faster split-KV decode and a ``tokens`` claim), and the backend belongs
-    to the target model (``is_draft_runner`` false) without MLA or decode
-    context parallelism. ``one_pass``: the decode runs SGLang's single-pass
-    extend kernel. ``split``: decode and extend both run the positional-split
+    to the target model (``is_draft_runner`` false) without decode context
+    parallelism. ``one_pass``: the decode runs SGLang's single-pass extend
+    kernel. ``split``: decode and extend both run the positional-split
     kernels (:func:`_split_paths`), where their start-up check passes; the
-    one-pass decode otherwise. Returns None (the constructor's result is kept).
+    one-pass decode otherwise, and always for MLA (:func:`_mla_one_pass`).
+    Returns None (the constructor's result is kept).
     """
     bag = current_config()
     if not (bag.active and getattr(backend, "enable_deterministic", False)) or backend.is_draft_runner:
@@ -106,9 +118,12 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
                        "(SGLANG_DETSPEC_DECODE_ATTENTION=%s): this server's logits are 'tokens', not 'bitwise' "
                        "(docs/forward_modes.md)", bag.decode_attention)
         return None
-    if backend.use_mla or getattr(backend, "dcp_size", 1) > 1:
-        logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel (MLA or decode context "
+    if getattr(backend, "dcp_size", 1) > 1:
+        logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel (decode context "
                        "parallelism): this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
+        return None
+    if backend.use_mla:
+        _mla_one_pass(backend, bag)
         return None
     window = (getattr(backend, "sliding_window_size", None) or -1) > 0
     if window:
@@ -135,6 +150,29 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
     logger.info("sglang-detspec: target decode attention runs the verify's single-pass Triton kernel%s",
                 " (a query-head group per tile, checked bitwise at start-up)" if packed is not None else "")
     return None
+
+
+def _mla_one_pass(backend, bag) -> None:
+    """An MLA target's decode through the verify's single-pass kernel (module docstring, "MLA").
+
+    Under deterministic inference SGLang 0.5.23 runs a DeepSeek-family
+    target's attention absorbed in every forward mode on Triton
+    (``handle_attention_triton``): prefill, extend over a cached prefix,
+    target verify and decode all read the latent cache as one KV head of
+    ``kv_lora_rank + rope`` dims. Its extend runs them through the
+    single-pass kernel, its decode through the split-KV one (372 of 512
+    logprobs of the tiny DeepSeek-V3's chain apart from its decode,
+    ``docs/e2e/2026-12-07-h100-families-backends``). With the decode on the
+    extend's kernel every mode takes one kernel's rows. The positional split
+    does not serve MLA (its kernels take head dims up to ``MAX_HEAD_DIM``,
+    256; the latent key is 576 wide), so ``split`` runs this one-pass decode
+    too, and the bag says so.
+    """
+    if bag.decode_attention != "one_pass":
+        install_config(dataclasses.replace(bag, decode_attention="one_pass"))
+    rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
+    backend.decode_attention_fwd = _one_pass_decode(backend, backend.extend_attention_fwd_unified, rows, None)
+    logger.info("sglang-detspec: %s", MLA_ONE_PASS)
 
 
 def _one_pass_decode(backend, unified, rows, packed):

@@ -237,18 +237,21 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
 def family_attention_note(config: DetSpecConfig) -> str | None:
     """:func:`unmeasured_notes`' sentence on the attention of a target of an unmeasured family, or None.
 
-    MLA: neither of the plugin's attention paths serves it. MoE or quantized
+    MLA: on triton the one-pass decode serves it (unless turned off); elsewhere SGLang's calls. MoE or quantized
     weights with standard attention: which attention path serves it where the
     split would serve a dense target's (the split, or SGLang's own FA3 calls
     where the split stands down); None where no path of the plugin's serves
     (another backend, the split turned off or past a limit, no backend named).
     """
     if "mla" in config.family_traits:
-        setting = (f"the setting decode_attention='{config.decode_attention}' above"
-                   if "decode_attention" in config.shown_fields() else "SGLANG_DETSPEC_DECODE_ATTENTION")
-        return (f"MLA attention: neither the positional split nor the one-pass decode serves it ({setting} does "
-                "not act on this target); SGLang's own attention calls run (on triton its split-KV decode "
-                "kernel), so the split's notes do not apply")
+        if config.attention_backend == "triton" and config.decode_attention in ("split", "one_pass"):
+            return ("MLA attention on triton: the target's decode runs the single-pass kernel SGLang's "
+                    "deterministic prefill, extend and verify run for absorbed MLA (the positional split takes "
+                    "no MLA shape; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode), so "
+                    "the split's notes do not apply")
+        return ("MLA attention: the plugin's attention paths do not serve it here; SGLang's own attention calls "
+                "run (on triton with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel), so the "
+                "split's notes do not apply")
     path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
     if path is None:
         return None

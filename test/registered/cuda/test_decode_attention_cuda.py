@@ -62,7 +62,7 @@ def verify_rows(k, v, q, slots, dim, masked=False):
     ``masked``: as SGLang's target verify calls it with the draft tree's mask
     (a chain's: causal), uint8 and flattened per request, int64 indices.
     """
-    o = torch.empty_like(q)
+    o = q.new_empty(*q.shape[:2], v.shape[-1])
     kv = torch.cat([torch.cat([pre, ext]) for pre, ext in slots])
     kv_indptr = indptr([len(p) + DRAFT for p, _ in slots])
     extra = {}
@@ -90,7 +90,7 @@ def decode_rows(k, v, q, slots, dim, pick, path="one_row"):
     """
     lists = [torch.cat([slots[i][0], slots[i][1][:j + 1]]) for i, j in pick]
     rows_q = torch.stack([q[i * DRAFT + j] for i, j in pick])
-    o = torch.empty_like(rows_q)
+    o = rows_q.new_empty(*rows_q.shape[:2], v.shape[-1])
     rows = torch.arange(len(pick) + 1, dtype=torch.int64, device=DEV)
     if path == "packed":
         blocks = extend_mod._get_block_sizes_for_extend_attention(dim, dim)
@@ -179,6 +179,44 @@ def test_decode_equals_the_last_row_of_a_prefill_bitwise(heads, kv_heads, dim):
             decode_packed(extend_mod._fwd_kernel_unified, blocks, torch.arange(2, device=DEV), q_all[-1:], k, v,
                           packed, indptr([n]), keys, dim ** -0.5, 1.0, 1.0)
             assert torch.equal(packed[0], o[-1]), f"packed, request {i} (prefix {len(pre)})"
+
+
+# Absorbed MLA as SGLang's Triton backend calls it: the latent cache is one KV head of kv_lora_rank + rope dims,
+# the value its first kv_lora_rank dims (a view); the tiny DeepSeek-V3's 4 heads and a TP-8 DeepSeek-V3's 16.
+MLA_RANK, MLA_ROPE = 512, 64
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "tree_mask"])
+@pytest.mark.parametrize("heads", [4, 16])
+def test_mla_decode_equals_every_chain_verify_row_and_a_prefill_bitwise(heads, masked):
+    """attention_hook._mla_one_pass: an MLA decode through the extend kernel gives its verify and prefill rows."""
+    dim = MLA_RANK + MLA_ROPE
+    gen = torch.Generator(device=DEV).manual_seed(heads)
+    latent = torch.randn(SLOTS, 1, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    value = latent[..., :MLA_RANK]
+    order = torch.randperm(SLOTS - 1, generator=gen, device=DEV).to(torch.int32) + 1
+    q = torch.randn(len(PREFIXES) * DRAFT, heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    slots = slots_of(order)
+    verify = verify_rows(latent, value, q, slots, dim, masked)
+    pick = [(i, j) for i in range(len(PREFIXES)) for j in range(DRAFT)]
+    decoded, lists, _ = decode_rows(latent, value, q, slots, dim, pick)
+    assert torch.equal(decoded, torch.stack([verify[i * DRAFT + j] for i, j in pick]))
+    # The same rows decoded in another order and batch size.
+    shuffled = [pick[int(x)] for x in torch.randperm(len(pick), generator=torch.Generator().manual_seed(2))][:11]
+    again, _, _ = decode_rows(latent, value, q, slots, dim, shuffled)
+    for r, p in enumerate(shuffled):
+        assert torch.equal(again[r], decoded[pick.index(p)]), p
+    # A prefill of a whole request (no cached prefix): its last row is that token's decode.
+    pre, ext = slots[3]
+    keys = torch.cat([pre, ext])
+    q_all = torch.randn(len(keys), heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    o = q_all.new_empty(len(keys), heads, MLA_RANK)
+    UNIFIED(q_all, o, latent, value, 1.0, 1.0, indptr([len(keys)]).long(), indptr([len(keys)]), keys,
+            torch.zeros(1, dtype=torch.int32, device=DEV), len(keys), sm_scale=dim ** -0.5, is_causal=True)
+    last = q_all.new_empty(1, heads, MLA_RANK)
+    decode_as_extend(UNIFIED, torch.arange(2, device=DEV), q_all[-1:], latent, value, last, indptr([len(keys)]),
+                     keys, dim ** -0.5, 1.0, 1.0)
+    assert torch.equal(last[0], o[-1])
 
 
 def test_sglang_split_kv_decode_differs_in_the_last_bits(record_property):

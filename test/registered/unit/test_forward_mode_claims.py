@@ -358,7 +358,7 @@ def _backend(**attrs):
 @pytest.mark.parametrize("attrs, replaced", [
     ({}, True),
     ({"is_draft_runner": True}, False),
-    ({"use_mla": True}, False),
+    ({"use_mla": True}, True),  # _mla_one_pass: SGLang's absorbed MLA extend kernel serves its decode too
     ({"dcp_size": 2}, False),
     ({"enable_deterministic": False}, False),
 ])
@@ -370,6 +370,44 @@ def test_the_hook_replaces_only_the_target_backends_decode(monkeypatch, attrs, r
     backend = _backend(**attrs)
     attention_hook.use_one_pass_decode(None, backend)
     assert (backend.decode_attention_fwd != "sglang's decode") is replaced
+
+
+@pytest.mark.parametrize("setting", ["split", "one_pass"])
+def test_an_mla_targets_decode_runs_the_absorbed_extend_kernel(monkeypatch, setting):
+    """MLA: the latent cache as one KV head (kv_lora_rank + rope dims), the value its first kv_lora_rank dims."""
+    from sglang_detspec import config
+
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="triton",
+                        decode_attention=setting, model_family="mla+moe")
+    monkeypatch.setattr(config, "_current", bag)
+    backend = _backend(use_mla=True)
+    attention_hook.use_one_pass_decode(None, backend)
+    # The positional split takes no MLA shape: the bag states the one-pass decode that serves.
+    assert config.current_config().decode_attention == "one_pass"
+    assert config.current_config().logits == "tokens"  # the family's claim, until a run measures it
+    gen = torch.Generator().manual_seed(1)
+    heads, rank, rope, slots = 4, 32, 8, 40
+    latent = torch.randn(slots, 1, rank + rope, generator=gen)
+    q = torch.randn(2, heads, rank + rope, generator=gen)
+    o = torch.empty(2, heads, rank)
+    indptr = torch.tensor([0, 3, 10], dtype=torch.int32)
+    indices = torch.randperm(slots, generator=gen)[:10].to(torch.int32)
+    backend.decode_attention_fwd(q, latent, latent[..., :rank], o, indptr, indices, None, None, None, 1, 0.1, 1.0,
+                                 1.0, logit_cap=0.0, sinks=None, xai_temperature_len=-1, has_mla=True, page_size=1)
+    for b in range(2):
+        keys = latent[indices[indptr[b]:indptr[b + 1]].long(), 0]
+        want = ((q[b] @ keys.T) * 0.1).softmax(-1) @ keys[:, :rank]
+        torch.testing.assert_close(o[b], want)
+
+
+def test_an_mla_target_keeps_sglangs_decode_when_told(monkeypatch):
+    from sglang_detspec import config
+
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                          decode_attention="sglang", model_family="mla+moe"))
+    backend = _backend(use_mla=True)
+    attention_hook.use_one_pass_decode(None, backend)
+    assert backend.decode_attention_fwd == "sglang's decode"
 
 
 def test_the_replaced_decode_hands_grok_temperature_layers_to_sglang(monkeypatch):
@@ -424,7 +462,7 @@ def test_the_hook_says_when_a_model_is_only_tokens(monkeypatch, caplog):
     monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
                                                                  decode_attention="one_pass"))
     with caplog.at_level("WARNING", logger="sglang_detspec"):
-        attention_hook.use_one_pass_decode(None, _backend(use_mla=True))
+        attention_hook.use_one_pass_decode(None, _backend(dcp_size=2))
         attention_hook.use_one_pass_decode(None, _backend(sliding_window_size=4096))
     assert sum("'tokens', not 'bitwise'" in r.getMessage() for r in caplog.records) == 2
 

@@ -21,7 +21,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_detspec.config import DetSpecConfig, current_config, logits_guarantee, reset_config
 from sglang_detspec.model_family import (DENSE, MEASURED_APART, MEASURED_BITWISE, ModelTraits, attention_head_dim,
                                          family_claim, family_evidence_note, family_note, head_dim_of, model_family,
-                                         traits_of)
+                                         spelled, traits_of)
 from sglang_detspec.sglang_plugin import resolve, startup_notes
 
 register_cpu_ci(est_time=90, suite="detspec-unit-cpu")
@@ -74,9 +74,10 @@ def test_unmeasured_families_claim_tokens_and_say_so():
         assert family_claim(DENSE, "bitwise", backend) == family_claim(None, "bitwise", backend) == "bitwise"
         assert family_claim("mla+moe", "bitwise", backend) == "tokens"
         assert family_claim("moe", "tokens", backend) == "tokens"
-        assert "not measured" in family_note("mla+moe+fp8", backend)
-    assert "triton" in family_note("moe", "triton") and family_note("moe", "fa3") is None
-    assert family_claim("moe", "bitwise", "fa3") == "bitwise" and family_claim("moe", "bitwise", "triton") == "tokens"
+        assert "not measured" in family_note("moe+fp8", backend)
+        assert family_claim("moe", "bitwise", backend) == "bitwise" and family_note("moe", backend) is None
+    assert "flashinfer" in family_note("moe", "flashinfer") and family_claim("moe", "bitwise", "flashinfer") == "tokens"
+    assert "not measured" in family_note("moe", "fa4")
     assert family_note(DENSE, "fa3") is None and family_note(None, "fa3") is None
     chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
     assert DetSpecConfig(**chain).logits == DetSpecConfig(**chain, model_family=DENSE).logits == "bitwise"
@@ -89,14 +90,17 @@ def test_family_notes_say_what_was_measured():
     for (family, backend), run in MEASURED_BITWISE.items():
         note = family_evidence_note(family, backend)
         assert run in note and "not at all" in note
-    assert family_evidence_note("moe", "triton") is None and family_evidence_note("mla+moe", "fa3") is None
+    assert family_evidence_note("moe", "flashinfer") is None and family_evidence_note("mla+moe", "fa3") is None
     # A family measured apart says what was found; without a backend the note names where it was measured.
     assert "its tree verified as a tree did not" in family_note("mla+moe", "fa3")
     assert "not measured" not in family_note("mla+moe", "fa3")
     assert "until the backend is known (a run measured this family bitwise on fa3" in family_note("moe", None)
     # Measured apart only: 'tokens' whatever backend SGLang picks.
-    assert "'tokens' on every backend (a run measured this family on fa3" in family_note("mla+moe", None)
+    assert "'tokens' on every backend (a run measured this family on fa3, triton" in family_note("mla+moe", None)
     assert "not measured" in family_note("moe+fp8", None) and "a run measured" not in family_note("moe+fp8", None)
+    # The label is spelled out, trait by trait.
+    assert spelled("mla+moe+fp8") == "multi-head latent attention, mixture-of-experts layers, fp8 weights"
+    assert "the target is moe+fp8 (mixture-of-experts layers, fp8 weights):" in family_note("moe+fp8", "fa3")
 
 
 @pytest.mark.parametrize("entry", sorted(MEASURED_BITWISE))
@@ -105,7 +109,9 @@ def test_a_measured_family_has_a_committed_run_with_no_logprob_apart(entry):
     on servers whose plugin line names that backend."""
     label, backend = entry
     run = ROOT / MEASURED_BITWISE[entry] / "test_model_families"
-    record = json.loads((run / "model_families_auto.json").read_text())
+    # A run on SGLang's own choice writes the _auto file, one with the backend named the backend's.
+    (found,) = [f for f in (run / f"model_families_{backend}.json", run / "model_families_auto.json") if f.exists()]
+    record = json.loads(found.read_text())
     rows = [r for r in record["rows"] if LABEL_OF_FAMILY[r["family"]] == label]
     checks = {(r["speculative"], r["check"]) for r in rows}
     assert {("chain", "logprobs"), ("tree", "logprobs"), ("tree", "radix_cache"), ("chain_retract", "retraction")} <= checks
@@ -114,6 +120,15 @@ def test_a_measured_family_has_a_committed_run_with_no_logprob_apart(entry):
     logs = sorted(run.glob(f"server_test_model_families-{family}_*.log"))
     assert len(logs) == 4
     assert all(f"attention_backend='{backend}'" in log.read_text() for log in logs)
+
+
+def test_every_measured_entry_names_a_committed_run():
+    import re
+
+    for text in (*MEASURED_BITWISE.values(), *MEASURED_APART.values()):
+        runs = re.findall(r"docs/e2e/[\w.-]+(?:/[\w.-]+)?", text)
+        assert runs, text
+        assert all((ROOT / run).is_dir() for run in runs), runs
 
 
 def test_model_family_reads_the_folder_and_tolerates_what_it_cannot_read(tiny, tmp_path):
@@ -205,13 +220,18 @@ def test_an_unmeasured_familys_attention_note_names_the_path_that_serves(setting
     assert not any("bitwise" in n for n in startup_notes.unmeasured_notes(bag))
 
 
-@pytest.mark.parametrize("backend, shown", [("triton", True), ("fa3", True), ("flashinfer", False), ("fa4", False)])
-def test_the_mla_note_names_the_decode_setting_only_where_the_line_shows_it(backend, shown):
-    bag = DetSpecConfig(**{**MOE_CHAIN, "attention_backend": backend, "head_dim": None, "model_family": "mla+moe"})
+@pytest.mark.parametrize("backend, decode, one_pass", [
+    ("triton", "split", True), ("triton", "one_pass", True), ("triton", "sglang", False),
+    ("fa3", "split", False), ("flashinfer", "split", False), ("fa4", "split", False),
+])
+def test_the_mla_note_names_the_path_that_serves_its_attention(backend, decode, one_pass):
+    # attention_hook._mla_one_pass: on triton the decode joins SGLang's absorbed extend kernel unless turned off.
+    bag = DetSpecConfig(**{**MOE_CHAIN, "attention_backend": backend, "head_dim": None, "model_family": "mla+moe",
+                           "decode_attention": decode})
     (note,) = [n for n in startup_notes.unmeasured_notes(bag) if "MLA attention" in n]
-    assert ("decode_attention" in bag.shown_fields()) is shown
-    assert ("the setting decode_attention='split' above does not act" in note) is shown
-    assert ("SGLANG_DETSPEC_DECODE_ATTENTION does not act" in note) is not shown
+    assert ("the target's decode runs the single-pass kernel" in note) is one_pass
+    assert ("SGLang's own attention calls run" in note) is not one_pass
+    assert "bitwise" not in note
 
 
 @pytest.mark.parametrize("settings", [dict(attention_backend="triton", decode_attention="sglang"),
@@ -451,12 +471,12 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
     reset_config()
 
 
-def test_the_dry_run_claims_tokens_and_says_not_measured(tiny, capsys, monkeypatch):
+def test_the_dry_run_claims_tokens_and_says_what_was_measured(tiny, capsys, monkeypatch):
     err, passed = _dry_run_nextn(tiny / "deepseek_v3_fp8", CHAIN, capsys, monkeypatch)
     assert "logits='tokens'" in passed and "model_family='mla+moe+fp8'" in passed
     assert MLA_CHAIN_LINE not in err
     assert "FP8 weights: block-quantized ones (DeepSeek-V3's format) go through DeepGEMM" in err
-    assert "not measured" in err
+    assert " ".join(MEASURED_APART[("mla+moe+fp8", "fa3")].split()) in " ".join(err.split())
     reset_config()
 
 
