@@ -63,7 +63,8 @@ MEASURED_SHAPES = {
                        "experts of intermediate 128, one GPU); other expert layouts, expert parallelism and MoE "
                        "runner backends not at all",
 }
-# (family label, attention backend) pairs a committed run measured apart from bitwise somewhere: what it found.
+# (family label, attention backend) pairs a committed run measured but did not promote (logprobs apart somewhere,
+# or a family whose forward modes a run has not covered): what it found.
 MEASURED_APART: dict[tuple[str, str], str] = {
     ("mla+moe", "fa3"): "two runs of the tiny DeepSeek-V3 are all there is: its NEXTN chain gave the logprobs of "
                         "decoding without speculative decoding bit for bit, its tree verified as a tree did not "
@@ -227,6 +228,11 @@ def spelled(family: str) -> str:
     return ", ".join(TRAIT_NAMES.get(t, f"{t} weights") for t in label_traits(family)) or DENSE
 
 
+def bitwise_backends(family: str) -> list[str]:
+    """The backends :data:`MEASURED_BITWISE` records ``family`` on, sorted (where it claims its attention's claim)."""
+    return sorted(b for f, b in MEASURED_BITWISE if f == family)
+
+
 def family_claim(family: str | None, attention_claim: str, attention_backend: str | None) -> str:
     """The logits claim for a target of ``family`` whose attention backend alone would give ``attention_claim``.
 
@@ -266,5 +272,6 @@ def family_evidence_note(family: str | None, attention_backend: str | None) -> s
     run = MEASURED_BITWISE.get((family, attention_backend))
     if run is None:
         return None
-    return (f"the target is {family}: it claims what its attention claims on {attention_backend}, measured "
+    return (f"the target is {family} ({spelled(family)}): it claims what its attention claims on "
+            f"{attention_backend}, measured "
             f"{MEASURED_SHAPES[(family, attention_backend)]} ({run})")

@@ -18,7 +18,9 @@
 #             leftover servers and pack the archive.
 #   DETSPEC_E2E_INSTALLED=1  skip the install: for a second run beside a first one in the same
 #             command, started once the first wrote $RESULTS/.setup-done (its install and models
-#             done), so the first one's servers keep their imports.
+#             done), so the first one's servers keep their imports; or for a later command on
+#             the same machine. Either way SGLang's `sglang` command and py-spy are written again
+#             when missing (another pip --target run, the serving benchmark's, replaces their folder).
 #
 # Arguments not ending in .py (or .py@N, .py::...) go to every pytest (e.g. -k "not concurrent").
 # Server flags: DETSPEC_E2E_SERVER_ARGS / DETSPEC_E2E_MTP_SERVER_ARGS (test/registered/e2e/_e2e.py);
@@ -60,10 +62,11 @@ else
   # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
   # working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
   python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
-  # py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
-  # stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed.
-  bash "$(dirname "$0")/install_py_spy.sh"
 fi
+# py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
+# stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed;
+# the script does nothing where it is in place.
+bash "$(dirname "$0")/install_py_spy.sh"
 # popen_launch_server runs the `sglang` console script. The wheels were unpacked with zipfile,
 # which writes no console scripts, and any pip --upgrade --target (this script's above, the serving
 # benchmark's) replaces /tmp/site/bin with this package's scripts: write SGLang's own entry point

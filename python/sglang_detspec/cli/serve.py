@@ -47,6 +47,10 @@ PREFILL_GRAPH_SUITES = ("every E2E file that runs CUDA graphs (all but the contr
 # The claim line's mark when the target's config.json was not read (family_unknown_notes).
 DENSE_ASSUMED = "assuming a dense target: its config.json was not read, see the note above"
 PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
+# ... and for an FP8 target, whose passing family rows ran with them off (prefill_graph_notes).
+PREFILL_GRAPH_FP8 = ("the model families' FP8 rows that passed ran with them off (with them on, four tiny FP8 "
+                     "servers were not healthy within 300 s: each prefill size compiles its FP8 kernels at "
+                     "capture, docs/e2e/2026-12-07-h100-families-backends); allow a longer start-up")
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
 HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
@@ -268,12 +272,14 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     The claim then follows the attention backend alone, as for a dense
     target; the server reads the model and states its own claim.
     """
+    from ..model_family import bitwise_backends
+
     if bag.model_family is not None or bag.logits != "bitwise":  # a 'tokens' claim assumes nothing of the model
         return []
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
             "the default, up to 256; on fa3 without it 65 to 128); MLA and quantized targets claim 'tokens', as do "
-            "MoE targets outside fa3, "
+            f"MoE targets outside {' and '.join(bitwise_backends('moe'))}, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
             "loads)" + ("; an MLA target's tree is served as the chain of its depth (NGRAM on it is refused at "
                         "start-up, refusal mla_tree)" if bag.verifies_trees else "")]
@@ -350,9 +356,11 @@ def parallelism_notes(ns: argparse.Namespace) -> list[str]:
             "yet'): do not count on reproducible outputs across batches here yet; audit the server (detspec audit)"]
 
 
-def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
+def prefill_graph_notes(ns: argparse.Namespace, family: str | None = None) -> list[str]:
     """A note when SGLang's prefill CUDA graphs stay on (its default): which committed runs had them on.
 
+    ``family``: the target's family label (``DetSpecConfig.model_family``); an FP8 one adds
+    :data:`PREFILL_GRAPH_FP8`.
     ``ns``: SGLang's parsed ``launch_server`` arguments, read in SGLang's
     order of precedence: a ``--cuda-graph-config`` decides (not read here:
     no note), then ``--cuda-graph-backend-prefill`` (off: ``disabled``),
@@ -367,8 +375,9 @@ def prefill_graph_notes(ns: argparse.Namespace) -> list[str]:
         off = bool(getattr(ns, "disable_prefill_cuda_graph", False) or getattr(ns, "disable_cuda_graph", False))
     if off:
         return []
+    fp8 = f"; {PREFILL_GRAPH_FP8}" if "fp8" in (family or "").split("+") else ""
     return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): the serving benchmark and "
-            f"{PREFILL_GRAPH_SUITES} ran with them, {PREFILL_GRAPH_OFF_RUNS}"]
+            f"{PREFILL_GRAPH_SUITES} ran with them, {PREFILL_GRAPH_OFF_RUNS}{fp8}"]
 
 
 def _hooks_not_in_place() -> list[str]:
@@ -456,9 +465,12 @@ def _run(args) -> int:
         if args.dry_run:
             refusal, unresolved, record = _sglang_verdict(cmd[3:])
             if refusal:
+                # SGLang's rules that read the GPU: its backend pick when none is named, fa4's architecture check.
+                hedge = (" (only a rule that reads the GPU, such as fa4's for an absorbed-MLA target or SGLang's "
+                         "pick of a backend, can decide otherwise on the server's GPU)"
+                         if bag.attention_backend in (None, "fa4") else "")
                 return _fail(f"SGLang's own argument resolution, run here as on a CUDA device, refuses these flags: "
-                             f"{refusal} (only a rule that reads the GPU, such as fa4's for an absorbed-MLA target, "
-                             "can decide otherwise on the server's GPU)")
+                             f"{refusal}{hedge}")
         if not bag.active:
             _say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
             if unresolved:
@@ -473,8 +485,11 @@ def _run(args) -> int:
                 # picked this machine's backend, so the flags' bag stays.
                 from ..sglang_plugin.resolve import config_from_server_args
 
-                _say(f"note: {filled_shape_note(record)}; the line below describes that server")
-                bag = config_from_server_args(record, env)
+                served = config_from_server_args(record, env)
+                renamed = (f" (SGLang serves --speculative-algorithm {bag.algorithm} as {served.algorithm}, as the "
+                           "server's own line shows)" if served.algorithm != bag.algorithm else "")
+                _say(f"note: {filled_shape_note(record)}; the line below describes that server{renamed}")
+                bag = served
             if bag.mla_tree_as_chain:
                 from ..sglang_plugin.startup_notes import mla_chain_note
 
@@ -532,8 +547,8 @@ def _run(args) -> int:
                      f"{ns.kv_cache_dtype} on {switched} (FA3 reads FP8 as e4m3 only): the fields above are "
                      f"{switched}'s")
             dense_assumed = family_unknown_notes(bag, ns)
-            for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns) + prefill_graph_notes(ns)
-                         + dense_assumed + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
+            for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns)
+                         + prefill_graph_notes(ns, bag.model_family) + dense_assumed + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
                          + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
             # The notes run long: the claim again as the last line before the command, with what qualifies it.

@@ -244,11 +244,19 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
     (another backend, the split turned off or past a limit, no backend named).
     """
     if "mla" in config.family_traits:
-        if config.attention_backend == "triton" and config.decode_attention in ("split", "one_pass"):
-            return ("MLA attention on triton: the target's decode runs the single-pass kernel SGLang's "
-                    "deterministic prefill, extend and verify run for absorbed MLA (the positional split takes "
-                    "no MLA shape; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode), so "
-                    "the split's notes do not apply")
+        one_pass = config.decode_attention in ("split", "one_pass")
+        decode = ("the target's decode runs the single-pass kernel SGLang's deterministic prefill, extend and "
+                  "verify run for absorbed MLA (the positional split takes no MLA shape"
+                  + (", so the setting decode_attention='split' above runs as 'one_pass'"
+                     if config.decode_attention == "split" and "decode_attention" in config.shown_fields() else "")
+                  + "; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; its speed is not "
+                  "measured)")
+        if config.attention_backend == "triton" and one_pass:
+            return (f"MLA attention on triton: {decode} (not under decode context parallelism, which keeps "
+                    "SGLang's decode), so the split's notes do not apply")
+        if config.attention_backend is None and one_pass:
+            return ("MLA attention: on fa3 (SGLang's pick on Hopper) SGLang's own attention calls run; where SGLang "
+                    f"picks triton, {decode}; so the split's notes do not apply")
         return ("MLA attention: the plugin's attention paths do not serve it here; SGLang's own attention calls "
                 "run (on triton with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel), so the "
                 "split's notes do not apply")

@@ -219,6 +219,48 @@ def test_mla_decode_equals_every_chain_verify_row_and_a_prefill_bitwise(heads, m
     assert torch.equal(last[0], o[-1])
 
 
+def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_property):
+    """The decode function ``attention_hook._mla_one_pass`` installs, called as SGLang's MLA ``forward_decode``
+    calls it (its MLA keyword arguments included), gives the verify's rows; SGLang's split-KV MLA decode on the
+    same rows is recorded beside it (not asserted bit for bit)."""
+    import types
+
+    from sglang_detspec.sglang_plugin import attention_hook
+
+    heads, dim = 16, MLA_RANK + MLA_ROPE
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    latent = torch.randn(SLOTS, 1, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    value = latent[..., :MLA_RANK]
+    order = torch.randperm(SLOTS - 1, generator=gen, device=DEV).to(torch.int32) + 1
+    q = torch.randn(len(PREFIXES) * DRAFT, heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
+    slots = slots_of(order)
+    verify = verify_rows(latent, value, q, slots, dim)
+    pick = [(i, DRAFT - 1) for i in range(len(PREFIXES))]
+    lists = [torch.cat([slots[i][0], slots[i][1][:j + 1]]) for i, j in pick]
+    rows_q = torch.stack([q[i * DRAFT + j] for i, j in pick])
+    kv_indptr, kv_indices = indptr([len(x) for x in lists]), torch.cat(lists)
+    split_tile = 256  # SGLang's deterministic split tile (SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE)
+    max_splits = (max(len(x) for x in lists) + split_tile - 1) // split_tile
+    splits = torch.tensor([(len(x) + split_tile - 1) // split_tile for x in lists], dtype=torch.int32, device=DEV)
+    logits = torch.empty(len(pick), heads, max_splits, MLA_RANK, dtype=torch.float32, device=DEV)
+    lse = torch.empty(len(pick), heads, max_splits, dtype=torch.float32, device=DEV)
+    sglangs = decode_mod.decode_attention_fwd
+    backend = types.SimpleNamespace(decode_attention_fwd=sglangs)
+    decode = attention_hook._one_pass_decode(backend, UNIFIED, torch.arange(len(pick) + 1, device=DEV), None)
+    args = (latent, value)
+    ours, theirs = (rows_q.new_empty(len(pick), heads, MLA_RANK) for _ in range(2))
+    for fn, out in ((decode, ours), (sglangs, theirs)):
+        fn(rows_q, *args, out, kv_indptr, kv_indices, logits, lse, splits, max_splits, dim ** -0.5, 1.0, 1.0,
+           logit_cap=0.0, sinks=None, xai_temperature_len=-1, has_mla=True, use_pdl=False, page_size=1,
+           score_mod=None, aux_tensors=None, enable_lean=False, lean_Mp=None, lean_Lp=None, lean_Op=None,
+           lean_locks=None, uneven_batch=None)
+    assert torch.equal(ours, torch.stack([verify[i * DRAFT + j] for i, j in pick]))
+    diff = (ours.float() - theirs.float()).abs()
+    record_property("mla_rows_differing", int((diff.flatten(1).amax(1) > 0).sum()))
+    record_property("mla_max_abs", float(diff.max()))
+    assert torch.allclose(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)  # the same attention, rounded apart
+
+
 def test_sglang_split_kv_decode_differs_in_the_last_bits(record_property):
     """What the hook replaces: SGLang's two-stage decode on the same rows (recorded, not asserted)."""
     heads, kv_heads, dim = 32, 8, 128

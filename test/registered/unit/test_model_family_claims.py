@@ -220,17 +220,22 @@ def test_an_unmeasured_familys_attention_note_names_the_path_that_serves(setting
     assert not any("bitwise" in n for n in startup_notes.unmeasured_notes(bag))
 
 
-@pytest.mark.parametrize("backend, decode, one_pass", [
-    ("triton", "split", True), ("triton", "one_pass", True), ("triton", "sglang", False),
-    ("fa3", "split", False), ("flashinfer", "split", False), ("fa4", "split", False),
+@pytest.mark.parametrize("backend, decode, one_pass, own_calls", [
+    ("triton", "split", True, False), ("triton", "one_pass", True, False), ("triton", "sglang", False, True),
+    ("fa3", "split", False, True), ("flashinfer", "split", False, True), ("fa4", "split", False, True),
+    (None, "split", True, True), (None, "sglang", False, True),
 ])
-def test_the_mla_note_names_the_path_that_serves_its_attention(backend, decode, one_pass):
-    # attention_hook._mla_one_pass: on triton the decode joins SGLang's absorbed extend kernel unless turned off.
+def test_the_mla_note_names_the_path_that_serves_its_attention(backend, decode, one_pass, own_calls):
+    # attention_hook._mla_one_pass: on triton the decode joins SGLang's absorbed extend kernel unless turned off;
+    # without a backend named the note gives both of SGLang's picks.
     bag = DetSpecConfig(**{**MOE_CHAIN, "attention_backend": backend, "head_dim": None, "model_family": "mla+moe",
                            "decode_attention": decode})
     (note,) = [n for n in startup_notes.unmeasured_notes(bag) if "MLA attention" in n]
     assert ("the target's decode runs the single-pass kernel" in note) is one_pass
-    assert ("SGLang's own attention calls run" in note) is not one_pass
+    assert ("SGLang's own attention calls run" in note) is own_calls
+    # The config line shows decode_attention='split' on triton: the note says what it runs as.
+    assert ("decode_attention='split' above runs as 'one_pass'" in note) is (
+        one_pass and decode == "split" and "decode_attention" in bag.shown_fields())
     assert "bitwise" not in note
 
 
@@ -468,6 +473,16 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
         assert rc == (2 if refused else 0)
         assert ("SGLang's own argument resolution, run here as on a CUDA device, refuses" in err) is refused
         assert ("absorbed-MLA" in err) is refused and ("start-up check passed" in err) is not refused
+        # FlashInfer's refusal reads no GPU: nothing on the server's GPU can lift it.
+        assert "reads the GPU" not in err
+    reset_config()
+
+
+def test_the_dry_run_says_sglang_serves_nextn_as_eagle_where_it_fills_the_shape(tiny, capsys, monkeypatch):
+    # The shape flags unset: the line describes the server SGLang's resolution gives, which names NEXTN EAGLE.
+    err, passed = _dry_run_nextn(tiny / "deepseek_v3", "", capsys, monkeypatch)
+    (note,) = [line for line in err.splitlines() if "the line below describes that server" in line]
+    assert "SGLang serves --speculative-algorithm NEXTN as EAGLE" in note and "algorithm='EAGLE'" in passed
     reset_config()
 
 

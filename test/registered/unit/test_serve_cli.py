@@ -299,6 +299,16 @@ def test_prefill_cuda_graphs_on_are_noted(capsys, extra, noted):
     assert rc == 0 and ("SGLang's prefill CUDA graphs are on (its default" in err) is noted
 
 
+@pytest.mark.parametrize("family, said", [(None, False), ("dense", False), ("mla+moe", False),
+                                          ("mla+moe+fp8", True), ("moe+fp8", True)])
+def test_the_prefill_graph_note_says_how_the_fp8_rows_ran(family, said):
+    from sglang_detspec.cli.serve import PREFILL_GRAPH_FP8, prefill_graph_notes
+
+    (note,) = prefill_graph_notes(argparse.Namespace(), family)
+    assert (PREFILL_GRAPH_FP8 in note) is said
+    assert prefill_graph_notes(argparse.Namespace(disable_prefill_cuda_graph=True), family) == []
+
+
 @pytest.mark.parametrize("extra, reason", [
     ([], None),
     (["--max-running-requests", "8"], "the bound 16 is not below --max-running-requests 8"),
