@@ -548,8 +548,8 @@ def _run(args) -> int:
                      f"{switched}'s")
             dense_assumed = family_unknown_notes(bag, ns)
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns)
-                         + prefill_graph_notes(ns, bag.model_family) + dense_assumed + fa3_head_size_notes(bag) + gemm_warmup_notes(bag)
-                         + kv_move_warmup_notes(bag)):
+                         + prefill_graph_notes(ns, bag.model_family) + dense_assumed + fa3_head_size_notes(bag)
+                         + gemm_warmup_notes(bag) + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
             # The notes run long: the claim again as the last line before the command, with what qualifies it.
             if unresolved:
