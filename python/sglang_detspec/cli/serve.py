@@ -48,9 +48,10 @@ PREFILL_GRAPH_SUITES = ("every E2E file that runs CUDA graphs (all but the contr
 DENSE_ASSUMED = "assuming a dense target: its config.json was not read, see the note above"
 PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
 # ... and for an FP8 target, whose passing family rows ran with them off (prefill_graph_notes).
-PREFILL_GRAPH_FP8 = ("the model families' FP8 rows that passed ran with them off (with them on, four tiny FP8 "
-                     "servers were not healthy within 300 s: each prefill size compiles its FP8 kernels at "
-                     "capture, docs/e2e/2026-12-07-h100-families-backends); allow a longer start-up")
+PREFILL_GRAPH_FP8 = ("the model families' FP8 rows that passed ran with them off and DeepGEMM's pre-compile off "
+                     "(with the graphs on, four tiny FP8 servers were not healthy within 300 s: each prefill size "
+                     "compiled its FP8 kernels at capture, docs/e2e/2026-12-07-h100-families-backends); allow a "
+                     "longer start-up")
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
 HELP_WIDTH = 76
 # Lines broken at flag boundaries, with shell continuations, so the example can be copied as is.
@@ -465,10 +466,12 @@ def _run(args) -> int:
         if args.dry_run:
             refusal, unresolved, record = _sglang_verdict(cmd[3:])
             if refusal:
-                # SGLang's rules that read the GPU: its backend pick when none is named, fa4's architecture check.
+                # SGLang's rules that read the GPU: its backend pick when none is named, fa4's architecture check
+                # (on the typed --attention-backend, whatever the prefill / decode flags add).
+                typed = getattr(read_launch_args(cmd[3:]), "attention_backend", None)
                 hedge = (" (only a rule that reads the GPU, such as fa4's for an absorbed-MLA target or SGLang's "
                          "pick of a backend, can decide otherwise on the server's GPU)"
-                         if bag.attention_backend in (None, "fa4") else "")
+                         if typed in (None, "fa4") else "")
                 return _fail(f"SGLang's own argument resolution, run here as on a CUDA device, refuses these flags: "
                              f"{refusal}{hedge}")
         if not bag.active:
@@ -485,11 +488,14 @@ def _run(args) -> int:
                 # picked this machine's backend, so the flags' bag stays.
                 from ..sglang_plugin.resolve import config_from_server_args
 
-                served = config_from_server_args(record, env)
-                renamed = (f" (SGLang serves --speculative-algorithm {bag.algorithm} as {served.algorithm}, as the "
-                           "server's own line shows)" if served.algorithm != bag.algorithm else "")
-                _say(f"note: {filled_shape_note(record)}; the line below describes that server{renamed}")
-                bag = served
+                renamed = served_algorithm_note(bag, record)
+                _say(f"note: {filled_shape_note(record)}; the line below describes that server"
+                     + (f" ({renamed})" if renamed else ""))
+                bag = config_from_server_args(record, env)
+            elif record is not None:
+                renamed = served_algorithm_note(bag, record)
+                if renamed:
+                    _say(f"note: {renamed}; the line below names the flags as typed")
             if bag.mla_tree_as_chain:
                 from ..sglang_plugin.startup_notes import mla_chain_note
 
@@ -575,6 +581,20 @@ def _sglang_verdict(launch_args: list[str]):
     except Exception as exc:  # SGLang's resolution, on a machine that is not the server's
         return None, (f"SGLang's own argument resolution did not finish here ({type(exc).__name__}: {exc}); the "
                       "server runs it at start-up"), None
+
+
+def served_algorithm_note(bag: DetSpecConfig, record) -> str | None:
+    """A note when SGLang's resolution (run here) serves another speculative algorithm than the flags name.
+
+    SGLang 0.5.23 serves NEXTN as EAGLE: the server's start-up line names
+    the resolved one, the dry run's line the typed one. None where they agree.
+    """
+    from ..sglang_plugin.resolve import config_from_server_args
+
+    served = config_from_server_args(record).algorithm
+    if served == bag.algorithm:
+        return None
+    return f"SGLang serves --speculative-algorithm {bag.algorithm} as {served}, as the server's start-up line shows"
 
 
 def filled_shape_note(record) -> str:

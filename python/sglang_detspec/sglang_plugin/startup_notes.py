@@ -237,7 +237,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
 def family_attention_note(config: DetSpecConfig) -> str | None:
     """:func:`unmeasured_notes`' sentence on the attention of a target of an unmeasured family, or None.
 
-    MLA: on triton the one-pass decode serves it (unless turned off); elsewhere SGLang's calls. MoE or quantized
+    MLA: on triton the one-pass decode serves it (unless turned off), with no backend named both of SGLang's picks
+    are named; elsewhere SGLang's calls. MoE or quantized
     weights with standard attention: which attention path serves it where the
     split would serve a dense target's (the split, or SGLang's own FA3 calls
     where the split stands down); None where no path of the plugin's serves
@@ -256,7 +257,8 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
                     "SGLang's decode), so the split's notes do not apply")
         if config.attention_backend is None and one_pass:
             return ("MLA attention: on fa3 (SGLang's pick on Hopper) SGLang's own attention calls run; where SGLang "
-                    f"picks triton, {decode}; so the split's notes do not apply")
+                    f"picks triton, {decode} (not under decode context parallelism); so the split's notes do not "
+                    "apply")
         return ("MLA attention: the plugin's attention paths do not serve it here; SGLang's own attention calls "
                 "run (on triton with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel), so the "
                 "split's notes do not apply")

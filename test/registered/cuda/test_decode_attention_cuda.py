@@ -238,15 +238,25 @@ def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_prop
     pick = [(i, DRAFT - 1) for i in range(len(PREFIXES))]
     lists = [torch.cat([slots[i][0], slots[i][1][:j + 1]]) for i, j in pick]
     rows_q = torch.stack([q[i * DRAFT + j] for i, j in pick])
-    kv_indptr, kv_indices = indptr([len(x) for x in lists]), torch.cat(lists)
+    kv_indptr, kv_indices = indptr([len(x) for x in lists]), torch.cat(lists).long()  # SGLang's decode: int64
     split_tile = 256  # SGLang's deterministic split tile (SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE)
     max_splits = (max(len(x) for x in lists) + split_tile - 1) // split_tile
     splits = torch.tensor([(len(x) + split_tile - 1) // split_tile for x in lists], dtype=torch.int32, device=DEV)
     logits = torch.empty(len(pick), heads, max_splits, MLA_RANK, dtype=torch.float32, device=DEV)
     lse = torch.empty(len(pick), heads, max_splits, dtype=torch.float32, device=DEV)
+    from sglang_detspec import config
+
     sglangs = decode_mod.decode_attention_fwd
-    backend = types.SimpleNamespace(decode_attention_fwd=sglangs)
-    decode = attention_hook._one_pass_decode(backend, UNIFIED, torch.arange(len(pick) + 1, device=DEV), None)
+    # What the hook installs on an MLA target's backend (the attributes _mla_one_pass reads).
+    backend = types.SimpleNamespace(decode_attention_fwd=sglangs, extend_attention_fwd_unified=UNIFIED,
+                                    kv_indptr=torch.zeros(len(pick) + 1, dtype=torch.int32, device=DEV))
+    try:
+        attention_hook._mla_one_pass(backend, config.DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                                   model_family="mla+moe"))
+    finally:
+        config.reset_config()
+    decode = backend.decode_attention_fwd
+    assert decode is not sglangs
     args = (latent, value)
     ours, theirs = (rows_q.new_empty(len(pick), heads, MLA_RANK) for _ in range(2))
     for fn, out in ((decode, ours), (sglangs, theirs)):

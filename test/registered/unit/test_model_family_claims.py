@@ -233,9 +233,8 @@ def test_the_mla_note_names_the_path_that_serves_its_attention(backend, decode, 
     (note,) = [n for n in startup_notes.unmeasured_notes(bag) if "MLA attention" in n]
     assert ("the target's decode runs the single-pass kernel" in note) is one_pass
     assert ("SGLang's own attention calls run" in note) is own_calls
-    # The config line shows decode_attention='split' on triton: the note says what it runs as.
-    assert ("decode_attention='split' above runs as 'one_pass'" in note) is (
-        one_pass and decode == "split" and "decode_attention" in bag.shown_fields())
+    # The config line shows decode_attention='split' on triton and without a backend: the note says what it runs as.
+    assert ("decode_attention='split' above runs as 'one_pass'" in note) is (one_pass and decode == "split")
     assert "bitwise" not in note
 
 
@@ -475,6 +474,14 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
         assert ("absorbed-MLA" in err) is refused and ("start-up check passed" in err) is not refused
         # FlashInfer's refusal reads no GPU: nothing on the server's GPU can lift it.
         assert "reads the GPU" not in err
+    # fa4's refusal for an absorbed-MLA target reads the GPU (SM100 / SM110): the message says so, also with the
+    # decode backend named apart.
+    for extra in ([], ["--decode-attention-backend", "triton"]):
+        reset_config()
+        rc = main(["serve", "--dry-run", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
+                   "--attention-backend", "fa4", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and "only a rule that reads the GPU" in err, err[-400:]
     reset_config()
 
 
@@ -483,6 +490,11 @@ def test_the_dry_run_says_sglang_serves_nextn_as_eagle_where_it_fills_the_shape(
     err, passed = _dry_run_nextn(tiny / "deepseek_v3", "", capsys, monkeypatch)
     (note,) = [line for line in err.splitlines() if "the line below describes that server" in line]
     assert "SGLang serves --speculative-algorithm NEXTN as EAGLE" in note and "algorithm='EAGLE'" in passed
+    reset_config()
+    # The shape typed: the line keeps the flags, and the note says what the server's line will name.
+    err, passed = _dry_run_nextn(tiny / "deepseek_v3", CHAIN, capsys, monkeypatch)
+    (note,) = [line for line in err.splitlines() if "SGLang serves --speculative-algorithm NEXTN as EAGLE" in line]
+    assert "the line below names the flags as typed" in note and "algorithm='NEXTN'" in passed
     reset_config()
 
 
