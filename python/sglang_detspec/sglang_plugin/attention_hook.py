@@ -92,8 +92,8 @@ SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used"
 MLA_ONE_PASS = ("MLA target decode runs the verify's single-pass Triton kernel, the one SGLang's deterministic "
                 "prefill, extend and verify run for absorbed MLA: a decoded token's logits are meant to equal the "
                 "same token's in a verify, a prefill and an extend after a radix-cache hit (the family's claim "
-                "stays 'tokens' until a run measures it; its cost is not measured: "
-                "SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode)")
+                "stays 'tokens' until a run measures it; its cost, paid only without speculative decoding, is not "
+                "measured: SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode)")
 logger = logging.getLogger("sglang_detspec")
 
 

@@ -251,7 +251,8 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
                   + (", so the setting decode_attention='split' above runs as 'one_pass'"
                      if config.decode_attention == "split" and "decode_attention" in config.shown_fields() else "")
                   + "; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; its speed is not "
-                  "measured)")
+                  "measured, and only a server without speculative decoding runs it: a speculative server's target "
+                  "verifies, never decodes)")
         if config.attention_backend == "triton" and one_pass:
             return (f"MLA attention on triton: {decode} (not under decode context parallelism, which keeps "
                     "SGLang's decode), so the split's notes do not apply")
