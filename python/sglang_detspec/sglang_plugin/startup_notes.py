@@ -257,9 +257,9 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
             return (f"MLA attention on triton: {decode} (not under decode context parallelism, which keeps "
                     "SGLang's decode), so the split's notes do not apply")
         if config.attention_backend is None and one_pass:
-            return ("MLA attention: on fa3 (SGLang's pick on Hopper) SGLang's own attention calls run; where SGLang "
-                    f"picks triton, {decode} (not under decode context parallelism); so the split's notes do not "
-                    "apply")
+            return ("MLA attention: on fa3 (SGLang's pick on Hopper) SGLang's own attention calls run; on triton "
+                    f"(its pick for DeepSeek-family targets on Blackwell), {decode} (not under decode context "
+                    "parallelism); so the split's notes do not apply")
         return ("MLA attention: the plugin's attention paths do not serve it here; SGLang's own attention calls "
                 "run (on triton with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel), so the "
                 "split's notes do not apply")
