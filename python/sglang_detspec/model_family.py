@@ -254,7 +254,7 @@ def family_note(family: str | None, attention_backend: str | None) -> str | None
         return f"the target is {family} ({spelled(family)}): its logits claim is 'tokens': {found}"
     measured = sorted({b for f, b in (*MEASURED_BITWISE, *MEASURED_APART) if f == family})
     if attention_backend is None and measured:
-        promoted = sorted({b for f, b in MEASURED_BITWISE if f == family})
+        promoted = bitwise_backends(family)
         if not promoted:
             return (f"the target is {family} ({spelled(family)}): its logits claim is 'tokens' on every "
                     f"backend (a run measured this family on {', '.join(measured)}; name --attention-backend for "

@@ -357,10 +357,10 @@ def parallelism_notes(ns: argparse.Namespace) -> list[str]:
             "yet'): do not count on reproducible outputs across batches here yet; audit the server (detspec audit)"]
 
 
-def prefill_graph_notes(ns: argparse.Namespace, family: str | None = None) -> list[str]:
+def prefill_graph_notes(ns: argparse.Namespace, traits: tuple[str, ...] = ()) -> list[str]:
     """A note when SGLang's prefill CUDA graphs stay on (its default): which committed runs had them on.
 
-    ``family``: the target's family label (``DetSpecConfig.model_family``); an FP8 one adds
+    ``traits``: the target's family traits (``DetSpecConfig.family_traits``); ``fp8`` among them adds
     :data:`PREFILL_GRAPH_FP8`.
     ``ns``: SGLang's parsed ``launch_server`` arguments, read in SGLang's
     order of precedence: a ``--cuda-graph-config`` decides (not read here:
@@ -376,7 +376,7 @@ def prefill_graph_notes(ns: argparse.Namespace, family: str | None = None) -> li
         off = bool(getattr(ns, "disable_prefill_cuda_graph", False) or getattr(ns, "disable_cuda_graph", False))
     if off:
         return []
-    fp8 = f"; {PREFILL_GRAPH_FP8}" if "fp8" in (family or "").split("+") else ""
+    fp8 = f"; {PREFILL_GRAPH_FP8}" if "fp8" in traits else ""
     return ["SGLang's prefill CUDA graphs are on (its default, which the plugin keeps): the serving benchmark and "
             f"{PREFILL_GRAPH_SUITES} ran with them, {PREFILL_GRAPH_OFF_RUNS}{fp8}"]
 
@@ -554,7 +554,7 @@ def _run(args) -> int:
                      f"{switched}'s")
             dense_assumed = family_unknown_notes(bag, ns)
             for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns)
-                         + prefill_graph_notes(ns, bag.model_family) + dense_assumed + fa3_head_size_notes(bag)
+                         + prefill_graph_notes(ns, bag.family_traits) + dense_assumed + fa3_head_size_notes(bag)
                          + gemm_warmup_notes(bag) + kv_move_warmup_notes(bag)):
                 _say(f"note: {note}")
             # The notes run long: the claim again as the last line before the command, with what qualifies it.

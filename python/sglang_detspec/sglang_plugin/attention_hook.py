@@ -123,15 +123,15 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
         logger.warning("sglang-detspec: target decode keeps SGLang's split-KV Triton kernel (decode context "
                        "parallelism): this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
         return None
+    rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
+    unified = backend.extend_attention_fwd_unified
     if backend.use_mla:
-        _mla_one_pass(backend, bag)
+        _mla_one_pass(backend, bag, unified, rows)
         return None
     window = (getattr(backend, "sliding_window_size", None) or -1) > 0
     if window:
         logger.warning("sglang-detspec: the model has sliding-window layers, whose decode and extend tile the window "
                        "differently: this server's logits are 'tokens', not 'bitwise' (docs/forward_modes.md)")
-    rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
-    unified = backend.extend_attention_fwd_unified
     if bag.decode_attention == "split":
         reason = "the model has sliding-window layers" if window else split_unavailable(backend)
         if reason is None:
@@ -153,7 +153,7 @@ def use_one_pass_decode(result, backend, *args, **kwargs):
     return None
 
 
-def _mla_one_pass(backend, bag) -> None:
+def _mla_one_pass(backend, bag, unified, rows) -> None:
     """An MLA target's decode through the verify's single-pass kernel (module docstring, "MLA").
 
     Under deterministic inference SGLang 0.5.23 runs a DeepSeek-family
@@ -171,8 +171,7 @@ def _mla_one_pass(backend, bag) -> None:
     """
     if bag.decode_attention != "one_pass":
         install_config(dataclasses.replace(bag, decode_attention="one_pass"))
-    rows = torch.arange(backend.kv_indptr.numel(), dtype=torch.int64, device=backend.kv_indptr.device)
-    backend.decode_attention_fwd = _one_pass_decode(backend, backend.extend_attention_fwd_unified, rows, None)
+    backend.decode_attention_fwd = _one_pass_decode(backend, unified, rows, None)
     logger.info("sglang-detspec: %s", MLA_ONE_PASS)
 
 

@@ -247,12 +247,12 @@ def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_prop
     from sglang_detspec import config
 
     sglangs = decode_mod.decode_attention_fwd
-    # What the hook installs on an MLA target's backend (the attributes _mla_one_pass reads).
-    backend = types.SimpleNamespace(decode_attention_fwd=sglangs, extend_attention_fwd_unified=UNIFIED,
-                                    kv_indptr=torch.zeros(len(pick) + 1, dtype=torch.int32, device=DEV))
+    # What the hook installs on an MLA target's backend (the attribute _mla_one_pass replaces).
+    backend = types.SimpleNamespace(decode_attention_fwd=sglangs)
     try:
         attention_hook._mla_one_pass(backend, config.DetSpecConfig(deterministic=True, attention_backend="triton",
-                                                                   model_family="mla+moe"))
+                                                                   model_family="mla+moe"),
+                                     UNIFIED, torch.arange(len(pick) + 1, device=DEV))
     finally:
         config.reset_config()
     decode = backend.decode_attention_fwd

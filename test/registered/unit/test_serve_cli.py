@@ -303,10 +303,11 @@ def test_prefill_cuda_graphs_on_are_noted(capsys, extra, noted):
                                           ("mla+moe+fp8", True), ("moe+fp8", True)])
 def test_the_prefill_graph_note_says_how_the_fp8_rows_ran(family, said):
     from sglang_detspec.cli.serve import PREFILL_GRAPH_FP8, prefill_graph_notes
+    from sglang_detspec.model_family import label_traits
 
-    (note,) = prefill_graph_notes(argparse.Namespace(), family)
+    (note,) = prefill_graph_notes(argparse.Namespace(), label_traits(family))
     assert (PREFILL_GRAPH_FP8 in note) is said
-    assert prefill_graph_notes(argparse.Namespace(disable_prefill_cuda_graph=True), family) == []
+    assert prefill_graph_notes(argparse.Namespace(disable_prefill_cuda_graph=True), label_traits(family)) == []
 
 
 @pytest.mark.parametrize("extra, reason", [
