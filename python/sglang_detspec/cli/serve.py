@@ -92,8 +92,8 @@ without --attention-backend it states 'tokens' (see below).
               (for the tree settings not set in the environment).
   tokens    other backends; any --kv-cache-dtype other than auto;
             MLA or quantized targets, mixture-of-experts targets outside
-            fa3 (measured bitwise on fa3: the run of 2026-12-07 in
-            docs/results.md); a run without --attention-backend (SGLang
+            fa3 and triton (measured bitwise on both: the runs of
+            2026-12-07 in docs/results.md); a run without --attention-backend (SGLang
             picks the backend on the GPU, so the dry run cannot know it;
             where it can read the target's config.json it notes what fa3
             would claim).
