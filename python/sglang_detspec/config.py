@@ -48,6 +48,13 @@ GEMM_WARMUP_ENV = "SGLANG_DETSPEC_GEMM_WARMUP_S"
 # (and DeepGEMM's on-disk cache carries what was compiled to the next start on the machine).
 DEFAULT_GEMM_WARMUP_S = 60.0
 MAX_GEMM_WARMUP_S = 3600.0
+MOE_TILE_ENV = "SGLANG_DETSPEC_MOE_TILE"
+# The fields of SGLang's fused-MoE Triton config a tile sets, in the order the setting lists them
+# (sglang_plugin/moe_tile_hook.py), and the values each may take: tile sides SGLang's tuned tables use,
+# a program-grouping width, warps per program and software-pipeline stages.
+MOE_TILE_FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+MOE_TILE_VALUES = ((16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64, 128, 256), tuple(range(1, 65)),
+                   (1, 2, 4, 8, 16), tuple(range(1, 9)))
 # The top-k a breadth-1 NGRAM draft is claimed as: SGLang pads a short match with root children (a tree).
 NGRAM_TREE_TOPK = 2
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
@@ -160,6 +167,11 @@ class DetSpecConfig:
             inference (``sglang_plugin/gemm_warmup_hook.py``), in
             [0, :data:`MAX_GEMM_WARMUP_S`]; 0 turns it off. Shown in the
             start-up line only when not :data:`DEFAULT_GEMM_WARMUP_S`.
+        moe_tile: ``SGLANG_DETSPEC_MOE_TILE``: one fused-MoE Triton tile
+            (the values of :data:`MOE_TILE_FIELDS`, e.g. ``16,128,128,1,4,3``)
+            run at every batch size in place of SGLang's deterministic tile
+            (``sglang_plugin/moe_tile_hook.py``); None (unset or ``sglang``)
+            keeps SGLang's. Shown in the start-up line only when set.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -222,6 +234,7 @@ class DetSpecConfig:
     tree_chain_batch: int = 0
     tree_chain_tokens: int = 0
     gemm_warmup_s: float = DEFAULT_GEMM_WARMUP_S
+    moe_tile: tuple[int, ...] | None = None
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
@@ -628,7 +641,7 @@ class DetSpecConfig:
         (neither :data:`ONE_PASS_DECODE_BACKENDS` nor :data:`FA3_SPLIT_BACKENDS`); ``tree_attention`` on a known
         backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
         ``tree_chain_batch`` for a chain and for NGRAM, ``tree_chain_tokens``
-        there and at 0; ``gemm_warmup_s`` at its default. An unknown backend
+        there and at 0; ``gemm_warmup_s`` at its default; ``moe_tile`` unset. An unknown backend
         or top-k (None: SGLang picks it at start-up) keeps the field.
         """
         skip = set()
@@ -648,6 +661,8 @@ class DetSpecConfig:
             skip.add("tree_chain_tokens")
         if self.gemm_warmup_s == DEFAULT_GEMM_WARMUP_S:
             skip.add("gemm_warmup_s")
+        if self.moe_tile is None:
+            skip.add("moe_tile")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
         skip.add("set_tree_settings")  # the start-up note on the FA3 tree defaults says it
@@ -972,7 +987,7 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
     Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "tree_chain_batch",
-    "tree_chain_tokens", "gemm_warmup_s", "set_tree_settings"}`` with ``verify`` as set (``auto`` unresolved; see
+    "tree_chain_tokens", "gemm_warmup_s", "moe_tile", "set_tree_settings"}`` with ``verify`` as set (``auto`` unresolved; see
     :func:`resolve_verify`), the four tree settings at their plain defaults where unset (the server's own
     defaults come with :func:`with_server_defaults`) and ``set_tree_settings`` naming those set.
 
@@ -987,7 +1002,9 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_TREE_CHAIN_TOKENS`` not an integer in
             [0, :data:`MAX_TREE_CHAIN_TOKENS`],
             ``SGLANG_DETSPEC_GEMM_WARMUP_S`` not a number of seconds in
-            [0, :data:`MAX_GEMM_WARMUP_S`], or
+            [0, :data:`MAX_GEMM_WARMUP_S`],
+            ``SGLANG_DETSPEC_MOE_TILE`` neither ``sglang`` nor six integers
+            each in its range of :data:`MOE_TILE_VALUES`, or
             a removed setting (:data:`REMOVED_ENV`) set to anything but
             its old default (:data:`REMOVED_DEFAULTS`, accepted: it asks for
             what now always runs).
@@ -1007,6 +1024,7 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             "tree_chain_batch": _count(env, TREE_CHAIN_BATCH_ENV, MAX_TREE_CHAIN_BATCH, "batch size"),
             "tree_chain_tokens": _count(env, TREE_CHAIN_TOKENS_ENV, MAX_TREE_CHAIN_TOKENS, "token count"),
             "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S),
+            "moe_tile": _moe_tile(env),
             "set_tree_settings": tuple(field for field, name in TREE_SETTING_ENVS.items()
                                        if env.get(name, "").strip())}
 
@@ -1086,6 +1104,23 @@ def _seconds(env: Mapping[str, str], name: str, default: float, bound: float) ->
     if not 0.0 <= value <= bound:  # NaN fails both
         raise ValueError(f"{name} must be a number of seconds in [0, {bound:g}] (0: off), got {raw!r}")
     return value
+
+
+def _moe_tile(env: Mapping[str, str]) -> tuple[int, ...] | None:
+    raw = env.get(MOE_TILE_ENV, "").strip()
+    if raw.lower() in ("", "sglang"):
+        return None
+    shape = ",".join(MOE_TILE_FIELDS)
+    parts = [p.strip() for p in raw.split(",")]
+    if len(parts) != len(MOE_TILE_FIELDS) or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{MOE_TILE_ENV} must be 'sglang' or six integers {shape}, got {raw!r}")
+    tile = tuple(int(p) for p in parts)
+    for name, value, allowed in zip(MOE_TILE_FIELDS, tile, MOE_TILE_VALUES):
+        if value not in allowed:
+            bound = f"in [{allowed[0]}, {allowed[-1]}]" if allowed == tuple(range(allowed[0], allowed[-1] + 1)) \
+                else f"one of {allowed}"
+            raise ValueError(f"{MOE_TILE_ENV}: {name} must be {bound}, got {value} (in {raw!r})")
+    return tile
 
 
 _lock = threading.Lock()

@@ -76,16 +76,17 @@ MEASURED_APART: dict[tuple[str, str], str] = {
                             "speculative decoding bit for bit, and after radix-cache hits and retractions "
                             "(docs/e2e/2026-12-07-h100-families-backends/fp8-auto); MLA's prefill against decode "
                             "has not been measured",
-    ("mla+moe", "triton"): "the tiny DeepSeek-V3 with SGLang's split-KV decode: 372 of 512 logprobs of its chain "
-                           "apart from decoding without speculative decoding, no token, and a radix-cache hit moved "
-                           "the logprobs of all 8 requests of the server without speculative decoding "
-                           "(docs/e2e/2026-12-07-h100-families-backends/triton); the one-pass decode that serves "
-                           "MLA on triton since has not run on a server",
+    ("mla+moe", "triton"): "the tiny DeepSeek-V3 with the one-pass decode: a radix-cache hit moved no logprob of "
+                           "the server without speculative decoding (all 8 requests' with SGLang's split-KV decode, "
+                           "docs/e2e/2026-12-07-h100-families-backends/triton), but 56 of 512 logprobs of its chain "
+                           "apart from decoding without speculative decoding, no token (372 before): its verify "
+                           "kept SGLang's masked kernel path (docs/e2e/2026-12-07-h100-mla-triton-decode); the "
+                           "causal chain verify that serves MLA on triton since has not run on a server",
     ("mla+moe+fp8", "triton"): "the tiny FP8 DeepSeek-V3 with SGLang's split-KV decode: 370 of 512 logprobs of "
                                "its chain apart from decoding without speculative decoding, and after a radix-cache "
                                "hit 1 of 8 requests of the server without speculative decoding took another token "
-                               "(docs/e2e/2026-12-07-h100-families-backends/fp8-triton); the one-pass decode that "
-                               "serves MLA on triton since has not run on a server",
+                               "(docs/e2e/2026-12-07-h100-families-backends/fp8-triton); the one-pass decode and "
+                               "causal chain verify that serve MLA on triton since have not run on its servers",
     ("moe", "flashinfer"): "the tiny Qwen3-MoE on FlashInfer: 96 and 130 of 512 logprobs of its chain and tree "
                            "apart from decoding without speculative decoding, no token "
                            "(docs/e2e/2026-12-07-h100-families-backends/flashinfer)",

@@ -72,6 +72,10 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``gemm_warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): under
   deterministic inference, DeepGEMM's kernels for SGLang's batch-invariant
   matmul are compiled for every row count a batch can have, at start-up.
+- ``moe_tile_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): with
+  ``SGLANG_DETSPEC_MOE_TILE`` a mixture-of-experts target's fused-MoE Triton
+  kernel runs that one tile at every batch size instead of SGLang's
+  deterministic tile (rows stay batch-invariant; the cost differs).
 
 :func:`hook_table` is the one list of every change the plugin makes to
 SGLang: the registry's hooks (BEFORE, AFTER, AROUND) and the changes those
@@ -92,7 +96,7 @@ from typing import NamedTuple
 
 from ..config import current_config
 from . import (
-    attention_hook, channels, draft_hook, fa3_split_hook, gemm_warmup_hook, kv_rows_hook,
+    attention_hook, channels, draft_hook, fa3_split_hook, gemm_warmup_hook, kv_rows_hook, moe_tile_hook,
     norm_hook, probs_hook, request_seeds,
     request_validation, resolve, shape_hook, startup, target_sampler_hook, topk_draft_hook, tree_attention_hook,
     verify_hook, warmup_hook,
@@ -108,6 +112,7 @@ _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
 _WARMUP_ONLY = "speed only: without it the plugin's eager kernels compile inside the first requests"
 _GEMM_WARMUP_ONLY = "speed only: without it DeepGEMM compiles matmul kernels inside the first requests"
+_MOE_TILE_ONLY = "speed only: without it SGLang's deterministic fused-MoE tile serves"
 
 _registered = False
 _lock = threading.Lock()
@@ -216,6 +221,8 @@ def hook_table() -> list[Hook]:
         Hook(f"{shape_hook.DRAFT.rsplit('.', 1)[0]}.{channels.DRAFT_TOPK.attr}", shape_hook.apply_state, "ATTR"),
         Hook(warmup_hook.TARGET, warmup_hook.compile_kernels, "BEFORE", _WARMUP_ONLY),
         Hook(warmup_hook.TARGET, gemm_warmup_hook.compile_gemms, "BEFORE", _GEMM_WARMUP_ONLY),
+        Hook(moe_tile_hook.TARGET, moe_tile_hook.pin_moe_tile, "BEFORE", _MOE_TILE_ONLY),
+        Hook(moe_tile_hook.OVERRIDE, moe_tile_hook.pin_moe_tile, "ATTR"),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),
         Hook(sh.SEND_ONE_TARGET, sh.seed_one_send, "AROUND"),

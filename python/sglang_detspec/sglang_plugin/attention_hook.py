@@ -49,7 +49,8 @@ MLA (DeepSeek-family targets, ``backend.use_mla``): SGLang runs their
 attention absorbed in every forward mode under deterministic inference, so
 the one-pass decode serves them under ``split`` and ``one_pass`` alike
 (:func:`_mla_one_pass`; no packed tile: its start-up check covers head dims
-without a rope part only).
+without a rope part only), and a chain's verify runs the kernel's causal
+path instead of its masked one (:func:`_causal_chain_verify`).
 
 ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the default, measured bitwise on the H200 in
 ``docs/e2e/2026-12-05-h200-split/``; its serving cost without speculative decoding in
@@ -91,7 +92,8 @@ SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used"
 # Logged on an MLA target's backend: what the one-pass decode covers there.
 MLA_ONE_PASS = ("MLA target decode runs the verify's single-pass Triton kernel, the one SGLang's deterministic "
                 "prefill, extend and verify run for absorbed MLA: a decoded token's logits are meant to equal the "
-                "same token's in a verify, a prefill and an extend after a radix-cache hit (the family's claim "
+                "same token's in a verify, a prefill and an extend after a radix-cache hit, a chain's verify "
+                "running the kernel's causal path as they do, not its masked one (the family's claim "
                 "stays 'tokens' until a run measures it; its cost, paid only without speculative decoding, is not "
                 "measured: SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode)")
 logger = logging.getLogger("sglang_detspec")
@@ -167,12 +169,45 @@ def _mla_one_pass(backend, bag, unified, rows) -> None:
     extend's kernel every mode takes one kernel's rows. The positional split
     does not serve MLA (its kernels take head dims up to ``MAX_HEAD_DIM``,
     256; the latent key is 576 wide), so ``split`` runs this one-pass decode
-    too, and the bag says so.
+    too, and the bag says so. A chain's verify (every verify of an MLA
+    target: its tree is served as its chain) runs that kernel's causal path,
+    the one the decode and prefill take (:func:`_causal_chain_verify`).
     """
     if bag.decode_attention != "one_pass":
         install_config(dataclasses.replace(bag, decode_attention="one_pass"))
     backend.decode_attention_fwd = _one_pass_decode(backend, unified, rows, None)
+    if (getattr(backend, "topk", 0) or 0) == 1:
+        backend.extend_attention_fwd_unified = _causal_chain_verify(unified)
     logger.info("sglang-detspec: %s", MLA_ONE_PASS)
+
+
+def _causal_chain_verify(unified):
+    """SGLang's single-pass extend with a chain verify's mask dropped: the causal rule marks the same keys.
+
+    SGLang's target verify hands the kernel the draft's mask even for a chain
+    (top-k 1), where each draft token sees the prefix and the draft tokens up
+    to itself: what ``is_causal`` with the request's ``prefix_len`` gives.
+    For absorbed MLA (the latent key 576 wide) the kernel's masked path
+    rounds otherwise than its causal path, which prefill, extend and the
+    one-pass decode take (``test_decode_attention_cuda.py``, the MLA cases;
+    56 of 512 logprobs of the tiny DeepSeek-V3's chain apart from decoding
+    with the mask kept, ``docs/e2e/2026-12-07-h100-mla-triton-decode``). Installed on
+    a target backend whose verifies are chains only (``backend.topk == 1``:
+    an MLA target's tree is served as its chain); a call with a window or
+    without ``is_causal`` keeps its mask.
+    """
+
+    @torch.compiler.disable  # as SGLang wraps its own kernel: dynamo must not trace into the launch
+    def extend(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+               max_len_extend, custom_mask=None, mask_indptr=None, sm_scale=None, logit_cap=0.0, is_causal=True,
+               sliding_window_size=-1, **kwargs):
+        if custom_mask is not None and is_causal and (sliding_window_size or -1) <= 0:
+            custom_mask = mask_indptr = None
+        return unified(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+                       max_len_extend, custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale,
+                       logit_cap=logit_cap, is_causal=is_causal, sliding_window_size=sliding_window_size, **kwargs)
+
+    return extend
 
 
 def _one_pass_decode(backend, unified, rows, packed):

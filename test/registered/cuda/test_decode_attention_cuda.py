@@ -56,11 +56,12 @@ def indptr(lengths):
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
 
 
-def verify_rows(k, v, q, slots, dim, masked=False):
+def verify_rows(k, v, q, slots, dim, masked=False, kernel=None):
     """SGLang's chain verify: prefix + DRAFT new tokens per request, one call.
 
     ``masked``: as SGLang's target verify calls it with the draft tree's mask
     (a chain's: causal), uint8 and flattened per request, int64 indices.
+    ``kernel``: what runs the call (SGLang's ``extend_attention_fwd_unified`` unless given).
     """
     o = q.new_empty(*q.shape[:2], v.shape[-1])
     kv = torch.cat([torch.cat([pre, ext]) for pre, ext in slots])
@@ -76,9 +77,9 @@ def verify_rows(k, v, q, slots, dim, masked=False):
                      mask_indptr=torch.tensor([0, *torch.tensor([m.numel() for m in masks]).cumsum(0).tolist()],
                                               dtype=torch.int64, device=DEV))
         kv, kv_indptr = kv.long(), kv_indptr.long()
-    UNIFIED(q, o, k, v, 1.0, 1.0, indptr([DRAFT] * len(slots)).long(), kv_indptr,
-            kv, torch.tensor([len(p) for p, _ in slots], dtype=torch.int32, device=DEV), DRAFT,
-            sm_scale=dim ** -0.5, is_causal=True, **extra)
+    (kernel or UNIFIED)(q, o, k, v, 1.0, 1.0, indptr([DRAFT] * len(slots)).long(), kv_indptr,
+                        kv, torch.tensor([len(p) for p, _ in slots], dtype=torch.int32, device=DEV), DRAFT,
+                        sm_scale=dim ** -0.5, is_causal=True, **extra)
     return o
 
 
@@ -188,8 +189,15 @@ MLA_RANK, MLA_ROPE = 512, 64
 
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "tree_mask"])
 @pytest.mark.parametrize("heads", [4, 16])
-def test_mla_decode_equals_every_chain_verify_row_and_a_prefill_bitwise(heads, masked):
-    """attention_hook._mla_one_pass: an MLA decode through the extend kernel gives its verify and prefill rows."""
+def test_mla_decode_equals_every_chain_verify_row_and_a_prefill_bitwise(heads, masked, record_property):
+    """attention_hook._mla_one_pass: an MLA decode through the extend kernel gives its verify and prefill rows.
+
+    ``tree_mask``: the verify as SGLang's backend calls it, with the chain's mask, through what the hook
+    installs on an MLA chain target (``_causal_chain_verify``); SGLang's masked path on the same call, which
+    the hook replaces, is recorded beside it (2026-12-07, one H100: not the causal path's bits).
+    """
+    from sglang_detspec.sglang_plugin.attention_hook import _causal_chain_verify
+
     dim = MLA_RANK + MLA_ROPE
     gen = torch.Generator(device=DEV).manual_seed(heads)
     latent = torch.randn(SLOTS, 1, dim, generator=gen, device=DEV).to(torch.bfloat16)
@@ -197,7 +205,10 @@ def test_mla_decode_equals_every_chain_verify_row_and_a_prefill_bitwise(heads, m
     order = torch.randperm(SLOTS - 1, generator=gen, device=DEV).to(torch.int32) + 1
     q = torch.randn(len(PREFIXES) * DRAFT, heads, dim, generator=gen, device=DEV).to(torch.bfloat16)
     slots = slots_of(order)
-    verify = verify_rows(latent, value, q, slots, dim, masked)
+    verify = verify_rows(latent, value, q, slots, dim, masked, _causal_chain_verify(UNIFIED) if masked else None)
+    if masked:
+        sglangs = verify_rows(latent, value, q, slots, dim, masked)
+        record_property("sglang_masked_rows_differing", int(((sglangs != verify).flatten(1).any(1)).sum()))
     pick = [(i, j) for i in range(len(PREFIXES)) for j in range(DRAFT)]
     decoded, lists, _ = decode_rows(latent, value, q, slots, dim, pick)
     assert torch.equal(decoded, torch.stack([verify[i * DRAFT + j] for i, j in pick]))

@@ -308,12 +308,19 @@ def test_the_dry_run_says_ngram_and_standalone_are_not_measured(model_dir, capsy
 def extend_contract(q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
                     max_len_extend, custom_mask=None, mask_indptr=None, sm_scale=None, logit_cap=0.0, is_causal=True,
                     **kwargs):
-    """The unified extend kernel's contract in torch: query j of request b sees keys < prefix_len + j + 1."""
+    """The unified extend kernel's contract in torch: query j of request b sees keys < prefix_len + j + 1.
+
+    With ``custom_mask`` (uint8, request b's rows flattened from ``mask_indptr[b]``, one entry per key):
+    the keys its row marks.
+    """
     for b in range(qo_indptr.numel() - 1):
         keys = kv_indices[kv_indptr[b]:kv_indptr[b + 1]].long()
         for j in range(int(qo_indptr[b + 1] - qo_indptr[b])):
             row = int(qo_indptr[b]) + j
             visible = keys[:int(prefix_lens[b]) + j + 1] if is_causal else keys
+            if custom_mask is not None:
+                at = int(mask_indptr[b]) + j * len(keys)
+                visible = keys[custom_mask[at:at + len(keys)].bool()]
             group = q.shape[1] // k_buffer.shape[1]
             k = k_buffer[visible].float().repeat_interleave(group, dim=1)
             v = v_buffer[visible].float().repeat_interleave(group, dim=1)
@@ -398,6 +405,52 @@ def test_an_mla_targets_decode_runs_the_absorbed_extend_kernel(monkeypatch, sett
         keys = latent[indices[indptr[b]:indptr[b + 1]].long(), 0]
         want = ((q[b] @ keys.T) * 0.1).softmax(-1) @ keys[:, :rank]
         torch.testing.assert_close(o[b], want)
+
+
+@pytest.mark.parametrize("topk, dropped", [(1, True), (0, False)])
+def test_an_mla_chain_verify_runs_the_kernels_causal_path(monkeypatch, topk, dropped):
+    """A chain's verify mask marks what the causal rule marks: the MLA target's kernel gets no mask, same rows.
+
+    ``topk`` 0: no speculative decoding (SGLang's ``speculative_eagle_topk or 0``), the extend is SGLang's.
+    """
+    from sglang_detspec import config
+
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                          model_family="mla+moe"))
+    masks_seen = []
+
+    def kernel(*args, custom_mask=None, **kwargs):
+        masks_seen.append(custom_mask)
+        return extend_contract(*args, custom_mask=custom_mask, **kwargs)
+
+    backend = _backend(use_mla=True, topk=topk, extend_attention_fwd_unified=kernel)
+    attention_hook.use_one_pass_decode(None, backend)
+    assert (backend.extend_attention_fwd_unified is not kernel) is dropped
+    gen = torch.Generator().manual_seed(2)
+    heads, rank, rope, slots, draft = 4, 32, 8, 40, 4
+    latent = torch.randn(slots, 1, rank + rope, generator=gen)
+    prefixes = [3, 9]
+    q = torch.randn(draft * len(prefixes), heads, rank + rope, generator=gen)
+    lengths = [p + draft for p in prefixes]
+    kv_indptr = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    indices = torch.randperm(slots, generator=gen)[:sum(lengths)]
+    # SGLang's chain verify mask: every prefix key, then the draft tokens up to the row's own.
+    rows = [torch.cat([torch.ones(draft, p, dtype=torch.uint8), torch.tril(torch.ones(draft, draft)).to(torch.uint8)],
+                      dim=1).flatten() for p in prefixes]
+    mask = torch.cat(rows)
+    mask_indptr = torch.tensor([0, *torch.tensor([r.numel() for r in rows]).cumsum(0).tolist()])
+    qo_indptr = torch.arange(0, draft * len(prefixes) + 1, draft)
+    args = (latent, latent[..., :rank], 1.0, 1.0, qo_indptr, kv_indptr, indices, torch.tensor(prefixes), draft)
+    got = backend.extend_attention_fwd_unified(q, torch.empty(len(q), heads, rank), *args, custom_mask=mask,
+                                               mask_indptr=mask_indptr, sm_scale=0.1, is_causal=True)
+    assert (masks_seen[-1] is None) is dropped
+    want = extend_contract(q, torch.empty(len(q), heads, rank), *args, custom_mask=mask, mask_indptr=mask_indptr,
+                           sm_scale=0.1)
+    torch.testing.assert_close(got, want)
+    # A window keeps its mask (not a plain causal call).
+    backend.extend_attention_fwd_unified(q, torch.empty(len(q), heads, rank), *args, custom_mask=mask,
+                                         mask_indptr=mask_indptr, sm_scale=0.1, is_causal=True, sliding_window_size=4)
+    assert masks_seen[-1] is mask
 
 
 def test_an_mla_target_keeps_sglangs_decode_when_told(monkeypatch):

@@ -183,6 +183,10 @@ def test_every_patch_is_a_row_and_names_a_real_sglang_class():
             continue
         parts = row.target.split(".")
         cls_at = next((i for i, p in enumerate(parts) if p[:1].isupper()), None)
+        if cls_at is None and row.kind == "ATTR":  # a module-level value the hook sets (SGLang's override slot)
+            assert hasattr(pkgutil.resolve_name(".".join(parts[:-1])), parts[-1]), row.target
+            assert row.hook in registry_hooks, row
+            continue
         if cls_at is None:
             assert row.kind == "PATCH", row  # a module's own binding, swapped for one call
             owner = ".".join(parts[:-1])

@@ -1,0 +1,74 @@
+"""Start-up: a mixture-of-experts target's fused-MoE Triton kernel runs one tile of the user's choice.
+
+Under ``--enable-deterministic-inference`` SGLang 0.5.23 gives its fused-MoE
+Triton kernel one fixed tile for every batch size (``get_default_config`` in
+``moe_runner/triton_utils/fused_moe_triton_config.py``: 64 x 64 x 32, and
+``get_moe_configs`` returns no tuned table): a token's output row then does
+not depend on the batch around it, since the kernel neither splits K nor
+mixes rows in a tile, and the K loop's order is the tile's alone. Any other
+fixed tile keeps that property; SGLang's is not the fast one at decode and
+verify sizes, where its own tuned tables take 16-row tiles with 128-256-wide
+K tiles (a Qwen3-30B-A3B-like target served the plugin's chain at 0.79 of
+SGLang's non-deterministic chain at 8-128 requests on one H100,
+``docs/benchmarks/determinism_tax/2026-12-07-h100-moe-a3b``).
+
+``SGLANG_DETSPEC_MOE_TILE`` (the bag's ``moe_tile``) names a tile; this hook
+sets it as SGLang's fused-MoE config override (the module-level value that
+``triton_utils.override_config`` sets and ``try_get_optimal_moe_config``
+reads first, for the up and the down projection, at every batch size). Only
+where the run is the plugin's (:attr:`DetSpecConfig.active`), deterministic,
+and the target is a mixture-of-experts model without quantized weights (a
+block-quantized FP8 kernel needs K tiles that divide its quantization
+blocks: SGLang's own choice stays there). Which tile is fastest while every
+row stays bit-identical across batch sizes is measured by
+``benchmark/moe_tile_probe.py``; the tile also changes a token's bits
+against SGLang's deterministic tile, alike on every server that sets it
+(the server without speculative decoding a speculative one is compared with
+included).
+
+Registered BEFORE ``Scheduler.init_all_cuda_graphs``: the CUDA-graph capture
+and every forward after it read the override.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import MOE_TILE_FIELDS, current_config
+
+TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
+OVERRIDE = "sglang.srt.layers.moe.moe_runner.triton_utils._config"
+logger = logging.getLogger("sglang_detspec")
+
+
+def moe_tile_config(tile: tuple[int, ...]) -> dict[str, int]:
+    """The fused-MoE config dict SGLang's kernel takes for ``tile`` (the bag's ``moe_tile``, in MOE_TILE_FIELDS order)."""
+    return dict(zip(MOE_TILE_FIELDS, tile))
+
+
+def pin_moe_tile(*args, **kwargs) -> None:
+    """BEFORE hook of ``Scheduler.init_all_cuda_graphs``: set the bag's fused-MoE tile as SGLang's override.
+
+    Does nothing unless the bag is active and deterministic, ``moe_tile`` is
+    set and the target family has ``moe`` and no quantization trait (the
+    latter logged). Returns None.
+    """
+    bag = current_config()
+    if not (bag.active and bag.deterministic and bag.moe_tile is not None):
+        return None
+    traits = bag.family_traits
+    if "moe" not in traits:
+        return None
+    if any(t not in ("moe", "mla") for t in traits):
+        logger.warning("sglang-detspec: %s=%s not applied: the target's weights are quantized (%s), whose fused-MoE "
+                       "kernels need K tiles that divide the quantization blocks; SGLang's deterministic tile "
+                       "serves", "SGLANG_DETSPEC_MOE_TILE", ",".join(map(str, bag.moe_tile)), bag.model_family)
+        return None
+    from sglang.srt.layers.moe.moe_runner import triton_utils
+
+    config = moe_tile_config(bag.moe_tile)
+    # What SGLang's override_config context sets; held for the process's life, not one block.
+    triton_utils._config = config
+    logger.info("sglang-detspec: the fused-MoE Triton kernel runs the tile %s at every batch size (in place of "
+                "SGLang's deterministic tile)", config)
+    return None

@@ -1,0 +1,92 @@
+"""SGLANG_DETSPEC_MOE_TILE: the setting's checks and the hook's effect on SGLang's real fused-MoE config lookup.
+
+The hook sets SGLang's fused-MoE override slot; SGLang's own
+``try_get_optimal_moe_config`` (the function its fused-MoE forward asks, for
+the up and the down projection) must then return that tile at every batch
+size, and the slot must stay untouched where the hook does not apply.
+"""
+
+import dataclasses
+import logging
+
+import pytest
+from sglang.srt.layers.moe.moe_runner import triton_utils
+from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import try_get_optimal_moe_config
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from sglang_detspec import config
+from sglang_detspec.config import MOE_TILE_ENV, DetSpecConfig, env_settings
+from sglang_detspec.sglang_plugin import moe_tile_hook
+
+register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
+
+TILE = (16, 128, 128, 1, 4, 3)
+ACTIVE = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_steps=3, num_draft_tokens=4,
+                       attention_backend="fa3", model_family="moe", moe_tile=TILE, source="server_args")
+# Qwen3-30B-A3B's expert shapes: w13 [E, 2 * 768, 2048], w2 [E, 2048, 768].
+W13, W2 = (128, 1536, 2048), (128, 2048, 768)
+
+
+@pytest.fixture
+def slot(monkeypatch):
+    """SGLang's override slot, restored after the test; the bag restored too."""
+    monkeypatch.setattr(triton_utils, "_config", None)
+    yield
+    config.reset_config()
+
+
+@pytest.mark.parametrize("raw, tile", [("", None), ("sglang", None), (" SGLang ", None),
+                                       ("16,128,128,1,4,3", TILE), ("64, 64, 32, 8, 4, 2", (64, 64, 32, 8, 4, 2))])
+def test_the_setting_reads_a_tile_or_sglangs(raw, tile):
+    assert env_settings({MOE_TILE_ENV: raw})["moe_tile"] == tile
+
+
+@pytest.mark.parametrize("raw, words", [
+    ("16,128,128,1,4", "six integers BLOCK_SIZE_M,BLOCK_SIZE_N,BLOCK_SIZE_K,GROUP_SIZE_M,num_warps,num_stages"),
+    ("16,128,100,1,4,3", "BLOCK_SIZE_K must be one of (16, 32, 64, 128, 256), got 100"),
+    ("8,128,128,1,4,3", "BLOCK_SIZE_M must be one of"),
+    ("16,128,128,0,4,3", "GROUP_SIZE_M must be in [1, 64], got 0"),
+    ("16,128,128,1,3,3", "num_warps must be one of (1, 2, 4, 8, 16), got 3"),
+    ("16,128,128,1,4,9", "num_stages must be in [1, 8], got 9"),
+    ("16,128,-128,1,4,3", "six integers"),
+    ("auto", "must be 'sglang' or six integers"),
+])
+def test_a_bad_tile_names_the_setting_the_field_and_the_bound(raw, words):
+    with pytest.raises(ValueError) as info:
+        env_settings({MOE_TILE_ENV: raw})
+    assert MOE_TILE_ENV in str(info.value) and words in str(info.value)
+
+
+def test_the_start_up_line_shows_a_tile_only_when_set():
+    assert "moe_tile=(16, 128, 128, 1, 4, 3)" in ACTIVE.describe()
+    assert "moe_tile" not in dataclasses.replace(ACTIVE, moe_tile=None).describe()
+
+
+def test_sglangs_lookup_returns_the_tile_at_every_batch_size(slot):
+    config.install_config(ACTIVE)
+    moe_tile_hook.pin_moe_tile(object())
+    want = dict(zip(config.MOE_TILE_FIELDS, TILE))
+    for m in (1, 4, 17, 128, 512, 8192):
+        up, (down, _) = try_get_optimal_moe_config(W13, W2, 8, None, m, return_down_config=True)
+        assert up == want and down is None, m  # SGLang's forward runs `down_config or config`
+
+
+@pytest.mark.parametrize("change, logged", [
+    ({"moe_tile": None}, False),
+    ({"deterministic": False}, False),
+    ({"model_family": None}, False),  # dense
+    ({"model_family": "moe+fp8"}, True),  # block-quantized kernels need K tiles dividing the blocks
+    ({"disabled": True}, False),
+])
+def test_the_slot_stays_sglangs_where_the_hook_does_not_apply(slot, caplog, change, logged):
+    config.install_config(dataclasses.replace(ACTIVE, **change))
+    with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
+        moe_tile_hook.pin_moe_tile(object())
+    assert triton_utils.get_config() is None
+    assert ("SGLANG_DETSPEC_MOE_TILE=16,128,128,1,4,3 not applied" in caplog.text) is logged
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v"]))
