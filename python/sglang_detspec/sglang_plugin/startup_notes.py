@@ -78,6 +78,10 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         notes.append(f"{settings} {verb} to coupled EAGLE / EAGLE3 / NEXTN "
                      "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
                      f"least steps + 1 draft tokens; this server {kept}")
+    if config.active and config.moe_tile is not None and config.model_family is not None and (
+            "moe" not in config.family_traits):
+        notes.append("SGLANG_DETSPEC_MOE_TILE applies to mixture-of-experts targets only; this target has no "
+                     "expert layers: it changes nothing")
     return notes
 
 

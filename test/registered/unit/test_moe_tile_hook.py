@@ -57,6 +57,14 @@ def test_a_bad_tile_names_the_setting_the_field_and_the_bound(raw, words):
     assert MOE_TILE_ENV in str(info.value) and words in str(info.value)
 
 
+@pytest.mark.parametrize("family, noted", [("dense", True), (None, False), ("moe", False), ("mla+moe", False)])
+def test_a_tile_on_a_target_without_experts_is_said_to_change_nothing(family, noted):
+    from sglang_detspec.sglang_plugin.startup_notes import setting_notes
+
+    notes = setting_notes(dataclasses.replace(ACTIVE, model_family=family))
+    assert any("SGLANG_DETSPEC_MOE_TILE applies to mixture-of-experts targets only" in n for n in notes) is noted
+
+
 def test_the_start_up_line_shows_a_tile_only_when_set():
     assert "moe_tile=(16, 128, 128, 1, 4, 3)" in ACTIVE.describe()
     assert "moe_tile" not in dataclasses.replace(ACTIVE, moe_tile=None).describe()
