@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_detspec.config import MOE_TILE_ENV, MOE_TILE_FIELDS
+from sglang_detspec.config import MOE_TILE_ENV, MOE_TILE_FIELDS, env_settings
 
 DEV = "cuda"
 DEFAULT_TOKENS = "4,8,16,32,64,128,256,512,1024,2048,8192"
@@ -95,10 +95,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def grid() -> list[tuple[str, dict]]:
-    """The fixed configs, ``(label, config)``, smallest BLOCK_SIZE_M first; GROUP_SIZE_M 1 (it only orders tiles)."""
-    return [(f"m{bm}_n{bn}_k{bk}_w{w}_s{s}", {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
-                                              "GROUP_SIZE_M": 1, "num_warps": w, "num_stages": s})
-            for bm in BLOCK_M for bn, bk, w, s in TILES]
+    """The fixed configs, ``(label, config)``, smallest BLOCK_SIZE_M first; GROUP_SIZE_M 1 (it only orders tiles).
+
+    Only tiles the server setting accepts (``SGLANG_DETSPEC_MOE_TILE``'s checks, its shared-memory bound among
+    them): a pick must be one a server can run.
+    """
+    out = []
+    for bm in BLOCK_M:
+        for bn, bk, w, s in TILES:
+            try:
+                env_settings({MOE_TILE_ENV: f"{bm},{bn},{bk},1,{w},{s}"})
+            except ValueError:
+                continue
+            out.append((f"m{bm}_n{bn}_k{bk}_w{w}_s{s}", {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
+                                                         "GROUP_SIZE_M": 1, "num_warps": w, "num_stages": s}))
+    return out
 
 
 @contextlib.contextmanager
@@ -181,7 +192,10 @@ def pick_best(rows: list[dict], decode_max: int = DECODE_MAX) -> dict | None:
            "rule": f"lowest sum of ms over M <= {decode_max} among invariant fixed configs",
            "decode_sum_ms": round(total(best), 5),
            "prefill_ms": {m: v for m, v in best["ms"].items() if int(m) > decode_max}}
-    if best.get("config"):  # the server setting that runs this tile (sglang_plugin/moe_tile_hook.py)
+    # The server setting that runs this tile (sglang_plugin/moe_tile_hook.py); SGLang's own row is its default.
+    if best["config_label"] == REFERENCES[0]:
+        out["setting"] = f"{MOE_TILE_ENV}=sglang"
+    elif best.get("config"):
         out["setting"] = f"{MOE_TILE_ENV}=" + ",".join(str(best["config"][f]) for f in MOE_TILE_FIELDS)
     for ref in (r for r in rows if r["config_label"] in REFERENCES):
         if all(str(m) in ref.get("ms", {}) for m in sizes):
@@ -279,7 +293,16 @@ def run_row(row: dict, layer: MoeLayer, args: argparse.Namespace, cases) -> torc
     """Times ``row`` at every M and checks its bits, filling its fields; returns its output for the reference batch."""
     from sglang.srt.layers.moe.moe_runner.triton_utils import override_config, try_get_optimal_moe_config
 
+    from sglang.srt.layers.moe.moe_runner import triton_utils
+
     det, bi, row["fixed"] = KINDS[row["kind"]]
+    try:
+        return _run_row(row, layer, args, cases, det, bi, override_config, try_get_optimal_moe_config)
+    finally:  # SGLang's override_config restores its slot on a clean exit only; a row Triton cannot build raises
+        triton_utils._config = None
+
+
+def _run_row(row, layer, args, cases, det, bi, override_config, try_get_optimal_moe_config) -> torch.Tensor:
     with sglang_mode(det, bi), override_config(row["config"] if row["kind"] == "fixed" else None):
         if not row["fixed"]:  # what SGLang chooses per M: up-projection config, down one (None: the same)
             row["config"] = {}

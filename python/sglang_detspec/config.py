@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from .model_family import family_claim, label_traits
+from .model_family import TRAIT_NAMES, family_claim, label_traits
 from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
@@ -55,6 +55,9 @@ MOE_TILE_ENV = "SGLANG_DETSPEC_MOE_TILE"
 MOE_TILE_FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 MOE_TILE_VALUES = ((16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64, 128, 256), tuple(range(1, 65)),
                    (1, 2, 4, 8, 16), tuple(range(1, 9)))
+# Shared memory a tile's pipeline takes, estimated as stages x (an A tile + a B tile) of bf16, may not pass
+# Hopper's 227 KiB per block: Triton would refuse the kernel inside the CUDA-graph capture instead.
+MOE_TILE_MAX_SMEM = 227 * 1024
 # The top-k a breadth-1 NGRAM draft is claimed as: SGLang pads a short match with root children (a tree).
 NGRAM_TREE_TOPK = 2
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
@@ -510,6 +513,28 @@ class DetSpecConfig:
     def family_traits(self) -> tuple[str, ...]:
         """The target family's traits (``model_family`` split at ``+``: ``("mla", "moe")``); empty when dense or unknown."""
         return label_traits(self.model_family)
+
+    @property
+    def moe_tile_skip(self) -> str | None:
+        """Why ``moe_tile`` is not applied to this target (one clause), or None where it is or is unset.
+
+        A tile applies to a mixture-of-experts target without quantized
+        weights; an unknown family (None) gets no reason (the hook reads the
+        family in the server process, where it is known).
+        """
+        if self.moe_tile is None or self.model_family is None or self.takes_moe_tile:
+            return None
+        if "moe" not in self.family_traits:
+            return "this target has no expert layers"
+        return (f"its weights are quantized ({self.model_family}), whose fused-MoE kernels need K tiles that "
+                "divide the quantization blocks")
+
+    @property
+    def takes_moe_tile(self) -> bool:
+        """Whether a ``moe_tile`` would serve this target: expert layers and no quantized weights (traits beyond
+        the structural ones of ``model_family.TRAIT_NAMES`` are quantizations)."""
+        traits = set(self.family_traits)
+        return "moe" in traits and traits <= set(TRAIT_NAMES)
 
     @property
     def switches_shape(self) -> bool:
@@ -1004,7 +1029,8 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_GEMM_WARMUP_S`` not a number of seconds in
             [0, :data:`MAX_GEMM_WARMUP_S`],
             ``SGLANG_DETSPEC_MOE_TILE`` neither ``sglang`` nor six integers
-            each in its range of :data:`MOE_TILE_VALUES`, or
+            each in its range of :data:`MOE_TILE_VALUES` whose pipeline fits
+            :data:`MOE_TILE_MAX_SMEM`, or
             a removed setting (:data:`REMOVED_ENV`) set to anything but
             its old default (:data:`REMOVED_DEFAULTS`, accepted: it asks for
             what now always runs).
@@ -1112,7 +1138,7 @@ def _moe_tile(env: Mapping[str, str]) -> tuple[int, ...] | None:
         return None
     shape = ",".join(MOE_TILE_FIELDS)
     parts = [p.strip() for p in raw.split(",")]
-    if len(parts) != len(MOE_TILE_FIELDS) or not all(p.isdigit() for p in parts):
+    if len(parts) != len(MOE_TILE_FIELDS) or not all(p.isascii() and p.isdigit() for p in parts):
         raise ValueError(f"{MOE_TILE_ENV} must be 'sglang' or six integers {shape}, got {raw!r}")
     tile = tuple(int(p) for p in parts)
     for name, value, allowed in zip(MOE_TILE_FIELDS, tile, MOE_TILE_VALUES):
@@ -1120,6 +1146,12 @@ def _moe_tile(env: Mapping[str, str]) -> tuple[int, ...] | None:
             bound = f"in [{allowed[0]}, {allowed[-1]}]" if allowed == tuple(range(allowed[0], allowed[-1] + 1)) \
                 else f"one of {allowed}"
             raise ValueError(f"{MOE_TILE_ENV}: {name} must be {bound}, got {value} (in {raw!r})")
+    m, n, k, _, _, stages = tile
+    smem = stages * (m * k + k * n) * 2
+    if smem > MOE_TILE_MAX_SMEM:
+        raise ValueError(f"{MOE_TILE_ENV}: num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) "
+                         f"x 2 bytes must be at most {MOE_TILE_MAX_SMEM} (227 KiB of shared memory), got {smem} "
+                         f"(in {raw!r})")
     return tile
 
 

@@ -6,7 +6,11 @@ Triton kernel one fixed tile for every batch size (``get_default_config`` in
 ``get_moe_configs`` returns no tuned table): a token's output row then does
 not depend on the batch around it, since the kernel neither splits K nor
 mixes rows in a tile, and the K loop's order is the tile's alone. Any other
-fixed tile keeps that property; SGLang's is not the fast one at decode and
+fixed tile is meant to keep that property by the same argument (the
+compiled kernel variant still changes with the batch: SGLang's ``GDC_EARLY``
+flag flips at 512 rows, and Triton specialises on row counts divisible by
+16, which ``benchmark/moe_tile_probe.py`` crosses while it checks each tile's
+rows bit for bit). SGLang's tile is not the fast one at decode and
 verify sizes, where its own tuned tables take 16-row tiles with 128-256-wide
 K tiles (a Qwen3-30B-A3B-like target served the plugin's chain at 0.79 of
 SGLang's non-deterministic chain at 8-128 requests on one H100,
@@ -19,7 +23,9 @@ reads first, for the up and the down projection, at every batch size). Only
 where the run is the plugin's (:attr:`DetSpecConfig.active`), deterministic,
 and the target is a mixture-of-experts model without quantized weights (a
 block-quantized FP8 kernel needs K tiles that divide its quantization
-blocks: SGLang's own choice stays there). Which tile is fastest while every
+blocks: SGLang's own choice stays there; the override is process-wide, so a
+quantized MoE draft of an unquantized target would get the tile too, which
+no supported draft is). Which tile is fastest while every
 row stays bit-identical across batch sizes is measured by
 ``benchmark/moe_tile_probe.py``; the tile also changes a token's bits
 against SGLang's deterministic tile, alike on every server that sets it
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import MOE_TILE_FIELDS, current_config
+from ..config import MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
 OVERRIDE = "sglang.srt.layers.moe.moe_runner.triton_utils._config"
@@ -50,19 +56,21 @@ def pin_moe_tile(*args, **kwargs) -> None:
     """BEFORE hook of ``Scheduler.init_all_cuda_graphs``: set the bag's fused-MoE tile as SGLang's override.
 
     Does nothing unless the bag is active and deterministic, ``moe_tile`` is
-    set and the target family has ``moe`` and no quantization trait (the
-    latter logged). Returns None.
+    set and the target family has ``moe``; logs why where the bag's
+    ``moe_tile_skip`` names a reason (quantized weights). Returns None.
     """
     bag = current_config()
     if not (bag.active and bag.deterministic and bag.moe_tile is not None):
         return None
-    traits = bag.family_traits
-    if "moe" not in traits:
+    if bag.model_family is None:
+        logger.warning("sglang-detspec: %s not applied: the target's family could not be read from its config",
+                       MOE_TILE_ENV)
         return None
-    if any(t not in ("moe", "mla") for t in traits):
-        logger.warning("sglang-detspec: %s=%s not applied: the target's weights are quantized (%s), whose fused-MoE "
-                       "kernels need K tiles that divide the quantization blocks; SGLang's deterministic tile "
-                       "serves", "SGLANG_DETSPEC_MOE_TILE", ",".join(map(str, bag.moe_tile)), bag.model_family)
+    if "moe" not in bag.family_traits:  # the start-up note says the setting changes nothing here
+        return None
+    if bag.moe_tile_skip:
+        logger.warning("sglang-detspec: %s=%s not applied: %s; SGLang's deterministic tile serves", MOE_TILE_ENV,
+                       ",".join(map(str, bag.moe_tile)), bag.moe_tile_skip)
         return None
     from sglang.srt.layers.moe.moe_runner import triton_utils
 

@@ -78,11 +78,38 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
         notes.append(f"{settings} {verb} to coupled EAGLE / EAGLE3 / NEXTN "
                      "trees (--speculative-eagle-topk > 1, not multi-layer EAGLE) with a KV page size of 1 and at "
                      f"least steps + 1 draft tokens; this server {kept}")
-    if config.active and config.moe_tile is not None and config.model_family is not None and (
-            "moe" not in config.family_traits):
-        notes.append("SGLANG_DETSPEC_MOE_TILE applies to mixture-of-experts targets only; this target has no "
-                     "expert layers: it changes nothing")
+    tile = moe_tile_note(config)
+    if tile:
+        notes.append(tile)
     return notes
+
+
+# The one serving run of an MoE shape (docs/determinism_tax.md, "The chain state at c = 32, ..."), for the note below.
+MOE_COST_EVIDENCE = ("on a Qwen3-30B-A3B-like shape the coupled chain served 0.79-0.89x SGLang's non-deterministic "
+                     "chain, 7 points of it the coupling's accept length "
+                     "(docs/benchmarks/determinism_tax/2026-12-07-h100-moe-a3b)")
+
+
+def moe_tile_note(config: DetSpecConfig) -> str | None:
+    """What ``SGLANG_DETSPEC_MOE_TILE`` does on this server (``sglang_plugin/moe_tile_hook.py``), or None.
+
+    Said for an active run whose target family is known: on a target without
+    expert layers a tile changes nothing; on a quantized MoE target it is not
+    applied; on an MoE target, which tile serves and what was measured.
+    """
+    if not config.active or config.model_family is None:
+        return None
+    tile = config.moe_tile
+    if config.moe_tile_skip:
+        return f"SGLANG_DETSPEC_MOE_TILE changes nothing here: {config.moe_tile_skip}; SGLang's tile serves"
+    if not config.takes_moe_tile:
+        return None  # no tile set: nothing to say about one
+    if tile is None:
+        return ("the expert layers run SGLang's deterministic fused-MoE tile (64 x 64 x 32 at every batch size): "
+                f"{MOE_COST_EVIDENCE}; SGLANG_DETSPEC_MOE_TILE runs another fixed tile (no server has run one yet)")
+    return (f"SGLANG_DETSPEC_MOE_TILE={','.join(map(str, tile))}: the expert layers run this fused-MoE tile at every "
+            "batch size; no server has run a tile other than SGLang's yet, and a tile changes a token's bits against "
+            "SGLang's: set the same tile on any server this one is compared with")
 
 
 # What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100" and

@@ -208,7 +208,9 @@ def test_mla_decode_equals_every_chain_verify_row_and_a_prefill_bitwise(heads, m
     verify = verify_rows(latent, value, q, slots, dim, masked, _causal_chain_verify(UNIFIED) if masked else None)
     if masked:
         sglangs = verify_rows(latent, value, q, slots, dim, masked)
-        record_property("sglang_masked_rows_differing", int(((sglangs != verify).flatten(1).any(1)).sum()))
+        differing = int(((sglangs != verify).flatten(1).any(1)).sum())
+        record_property("sglang_masked_rows_differing", differing)
+        print(f"SGLang's masked path, {heads} heads: {differing} of {len(verify)} verify rows differ")  # -rA shows it
     pick = [(i, j) for i in range(len(PREFIXES)) for j in range(DRAFT)]
     decoded, lists, _ = decode_rows(latent, value, q, slots, dim, pick)
     assert torch.equal(decoded, torch.stack([verify[i * DRAFT + j] for i, j in pick]))

@@ -36,7 +36,8 @@ def slot(monkeypatch):
 
 
 @pytest.mark.parametrize("raw, tile", [("", None), ("sglang", None), (" SGLang ", None),
-                                       ("16,128,128,1,4,3", TILE), ("64, 64, 32, 8, 4, 2", (64, 64, 32, 8, 4, 2))])
+                                       ("16,128,128,1,4,3", TILE), ("64, 64, 32, 8, 4, 2", (64, 64, 32, 8, 4, 2)),
+                                       ("128,256,64,1,8,4", (128, 256, 64, 1, 8, 4))])  # SGLang's own largest H100 tile
 def test_the_setting_reads_a_tile_or_sglangs(raw, tile):
     assert env_settings({MOE_TILE_ENV: raw})["moe_tile"] == tile
 
@@ -50,6 +51,8 @@ def test_the_setting_reads_a_tile_or_sglangs(raw, tile):
     ("16,128,128,1,4,9", "num_stages must be in [1, 8], got 9"),
     ("16,128,-128,1,4,3", "six integers"),
     ("auto", "must be 'sglang' or six integers"),
+    ("16,128,12\u00b2,1,4,3", "six integers"),  # a superscript digit is not a number here
+    ("64,128,256,1,8,3", "must be at most 232448 (227 KiB of shared memory), got 294912"),
 ])
 def test_a_bad_tile_names_the_setting_the_field_and_the_bound(raw, words):
     with pytest.raises(ValueError) as info:
@@ -57,12 +60,22 @@ def test_a_bad_tile_names_the_setting_the_field_and_the_bound(raw, words):
     assert MOE_TILE_ENV in str(info.value) and words in str(info.value)
 
 
-@pytest.mark.parametrize("family, noted", [("dense", True), (None, False), ("moe", False), ("mla+moe", False)])
-def test_a_tile_on_a_target_without_experts_is_said_to_change_nothing(family, noted):
-    from sglang_detspec.sglang_plugin.startup_notes import setting_notes
+@pytest.mark.parametrize("family, tile, words", [
+    ("dense", TILE, "SGLANG_DETSPEC_MOE_TILE changes nothing here: this target has no expert layers"),
+    ("dense", None, None),
+    (None, TILE, None),  # family unknown: nothing said
+    ("moe+fp8", TILE, "changes nothing here: its weights are quantized (moe+fp8)"),
+    ("moe+fp8", None, None),
+    ("moe", None, "SGLang's deterministic fused-MoE tile (64 x 64 x 32 at every batch size): on a Qwen3-30B-A3B"),
+    ("mla+moe", TILE, "SGLANG_DETSPEC_MOE_TILE=16,128,128,1,4,3: the expert layers run this fused-MoE tile"),
+])
+def test_the_start_up_notes_say_what_the_tile_setting_does_here(family, tile, words):
+    from sglang_detspec.sglang_plugin.startup_notes import moe_tile_note, setting_notes
 
-    notes = setting_notes(dataclasses.replace(ACTIVE, model_family=family))
-    assert any("SGLANG_DETSPEC_MOE_TILE applies to mixture-of-experts targets only" in n for n in notes) is noted
+    bag = dataclasses.replace(ACTIVE, model_family=family, moe_tile=tile)
+    note = moe_tile_note(bag)
+    assert (note is None) if words is None else (words in note), note
+    assert (note in setting_notes(bag)) if note else not any("fused-MoE" in n for n in setting_notes(bag))
 
 
 def test_the_start_up_line_shows_a_tile_only_when_set():
@@ -91,7 +104,7 @@ def test_the_slot_stays_sglangs_where_the_hook_does_not_apply(slot, caplog, chan
     with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
         moe_tile_hook.pin_moe_tile(object())
     assert triton_utils.get_config() is None
-    assert ("SGLANG_DETSPEC_MOE_TILE=16,128,128,1,4,3 not applied" in caplog.text) is logged
+    assert ("SGLANG_DETSPEC_MOE_TILE=16,128,128,1,4,3 not applied: its weights are quantized" in caplog.text) is logged
 
 
 if __name__ == "__main__":

@@ -39,7 +39,12 @@ def test_the_rows_start_with_sglangs_deterministic_default():
     assert [(r["config_label"], r["config"]) for r in rows[1:3]] == [
         ("sglang_tuned", None), ("sglang_tuned_invariant_combine", None)]
     grid = rows[3:]
-    assert len(grid) == len(probe.BLOCK_M) * len(probe.TILES) and len({r["config_label"] for r in grid}) == len(grid)
+    # Every (BLOCK_SIZE_M, tile) pair but those the server setting refuses (shared memory): 256-wide K tiles
+    # at 32 and 64 rows.
+    assert {r["config_label"] for r in grid} == {f"m{bm}_n{bn}_k{bk}_w{w}_s{s}" for bm in probe.BLOCK_M
+                                                 for bn, bk, w, s in probe.TILES} - {"m32_n128_k256_w8_s3",
+                                                                                     "m64_n128_k256_w8_s3"}
+    assert len({r["config_label"] for r in grid}) == len(grid)
     for r in grid:
         c = r["config"]
         assert r["kind"] == "fixed" and r["config_label"] == (
@@ -63,9 +68,10 @@ def test_the_probes_mode_switch_is_the_one_sglang_reads():
 def test_the_dry_run_prints_the_plan_without_a_gpu(capsys):
     assert probe.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
-    rows = 3 + len(probe.BLOCK_M) * len(probe.TILES)
+    rows = 3 + len(probe.grid())
     assert f"{rows} rows x 11 sizes = {rows * 11} timed cells" in out
-    assert "sglang_deterministic" in out and "sglang_tuned_invariant_combine" in out and "m64_n128_k256_w8_s3" in out
+    assert "sglang_deterministic" in out and "sglang_tuned_invariant_combine" in out and "m16_n128_k256_w8_s3" in out
+    assert "m64_n128_k256_w8_s3" not in out
     assert "tokens M: [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192]" in out
 
 
@@ -146,6 +152,12 @@ def test_the_pick_is_the_fastest_invariant_fixed_config_at_decode_sizes():
     named = probe.pick_best([row("m16_n128_k128_w4_s2", ms(0.5, 0.8, 2.0, 60.0), config=tile)])
     name, value = named["setting"].split("=")
     assert env_settings({name: value})["moe_tile"] == (16, 128, 128, 1, 4, 2)
+    # SGLang's own row as built by the probe (a four-key config) wins: its setting is SGLang's default.
+    own = dict(probe.candidates(probe.deterministic_default(*SHAPE))[0], fixed=True, invariant=True,
+               ms=ms(0.1, 0.1, 0.1, 1.0))
+    assert probe.pick_best([own, row("m16_n128_k128_w4_s2", ms(0.5, 0.8, 2.0, 60.0), config=tile)])["setting"] == \
+        "SGLANG_DETSPEC_MOE_TILE=sglang"
+    assert env_settings({"SGLANG_DETSPEC_MOE_TILE": "sglang"})["moe_tile"] is None
 
 
 def test_ratios_and_same_bits_are_filled_in(tmp_path):
