@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_detspec.config import MOE_TILE_ENV, MOE_TILE_FIELDS, env_settings
+from sglang_detspec.config import MOE_TILE_ENV, MOE_TILE_FIELDS, moe_tile_problem
 
 DEV = "cuda"
 DEFAULT_TOKENS = "4,8,16,32,64,128,256,512,1024,2048,8192"
@@ -97,19 +97,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def grid() -> list[tuple[str, dict]]:
     """The fixed configs, ``(label, config)``, smallest BLOCK_SIZE_M first; GROUP_SIZE_M 1 (it only orders tiles).
 
-    Only tiles the server setting accepts (``SGLANG_DETSPEC_MOE_TILE``'s checks, its shared-memory bound among
-    them): a pick must be one a server can run.
+    Only tiles the server setting accepts (``config.moe_tile_problem``, its shared-memory bound among them): a
+    pick must be one a server can run.
     """
-    out = []
-    for bm in BLOCK_M:
-        for bn, bk, w, s in TILES:
-            try:
-                env_settings({MOE_TILE_ENV: f"{bm},{bn},{bk},1,{w},{s}"})
-            except ValueError:
-                continue
-            out.append((f"m{bm}_n{bn}_k{bk}_w{w}_s{s}", {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
-                                                         "GROUP_SIZE_M": 1, "num_warps": w, "num_stages": s}))
-    return out
+    return [(f"m{bm}_n{bn}_k{bk}_w{w}_s{s}", dict(zip(MOE_TILE_FIELDS, (bm, bn, bk, 1, w, s))))
+            for bm in BLOCK_M for bn, bk, w, s in TILES if moe_tile_problem((bm, bn, bk, 1, w, s)) is None]
 
 
 @contextlib.contextmanager
@@ -291,33 +283,28 @@ def time_ms(fn, calls: int, repeats: int) -> float:
 
 def run_row(row: dict, layer: MoeLayer, args: argparse.Namespace, cases) -> torch.Tensor:
     """Times ``row`` at every M and checks its bits, filling its fields; returns its output for the reference batch."""
-    from sglang.srt.layers.moe.moe_runner.triton_utils import override_config, try_get_optimal_moe_config
-
     from sglang.srt.layers.moe.moe_runner import triton_utils
+    from sglang.srt.layers.moe.moe_runner.triton_utils import override_config, try_get_optimal_moe_config
 
     det, bi, row["fixed"] = KINDS[row["kind"]]
     try:
-        return _run_row(row, layer, args, cases, det, bi, override_config, try_get_optimal_moe_config)
+        with sglang_mode(det, bi), override_config(row["config"] if row["kind"] == "fixed" else None):
+            if not row["fixed"]:  # what SGLang chooses per M: up-projection config, down one (None: the same)
+                row["config"] = {}
+                for m in args.tokens:
+                    up, (down, _) = try_get_optimal_moe_config(layer.w13.shape, layer.w2.shape, args.topk, None, m,
+                                                               return_down_config=True)
+                    row["config"][str(m)] = {"up": dict(up), "down": dict(down) if down else None}
+            row["ms"] = {str(m): round(time_ms(layer.timed(m), 20 if m <= DECODE_MAX else 5, args.repeats), 5)
+                         for m in args.tokens}
+            ref = layer.run(torch.arange(REF_SIZE))
+            row["max_abs_err_vs_fp32_torch"] = round((ref[:4].float() - layer.fp32_rows).abs().max().item(), 5)
+            first = next((f"{name}: {d}" for name, idx in cases
+                          if (d := first_difference(layer.run(idx), ref, idx))), None)
+            row["invariant"], row["first_difference"] = first is None, first
+        return ref
     finally:  # SGLang's override_config restores its slot on a clean exit only; a row Triton cannot build raises
         triton_utils._config = None
-
-
-def _run_row(row, layer, args, cases, det, bi, override_config, try_get_optimal_moe_config) -> torch.Tensor:
-    with sglang_mode(det, bi), override_config(row["config"] if row["kind"] == "fixed" else None):
-        if not row["fixed"]:  # what SGLang chooses per M: up-projection config, down one (None: the same)
-            row["config"] = {}
-            for m in args.tokens:
-                up, (down, _) = try_get_optimal_moe_config(layer.w13.shape, layer.w2.shape, args.topk, None, m,
-                                                           return_down_config=True)
-                row["config"][str(m)] = {"up": dict(up), "down": dict(down) if down else None}
-        row["ms"] = {str(m): round(time_ms(layer.timed(m), 20 if m <= DECODE_MAX else 5, args.repeats), 5)
-                     for m in args.tokens}
-        ref = layer.run(torch.arange(REF_SIZE))
-        row["max_abs_err_vs_fp32_torch"] = round((ref[:4].float() - layer.fp32_rows).abs().max().item(), 5)
-        first = next((f"{name}: {d}" for name, idx in cases
-                      if (d := first_difference(layer.run(idx), ref, idx))), None)
-        row["invariant"], row["first_difference"] = first is None, first
-    return ref
 
 
 def machine_info() -> dict:

@@ -1132,26 +1132,37 @@ def _seconds(env: Mapping[str, str], name: str, default: float, bound: float) ->
     return value
 
 
-def _moe_tile(env: Mapping[str, str]) -> tuple[int, ...] | None:
-    raw = env.get(MOE_TILE_ENV, "").strip()
-    if raw.lower() in ("", "sglang"):
-        return None
-    shape = ",".join(MOE_TILE_FIELDS)
-    parts = [p.strip() for p in raw.split(",")]
-    if len(parts) != len(MOE_TILE_FIELDS) or not all(p.isascii() and p.isdigit() for p in parts):
-        raise ValueError(f"{MOE_TILE_ENV} must be 'sglang' or six integers {shape}, got {raw!r}")
-    tile = tuple(int(p) for p in parts)
+def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
+    """Why ``tile`` (six integers in :data:`MOE_TILE_FIELDS` order) cannot be a fused-MoE tile here, or None.
+
+    Each value must be in its range of :data:`MOE_TILE_VALUES`, and the pipeline's shared memory, estimated as
+    ``num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) x 2`` bytes, at most
+    :data:`MOE_TILE_MAX_SMEM`.
+    """
     for name, value, allowed in zip(MOE_TILE_FIELDS, tile, MOE_TILE_VALUES):
         if value not in allowed:
             bound = f"in [{allowed[0]}, {allowed[-1]}]" if allowed == tuple(range(allowed[0], allowed[-1] + 1)) \
                 else f"one of {allowed}"
-            raise ValueError(f"{MOE_TILE_ENV}: {name} must be {bound}, got {value} (in {raw!r})")
+            return f"{name} must be {bound}, got {value}"
     m, n, k, _, _, stages = tile
     smem = stages * (m * k + k * n) * 2
     if smem > MOE_TILE_MAX_SMEM:
-        raise ValueError(f"{MOE_TILE_ENV}: num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) "
-                         f"x 2 bytes must be at most {MOE_TILE_MAX_SMEM} (227 KiB of shared memory), got {smem} "
-                         f"(in {raw!r})")
+        return (f"num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) x 2 bytes must be at most "
+                f"{MOE_TILE_MAX_SMEM} (227 KiB of shared memory), got {smem}")
+    return None
+
+
+def _moe_tile(env: Mapping[str, str]) -> tuple[int, ...] | None:
+    raw = env.get(MOE_TILE_ENV, "").strip()
+    if raw.lower() in ("", "sglang"):
+        return None
+    parts = [p.strip() for p in raw.split(",")]
+    if len(parts) != len(MOE_TILE_FIELDS) or not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"{MOE_TILE_ENV} must be 'sglang' or six integers {','.join(MOE_TILE_FIELDS)}, got {raw!r}")
+    tile = tuple(int(p) for p in parts)
+    problem = moe_tile_problem(tile)
+    if problem:
+        raise ValueError(f"{MOE_TILE_ENV}: {problem} (in {raw!r})")
     return tile
 
 
