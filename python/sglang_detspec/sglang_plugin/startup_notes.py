@@ -13,6 +13,8 @@ live in ``config.py`` and the hooks, which never import this module.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 
 from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
@@ -108,8 +110,8 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
         return ("the expert layers run SGLang's deterministic fused-MoE tile (64 x 64 x 32 at every batch size): "
                 f"{MOE_COST_EVIDENCE}; SGLANG_DETSPEC_MOE_TILE runs another fixed tile (no server has run one yet)")
     return (f"SGLANG_DETSPEC_MOE_TILE={','.join(map(str, tile))}: the expert layers run this fused-MoE tile at every "
-            "batch size; no server has run a tile other than SGLang's yet, and a tile changes a token's bits against "
-            "SGLang's: set the same tile on any server this one is compared with")
+            "batch size; no server has run a tile other than SGLang's yet, and a tile changes the logits' bits (so "
+            "possibly a token) against SGLang's tile: set the same tile on any server this one is compared with")
 
 
 # What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100" and
@@ -249,7 +251,11 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     if config.switches_shape:
         notes.append(chain_note(config))
     elif config.can_switch_shape and dense and "tree_chain_batch" not in config.set_tree_settings:
-        notes.append(tree_load_note(config))  # a bound the user set to 0 needs no pointer to it
+        # A bound the user set to 0 needs no pointer to it. With no backend named, SGLang's fa3 pick would take
+        # the FA3 tree defaults (another note): this note then speaks of the other picks only.
+        other = backend is None and dataclasses.replace(config, attention_backend="fa3").takes_fa3_tree_defaults
+        notes.append(("where SGLang picks a backend other than fa3 (its fa3 pick takes the FA3 tree defaults): "
+                      if other else "") + tree_load_note(config))
     if not dense:
         # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
         attention = family_attention_note(config)

@@ -542,5 +542,21 @@ def test_the_start_up_line_names_the_chain_verify_graph_sizes():
     assert shape_hook.graph_sizes_note(None) == "its target verify eager (no decode CUDA graphs)"
 
 
+def test_with_no_backend_named_the_tree_load_note_speaks_of_the_picks_other_than_fa3():
+    """SGLang's fa3 pick at head size 65-128 takes the FA3 tree defaults (its own note): the plain tree's figures
+    are then said of the other picks only; a named backend gets them plainly."""
+    from sglang_detspec.config import DetSpecConfig
+
+    def notes(backend, head_dim):
+        bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8,
+                            attention_backend=backend, head_dim=head_dim, page_size=1, model_family="dense")
+        return [n for n in startup_notes.unmeasured_notes(bag) if "rows per request" in n]
+
+    other = "where SGLang picks a backend other than fa3 (its fa3 pick takes the FA3 tree defaults): "
+    assert notes(None, 128)[0].startswith(other)
+    assert notes("triton", 128)[0].startswith("a tree verifies 8 rows per request")
+    assert notes(None, 64)[0].startswith("a tree verifies 8 rows per request")  # fa3 at 64 takes no defaults
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
