@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from bench_rmsnorm import graph_timed  # benchmark/ is on the path when run as a script
 from sglang_detspec.config import MOE_TILE_ENV, MOE_TILE_FIELDS, moe_tile_problem
 
 DEV = "cuda"
@@ -257,30 +257,6 @@ class MoeLayer:
         return out
 
 
-def time_ms(fn, calls: int, repeats: int) -> float:
-    """Median ms per call of ``fn``: a CUDA graph of ``calls`` calls, replayed ``repeats`` times between CUDA events."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compiles and warms outside the capture
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
-
-
 def run_row(row: dict, layer: MoeLayer, args: argparse.Namespace, cases) -> torch.Tensor:
     """Times ``row`` at every M and checks its bits, filling its fields; returns its output for the reference batch."""
     from sglang.srt.layers.moe.moe_runner import triton_utils
@@ -295,8 +271,9 @@ def run_row(row: dict, layer: MoeLayer, args: argparse.Namespace, cases) -> torc
                     up, (down, _) = try_get_optimal_moe_config(layer.w13.shape, layer.w2.shape, args.topk, None, m,
                                                                return_down_config=True)
                     row["config"][str(m)] = {"up": dict(up), "down": dict(down) if down else None}
-            row["ms"] = {str(m): round(time_ms(layer.timed(m), 20 if m <= DECODE_MAX else 5, args.repeats), 5)
-                         for m in args.tokens}
+            # ms per call: a CUDA graph of 20 calls (5 above DECODE_MAX), replayed --repeats times
+            row["ms"] = {str(m): round(graph_timed(layer.timed(m), 20 if m <= DECODE_MAX else 5,
+                                                   args.repeats)["median_us"] / 1000, 5) for m in args.tokens}
             ref = layer.run(torch.arange(REF_SIZE))
             row["max_abs_err_vs_fp32_torch"] = round((ref[:4].float() - layer.fp32_rows).abs().max().item(), 5)
             first = next((f"{name}: {d}" for name, idx in cases
