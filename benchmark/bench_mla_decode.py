@@ -6,11 +6,14 @@ attention absorbed on Triton: the latent cache is one KV head of
 on its split-KV kernel (splits of 256 keys, merged by log-sum-exp), while
 prefill, extend and verify run its single-pass kernel; the plugin's
 ``attention_hook._mla_one_pass`` runs the decode through that single-pass
-kernel too (``decode_as_extend``: one query per request), so a decoded
-token's logits equal its verify's and prefill's. The single-pass kernel
-gives each request one program per query-head tile over the whole context,
-where the split-KV kernel spreads a long context over one program per 256
-keys: this benchmark measures what that costs, per layer call, at
+kernel too, so a decoded token's logits equal its verify's and prefill's:
+first with one query row per head (``decode_as_extend``: every head's
+program reads the whole latent context), since with the query heads sharing
+SGLang's own tile for the latent key (``decode_packed``: one program per
+tile of heads reads it once; where the start-up check passes). The
+single-pass kernel gives each request's tile one program over the whole
+context, where the split-KV kernel spreads a long context over one program
+per 256 keys: this benchmark measures what that costs, per layer call, at
 DeepSeek-V3's head counts per GPU (16: tensor parallelism 8; 128: one GPU)
 and the tiny suite model's (4). Only servers without speculative decoding
 pay it (a speculative server's target verifies and never decodes).
@@ -36,16 +39,21 @@ RANK, ROPE = 512, 64  # DeepSeek-V3's kv_lora_rank and qk_rope_head_dim
 
 
 def mla_decode(heads: int, bs: int, ctx: int, reps: int, blocks: int) -> dict:
-    """SGLang's split-KV MLA decode and the plugin's one-pass decode on one batch: times (us) and their ratio.
+    """SGLang's split-KV MLA decode and the plugin's one-pass decodes on one batch: times (us) and ratios.
 
     Shapes: the latent cache ``[bs * ctx, 1, RANK + ROPE]`` bf16 (the value a view of its first RANK dims),
     queries ``[bs, heads, RANK + ROPE]``, outputs ``[bs, heads, RANK]``; each request's ``ctx`` keys at
-    scattered slots. ``equal``: whether the two outputs agree bit for bit (they are not expected to).
+    scattered slots. ``plugin_one_pass``: one query row per head; ``plugin_packed``: the heads in SGLang's own
+    tile (None where ``packable`` does not hold). ``equal``: whether SGLang's and the one-row outputs agree bit
+    for bit (they are not expected to); ``packed_equal``: whether the packed rows are the one-row rows (they
+    must be: the start-up check asks the same).
     """
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd_unified
+    from sglang.kernels.ops.attention.extend_attention import (_fwd_kernel_unified,
+                                                                 _get_block_sizes_for_extend_attention,
+                                                                 extend_attention_fwd_unified)
 
-    from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend
+    from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend, decode_packed, packable
 
     dim = RANK + ROPE
     gen = torch.Generator(device="cuda").manual_seed(heads * 1009 + bs * 7 + ctx)
@@ -58,7 +66,7 @@ def mla_decode(heads: int, bs: int, ctx: int, reps: int, blocks: int) -> dict:
     num_splits = torch.full((bs,), splits, dtype=torch.int32, device="cuda")
     logits = torch.empty(bs, heads, splits, RANK, dtype=torch.float32, device="cuda")
     lse = torch.empty(bs, heads, splits, dtype=torch.float32, device="cuda")
-    out_sglang, out_ours = (q.new_empty(bs, heads, RANK) for _ in range(2))
+    out_sglang, out_ours, out_packed = (q.new_empty(bs, heads, RANK) for _ in range(3))
     rows = torch.arange(bs + 1, dtype=torch.int64, device="cuda")
     scale = dim ** -0.5
     # SGLang's MLA forward_decode passes these keywords (the kernel test calls it the same way).
@@ -69,18 +77,31 @@ def mla_decode(heads: int, bs: int, ctx: int, reps: int, blocks: int) -> dict:
                                                 splits, scale, 1.0, 1.0, **mla), reps, blocks)
     ours = timed(lambda: decode_as_extend(extend_attention_fwd_unified, rows, q, latent, value, out_ours, indptr,
                                           indices, scale, 1.0, 1.0), reps, blocks)
+    blocks_ = _get_block_sizes_for_extend_attention(dim, RANK)
+    packed = None
+    if packable(blocks_, torch.cuda.get_device_capability()):
+        group_rows = rows * heads
+        packed = timed(lambda: decode_packed(_fwd_kernel_unified, blocks_, rows, q, latent, value, out_packed, indptr,
+                                             indices, scale, 1.0, 1.0, group_rows=group_rows), reps, blocks)
     return {"sglang_split_kv": sglang, "plugin_one_pass": ours, "ratio": ours["median_us"] / sglang["median_us"],
-            "equal": bool(torch.equal(out_sglang, out_ours))}
+            "plugin_packed": packed,
+            "packed_ratio": packed["median_us"] / sglang["median_us"] if packed else None,
+            "equal": bool(torch.equal(out_sglang, out_ours)),
+            "packed_equal": bool(torch.equal(out_packed, out_ours)) if packed else None}
 
 
 def table(rows: list[dict]) -> str:
     def cell(t):
-        return f"{t['median_us']:.1f} ({t['min_us']:.1f}..{t['max_us']:.1f})"
+        return f"{t['median_us']:.1f} ({t['min_us']:.1f}..{t['max_us']:.1f})" if t else "-"
 
-    out = ["| query heads | batch | context | SGLang split-KV MLA decode, us | plugin one-pass, us | ratio |",
-           "|---|---|---|---|---|---|"]
+    def ratio(x):
+        return f"{x:.2f}" if x is not None else "-"
+
+    out = ["| query heads | batch | context | SGLang split-KV MLA decode, us | plugin one row per head, us | ratio | "
+           "plugin heads in one tile, us | ratio | tile rows = one-row rows |", "|---|---|---|---|---|---|---|---|---|"]
     out += [f"| {r['heads']} | {r['batch']} | {r['context']} | {cell(r['sglang_split_kv'])} | "
-            f"{cell(r['plugin_one_pass'])} | {r['ratio']:.2f} |" for r in rows]
+            f"{cell(r['plugin_one_pass'])} | {r['ratio']:.2f} | {cell(r.get('plugin_packed'))} | "
+            f"{ratio(r.get('packed_ratio'))} | {r.get('packed_equal', '-')} |" for r in rows]
     return "\n".join(out)
 
 

@@ -58,6 +58,12 @@ MOE_TILE_VALUES = ((16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64, 
 # Shared memory a tile's pipeline takes, estimated as stages x (an A tile + a B tile) of bf16, may not pass
 # Hopper's 227 KiB per block: Triton would refuse the kernel inside the CUDA-graph capture instead.
 MOE_TILE_MAX_SMEM = 227 * 1024
+# The tile an unquantized mixture-of-experts target runs with SGLANG_DETSPEC_MOE_TILE unset: the pick of
+# benchmark/moe_tile_probe.py on one H100 at a Qwen3-30B-A3B-like expert shape (decode-size calls 0.80x the
+# time of SGLang's deterministic tile, 0.99x its tuned tables'; docs/benchmarks/moe_tile_probe/2026-12-07-h100),
+# measured on servers (docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile,
+# docs/e2e/2026-12-07-h100-moe-tile-families). 'sglang' keeps SGLang's deterministic tile.
+DEFAULT_MOE_TILE = (32, 64, 128, 1, 4, 3)
 # The top-k a breadth-1 NGRAM draft is claimed as: SGLang pads a short match with root children (a tree).
 NGRAM_TREE_TOPK = 2
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
@@ -173,8 +179,10 @@ class DetSpecConfig:
         moe_tile: ``SGLANG_DETSPEC_MOE_TILE``: one fused-MoE Triton tile
             (the values of :data:`MOE_TILE_FIELDS`, e.g. ``16,128,128,1,4,3``)
             run at every batch size in place of SGLang's deterministic tile
-            (``sglang_plugin/moe_tile_hook.py``); None (unset or ``sglang``)
-            keeps SGLang's. Shown in the start-up line only when set.
+            by an unquantized MoE target (``sglang_plugin/moe_tile_hook.py``);
+            unset: :data:`DEFAULT_MOE_TILE`; None (``sglang``) keeps SGLang's.
+            Shown in the start-up line for targets that take it and where set
+            to another tile.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -237,7 +245,7 @@ class DetSpecConfig:
     tree_chain_batch: int = 0
     tree_chain_tokens: int = 0
     gemm_warmup_s: float = DEFAULT_GEMM_WARMUP_S
-    moe_tile: tuple[int, ...] | None = None
+    moe_tile: tuple[int, ...] | None = DEFAULT_MOE_TILE
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
@@ -516,13 +524,15 @@ class DetSpecConfig:
 
     @property
     def moe_tile_skip(self) -> str | None:
-        """Why ``moe_tile`` is not applied to this target (one clause), or None where it is or is unset.
+        """Why a ``moe_tile`` set to another than :data:`DEFAULT_MOE_TILE` is not applied to this target (one
+        clause), or None where it is, or where the setting is the default or ``sglang``.
 
         A tile applies to a mixture-of-experts target without quantized
         weights; an unknown family (None) gets no reason (the hook reads the
         family in the server process, where it is known).
         """
-        if self.moe_tile is None or self.model_family is None or self.takes_moe_tile:
+        if (self.moe_tile in (None, DEFAULT_MOE_TILE) or self.model_family is None
+                or self.takes_moe_tile):
             return None
         if "moe" not in self.family_traits:
             return "this target has no expert layers"
@@ -666,7 +676,8 @@ class DetSpecConfig:
         (neither :data:`ONE_PASS_DECODE_BACKENDS` nor :data:`FA3_SPLIT_BACKENDS`); ``tree_attention`` on a known
         backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
         ``tree_chain_batch`` for a chain and for NGRAM, ``tree_chain_tokens``
-        there and at 0; ``gemm_warmup_s`` at its default; ``moe_tile`` unset. An unknown backend
+        there and at 0; ``gemm_warmup_s`` at its default; ``moe_tile`` at its default or ``sglang`` for a
+        target that does not take a tile (or whose family is unknown). An unknown backend
         or top-k (None: SGLang picks it at start-up) keeps the field.
         """
         skip = set()
@@ -686,7 +697,7 @@ class DetSpecConfig:
             skip.add("tree_chain_tokens")
         if self.gemm_warmup_s == DEFAULT_GEMM_WARMUP_S:
             skip.add("gemm_warmup_s")
-        if self.moe_tile is None:
+        if self.moe_tile in (None, DEFAULT_MOE_TILE) and not self.takes_moe_tile:
             skip.add("moe_tile")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
@@ -1154,7 +1165,9 @@ def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
 
 def _moe_tile(env: Mapping[str, str]) -> tuple[int, ...] | None:
     raw = env.get(MOE_TILE_ENV, "").strip()
-    if raw.lower() in ("", "sglang"):
+    if not raw:
+        return DEFAULT_MOE_TILE
+    if raw.lower() == "sglang":
         return None
     parts = [p.strip() for p in raw.split(",")]
     if len(parts) != len(MOE_TILE_FIELDS) or not all(p.isascii() and p.isdigit() for p in parts):

@@ -49,9 +49,13 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "mo
 # tree, 0 of 512 logprobs apart from no speculative decoding, 0 after radix-cache hits and retractions.
 # moe on triton: the same target on the positional-split Triton kernels, chain and tree, 0 of 512 logprobs apart,
 # 0 after radix-cache hits and retractions.
+# mla+moe on triton: the tiny DeepSeek-V3 (absorbed MLA, routed and shared experts, one NEXTN layer) with the
+# one-pass decode and the causal chain verify, chain and tree (served as its chain), 0 of 512 logprobs apart, 0 after
+# radix-cache hits and retractions (the masked verify before it: 56 apart; SGLang's split-KV decode: 372).
 MEASURED_BITWISE: dict[tuple[str, str], str] = {
     ("moe", "fa3"): "docs/e2e/2026-12-07-h100-model-families/fp8_qwen3_moe",
     ("moe", "triton"): "docs/e2e/2026-12-07-h100-families-backends/triton",
+    ("mla+moe", "triton"): "docs/e2e/2026-12-07-h100-mla-causal-verify",
 }
 # What a promotion covers beyond its run, for the start-up note (family_evidence_note).
 MEASURED_SHAPES = {
@@ -62,6 +66,11 @@ MEASURED_SHAPES = {
     ("moe", "triton"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the positional-split kernels; 8 "
                        "experts of intermediate 128, one GPU); other expert layouts, expert parallelism and MoE "
                        "runner backends not at all",
+    ("mla+moe", "triton"): "on the tiny DeepSeek-V3 with its NEXTN layer (absorbed MLA with 4 query heads on the "
+                           "single-pass kernel in every mode, its tree served as the chain of its depth; 8 experts of "
+                           "intermediate 128, one GPU); other head counts per GPU (DeepSeek-V3's 16 at tensor "
+                           "parallelism 8, 128 on one GPU), FP8 weights, expert parallelism and MoE runner backends "
+                           "not at all",
 }
 # (family label, attention backend) pairs a committed run measured but did not promote (logprobs apart somewhere,
 # or a family whose forward modes a run has not covered): what it found.
@@ -76,12 +85,6 @@ MEASURED_APART: dict[tuple[str, str], str] = {
                             "speculative decoding bit for bit, and after radix-cache hits and retractions "
                             "(docs/e2e/2026-12-07-h100-families-backends/fp8-auto); MLA's prefill against decode "
                             "has not been measured",
-    ("mla+moe", "triton"): "the tiny DeepSeek-V3 with the one-pass decode: a radix-cache hit moved no logprob of "
-                           "the server without speculative decoding (all 8 requests' with SGLang's split-KV decode, "
-                           "docs/e2e/2026-12-07-h100-families-backends/triton), but 56 of 512 logprobs of its chain "
-                           "apart from decoding without speculative decoding, no token (372 before): its verify "
-                           "kept SGLang's masked kernel path (docs/e2e/2026-12-07-h100-mla-triton-decode); the "
-                           "causal chain verify that serves MLA on triton since has not run on a server",
     ("mla+moe+fp8", "triton"): "the tiny FP8 DeepSeek-V3 with SGLang's split-KV decode: 370 of 512 logprobs of "
                                "its chain apart from decoding without speculative decoding, and after a radix-cache "
                                "hit 1 of 8 requests of the server without speculative decoding took another token "

@@ -118,10 +118,12 @@ own MLA tree attention, was measured apart from decode); NGRAM on it,
 verified as trees at any breadth, is refused (refusal mla_tree).
 
 Mixture-of-experts speed: deterministic inference gives SGLang's fused-MoE
-kernel one tile at every batch size; on a Qwen3-30B-A3B-like shape the
-coupled chain served 0.79-0.89x SGLang's non-deterministic chain.
-SGLANG_DETSPEC_MOE_TILE=M,N,K,G,W,S runs another fixed tile (unquantized
-MoE targets; not yet measured on a server; docs/usage.md).
+kernel one tile at every batch size (64 x 64 x 32); an unquantized MoE
+target runs the plugin's tile instead (32,64,128,1,4,3 by default), with
+which the coupled chain served 0.91-0.98x SGLang's non-deterministic chain
+on a Qwen3-30B-A3B-like shape (0.79-0.89x with SGLang's tile).
+SGLANG_DETSPEC_MOE_TILE=M,N,K,G,W,S runs another fixed tile, =sglang
+SGLang's (docs/usage.md).
 
 Measured: both splits bitwise on an H200 (docs/forward_modes.md). Serving
 the 8B shape the FA3 split cost the plain tree 0.92-1.06x SGLang's

@@ -72,10 +72,11 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
 - ``gemm_warmup_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): under
   deterministic inference, DeepGEMM's kernels for SGLang's batch-invariant
   matmul are compiled for every row count a batch can have, at start-up.
-- ``moe_tile_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): with
-  ``SGLANG_DETSPEC_MOE_TILE`` a mixture-of-experts target's fused-MoE Triton
-  kernel runs that one tile at every batch size instead of SGLang's
-  deterministic tile (rows stay batch-invariant; the cost differs).
+- ``moe_tile_hook``: ``Scheduler.init_all_cuda_graphs`` (BEFORE): an
+  unquantized mixture-of-experts target's fused-MoE Triton kernel runs one
+  tile at every batch size (``SGLANG_DETSPEC_MOE_TILE``, by default
+  ``config.DEFAULT_MOE_TILE``) instead of SGLang's deterministic tile (rows
+  stay batch-invariant; the cost differs).
 
 :func:`hook_table` is the one list of every change the plugin makes to
 SGLang: the registry's hooks (BEFORE, AFTER, AROUND) and the changes those
@@ -112,7 +113,7 @@ _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
 _WARMUP_ONLY = "speed only: without it the plugin's eager kernels compile inside the first requests"
 _GEMM_WARMUP_ONLY = "speed only: without it DeepGEMM compiles matmul kernels inside the first requests"
-_MOE_TILE_ONLY = "speed only: without it SGLang's deterministic fused-MoE tile serves"
+_MOE_TILE_ONLY = "speed only: without it SGLang's deterministic fused-MoE tile serves (the claim is measured with both)"
 
 _registered = False
 _lock = threading.Lock()

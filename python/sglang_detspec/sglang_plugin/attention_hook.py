@@ -48,9 +48,15 @@ checked bitwise at start-up), which reads each KV head once per group.
 MLA (DeepSeek-family targets, ``backend.use_mla``): SGLang runs their
 attention absorbed in every forward mode under deterministic inference, so
 the one-pass decode serves them under ``split`` and ``one_pass`` alike
-(:func:`_mla_one_pass`; no packed tile: its start-up check covers head dims
-without a rope part only), and a chain's verify runs the kernel's causal
-path instead of its masked one (:func:`_causal_chain_verify`).
+(:func:`_mla_one_pass`), and a chain's verify runs the kernel's causal
+path instead of its masked one (:func:`_causal_chain_verify`). One query
+row per head re-read the latent cache for every head: 3.8-37x SGLang's
+split-KV decode per layer call at 2,048-8,192 keys
+(``docs/benchmarks/mla_decode/2026-12-07-h100``). The query heads now share
+SGLang's own tile for the latent key (``decode_packed``, SGLang's 32 rows
+and 8 warps on Hopper: the code of its one-row call, rows that do not
+mix), where the start-up check finds the rows bit for bit those of one row
+per head; not yet run on a GPU.
 
 ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the default, measured bitwise on the H200 in
 ``docs/e2e/2026-12-05-h200-split/``; its serving cost without speculative decoding in
@@ -91,11 +97,15 @@ SPLIT_OFF = "SGLANG_DETSPEC_DECODE_ATTENTION=split not used"
 
 # Logged on an MLA target's backend: what the one-pass decode covers there.
 MLA_ONE_PASS = ("MLA target decode runs the verify's single-pass Triton kernel, the one SGLang's deterministic "
-                "prefill, extend and verify run for absorbed MLA: a decoded token's logits are meant to equal the "
-                "same token's in a verify, a prefill and an extend after a radix-cache hit, a chain's verify "
-                "running the kernel's causal path as they do, not its masked one (the family's claim "
-                "stays 'tokens' until a run measures it; its cost, paid only without speculative decoding, is not "
-                "measured: SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode)")
+                "prefill, extend and verify run for absorbed MLA: a decoded token's logits equal the same token's "
+                "in a verify, a prefill and an extend after a radix-cache hit, a chain's verify running the "
+                "kernel's causal path as they do, not its masked one (docs/e2e/2026-12-07-h100-mla-causal-verify); "
+                "its cost, paid only without speculative decoding: one query row per head, 3.8-37x SGLang's "
+                "split-KV decode per layer call at 2,048-8,192 keys (docs/benchmarks/mla_decode/2026-12-07-h100); "
+                "SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode")
+# Appended where the start-up check let the packed tile serve an MLA target's decode.
+MLA_PACKED = ("; the query heads share SGLang's tile for the latent key (a tile of heads reads the latent cache "
+              "once, checked bitwise against one row per head at start-up; its cost not yet measured)")
 logger = logging.getLogger("sglang_detspec")
 
 
@@ -175,10 +185,11 @@ def _mla_one_pass(backend, bag, unified, rows) -> None:
     """
     if bag.decode_attention != "one_pass":
         install_config(dataclasses.replace(bag, decode_attention="one_pass"))
-    backend.decode_attention_fwd = _one_pass_decode(backend, unified, rows, None)
+    packed = _packed_kernel(backend, unified)
+    backend.decode_attention_fwd = _one_pass_decode(backend, unified, rows, packed)
     if (getattr(backend, "topk", 0) or 0) == 1:
         backend.extend_attention_fwd_unified = _causal_chain_verify(unified)
-    logger.info("sglang-detspec: %s", MLA_ONE_PASS)
+    logger.info("sglang-detspec: %s%s", MLA_ONE_PASS, MLA_PACKED if packed is not None else "")
 
 
 def _causal_chain_verify(unified):
@@ -378,8 +389,9 @@ def _split_paths(backend, one_pass, unified):
 def _packed_kernel(backend, unified):
     """``(kernel, blocks, shape)`` for ``sglang_plugin.decode_attention.decode_packed`` on this backend, or None.
 
-    Only on Hopper (not ROCm) with SGLang's 128-row tile for the model's head
-    dims and a bf16 / fp16 KV cache, and only after ``packed_matches`` found
+    Only where ``packable`` holds (Hopper with SGLang's 128-row tile for the
+    model's head dims, or head dims with a rope part such as absorbed MLA's on
+    any CUDA GPU; not ROCm) with a bf16 / fp16 KV cache, and only after ``packed_matches`` found
     the packed rows bit for bit equal to the one-row-per-head ones on this
     GPU with the model's head counts and page size (so a Triton or driver
     whose code generation differs keeps the proven path, with a warning).
@@ -400,9 +412,12 @@ def _packed_kernel(backend, unified):
         if not packable(blocks, torch.cuda.get_device_capability(device), hip=torch.version.hip is not None):
             return None
         kernel = ext._fwd_kernel_unified
-        if packed_matches(unified, kernel, blocks, backend.num_head, backend.num_kv_head, dim, v_dim, k_buf.dtype,
-                          device, page_size=getattr(backend, "page_size", 1) or 1):
-            return kernel, blocks, (backend.num_head, backend.num_kv_head, dim, v_dim, k_buf.dtype)
+        # The cache's head count, not the backend's: an absorbed MLA cache holds one latent head, whatever the
+        # config's num_key_value_heads (which SGLang's num_kv_head follows) says.
+        kv_heads = k_buf.shape[-2]
+        if packed_matches(unified, kernel, blocks, backend.num_head, kv_heads, dim, v_dim, k_buf.dtype, device,
+                          page_size=getattr(backend, "page_size", 1) or 1):
+            return kernel, blocks, (backend.num_head, kv_heads, dim, v_dim, k_buf.dtype)
         logger.warning("sglang-detspec: the packed decode tile did not reproduce the one-row-per-head rows bit for bit "
                        "on this GPU; the target decode keeps one query row per head (slower with many requests and long "
                        "contexts: docs/benchmarks/attention_paths/2026-12-02-h200/)")

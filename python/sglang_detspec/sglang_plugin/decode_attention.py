@@ -61,7 +61,7 @@ PACKED_BLOCK_M, PACKED_WARPS = 64, 4
 
 
 def packable(blocks: tuple, capability: tuple[int, int], hip: bool = False) -> bool:
-    """Whether :func:`decode_packed` applies: Hopper, SGLang's 128-row / 8-warp tile, no rope part.
+    """Whether :func:`decode_packed` applies: a CUDA GPU (not ROCm) and a tile :func:`packed_tile` gives.
 
     ``blocks``: SGLang's ``_get_block_sizes_for_extend_attention(Lq, Lv)``,
     ``(BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV, BLOCK_M, BLOCK_N, num_warps)``.
@@ -69,10 +69,27 @@ def packable(blocks: tuple, capability: tuple[int, int], hip: bool = False) -> b
     (``torch.version.hip``), whose gfx9 GPUs also report major version 9 but
     are no Hopper: SGLang launches its kernel there with other tiles and
     compiler options.
+
+    Two cases: on Hopper, SGLang's 128-row / 8-warp tile for head dims
+    without a rope part, packed into 64-row / 4-warp tiles; and, on any CUDA
+    GPU, head dims with a rope part (absorbed MLA's 576-wide latent key, one
+    KV head for every query head), packed into SGLang's own tile for them:
+    the same kernel code as SGLang's call, rows that do not mix, so each
+    row's arithmetic is its one-row call's (the start-up check proves both).
     """
     _, dpe, _, block_m, _, warps = blocks
-    return (not hip and capability[0] == 9 and block_m == 2 * PACKED_BLOCK_M and warps == 2 * PACKED_WARPS
-            and dpe == 0)
+    if hip:
+        return False
+    return dpe > 0 or (capability[0] == 9 and block_m == 2 * PACKED_BLOCK_M and warps == 2 * PACKED_WARPS)
+
+
+def packed_tile(blocks: tuple) -> tuple[int, int]:
+    """``(BLOCK_M, num_warps)`` of the packed launch for SGLang's ``blocks`` (where :func:`packable` holds).
+
+    A rope part (``BLOCK_DPE > 0``): SGLang's own rows and warps; otherwise the half tile of Hopper's 128 rows.
+    """
+    _, dpe, _, block_m, _, warps = blocks
+    return (block_m, warps) if dpe > 0 else (PACKED_BLOCK_M, PACKED_WARPS)
 
 
 def packed_shape(q, k_buffer, v_buffer) -> tuple:
@@ -104,10 +121,12 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
     The same arithmetic per row as :func:`decode_as_extend` (same kernel, key
     tiles of ``BLOCK_N`` from key 0, one online softmax), but the ``G``
     query heads that share a KV head go into one tile as ``G`` query rows of
-    that KV head, in a 64-row tile on 4 warps instead of one row per head in
-    a 128-row tile on 8 warps: each program reads its KV head's keys once for
-    ``G`` heads and does half the matrix work. Every key is visible to every
-    row (all keys are passed as the row's prefix).
+    that KV head (:func:`packed_tile`: a 64-row tile on 4 warps instead of
+    one row per head in Hopper's 128-row tile on 8 warps; for absorbed MLA,
+    whose one latent KV head serves every query head, SGLang's own 32-row
+    tile holding 32 heads instead of one): each program reads its KV head's
+    keys once for up to a tile of heads. Every key is visible to every row
+    (all keys are passed as the row's prefix).
 
     Args:
         kernel: SGLang's ``_fwd_kernel_unified`` (a Triton kernel).
@@ -152,8 +171,9 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
     lens = (kv_indptr[1:n + 1] - kv_indptr[:n]).to(torch.int32)  # every key is a prefix key: none masked
     k_slot, k_head, k_page, k_tok = kv_strides(k_buffer, page_size)
     v_slot, v_head, v_page, v_tok = kv_strides(v_buffer, page_size)
-    # A group above one tile's rows (MQA with more than 64 query heads) spans several row tiles.
-    kernel[(n, kv_heads, -(-group // PACKED_BLOCK_M))](
+    block_m, warps = packed_tile(blocks)
+    # A group above one tile's rows (MQA or MLA with more query heads than the tile has rows) spans several tiles.
+    kernel[(n, kv_heads, -(-group // block_m))](
         Q=qp, O=op, K_Buffer=k_buffer, V_Buffer=v_buffer, qo_indptr=group_rows[:n + 1], kv_indptr=kv_indptr,
         kv_indices=kv_indices, prefix_lens=lens, mask_ptr=None, mask_indptr=None, sink_ptr=None,
         window_start_pos=None, sm_scale_withk=sm_scale * k_scale, v_scale=v_scale, kv_group_num=1,
@@ -161,9 +181,9 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
         stride_buf_kbs=k_slot, stride_buf_kh=k_head, stride_buf_vbs=v_slot, stride_buf_vh=v_head,
         stride_buf_kpage=k_page, stride_buf_ktok=k_tok, stride_buf_vpage=v_page, stride_buf_vtok=v_tok,
         SLIDING_WINDOW_SIZE=-1, logit_cap=logit_cap, xai_temperature_len=-1, Lq=dim, Lv=v_dim,
-        BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv, BLOCK_M=PACKED_BLOCK_M, BLOCK_N=block_n, IS_CAUSAL=True,
+        BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=True,
         USE_CUSTOM_MASK=False, HAS_SINK=False, IS_GFX1250=False, PAGE_SIZE=page_size, SCORE_MOD=None, Aux0=None,
-        aux0_stride_t=0, aux0_stride_h=0, aux0_len=0, num_warps=PACKED_WARPS, num_stages=num_stages)
+        aux0_stride_t=0, aux0_stride_h=0, aux0_len=0, num_warps=warps, num_stages=num_stages)
     o.view(n, kv_heads, group, v_dim).copy_(op.view(n, group, kv_heads, v_dim).transpose(1, 2))
     return o
 

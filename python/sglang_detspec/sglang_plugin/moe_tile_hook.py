@@ -1,4 +1,4 @@
-"""Start-up: a mixture-of-experts target's fused-MoE Triton kernel runs one tile of the user's choice.
+"""Start-up: a mixture-of-experts target's fused-MoE Triton kernel runs one tile at every batch size.
 
 Under ``--enable-deterministic-inference`` SGLang 0.5.23 gives its fused-MoE
 Triton kernel one fixed tile for every batch size (``get_default_config`` in
@@ -14,9 +14,12 @@ rows bit for bit). SGLang's tile is not the fast one at decode and
 verify sizes, where its own tuned tables take 16-row tiles with 128-256-wide
 K tiles (a Qwen3-30B-A3B-like target served the plugin's chain at 0.79 of
 SGLang's non-deterministic chain at 8-128 requests on one H100,
-``docs/benchmarks/determinism_tax/2026-12-07-h100-moe-a3b``).
+``docs/benchmarks/determinism_tax/2026-12-07-h100-moe-a3b``; with the tile
+that is the default since, 0.91-0.98 at 1-128 requests,
+``docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile``).
 
-``SGLANG_DETSPEC_MOE_TILE`` (the bag's ``moe_tile``) names a tile; this hook
+``SGLANG_DETSPEC_MOE_TILE`` (the bag's ``moe_tile``) names a tile, by
+default ``config.DEFAULT_MOE_TILE`` (``sglang`` keeps SGLang's); this hook
 sets it as SGLang's fused-MoE config override (the module-level value that
 ``triton_utils.override_config`` sets and ``try_get_optimal_moe_config``
 reads first, for the up and the down projection, at every batch size). Only
@@ -27,10 +30,12 @@ blocks: SGLang's own choice stays there; the override is process-wide, so a
 quantized MoE draft of an unquantized target would get the tile too, which
 no supported draft is). Which tile is fastest while every
 row stays bit-identical across batch sizes is measured by
-``benchmark/moe_tile_probe.py``; the tile also changes a token's bits
-against SGLang's deterministic tile, alike on every server that sets it
-(the server without speculative decoding a speculative one is compared with
-included).
+``benchmark/moe_tile_probe.py`` (on one H100 at a Qwen3-30B-A3B-like expert
+shape every tile it tried, SGLang's deterministic one and its tuned tables
+included, gave the same bits; elsewhere a tile may change a token's bits
+against another, alike on every server that runs it: the plugin's servers,
+the one without speculative decoding a speculative one is compared with
+included, run the default unless told otherwise).
 
 Registered BEFORE ``Scheduler.init_all_cuda_graphs``: the CUDA-graph capture
 and every forward after it read the override.
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
+from ..config import DEFAULT_MOE_TILE, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
 OVERRIDE = "sglang.srt.layers.moe.moe_runner.triton_utils._config"
@@ -56,21 +61,24 @@ def pin_moe_tile(*args, **kwargs) -> None:
     """BEFORE hook of ``Scheduler.init_all_cuda_graphs``: set the bag's fused-MoE tile as SGLang's override.
 
     Does nothing unless the bag is active and deterministic, ``moe_tile`` is
-    set and the target family has ``moe``; logs why where the bag's
-    ``moe_tile_skip`` names a reason (quantized weights). Returns None.
+    not ``sglang`` (None) and the target takes a tile (``takes_moe_tile``:
+    expert layers, no quantized weights); logs why where the bag's
+    ``moe_tile_skip`` names a reason for a tile the user set (quantized
+    weights) or the family is unknown. Returns None.
     """
     bag = current_config()
     if not (bag.active and bag.deterministic and bag.moe_tile is not None):
         return None
     if bag.model_family is None:
-        logger.warning("sglang-detspec: %s not applied: the target's family could not be read from its config",
-                       MOE_TILE_ENV)
+        # A tile the user set warrants a warning; the default one, on a target that is most likely dense, a line.
+        log = logger.info if bag.moe_tile == DEFAULT_MOE_TILE else logger.warning
+        log("sglang-detspec: the fused-MoE tile %s not applied: the target's family could not be read from its "
+            "config; SGLang's tile serves any expert layers", ",".join(map(str, bag.moe_tile)))
         return None
-    if "moe" not in bag.family_traits:  # the start-up note says the setting changes nothing here
-        return None
-    if bag.moe_tile_skip:
-        logger.warning("sglang-detspec: %s=%s not applied: %s; SGLang's deterministic tile serves", MOE_TILE_ENV,
-                       ",".join(map(str, bag.moe_tile)), bag.moe_tile_skip)
+    if not bag.takes_moe_tile:
+        if bag.moe_tile_skip:
+            logger.warning("sglang-detspec: %s=%s not applied: %s; SGLang's deterministic tile serves", MOE_TILE_ENV,
+                           ",".join(map(str, bag.moe_tile)), bag.moe_tile_skip)
         return None
     from sglang.srt.layers.moe.moe_runner import triton_utils
 

@@ -17,11 +17,12 @@ import dataclasses
 
 import logging
 
-from ..config import (FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS, FA3_TREE_DEFAULTS,
-                      FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_TREE_EVIDENCE, ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
+from ..config import (DEFAULT_MOE_TILE, FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS,
+                      FA3_TREE_DEFAULTS, FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_TREE_EVIDENCE, MOE_TILE_FIELDS,
+                      ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
                       TREE_SETTING_ENVS, VERIFY_ENV, DetSpecConfig,
                       fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes, switch_settings)
-from ..model_family import family_evidence_note, family_note
+from ..model_family import bitwise_backends, family_evidence_note, family_note
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -40,10 +41,11 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     if defaults:
         notes.append(defaults)
     # An unknown backend (None: SGLang picks it at start-up) has its own note in the dry run.
-    # MLA attention runs none of the plugin's attention paths, so the attention rule's reason would
-    # blame a setting that does not act there; the family and MLA notes say why the claim is 'tokens'.
+    # Where no run promoted an MLA family on its backend, the attention rule's reason would blame a setting
+    # that does not act on its attention; the family and MLA notes say why the claim is 'tokens'.
     if (config.active and config.attention_backend is not None and config.logits_reason
-            and "mla" not in config.family_traits):
+            and ("mla" not in config.family_traits
+                 or config.attention_backend in bitwise_backends(config.model_family))):
         notes.append(f"logits='tokens' because of {config.logits_reason}")
     family = family_note(config.model_family, config.attention_backend) if config.active else None
     if family:
@@ -86,18 +88,26 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     return notes
 
 
-# The one serving run of an MoE shape (docs/determinism_tax.md, "The chain state at c = 32, ..."), for the note below.
+# The serving runs of an MoE shape and the runs of the default tile (docs/determinism_tax.md, "The MoE cost shape"),
+# for the note below.
 MOE_COST_EVIDENCE = ("on a Qwen3-30B-A3B-like shape the coupled chain served 0.79-0.89x SGLang's non-deterministic "
-                     "chain, 7 points of it the coupling's accept length "
+                     "chain with it, 7 points of it the coupling's accept length "
                      "(docs/benchmarks/determinism_tax/2026-12-07-h100-moe-a3b)")
+MOE_TILE_EVIDENCE = ("on a Qwen3-30B-A3B-like shape the coupled chain served 0.91-0.98x SGLang's non-deterministic "
+                     "chain with the default tile (docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile; "
+                     "0.79-0.89x with SGLang's tile), the tiny Qwen3-MoE's suite 0 logprobs apart from no "
+                     "speculative decoding with it on fa3 and triton (docs/e2e/2026-12-07-h100-moe-tile-families), "
+                     "and every tile the probe tried there, SGLang's included, gave the same bits on one H100 "
+                     "(docs/benchmarks/moe_tile_probe/2026-12-07-h100)")
 
 
 def moe_tile_note(config: DetSpecConfig) -> str | None:
-    """What ``SGLANG_DETSPEC_MOE_TILE`` does on this server (``sglang_plugin/moe_tile_hook.py``), or None.
+    """Which fused-MoE tile serves this server (``sglang_plugin/moe_tile_hook.py``) and what was measured, or None.
 
     Said for an active run whose target family is known: on a target without
-    expert layers a tile changes nothing; on a quantized MoE target it is not
-    applied; on an MoE target, which tile serves and what was measured.
+    expert layers or with quantized weights only where the user set a tile
+    (it changes nothing there); on an unquantized MoE target, the tile that
+    serves (the default, another set, or SGLang's with ``sglang``).
     """
     if not config.active or config.model_family is None:
         return None
@@ -105,13 +115,17 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
     if config.moe_tile_skip:
         return f"SGLANG_DETSPEC_MOE_TILE changes nothing here: {config.moe_tile_skip}; SGLang's tile serves"
     if not config.takes_moe_tile:
-        return None  # no tile set: nothing to say about one
+        return None  # the default tile on a target that takes none: nothing to say
     if tile is None:
-        return ("the expert layers run SGLang's deterministic fused-MoE tile (64 x 64 x 32 at every batch size): "
-                f"{MOE_COST_EVIDENCE}; SGLANG_DETSPEC_MOE_TILE runs another fixed tile (no server has run one yet)")
-    return (f"SGLANG_DETSPEC_MOE_TILE={','.join(map(str, tile))}: the expert layers run this fused-MoE tile at every "
-            "batch size; no server has run a tile other than SGLang's yet, and a tile changes the logits' bits (so "
-            "possibly a token) against SGLang's tile: set the same tile on any server this one is compared with")
+        return ("SGLANG_DETSPEC_MOE_TILE=sglang: the expert layers run SGLang's deterministic fused-MoE tile (64 x 64 "
+                f"x 32 at every batch size): {MOE_COST_EVIDENCE}; unset, the plugin's default tile serves: "
+                f"{MOE_TILE_EVIDENCE}")
+    which = ("the plugin's default; SGLANG_DETSPEC_MOE_TILE=sglang keeps SGLang's deterministic tile"
+             if tile == DEFAULT_MOE_TILE else "SGLANG_DETSPEC_MOE_TILE; not run on a server")
+    return (f"the expert layers run the fused-MoE tile {','.join(map(str, tile))} ({', '.join(MOE_TILE_FIELDS)}) at "
+            f"every batch size ({which}): {MOE_TILE_EVIDENCE}; elsewhere a tile may change the logits' bits (so "
+            "possibly a token) against another tile: a server this one is compared with must run the same tile "
+            "(the plugin's servers run the default unless told otherwise)")
 
 
 # What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100" and
@@ -247,7 +261,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "rate): coupled verify makes the tokens independent of the step count (tokens equal to no "
                      "speculative decoding while the steps switched: the tiny-model invariance run of "
                      "2026-12-04); its serving cost is not measured")
-    dense = family_note(config.model_family, backend) is None  # the figures below are a dense target's
+    # The figures below are a dense target's; an MLA target's attention has its own note, promoted or not.
+    dense = family_note(config.model_family, backend) is None and "mla" not in config.family_traits
     if config.switches_shape:
         notes.append(chain_note(config))
     elif config.can_switch_shape and dense and "tree_chain_batch" not in config.set_tree_settings:
@@ -257,7 +272,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
         notes.append(("where SGLang picks a backend other than fa3 (its fa3 pick takes the FA3 tree defaults): "
                       if other else "") + tree_load_note(config))
     if not dense:
-        # The family's own note gives the claim ('tokens'); the split notes below speak of a dense target's.
+        # The family's own notes give the claim; the split notes below speak of a dense target's.
         attention = family_attention_note(config)
         if attention:
             notes.append(attention)
@@ -272,7 +287,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
 
 
 def family_attention_note(config: DetSpecConfig) -> str | None:
-    """:func:`unmeasured_notes`' sentence on the attention of a target of an unmeasured family, or None.
+    """:func:`unmeasured_notes`' sentence on the attention of an MLA target or one of an unmeasured family, or None.
 
     MLA: on triton the one-pass decode serves it (unless turned off), with no backend named both of SGLang's picks
     are named; elsewhere SGLang's calls. MoE or quantized
@@ -287,9 +302,10 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
                   "verify run for absorbed MLA (the positional split takes no MLA shape"
                   + (", so the setting decode_attention='split' above runs as 'one_pass'"
                      if config.decode_attention == "split" and "decode_attention" in config.shown_fields() else "")
-                  + "; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; its speed is not "
-                  "measured, and only a server without speculative decoding runs it: a speculative server's target "
-                  "verifies, never decodes)")
+                  + "; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; with one query row "
+                  "per head it cost 3.8-37x SGLang's split-KV decode per layer call at 2,048-8,192 keys, the heads "
+                  "sharing a tile since (checked at start-up) not yet measured; only a server without speculative "
+                  "decoding runs it: a speculative server's target verifies, never decodes)")
         if config.attention_backend == "triton" and one_pass:
             return (f"MLA attention on triton: {decode} (not under decode context parallelism, which keeps "
                     "SGLang's decode), so the split's notes do not apply")

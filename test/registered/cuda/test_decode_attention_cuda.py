@@ -260,8 +260,14 @@ def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_prop
     from sglang_detspec import config
 
     sglangs = decode_mod.decode_attention_fwd
-    # What the hook installs on an MLA target's backend (the attribute _mla_one_pass replaces).
-    backend = types.SimpleNamespace(decode_attention_fwd=sglangs)
+    # What the hook installs on an MLA target's backend (the attribute _mla_one_pass replaces); the pool's first
+    # layer is this latent cache, so the start-up check of the packed tile runs at these shapes.
+    pool = types.SimpleNamespace(start_layer=0, get_key_buffer=lambda layer: latent,
+                                 get_value_buffer=lambda layer: value)
+    backend = types.SimpleNamespace(decode_attention_fwd=sglangs, kv_indptr=kv_indptr, num_head=heads, page_size=1,
+                                    token_to_kv_pool=pool)
+    # Its config's num_key_value_heads, as SGLang's num_kv_head follows it: not the latent cache's one head.
+    backend.num_kv_head = heads
     try:
         attention_hook._mla_one_pass(backend, config.DetSpecConfig(deterministic=True, attention_backend="triton",
                                                                    model_family="mla+moe"),
@@ -282,6 +288,19 @@ def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_prop
     record_property("mla_rows_differing", int((diff.flatten(1).amax(1) > 0).sum()))
     record_property("mla_max_abs", float(diff.max()))
     assert torch.allclose(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)  # the same attention, rounded apart
+
+
+@pytest.mark.parametrize("heads", [4, 16, 128])
+def test_the_start_up_check_accepts_mla_heads_in_sglangs_own_tile(heads):
+    """``packed_matches`` for absorbed MLA (one latent KV head for every query head, SGLang's own tile for the
+    576 / 512 dims): the tiny DeepSeek-V3's 4 heads, a TP-8 DeepSeek-V3's 16, one GPU's 128 (four tiles)."""
+    from sglang_detspec.sglang_plugin.decode_attention import packed_matches
+
+    dim = MLA_RANK + MLA_ROPE
+    blocks = extend_mod._get_block_sizes_for_extend_attention(dim, MLA_RANK)
+    assert packable(blocks, torch.cuda.get_device_capability())
+    assert packed_matches(UNIFIED, extend_mod._fwd_kernel_unified, blocks, heads, 1, dim, MLA_RANK, torch.bfloat16,
+                          DEV)
 
 
 def test_sglang_split_kv_decode_differs_in_the_last_bits(record_property):

@@ -35,7 +35,12 @@ def test_without_a_gpu_it_says_so(capsys):
 def test_the_table_reads_the_rows():
     t = {"median_us": 2.0, "min_us": 1.5, "max_us": 2.5}
     row = {"heads": 16, "batch": 8, "context": 2048, "sglang_split_kv": t, "plugin_one_pass": t, "ratio": 1.0}
-    assert bench.table([row]).splitlines()[-1] == "| 16 | 8 | 2048 | 2.0 (1.5..2.5) | 2.0 (1.5..2.5) | 1.00 |"
+    # A run before the packed column (2026-12-07's rows) reads as one without it.
+    assert bench.table([row]).splitlines()[-1] == ("| 16 | 8 | 2048 | 2.0 (1.5..2.5) | 2.0 (1.5..2.5) | 1.00 | - | "
+                                                   "- | - |")
+    packed = {**row, "plugin_packed": {"median_us": 0.5, "min_us": 0.4, "max_us": 0.6}, "packed_ratio": 0.25,
+              "packed_equal": True}
+    assert bench.table([packed]).splitlines()[-1].endswith("| 0.5 (0.4..0.6) | 0.25 | True |")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,50 @@ def test_the_packed_tile_is_attention_over_each_requests_keys(heads, kv_heads, d
     assert fields[fields.index("equal_one_row") + 1] == "True", done.stdout
 
 
+MLA_SCRIPT = r'''
+import sys, torch
+from sglang.kernels.ops.attention import extend_attention as ext
+from sglang_detspec.sglang_plugin.decode_attention import decode_as_extend, decode_packed, packable, packed_tile
+heads, rank, rope = (int(x) for x in sys.argv[1:4])
+lens = [1, 5, 64, 70]
+slots = sum(lens) + 1
+g = torch.Generator().manual_seed(0)
+latent = torch.randn(slots, 1, rank + rope, generator=g).half()
+value = latent[..., :rank]  # SGLang's MLA value: a view of the latent cache's first kv_lora_rank dims
+q = torch.randn(len(lens), heads, rank + rope, generator=g).half()
+indices = (torch.randperm(slots - 1, generator=g) + 1)[: sum(lens)].to(torch.int32)
+indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+rows = torch.arange(len(lens) + 1)
+hopper = (512, 64, 512, 32, 64, 8)  # SGLang's blocks for the 576 / 512 latent on Hopper
+assert packable(hopper, (9, 0)) and packable(hopper, (10, 0)) and not packable(hopper, (9, 0), hip=True)
+assert packed_tile(hopper) == (32, 8) and packed_tile((128, 0, 128, 128, 64, 8)) == (64, 4)
+# The blocks SGLang's one-row call takes on this machine (its key tile decides the rounding): the packed call the same.
+own = ext._get_block_sizes_for_extend_attention(rank + rope, rank)
+assert own[1] == rope and packed_tile(own) == (own[3], own[5])
+o = q.new_empty(len(lens), heads, rank)
+out = decode_packed(ext._fwd_kernel_unified, own, rows, q, latent, value, o, indptr, indices, 0.1, 1.0, 1.0)
+one_row = decode_as_extend(ext.extend_attention_fwd_unified, rows, q, latent, value, torch.empty_like(o), indptr,
+                           indices, 0.1, 1.0, 1.0)
+worst = 0.0
+for i in range(len(lens)):
+    keys = latent[indices[indptr[i]:indptr[i + 1]].long(), 0].float()
+    w = torch.softmax(q[i].float() @ keys.T * 0.1, -1)
+    worst = max(worst, (out[i].float() - w @ keys[:, :rank]).abs().max().item())
+print("max_abs", worst, "equal_one_row", torch.equal(out, one_row))
+'''
+
+
+# SGLang's Hopper tile for the latent key (32 rows): 40 heads span two tiles of the one latent head.
+@pytest.mark.parametrize("heads", [4, 40])
+def test_mla_heads_share_sglangs_own_tile_for_the_latent_key(heads):
+    # rank / rope as the blocks' BLOCK_DMODEL / BLOCK_DPE (the kernel reads 512 + 64 dims of the latent key).
+    done = run_interpreted(MLA_SCRIPT, str(heads), "512", "64", timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fields = done.stdout.split()
+    assert float(fields[fields.index("max_abs") + 1]) < 5e-3, done.stdout
+    assert fields[fields.index("equal_one_row") + 1] == "True", done.stdout
+
+
 def test_blocks_made_for_other_head_dims_are_refused_before_any_launch():
     import torch
 

@@ -391,7 +391,8 @@ def test_an_mla_targets_decode_runs_the_absorbed_extend_kernel(monkeypatch, sett
     attention_hook.use_one_pass_decode(None, backend)
     # The positional split takes no MLA shape: the bag states the one-pass decode that serves.
     assert config.current_config().decode_attention == "one_pass"
-    assert config.current_config().logits == "tokens"  # the family's claim, until a run measures it
+    # The family's claim is its attention's on triton, measured there (model_family.MEASURED_BITWISE).
+    assert config.current_config().logits == "bitwise"
     gen = torch.Generator().manual_seed(1)
     heads, rank, rope, slots = 4, 32, 8, 40
     latent = torch.randn(slots, 1, rank + rope, generator=gen)

@@ -72,12 +72,15 @@ LABEL_OF_FAMILY = {"deepseek_v3": "mla+moe", "deepseek_v3_fp8": "mla+moe+fp8", "
 def test_unmeasured_families_claim_tokens_and_say_so():
     for backend in ("triton", "fa3"):
         assert family_claim(DENSE, "bitwise", backend) == family_claim(None, "bitwise", backend) == "bitwise"
-        assert family_claim("mla+moe", "bitwise", backend) == "tokens"
-        assert family_claim("moe", "tokens", backend) == "tokens"
+        assert family_claim("mla+moe+fp8", "bitwise", backend) == "tokens"
+        assert family_claim("moe", "tokens", backend) == family_claim("mla+moe", "tokens", backend) == "tokens"
         assert "not measured" in family_note("moe+fp8", backend)
         assert family_claim("moe", "bitwise", backend) == "bitwise" and family_note("moe", backend) is None
     assert "flashinfer" in family_note("moe", "flashinfer") and family_claim("moe", "bitwise", "flashinfer") == "tokens"
     assert "not measured" in family_note("moe", "fa4")
+    # MLA: promoted on triton (the one-pass decode with the causal chain verify), measured apart on fa3.
+    assert family_claim("mla+moe", "bitwise", "triton") == "bitwise" and family_note("mla+moe", "triton") is None
+    assert family_claim("mla+moe", "bitwise", "fa3") == "tokens" and "its tree" in family_note("mla+moe", "fa3")
     assert family_note(DENSE, "fa3") is None and family_note(None, "fa3") is None
     chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
     assert DetSpecConfig(**chain).logits == DetSpecConfig(**chain, model_family=DENSE).logits == "bitwise"
@@ -96,7 +99,8 @@ def test_family_notes_say_what_was_measured():
     assert "not measured" not in family_note("mla+moe", "fa3")
     assert "until the backend is known (a run measured this family bitwise on fa3" in family_note("moe", None)
     # Measured apart only: 'tokens' whatever backend SGLang picks.
-    assert "'tokens' on every backend (a run measured this family on fa3, triton" in family_note("mla+moe", None)
+    assert "'tokens' on every backend (a run measured this family on fa3, triton" in family_note("mla+moe+fp8", None)
+    assert "until the backend is known (a run measured this family bitwise on triton" in family_note("mla+moe", None)
     assert "not measured" in family_note("moe+fp8", None) and "a run measured" not in family_note("moe+fp8", None)
     # The label is spelled out, trait by trait.
     assert spelled("mla+moe+fp8") == "multi-head latent attention, mixture-of-experts layers, fp8 weights"
@@ -181,6 +185,10 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
     assert logits_guarantee(bag.attention_backend, 1) == "bitwise"
     if (family, bag.attention_backend) in MEASURED_BITWISE:  # a run recorded it: the family's claim is the attention's
         assert bag.logits == "bitwise" and not any("not measured" in n for n in startup_notes.setting_notes(bag))
+        # An MLA target's attention note names the path that serves it; no dense split note speaks for it.
+        notes = startup_notes.unmeasured_notes(bag)
+        assert any("MLA attention" in n for n in notes) == ("mla" in family.split("+"))
+        assert not ("mla" in family.split("+") and any("DECODE_ATTENTION=split (the default" in n for n in notes))
         reset_config()
         return
     assert bag.logits == "tokens"
@@ -238,13 +246,14 @@ def test_the_mla_note_names_the_path_that_serves_its_attention(backend, decode, 
     assert "bitwise" not in note
 
 
-@pytest.mark.parametrize("settings", [dict(attention_backend="triton", decode_attention="sglang"),
-                                      dict(attention_backend="fa3", page_size=16)])
-def test_an_mla_target_is_not_told_an_attention_setting_lowers_its_claim(settings):
-    # The attention rule's reason blames a setting that does not act on MLA attention; a dense target keeps it.
+@pytest.mark.parametrize("settings, told", [(dict(attention_backend="triton", decode_attention="sglang"), True),
+                                             (dict(attention_backend="fa3", page_size=16), False)])
+def test_an_mla_target_is_told_an_attention_setting_lowers_its_claim_where_its_family_was_promoted(settings, told):
+    # Unpromoted (fa3), the attention rule's reason blames a setting that does not act on MLA attention; promoted
+    # (triton: SGLang's split-KV decode comes back with decode_attention='sglang') the reason is the true one.
     mla = DetSpecConfig(**{**MOE_CHAIN, "head_dim": None, "model_family": "mla+moe", **settings})
     assert mla.logits == "tokens" and mla.logits_reason
-    assert not any(n.startswith("logits='tokens' because of") for n in startup_notes.setting_notes(mla))
+    assert any(n.startswith("logits='tokens' because of") for n in startup_notes.setting_notes(mla)) is told
     dense = dataclasses.replace(mla, model_family=None, head_dim=64)
     assert any(n.startswith("logits='tokens' because of") for n in startup_notes.setting_notes(dense))
 

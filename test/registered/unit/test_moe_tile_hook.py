@@ -15,7 +15,7 @@ from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config impor
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec import config
-from sglang_detspec.config import MOE_TILE_ENV, DetSpecConfig, env_settings
+from sglang_detspec.config import DEFAULT_MOE_TILE, MOE_TILE_ENV, DetSpecConfig, env_settings
 from sglang_detspec.sglang_plugin import moe_tile_hook
 
 register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
@@ -35,7 +35,7 @@ def slot(monkeypatch):
     config.reset_config()
 
 
-@pytest.mark.parametrize("raw, tile", [("", None), ("sglang", None), (" SGLang ", None),
+@pytest.mark.parametrize("raw, tile", [("", DEFAULT_MOE_TILE), ("sglang", None), (" SGLang ", None),
                                        ("16,128,128,1,4,3", TILE), ("64, 64, 32, 8, 4, 2", (64, 64, 32, 8, 4, 2)),
                                        ("128,256,64,1,8,4", (128, 256, 64, 1, 8, 4))])  # SGLang's own largest H100 tile
 def test_the_setting_reads_a_tile_or_sglangs(raw, tile):
@@ -66,8 +66,15 @@ def test_a_bad_tile_names_the_setting_the_field_and_the_bound(raw, words):
     (None, TILE, None),  # family unknown: nothing said
     ("moe+fp8", TILE, "changes nothing here: its weights are quantized (moe+fp8)"),
     ("moe+fp8", None, None),
-    ("moe", None, "SGLang's deterministic fused-MoE tile (64 x 64 x 32 at every batch size): on a Qwen3-30B-A3B"),
-    ("mla+moe", TILE, "SGLANG_DETSPEC_MOE_TILE=16,128,128,1,4,3: the expert layers run this fused-MoE tile"),
+    ("moe", None, "SGLANG_DETSPEC_MOE_TILE=sglang: the expert layers run SGLang's deterministic fused-MoE tile (64 "
+                  "x 64 x 32 at every batch size): on a Qwen3-30B-A3B"),
+    ("mla+moe", TILE, "the expert layers run the fused-MoE tile 16,128,128,1,4,3 (BLOCK_SIZE_M"),
+    # The default says nothing where it changes nothing, and says that it is the default where it serves.
+    ("dense", DEFAULT_MOE_TILE, None),
+    ("moe+fp8", DEFAULT_MOE_TILE, None),
+    ("moe", DEFAULT_MOE_TILE, "the expert layers run the fused-MoE tile 32,64,128,1,4,3 (BLOCK_SIZE_M, BLOCK_SIZE_N, "
+                              "BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages) at every batch size (the plugin's "
+                              "default; SGLANG_DETSPEC_MOE_TILE=sglang keeps"),
 ])
 def test_the_start_up_notes_say_what_the_tile_setting_does_here(family, tile, words):
     from sglang_detspec.sglang_plugin.startup_notes import moe_tile_note, setting_notes
@@ -78,9 +85,34 @@ def test_the_start_up_notes_say_what_the_tile_setting_does_here(family, tile, wo
     assert (note in setting_notes(bag)) if note else not any("fused-MoE" in n for n in setting_notes(bag))
 
 
-def test_the_start_up_line_shows_a_tile_only_when_set():
+def test_the_start_up_line_shows_the_tile_where_it_serves_or_was_set():
     assert "moe_tile=(16, 128, 128, 1, 4, 3)" in ACTIVE.describe()
-    assert "moe_tile" not in dataclasses.replace(ACTIVE, moe_tile=None).describe()
+    # An MoE target shows which tile serves it, SGLang's (None) included.
+    assert "moe_tile=None" in dataclasses.replace(ACTIVE, moe_tile=None).describe()
+    assert "moe_tile=(32, 64, 128, 1, 4, 3)" in dataclasses.replace(ACTIVE, moe_tile=DEFAULT_MOE_TILE).describe()
+    # A target that takes no tile shows a tile only where one was set.
+    dense = dataclasses.replace(ACTIVE, model_family="dense")
+    assert "moe_tile" not in dataclasses.replace(dense, moe_tile=DEFAULT_MOE_TILE).describe()
+    assert "moe_tile" not in dataclasses.replace(dense, moe_tile=None).describe()
+    assert "moe_tile=(16, 128, 128, 1, 4, 3)" in dense.describe()
+
+
+def test_the_default_tile_serves_an_unquantized_moe_target_at_every_batch_size(slot):
+    assert DetSpecConfig().moe_tile == DEFAULT_MOE_TILE
+    config.install_config(dataclasses.replace(ACTIVE, moe_tile=DEFAULT_MOE_TILE))
+    moe_tile_hook.pin_moe_tile(object())
+    want = dict(zip(config.MOE_TILE_FIELDS, DEFAULT_MOE_TILE))
+    for m in (1, 33, 512, 8192):
+        assert try_get_optimal_moe_config(W13, W2, 8, None, m) == want, m
+
+
+@pytest.mark.parametrize("family, level", [("moe+fp8", None), ("dense", None), (None, logging.INFO)])
+def test_the_default_tile_stays_quiet_where_it_does_not_apply(slot, caplog, family, level):
+    config.install_config(dataclasses.replace(ACTIVE, moe_tile=DEFAULT_MOE_TILE, model_family=family))
+    with caplog.at_level(logging.INFO, logger="sglang_detspec"):
+        moe_tile_hook.pin_moe_tile(object())
+    assert triton_utils.get_config() is None
+    assert [r.levelno for r in caplog.records] == ([] if level is None else [level]), caplog.text
 
 
 def test_sglangs_lookup_returns_the_tile_at_every_batch_size(slot):
@@ -95,7 +127,8 @@ def test_sglangs_lookup_returns_the_tile_at_every_batch_size(slot):
 @pytest.mark.parametrize("change, logged", [
     ({"moe_tile": None}, False),
     ({"deterministic": False}, False),
-    ({"model_family": None}, False),  # dense
+    ({"model_family": None}, False),  # unknown: a warning of its own
+    ({"model_family": "dense"}, False),
     ({"model_family": "moe+fp8"}, True),  # block-quantized kernels need K tiles dividing the blocks
     ({"disabled": True}, False),
 ])
