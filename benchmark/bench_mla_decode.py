@@ -14,8 +14,8 @@ tile of heads reads it once; where the start-up check passes). The
 single-pass kernel gives each request's tile one program over the whole
 context, where the split-KV kernel spreads a long context over one program
 per 256 keys: this benchmark measures what that costs, per layer call, at
-DeepSeek-V3's head counts per GPU (16: tensor parallelism 8; 128: one GPU)
-and the tiny suite model's (4). Only servers without speculative decoding
+DeepSeek-V3's head counts per GPU (16: tensor parallelism 8; 128: one GPU;
+``--heads 4`` gives the tiny suite model's). Only servers without speculative decoding
 pay it (a speculative server's target verifies and never decodes).
 
 Each cell: the median of ``--blocks`` blocks of ``--reps`` calls, CUDA
@@ -79,7 +79,7 @@ def mla_decode(heads: int, bs: int, ctx: int, reps: int, blocks: int) -> dict:
                                           indices, scale, 1.0, 1.0), reps, blocks)
     blocks_ = _get_block_sizes_for_extend_attention(dim, RANK)
     packed = None
-    if packable(blocks_, torch.cuda.get_device_capability()):
+    if packable(blocks_, torch.cuda.get_device_capability(), hip=torch.version.hip is not None):
         group_rows = rows * heads
         packed = timed(lambda: decode_packed(_fwd_kernel_unified, blocks_, rows, q, latent, value, out_packed, indptr,
                                              indices, scale, 1.0, 1.0, group_rows=group_rows), reps, blocks)

@@ -60,7 +60,8 @@ MOE_TILE_VALUES = ((16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64, 
 MOE_TILE_MAX_SMEM = 227 * 1024
 # The tile an unquantized mixture-of-experts target runs with SGLANG_DETSPEC_MOE_TILE unset: the pick of
 # benchmark/moe_tile_probe.py on one H100 at a Qwen3-30B-A3B-like expert shape (decode-size calls 0.80x the
-# time of SGLang's deterministic tile, 0.99x its tuned tables'; docs/benchmarks/moe_tile_probe/2026-12-07-h100),
+# time of SGLang's deterministic tile, 0.99x its tuned tables'; prefill calls of 2,048 / 8,192 tokens 1.14x /
+# 1.29x the deterministic tile's: docs/benchmarks/moe_tile_probe/2026-12-07-h100),
 # measured on servers (docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile,
 # docs/e2e/2026-12-07-h100-moe-tile-families). 'sglang' keeps SGLang's deterministic tile.
 DEFAULT_MOE_TILE = (32, 64, 128, 1, 4, 3)

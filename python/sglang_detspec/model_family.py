@@ -67,10 +67,12 @@ MEASURED_SHAPES = {
                        "experts of intermediate 128, one GPU); other expert layouts, expert parallelism and MoE "
                        "runner backends not at all",
     ("mla+moe", "triton"): "on the tiny DeepSeek-V3 with its NEXTN layer (absorbed MLA with 4 query heads on the "
-                           "single-pass kernel in every mode, its tree served as the chain of its depth; 8 experts of "
-                           "intermediate 128, one GPU); other head counts per GPU (DeepSeek-V3's 16 at tensor "
-                           "parallelism 8, 128 on one GPU), FP8 weights, expert parallelism and MoE runner backends "
-                           "not at all",
+                           "single-pass kernel in every mode, the decode with one query row per head, its tree served "
+                           "as the chain of its depth; 8 experts of intermediate 128 on SGLang's deterministic "
+                           "fused-MoE tile, one GPU); the decode's heads in one tile and the plugin's default "
+                           "fused-MoE tile, both since, not on this family yet (each checked or measured bitwise "
+                           "elsewhere), and other head counts per GPU (DeepSeek-V3's 16 at tensor parallelism 8, 128 "
+                           "on one GPU), FP8 weights, expert parallelism and MoE runner backends not at all",
 }
 # (family label, attention backend) pairs a committed run measured but did not promote (logprobs apart somewhere,
 # or a family whose forward modes a run has not covered): what it found.
@@ -153,12 +155,27 @@ def traits_of(config: Mapping, quantization_flag: str | None = None) -> ModelTra
         raise ValueError(f"config must be a mapping (a parsed config.json), got {type(config).__name__}")
     text = config.get("text_config")
     if isinstance(text, Mapping):
-        config = {**text, **{k: v for k, v in config.items() if k == "quantization_config"}}
-    quant = config.get("quantization_config")
-    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
-    method = quantization_flag or method
+        config = {**text, **{k: v for k, v in config.items() if k in QUANT_CONFIG_KEYS}}
+    method = quantization_flag or _quant_method(config)
     return ModelTraits(moe=_uses_experts(config), mla=config.get("kv_lora_rank") is not None,
                        quantization=str(method).lower() if method else None)
+
+
+# Where a config.json says its weights are quantized, as SGLang 0.5.23's ModelConfig._parse_quant_hf_config
+# reads it: a quantization_config (with or without quant_method: ModelOpt's has none), else a
+# compression_config (compressed-tensors); a standalone hf_quant_config.json is read by model_family.
+QUANT_CONFIG_KEYS = ("quantization_config", "compression_config")
+
+
+def _quant_method(config: Mapping) -> str | None:
+    """The quantization method a config names (``quant_method``, else ModelOpt's ``quant_algo``, else the key's
+    kind), or None where it names none."""
+    for key in QUANT_CONFIG_KEYS:
+        quant = config.get(key)
+        if isinstance(quant, Mapping):
+            return (quant.get("quant_method") or quant.get("quant_algo")
+                    or ("compressed-tensors" if key == "compression_config" else "quantized"))
+    return None
 
 
 def model_family(model_path: str | None, quantization_flag: str | None = None) -> str | None:
@@ -168,7 +185,25 @@ def model_family(model_path: str | None, quantization_flag: str | None = None) -
     claim then follows the attention backend alone, as before the family was known.
     """
     config = read_config(model_path)
-    return None if config is None else traits_of(config, quantization_flag).label
+    if config is None:
+        return None
+    if not quantization_flag and _quant_method(config) is None:
+        # ModelOpt and mixed-precision checkpoints name their quantization beside config.json only.
+        quantization_flag = _standalone_quant_method(model_path)
+    return traits_of(config, quantization_flag).label
+
+
+def _standalone_quant_method(model_path: str) -> str | None:
+    """The method of a local ``hf_quant_config.json`` beside the model's ``config.json`` (ModelOpt's layout:
+    ``{"quantization": {"quant_algo": ...}}``), ``quantized`` where it names none; None without the file."""
+    path = Path(model_path) / "hf_quant_config.json"
+    if not path.is_file():
+        return None
+    try:
+        quant = json.loads(path.read_text()).get("quantization")
+    except (OSError, ValueError, AttributeError):
+        return "quantized"
+    return (quant.get("quant_algo") if isinstance(quant, Mapping) else None) or "quantized"
 
 
 def attention_head_dim(config: Mapping) -> int | None:

@@ -91,9 +91,10 @@ without --attention-backend it states 'tokens' (see below).
               a chain drafted above 16 requests or 12,288 summed tokens
               (for the tree settings not set in the environment).
   tokens    other backends; any --kv-cache-dtype other than auto;
-            MLA or quantized targets, mixture-of-experts targets outside
-            fa3 and triton (measured bitwise on both: the runs of
-            2026-12-07 in docs/results.md); a run without --attention-backend (SGLang
+            quantized targets, MLA targets outside triton and
+            mixture-of-experts targets outside fa3 and triton (measured
+            bitwise there: the runs of 2026-12-07 in docs/results.md);
+            a run without --attention-backend (SGLang
             picks the backend on the GPU, so the dry run cannot know it;
             where it can read the target's config.json it notes what fa3
             would claim).
@@ -119,9 +120,11 @@ verified as trees at any breadth, is refused (refusal mla_tree).
 
 Mixture-of-experts speed: deterministic inference gives SGLang's fused-MoE
 kernel one tile at every batch size (64 x 64 x 32); an unquantized MoE
-target runs the plugin's tile instead (32,64,128,1,4,3 by default), with
-which the coupled chain served 0.91-0.98x SGLang's non-deterministic chain
-on a Qwen3-30B-A3B-like shape (0.79-0.89x with SGLang's tile).
+target on SGLang's Triton MoE runner runs the plugin's tile instead
+(32,64,128,1,4,3 by default), with which the coupled chain served
+0.91-0.98x SGLang's non-deterministic chain on a Qwen3-30B-A3B-like shape
+with 128-token prompts (0.79-0.89x with SGLang's tile); its MoE calls at
+2,048 / 8,192-token prefills take 1.14x / 1.29x SGLang's tile's time.
 SGLANG_DETSPEC_MOE_TILE=M,N,K,G,W,S runs another fixed tile, =sglang
 SGLang's (docs/usage.md).
 
@@ -287,8 +290,9 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
         return []
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
-            "the default, up to 256; on fa3 without it 65 to 128); MLA and quantized targets claim 'tokens', as do "
-            f"MoE targets outside {' and '.join(bitwise_backends('moe'))}, "
+            "the default, up to 256; on fa3 without it 65 to 128); quantized targets claim 'tokens', as do "
+            f"MLA targets outside {' and '.join(bitwise_backends('mla+moe'))} and MoE targets outside "
+            f"{' and '.join(bitwise_backends('moe'))}, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
             "loads)" + ("; an MLA target's tree is served as the chain of its depth (NGRAM on it is refused at "
                         "start-up, refusal mla_tree)" if bag.verifies_trees else "")]

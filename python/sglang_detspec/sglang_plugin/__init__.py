@@ -113,7 +113,8 @@ _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
 _WARMUP_ONLY = "speed only: without it the plugin's eager kernels compile inside the first requests"
 _GEMM_WARMUP_ONLY = "speed only: without it DeepGEMM compiles matmul kernels inside the first requests"
-_MOE_TILE_ONLY = "speed only: without it SGLang's deterministic fused-MoE tile serves (the claim is measured with both)"
+_MOE_TILE_ONLY = ("speed only: without it SGLang's deterministic fused-MoE tile serves (the moe family's claim is "
+                  "measured with both, the mla+moe family's with SGLang's tile only)")
 
 _registered = False
 _lock = threading.Lock()

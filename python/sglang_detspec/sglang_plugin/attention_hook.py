@@ -6,8 +6,9 @@ Hooked symbol:
   (AFTER): on the target model's backend, the instance's
   ``decode_attention_fwd`` (the one name ``forward_decode`` calls for a
   decode step) is replaced by ``sglang_plugin.decode_attention.decode_as_extend``, or
-  on Hopper by ``decode_packed`` (the same kernel with a query-head group
-  per 64-row tile) where a bitwise check at start-up passes.
+  by ``decode_packed`` (the same kernel with a query-head group per tile:
+  64 rows on Hopper for head dims without a rope part, SGLang's own tile
+  for absorbed MLA's latent key) where a bitwise check at start-up passes.
 
 Why: in deterministic mode SGLang 0.5.23's Triton backend runs prefill and
 target verify through one single-pass kernel (``extend_attention_fwd_unified``:
@@ -420,7 +421,8 @@ def _packed_kernel(backend, unified):
             return kernel, blocks, (backend.num_head, kv_heads, dim, v_dim, k_buf.dtype)
         logger.warning("sglang-detspec: the packed decode tile did not reproduce the one-row-per-head rows bit for bit "
                        "on this GPU; the target decode keeps one query row per head (slower with many requests and long "
-                       "contexts: docs/benchmarks/attention_paths/2026-12-02-h200/)")
+                       "contexts: %s)", "docs/benchmarks/mla_decode/2026-12-07-h100/" if blocks[1] else
+                       "docs/benchmarks/attention_paths/2026-12-02-h200/")
     except Exception as exc:  # any surprise keeps the proven path
         logger.warning("sglang-detspec: packed decode tile not used (%r)", exc)
     return None

@@ -123,10 +123,12 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
     query heads that share a KV head go into one tile as ``G`` query rows of
     that KV head (:func:`packed_tile`: a 64-row tile on 4 warps instead of
     one row per head in Hopper's 128-row tile on 8 warps; for absorbed MLA,
-    whose one latent KV head serves every query head, SGLang's own 32-row
-    tile holding 32 heads instead of one): each program reads its KV head's
-    keys once for up to a tile of heads. Every key is visible to every row
-    (all keys are passed as the row's prefix).
+    whose one latent KV head serves every query head, SGLang's own tile for
+    the latent key, 32 rows on Hopper and Ampere, 16 on sm_100, holding that
+    many heads instead of one): each program reads its KV head's keys once
+    for up to a tile of heads. Every key is visible to every row (all keys
+    are passed as the row's prefix). With one KV head the packed rows are
+    ``o``'s own rows, written in place; otherwise through a scratch buffer.
 
     Args:
         kernel: SGLang's ``_fwd_kernel_unified`` (a Triton kernel).
@@ -167,7 +169,10 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
         group_rows = rows[:n + 1] * group
     # Row b * group + g of KV head h is query head h * group + g of request b.
     qp = q.view(n, kv_heads, group, dim).transpose(1, 2).reshape(n * group, kv_heads, dim)
-    op = torch.empty(n * group, kv_heads, v_dim, dtype=o.dtype, device=o.device)
+    # One KV head (MLA, MQA): row b * group + g is o[b, g] itself, so the kernel writes o without a copy.
+    direct = kv_heads == 1 and o.is_contiguous()
+    op = o.view(n * group, 1, v_dim) if direct else torch.empty(n * group, kv_heads, v_dim, dtype=o.dtype,
+                                                                   device=o.device)
     lens = (kv_indptr[1:n + 1] - kv_indptr[:n]).to(torch.int32)  # every key is a prefix key: none masked
     k_slot, k_head, k_page, k_tok = kv_strides(k_buffer, page_size)
     v_slot, v_head, v_page, v_tok = kv_strides(v_buffer, page_size)
@@ -184,7 +189,8 @@ def decode_packed(kernel, blocks: tuple, rows, q, k_buffer, v_buffer, o, kv_indp
         BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=True,
         USE_CUSTOM_MASK=False, HAS_SINK=False, IS_GFX1250=False, PAGE_SIZE=page_size, SCORE_MOD=None, Aux0=None,
         aux0_stride_t=0, aux0_stride_h=0, aux0_len=0, num_warps=warps, num_stages=num_stages)
-    o.view(n, kv_heads, group, v_dim).copy_(op.view(n, group, kv_heads, v_dim).transpose(1, 2))
+    if not direct:
+        o.view(n, kv_heads, group, v_dim).copy_(op.view(n, group, kv_heads, v_dim).transpose(1, 2))
     return o
 
 
@@ -193,17 +199,30 @@ def packed_matches(unified, kernel, blocks: tuple, heads: int, kv_heads: int, di
     """Whether :func:`decode_packed` gives :func:`decode_as_extend`'s rows bit for bit on this GPU and shape.
 
     Random queries and KV; key counts on both sides of the 64-key tile
-    edges and of a 128-row query tile (1 to 1000 keys), the batch in two
-    orders. ``page_size``: the server's, so both calls compile the kernel
-    variant the server runs (a slot's address is the same at every page
-    size). Runs eagerly (allocates, synchronises): call it before CUDA-graph
+    edges and of a 128-key span (1 to 1000 keys), the batch in two
+    orders. Runs eagerly (allocates, synchronises): call it before CUDA-graph
     capture.
+
+    Args:
+        unified, kernel, blocks: SGLang's ``extend_attention_fwd_unified``, its ``_fwd_kernel_unified`` and its
+            block sizes for the head dims (as :func:`decode_packed` takes them).
+        heads: query heads per GPU; kv_heads: the KV cache's head count (1 for absorbed MLA, whatever the
+            config's ``num_key_value_heads``); dim, v_dim: key and value head dims (576 and 512 for MLA's
+            latent key, where the value is built as a view of the key's first ``v_dim`` dims, as SGLang's MLA
+            pool gives it).
+        dtype: the KV cache's (bf16 / fp16); device: the GPU.
+        num_stages: the kernel's pipelining depth; seed: the random inputs'; page_size: the server's, so both
+            calls compile the kernel variant the server runs (a slot's address is the same at every page size).
+
+    Returns:
+        True where every row of both batch orders is equal bit for bit.
     """
     lens = [1, 2, 63, 64, 65, 127, 128, 129, 300, 1000]
     gen = torch.Generator(device=device).manual_seed(seed)
     slots = sum(lens) + 1
     k = torch.randn(slots, kv_heads, dim, generator=gen, device=device).to(dtype)
-    v = torch.randn(slots, kv_heads, v_dim, generator=gen, device=device).to(dtype)
+    # MLA's value is the latent key's first v_dim dims (a strided view); other caches keep a value of their own.
+    v = k[..., :v_dim] if v_dim < dim else torch.randn(slots, kv_heads, v_dim, generator=gen, device=device).to(dtype)
     order = torch.randperm(slots - 1, generator=gen, device=device) + 1
     q = torch.randn(len(lens), heads, dim, generator=gen, device=device).to(dtype)
     rows = torch.arange(len(lens) + 1, dtype=torch.int64, device=device)

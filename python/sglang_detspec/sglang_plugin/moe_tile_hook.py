@@ -62,9 +62,11 @@ def pin_moe_tile(*args, **kwargs) -> None:
 
     Does nothing unless the bag is active and deterministic, ``moe_tile`` is
     not ``sglang`` (None) and the target takes a tile (``takes_moe_tile``:
-    expert layers, no quantized weights); logs why where the bag's
-    ``moe_tile_skip`` names a reason for a tile the user set (quantized
-    weights) or the family is unknown. Returns None.
+    expert layers, no quantized weights, and SGLang's own ``model_config``
+    on the scheduler, ``args[0]``, reads no quantization either); logs why
+    where the bag's ``moe_tile_skip`` names a reason for a tile the user set
+    (quantized weights), where SGLang reads a quantization the family label
+    missed, or where the family is unknown. Returns None.
     """
     bag = current_config()
     if not (bag.active and bag.deterministic and bag.moe_tile is not None):
@@ -79,6 +81,13 @@ def pin_moe_tile(*args, **kwargs) -> None:
         if bag.moe_tile_skip:
             logger.warning("sglang-detspec: %s=%s not applied: %s; SGLang's deterministic tile serves", MOE_TILE_ENV,
                            ",".join(map(str, bag.moe_tile)), bag.moe_tile_skip)
+        return None
+    # SGLang's own reading of the checkpoint's quantization (its flag, config.json or a file beside it), in case
+    # the family label missed a layout: a quantized kernel needs K tiles that divide its blocks.
+    quantized = getattr(getattr(args[0] if args else None, "model_config", None), "quantization", None)
+    if quantized:
+        logger.warning("sglang-detspec: the fused-MoE tile %s not applied: SGLang reads the target's weights as "
+                       "quantized (%s); SGLang's tile serves", ",".join(map(str, bag.moe_tile)), quantized)
         return None
     from sglang.srt.layers.moe.moe_runner import triton_utils
 

@@ -93,11 +93,13 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
 MOE_COST_EVIDENCE = ("on a Qwen3-30B-A3B-like shape the coupled chain served 0.79-0.89x SGLang's non-deterministic "
                      "chain with it, 7 points of it the coupling's accept length "
                      "(docs/benchmarks/determinism_tax/2026-12-07-h100-moe-a3b)")
-MOE_TILE_EVIDENCE = ("on a Qwen3-30B-A3B-like shape the coupled chain served 0.91-0.98x SGLang's non-deterministic "
-                     "chain with the default tile (docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile; "
-                     "0.79-0.89x with SGLang's tile), the tiny Qwen3-MoE's suite 0 logprobs apart from no "
-                     "speculative decoding with it on fa3 and triton (docs/e2e/2026-12-07-h100-moe-tile-families), "
-                     "and every tile the probe tried there, SGLang's included, gave the same bits on one H100 "
+MOE_TILE_EVIDENCE = ("on a Qwen3-30B-A3B-like shape with 128-token prompts the coupled chain served 0.91-0.98x "
+                     "SGLang's non-deterministic chain with the default tile "
+                     "(docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile; 0.79-0.89x with SGLang's tile), "
+                     "while its MoE calls at 2,048 / 8,192-token prefills take 1.14x / 1.29x SGLang's tile's time; "
+                     "the tiny Qwen3-MoE's suite was 0 logprobs apart from no speculative decoding with it on fa3 "
+                     "and triton (docs/e2e/2026-12-07-h100-moe-tile-families; no MLA target has run it), and every "
+                     "tile the probe tried there, SGLang's included, gave the same bits on one H100 "
                      "(docs/benchmarks/moe_tile_probe/2026-12-07-h100)")
 
 
@@ -121,9 +123,11 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
                 f"x 32 at every batch size): {MOE_COST_EVIDENCE}; unset, the plugin's default tile serves: "
                 f"{MOE_TILE_EVIDENCE}")
     which = ("the plugin's default; SGLANG_DETSPEC_MOE_TILE=sglang keeps SGLang's deterministic tile"
-             if tile == DEFAULT_MOE_TILE else "SGLANG_DETSPEC_MOE_TILE; not run on a server")
+             if tile == DEFAULT_MOE_TILE else "SGLANG_DETSPEC_MOE_TILE; this tile has run on no server, and what "
+             f"follows is the default tile's, {','.join(map(str, DEFAULT_MOE_TILE))}")
     return (f"the expert layers run the fused-MoE tile {','.join(map(str, tile))} ({', '.join(MOE_TILE_FIELDS)}) at "
-            f"every batch size ({which}): {MOE_TILE_EVIDENCE}; elsewhere a tile may change the logits' bits (so "
+            f"every batch size on SGLang's Triton MoE runner ({which}; another --moe-runner-backend reads no tile): "
+            f"{MOE_TILE_EVIDENCE}; elsewhere a tile may change the logits' bits (so "
             "possibly a token) against another tile: a server this one is compared with must run the same tile "
             "(the plugin's servers run the default unless told otherwise)")
 

@@ -232,10 +232,11 @@ def test_mla_decode_equals_every_chain_verify_row_and_a_prefill_bitwise(heads, m
     assert torch.equal(last[0], o[-1])
 
 
-def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_property):
+def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_property, monkeypatch):
     """The decode function ``attention_hook._mla_one_pass`` installs, called as SGLang's MLA ``forward_decode``
-    calls it (its MLA keyword arguments included), gives the verify's rows; SGLang's split-KV MLA decode on the
-    same rows is recorded beside it (not asserted bit for bit)."""
+    calls it (its MLA keyword arguments included), runs the query heads in one tile (its start-up check passed
+    at the cache's one latent head, though the backend's num_kv_head follows the config) and gives the verify's
+    rows; SGLang's split-KV MLA decode on the same rows is recorded beside it (not asserted bit for bit)."""
     import types
 
     from sglang_detspec.sglang_plugin import attention_hook
@@ -268,6 +269,9 @@ def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_prop
                                     token_to_kv_pool=pool)
     # Its config's num_key_value_heads, as SGLang's num_kv_head follows it: not the latent cache's one head.
     backend.num_kv_head = heads
+    packed_calls = []
+    packed = attention_hook.decode_packed
+    monkeypatch.setattr(attention_hook, "decode_packed", lambda *a, **k: packed_calls.append(1) or packed(*a, **k))
     try:
         attention_hook._mla_one_pass(backend, config.DetSpecConfig(deterministic=True, attention_backend="triton",
                                                                    model_family="mla+moe"),
@@ -283,6 +287,7 @@ def test_mla_decode_through_the_hooks_wrapper_with_sglangs_arguments(record_prop
            logit_cap=0.0, sinks=None, xai_temperature_len=-1, has_mla=True, use_pdl=False, page_size=1,
            score_mod=None, aux_tensors=None, enable_lean=False, lean_Mp=None, lean_Lp=None, lean_Op=None,
            lean_locks=None, uneven_batch=None)
+    assert packed_calls == [1]  # the heads-in-one-tile path served the call
     assert torch.equal(ours, torch.stack([verify[i * DRAFT + j] for i, j in pick]))
     diff = (ours.float() - theirs.float()).abs()
     record_property("mla_rows_differing", int((diff.flatten(1).amax(1) > 0).sum()))

@@ -58,6 +58,28 @@ def test_traits_from_config(config, label):
     assert traits_of(config).label == label
 
 
+def test_quantized_layouts_sglang_reads_count_as_quantized(tmp_path):
+    # SGLang's ModelConfig._parse_quant_hf_config: a quantization_config without quant_method (ModelOpt), a
+    # compression_config (compressed-tensors), or an hf_quant_config.json beside config.json.
+    moe = {"num_experts": 8, "num_hidden_layers": 2}
+    assert traits_of({**moe, "quantization_config": {"quant_algo": "FP8", "producer": {"name": "modelopt"}}}).label \
+        == "moe+fp8"
+    assert traits_of({**moe, "quantization_config": {"producer": {"name": "modelopt"}}}).label == "moe+quantized"
+    assert traits_of({**moe, "compression_config": {"format": "float-quantized"}}).label == "moe+compressed-tensors"
+    folder = tmp_path / "modelopt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(moe))
+    assert model_family(str(folder)) == "moe"
+    (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
+    assert model_family(str(folder)) == "moe+nvfp4"
+    (folder / "hf_quant_config.json").write_text("not json")
+    assert model_family(str(folder)) == "moe+quantized"
+    assert model_family(str(folder), "fp8") == "moe+fp8"  # the flag wins, as SGLang's --quantization does
+    # None of them takes the fused-MoE tile.
+    for label in ("moe+fp8", "moe+quantized", "moe+compressed-tensors", "moe+nvfp4"):
+        assert not DetSpecConfig(deterministic=True, model_family=label).takes_moe_tile
+
+
 def test_the_quantization_flag_counts_and_bad_configs_are_refused():
     assert traits_of({"num_hidden_layers": 2}, "fp8").label == "fp8"
     assert ModelTraits(moe=True, mla=True, quantization="fp8").label == "mla+moe+fp8"

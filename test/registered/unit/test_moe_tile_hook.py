@@ -73,8 +73,8 @@ def test_a_bad_tile_names_the_setting_the_field_and_the_bound(raw, words):
     ("dense", DEFAULT_MOE_TILE, None),
     ("moe+fp8", DEFAULT_MOE_TILE, None),
     ("moe", DEFAULT_MOE_TILE, "the expert layers run the fused-MoE tile 32,64,128,1,4,3 (BLOCK_SIZE_M, BLOCK_SIZE_N, "
-                              "BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages) at every batch size (the plugin's "
-                              "default; SGLANG_DETSPEC_MOE_TILE=sglang keeps"),
+                              "BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages) at every batch size on SGLang's "
+                              "Triton MoE runner (the plugin's default; SGLANG_DETSPEC_MOE_TILE=sglang keeps"),
 ])
 def test_the_start_up_notes_say_what_the_tile_setting_does_here(family, tile, words):
     from sglang_detspec.sglang_plugin.startup_notes import moe_tile_note, setting_notes
@@ -104,6 +104,21 @@ def test_the_default_tile_serves_an_unquantized_moe_target_at_every_batch_size(s
     want = dict(zip(config.MOE_TILE_FIELDS, DEFAULT_MOE_TILE))
     for m in (1, 33, 512, 8192):
         assert try_get_optimal_moe_config(W13, W2, 8, None, m) == want, m
+
+
+def test_a_quantization_sglang_reads_keeps_sglangs_tile(slot, caplog):
+    # The scheduler's ModelConfig (the hook's first argument) reads a quantization the family label missed.
+    import types
+
+    config.install_config(dataclasses.replace(ACTIVE, moe_tile=DEFAULT_MOE_TILE))
+    scheduler = types.SimpleNamespace(model_config=types.SimpleNamespace(quantization="modelopt_fp8"))
+    with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
+        moe_tile_hook.pin_moe_tile(scheduler)
+    assert triton_utils.get_config() is None
+    assert "SGLang reads the target's weights as quantized (modelopt_fp8)" in caplog.text
+    # Unquantized there too: the tile serves.
+    moe_tile_hook.pin_moe_tile(types.SimpleNamespace(model_config=types.SimpleNamespace(quantization=None)))
+    assert triton_utils.get_config() == dict(zip(config.MOE_TILE_FIELDS, DEFAULT_MOE_TILE))
 
 
 @pytest.mark.parametrize("family, level", [("moe+fp8", None), ("dense", None), (None, logging.INFO)])
