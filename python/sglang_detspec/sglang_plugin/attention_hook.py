@@ -188,7 +188,9 @@ def _mla_one_pass(backend, bag, unified, rows) -> None:
         install_config(dataclasses.replace(bag, decode_attention="one_pass"))
     packed = _packed_kernel(backend, unified)
     backend.decode_attention_fwd = _one_pass_decode(backend, unified, rows, packed)
-    if (getattr(backend, "topk", 0) or 0) == 1:
+    # NGRAM verifies trees even at breadth 1 (top-k 1): its mask is no chain's. Start-up refuses NGRAM on MLA
+    # targets (refusal mla_tree); this keeps its mask should that refusal ever be passed by.
+    if (getattr(backend, "topk", 0) or 0) == 1 and bag.algorithm != "NGRAM":
         backend.extend_attention_fwd_unified = _causal_chain_verify(unified)
     logger.info("sglang-detspec: %s%s", MLA_ONE_PASS, MLA_PACKED if packed is not None else "")
 
@@ -205,8 +207,10 @@ def _causal_chain_verify(unified):
     56 of 512 logprobs of the tiny DeepSeek-V3's chain apart from decoding
     with the mask kept, ``docs/e2e/2026-12-07-h100-mla-triton-decode``). Installed on
     a target backend whose verifies are chains only (``backend.topk == 1``:
-    an MLA target's tree is served as its chain); a call with a window or
-    without ``is_causal`` keeps its mask.
+    an MLA target's tree is served as its chain; not under NGRAM, whose
+    breadth-1 drafts are verified as trees with top-k 1 and which start-up
+    refuses on MLA targets); a call with a window or without ``is_causal``
+    keeps its mask.
     """
 
     @torch.compiler.disable  # as SGLang wraps its own kernel: dynamo must not trace into the launch

@@ -424,6 +424,16 @@ def test_an_mla_chain_verify_runs_the_kernels_causal_path(monkeypatch, topk, dro
         masks_seen.append(custom_mask)
         return extend_contract(*args, custom_mask=custom_mask, **kwargs)
 
+    # NGRAM's breadth-1 drafts are trees under top-k 1: their mask is kept. Start-up refuses NGRAM on an MLA
+    # target it can read; one whose config was unreadable (family unknown) reaches the hook active.
+    ngram_bag = DetSpecConfig(deterministic=True, attention_backend="triton", algorithm="NGRAM", eagle_topk=1)
+    assert ngram_bag.active
+    monkeypatch.setattr(config, "_current", ngram_bag)
+    ngram = _backend(use_mla=True, topk=1, extend_attention_fwd_unified=kernel)
+    attention_hook.use_one_pass_decode(None, ngram)
+    assert ngram.extend_attention_fwd_unified is kernel and ngram.decode_attention_fwd != "sglang's decode"
+    monkeypatch.setattr(config, "_current", DetSpecConfig(deterministic=True, attention_backend="triton",
+                                                          model_family="mla+moe"))
     backend = _backend(use_mla=True, topk=topk, extend_attention_fwd_unified=kernel)
     attention_hook.use_one_pass_decode(None, backend)
     assert (backend.extend_attention_fwd_unified is not kernel) is dropped
