@@ -524,6 +524,11 @@ class DetSpecConfig:
         return label_traits(self.model_family)
 
     @property
+    def moe_tile_chosen(self) -> bool:
+        """Whether ``SGLANG_DETSPEC_MOE_TILE`` named a tile other than :data:`DEFAULT_MOE_TILE` (not ``sglang``)."""
+        return self.moe_tile not in (None, DEFAULT_MOE_TILE)
+
+    @property
     def moe_tile_skip(self) -> str | None:
         """Why a ``moe_tile`` set to another than :data:`DEFAULT_MOE_TILE` is not applied to this target (one
         clause), or None where it is, or where the setting is the default or ``sglang``.
@@ -532,8 +537,7 @@ class DetSpecConfig:
         weights; an unknown family (None) gets no reason (the hook reads the
         family in the server process, where it is known).
         """
-        if (self.moe_tile in (None, DEFAULT_MOE_TILE) or self.model_family is None
-                or self.takes_moe_tile):
+        if not self.moe_tile_chosen or self.model_family is None or self.takes_moe_tile:
             return None
         if "moe" not in self.family_traits:
             return "this target has no expert layers"
@@ -698,7 +702,7 @@ class DetSpecConfig:
             skip.add("tree_chain_tokens")
         if self.gemm_warmup_s == DEFAULT_GEMM_WARMUP_S:
             skip.add("gemm_warmup_s")
-        if self.moe_tile in (None, DEFAULT_MOE_TILE) and not self.takes_moe_tile:
+        if not (self.moe_tile_chosen or self.takes_moe_tile):
             skip.add("moe_tile")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")

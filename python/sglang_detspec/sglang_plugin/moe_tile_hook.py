@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import DEFAULT_MOE_TILE, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
+from ..config import MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
 OVERRIDE = "sglang.srt.layers.moe.moe_runner.triton_utils._config"
@@ -73,7 +73,7 @@ def pin_moe_tile(*args, **kwargs) -> None:
         return None
     if bag.model_family is None:
         # A tile the user set warrants a warning; the default one, on a target that is most likely dense, a line.
-        log = logger.info if bag.moe_tile == DEFAULT_MOE_TILE else logger.warning
+        log = logger.warning if bag.moe_tile_chosen else logger.info
         log("sglang-detspec: the fused-MoE tile %s not applied: the target's family could not be read from its "
             "config; SGLang's tile serves any expert layers", ",".join(map(str, bag.moe_tile)))
         return None
