@@ -64,7 +64,7 @@ MEASURED_SHAPES = {
                     "calls and the node path at 65-128) were measured on dense targets only, and other expert "
                     "layouts, expert parallelism and MoE runner backends not at all",
     ("moe", "triton"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the positional-split kernels; 8 "
-                       "experts of intermediate 128, one GPU); other expert layouts, expert parallelism and MoE "
+                       "experts of intermediate 128, one GPU), and other expert layouts, expert parallelism and MoE "
                        "runner backends not at all",
     ("mla+moe", "triton"): "on the tiny DeepSeek-V3 with its NEXTN layer (absorbed MLA with 4 query heads on the "
                            "single-pass kernel in every mode, the decode with one query row per head, its tree served "

@@ -107,9 +107,10 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
     """Which fused-MoE tile serves this server (``sglang_plugin/moe_tile_hook.py``) and what was measured, or None.
 
     Said for an active run whose target family is known: on a target without
-    expert layers or with quantized weights only where the user set a tile
-    (it changes nothing there); on an unquantized MoE target, the tile that
-    serves (the default, another set, or SGLang's with ``sglang``).
+    expert layers only where the user set a tile (it changes nothing there);
+    on a quantized MoE target that SGLang's tile serves; on an unquantized MoE
+    target, the tile that serves (the default, another set, or SGLang's with
+    ``sglang``).
     """
     if not config.active or config.model_family is None:
         return None
@@ -117,7 +118,11 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
     if config.moe_tile_skip:
         return f"SGLANG_DETSPEC_MOE_TILE changes nothing here: {config.moe_tile_skip}; SGLang's tile serves"
     if not config.takes_moe_tile:
-        return None  # the default tile on a target that takes none: nothing to say
+        if "moe" in config.family_traits:  # quantized weights: the plugin's tile is not for them
+            return (f"the expert layers keep SGLang's deterministic fused-MoE tile: the weights are quantized "
+                    f"({config.model_family}), whose kernels need K tiles that divide the quantization blocks; the "
+                    "plugin's tile serves unquantized MoE targets")
+        return None  # the default tile on a target without expert layers: nothing to say
     if tile is None:
         return ("SGLANG_DETSPEC_MOE_TILE=sglang: the expert layers run SGLang's deterministic fused-MoE tile (64 x 64 "
                 f"x 32 at every batch size): {MOE_COST_EVIDENCE}; unset, the plugin's default tile serves: "
@@ -317,9 +322,10 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
             return ("MLA attention: on fa3 (SGLang's pick on Hopper) SGLang's own attention calls run; on triton "
                     f"(its pick for DeepSeek-family targets on Blackwell), {decode} (not under decode context "
                     "parallelism); so the split's notes do not apply")
+        sglang_decode = (" (with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel)"
+                         if config.attention_backend == "triton" else "")
         return ("MLA attention: the plugin's attention paths do not serve it here; SGLang's own attention calls "
-                "run (on triton with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel), so the "
-                "split's notes do not apply")
+                f"run{sglang_decode}, so the split's notes do not apply")
     path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
     if path is None:
         return None

@@ -263,6 +263,8 @@ def test_the_mla_note_names_the_path_that_serves_its_attention(backend, decode, 
     (note,) = [n for n in startup_notes.unmeasured_notes(bag) if "MLA attention" in n]
     assert ("the target's decode runs the single-pass kernel" in note) is one_pass
     assert ("SGLang's own attention calls run" in note) is own_calls
+    # SGLang's split-KV decode is named only where it is what serves (triton with the setting sglang).
+    assert ("its split-KV decode kernel" in note) is (backend == "triton" and decode == "sglang")
     # The config line shows decode_attention='split' on triton and without a backend: the note says what it runs as.
     assert ("decode_attention='split' above runs as 'one_pass'" in note) is (one_pass and decode == "split")
     assert "bitwise" not in note

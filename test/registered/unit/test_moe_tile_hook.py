@@ -65,13 +65,14 @@ def test_a_bad_tile_names_the_setting_the_field_and_the_bound(raw, words):
     ("dense", None, None),
     (None, TILE, None),  # family unknown: nothing said
     ("moe+fp8", TILE, "changes nothing here: its weights are quantized (moe+fp8)"),
-    ("moe+fp8", None, None),
     ("moe", None, "SGLANG_DETSPEC_MOE_TILE=sglang: the expert layers run SGLang's deterministic fused-MoE tile (64 "
                   "x 64 x 32 at every batch size): on a Qwen3-30B-A3B"),
     ("mla+moe", TILE, "the expert layers run the fused-MoE tile 16,128,128,1,4,3 (BLOCK_SIZE_M"),
     # The default says nothing where it changes nothing, and says that it is the default where it serves.
     ("dense", DEFAULT_MOE_TILE, None),
-    ("moe+fp8", DEFAULT_MOE_TILE, None),
+    ("moe+fp8", DEFAULT_MOE_TILE, "the expert layers keep SGLang's deterministic fused-MoE tile: the weights are "
+                                  "quantized (moe+fp8)"),
+    ("moe+fp8", None, "the expert layers keep SGLang's deterministic fused-MoE tile"),
     ("moe", DEFAULT_MOE_TILE, "the expert layers run the fused-MoE tile 32,64,128,1,4,3 (BLOCK_SIZE_M, BLOCK_SIZE_N, "
                               "BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages) at every batch size on SGLang's "
                               "Triton MoE runner (the plugin's default; SGLANG_DETSPEC_MOE_TILE=sglang keeps"),
