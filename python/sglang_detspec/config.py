@@ -63,11 +63,21 @@ MOE_TILE_MAX_SMEM = 227 * 1024
 # time of SGLang's deterministic tile, 0.99x its tuned tables'; prefill calls of 2,048 / 8,192 tokens 1.14x /
 # 1.29x the deterministic tile's: docs/benchmarks/moe_tile_probe/2026-12-07-h100),
 # measured on servers (docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile,
-# docs/e2e/2026-12-07-h100-moe-tile-families). 'sglang' keeps SGLang's deterministic tile.
+# docs/e2e/2026-12-07-h100-moe-default-tile, -h100-mla-packed-default-tile). 'sglang' keeps SGLang's deterministic
+# tile.
 DEFAULT_MOE_TILE = (32, 64, 128, 1, 4, 3)
 # The top-k a breadth-1 NGRAM draft is claimed as: SGLang pads a short match with root children (a tree).
 NGRAM_TREE_TOPK = 2
 DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
+# What an MLA target's one-pass decode costs per layer call against SGLang's split-KV MLA decode (one H100, 16 and
+# 128 query heads), by how its heads run: in SGLang's tile where the start-up check lets them, else one row per head.
+MLA_DECODE_COST = {
+    "packed": ("1.08-1.9x SGLang's split-KV decode per layer call at 32-128 requests and 2,048-8,192 keys, "
+               "2.5-14.6x at 1-8 requests, where one program reads a request's context in order "
+               "(docs/benchmarks/mla_decode/2026-12-07-h100-packed)"),
+    "one_row": ("3.8-37x SGLang's split-KV decode per layer call at 2,048-8,192 keys "
+                "(docs/benchmarks/mla_decode/2026-12-07-h100)"),
+}
 # split (the default): decode, prefill, extend and chain and tree verify all run the plugin's
 # positional-split kernels on Triton (ops/split_attention.py: split-KV decode with the bits of the prefill, each
 # tree node with its path's decode bits; where their start-up check fails the one-pass decode serves and trees

@@ -45,34 +45,43 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "mo
 
 # (family label, attention backend) pairs whose bitwise logprobs a committed end-to-end run
 # recorded, with the run. Dense targets are not listed: config.logits_guarantee is theirs.
-# moe on fa3: the tiny Qwen3-MoE target (dense attention, head size 64) with its EAGLE3 draft, chain and
-# tree, 0 of 512 logprobs apart from no speculative decoding, 0 after radix-cache hits and retractions.
-# moe on triton: the same target on the positional-split Triton kernels, chain and tree, 0 of 512 logprobs apart,
-# 0 after radix-cache hits and retractions.
-# mla+moe on triton: the tiny DeepSeek-V3 (absorbed MLA, routed and shared experts, one NEXTN layer) with the
-# one-pass decode and the causal chain verify, chain and tree (served as its chain), 0 of 512 logprobs apart, 0 after
-# radix-cache hits and retractions (the masked verify before it: 56 apart; SGLang's split-KV decode: 372).
+# moe on fa3 and triton: the tiny Qwen3-MoE target (dense attention, head size 64) with its EAGLE3 draft on the
+# plugin's default fused-MoE tile, chain and tree, 0 of 512 logprobs apart from no speculative decoding, 0 after
+# radix-cache hits and retractions (SGLang's tile before it: the same, fa3 and triton).
+# mla+moe on triton: the tiny DeepSeek-V3 (absorbed MLA, routed and shared experts, one NEXTN layer) with the decode's
+# query heads in SGLang's tile, the causal chain verify and the default fused-MoE tile, chain and tree (served as its
+# chain), 0 of 512 logprobs apart, 0 after radix-cache hits and retractions (one query row per head and SGLang's tile
+# before it: 0; the masked verify: 56 apart; SGLang's split-KV decode: 372).
+# mla+moe+fp8 on triton: its FP8 block-quantized copy on the same attention paths (SGLang's deterministic fused-MoE
+# tile, as quantized experts keep), 0 of 512 apart, 0 after radix-cache hits and retractions (SGLang's split-KV
+# decode before it: 370 apart, one radix-cache hit taking another token).
 MEASURED_BITWISE: dict[tuple[str, str], str] = {
-    ("moe", "fa3"): "docs/e2e/2026-12-07-h100-model-families/fp8_qwen3_moe",
-    ("moe", "triton"): "docs/e2e/2026-12-07-h100-families-backends/triton",
-    ("mla+moe", "triton"): "docs/e2e/2026-12-07-h100-mla-causal-verify",
+    ("moe", "fa3"): "docs/e2e/2026-12-07-h100-moe-default-tile",
+    ("moe", "triton"): "docs/e2e/2026-12-07-h100-moe-default-tile",
+    ("mla+moe", "triton"): "docs/e2e/2026-12-07-h100-mla-packed-default-tile",
+    ("mla+moe+fp8", "triton"): "docs/e2e/2026-12-07-h100-fp8-triton",
 }
 # What a promotion covers beyond its run, for the start-up note (family_evidence_note).
+_MLA_TRITON = ("absorbed MLA with 4 query heads on the single-pass kernel in every mode, the decode's heads in "
+               "SGLang's tile as the start-up check allows, its tree served as the chain of its depth")
+_NOT_COVERED_MLA = ("other head counts per GPU (DeepSeek-V3's 16 at tensor parallelism 8, 128 on one GPU; the "
+                    "kernel tests check the tile there), expert parallelism and MoE runner backends not at all")
 MEASURED_SHAPES = {
     ("moe", "fa3"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the FA3 prefix / tail split; 8 "
-                    "experts of intermediate 128, one GPU); the attention paths other head sizes take (SGLang's FA3 "
-                    "calls and the node path at 65-128) were measured on dense targets only, and other expert "
-                    "layouts, expert parallelism and MoE runner backends not at all",
+                    "experts of intermediate 128 on the plugin's default fused-MoE tile, one GPU); the attention "
+                    "paths other head sizes take (SGLang's FA3 calls and the node path at 65-128) were measured on "
+                    "dense targets only, and other expert layouts, expert parallelism and MoE runner backends not "
+                    "at all",
     ("moe", "triton"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the positional-split kernels; 8 "
-                       "experts of intermediate 128, one GPU), and other expert layouts, expert parallelism and MoE "
-                       "runner backends not at all",
-    ("mla+moe", "triton"): "on the tiny DeepSeek-V3 with its NEXTN layer (absorbed MLA with 4 query heads on the "
-                           "single-pass kernel in every mode, the decode with one query row per head, its tree served "
-                           "as the chain of its depth; 8 experts of intermediate 128 on SGLang's deterministic "
-                           "fused-MoE tile, one GPU); the decode's heads in one tile and the plugin's default "
-                           "fused-MoE tile, both since, not on this family yet (each checked or measured bitwise "
-                           "elsewhere), and other head counts per GPU (DeepSeek-V3's 16 at tensor parallelism 8, 128 "
-                           "on one GPU), FP8 weights, expert parallelism and MoE runner backends not at all",
+                       "experts of intermediate 128 on the plugin's default fused-MoE tile, one GPU), and other "
+                       "expert layouts, expert parallelism and MoE runner backends not at all",
+    ("mla+moe", "triton"): f"on the tiny DeepSeek-V3 with its NEXTN layer ({_MLA_TRITON}; 8 experts of "
+                           "intermediate 128 on the plugin's default fused-MoE tile, one GPU), and "
+                           f"{_NOT_COVERED_MLA}",
+    ("mla+moe+fp8", "triton"): f"on the tiny FP8 DeepSeek-V3 with its NEXTN layer (FP8 weights in 128 x 128 "
+                               f"blocks; {_MLA_TRITON}; 8 experts of intermediate 128 on SGLang's deterministic "
+                               "fused-MoE tile, which quantized experts keep; SGLang's prefill CUDA graphs on, one "
+                               f"GPU), and other FP8 layouts (per-tensor, per-channel, DeepGEMM), {_NOT_COVERED_MLA}",
 }
 # (family label, attention backend) pairs a committed run measured but did not promote (logprobs apart somewhere,
 # or a family whose forward modes a run has not covered): what it found.
@@ -87,11 +96,6 @@ MEASURED_APART: dict[tuple[str, str], str] = {
                             "speculative decoding bit for bit, and after radix-cache hits and retractions "
                             "(docs/e2e/2026-12-07-h100-families-backends/fp8-auto); MLA's prefill against decode "
                             "has not been measured",
-    ("mla+moe+fp8", "triton"): "the tiny FP8 DeepSeek-V3 with SGLang's split-KV decode: 370 of 512 logprobs of "
-                               "its chain apart from decoding without speculative decoding, and after a radix-cache "
-                               "hit 1 of 8 requests of the server without speculative decoding took another token "
-                               "(docs/e2e/2026-12-07-h100-families-backends/fp8-triton); the one-pass decode and "
-                               "causal chain verify that serve MLA on triton since have not run on its servers",
     ("moe", "flashinfer"): "the tiny Qwen3-MoE on FlashInfer: 96 and 130 of 512 logprobs of its chain and tree "
                            "apart from decoding without speculative decoding, no token "
                            "(docs/e2e/2026-12-07-h100-families-backends/flashinfer)",

@@ -50,14 +50,12 @@ MLA (DeepSeek-family targets, ``backend.use_mla``): SGLang runs their
 attention absorbed in every forward mode under deterministic inference, so
 the one-pass decode serves them under ``split`` and ``one_pass`` alike
 (:func:`_mla_one_pass`), and a chain's verify runs the kernel's causal
-path instead of its masked one (:func:`_causal_chain_verify`). One query
-row per head re-read the latent cache for every head: 3.8-37x SGLang's
-split-KV decode per layer call at 2,048-8,192 keys
-(``docs/benchmarks/mla_decode/2026-12-07-h100``). The query heads now share
-SGLang's own tile for the latent key (``decode_packed``, SGLang's 32 rows
-and 8 warps on Hopper: the code of its one-row call, rows that do not
-mix), where the start-up check finds the rows bit for bit those of one row
-per head; not yet run on a GPU.
+path instead of its masked one (:func:`_causal_chain_verify`). The query
+heads of a request share SGLang's own tile for the latent key
+(``decode_packed``, SGLang's 32 rows and 8 warps on Hopper: the code of its
+one-row call, rows that do not mix) where the start-up check finds the rows
+bit for bit those of one row per head, which re-read the latent cache for
+every head; ``config.MLA_DECODE_COST`` says what each costs.
 
 ``SGLANG_DETSPEC_DECODE_ATTENTION=split`` (the default, measured bitwise on the H200 in
 ``docs/e2e/2026-12-05-h200-split/``; its serving cost without speculative decoding in
@@ -80,7 +78,7 @@ import logging
 
 import torch
 
-from ..config import current_config, install_config
+from ..config import MLA_DECODE_COST, current_config, install_config
 from ..ops.split_attention import (MAX_TREE_NODES, SEGMENT_KEYS, segments_for, split_decode, split_extend,
                                    split_modes_agree, split_tree_verify)
 from ..ops.split_attention import unsupported as split_shape_problem
@@ -101,12 +99,12 @@ MLA_ONE_PASS = ("MLA target decode runs the verify's single-pass Triton kernel, 
                 "prefill, extend and verify run for absorbed MLA: a decoded token's logits equal the same token's "
                 "in a verify, a prefill and an extend after a radix-cache hit, a chain's verify running the "
                 "kernel's causal path as they do, not its masked one (docs/e2e/2026-12-07-h100-mla-causal-verify); "
-                "its cost, paid only without speculative decoding: one query row per head, 3.8-37x SGLang's "
-                "split-KV decode per layer call at 2,048-8,192 keys (docs/benchmarks/mla_decode/2026-12-07-h100); "
+                f"its cost, paid only without speculative decoding: one query row per head, {MLA_DECODE_COST['one_row']}; "
                 "SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode")
 # Appended where the start-up check let the packed tile serve an MLA target's decode.
 MLA_PACKED = ("; the query heads share SGLang's tile for the latent key (a tile of heads reads the latent cache "
-              "once, checked bitwise against one row per head at start-up; its cost not yet measured)")
+              "once, checked bitwise against one row per head at start-up, served bitwise in "
+              f"docs/e2e/2026-12-07-h100-mla-packed-default-tile): {MLA_DECODE_COST['packed']}")
 logger = logging.getLogger("sglang_detspec")
 
 

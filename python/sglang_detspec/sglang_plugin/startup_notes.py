@@ -18,7 +18,8 @@ import dataclasses
 import logging
 
 from ..config import (DEFAULT_MOE_TILE, FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HEAD_DIM, FA3_SPLIT_BACKENDS,
-                      FA3_TREE_DEFAULTS, FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_TREE_EVIDENCE, MOE_TILE_FIELDS,
+                      FA3_TREE_DEFAULTS, FA3_UNMASKED_DECODE_MAX_HEAD_DIM, MLA_DECODE_COST, MLA_TREE_EVIDENCE,
+                      MOE_TILE_FIELDS,
                       ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
                       TREE_SETTING_ENVS, VERIFY_ENV, DetSpecConfig,
                       fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes, switch_settings)
@@ -98,7 +99,8 @@ MOE_TILE_EVIDENCE = ("on a Qwen3-30B-A3B-like shape with 128-token prompts the c
                      "(docs/benchmarks/determinism_tax/2026-12-07-h100-moe-tile; 0.79-0.89x with SGLang's tile), "
                      "while its MoE calls at 2,048 / 8,192-token prefills take 1.14x / 1.29x SGLang's tile's time; "
                      "the tiny Qwen3-MoE's suite was 0 logprobs apart from no speculative decoding with it on fa3 "
-                     "and triton (docs/e2e/2026-12-07-h100-moe-tile-families; no MLA target has run it), and every "
+                     "and triton (docs/e2e/2026-12-07-h100-moe-default-tile), as was the tiny DeepSeek-V3's on triton "
+                     "(docs/e2e/2026-12-07-h100-mla-packed-default-tile), and every "
                      "tile the probe tried there, SGLang's included, gave the same bits on one H100 "
                      "(docs/benchmarks/moe_tile_probe/2026-12-07-h100)")
 
@@ -311,10 +313,10 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
                   "verify run for absorbed MLA (the positional split takes no MLA shape"
                   + (", so the setting decode_attention='split' above runs as 'one_pass'"
                      if config.decode_attention == "split" and "decode_attention" in config.shown_fields() else "")
-                  + "; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; with one query row "
-                  "per head it cost 3.8-37x SGLang's split-KV decode per layer call at 2,048-8,192 keys, the heads "
-                  "sharing a tile since (checked at start-up) not yet measured; only a server without speculative "
-                  "decoding runs it: a speculative server's target verifies, never decodes)")
+                  + "; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; with the query heads "
+                  f"in SGLang's tile, where a start-up check lets them, it cost {MLA_DECODE_COST['packed']}, with "
+                  f"one row per head {MLA_DECODE_COST['one_row']}; only a server without speculative decoding "
+                  "runs it: a speculative server's target verifies, never decodes)")
         if config.attention_backend == "triton" and one_pass:
             return (f"MLA attention on triton: {decode} (not under decode context parallelism, which keeps "
                     "SGLang's decode), so the split's notes do not apply")

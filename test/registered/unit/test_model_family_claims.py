@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -94,7 +95,7 @@ LABEL_OF_FAMILY = {"deepseek_v3": "mla+moe", "deepseek_v3_fp8": "mla+moe+fp8", "
 def test_unmeasured_families_claim_tokens_and_say_so():
     for backend in ("triton", "fa3"):
         assert family_claim(DENSE, "bitwise", backend) == family_claim(None, "bitwise", backend) == "bitwise"
-        assert family_claim("mla+moe+fp8", "bitwise", backend) == "tokens"
+        assert family_claim("moe+fp8", "bitwise", backend) == "tokens"
         assert family_claim("moe", "tokens", backend) == family_claim("mla+moe", "tokens", backend) == "tokens"
         assert "not measured" in family_note("moe+fp8", backend)
         assert family_claim("moe", "bitwise", backend) == "bitwise" and family_note("moe", backend) is None
@@ -103,6 +104,10 @@ def test_unmeasured_families_claim_tokens_and_say_so():
     # MLA: promoted on triton (the one-pass decode with the causal chain verify), measured apart on fa3.
     assert family_claim("mla+moe", "bitwise", "triton") == "bitwise" and family_note("mla+moe", "triton") is None
     assert family_claim("mla+moe", "bitwise", "fa3") == "tokens" and "its tree" in family_note("mla+moe", "fa3")
+    # Its FP8 copy: promoted on triton (the same paths), measured apart on fa3 (MLA's prefill against decode unrun).
+    assert family_claim("mla+moe+fp8", "bitwise", "triton") == "bitwise" and family_note("mla+moe+fp8", "triton") is None
+    assert family_claim("mla+moe+fp8", "bitwise", "fa3") == "tokens" and "prefill against decode" in family_note(
+        "mla+moe+fp8", "fa3")
     assert family_note(DENSE, "fa3") is None and family_note(None, "fa3") is None
     chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend="fa3")
     assert DetSpecConfig(**chain).logits == DetSpecConfig(**chain, model_family=DENSE).logits == "bitwise"
@@ -120,8 +125,8 @@ def test_family_notes_say_what_was_measured():
     assert "its tree verified as a tree did not" in family_note("mla+moe", "fa3")
     assert "not measured" not in family_note("mla+moe", "fa3")
     assert "until the backend is known (a run measured this family bitwise on fa3" in family_note("moe", None)
-    # Measured apart only: 'tokens' whatever backend SGLang picks.
-    assert "'tokens' on every backend (a run measured this family on fa3, triton" in family_note("mla+moe+fp8", None)
+    assert "until the backend is known (a run measured this family bitwise on triton" in family_note("mla+moe+fp8",
+                                                                                                     None)
     assert "until the backend is known (a run measured this family bitwise on triton" in family_note("mla+moe", None)
     assert "not measured" in family_note("moe+fp8", None) and "a run measured" not in family_note("moe+fp8", None)
     # The label is spelled out, trait by trait.
@@ -135,22 +140,23 @@ def test_a_measured_family_has_a_committed_run_with_no_logprob_apart(entry):
     on servers whose plugin line names that backend."""
     label, backend = entry
     run = ROOT / MEASURED_BITWISE[entry] / "test_model_families"
-    # A run on SGLang's own choice writes the _auto file, one with the backend named the backend's.
-    (found,) = [f for f in (run / f"model_families_{backend}.json", run / "model_families_auto.json") if f.exists()]
+    # A run on SGLang's own choice writes the _auto file, one with the backend named the backend's (the named one
+    # is read where a run wrote both).
+    found = next(f for f in (run / f"model_families_{backend}.json", run / "model_families_auto.json") if f.exists())
+    case = found.stem.rsplit("_", 1)[-1]
     record = json.loads(found.read_text())
     rows = [r for r in record["rows"] if LABEL_OF_FAMILY[r["family"]] == label]
     checks = {(r["speculative"], r["check"]) for r in rows}
     assert {("chain", "logprobs"), ("tree", "logprobs"), ("tree", "radix_cache"), ("chain_retract", "retraction")} <= checks
     assert all(r["passed"] and r["differing_sequences"] == 0 and r.get("other_logprobs", 0) == 0 for r in rows)
     family = next(r["family"] for r in rows)
-    logs = sorted(run.glob(f"server_test_model_families-{family}_*.log"))
-    assert len(logs) == 4
+    server = re.compile(rf"server_test_model_families-{family}_(none|chain|tree|chain_retract)_{case}_.*\.log")
+    logs = [log for log in run.iterdir() if server.fullmatch(log.name)]
+    assert len(logs) == 4, logs
     assert all(f"attention_backend='{backend}'" in log.read_text() for log in logs)
 
 
 def test_every_measured_entry_names_a_committed_run():
-    import re
-
     for text in (*MEASURED_BITWISE.values(), *MEASURED_APART.values()):
         runs = re.findall(r"docs/e2e/[\w.-]+(?:/[\w.-]+)?", text)
         assert runs, text
