@@ -49,6 +49,11 @@ GEMM_WARMUP_ENV = "SGLANG_DETSPEC_GEMM_WARMUP_S"
 DEFAULT_GEMM_WARMUP_S = 60.0
 MAX_GEMM_WARMUP_S = 3600.0
 MOE_TILE_ENV = "SGLANG_DETSPEC_MOE_TILE"
+# off (the default): the tile above serves every batch size. checked: SGLang's tuned per-batch-size tables serve
+# each expert shape where a start-up check on the server's GPU finds their rows bit for bit the tile's
+# (sglang_plugin/moe_tables.py); elsewhere the tile.
+MOE_TABLES_ENV = "SGLANG_DETSPEC_MOE_TABLES"
+MOE_TABLES_SETTINGS = ("off", "checked")
 # The fields of SGLang's fused-MoE Triton config a tile sets, in the order the setting lists them
 # (sglang_plugin/moe_tile_hook.py), and the values each may take: tile sides SGLang's tuned tables use,
 # a program-grouping width, warps per program and software-pipeline stages.
@@ -194,6 +199,13 @@ class DetSpecConfig:
             unset: :data:`DEFAULT_MOE_TILE`; None (``sglang``) keeps SGLang's.
             Shown in the start-up line for targets that take it and where set
             to another tile.
+        moe_tables: ``SGLANG_DETSPEC_MOE_TABLES``: ``off`` (the default) or
+            ``checked``: SGLang's tuned fused-MoE tables serve each expert
+            shape of a target that takes a tile where a start-up check finds
+            their rows bit for bit those of ``moe_tile`` (SGLang's tile where
+            that is None) at every batch size where their config changes
+            (``sglang_plugin/moe_tables.py``); the tile elsewhere. Shown in
+            the start-up line where not ``off``.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -257,6 +269,7 @@ class DetSpecConfig:
     tree_chain_tokens: int = 0
     gemm_warmup_s: float = DEFAULT_GEMM_WARMUP_S
     moe_tile: tuple[int, ...] | None = DEFAULT_MOE_TILE
+    moe_tables: str = "off"
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
@@ -555,6 +568,17 @@ class DetSpecConfig:
                 "divide the quantization blocks")
 
     @property
+    def moe_tables_skip(self) -> str | None:
+        """Why ``moe_tables`` ``checked`` does not apply to this target (one clause), or None where it does, where
+        it is ``off``, or where the family is unknown."""
+        if self.moe_tables == "off" or self.model_family is None or self.takes_moe_tile:
+            return None
+        if "moe" not in self.family_traits:
+            return "this target has no expert layers"
+        return (f"its weights are quantized ({self.model_family}): SGLang's tables for them are another kernel's, "
+                "which the check does not cover")
+
+    @property
     def takes_moe_tile(self) -> bool:
         """Whether a ``moe_tile`` would serve this target: expert layers and no quantized weights (traits beyond
         the structural ones of ``model_family.TRAIT_NAMES`` are quantizations)."""
@@ -692,7 +716,7 @@ class DetSpecConfig:
         backend other than :data:`BITWISE_NODE_TREE_BACKENDS`, or for a chain;
         ``tree_chain_batch`` for a chain and for NGRAM, ``tree_chain_tokens``
         there and at 0; ``gemm_warmup_s`` at its default; ``moe_tile`` at its default or ``sglang`` for a
-        target that does not take a tile (or whose family is unknown). An unknown backend
+        target that does not take a tile (or whose family is unknown); ``moe_tables`` at ``off``. An unknown backend
         or top-k (None: SGLang picks it at start-up) keeps the field.
         """
         skip = set()
@@ -714,6 +738,8 @@ class DetSpecConfig:
             skip.add("gemm_warmup_s")
         if not (self.moe_tile_chosen or self.takes_moe_tile):
             skip.add("moe_tile")
+        if self.moe_tables == "off":
+            skip.add("moe_tables")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
         skip.add("set_tree_settings")  # the start-up note on the FA3 tree defaults says it
@@ -1038,8 +1064,8 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
     """The plugin's own ``SGLANG_DETSPEC_*`` settings, checked.
 
     Returns ``{"kernel", "disabled", "verify", "tree_attention", "decode_attention", "tree_chain_batch",
-    "tree_chain_tokens", "gemm_warmup_s", "moe_tile", "set_tree_settings"}`` with ``verify`` as set (``auto`` unresolved; see
-    :func:`resolve_verify`), the four tree settings at their plain defaults where unset (the server's own
+    "tree_chain_tokens", "gemm_warmup_s", "moe_tile", "moe_tables", "set_tree_settings"}`` with ``verify`` as set
+    (``auto`` unresolved; see :func:`resolve_verify`), the four tree settings at their plain defaults where unset (the server's own
     defaults come with :func:`with_server_defaults`) and ``set_tree_settings`` naming those set.
 
     Raises:
@@ -1056,7 +1082,8 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             [0, :data:`MAX_GEMM_WARMUP_S`],
             ``SGLANG_DETSPEC_MOE_TILE`` neither ``sglang`` nor six integers
             each in its range of :data:`MOE_TILE_VALUES` whose pipeline fits
-            :data:`MOE_TILE_MAX_SMEM`, or
+            :data:`MOE_TILE_MAX_SMEM`,
+            ``SGLANG_DETSPEC_MOE_TABLES`` not in off|checked, or
             a removed setting (:data:`REMOVED_ENV`) set to anything but
             its old default (:data:`REMOVED_DEFAULTS`, accepted: it asks for
             what now always runs).
@@ -1077,6 +1104,7 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             "tree_chain_tokens": _count(env, TREE_CHAIN_TOKENS_ENV, MAX_TREE_CHAIN_TOKENS, "token count"),
             "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S),
             "moe_tile": _moe_tile(env),
+            "moe_tables": _word(env, MOE_TABLES_ENV, "off", MOE_TABLES_SETTINGS),
             "set_tree_settings": tuple(field for field, name in TREE_SETTING_ENVS.items()
                                        if env.get(name, "").strip())}
 

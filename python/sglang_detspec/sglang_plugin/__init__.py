@@ -76,7 +76,10 @@ docs/plugin.md's hook table is generated from :func:`hook_table`, ``make docs-ho
   unquantized mixture-of-experts target's fused-MoE Triton kernel runs one
   tile at every batch size (``SGLANG_DETSPEC_MOE_TILE``, by default
   ``config.DEFAULT_MOE_TILE``) instead of SGLang's deterministic tile (rows
-  stay batch-invariant; the cost differs).
+  stay batch-invariant; the cost differs); with
+  ``SGLANG_DETSPEC_MOE_TABLES=checked`` SGLang's tuned per-batch-size tables
+  serve the expert shapes whose rows a start-up check finds bit for bit the
+  tile's (``moe_tables``).
 
 :func:`hook_table` is the one list of every change the plugin makes to
 SGLang: the registry's hooks (BEFORE, AFTER, AROUND) and the changes those
@@ -225,6 +228,7 @@ def hook_table() -> list[Hook]:
         Hook(warmup_hook.TARGET, gemm_warmup_hook.compile_gemms, "BEFORE", _GEMM_WARMUP_ONLY),
         Hook(moe_tile_hook.TARGET, moe_tile_hook.pin_moe_tile, "BEFORE", _MOE_TILE_ONLY),
         Hook(moe_tile_hook.OVERRIDE, moe_tile_hook.pin_moe_tile, "ATTR"),
+        Hook(moe_tile_hook.TABLES, moe_tile_hook.pin_moe_tile, "ATTR"),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),
         Hook(sh.SEND_ONE_TARGET, sh.seed_one_send, "AROUND"),

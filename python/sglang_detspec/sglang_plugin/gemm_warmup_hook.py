@@ -42,7 +42,7 @@ and 11 compiled while serving:
 the prefill range first, the 60 s budget (69 s as logged) reached 269 of 318 and every kernel serving
 met, c = 1 to 128: ``docs/benchmarks/determinism_tax/2026-12-05-h100-ade/``).
 Not warmed (they compile at first use, as
-without the plugin): row counts past the budget or above :func:`max_rows_for` (with
+without the plugin): row counts past the budget or above :func:`forward_sizes.max_rows_for` (with
 chunked prefill off, a first request longer than ``max_prefill_tokens``),
 launches whose tensors would pass :data:`MAX_TENSOR_BYTES`, and the
 float32-output LM head of ``--enable-fp32-lm-head`` (``aten::mm.dtype``).
@@ -59,6 +59,7 @@ import time
 import torch
 
 from ..config import GEMM_WARMUP_ENV, current_config
+from .forward_sizes import models_of, scheduler_max_rows
 
 # The start-up lines (the E2E suites require one of the first two on every deterministic server, never the third).
 WARMED_LOG = "sglang-detspec: DeepGEMM matmul warmed before serving"
@@ -161,24 +162,6 @@ def covered_up_to(rows: list[int], done) -> int:
     return reached
 
 
-def max_rows_for(chunked_prefill_size: int | None, max_prefill_tokens: int, max_running_requests: int | None,
-                 tokens_per_request: int, mixed_chunk: bool) -> int:
-    """The most rows one matmul of this server multiplies: a prefill batch's tokens or a decode step's.
-
-    Args:
-        chunked_prefill_size: SGLang's chunk (tokens per prefill batch); None or < 1 when chunking is off,
-            then ``max_prefill_tokens`` bounds a prefill batch.
-        max_prefill_tokens: SGLang's ``max_prefill_tokens`` (>= 1).
-        max_running_requests: the decode batch bound (None: unknown, taken as 0).
-        tokens_per_request: rows per request in a decode or verify step (draft tokens; 1 without
-            speculative decoding).
-        mixed_chunk: ``--enable-mixed-chunk`` (a prefill chunk and a decode batch in one forward).
-    """
-    prefill = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else max_prefill_tokens
-    decode = (max_running_requests or 0) * max(tokens_per_request, 1)
-    return max(prefill + (decode if mixed_chunk else 0), decode, 1)
-
-
 def gemm_weights(models) -> dict[tuple[int, int], torch.Tensor]:
     """One weight per distinct (N, K) the models multiply by through ``aten::mm`` / ``aten::addmm``, by (N, K).
 
@@ -212,19 +195,6 @@ def gemm_weights(models) -> dict[tuple[int, int], torch.Tensor]:
         if isinstance(head, torch.nn.Module):
             add(head)
     return dict(sorted(weights.items()))
-
-
-def models_of(scheduler) -> list:
-    """The target model of a scheduler and, where it has one, its draft model (SGLang's EAGLE workers)."""
-    models = [scheduler.tp_worker.model_runner.model]
-    worker = getattr(scheduler, "draft_worker", None)
-    for path in (("_draft_worker", "draft_runner"), ("draft_runner",), ("model_runner",)):
-        runner = worker
-        for name in path:
-            runner = getattr(runner, name, None)
-        if getattr(runner, "model", None) is not None and runner.model is not models[0]:
-            return models + [runner.model]
-    return models
 
 
 def deepgemm_matmul_applies() -> str | None:
@@ -299,7 +269,7 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
     Only in runs whose seeded streams are active, on CUDA, with
     deterministic inference, where SGLang's matmul runs DeepGEMM
     (:func:`deepgemm_matmul_applies`); elsewhere on CUDA it logs why not
-    (:data:`SKIPPED_LOG`). Rows up to :func:`max_rows_for` the
+    (:data:`SKIPPED_LOG`). Rows up to :func:`forward_sizes.max_rows_for` the
     scheduler's limits. Speed only: a failure is logged and the kernels
     compile at first use, as they would without the plugin.
     """
@@ -318,14 +288,8 @@ def compile_gemms(scheduler, *args, **kwargs) -> None:
         if reason:
             log.info("%s: %s", SKIPPED_LOG, reason)
             return None
-        from sglang.srt.runtime_context import get_schedule
-
-        schedule = get_schedule()
-        # The model runner's bound is the resolved one (the schedule's is the command line's, often None).
-        running = getattr(scheduler.tp_worker.model_runner, "max_running_requests", None)
-        running = running or schedule.max_running_requests
-        rows = warm_rows(max_rows_for(schedule.chunked_prefill_size, schedule.max_prefill_tokens, running,
-                                      bag.num_draft_tokens or 1, bool(schedule.enable_mixed_chunk)))
+        most, running = scheduler_max_rows(scheduler, bag.num_draft_tokens or 1)
+        rows = warm_rows(most)
         graph_bs = _captured_decode_bs()
         first = first_rows(running, max(graph_bs, default=None), bag.num_draft_tokens or 1)
         captured = bool(graph_bs)

@@ -45,10 +45,16 @@ from __future__ import annotations
 
 import logging
 
-from ..config import MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
+import torch
+
+from ..config import MOE_TABLES_ENV, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
+from .moe_tables import CONFIG_MODULE, TARGET as TABLES_TARGET, install_checked_tables
+from .forward_sizes import models_of, scheduler_max_rows
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
 OVERRIDE = "sglang.srt.layers.moe.moe_runner.triton_utils._config"
+# Replaced with SGLANG_DETSPEC_MOE_TABLES=checked (moe_tables.TableSource).
+TABLES = TABLES_TARGET
 logger = logging.getLogger("sglang_detspec")
 
 
@@ -61,39 +67,90 @@ def pin_moe_tile(*args, **kwargs) -> None:
     """BEFORE hook of ``Scheduler.init_all_cuda_graphs``: set the bag's fused-MoE tile as SGLang's override.
 
     Does nothing unless the bag is active and deterministic, ``moe_tile`` is
-    not ``sglang`` (None) and the target takes a tile (``takes_moe_tile``:
-    expert layers, no quantized weights, and SGLang's own ``model_config``
-    on the scheduler, ``args[0]``, reads no quantization either); logs why
-    where the bag's ``moe_tile_skip`` names a reason for a tile the user set
-    (quantized weights), where SGLang reads a quantization the family label
-    missed, or where the family is unknown. Returns None.
+    not ``sglang`` (None) or ``moe_tables`` is ``checked``, and the target
+    takes a tile (``takes_moe_tile``: expert layers, no quantized weights,
+    and SGLang's own ``model_config`` on the scheduler, ``args[0]``, reads
+    no quantization either); logs why where the bag's ``moe_tile_skip``
+    names a reason for a tile the user set (quantized weights), where SGLang
+    reads a quantization the family label missed, or where the family is
+    unknown. With ``moe_tables`` ``checked`` SGLang's tuned tables serve
+    each expert shape the start-up check admits
+    (:func:`sglang_plugin.moe_tables.install_checked_tables`), the tile the others.
+    Returns None.
     """
     bag = current_config()
-    if not (bag.active and bag.deterministic and bag.moe_tile is not None):
+    if not (bag.active and bag.deterministic and (bag.moe_tile is not None or bag.moe_tables == "checked")):
         return None
+    tile = ",".join(map(str, bag.moe_tile)) if bag.moe_tile is not None else "sglang"
+    settings = " and ".join(([f"the fused-MoE tile {tile}"] if bag.moe_tile is not None else [])
+                            + ([f"{MOE_TABLES_ENV}=checked"] if bag.moe_tables == "checked" else []))
     if bag.model_family is None:
-        # A tile the user set warrants a warning; the default one, on a target that is most likely dense, a line.
-        log = logger.warning if bag.moe_tile_chosen else logger.info
-        log("sglang-detspec: the fused-MoE tile %s not applied: the target's family could not be read from its "
-            "config; SGLang's tile serves any expert layers", ",".join(map(str, bag.moe_tile)))
+        # A setting the user made warrants a warning; the default tile, on a target most likely dense, a line.
+        log = logger.warning if (bag.moe_tile_chosen or bag.moe_tables == "checked") else logger.info
+        log("sglang-detspec: %s not applied: the target's family could not be read from its config; SGLang's "
+            "tile serves any expert layers", settings)
         return None
     if not bag.takes_moe_tile:
         if bag.moe_tile_skip:
             logger.warning("sglang-detspec: %s=%s not applied: %s; SGLang's deterministic tile serves", MOE_TILE_ENV,
-                           ",".join(map(str, bag.moe_tile)), bag.moe_tile_skip)
+                           tile, bag.moe_tile_skip)
+        if bag.moe_tables == "checked":
+            logger.warning("sglang-detspec: %s=checked not applied: %s; SGLang's deterministic tile serves",
+                           MOE_TABLES_ENV, bag.moe_tables_skip)
         return None
     # SGLang's own reading of the checkpoint's quantization (its flag, config.json or a file beside it), in case
     # the family label missed a layout: a quantized kernel needs K tiles that divide its blocks.
     quantized = getattr(getattr(args[0] if args else None, "model_config", None), "quantization", None)
     if quantized:
-        logger.warning("sglang-detspec: the fused-MoE tile %s not applied: SGLang reads the target's weights as "
-                       "quantized (%s); SGLang's tile serves", ",".join(map(str, bag.moe_tile)), quantized)
+        logger.warning("sglang-detspec: %s not applied: SGLang reads the target's weights as quantized (%s); "
+                       "SGLang's tile serves", settings, quantized)
         return None
     from sglang.srt.layers.moe.moe_runner import triton_utils
 
-    config = moe_tile_config(bag.moe_tile)
+    config = moe_tile_config(bag.moe_tile) if bag.moe_tile is not None else None
+    if bag.moe_tables == "checked" and _tables_checked(args[0] if args else None, config, bag):
+        return None
+    if config is None:  # 'sglang', the tables not checked: SGLang's own deterministic tile serves
+        return None
     # What SGLang's override_config context sets; held for the process's life, not one block.
     triton_utils._config = config
     logger.info("sglang-detspec: the fused-MoE Triton kernel runs the tile %s at every batch size (in place of "
                 "SGLang's deterministic tile)", config)
     return None
+
+
+def _tables_checked(scheduler, tile: dict | None, bag) -> bool:
+    """``SGLANG_DETSPEC_MOE_TABLES=checked``: SGLang's tuned tables where the start-up check admits them, the tile
+    (or SGLang's, ``tile`` None) elsewhere, through ``moe_tables.TableSource``. False (the caller sets the tile as
+    without the setting) where it cannot run: no CUDA, another MoE runner, no scheduler, or a failure."""
+    from sglang.srt.layers.moe.utils import get_moe_runner_backend
+
+    runner = get_moe_runner_backend()
+    why = ("no CUDA device" if not torch.cuda.is_available()
+           else f"--moe-runner-backend {runner.value} reads no table" if not (runner.is_auto() or runner.is_triton())
+           else "no scheduler to read the models from" if scheduler is None else None)
+    if why:
+        logger.warning("sglang-detspec: %s=checked not applied: %s", MOE_TABLES_ENV, why)
+        return False
+    import importlib
+
+    module = importlib.import_module(CONFIG_MODULE)
+    original = module.get_moe_configs
+    try:
+        most, _ = scheduler_max_rows(scheduler, bag.num_draft_tokens or 1)
+        verdicts, seconds = install_checked_tables(models_of(scheduler), tile, most)
+    except Exception as exc:  # speed only: the tile serves as without the setting
+        module.get_moe_configs = getattr(original, "original", None) or original
+        logger.warning("sglang-detspec: %s=checked: the start-up check of SGLang's tuned fused-MoE tables failed "
+                       "(%s: %s); the tile serves", MOE_TABLES_ENV, type(exc).__name__, exc)
+        return False
+    reference = ",".join(map(str, bag.moe_tile)) if bag.moe_tile else "SGLang's deterministic tile"
+    for key, verdict in verdicts.items():
+        served = "SGLang's tuned tables serve" if verdict.startswith("tuned") else f"the tile {reference} serves"
+        logger.info("sglang-detspec: fused-MoE expert shape E=%s N=%s (up to %s tokens a forward): %s: %s "
+                    "(start-up check of their rows against the tile's, %.1f s in all)", key[0], key[1], most,
+                    served, verdict, seconds)
+    if not verdicts:
+        logger.info("sglang-detspec: %s=checked: no unquantized fused-MoE layer found; the tile serves",
+                    MOE_TABLES_ENV)
+    return True

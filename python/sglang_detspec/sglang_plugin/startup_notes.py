@@ -86,6 +86,9 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     tile = moe_tile_note(config)
     if tile:
         notes.append(tile)
+    tables = moe_tables_note(config)
+    if tables:
+        notes.append(tables)
     return notes
 
 
@@ -137,6 +140,24 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
             f"{MOE_TILE_EVIDENCE}; elsewhere a tile may change the logits' bits (so "
             "possibly a token) against another tile: a server this one is compared with must run the same tile "
             "(the plugin's servers run the default unless told otherwise)")
+
+
+def moe_tables_note(config: DetSpecConfig) -> str | None:
+    """What ``SGLANG_DETSPEC_MOE_TABLES=checked`` does on this server (``sglang_plugin/moe_tables.py``), or None
+    where it is ``off``, the run is not the plugin's or the family is unknown."""
+    if not config.active or config.model_family is None or config.moe_tables == "off":
+        return None
+    if config.moe_tables_skip:
+        return f"SGLANG_DETSPEC_MOE_TABLES=checked changes nothing here: {config.moe_tables_skip}"
+    tile = (f"the tile {','.join(map(str, config.moe_tile))}" if config.moe_tile is not None
+            else "SGLang's deterministic tile")
+    return ("SGLANG_DETSPEC_MOE_TABLES=checked: at start-up SGLang's tuned fused-MoE tables are checked on this "
+            f"GPU, per expert shape, against {tile}: at every batch size where their config changes, up to the "
+            "largest forward, the same tokens through both must give the same bytes; a shape whose tables pass "
+            f"runs them (their rows then are {tile}'s, so the tokens and logprobs are a server's with that tile), "
+            "the others the tile, each shape's verdict logged. On one H100 at a Qwen3-30B-A3B-like shape the "
+            "plugin's default tile took 1.7x / 2.8x the tables' time at 2,048 / 8,192-token calls and gave their "
+            "bits (docs/benchmarks/moe_tile_probe/2026-12-07-h100); no server has run the check yet")
 
 
 # What the FA3 tree defaults were measured against (docs/determinism_tax.md, "The token bound on one H100" and

@@ -17,6 +17,7 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from sglang_detspec.sglang_plugin import forward_sizes
 from sglang_detspec.sglang_plugin import gemm_warmup_hook as g
 
 register_cpu_ci(est_time=15, suite="detspec-unit-cpu")
@@ -58,7 +59,7 @@ def test_a_bad_bound_is_named():
     (8192, 16384, 128, 4, True, 8192 + 512),  # a mixed chunk carries a decode batch too
 ])
 def test_the_row_bound(chunk, prefill, running, tokens, mixed, expected):
-    assert g.max_rows_for(chunk, prefill, running, tokens, mixed) == expected
+    assert forward_sizes.max_rows_for(chunk, prefill, running, tokens, mixed) == expected
 
 
 def _module(cls, n: int, k: int, dtype=torch.bfloat16):
@@ -103,12 +104,12 @@ def test_the_models_are_the_target_and_the_draft_of_sglang_workers():
     scheduler.tp_worker.model_runner = object.__new__(ModelRunner)
     scheduler.tp_worker.model_runner.model = target
     scheduler.draft_worker = None
-    assert g.models_of(scheduler) == [target]
+    assert forward_sizes.models_of(scheduler) == [target]
     scheduler.draft_worker = object.__new__(EAGLEWorkerV2)
     scheduler.draft_worker._draft_worker = object.__new__(EagleDraftWorker)
     scheduler.draft_worker._draft_worker.draft_runner = object.__new__(ModelRunner)
     scheduler.draft_worker._draft_worker.draft_runner.model = draft
-    assert g.models_of(scheduler) == [target, draft]
+    assert forward_sizes.models_of(scheduler) == [target, draft]
 
 
 def test_the_schedule_fields_read_are_sglangs():

@@ -74,7 +74,8 @@ HOOK_MODULES = sorted(p for p in PLUGIN.glob("*.py") if p.name not in ("__init__
                                                                       "positions.py", "channels.py", "request_rules.py",
                                                                       "decode_attention.py", "shape_rules.py",
                                                                       "fa3_split.py", "fa3_own_calls.py",
-                                                                      "kv_move_warmup.py"))
+                                                                      "kv_move_warmup.py", "forward_sizes.py",
+                                                                      "moe_tables.py"))
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "ops").glob("*.py")), ids=lambda p: p.name)
@@ -98,7 +99,8 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
             "sglang_detspec.sglang_plugin.channels", "sglang_detspec.seeds", "sglang_detspec.ops.seed_encoding",
             "sglang_detspec.sglang_plugin.request_rules", "sglang_detspec.sglang_plugin.decode_attention",
             "sglang_detspec.sglang_plugin.shape_rules", "sglang_detspec.sglang_plugin.fa3_split",
-            "sglang_detspec.sglang_plugin.fa3_own_calls", "sglang_detspec.sglang_plugin.kv_move_warmup")
+            "sglang_detspec.sglang_plugin.fa3_own_calls", "sglang_detspec.sglang_plugin.kv_move_warmup",
+            "sglang_detspec.sglang_plugin.forward_sizes", "sglang_detspec.sglang_plugin.moe_tables")
     bad = {n for n in own(imports(path)) if not allowed(n, keep)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
@@ -117,6 +119,8 @@ def test_hook_modules_import_ops_the_bag_positions_and_the_rules(path):
     ("request_rules.py", ("sglang_detspec.ops.seed_encoding",)),
     ("shape_rules.py", ("sglang_detspec.config",)),  # the settings' names, written once there
     ("kv_move_warmup.py", ()),
+    ("forward_sizes.py", ()),
+    ("moe_tables.py", ()),
 ])
 def test_shared_plugin_modules(name, keep):
     bad = {n for n in own(imports(PLUGIN / name)) if not allowed(n, keep)}

@@ -1,0 +1,258 @@
+"""SGLang's tuned fused-MoE tables, admitted per expert shape by a start-up check of their bits.
+
+Without deterministic inference SGLang's fused-MoE Triton kernel takes a
+tile per batch size from its tuned tables (``get_moe_configs``: a JSON file
+per expert count, intermediate size, dtype and GPU, ``{M: config}``, the
+nearest key's config serving a batch of M tokens; a second file may tune
+the down projection, TMA included). Under ``--enable-deterministic-inference``
+it reads none and runs one tile at every M, which keeps a token's row
+independent of its batch. The tables are faster at prefill sizes: on one
+H100 at a Qwen3-30B-A3B-like expert shape the plugin's default tile took
+1.7x / 2.8x their time at 2,048 / 8,192-token calls, and every config the
+probe tried, the tables' included, gave the same bits
+(``docs/benchmarks/moe_tile_probe/2026-12-07-h100``). Same bits as a
+batch-invariant tile at every batch size make a table batch-invariant too;
+that is what this module checks, on the server's GPU and expert shapes,
+before it lets a table serve.
+
+:class:`TableSource` takes the place of SGLang's ``get_moe_configs`` (the
+module function ``try_get_optimal_moe_config`` asks for the up and the down
+projection's table) and answers per expert shape: the tuned tables where
+:func:`admit_tables` found them giving the reference's bits, else the
+reference (the plugin's tile as a one-entry table, the same config at every
+M, or None where SGLang's own deterministic tile serves). The check, per
+distinct expert shape among the models' fused-MoE layers: the batch sizes
+where the pair (up config, down config) the tables give changes
+(:func:`config_runs`), each run's two ends and a multiple of 16 inside it
+(:func:`check_sizes`; Triton specialises kernels on sizes divisible by 16),
+up to the largest forward the server makes; at each size the same random
+tokens, routed top-k at random, through SGLang's own ``fused_experts`` with
+the layer's own weights, once with each answer; every output byte equal, or
+the shape keeps the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+
+logger = logging.getLogger("sglang_detspec")
+
+CONFIG_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
+TARGET = f"{CONFIG_MODULE}.get_moe_configs"
+# Tokens a checked forward has at most where the server names no prefill bound (SGLang's default chunk on
+# large GPUs); one more than the largest size checked keeps the last run's config.
+DEFAULT_MAX_TOKENS = 8192
+SEED = 0
+# Sizes where SGLang's fused-MoE path itself changes, whatever the table: its kernel's early-launch flag turns at
+# 512 rows (checked where a server's forwards reach them).
+SWITCH_SIZES = (511, 512, 513)
+
+# get_moe_configs's arguments without down_moe: (E, N, dtype, block_n, block_k, per_channel_quant).
+ShapeKey = tuple
+
+
+def nearest(table: Mapping[int, dict], m: int) -> dict:
+    """The config SGLang's ``try_get_optimal_moe_config`` takes from ``table`` for a batch of ``m`` tokens: the
+    key nearest ``m``, the first such key in the table's order on a tie."""
+    return table[min(table, key=lambda key: abs(key - m))]
+
+
+def config_runs(up: Mapping[int, dict], down: Mapping[int, dict] | None, max_tokens: int) -> list[tuple[int, int]]:
+    """The batch sizes 1..``max_tokens`` cut where the (up, down) config pair SGLang takes from the tables changes.
+
+    Args:
+        up: the up projection's table ``{M: config}`` (non-empty).
+        down: the down projection's table, or None (the down projection then takes the up config).
+        max_tokens: the largest batch size, >= 1.
+
+    Returns:
+        ``[(first, last), ...]``, inclusive, ascending, covering 1..``max_tokens``.
+
+    Raises:
+        ValueError: ``max_tokens`` below 1 or ``up`` empty.
+    """
+    if max_tokens < 1 or not up:
+        raise ValueError(f"max_tokens must be >= 1 and up non-empty, got {max_tokens} and {len(up)} entries")
+    runs, start, last = [], 1, None
+    for m in range(1, max_tokens + 1):
+        pair = (id(nearest(up, m)), id(nearest(down, m)) if down else None)
+        if last is not None and pair != last:
+            runs.append((start, m - 1))
+            start = m
+        last = pair
+    runs.append((start, max_tokens))
+    return runs
+
+
+def check_sizes(runs: list[tuple[int, int]]) -> list[int]:
+    """The batch sizes checked for ``runs`` (:func:`config_runs`): each run's ends and, where one lies inside, a
+    multiple of 16 in it, and :data:`SWITCH_SIZES` up to the last run's end (sorted, distinct)."""
+    sizes = {m for m in SWITCH_SIZES if m <= runs[-1][1]}
+    for first, last in runs:
+        sizes.update((first, last))
+        inner = (first // 16 + 1) * 16
+        if first < inner < last:
+            sizes.add(inner)
+    return sorted(sizes)
+
+
+def first_mismatch(reference: Callable[[int], torch.Tensor], candidate: Callable[[int], torch.Tensor],
+                   sizes: Iterable[int]) -> str | None:
+    """None when ``candidate(m)`` has the bytes of ``reference(m)`` at every size, else where it first did not.
+
+    Args:
+        reference, candidate: ``m -> output [m, hidden]`` for the same ``m`` tokens (any dtype, equal shapes).
+        sizes: the batch sizes to try, in order.
+    """
+    for m in sizes:
+        ref, out = reference(m), candidate(m)
+        if ref.shape != out.shape or not torch.equal(ref.view(torch.uint8), out.view(torch.uint8)):
+            rows = ((ref.view(torch.uint8) != out.view(torch.uint8)).flatten(1).any(-1).sum().item()
+                    if ref.shape == out.shape else "all")
+            return f"{rows} of {m} rows apart at {m} tokens"
+    return None
+
+
+@dataclasses.dataclass
+class TableSource:
+    """What ``get_moe_configs`` answers once installed: per expert shape and projection, a table or None.
+
+    ``reference`` answers every shape not in ``tables`` (and the down projection of those in it without a
+    down table): ``{1: tile}`` for a plugin tile, None for SGLang's own deterministic tile.
+    """
+
+    reference: dict | None
+    tables: dict = dataclasses.field(default_factory=dict)  # (ShapeKey, down_moe) -> table or None
+    original: Callable | None = None  # SGLang's own get_moe_configs, which this one replaced
+
+    def __call__(self, E, N, dtype, block_n=0, block_k=0, per_channel_quant=False, down_moe=False):
+        key = ((E, N, dtype, block_n, block_k, per_channel_quant), down_moe)
+        if key in self.tables:
+            return self.tables[key]
+        return None if down_moe else self.reference
+
+
+def read_tuned(original, key: ShapeKey) -> tuple[dict | None, dict | None]:
+    """SGLang's tuned (up, down) tables for ``key``, read by its own ``get_moe_configs`` (``original``, still the
+    module's function: a missing down file falls back to the up table through it) with deterministic inference
+    off for the call; (None, None) where it has none for this GPU. Its cache is cleared after: the answer
+    depends on the mode."""
+    from sglang.srt.runtime_context import get_exec
+
+    try:
+        with get_exec().deterministic.override(enable_deterministic_inference=False):
+            up = original(*key, down_moe=False)
+            down = original(*key, down_moe=True) if up else None
+    finally:
+        getattr(original, "cache_clear", lambda: None)()
+    return (dict(up) if up else None), (dict(down) if down else None)
+
+
+def shape_key(layer) -> ShapeKey:
+    """The ``get_moe_configs`` key SGLang's fused-MoE forward asks for this unquantized layer: (E, N, None, 0, 0,
+    False) with E and N from its ``w2_weight`` [E, hidden, N]."""
+    e, _, n = layer.w2_weight.shape
+    return (e, n, None, 0, 0, False)
+
+
+def expert_layers(models: Iterable[torch.nn.Module]) -> dict:
+    """One fused-MoE layer per distinct expert shape in ``models`` ({ShapeKey: layer}), first met first."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    layers = {}
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, FusedMoE) and hasattr(module, "w2_weight"):
+                layers.setdefault(shape_key(module), module)
+    return layers
+
+
+def layer_runner(layer, m_max: int) -> Callable[[int], torch.Tensor]:
+    """``m -> output [m, hidden]`` of SGLang's ``fused_experts`` over the first ``m`` of ``m_max`` fixed random
+    tokens (bf16 in the layer's dtype, unit normal; top-k experts of a random softmax, renormalised) with the
+    layer's own weights and runner config."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_experts
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    w13, w2, cfg = layer.w13_weight, layer.w2_weight, layer.moe_runner_config
+    g = torch.Generator(device=w13.device).manual_seed(SEED)
+    x = torch.randn(m_max, w13.shape[-1], generator=g, device=w13.device).to(w13.dtype)
+    weights, ids = torch.rand(m_max, w13.shape[0], generator=g, device=w13.device).softmax(-1).topk(cfg.top_k, -1)
+    weights, ids = weights / weights.sum(-1, keepdim=True), ids.to(torch.int32)
+
+    def run(m: int) -> torch.Tensor:
+        hidden = x[:m].clone()  # the runner's config may write its output in place
+        return fused_experts(hidden, w13, w2, StandardTopKOutput(weights[:m].contiguous(), ids[:m].contiguous(),
+                                                                 None), cfg).clone()
+    return run
+
+
+def admit_tables(source: TableSource, tuned: Mapping, layers: Mapping, max_tokens: int) -> dict:
+    """Check each expert shape's tuned tables against ``source.reference``; keep those that pass in ``source``.
+
+    ``source`` must be SGLang's ``get_moe_configs`` while this runs (the forwards it makes ask it).
+
+    Args:
+        source: the installed :class:`TableSource`; its ``tables`` gain every checked shape's answer.
+        tuned: ``{ShapeKey: (up, down)}`` as :func:`read_tuned` gives them.
+        layers: ``{ShapeKey: fused-MoE layer}`` (:func:`expert_layers`).
+        max_tokens: the largest batch size a forward of this server has.
+
+    Returns:
+        ``{ShapeKey: verdict}``: ``"tuned"`` (admitted), or why not (no tuned table for this GPU, or the first
+        difference found).
+    """
+    verdicts = {}
+    for key, layer in layers.items():
+        up, down = tuned.get(key, (None, None))
+        if up is None:
+            verdicts[key] = "no tuned table for this GPU"
+            continue
+        sizes = check_sizes(config_runs(up, down, max_tokens))
+        run = layer_runner(layer, sizes[-1])
+
+        def answered(tables, run=run):
+            def go(m):
+                source.tables.update(tables)
+                return run(m)
+            return go
+        reference = {(key, False): source.reference, (key, True): None}
+        candidate = {(key, False): up, (key, True): down}
+        mismatch = first_mismatch(answered(reference), answered(candidate), sizes)
+        source.tables.update(reference if mismatch else candidate)
+        verdicts[key] = f"{mismatch} (checked {len(sizes)} sizes)" if mismatch else f"tuned ({len(sizes)} sizes)"
+    return verdicts
+
+
+def install_checked_tables(models: Iterable[torch.nn.Module], tile: dict | None,
+                           max_tokens: int) -> tuple[dict, float]:
+    """Put a :class:`TableSource` in place of SGLang's ``get_moe_configs`` and admit the tuned tables that pass.
+
+    Args:
+        models: the target model and any draft model (their fused-MoE layers give the shapes).
+        tile: the reference config (the plugin's tile), or None for SGLang's deterministic tile.
+        max_tokens: the largest batch size a forward of this server has.
+
+    Returns:
+        (``{ShapeKey: verdict}`` as :func:`admit_tables`, the check's seconds).
+    """
+    import importlib
+
+    module = importlib.import_module(CONFIG_MODULE)
+    original = module.get_moe_configs
+    if isinstance(original, TableSource):  # a second start in one process: the first install's original
+        original = original.original
+    layers = expert_layers(models)
+    tuned = {key: read_tuned(original, key) for key in layers}
+    source = TableSource(reference={1: dict(tile)} if tile else None, original=original)
+    module.get_moe_configs = source
+    start = time.perf_counter()
+    verdicts = admit_tables(source, tuned, layers, max_tokens)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return verdicts, round(time.perf_counter() - start, 1)
