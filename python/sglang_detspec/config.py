@@ -77,9 +77,9 @@ DECODE_ATTENTION_ENV = "SGLANG_DETSPEC_DECODE_ATTENTION"
 # What an MLA target's one-pass decode costs per layer call against SGLang's split-KV MLA decode (one H100, 16 and
 # 128 query heads), by how its heads run: in SGLang's tile where the start-up check lets them, else one row per head.
 MLA_DECODE_COST = {
-    "packed": ("1.08-1.9x SGLang's split-KV decode per layer call at 32-128 requests and 2,048-8,192 keys, "
-               "2.5-14.6x at 1-8 requests, where one program reads a request's context in order "
-               "(docs/benchmarks/mla_decode/2026-12-07-h100-packed)"),
+    "packed": ("1.08-1.2x SGLang's split-KV decode per layer call at 128 query heads and 32-128 requests, "
+               "1.8-7.1x at 16 heads and 32-128 requests, 2.5-14.6x at 1-8 requests, where one program reads a "
+               "request's context in order (2,048-8,192 keys; docs/benchmarks/mla_decode/2026-12-07-h100-packed)"),
     "one_row": ("3.8-37x SGLang's split-KV decode per layer call at 2,048-8,192 keys "
                 "(docs/benchmarks/mla_decode/2026-12-07-h100)"),
 }

@@ -116,8 +116,8 @@ _CUDA_ONLY = ("not importable in SGLang builds without CUDA (it loads sgl_kernel
 _SPEED_ONLY = "speed only: without it a coupled verify also computes SGLang's target probabilities or coins, unread"
 _WARMUP_ONLY = "speed only: without it the plugin's eager kernels compile inside the first requests"
 _GEMM_WARMUP_ONLY = "speed only: without it DeepGEMM compiles matmul kernels inside the first requests"
-_MOE_TILE_ONLY = ("speed only: without it SGLang's deterministic fused-MoE tile serves (the moe family's claim is "
-                  "measured with both, the mla+moe family's with SGLang's tile only)")
+_MOE_TILE_ONLY = ("speed only: without it SGLang's deterministic fused-MoE tile serves (the moe and mla+moe "
+                  "families' claims are measured with both)")
 
 _registered = False
 _lock = threading.Lock()
@@ -228,7 +228,7 @@ def hook_table() -> list[Hook]:
         Hook(warmup_hook.TARGET, gemm_warmup_hook.compile_gemms, "BEFORE", _GEMM_WARMUP_ONLY),
         Hook(moe_tile_hook.TARGET, moe_tile_hook.pin_moe_tile, "BEFORE", _MOE_TILE_ONLY),
         Hook(moe_tile_hook.OVERRIDE, moe_tile_hook.pin_moe_tile, "ATTR"),
-        Hook(moe_tile_hook.TABLES, moe_tile_hook.pin_moe_tile, "ATTR"),
+        Hook(moe_tile_hook.TABLES, moe_tile_hook.check_tables, "ATTR"),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),
         Hook(sh.SEND_ONE_TARGET, sh.seed_one_send, "AROUND"),

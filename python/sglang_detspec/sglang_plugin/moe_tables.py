@@ -24,8 +24,9 @@ M, or None where SGLang's own deterministic tile serves). The check, per
 distinct expert shape among the models' fused-MoE layers: the batch sizes
 where the pair (up config, down config) the tables give changes
 (:func:`config_runs`), each run's two ends and a multiple of 16 inside it
-(:func:`check_sizes`; Triton specialises kernels on sizes divisible by 16),
-up to the largest forward the server makes; at each size the same random
+and an odd one inside it, and the sizes where the kernel's early-launch flag
+turns (:func:`check_sizes`), up to the largest forward the server makes or
+one past the tables' largest key; at each size the same random
 tokens, routed top-k at random, through SGLang's own ``fused_experts`` with
 the layer's own weights, once with each answer; every output byte equal, or
 the shape keeps the reference.
@@ -44,13 +45,9 @@ logger = logging.getLogger("sglang_detspec")
 
 CONFIG_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
 TARGET = f"{CONFIG_MODULE}.get_moe_configs"
-# Tokens a checked forward has at most where the server names no prefill bound (SGLang's default chunk on
-# large GPUs); one more than the largest size checked keeps the last run's config.
-DEFAULT_MAX_TOKENS = 8192
 SEED = 0
-# Sizes where SGLang's fused-MoE path itself changes, whatever the table: its kernel's early-launch flag turns at
-# 512 rows (checked where a server's forwards reach them).
-SWITCH_SIZES = (511, 512, 513)
+# Rows of the down projection (tokens x top-k) at which SGLang's fused-MoE kernel turns its early-launch flag.
+EARLY_LAUNCH_ROWS = 512
 
 # get_moe_configs's arguments without down_moe: (E, N, dtype, block_n, block_k, per_channel_quant).
 ShapeKey = tuple
@@ -63,41 +60,49 @@ def nearest(table: Mapping[int, dict], m: int) -> dict:
 
 
 def config_runs(up: Mapping[int, dict], down: Mapping[int, dict] | None, max_tokens: int) -> list[tuple[int, int]]:
-    """The batch sizes 1..``max_tokens`` cut where the (up, down) config pair SGLang takes from the tables changes.
+    """The batch sizes cut where the (up, down) config pair SGLang takes from the tables changes.
+
+    They run from 1 to ``max_tokens`` or one past the tables' largest key, whichever is larger: past that key
+    the pair no longer changes, so a forward larger than ``max_tokens`` (a first request above the prefill
+    bound, tokens gathered from other ranks) still runs a checked config.
 
     Args:
         up: the up projection's table ``{M: config}`` (non-empty).
         down: the down projection's table, or None (the down projection then takes the up config).
-        max_tokens: the largest batch size, >= 1.
+        max_tokens: the largest batch size a forward is expected to have, >= 1.
 
     Returns:
-        ``[(first, last), ...]``, inclusive, ascending, covering 1..``max_tokens``.
+        ``[(first, last), ...]``, inclusive, ascending, covering every size up to the last run's end.
 
     Raises:
         ValueError: ``max_tokens`` below 1 or ``up`` empty.
     """
     if max_tokens < 1 or not up:
         raise ValueError(f"max_tokens must be >= 1 and up non-empty, got {max_tokens} and {len(up)} entries")
+    end = max(max_tokens, max(up) + 1, max(down) + 1 if down else 0)
     runs, start, last = [], 1, None
-    for m in range(1, max_tokens + 1):
+    for m in range(1, end + 1):
         pair = (id(nearest(up, m)), id(nearest(down, m)) if down else None)
         if last is not None and pair != last:
             runs.append((start, m - 1))
             start = m
         last = pair
-    runs.append((start, max_tokens))
+    runs.append((start, end))
     return runs
 
 
-def check_sizes(runs: list[tuple[int, int]]) -> list[int]:
-    """The batch sizes checked for ``runs`` (:func:`config_runs`): each run's ends and, where one lies inside, a
-    multiple of 16 in it, and :data:`SWITCH_SIZES` up to the last run's end (sorted, distinct)."""
-    sizes = {m for m in SWITCH_SIZES if m <= runs[-1][1]}
+def check_sizes(runs: list[tuple[int, int]], top_k: int) -> list[int]:
+    """The batch sizes checked for ``runs`` (:func:`config_runs`): each run's ends and, inside it, a multiple of
+    16 and an odd size (Triton specialises a kernel on integer arguments divisible by 16: the padded row count
+    and tokens x ``top_k``), and the sizes either side of :data:`EARLY_LAUNCH_ROWS` / ``top_k`` (sorted,
+    distinct, within the runs)."""
+    switch = EARLY_LAUNCH_ROWS // max(top_k, 1)
+    sizes = {m for m in (switch, switch + 1) if m <= runs[-1][1]}
     for first, last in runs:
         sizes.update((first, last))
-        inner = (first // 16 + 1) * 16
-        if first < inner < last:
-            sizes.add(inner)
+        for inner in ((first // 16 + 1) * 16, first + 1 if first % 2 == 0 else first + 2):
+            if first < inner < last:
+                sizes.add(inner)
     return sorted(sizes)
 
 
@@ -161,13 +166,16 @@ def shape_key(layer) -> ShapeKey:
 
 
 def expert_layers(models: Iterable[torch.nn.Module]) -> dict:
-    """One fused-MoE layer per distinct expert shape in ``models`` ({ShapeKey: layer}), first met first."""
+    """One fused-MoE layer per distinct expert shape in ``models`` ({ShapeKey: layer}), first met first: layers
+    with bf16 / fp16 expert weights (a quantized draft's are another kernel's)."""
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
     layers = {}
     for model in models:
         for module in model.modules():
-            if isinstance(module, FusedMoE) and hasattr(module, "w2_weight"):
+            weight = getattr(module, "w2_weight", None)
+            if isinstance(module, FusedMoE) and weight is not None and weight.dtype in (torch.bfloat16,
+                                                                                          torch.float16):
                 layers.setdefault(shape_key(module), module)
     return layers
 
@@ -175,11 +183,15 @@ def expert_layers(models: Iterable[torch.nn.Module]) -> dict:
 def layer_runner(layer, m_max: int) -> Callable[[int], torch.Tensor]:
     """``m -> output [m, hidden]`` of SGLang's ``fused_experts`` over the first ``m`` of ``m_max`` fixed random
     tokens (bf16 in the layer's dtype, unit normal; top-k experts of a random softmax, renormalised) with the
-    layer's own weights and runner config."""
+    layer's own weights, biases, runner config and gate / up layout (as SGLang's unquantized method passes
+    them to its Triton runner)."""
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_experts
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     w13, w2, cfg = layer.w13_weight, layer.w2_weight, layer.moe_runner_config
+    extra = dict(b1=getattr(layer, "w13_weight_bias", None), b2=getattr(layer, "w2_weight_bias", None),
+                 fuse_swiglu_interleaved=bool(getattr(getattr(layer, "quant_method", None),
+                                                      "w13_swiglu_interleaved", False)))
     g = torch.Generator(device=w13.device).manual_seed(SEED)
     x = torch.randn(m_max, w13.shape[-1], generator=g, device=w13.device).to(w13.dtype)
     weights, ids = torch.rand(m_max, w13.shape[0], generator=g, device=w13.device).softmax(-1).topk(cfg.top_k, -1)
@@ -188,7 +200,7 @@ def layer_runner(layer, m_max: int) -> Callable[[int], torch.Tensor]:
     def run(m: int) -> torch.Tensor:
         hidden = x[:m].clone()  # the runner's config may write its output in place
         return fused_experts(hidden, w13, w2, StandardTopKOutput(weights[:m].contiguous(), ids[:m].contiguous(),
-                                                                 None), cfg).clone()
+                                                                 None), cfg, **extra).clone()
     return run
 
 
@@ -213,7 +225,7 @@ def admit_tables(source: TableSource, tuned: Mapping, layers: Mapping, max_token
         if up is None:
             verdicts[key] = "no tuned table for this GPU"
             continue
-        sizes = check_sizes(config_runs(up, down, max_tokens))
+        sizes = check_sizes(config_runs(up, down, max_tokens), layer.moe_runner_config.top_k)
         run = layer_runner(layer, sizes[-1])
 
         def answered(tables, run=run):
@@ -243,16 +255,28 @@ def install_checked_tables(models: Iterable[torch.nn.Module], tile: dict | None,
     """
     import importlib
 
+    original = restore_sglang_lookup()
     module = importlib.import_module(CONFIG_MODULE)
-    original = module.get_moe_configs
-    if isinstance(original, TableSource):  # a second start in one process: the first install's original
-        original = original.original
     layers = expert_layers(models)
-    tuned = {key: read_tuned(original, key) for key in layers}
+    tuned = {key: read_tuned(original, key) for key in layers}  # SGLang's own lookup in place while it reads
     source = TableSource(reference={1: dict(tile)} if tile else None, original=original)
     module.get_moe_configs = source
     start = time.perf_counter()
-    verdicts = admit_tables(source, tuned, layers, max_tokens)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    try:
+        verdicts = admit_tables(source, tuned, layers, max_tokens)
+    finally:
+        if torch.cuda.is_available():  # the check's activations go back before the CUDA-graph capture
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
     return verdicts, round(time.perf_counter() - start, 1)
+
+
+def restore_sglang_lookup():
+    """Put SGLang's own ``get_moe_configs`` back where a :class:`TableSource` replaced it (an earlier start in
+    this process); returns it."""
+    import importlib
+
+    module = importlib.import_module(CONFIG_MODULE)
+    if isinstance(module.get_moe_configs, TableSource):
+        module.get_moe_configs = module.get_moe_configs.original
+    return module.get_moe_configs

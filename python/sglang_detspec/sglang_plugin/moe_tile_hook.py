@@ -48,7 +48,8 @@ import logging
 import torch
 
 from ..config import MOE_TABLES_ENV, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
-from .moe_tables import CONFIG_MODULE, TARGET as TABLES_TARGET, install_checked_tables
+from .moe_tables import TARGET as TABLES_TARGET
+from .moe_tables import install_checked_tables, restore_sglang_lookup
 from .forward_sizes import models_of, scheduler_max_rows
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
@@ -79,6 +80,7 @@ def pin_moe_tile(*args, **kwargs) -> None:
     Returns None.
     """
     bag = current_config()
+    restore_sglang_lookup()  # an earlier start's table source in this process answers nothing now
     if not (bag.active and bag.deterministic and (bag.moe_tile is not None or bag.moe_tables == "checked")):
         return None
     tile = ",".join(map(str, bag.moe_tile)) if bag.moe_tile is not None else "sglang"
@@ -108,8 +110,13 @@ def pin_moe_tile(*args, **kwargs) -> None:
     from sglang.srt.layers.moe.moe_runner import triton_utils
 
     config = moe_tile_config(bag.moe_tile) if bag.moe_tile is not None else None
-    if bag.moe_tables == "checked" and _tables_checked(args[0] if args else None, config, bag):
-        return None
+    if bag.moe_tables == "checked":
+        why = tables_unavailable(args[0] if args else None)
+        if why:
+            logger.warning("sglang-detspec: %s=checked not applied: %s", MOE_TABLES_ENV, why)
+        elif check_tables(args[0], config, bag):
+            triton_utils._config = None  # the override would answer before the tables
+            return None
     if config is None:  # 'sglang', the tables not checked: SGLang's own deterministic tile serves
         return None
     # What SGLang's override_config context sets; held for the process's life, not one block.
@@ -119,38 +126,41 @@ def pin_moe_tile(*args, **kwargs) -> None:
     return None
 
 
-def _tables_checked(scheduler, tile: dict | None, bag) -> bool:
-    """``SGLANG_DETSPEC_MOE_TABLES=checked``: SGLang's tuned tables where the start-up check admits them, the tile
-    (or SGLang's, ``tile`` None) elsewhere, through ``moe_tables.TableSource``. False (the caller sets the tile as
-    without the setting) where it cannot run: no CUDA, another MoE runner, no scheduler, or a failure."""
+def tables_unavailable(scheduler) -> str | None:
+    """Why ``SGLANG_DETSPEC_MOE_TABLES=checked`` cannot run in this process (no CUDA device, another MoE runner,
+    no scheduler), or None."""
     from sglang.srt.layers.moe.utils import get_moe_runner_backend
 
     runner = get_moe_runner_backend()
-    why = ("no CUDA device" if not torch.cuda.is_available()
-           else f"--moe-runner-backend {runner.value} reads no table" if not (runner.is_auto() or runner.is_triton())
-           else "no scheduler to read the models from" if scheduler is None else None)
-    if why:
-        logger.warning("sglang-detspec: %s=checked not applied: %s", MOE_TABLES_ENV, why)
-        return False
-    import importlib
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if not (runner.is_auto() or runner.is_triton()):
+        return f"--moe-runner-backend {runner.value} reads no table"
+    return "no scheduler to read the models from" if scheduler is None else None
 
-    module = importlib.import_module(CONFIG_MODULE)
-    original = module.get_moe_configs
+
+def check_tables(scheduler, tile: dict | None, bag) -> bool:
+    """``SGLANG_DETSPEC_MOE_TABLES=checked``: SGLang's ``get_moe_configs`` answers its tuned tables for each
+    expert shape the start-up check admits (``moe_tables.install_checked_tables``), the tile (or SGLang's,
+    ``tile`` None) for the others; each shape's verdict logged.
+
+    Returns True once the check ran; False where it raised: SGLang's own lookup is back in place and the caller
+    sets the tile as without the setting (speed only)."""
     try:
         most, _ = scheduler_max_rows(scheduler, bag.num_draft_tokens or 1)
         verdicts, seconds = install_checked_tables(models_of(scheduler), tile, most)
-    except Exception as exc:  # speed only: the tile serves as without the setting
-        module.get_moe_configs = getattr(original, "original", None) or original
+    except Exception as exc:
+        restore_sglang_lookup()
         logger.warning("sglang-detspec: %s=checked: the start-up check of SGLang's tuned fused-MoE tables failed "
                        "(%s: %s); the tile serves", MOE_TABLES_ENV, type(exc).__name__, exc)
         return False
     reference = ",".join(map(str, bag.moe_tile)) if bag.moe_tile else "SGLang's deterministic tile"
     for key, verdict in verdicts.items():
         served = "SGLang's tuned tables serve" if verdict.startswith("tuned") else f"the tile {reference} serves"
-        logger.info("sglang-detspec: fused-MoE expert shape E=%s N=%s (up to %s tokens a forward): %s: %s "
-                    "(start-up check of their rows against the tile's, %.1f s in all)", key[0], key[1], most,
+        logger.info("sglang-detspec: fused-MoE expert shape E=%s N=%s (forwards of up to %s tokens expected): %s: "
+                    "%s (start-up check of their rows against the tile's, %.1f s in all)", key[0], key[1], most,
                     served, verdict, seconds)
     if not verdicts:
-        logger.info("sglang-detspec: %s=checked: no unquantized fused-MoE layer found; the tile serves",
+        logger.info("sglang-detspec: %s=checked: no bf16 / fp16 fused-MoE layer found; the tile serves",
                     MOE_TABLES_ENV)
     return True

@@ -105,11 +105,5 @@ def test_the_check_decides_and_the_lookup_answers_its_verdict(layer, determinist
         assert (served.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item() + 1e-2, m
 
 
-def test_installing_reads_the_models_layers_and_keeps_sglangs_reader(layer, deterministic):
-    verdicts, seconds = moe_tables.install_checked_tables([], TILE, MAX_TOKENS)
-    assert verdicts == {} and isinstance(SGL.get_moe_configs, moe_tables.TableSource)
-    assert SGL.try_get_optimal_moe_config(layer.w13_weight.shape, layer.w2_weight.shape, TOPK, None, 64) == TILE
-
-
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-s"]))

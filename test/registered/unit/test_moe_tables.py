@@ -73,22 +73,27 @@ def test_nearest_is_sglangs_rule_through_its_own_lookup(sglang_lookup):
 
 def test_the_runs_cut_where_the_config_pair_changes_and_cover_every_size():
     runs = moe_tables.config_runs(UP, DOWN, 3000)
-    assert runs[0][0] == 1 and runs[-1][1] == 3000
+    assert runs[0][0] == 1 and runs[-1][1] == 4097  # one past the largest key
     assert all(a[1] + 1 == b[0] for a, b in zip(runs, runs[1:]))
     pair = lambda m: (id(moe_tables.nearest(UP, m)), id(moe_tables.nearest(DOWN, m)))  # noqa: E731
     for first, last in runs:
         assert len({pair(m) for m in range(first, last + 1)}) == 1
     assert all(pair(a[1]) != pair(b[0]) for a, b in zip(runs, runs[1:]))
-    # Without a down table the up table alone cuts.
-    assert moe_tables.config_runs(UP, None, 100) == [(1, 8), (9, 40), (40 + 1, 100)]
+    # Without a down table the up table alone cuts; the runs reach one past the largest key, whatever the
+    # expected largest forward (a larger one keeps the last key's config, checked).
+    assert moe_tables.config_runs(UP, None, 100) == [(1, 8), (9, 40), (41, 544), (545, 2560), (2561, 4097)]
+    assert moe_tables.config_runs(UP, None, 8192)[-1] == (2561, 8192)
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         moe_tables.config_runs(UP, None, 0)
 
 
-def test_the_sizes_checked_are_each_runs_ends_a_multiple_of_16_inside_and_sglangs_switch():
-    sizes = moe_tables.check_sizes(moe_tables.config_runs(UP, None, 2048))
-    assert sizes == [1, 8, 9, 16, 40, 41, 48, 511, 512, 513, 544, 545, 560, 2048]
-    assert moe_tables.check_sizes([(1, 100)]) == [1, 16, 100]  # the switch sizes lie past a small server's forwards
+def test_the_sizes_checked_are_each_runs_ends_an_odd_and_a_multiple_of_16_inside_and_sglangs_switch():
+    runs = moe_tables.config_runs({1: {"a": 1}, 16: {"a": 2}, 64: {"a": 3}, 1024: {"a": 4}}, None, 2048)
+    # Top-8: the early-launch flag turns at 512 rows of the down projection, 64 tokens.
+    assert moe_tables.check_sizes(runs, 8) == [1, 3, 8, 9, 11, 16, 40, 41, 43, 48, 64, 65, 544, 545, 547, 560,
+                                                2048]
+    assert moe_tables.check_sizes([(1, 40)], 8) == [1, 3, 16, 40]  # the switch lies past these forwards
+    assert moe_tables.check_sizes([(1, 300)], 2)[-3:] == [256, 257, 300]
 
 
 def test_the_comparison_finds_one_flipped_bit_and_passes_equal_bytes():
@@ -124,14 +129,20 @@ def test_sglangs_own_reader_gives_the_tuned_tables_it_ships_whatever_the_mode(sg
 
 
 def test_installing_with_no_expert_layer_answers_the_tile_everywhere(sglang_lookup):
+    own = SGL.get_moe_configs
     verdicts, seconds = moe_tables.install_checked_tables([torch.nn.Linear(4, 4)], TILE, 8192)
     assert verdicts == {} and seconds >= 0
-    assert isinstance(SGL.get_moe_configs, moe_tables.TableSource)
+    assert isinstance(SGL.get_moe_configs, moe_tables.TableSource) and SGL.get_moe_configs.original is own
     assert sglang_pick(300) == (TILE, None)
-    # A second install in the same process keeps SGLang's own function as its original.
-    first = SGL.get_moe_configs
+    # A second install in the same process reads with SGLang's own function, and keeps it as the original.
     moe_tables.install_checked_tables([], None, 8192)
-    assert SGL.get_moe_configs.original is first.original and not isinstance(first.original, moe_tables.TableSource)
+    assert SGL.get_moe_configs.original is own
+    assert moe_tables.restore_sglang_lookup() is own and SGL.get_moe_configs is own
+
+
+def test_the_shape_key_is_what_sglangs_forward_asks_for():
+    layer = type("Layer", (), {"w2_weight": torch.empty(128, 2048, 768, dtype=torch.bfloat16)})()
+    assert moe_tables.shape_key(layer) == KEY
 
 
 def test_the_setting_reads_off_or_checked_and_names_itself_when_bad():
@@ -166,6 +177,29 @@ def test_without_a_gpu_the_hook_keeps_the_tile_and_says_why(sglang_lookup, caplo
         moe_tile_hook.pin_moe_tile(None)
     assert "SGLANG_DETSPEC_MOE_TABLES=checked not applied: no CUDA device" in caplog.text
     assert triton_utils._config == TILE and not isinstance(SGL.get_moe_configs, moe_tables.TableSource)
+
+
+def test_the_check_on_a_scheduler_logs_each_verdict_and_restores_sglang_when_it_fails(sglang_lookup, caplog):
+    """check_tables, the part of the hook after the GPU guard: with SGLang's runtime context published and a
+    scheduler whose model has no expert layer it installs the source and says so; where reading the scheduler
+    raises, SGLang's own lookup is back and the caller is told to set the tile."""
+    own = SGL.get_moe_configs
+    runner = type("Runner", (), {"model": torch.nn.Linear(4, 4), "max_running_requests": 8})()
+    scheduler = type("Scheduler", (), {"tp_worker": type("Worker", (), {"model_runner": runner})(),
+                                       "draft_worker": None})()
+    with caplog.at_level(logging.INFO, logger="sglang_detspec"):
+        assert moe_tile_hook.check_tables(scheduler, TILE, ACTIVE) is True
+    assert "SGLANG_DETSPEC_MOE_TABLES=checked: no bf16 / fp16 fused-MoE layer found; the tile serves" in caplog.text
+    assert isinstance(SGL.get_moe_configs, moe_tables.TableSource)
+    with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
+        assert moe_tile_hook.check_tables(object(), TILE, ACTIVE) is False
+    assert "the start-up check of SGLang's tuned fused-MoE tables failed (AttributeError" in caplog.text
+    assert SGL.get_moe_configs is own
+    # A later start with the setting off puts SGLang's lookup back too.
+    SGL.get_moe_configs = moe_tables.TableSource(reference={1: TILE}, original=own)
+    config.install_config(dataclasses.replace(ACTIVE, moe_tables="off"))
+    moe_tile_hook.pin_moe_tile(None)
+    assert SGL.get_moe_configs is own and triton_utils._config == TILE
 
 
 @pytest.mark.parametrize("family, words", [
