@@ -81,7 +81,7 @@ MEASURED_SHAPES = {
     ("mla+moe+fp8", "triton"): f"on the tiny FP8 DeepSeek-V3 with its NEXTN layer (FP8 weights in 128 x 128 "
                                f"blocks; {_MLA_TRITON}; 8 experts of intermediate 128 on SGLang's deterministic "
                                "fused-MoE tile, which quantized experts keep; SGLang's prefill CUDA graphs on, one "
-                               f"GPU), and other FP8 layouts (per-tensor, per-channel, DeepGEMM), {_NOT_COVERED_MLA}",
+                               f"GPU), and other FP8 layouts (per-tensor, per-channel), {_NOT_COVERED_MLA}",
 }
 # (family label, attention backend) pairs a committed run measured but did not promote (logprobs apart somewhere,
 # or a family whose forward modes a run has not covered): what it found.

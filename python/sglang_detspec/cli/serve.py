@@ -48,8 +48,9 @@ PREFILL_GRAPH_SUITES = ("every E2E file that runs CUDA graphs (all but the contr
 DENSE_ASSUMED = "assuming a dense target: its config.json was not read, see the note above"
 PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
 # ... and for an FP8 target, whose passing family rows ran with them off (prefill_graph_notes).
-PREFILL_GRAPH_FP8 = ("the model families' FP8 rows that passed ran with them off and DeepGEMM's pre-compile off "
-                     "(with the graphs on, four tiny FP8 servers were not healthy within 300 s: each prefill size "
+PREFILL_GRAPH_FP8 = ("the model families' FP8 rows passed on triton with them on and DeepGEMM's pre-compile on "
+                     "(four tiny FP8 servers started within 450 s, docs/e2e/2026-12-07-h100-fp8-triton), on fa3 "
+                     "with both off (with the graphs on, four were not healthy within 300 s: each prefill size "
                      "compiled its FP8 kernels at capture, docs/e2e/2026-12-07-h100-families-backends); allow a "
                      "longer start-up")
 # The width of the help's hand-wrapped paragraphs, for the ones built from the names above.
@@ -91,7 +92,8 @@ without --attention-backend it states 'tokens' (see below).
               a chain drafted above 16 requests or 12,288 summed tokens
               (for the tree settings not set in the environment).
   tokens    other backends; any --kv-cache-dtype other than auto;
-            quantized targets, MLA targets outside triton and
+            quantized targets (but FP8 MLA targets with experts on
+            triton), MLA targets outside triton and
             mixture-of-experts targets outside fa3 and triton (measured
             bitwise there: the runs of 2026-12-07 in docs/results.md);
             a run without --attention-backend (SGLang
@@ -290,7 +292,8 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
         return []
     return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
-            "the default, up to 256; on fa3 without it 65 to 128); quantized targets claim 'tokens', as do "
+            "the default, up to 256; on fa3 without it 65 to 128); quantized targets claim 'tokens' (FP8 MLA targets "
+            f"with experts but on {' and '.join(bitwise_backends('mla+moe+fp8'))}), as do "
             f"MLA targets outside {' and '.join(bitwise_backends('mla+moe'))} and MoE targets outside "
             f"{' and '.join(bitwise_backends('moe'))}, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "

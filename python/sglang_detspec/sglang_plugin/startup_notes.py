@@ -135,11 +135,13 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
     which = ("the plugin's default; SGLANG_DETSPEC_MOE_TILE=sglang keeps SGLang's deterministic tile"
              if tile == DEFAULT_MOE_TILE else "SGLANG_DETSPEC_MOE_TILE; this tile has run on no server, and what "
              f"follows is the default tile's, {','.join(map(str, DEFAULT_MOE_TILE))}")
+    tables = ("" if config.moe_tables == "checked" else "; SGLANG_DETSPEC_MOE_TABLES=checked lets SGLang's tuned "
+              "tables, faster at prefill sizes, serve where a start-up check finds them giving this tile's bits")
     return (f"the expert layers run the fused-MoE tile {','.join(map(str, tile))} ({', '.join(MOE_TILE_FIELDS)}) at "
             f"every batch size on SGLang's Triton MoE runner ({which}; another --moe-runner-backend reads no tile): "
             f"{MOE_TILE_EVIDENCE}; elsewhere a tile may change the logits' bits (so "
             "possibly a token) against another tile: a server this one is compared with must run the same tile "
-            "(the plugin's servers run the default unless told otherwise)")
+            f"(the plugin's servers run the default unless told otherwise){tables}")
 
 
 def moe_tables_note(config: DetSpecConfig) -> str | None:
@@ -152,8 +154,9 @@ def moe_tables_note(config: DetSpecConfig) -> str | None:
     tile = (f"the tile {','.join(map(str, config.moe_tile))}" if config.moe_tile is not None
             else "SGLang's deterministic tile")
     return ("SGLANG_DETSPEC_MOE_TABLES=checked: at start-up SGLang's tuned fused-MoE tables are checked on this "
-            f"GPU, per expert shape, against {tile}: at every batch size where their config changes, up to the "
-            "largest forward, the same tokens through both must give the same bytes; a shape whose tables pass "
+            f"GPU, per expert shape, against {tile}: at the batch sizes where their config changes (both ends of "
+            "each run of one config and sizes inside it), up to the largest forward, the same tokens through both "
+            "must give the same bytes; a shape whose tables pass "
             f"runs them (their rows then are {tile}'s, so the tokens and logprobs are a server's with that tile), "
             "the others the tile, each shape's verdict logged. On one H100 at a Qwen3-30B-A3B-like shape the "
             "plugin's default tile took 1.7x / 2.8x the tables' time at 2,048 / 8,192-token calls and gave their "
