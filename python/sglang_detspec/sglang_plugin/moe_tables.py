@@ -35,6 +35,7 @@ the shape keeps the reference.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -253,8 +254,6 @@ def install_checked_tables(models: Iterable[torch.nn.Module], tile: dict | None,
     Returns:
         (``{ShapeKey: verdict}`` as :func:`admit_tables`, the check's seconds).
     """
-    import importlib
-
     original = restore_sglang_lookup()
     module = importlib.import_module(CONFIG_MODULE)
     layers = expert_layers(models)
@@ -274,8 +273,6 @@ def install_checked_tables(models: Iterable[torch.nn.Module], tile: dict | None,
 def restore_sglang_lookup():
     """Put SGLang's own ``get_moe_configs`` back where a :class:`TableSource` replaced it (an earlier start in
     this process); returns it."""
-    import importlib
-
     module = importlib.import_module(CONFIG_MODULE)
     if isinstance(module.get_moe_configs, TableSource):
         module.get_moe_configs = module.get_moe_configs.original
