@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from .model_family import TRAIT_NAMES, family_claim, label_traits
+from .model_family import MEASURED_MOE_RUNNERS, TRAIT_NAMES, family_claim, label_traits
 from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
@@ -206,6 +206,11 @@ class DetSpecConfig:
             that is None) at every batch size where their config changes
             (``sglang_plugin/moe_tables.py``); the tile elsewhere. Shown in
             the start-up line where not ``off``.
+        moe_runner: SGLang's ``--moe-runner-backend`` as resolved (``auto``,
+            ``triton``, ``flashinfer_cutlass``, ...; None: not read). A
+            runner outside ``model_family.MEASURED_MOE_RUNNERS`` makes a
+            MoE family claim ``tokens`` and reads no plugin tile; shown in
+            the start-up line then.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -270,6 +275,7 @@ class DetSpecConfig:
     gemm_warmup_s: float = DEFAULT_GEMM_WARMUP_S
     moe_tile: tuple[int, ...] | None = DEFAULT_MOE_TILE
     moe_tables: str = "off"
+    moe_runner: str | None = None
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
@@ -564,8 +570,7 @@ class DetSpecConfig:
             return None
         if "moe" not in self.family_traits:
             return "this target has no expert layers"
-        return (f"its weights are quantized ({self.model_family}), whose fused-MoE kernels need K tiles that "
-                "divide the quantization blocks")
+        return self._moe_not_taken
 
     @property
     def moe_tables_skip(self) -> str | None:
@@ -575,15 +580,23 @@ class DetSpecConfig:
             return None
         if "moe" not in self.family_traits:
             return "this target has no expert layers"
-        return (f"its weights are quantized ({self.model_family}): SGLang's tables for them are another kernel's, "
-                "which the check does not cover")
+        return self._moe_not_taken
 
     @property
     def takes_moe_tile(self) -> bool:
-        """Whether a ``moe_tile`` would serve this target: expert layers and no quantized weights (traits beyond
-        the structural ones of ``model_family.TRAIT_NAMES`` are quantizations)."""
+        """Whether a ``moe_tile`` would serve this target: expert layers, no quantized weights (traits beyond
+        the structural ones of ``model_family.TRAIT_NAMES`` are quantizations) and SGLang's Triton MoE runner
+        (``moe_runner`` None, ``auto`` or ``triton``)."""
         traits = set(self.family_traits)
-        return "moe" in traits and traits <= set(TRAIT_NAMES)
+        return "moe" in traits and traits <= set(TRAIT_NAMES) and self.moe_runner in (None, *MEASURED_MOE_RUNNERS)
+
+    @property
+    def _moe_not_taken(self) -> str:
+        """Why an MoE target takes no tile (one clause), for the skip reasons below."""
+        if set(self.family_traits) <= set(TRAIT_NAMES):
+            return f"--moe-runner-backend {self.moe_runner} runs its expert layers, which reads no fused-MoE tile"
+        return (f"its weights are quantized ({self.model_family}), whose fused-MoE kernels need K tiles that "
+                "divide the quantization blocks")
 
     @property
     def switches_shape(self) -> bool:
@@ -681,7 +694,8 @@ class DetSpecConfig:
 
         A family no run measured (MoE, MLA, quantized weights: ``model_family.family_claim``) claims ``tokens``.
         """
-        return family_claim(self.model_family, self._attention_guarantee()[0], self.attention_backend)
+        return family_claim(self.model_family, self._attention_guarantee()[0], self.attention_backend,
+                            self.moe_runner)
 
     @property
     def logits_reason(self) -> str | None:
@@ -740,6 +754,8 @@ class DetSpecConfig:
             skip.add("moe_tile")
         if self.moe_tables == "off":
             skip.add("moe_tables")
+        if self.moe_runner in (None, *MEASURED_MOE_RUNNERS):
+            skip.add("moe_runner")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
         skip.add("set_tree_settings")  # the start-up note on the FA3 tree defaults says it

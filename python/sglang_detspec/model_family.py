@@ -261,6 +261,19 @@ def config_file(model_path: str) -> Path | str | None:
     return cached if isinstance(cached, str) else None
 
 
+# SGLang's --moe-runner-backend values the runs of MEASURED_BITWISE served expert layers with: auto (which SGLang
+# resolved to its Triton runner on the Hopper GPUs measured) and triton. Another runner is another kernel.
+MEASURED_MOE_RUNNERS = ("auto", "triton")
+
+
+def unmeasured_moe_runner(family: str | None, moe_runner: str | None) -> str | None:
+    """The ``--moe-runner-backend`` value when it serves ``family``'s expert layers with a runner no run of
+    :data:`MEASURED_BITWISE` used (not :data:`MEASURED_MOE_RUNNERS`), else None (no expert layers, or unknown)."""
+    if family is None or "moe" not in label_traits(family) or moe_runner in (None, *MEASURED_MOE_RUNNERS):
+        return None
+    return moe_runner
+
+
 # What each trait of a family label (ModelTraits.label) stands for, as start-up notes spell it out.
 TRAIT_NAMES = {"mla": "multi-head latent attention", "moe": "mixture-of-experts layers"}
 
@@ -276,20 +289,31 @@ def bitwise_backends(family: str) -> list[str]:
     return sorted(b for f, b in MEASURED_BITWISE if f == family)
 
 
-def family_claim(family: str | None, attention_claim: str, attention_backend: str | None) -> str:
+def family_claim(family: str | None, attention_claim: str, attention_backend: str | None,
+                 moe_runner: str | None = None) -> str:
     """The logits claim for a target of ``family`` whose attention backend alone would give ``attention_claim``.
 
     ``dense`` or unknown (None): ``attention_claim``. Any other family:
-    ``tokens``, unless :data:`MEASURED_BITWISE` records the family on this backend.
+    ``tokens``, unless :data:`MEASURED_BITWISE` records the family on this backend and its expert layers (if
+    any) run a MoE runner the runs used (``moe_runner``, SGLang's ``--moe-runner-backend``:
+    :func:`unmeasured_moe_runner`).
     """
     if family in (None, DENSE) or attention_claim != "bitwise":
         return attention_claim
+    if unmeasured_moe_runner(family, moe_runner):
+        return "tokens"
     return "bitwise" if (family, attention_backend) in MEASURED_BITWISE else "tokens"
 
 
-def family_note(family: str | None, attention_backend: str | None) -> str | None:
+def family_note(family: str | None, attention_backend: str | None, moe_runner: str | None = None) -> str | None:
     """The start-up note for a family whose claim is ``tokens`` on this backend (None for dense or promoted ones):
-    what a run measured of it (:data:`MEASURED_APART`), or that none did."""
+    the MoE runner no run used (:func:`unmeasured_moe_runner`), what a run measured of it
+    (:data:`MEASURED_APART`), or that none did."""
+    runner = unmeasured_moe_runner(family, moe_runner)
+    if runner:
+        return (f"the target is {family} ({spelled(family)}): its logits claim is 'tokens': --moe-runner-backend "
+                f"{runner} runs its expert layers, and the runs of this family used SGLang's Triton MoE runner "
+                f"(--moe-runner-backend {' or '.join(MEASURED_MOE_RUNNERS)})")
     if family in (None, DENSE) or (family, attention_backend) in MEASURED_BITWISE:
         return None
     found = MEASURED_APART.get((family, attention_backend))
@@ -310,10 +334,12 @@ def family_note(family: str | None, attention_backend: str | None) -> str | None
             f"(no end-to-end run has recorded its logprobs across forward modes on {where} yet)")
 
 
-def family_evidence_note(family: str | None, attention_backend: str | None) -> str | None:
-    """The start-up note for a promoted family (:data:`MEASURED_BITWISE`): its run and what the run does not cover."""
+def family_evidence_note(family: str | None, attention_backend: str | None,
+                         moe_runner: str | None = None) -> str | None:
+    """The start-up note for a promoted family (:data:`MEASURED_BITWISE`): its run and what the run does not cover
+    (None where :func:`family_note` speaks: not promoted, or a MoE runner no run used)."""
     run = MEASURED_BITWISE.get((family, attention_backend))
-    if run is None:
+    if run is None or unmeasured_moe_runner(family, moe_runner):
         return None
     return (f"the target is {family} ({spelled(family)}): it claims what its attention claims on "
             f"{attention_backend}, measured "

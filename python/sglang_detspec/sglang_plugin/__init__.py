@@ -228,7 +228,7 @@ def hook_table() -> list[Hook]:
         Hook(warmup_hook.TARGET, gemm_warmup_hook.compile_gemms, "BEFORE", _GEMM_WARMUP_ONLY),
         Hook(moe_tile_hook.TARGET, moe_tile_hook.pin_moe_tile, "BEFORE", _MOE_TILE_ONLY),
         Hook(moe_tile_hook.OVERRIDE, moe_tile_hook.pin_moe_tile, "ATTR"),
-        Hook(moe_tile_hook.TABLES, moe_tile_hook.check_tables, "ATTR"),
+        Hook(moe_tile_hook.TABLES, moe_tile_hook.pin_moe_tile, "ATTR"),
         Hook(sh.CREATE_TARGET, sh.assign_fresh_seed, "AROUND"),
         Hook(sh.BATCH_TARGET, sh.scope_parallel_samples, "AROUND"),
         Hook(sh.SEND_ONE_TARGET, sh.seed_one_send, "AROUND"),

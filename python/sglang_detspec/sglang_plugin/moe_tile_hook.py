@@ -65,7 +65,9 @@ def moe_tile_config(tile: tuple[int, ...]) -> dict[str, int]:
 
 
 def pin_moe_tile(*args, **kwargs) -> None:
-    """BEFORE hook of ``Scheduler.init_all_cuda_graphs``: set the bag's fused-MoE tile as SGLang's override.
+    """BEFORE hook of ``Scheduler.init_all_cuda_graphs``: set the bag's fused-MoE tile as SGLang's override, or,
+    with ``SGLANG_DETSPEC_MOE_TABLES=checked``, put SGLang's tuned tables behind a start-up check in place of its
+    ``get_moe_configs``.
 
     Does nothing unless the bag is active and deterministic, ``moe_tile`` is
     not ``sglang`` (None) or ``moe_tables`` is ``checked``, and the target

@@ -63,6 +63,13 @@ def declared_sampled_drafts(server_args) -> bool:
     return any(source == SAMPLED_DRAFTS_SOURCE for source, _ in stash)
 
 
+def moe_runner_of(spec) -> str | None:
+    """SGLang's ``--moe-runner-backend`` on ``spec`` as a lower-case name (an enum's value), None where absent."""
+    runner = getattr(spec, "moe_runner_backend", None)
+    runner = getattr(runner, "value", runner)
+    return str(runner).lower() if runner else None
+
+
 def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None = None, *,
              sampled_drafts: bool = False) -> DetSpecConfig:
     """A bag from any object carrying SGLang's speculative argument names.
@@ -93,6 +100,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["attention_backend"] = attention_backend_of(spec) if hasattr(spec, "attention_backend") else None
     values["page_size"] = getattr(spec, "page_size", None)
     values["kv_cache_dtype"] = getattr(spec, "kv_cache_dtype", None)
+    values["moe_runner"] = moe_runner_of(spec)
     values["model_family"] = model_family(getattr(spec, "model_path", None), getattr(spec, "quantization", None))
     values["head_dim"] = head_dim_of(getattr(spec, "model_path", None))
     # The runtime context's "spec" namespace has no parallel fields: its caller reads the record.
@@ -216,6 +224,7 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
                                attention_backend=attention_backend_of(exec_bag.kernel),
                                page_size=getattr(view, "page_size", None),
                                kv_cache_dtype=getattr(view, "kv_cache_dtype", None),
+                               moe_runner=moe_runner_of(view),
                                model_family=model_family(getattr(view, "model_path", None),
                                                          getattr(view, "quantization", None)),
                                head_dim=head_dim_of(getattr(view, "model_path", None)),

@@ -233,6 +233,32 @@ def test_start_up_claims_tokens_for_the_family_targets(tiny, folder, draft, algo
     reset_config()
 
 
+@pytest.mark.parametrize("runner, claim", [(None, "bitwise"), ("triton", "bitwise"), ("flashinfer_cutlass", "tokens"),
+                                           ("deep_gemm", "tokens")])
+def test_a_moe_runner_no_run_used_makes_the_family_claim_tokens_through_sglangs_resolution(tiny, runner, claim):
+    """SGLang's --moe-runner-backend as its resolved view gives it: the runs used its Triton runner (auto on the
+    Hopper GPUs measured); another runner is another kernel, so the claim falls to 'tokens', the note says which
+    runner, and neither the plugin's tile nor the tables' check serves it."""
+    reset_config()
+    flags = (f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {tiny / 'qwen3_moe_eagle3'} {CHAIN} "
+             "--attention-backend fa3" + (f" --moe-runner-backend {runner}" if runner else ""))
+    bag = resolve.config_from_server_args(_server_args(tiny / "qwen3_moe", flags))
+    assert bag.model_family == "moe" and bag.moe_runner == (runner or "auto") and bag.logits == claim
+    notes = startup_notes.setting_notes(bag)
+    said = [n for n in notes if "--moe-runner-backend" in n and "runs its expert layers" in n]
+    assert bool(said) == (claim == "tokens")
+    assert ("moe_runner=" in bag.describe()) == (claim == "tokens")
+    assert bag.takes_moe_tile == (claim == "bitwise")
+    if claim == "tokens":
+        assert f"--moe-runner-backend {runner}" in said[0]
+        assert not any(n.startswith("the target is moe") and "measured on the tiny" in n for n in notes)
+        tile = startup_notes.moe_tile_note(bag)
+        assert f"run on --moe-runner-backend {runner}, which reads no fused-MoE Triton tile" in tile
+        checked = dataclasses.replace(bag, moe_tables="checked")
+        assert f"--moe-runner-backend {runner} runs its expert layers" in startup_notes.moe_tables_note(checked)
+    reset_config()
+
+
 # An unmeasured family on every backend (moe alone is measured on fa3: MEASURED_BITWISE).
 MOE_CHAIN = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_tokens=4, model_family="moe+fp8")
 
