@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from .model_family import MEASURED_MOE_RUNNERS, TRAIT_NAMES, family_claim, label_traits
+from .model_family import TRAIT_NAMES, family_claim, label_traits, unmeasured_moe_runner
 from .ops.kernel_choice import KERNELS
 from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
@@ -210,7 +210,10 @@ class DetSpecConfig:
             ``triton``, ``flashinfer_cutlass``, ...; None: not read). A
             runner outside ``model_family.MEASURED_MOE_RUNNERS`` makes a
             MoE family claim ``tokens`` and reads no plugin tile; shown in
-            the start-up line then.
+            the start-up line then (for a target with expert layers).
+        moe_a2a: SGLang's ``--moe-a2a-backend`` as resolved (``none``,
+            ``deepep``, ``megamoe``, ...; None: not read); the same rule
+            with ``model_family.MEASURED_MOE_A2A``.
         rejection_sampling: SGLang's rejection-sampling verify flag.
         multi_layer_eagle: SGLang's multi-layer EAGLE (MTP) flag.
         block_verification: SGLang's block-verification flag (not supported).
@@ -276,6 +279,7 @@ class DetSpecConfig:
     moe_tile: tuple[int, ...] | None = DEFAULT_MOE_TILE
     moe_tables: str = "off"
     moe_runner: str | None = None
+    moe_a2a: str | None = None
     rejection_sampling: bool = False
     multi_layer_eagle: bool = False
     block_verification: bool = False
@@ -563,7 +567,7 @@ class DetSpecConfig:
         clause), or None where it is, or where the setting is the default or ``sglang``.
 
         A tile applies to a mixture-of-experts target without quantized
-        weights; an unknown family (None) gets no reason (the hook reads the
+        weights on SGLang's Triton MoE runner; an unknown family (None) gets no reason (the hook reads the
         family in the server process, where it is known).
         """
         if not self.moe_tile_chosen or self.model_family is None or self.takes_moe_tile:
@@ -588,13 +592,20 @@ class DetSpecConfig:
         the structural ones of ``model_family.TRAIT_NAMES`` are quantizations) and SGLang's Triton MoE runner
         (``moe_runner`` None, ``auto`` or ``triton``)."""
         traits = set(self.family_traits)
-        return "moe" in traits and traits <= set(TRAIT_NAMES) and self.moe_runner in (None, *MEASURED_MOE_RUNNERS)
+        return ("moe" in traits and traits <= set(TRAIT_NAMES)
+                and not unmeasured_moe_runner(self.model_family, self.moe_runner, self.moe_a2a))
+
+    @property
+    def moe_path_flag(self) -> str | None:
+        """The MoE flag (``--moe-runner-backend X`` / ``--moe-a2a-backend X``) that serves this target's expert
+        layers on a path no run used (``model_family.unmeasured_moe_runner``), or None."""
+        return unmeasured_moe_runner(self.model_family, self.moe_runner, self.moe_a2a)
 
     @property
     def _moe_not_taken(self) -> str:
         """Why an MoE target takes no tile (one clause), for the skip reasons below."""
         if set(self.family_traits) <= set(TRAIT_NAMES):
-            return f"--moe-runner-backend {self.moe_runner} runs its expert layers, which reads no fused-MoE tile"
+            return f"{self.moe_path_flag} runs its expert layers on kernels that read no fused-MoE tile"
         return (f"its weights are quantized ({self.model_family}), whose fused-MoE kernels need K tiles that "
                 "divide the quantization blocks")
 
@@ -695,7 +706,7 @@ class DetSpecConfig:
         A family no run measured (MoE, MLA, quantized weights: ``model_family.family_claim``) claims ``tokens``.
         """
         return family_claim(self.model_family, self._attention_guarantee()[0], self.attention_backend,
-                            self.moe_runner)
+                            self.moe_runner, self.moe_a2a)
 
     @property
     def logits_reason(self) -> str | None:
@@ -754,8 +765,11 @@ class DetSpecConfig:
             skip.add("moe_tile")
         if self.moe_tables == "off":
             skip.add("moe_tables")
-        if self.moe_runner in (None, *MEASURED_MOE_RUNNERS):
+        unmeasured = unmeasured_moe_runner(self.model_family, self.moe_runner, self.moe_a2a) or ""
+        if not unmeasured.startswith("--moe-runner-backend"):
             skip.add("moe_runner")
+        if not unmeasured.startswith("--moe-a2a-backend"):
+            skip.add("moe_a2a")
         if backend != "fa3":  # the head-size rule reads it on FA3 only
             skip.add("head_dim")
         skip.add("set_tree_settings")  # the start-up note on the FA3 tree defaults says it

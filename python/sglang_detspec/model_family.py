@@ -65,16 +65,16 @@ MEASURED_BITWISE: dict[tuple[str, str], str] = {
 _MLA_TRITON = ("absorbed MLA with 4 query heads on the single-pass kernel in every mode, the decode's heads in "
                "SGLang's tile as the start-up check allows, its tree served as the chain of its depth")
 _NOT_COVERED_MLA = ("other head counts per GPU (DeepSeek-V3's 16 at tensor parallelism 8, 128 on one GPU; the "
-                    "kernel tests check the tile there), expert parallelism and MoE runner backends not at all")
+                    "kernel tests check the tile there), expert parallelism and other MoE runner backends not at all")
 MEASURED_SHAPES = {
     ("moe", "fa3"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the FA3 prefix / tail split; 8 "
                     "experts of intermediate 128 on the plugin's default fused-MoE tile, one GPU); the attention "
                     "paths other head sizes take (SGLang's FA3 calls and the node path at 65-128) were measured on "
-                    "dense targets only, and other expert layouts, expert parallelism and MoE runner backends not "
+                    "dense targets only, and other expert layouts, expert parallelism and other MoE runner backends not "
                     "at all",
     ("moe", "triton"): "on the tiny Qwen3-MoE with its EAGLE3 draft (head size 64, the positional-split kernels; 8 "
                        "experts of intermediate 128 on the plugin's default fused-MoE tile, one GPU), and other "
-                       "expert layouts, expert parallelism and MoE runner backends not at all",
+                       "expert layouts, expert parallelism and other MoE runner backends not at all",
     ("mla+moe", "triton"): f"on the tiny DeepSeek-V3 with its NEXTN layer ({_MLA_TRITON}; 8 experts of "
                            "intermediate 128 on the plugin's default fused-MoE tile, one GPU), and "
                            f"{_NOT_COVERED_MLA}",
@@ -262,16 +262,23 @@ def config_file(model_path: str) -> Path | str | None:
 
 
 # SGLang's --moe-runner-backend values the runs of MEASURED_BITWISE served expert layers with: auto (which SGLang
-# resolved to its Triton runner on the Hopper GPUs measured) and triton. Another runner is another kernel.
+# resolved to its Triton runner on the Hopper GPUs measured) and triton, with no --moe-a2a-backend (none). Another
+# runner, or an all-to-all backend (which moves FP8 experts to DeepGEMM, megamoe among them), is another kernel.
 MEASURED_MOE_RUNNERS = ("auto", "triton")
+MEASURED_MOE_A2A = ("none",)
 
 
-def unmeasured_moe_runner(family: str | None, moe_runner: str | None) -> str | None:
-    """The ``--moe-runner-backend`` value when it serves ``family``'s expert layers with a runner no run of
-    :data:`MEASURED_BITWISE` used (not :data:`MEASURED_MOE_RUNNERS`), else None (no expert layers, or unknown)."""
-    if family is None or "moe" not in label_traits(family) or moe_runner in (None, *MEASURED_MOE_RUNNERS):
+def unmeasured_moe_runner(family: str | None, moe_runner: str | None, moe_a2a: str | None = None) -> str | None:
+    """The flag, as ``--moe-runner-backend X`` or ``--moe-a2a-backend X``, when it serves ``family``'s expert
+    layers with a path no run of :data:`MEASURED_BITWISE` used (a runner not in :data:`MEASURED_MOE_RUNNERS`, an
+    all-to-all backend not in :data:`MEASURED_MOE_A2A`), else None (no expert layers, or unknown values)."""
+    if family is None or "moe" not in label_traits(family):
         return None
-    return moe_runner
+    if moe_runner not in (None, *MEASURED_MOE_RUNNERS):
+        return f"--moe-runner-backend {moe_runner}"
+    if moe_a2a not in (None, *MEASURED_MOE_A2A):
+        return f"--moe-a2a-backend {moe_a2a}"
+    return None
 
 
 # What each trait of a family label (ModelTraits.label) stands for, as start-up notes spell it out.
@@ -290,30 +297,31 @@ def bitwise_backends(family: str) -> list[str]:
 
 
 def family_claim(family: str | None, attention_claim: str, attention_backend: str | None,
-                 moe_runner: str | None = None) -> str:
+                 moe_runner: str | None = None, moe_a2a: str | None = None) -> str:
     """The logits claim for a target of ``family`` whose attention backend alone would give ``attention_claim``.
 
     ``dense`` or unknown (None): ``attention_claim``. Any other family:
     ``tokens``, unless :data:`MEASURED_BITWISE` records the family on this backend and its expert layers (if
-    any) run a MoE runner the runs used (``moe_runner``, SGLang's ``--moe-runner-backend``:
-    :func:`unmeasured_moe_runner`).
+    any) run a MoE path the runs used (``moe_runner`` / ``moe_a2a``, SGLang's ``--moe-runner-backend`` /
+    ``--moe-a2a-backend``: :func:`unmeasured_moe_runner`).
     """
     if family in (None, DENSE) or attention_claim != "bitwise":
         return attention_claim
-    if unmeasured_moe_runner(family, moe_runner):
+    if unmeasured_moe_runner(family, moe_runner, moe_a2a):
         return "tokens"
     return "bitwise" if (family, attention_backend) in MEASURED_BITWISE else "tokens"
 
 
-def family_note(family: str | None, attention_backend: str | None, moe_runner: str | None = None) -> str | None:
+def family_note(family: str | None, attention_backend: str | None, moe_runner: str | None = None,
+                moe_a2a: str | None = None) -> str | None:
     """The start-up note for a family whose claim is ``tokens`` on this backend (None for dense or promoted ones):
     the MoE runner no run used (:func:`unmeasured_moe_runner`), what a run measured of it
     (:data:`MEASURED_APART`), or that none did."""
-    runner = unmeasured_moe_runner(family, moe_runner)
-    if runner:
-        return (f"the target is {family} ({spelled(family)}): its logits claim is 'tokens': --moe-runner-backend "
-                f"{runner} runs its expert layers, and the runs of this family used SGLang's Triton MoE runner "
-                f"(--moe-runner-backend {' or '.join(MEASURED_MOE_RUNNERS)})")
+    flag = unmeasured_moe_runner(family, moe_runner, moe_a2a)
+    if flag:
+        return (f"the target is {family} ({spelled(family)}): its logits claim is 'tokens': {flag} runs its expert "
+                f"layers on another path than the runs of this family used (SGLang's Triton MoE runner, "
+                f"--moe-runner-backend {' or '.join(MEASURED_MOE_RUNNERS)}, no --moe-a2a-backend)")
     if family in (None, DENSE) or (family, attention_backend) in MEASURED_BITWISE:
         return None
     found = MEASURED_APART.get((family, attention_backend))
@@ -334,12 +342,12 @@ def family_note(family: str | None, attention_backend: str | None, moe_runner: s
             f"(no end-to-end run has recorded its logprobs across forward modes on {where} yet)")
 
 
-def family_evidence_note(family: str | None, attention_backend: str | None,
-                         moe_runner: str | None = None) -> str | None:
+def family_evidence_note(family: str | None, attention_backend: str | None, moe_runner: str | None = None,
+                         moe_a2a: str | None = None) -> str | None:
     """The start-up note for a promoted family (:data:`MEASURED_BITWISE`): its run and what the run does not cover
     (None where :func:`family_note` speaks: not promoted, or a MoE runner no run used)."""
     run = MEASURED_BITWISE.get((family, attention_backend))
-    if run is None or unmeasured_moe_runner(family, moe_runner):
+    if run is None or unmeasured_moe_runner(family, moe_runner, moe_a2a):
         return None
     return (f"the target is {family} ({spelled(family)}): it claims what its attention claims on "
             f"{attention_backend}, measured "

@@ -95,7 +95,9 @@ without --attention-backend it states 'tokens' (see below).
             quantized targets (but FP8 MLA targets with experts on
             triton), MLA targets outside triton and
             mixture-of-experts targets outside fa3 and triton (measured
-            bitwise there: the runs of 2026-12-07 in docs/results.md);
+            bitwise there: the runs of 2026-12-07 in docs/results.md)
+            or on another --moe-runner-backend than auto / triton or any
+            --moe-a2a-backend;
             a run without --attention-backend (SGLang
             picks the backend on the GPU, so the dry run cannot know it;
             where it can read the target's config.json it notes what fa3
@@ -295,7 +297,7 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
             "the default, up to 256; on fa3 without it 65 to 128); quantized targets claim 'tokens' (FP8 MLA targets "
             f"with experts but on {' and '.join(bitwise_backends('mla+moe+fp8'))}), as do "
             f"MLA targets outside {' and '.join(bitwise_backends('mla+moe'))} and MoE targets outside "
-            f"{' and '.join(bitwise_backends('moe'))}, "
+            f"{' and '.join(bitwise_backends('moe'))} or on another MoE runner than SGLang's Triton one, "
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
             "loads)" + ("; an MLA target's tree is served as the chain of its depth (NGRAM on it is refused at "
                         "start-up, refusal mla_tree)" if bag.verifies_trees else "")]

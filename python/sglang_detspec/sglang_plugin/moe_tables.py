@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -47,7 +48,8 @@ logger = logging.getLogger("sglang_detspec")
 CONFIG_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
 TARGET = f"{CONFIG_MODULE}.get_moe_configs"
 SEED = 0
-# Rows of the down projection (tokens x top-k) at which SGLang's fused-MoE kernel turns its early-launch flag.
+# Rows of a projection's input at which SGLang's fused-MoE kernel turns its early-launch flag (GDC_EARLY: at most
+# this many): the up projection's are the tokens, the down projection's tokens x top-k.
 EARLY_LAUNCH_ROWS = 512
 
 # get_moe_configs's arguments without down_moe: (E, N, dtype, block_n, block_k, per_channel_quant).
@@ -95,10 +97,11 @@ def config_runs(up: Mapping[int, dict], down: Mapping[int, dict] | None, max_tok
 def check_sizes(runs: list[tuple[int, int]], top_k: int) -> list[int]:
     """The batch sizes checked for ``runs`` (:func:`config_runs`): each run's ends and, inside it, a multiple of
     16 and an odd size (Triton specialises a kernel on integer arguments divisible by 16: the padded row count
-    and tokens x ``top_k``), and the sizes either side of :data:`EARLY_LAUNCH_ROWS` / ``top_k`` (sorted,
-    distinct, within the runs)."""
-    switch = EARLY_LAUNCH_ROWS // max(top_k, 1)
-    sizes = {m for m in (switch, switch + 1) if m <= runs[-1][1]}
+    and tokens x ``top_k``), and the sizes either side of where the early-launch flag turns: at
+    :data:`EARLY_LAUNCH_ROWS` tokens for the up projection, :data:`EARLY_LAUNCH_ROWS` / ``top_k`` for the down
+    one (sorted, distinct, within the runs)."""
+    down = EARLY_LAUNCH_ROWS // max(top_k, 1)
+    sizes = {m for m in (down, down + 1, EARLY_LAUNCH_ROWS, EARLY_LAUNCH_ROWS + 1) if m <= runs[-1][1]}
     for first, last in runs:
         sizes.update((first, last))
         for inner in ((first // 16 + 1) * 16, first + 1 if first % 2 == 0 else first + 2):
@@ -270,10 +273,13 @@ def install_checked_tables(models: Iterable[torch.nn.Module], tile: dict | None,
     return verdicts, round(time.perf_counter() - start, 1)
 
 
-def restore_sglang_lookup():
+def restore_sglang_lookup(imported_only: bool = False):
     """Put SGLang's own ``get_moe_configs`` back where a :class:`TableSource` replaced it (an earlier start in
-    this process); returns it."""
-    module = importlib.import_module(CONFIG_MODULE)
+    this process); returns it. ``imported_only``: do nothing (None) where SGLang's module is not imported yet,
+    so no source can be in place (a dense or inactive server need not import the Triton MoE code)."""
+    module = sys.modules.get(CONFIG_MODULE) if imported_only else importlib.import_module(CONFIG_MODULE)
+    if module is None:
+        return None
     if isinstance(module.get_moe_configs, TableSource):
         module.get_moe_configs = module.get_moe_configs.original
     return module.get_moe_configs

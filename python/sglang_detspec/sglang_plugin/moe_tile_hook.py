@@ -44,6 +44,7 @@ and every forward after it read the override.
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -72,8 +73,8 @@ def pin_moe_tile(*args, **kwargs) -> None:
     Does nothing unless the bag is active and deterministic, ``moe_tile`` is
     not ``sglang`` (None) or ``moe_tables`` is ``checked``, and the target
     takes a tile (``takes_moe_tile``: expert layers, no quantized weights,
-    and SGLang's own ``model_config`` on the scheduler, ``args[0]``, reads
-    no quantization either); logs why where the bag's ``moe_tile_skip``
+    SGLang's Triton MoE runner, and SGLang's own ``model_config`` on the
+    scheduler, ``args[0]``, reads no quantization either); logs why where the bag's ``moe_tile_skip``
     names a reason for a tile the user set (quantized weights), where SGLang
     reads a quantization the family label missed, or where the family is
     unknown. With ``moe_tables`` ``checked`` SGLang's tuned tables serve
@@ -82,7 +83,7 @@ def pin_moe_tile(*args, **kwargs) -> None:
     Returns None.
     """
     bag = current_config()
-    restore_sglang_lookup()  # an earlier start's table source in this process answers nothing now
+    _forget_earlier_start()
     if not (bag.active and bag.deterministic and (bag.moe_tile is not None or bag.moe_tables == "checked")):
         return None
     tile = ",".join(map(str, bag.moe_tile)) if bag.moe_tile is not None else "sglang"
@@ -95,12 +96,12 @@ def pin_moe_tile(*args, **kwargs) -> None:
             "tile serves any expert layers", settings)
         return None
     if not bag.takes_moe_tile:
+        serves = "that path's own kernels serve" if bag.moe_path_flag else "SGLang's deterministic tile serves"
         if bag.moe_tile_skip:
-            logger.warning("sglang-detspec: %s=%s not applied: %s; SGLang's deterministic tile serves", MOE_TILE_ENV,
-                           tile, bag.moe_tile_skip)
+            logger.warning("sglang-detspec: %s=%s not applied: %s; %s", MOE_TILE_ENV, tile, bag.moe_tile_skip, serves)
         if bag.moe_tables == "checked":
-            logger.warning("sglang-detspec: %s=checked not applied: %s; SGLang's deterministic tile serves",
-                           MOE_TABLES_ENV, bag.moe_tables_skip)
+            logger.warning("sglang-detspec: %s=checked not applied: %s; %s", MOE_TABLES_ENV, bag.moe_tables_skip,
+                           serves)
         return None
     # SGLang's own reading of the checkpoint's quantization (its flag, config.json or a file beside it), in case
     # the family label missed a layout: a quantized kernel needs K tiles that divide its blocks.
@@ -123,9 +124,24 @@ def pin_moe_tile(*args, **kwargs) -> None:
         return None
     # What SGLang's override_config context sets; held for the process's life, not one block.
     triton_utils._config = config
+    _pinned[:] = [config]
     logger.info("sglang-detspec: the fused-MoE Triton kernel runs the tile %s at every batch size (in place of "
                 "SGLang's deterministic tile)", config)
     return None
+
+
+# The override this process's last start set (so a later start can take back its own and nothing else).
+_pinned: list = []
+
+
+def _forget_earlier_start() -> None:
+    """Take back what an earlier start in this process put into SGLang (its override, its table source), where
+    SGLang's MoE modules are imported at all."""
+    utils = sys.modules.get(OVERRIDE.rsplit(".", 1)[0])
+    if utils is not None and _pinned and getattr(utils, "_config", None) is _pinned[0]:
+        utils._config = None
+    _pinned.clear()
+    restore_sglang_lookup(imported_only=True)
 
 
 def tables_unavailable(scheduler) -> str | None:

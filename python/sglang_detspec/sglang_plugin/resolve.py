@@ -63,9 +63,10 @@ def declared_sampled_drafts(server_args) -> bool:
     return any(source == SAMPLED_DRAFTS_SOURCE for source, _ in stash)
 
 
-def moe_runner_of(spec) -> str | None:
-    """SGLang's ``--moe-runner-backend`` on ``spec`` as a lower-case name (an enum's value), None where absent."""
-    runner = getattr(spec, "moe_runner_backend", None)
+def moe_runner_of(spec, name: str = "moe_runner_backend") -> str | None:
+    """SGLang's ``--moe-runner-backend`` (or the flag ``name`` names, ``moe_a2a_backend``) on ``spec`` as a
+    lower-case name (an enum's value), None where absent."""
+    runner = getattr(spec, name, None)
     runner = getattr(runner, "value", runner)
     return str(runner).lower() if runner else None
 
@@ -101,6 +102,7 @@ def bag_from(spec, deterministic, source: str, environ: Mapping[str, str] | None
     values["page_size"] = getattr(spec, "page_size", None)
     values["kv_cache_dtype"] = getattr(spec, "kv_cache_dtype", None)
     values["moe_runner"] = moe_runner_of(spec)
+    values["moe_a2a"] = moe_runner_of(spec, "moe_a2a_backend")
     values["model_family"] = model_family(getattr(spec, "model_path", None), getattr(spec, "quantization", None))
     values["head_dim"] = head_dim_of(getattr(spec, "model_path", None))
     # The runtime context's "spec" namespace has no parallel fields: its caller reads the record.
@@ -225,6 +227,7 @@ def config_from_runtime_context(environ: Mapping[str, str] | None = None) -> Det
                                page_size=getattr(view, "page_size", None),
                                kv_cache_dtype=getattr(view, "kv_cache_dtype", None),
                                moe_runner=moe_runner_of(view),
+                               moe_a2a=moe_runner_of(view, "moe_a2a_backend"),
                                model_family=model_family(getattr(view, "model_path", None),
                                                          getattr(view, "quantization", None)),
                                head_dim=head_dim_of(getattr(view, "model_path", None)),

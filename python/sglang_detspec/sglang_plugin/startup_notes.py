@@ -23,7 +23,7 @@ from ..config import (DEFAULT_MOE_TILE, FA3_CAUSAL_KEPT_MAX_HEAD_DIM, FA3_MAX_HE
                       ONE_PASS_DECODE_BACKENDS, PLAIN_TREE_DEFAULTS,
                       TREE_SETTING_ENVS, VERIFY_ENV, DetSpecConfig,
                       fa3_head_size_reason, fa3_own_calls_exact, fa3_split_takes, switch_settings)
-from ..model_family import MEASURED_MOE_RUNNERS, bitwise_backends, family_evidence_note, family_note
+from ..model_family import bitwise_backends, family_evidence_note, family_note
 
 logger = logging.getLogger("sglang_detspec")
 
@@ -48,10 +48,12 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
             and ("mla" not in config.family_traits
                  or config.attention_backend in bitwise_backends(config.model_family))):
         notes.append(f"logits='tokens' because of {config.logits_reason}")
-    family = family_note(config.model_family, config.attention_backend, config.moe_runner) if config.active else None
+    family = (family_note(config.model_family, config.attention_backend, config.moe_runner, config.moe_a2a)
+              if config.active else None)
     if family:
         notes.append(family)
-    evidence = (family_evidence_note(config.model_family, config.attention_backend, config.moe_runner)
+    evidence = (family_evidence_note(config.model_family, config.attention_backend, config.moe_runner,
+                                     config.moe_a2a)
                 if config.active else None)
     if evidence:
         notes.append(evidence)
@@ -122,11 +124,13 @@ def moe_tile_note(config: DetSpecConfig) -> str | None:
         return None
     tile = config.moe_tile
     if config.moe_tile_skip:
-        return f"SGLANG_DETSPEC_MOE_TILE changes nothing here: {config.moe_tile_skip}; SGLang's tile serves"
+        serves = "" if config.moe_path_flag else "; SGLang's tile serves"
+        return f"SGLANG_DETSPEC_MOE_TILE changes nothing here: {config.moe_tile_skip}{serves}"
     if not config.takes_moe_tile:
-        if "moe" in config.family_traits and config.moe_runner not in (None, *MEASURED_MOE_RUNNERS):
-            return (f"the expert layers run on --moe-runner-backend {config.moe_runner}, which reads no fused-MoE "
-                    "Triton tile: SGLang's own choice there serves (no run of the plugin has used that runner)")
+        flag = config.moe_path_flag
+        if flag:
+            return (f"the expert layers run on {flag}, whose kernels read no fused-MoE Triton tile: that path's "
+                    "own choice serves (no run of the plugin has used it)")
         if "moe" in config.family_traits:  # quantized weights: the plugin's tile is not for them
             return (f"the expert layers keep SGLang's deterministic fused-MoE tile: the weights are quantized "
                     f"({config.model_family}), whose kernels need K tiles that divide the quantization blocks; the "
@@ -301,7 +305,8 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "speculative decoding while the steps switched: the tiny-model invariance run of "
                      "2026-12-04); its serving cost is not measured")
     # The figures below are a dense target's; an MLA target's attention has its own note, promoted or not.
-    dense = family_note(config.model_family, backend, config.moe_runner) is None and "mla" not in config.family_traits
+    dense = (family_note(config.model_family, backend, config.moe_runner, config.moe_a2a) is None
+             and "mla" not in config.family_traits)
     if config.switches_shape:
         notes.append(chain_note(config))
     elif config.can_switch_shape and dense and "tree_chain_batch" not in config.set_tree_settings:

@@ -249,14 +249,30 @@ def test_a_moe_runner_no_run_used_makes_the_family_claim_tokens_through_sglangs_
     assert bool(said) == (claim == "tokens")
     assert ("moe_runner=" in bag.describe()) == (claim == "tokens")
     assert bag.takes_moe_tile == (claim == "bitwise")
+    evidence = [n for n in notes if n.startswith("the target is moe") and "measured on the tiny" in n]
+    assert len(evidence) == (claim == "bitwise")
     if claim == "tokens":
         assert f"--moe-runner-backend {runner}" in said[0]
-        assert not any(n.startswith("the target is moe") and "measured on the tiny" in n for n in notes)
         tile = startup_notes.moe_tile_note(bag)
-        assert f"run on --moe-runner-backend {runner}, which reads no fused-MoE Triton tile" in tile
+        assert f"run on --moe-runner-backend {runner}, whose kernels read no fused-MoE Triton tile" in tile
         checked = dataclasses.replace(bag, moe_tables="checked")
         assert f"--moe-runner-backend {runner} runs its expert layers" in startup_notes.moe_tables_note(checked)
     reset_config()
+
+
+@pytest.mark.parametrize("a2a, claim", [(None, "bitwise"), ("none", "bitwise"), ("deepep", "tokens"),
+                                        ("megamoe", "tokens")])
+def test_an_all_to_all_backend_moves_the_experts_and_the_claim_falls_to_tokens(a2a, claim):
+    # SGLang sends FP8 experts to DeepGEMM under an all-to-all backend (megamoe among them) with the runner
+    # still auto: another path than the runs used.
+    bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_steps=3, num_draft_tokens=4,
+                        attention_backend="triton", model_family="mla+moe+fp8", moe_runner="auto", moe_a2a=a2a,
+                        source="server_args")
+    assert bag.logits == claim and ("moe_a2a=" in bag.describe()) == (claim == "tokens")
+    if claim == "tokens":
+        assert any(f"--moe-a2a-backend {a2a} runs its expert layers" in n for n in startup_notes.setting_notes(bag))
+    dense = dataclasses.replace(bag, model_family=DENSE, attention_backend="fa3")
+    assert "moe_a2a" not in dense.describe() and "moe_runner" not in dense.describe()
 
 
 # An unmeasured family on every backend (moe alone is measured on fa3: MEASURED_BITWISE).

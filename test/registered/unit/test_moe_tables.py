@@ -89,9 +89,9 @@ def test_the_runs_cut_where_the_config_pair_changes_and_cover_every_size():
 
 def test_the_sizes_checked_are_each_runs_ends_an_odd_and_a_multiple_of_16_inside_and_sglangs_switch():
     runs = moe_tables.config_runs({1: {"a": 1}, 16: {"a": 2}, 64: {"a": 3}, 1024: {"a": 4}}, None, 2048)
-    # Top-8: the early-launch flag turns at 512 rows of the down projection, 64 tokens.
-    assert moe_tables.check_sizes(runs, 8) == [1, 3, 8, 9, 11, 16, 40, 41, 43, 48, 64, 65, 544, 545, 547, 560,
-                                                2048]
+    # Top-8: the early-launch flag turns at 512 rows: 64 tokens for the down projection, 512 for the up one.
+    assert moe_tables.check_sizes(runs, 8) == [1, 3, 8, 9, 11, 16, 40, 41, 43, 48, 64, 65, 512, 513, 544, 545,
+                                                547, 560, 2048]
     assert moe_tables.check_sizes([(1, 40)], 8) == [1, 3, 16, 40]  # the switch lies past these forwards
     assert moe_tables.check_sizes([(1, 300)], 2)[-3:] == [256, 257, 300]
 

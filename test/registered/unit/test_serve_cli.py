@@ -366,7 +366,8 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     assert rc == 0 and "config.json could not be read here ('/nonexistent/M')" in err
     assert err.splitlines()[-1] == f"detspec: claim: logits='bitwise' ({serve.DENSE_ASSUMED})"
     # Where MoE targets claim 'tokens' follows the runs on record (model_family.MEASURED_BITWISE).
-    assert "as do MLA targets outside triton and MoE targets outside fa3 and triton," in " ".join(err.split())
+    assert ("as do MLA targets outside triton and MoE targets outside fa3 and triton or on another MoE runner than "
+            "SGLang's Triton one," in " ".join(err.split()))
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
