@@ -364,8 +364,10 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
     path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
     if path is None:
         return None
+    why = (f"while {config.moe_path_flag} serves its expert layers (above)" if config.moe_path_flag
+           else "until a run measures the family (above)")
     return (f"{path} this target's attention as a dense target's where the start-up check passes; the claim "
-            "stays 'tokens' until a run measures the family (above)")
+            f"stays 'tokens' {why}")
 
 
 # What serves a target's attention under the split (split_path), as family_attention_note words it; a path

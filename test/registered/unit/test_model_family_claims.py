@@ -253,6 +253,10 @@ def test_a_moe_runner_no_run_used_makes_the_family_claim_tokens_through_sglangs_
     assert len(evidence) == (claim == "bitwise")
     if claim == "tokens":
         assert f"--moe-runner-backend {runner}" in said[0]
+        # The attention path's note gives the runner as the reason, not an unmeasured family.
+        attention = [n for n in startup_notes.unmeasured_notes(bag) if "this target's attention" in n]
+        assert attention and all(f"stays 'tokens' while --moe-runner-backend {runner} serves its expert layers" in n
+                                 for n in attention)
         tile = startup_notes.moe_tile_note(bag)
         assert f"run on --moe-runner-backend {runner}, whose kernels read no fused-MoE Triton tile" in tile
         checked = dataclasses.replace(bag, moe_tables="checked")
