@@ -570,17 +570,18 @@ class DetSpecConfig:
         weights on SGLang's Triton MoE runner; an unknown family (None) gets no reason (the hook reads the
         family in the server process, where it is known).
         """
-        if not self.moe_tile_chosen or self.model_family is None or self.takes_moe_tile:
-            return None
-        if "moe" not in self.family_traits:
-            return "this target has no expert layers"
-        return self._moe_not_taken
+        return self._moe_setting_skip(self.moe_tile_chosen)
 
     @property
     def moe_tables_skip(self) -> str | None:
         """Why ``moe_tables`` ``checked`` does not apply to this target (one clause), or None where it does, where
         it is ``off``, or where the family is unknown."""
-        if self.moe_tables == "off" or self.model_family is None or self.takes_moe_tile:
+        return self._moe_setting_skip(self.moe_tables == "checked")
+
+    def _moe_setting_skip(self, asked: bool) -> str | None:
+        """Why a MoE setting the user ``asked`` for does not apply to this target, or None (not asked, family
+        unknown, or the target takes a tile)."""
+        if not asked or self.model_family is None or self.takes_moe_tile:
             return None
         if "moe" not in self.family_traits:
             return "this target has no expert layers"
@@ -592,8 +593,7 @@ class DetSpecConfig:
         the structural ones of ``model_family.TRAIT_NAMES`` are quantizations) and SGLang's Triton MoE runner
         (``moe_runner`` None, ``auto`` or ``triton``)."""
         traits = set(self.family_traits)
-        return ("moe" in traits and traits <= set(TRAIT_NAMES)
-                and not unmeasured_moe_runner(self.model_family, self.moe_runner, self.moe_a2a))
+        return "moe" in traits and traits <= set(TRAIT_NAMES) and not self.moe_path_flag
 
     @property
     def moe_path_flag(self) -> str | None:

@@ -49,14 +49,12 @@ import sys
 import torch
 
 from ..config import MOE_TABLES_ENV, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
-from .moe_tables import TARGET as TABLES_TARGET
+from .moe_tables import TARGET as TABLES  # replaced with SGLANG_DETSPEC_MOE_TABLES=checked (moe_tables.TableSource)
 from .moe_tables import install_checked_tables, restore_sglang_lookup
 from .forward_sizes import models_of, scheduler_max_rows
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
 OVERRIDE = "sglang.srt.layers.moe.moe_runner.triton_utils._config"
-# Replaced with SGLANG_DETSPEC_MOE_TABLES=checked (moe_tables.TableSource).
-TABLES = TABLES_TARGET
 logger = logging.getLogger("sglang_detspec")
 
 
@@ -145,15 +143,10 @@ def _forget_earlier_start() -> None:
 
 
 def tables_unavailable(scheduler) -> str | None:
-    """Why ``SGLANG_DETSPEC_MOE_TABLES=checked`` cannot run in this process (no CUDA device, another MoE runner,
-    no scheduler), or None."""
-    from sglang.srt.layers.moe.utils import get_moe_runner_backend
-
-    runner = get_moe_runner_backend()
+    """Why ``SGLANG_DETSPEC_MOE_TABLES=checked`` cannot run in this process (no CUDA device, no scheduler), or
+    None. Another MoE runner or an all-to-all backend is the bag's rule (``takes_moe_tile``), met before."""
     if not torch.cuda.is_available():
         return "no CUDA device"
-    if not (runner.is_auto() or runner.is_triton()):
-        return f"--moe-runner-backend {runner.value} reads no table"
     return "no scheduler to read the models from" if scheduler is None else None
 
 
