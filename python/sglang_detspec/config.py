@@ -26,6 +26,7 @@ from .ops.split_limits import MAX_HEAD_DIM as SPLIT_MAX_HEAD_DIM
 from .ops.split_limits import MAX_TREE_NODES as SPLIT_MAX_TREE_NODES
 from .ops.split_limits import PAGE_SIZE as SPLIT_PAGE_SIZE
 from .ops.split_limits import FA3_MAX_HEAD_DIM, PREFIX_SPLIT_MAX_TREE_TOKENS
+from .ops.choices import one_of
 
 KERNEL_ENV = "SGLANG_DETSPEC_KERNEL"
 DISABLE_ENV = "SGLANG_DETSPEC_DISABLE"
@@ -1077,7 +1078,7 @@ def resolve_verify(setting: str, rejection_sampling: bool) -> str:
         ValueError: ``setting`` not in auto|coupled|rejection.
     """
     if setting not in VERIFY_SETTINGS:
-        raise ValueError(f"{VERIFY_ENV} must be one of {VERIFY_SETTINGS}, got {setting!r}")
+        raise ValueError(f"{VERIFY_ENV} must be one of {one_of(VERIFY_SETTINGS)}, got {setting!r}")
     if setting == "auto":
         return "rejection" if rejection_sampling else "coupled"
     return setting
@@ -1086,7 +1087,7 @@ def resolve_verify(setting: str, rejection_sampling: bool) -> str:
 def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
     value = env.get(name, default).strip().lower() or default
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {env.get(name)!r}")
+        raise ValueError(f"{name} must be one of {one_of(allowed)}, got {env.get(name)!r}")
     return value
 
 
@@ -1226,7 +1227,7 @@ def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
     for name, value, allowed in zip(MOE_TILE_FIELDS, tile, MOE_TILE_VALUES):
         if value not in allowed:
             bound = f"in [{allowed[0]}, {allowed[-1]}]" if allowed == tuple(range(allowed[0], allowed[-1] + 1)) \
-                else f"one of {allowed}"
+                else f"one of {one_of(allowed)}"
             return f"{name} must be {bound}, got {value}"
     m, n, k, _, _, stages = tile
     smem = stages * (m * k + k * n) * 2

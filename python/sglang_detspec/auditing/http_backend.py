@@ -52,6 +52,7 @@ import requests
 from ..request import Request, RequestResult
 from ..ops.seed_encoding import HTTP_SEED_RANGE, SEED_ENCODINGS, check_seed, sglang_seed
 from . import DEFAULT_TIMEOUT_S
+from ..ops.choices import one_of
 # How much of a non-JSON error body to quote.
 _MAX_ERROR_BODY = 500
 # The error code an sglang-detspec server gives a sampling_seed outside [0, 2**64).
@@ -398,7 +399,7 @@ class HttpBackend:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         if seed_encoding not in SEED_ENCODINGS:
-            raise ValueError(f"seed_encoding must be one of {SEED_ENCODINGS}, got {seed_encoding!r}")
+            raise ValueError(f"seed_encoding must be one of {one_of(SEED_ENCODINGS)}, got {seed_encoding!r}")
         self.seed_encoding = seed_encoding
         self.url = url.rstrip("/")
         self.timeout = float(timeout)

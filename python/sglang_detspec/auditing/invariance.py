@@ -34,6 +34,7 @@ from ..reference.models import ModelPair, ProbsMemo, build_model_pair, with_rand
 from ..request import Request
 from ..reference.samplers import KeyedSampler, RoundSampler
 from ..ops.seed_encoding import check_seed
+from ..ops.choices import one_of
 
 CHAIN_LENGTHS = (1, 2, 3, 4, 5)
 TREE = DraftShape.tree(3, 2)
@@ -210,9 +211,9 @@ def run_invariance(
     """
     start = time.perf_counter()
     if mode not in VERIFY_MODES:
-        raise ValueError(f"mode must be one of {VERIFY_MODES}, got {mode!r}")
+        raise ValueError(f"mode must be one of {one_of(VERIFY_MODES)}, got {mode!r}")
     if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        raise ValueError(f"kernel must be one of {one_of(KERNELS)}, got {kernel!r}")
     check_seed(seed, "seed")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")

@@ -8,6 +8,7 @@ list of choices; the config bag validates ``SGLANG_DETSPEC_KERNEL`` against it.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from .choices import one_of
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +43,7 @@ def use_triton(kernel: str, device: torch.device) -> bool:
             on a CUDA device.
     """
     if not isinstance(kernel, str) or kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        raise ValueError(f"kernel must be one of {one_of(KERNELS)}, got {kernel!r}")
     if kernel == "torch":
         return False
     if kernel == "triton":

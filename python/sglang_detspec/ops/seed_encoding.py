@@ -11,6 +11,7 @@ it. :func:`check_seed` is the one range check; :func:`to_int64` and
 from __future__ import annotations
 
 from .streams import U64
+from .choices import one_of
 
 # The seed bound as every seed-range message writes it: this check's, the ops'
 # and the CLI's in the half-open form; the HTTP request hook's in the closed
@@ -80,5 +81,5 @@ def sglang_seed(seed: int, encoding: str = "uint64") -> int:
             :data:`SEED_ENCODINGS`.
     """
     if encoding not in SEED_ENCODINGS:
-        raise ValueError(f"encoding must be one of {SEED_ENCODINGS}, got {encoding!r}")
+        raise ValueError(f"encoding must be one of {one_of(SEED_ENCODINGS)}, got {encoding!r}")
     return to_int64(seed) if encoding == "int64" else check_seed(seed)

@@ -36,6 +36,7 @@ import math
 import torch
 
 from .split_limits import MAX_HEAD_DIM, MAX_TREE_NODES, SEGMENT_KEYS, TILE_ROWS
+from .choices import one_of
 
 # Query rows per tile (TILE_ROWS), key tiles, warps: one shape for every mode, so a row meets the same
 # matrix instructions in decode (a KV head's query heads as rows) as in an extend (tokens as rows).
@@ -154,7 +155,7 @@ def split_extend(q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buf
     if not isinstance(max_len_extend, int) or max_len_extend < 1:
         raise ValueError(f"max_len_extend must be an int >= 1, got {max_len_extend!r}")
     if tile_rows not in EXTEND_TILE_ROWS:
-        raise ValueError(f"tile_rows must be one of {EXTEND_TILE_ROWS}, got {tile_rows!r}")
+        raise ValueError(f"tile_rows must be one of {one_of(EXTEND_TILE_ROWS)}, got {tile_rows!r}")
     requests = qo_indptr.numel() - 1
     if requests < 1:
         return o

@@ -13,6 +13,7 @@ torch-free paths read them too.
 from __future__ import annotations
 
 import enum
+from .choices import one_of
 
 U32 = 1 << 32  # hash words (position, column, the hash itself) are uint32
 U64 = 1 << 64  # seeds, salts and keys are uint64
@@ -63,7 +64,7 @@ class Stream(enum.Enum):
         if isinstance(stream, str) and stream.upper() in cls.__members__:
             return cls[stream.upper()]
         raise ValueError(
-            f"stream must be one of {[s.name for s in cls]}, got {stream!r}"
+            f"stream must be one of {one_of(s.name for s in cls)}, got {stream!r}"
         )
 
 

@@ -53,6 +53,7 @@ from .models import ModelPair, ProbsMemo, build_model_pair, reduced_draft_probs
 from ..request import Request, RequestResult
 from .samplers import GlobalRngSampler, KeyedSampler, RoundSampler
 from .stats import DraftStats
+from ..ops.choices import one_of
 
 # A full tree of depth D and branching b has b + b**2 + ... + b**D draft nodes,
 # each a draft and a target forward per round: bound the cost of one round.
@@ -87,7 +88,7 @@ class DraftShape:
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFT_KINDS:
-            raise ValueError(f"kind must be one of {DRAFT_KINDS}, got {self.kind!r}")
+            raise ValueError(f"kind must be one of {one_of(DRAFT_KINDS)}, got {self.kind!r}")
         for field in ("depth", "branching"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -233,7 +234,7 @@ class ReferenceEngine:
         if not isinstance(draft, DraftShape):
             raise ValueError(f"draft must be a DraftShape or an int K >= 1, got {draft!r}")
         if verify not in VERIFY_MODES:
-            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+            raise ValueError(f"verify must be one of {one_of(VERIFY_MODES)}, got {verify!r}")
         if draft.kind == "tree" and verify != "coupled":
             raise ValueError(
                 f"draft {draft.label} needs verify='coupled': rejection verification (verify_chain) covers chains only"

@@ -39,6 +39,7 @@ from ..ops.race import exponential_race
 from ..ops.streams import Stream
 from ..ops.verify import verify_chain
 from ..ops.streams import U32
+from ..ops.choices import one_of
 
 
 class RoundSampler(Protocol):
@@ -110,7 +111,7 @@ class KeyedSampler:
 
     def __init__(self, kernel: str = "auto") -> None:
         if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+            raise ValueError(f"kernel must be one of {one_of(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
 
     def session(self) -> contextlib.AbstractContextManager:

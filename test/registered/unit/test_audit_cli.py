@@ -387,7 +387,7 @@ def test_in_process_mode_names_a_bad_verify_setting(monkeypatch):
     from sglang_detspec.cli._audit_local import in_process_mode as _in_process_mode
 
     monkeypatch.setenv("SGLANG_DETSPEC_VERIFY", "tree")
-    with pytest.raises(ValueError, match=r"SGLANG_DETSPEC_VERIFY must be one of \('auto', 'coupled', 'rejection'\), "
+    with pytest.raises(ValueError, match=r"SGLANG_DETSPEC_VERIFY must be one of auto, coupled or rejection, "
                        "got 'tree'"):
         _in_process_mode(build_parser().parse_args(["audit"]))
 
@@ -491,7 +491,7 @@ def test_cli_lists_audit_and_needs_a_command(capsys):
 def test_bad_environment_setting_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setenv("SGLANG_DETSPEC_KERNEL", "bogus")
     assert main(["audit", "--trials", "2"]) == 2
-    assert "detspec: error: SGLANG_DETSPEC_KERNEL must be one of ('auto', 'torch', 'triton'), got 'bogus'" in (
+    assert "detspec: error: SGLANG_DETSPEC_KERNEL must be one of auto, torch or triton, got 'bogus'" in (
         capsys.readouterr().err)
 
 

@@ -296,7 +296,7 @@ CHAIN_CASES = [
     (dict(positions=[0, U32 - K]), r"positions\[1\] = 4294967293 is outside \[0, 2\*\*32 - 4\]"),
     (dict(positions=torch.tensor([0, U32 - K])), r"positions holds 4294967293.*4 consecutive"),
     (dict(kernel="cuda"), "kernel must be one of"),
-    (dict(kernel=None), r"kernel must be one of \('auto', 'torch', 'triton'\), got None"),
+    (dict(kernel=None), r"kernel must be one of auto, torch or triton, got None"),
     (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
 ]
 

@@ -44,10 +44,10 @@ def test_the_setting_reads_a_tile_or_sglangs(raw, tile):
 
 @pytest.mark.parametrize("raw, words", [
     ("16,128,128,1,4", "six integers BLOCK_SIZE_M,BLOCK_SIZE_N,BLOCK_SIZE_K,GROUP_SIZE_M,num_warps,num_stages"),
-    ("16,128,100,1,4,3", "BLOCK_SIZE_K must be one of (16, 32, 64, 128, 256), got 100"),
+    ("16,128,100,1,4,3", "BLOCK_SIZE_K must be one of 16, 32, 64, 128 or 256, got 100"),
     ("8,128,128,1,4,3", "BLOCK_SIZE_M must be one of"),
     ("16,128,128,0,4,3", "GROUP_SIZE_M must be in [1, 64], got 0"),
-    ("16,128,128,1,3,3", "num_warps must be one of (1, 2, 4, 8, 16), got 3"),
+    ("16,128,128,1,3,3", "num_warps must be one of 1, 2, 4, 8 or 16, got 3"),
     ("16,128,128,1,4,9", "num_stages must be in [1, 8], got 9"),
     ("16,128,-128,1,4,3", "six integers"),
     ("auto", "must be 'sglang' or six integers"),

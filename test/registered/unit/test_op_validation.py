@@ -5,6 +5,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from sglang_detspec.ops import Stream, exponential_race, verify_chain
+from sglang_detspec.ops.choices import one_of
 
 register_cpu_ci(est_time=10, suite="detspec-unit-cpu")
 
@@ -55,7 +56,7 @@ RACE_CASES = [
     (dict(draft_step=U32 // 8), r"draft_step \* V .* reach 2\*\*32"),
     (dict(draft_step=1, stream="bonus"), "draft_step applies to the DRAFT stream only"),
     (dict(kernel="cuda"), "kernel must be one of"),
-    (dict(kernel=None), r"kernel must be one of \('auto', 'torch', 'triton'\), got None"),
+    (dict(kernel=None), r"kernel must be one of auto, torch or triton, got None"),
     (dict(weights=with_value(W.double(), (0, 1), 1e300)), "above 1e290"),
     (dict(weights=with_value(W.double(), (1, 2), 5e-324)), "subnormal"),
     (dict(kernel="triton"), "kernel='triton' needs CUDA tensors"),
@@ -187,6 +188,23 @@ def test_numpy_integers_are_ints():
 
     a = keyed_hash([np.uint64(7)], [np.int64(3)], [np.int32(9)])
     assert torch.equal(a, keyed_hash([7], [3], [9]))
+
+
+@pytest.mark.parametrize("allowed, text", [
+    (("auto",), "auto"),
+    (("uint64", "int64"), "uint64 or int64"),
+    ((64, 128, 256), "64, 128 or 256"),
+    ((Stream.DRAFT, Stream.BONUS), "DRAFT or BONUS"),
+])
+def test_allowed_values_read_as_typed(allowed, text):
+    # Error messages list the values as a user types them, not as a Python tuple.
+    assert one_of(allowed) == text
+    assert one_of(iter(allowed)) == text
+
+
+def test_nothing_allowed_is_a_bug():
+    with pytest.raises(ValueError, match="allowed must name at least one value"):
+        one_of(())
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def test_mapping_at_the_edges():
         (lambda: to_int64(U64, "seeds[3]"), r"seeds\[3\] must be an int in \[0, 2\*\*64\)"),
         (lambda: from_int64(I64_MAX + 1), r"seed must be an int in \[-2\*\*63, 2\*\*63\)"),
         (lambda: from_int64(I64_MIN - 1), r"seed must be an int in \[-2\*\*63, 2\*\*63\)"),
-        (lambda: sglang_seed(1, "uint32"), r"encoding must be one of \('uint64', 'int64'\), got 'uint32'"),
+        (lambda: sglang_seed(1, "uint32"), r"encoding must be one of uint64 or int64, got 'uint32'"),
         (lambda: Request((1,), 1, 1.0, -1), r"sampling_seed must be an int in \[0, 2\*\*64\), got -1"),
     ],
 )

@@ -237,7 +237,7 @@ def test_the_ops_refuse_bad_arguments_before_any_launch():
         sa.split_extend(q[0], o, k, v, indptr, indptr, idx, torch.zeros(2, dtype=torch.int32), 1, 1.0)
     with pytest.raises(ValueError, match=r"o must be \[2, 4, 16\]"):
         sa.split_extend(q, o[:, :2], k, v, indptr, indptr, idx, torch.zeros(2, dtype=torch.int32), 1, 1.0)
-    with pytest.raises(ValueError, match=r"tile_rows must be one of \(64, 128\), got 32"):
+    with pytest.raises(ValueError, match=r"tile_rows must be one of 64 or 128, got 32"):
         sa.split_extend(q, o, k, v, indptr, indptr, idx, torch.zeros(2, dtype=torch.int32), 1, 1.0, tile_rows=32)
     with pytest.raises(ValueError, match="max_len_extend must be an int >= 1, got 0"):
         sa.split_extend(q, o, k, v, indptr, indptr, idx, torch.zeros(2, dtype=torch.int32), 0, 1.0)
