@@ -50,16 +50,17 @@ def deterministic(monkeypatch):
     a server under --enable-deterministic-inference runs its forwards."""
     from sglang.srt.batch_invariant_ops import disable_batch_invariant_mode, enable_batch_invariant_mode
 
-    monkeypatch.setattr(SGL, "get_moe_configs", SGL.get_moe_configs)
+    lookup = SGL.get_moe_configs  # the test installs a TableSource in its place, which has no cache
+    monkeypatch.setattr(SGL, "get_moe_configs", lookup)
     monkeypatch.setattr(triton_utils, "_config", None)
-    SGL.get_moe_configs.cache_clear()
+    lookup.cache_clear()
     with get_context().override_server_args(), get_exec().deterministic.override(enable_deterministic_inference=True):
         enable_batch_invariant_mode()
         try:
             yield
         finally:
             disable_batch_invariant_mode()
-            SGL.get_moe_configs.cache_clear()
+            lookup.cache_clear()
 
 
 def fp32_moe(layer, run_tokens):
