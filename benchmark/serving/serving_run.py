@@ -497,6 +497,12 @@ def versions() -> dict:
             facts[field] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             facts[field] = None
+    try:  # the plugin is installed beside SGLang wherever its servers run
+        from sglang_detspec.revision import code_revision
+    except ImportError:
+        facts["code_revision"] = None
+    else:
+        facts["code_revision"] = code_revision(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     return facts
 
 
@@ -881,7 +887,8 @@ class Run:
                "configs": {k: CONFIGS[k].title for k in self.plan["keys"]},
                "settings": {**self.meta.get("breakdown", {}), "attention_backend": self.meta.get("attention_backend"),
                             "sglang_version": self.meta.get("sglang_version"),
-                            "sglang_detspec_version": self.meta.get("sglang_detspec_version")},
+                            "sglang_detspec_version": self.meta.get("sglang_detspec_version"),
+                            "code_revision": self.meta.get("code_revision")},
                "server_env": self.plan["server_env"], "server_args": self.plan["server_args"],
                "label": self.plan["label"], "wall_s": round(time.monotonic() - self.t0, 1)}
         try:

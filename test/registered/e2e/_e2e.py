@@ -76,6 +76,8 @@ import time
 import types
 from pathlib import Path
 
+from sglang_detspec.revision import code_revision
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MIN_TRIALS = 24  # the bar: the probe in at least 24 changing batches
 
@@ -278,6 +280,7 @@ def machine_facts() -> dict:
             facts[f"{module}_version"] = getattr(__import__(module), "__version__", None)
         except ImportError:
             facts[f"{module}_version"] = None
+    facts["code_revision"] = code_revision(REPO_ROOT)
     return facts
 
 
