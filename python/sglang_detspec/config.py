@@ -61,8 +61,9 @@ MOE_TABLES_SETTINGS = ("off", "checked")
 MOE_TILE_FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 MOE_TILE_VALUES = ((16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64, 128, 256), tuple(range(1, 65)),
                    (1, 2, 4, 8, 16), tuple(range(1, 9)))
-# Shared memory a tile's pipeline takes, estimated as stages x (an A tile + a B tile) of bf16, may not pass
-# Hopper's 227 KiB per block: Triton would refuse the kernel inside the CUDA-graph capture instead.
+# Shared memory a tile's pipeline takes (moe_tile_smem) may not pass Hopper's 227 KiB per block, the most any
+# GPU SGLang's Triton MoE runner serves on offers: Triton would refuse the kernel inside the CUDA-graph capture
+# instead. Start-up checks the server's own GPU, which may offer less (sglang_plugin/moe_tile_hook.py).
 MOE_TILE_MAX_SMEM = 227 * 1024
 # The tile an unquantized mixture-of-experts target runs with SGLANG_DETSPEC_MOE_TILE unset: the pick of
 # benchmark/moe_tile_probe.py on one H100 at a Qwen3-30B-A3B-like expert shape (decode-size calls 0.80x the
@@ -1217,6 +1218,14 @@ def _seconds(env: Mapping[str, str], name: str, default: float, bound: float) ->
     return value
 
 
+def moe_tile_smem(tile: tuple[int, ...]) -> int:
+    """Bytes of shared memory the fused-MoE kernel's pipeline takes with ``tile`` (six integers in
+    :data:`MOE_TILE_FIELDS` order), estimated as ``num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x
+    BLOCK_SIZE_N) x 2`` (an A and a B tile of bf16 per stage)."""
+    m, n, k, _, _, stages = tile
+    return stages * (m * k + k * n) * 2
+
+
 def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
     """Why ``tile`` (six integers in :data:`MOE_TILE_FIELDS` order) cannot be a fused-MoE tile here, or None.
 
@@ -1229,8 +1238,7 @@ def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
             bound = f"in [{allowed[0]}, {allowed[-1]}]" if allowed == tuple(range(allowed[0], allowed[-1] + 1)) \
                 else f"one of {one_of(allowed)}"
             return f"{name} must be {bound}, got {value}"
-    m, n, k, _, _, stages = tile
-    smem = stages * (m * k + k * n) * 2
+    smem = moe_tile_smem(tile)
     if smem > MOE_TILE_MAX_SMEM:
         return (f"num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) x 2 bytes must be at most "
                 f"{MOE_TILE_MAX_SMEM} (227 KiB of shared memory), got {smem}")

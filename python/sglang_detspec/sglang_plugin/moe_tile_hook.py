@@ -48,7 +48,7 @@ import sys
 
 import torch
 
-from ..config import MOE_TABLES_ENV, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config
+from ..config import MOE_TABLES_ENV, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config, moe_tile_smem
 from .moe_tables import TARGET as TABLES  # replaced with SGLANG_DETSPEC_MOE_TABLES=checked (moe_tables.TableSource)
 from .moe_tables import install_checked_tables, restore_sglang_lookup
 from .forward_sizes import models_of, scheduler_max_rows
@@ -61,6 +61,24 @@ logger = logging.getLogger("sglang_detspec")
 def moe_tile_config(tile: tuple[int, ...]) -> dict[str, int]:
     """The fused-MoE config dict SGLang's kernel takes for ``tile`` (the bag's ``moe_tile``, in MOE_TILE_FIELDS order)."""
     return dict(zip(MOE_TILE_FIELDS, tile))
+
+
+def gpu_smem_per_block() -> int | None:
+    """Bytes of shared memory one program may take on the current CUDA GPU (its opt-in bound), None without one."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(props, "shared_memory_per_block_optin", None) or None
+
+
+def tile_too_large(tile: tuple[int, ...], room: int | None) -> str | None:
+    """Why ``tile`` cannot run on a GPU whose programs may take ``room`` bytes of shared memory, or None (also
+    where ``room`` is unknown: the setting's own bound, the largest GPU's, then holds)."""
+    need = moe_tile_smem(tile)
+    if room is None or need <= room:
+        return None
+    return (f"its pipeline takes {need} bytes of shared memory (num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + "
+            f"BLOCK_SIZE_K x BLOCK_SIZE_N) x 2), more than the {room} a program may take on this GPU")
 
 
 def pin_moe_tile(*args, **kwargs) -> None:
@@ -78,6 +96,8 @@ def pin_moe_tile(*args, **kwargs) -> None:
     unknown. With ``moe_tables`` ``checked`` SGLang's tuned tables serve
     each expert shape the start-up check admits
     (:func:`sglang_plugin.moe_tables.install_checked_tables`), the tile the others.
+    A tile whose pipeline needs more shared memory than this GPU gives a
+    program (:func:`tile_too_large`) is not set: SGLang's tile serves, with a warning.
     Returns None.
     """
     bag = current_config()
@@ -111,6 +131,12 @@ def pin_moe_tile(*args, **kwargs) -> None:
     from sglang.srt.layers.moe.moe_runner import triton_utils
 
     config = moe_tile_config(bag.moe_tile) if bag.moe_tile is not None else None
+    too_large = tile_too_large(bag.moe_tile, gpu_smem_per_block()) if config is not None else None
+    if too_large:
+        # Triton would refuse the kernel inside the CUDA-graph capture; SGLang's tile fits every GPU it serves.
+        logger.warning("sglang-detspec: the fused-MoE tile %s not applied: %s; SGLang's deterministic tile serves "
+                       "(%s names a smaller one)", tile, too_large, MOE_TILE_ENV)
+        config = None
     if bag.moe_tables == "checked":
         why = tables_unavailable(args[0] if args else None)
         if why:

@@ -122,6 +122,24 @@ def test_a_quantization_sglang_reads_keeps_sglangs_tile(slot, caplog):
     assert triton_utils.get_config() == dict(zip(config.MOE_TILE_FIELDS, DEFAULT_MOE_TILE))
 
 
+def test_a_tile_this_gpu_cannot_hold_is_not_set(slot, caplog, monkeypatch):
+    # SGLang's largest tuned H100 tile takes 196,608 bytes: an A100 gives a program 166,912, an L4 101,376.
+    big = (128, 256, 64, 1, 8, 4)
+    assert config.moe_tile_smem(big) == 196_608 and config.moe_tile_problem(big) is None
+    assert moe_tile_hook.tile_too_large(big, 232_448) is None and moe_tile_hook.tile_too_large(big, None) is None
+    assert moe_tile_hook.tile_too_large(DEFAULT_MOE_TILE, 101_376) is None
+    config.install_config(dataclasses.replace(ACTIVE, moe_tile=big))
+    monkeypatch.setattr(moe_tile_hook, "gpu_smem_per_block", lambda: 166_912)
+    with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
+        moe_tile_hook.pin_moe_tile(object())
+    assert triton_utils.get_config() is None
+    assert ("the fused-MoE tile 128,256,64,1,8,4 not applied: its pipeline takes 196608 bytes of shared memory"
+            in caplog.text and "more than the 166912 a program may take on this GPU" in caplog.text)
+    monkeypatch.setattr(moe_tile_hook, "gpu_smem_per_block", lambda: 232_448)  # an H100's
+    moe_tile_hook.pin_moe_tile(object())
+    assert triton_utils.get_config() == dict(zip(config.MOE_TILE_FIELDS, big))
+
+
 @pytest.mark.parametrize("family, level", [("moe+fp8", None), ("dense", None), (None, logging.INFO)])
 def test_the_default_tile_stays_quiet_where_it_does_not_apply(slot, caplog, family, level):
     config.install_config(dataclasses.replace(ACTIVE, moe_tile=DEFAULT_MOE_TILE, model_family=family))
