@@ -60,6 +60,8 @@ DEEP_CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5"
               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6")
 WIDE_TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5",
              "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16")
+NARROW_TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+               "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6")
 REJECTION = ("--speculative-use-rejection-sampling",)
 DETERMINISTIC = ("--enable-deterministic-inference",)
 # SGLang's scheduler polls its sockets in a loop while no request is running unless told to sleep; in the
@@ -88,7 +90,7 @@ class BenchConfig:
     """One server configuration.
 
     Attributes:
-        key: one letter, ``a``..``r``.
+        key: one letter, ``a``..``s``.
         name: file-name-safe identifier.
         title: one line for tables and plots.
         spec_args: speculative-decoding flags (without the draft path).
@@ -183,6 +185,13 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
                 DEEP_CHAIN, True, (("SGLANG_DETSPEC_VERIFY", "coupled"),), True),
     BenchConfig("r", "spec_fast_deep", "(r) EAGLE chain 5 steps, rejection, not deterministic",
                 DEEP_CHAIN + REJECTION, False, (), False),
+    # Not in the default order: a narrower tree where (p) drafts the chain. At 32 requests (p) serves its chain,
+    # 0.955 of (a) (docs/determinism_tax.md), and its 8-token tree cost more than it accepted there; top-k 2 with 6
+    # draft tokens verifies 6 tokens per request against the chain's 4 and the tree's 8, so it may accept more
+    # than the chain for less than the tree's step. The node path and (p)'s token bound, the chain above 48
+    # requests (--interleave --configs aps --concurrency 32).
+    BenchConfig("s", "plugin_tree_narrow", "(s) EAGLE tree topk 2 / 6 tokens, node path, chain above 48 requests",
+                NARROW_TREE, True, tree_env("nodes", "sglang", 48, 12288), True),
 )}
 
 # Measured first: the ratios against (b) of the plugin's configurations survive a run cut short.

@@ -40,14 +40,14 @@ def _flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
-def test_eighteen_configurations_have_the_issue_flags():
-    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmnopqr"
+def test_nineteen_configurations_have_the_issue_flags():
+    assert "".join(sorted(cfg.CONFIGS)) == "abcdefghijklmnopqrs"
     s = cfg.ServerSettings(target="/m/target", draft="/m/eagle")
     cmds = {k: cfg.server_command(c, s, port=31000) for k, c in cfg.CONFIGS.items()}
     det = {k for k, c in cmds.items() if "--enable-deterministic-inference" in c}
     rej = {k for k, c in cmds.items() if "--speculative-use-rejection-sampling" in c}
     spec = {k for k, c in cmds.items() if "--speculative-algorithm" in c}
-    assert det == set("bcdefhijlmnopq") and rej == set("abchr") and spec == set("abcdehijklmnopqr")
+    assert det == set("bcdefhijlmnopqs") and rej == set("abchr") and spec == set("abcdehijklmnopqrs")
     # The deep pair: the chains of (d) and (a) at 5 steps and 6 draft tokens, everything else theirs.
     for key, base in (("q", "d"), ("r", "a")):
         expected = list(cmds[base])
@@ -63,7 +63,8 @@ def test_eighteen_configurations_have_the_issue_flags():
                                        with_server_defaults)
 
     stated = {"e": ("cascade", "split", 0, 0), "i": ("cascade", "split", 0, 0), "j": ("nodes", "sglang", 0, 0),
-              "m": ("cascade", "split", 16, 0), "o": ("nodes", "sglang", 16, 0), "p": ("nodes", "sglang", 16, 12288)}
+              "m": ("cascade", "split", 16, 0), "o": ("nodes", "sglang", 16, 0), "p": ("nodes", "sglang", 16, 12288),
+              "s": ("nodes", "sglang", 48, 12288)}
 
     def served(env, tree=cfg.TREE):  # the bag an 8B-shape FA3 server (head size 128) resolves with this env
         args = dict(zip(tree[::2], tree[1::2]))
@@ -77,9 +78,14 @@ def test_eighteen_configurations_have_the_issue_flags():
     for key, values in stated.items():
         env = dict(cfg.CONFIGS[key].env)
         assert set(TREE_SETTING_ENVS.values()) <= set(env) and env["SGLANG_DETSPEC_VERIFY"] == "coupled", key
-        assert served(env, cfg.WIDE_TREE if key == "i" else cfg.TREE) == values, key
-        if key not in "ei":  # the tree variants differ from (e) in their environment only
+        assert served(env, {"i": cfg.WIDE_TREE, "s": cfg.NARROW_TREE}.get(key, cfg.TREE)) == values, key
+        if key not in "eis":  # the tree variants differ from (e) in their environment only
             assert cmds[key] == cmds["e"], key
+    # (s) is (p)'s server with a narrower tree and a higher batch bound.
+    narrow = list(cmds["e"])
+    narrow[narrow.index("--speculative-eagle-topk") + 1] = "2"
+    narrow[narrow.index("--speculative-num-draft-tokens") + 1] = "6"
+    assert cmds["s"] == narrow
     # (p) is what such a server runs with no tree setting named: the FA3 tree default.
     assert served({"SGLANG_DETSPEC_VERIFY": "coupled"}) == stated["p"]
     o_env = dict(cfg.CONFIGS["o"].env)
@@ -401,9 +407,9 @@ def test_prefill_graphs_keep_sglangs_default_on_every_server():
 def test_dry_run_prints_every_server_of_the_default_order(capsys):
     assert run.main(["--out", "x", "--models", "m", "--dry-run", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
-    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 9 == 9
+    assert text.count("sglang.launch_server") == len(cfg.DEFAULT_ORDER) == len(cfg.CONFIGS) - 10 == 9
     # The node path's cost, SGLang's own tree, the adaptive chain and the switching tree: asked for by --configs.
-    assert "(j)" not in text and "(k)" not in text and "(l)" not in text and "(m)" not in text
+    assert "(j)" not in text and "(k)" not in text and "(l)" not in text and "(m)" not in text and "(s)" not in text
 
 
 def test_memory_estimate_fits_three_servers_per_h200():
