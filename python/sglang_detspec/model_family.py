@@ -343,20 +343,12 @@ def family_note(family: str | None, attention_backend: str | None, moe_runner: s
 
 
 def family_evidence_note(family: str | None, attention_backend: str | None, moe_runner: str | None = None,
-                         moe_a2a: str | None = None, page_size: int | None = None) -> str | None:
+                         moe_a2a: str | None = None) -> str | None:
     """The start-up note for a promoted family (:data:`MEASURED_BITWISE`): its run and what the run does not cover
-    (None where :func:`family_note` speaks: not promoted, or a MoE runner no run used). ``page_size``: the
-    server's KV page size (None: SGLang's default, 1); every family run used 1, which the note says where it
-    differs."""
+    (None where :func:`family_note` speaks: not promoted, or a MoE runner no run used)."""
     run = MEASURED_BITWISE.get((family, attention_backend))
     if run is None or unmeasured_moe_runner(family, moe_runner, moe_a2a):
         return None
-    note = (f"the target is {family} ({spelled(family)}): it claims what its attention claims on "
+    return (f"the target is {family} ({spelled(family)}): it claims what its attention claims on "
             f"{attention_backend}, measured "
             f"{MEASURED_SHAPES[(family, attention_backend)]} ({run})")
-    if (page_size or 1) != 1:
-        note += (f"; every run of this family used a KV page size of 1, not {page_size}: there the claim rests "
-                 f"on {attention_backend}'s kernels tiling keys by index, whatever the page"
-                 + (", and on the MLA decode's start-up check, which runs at the server's page size"
-                    if "mla" in label_traits(family) else ""))
-    return note

@@ -53,7 +53,7 @@ def setting_notes(config: DetSpecConfig) -> list[str]:
     if family:
         notes.append(family)
     evidence = (family_evidence_note(config.model_family, config.attention_backend, config.moe_runner,
-                                     config.moe_a2a, config.page_size)
+                                     config.moe_a2a)
                 if config.active else None)
     if evidence:
         notes.append(evidence)
