@@ -817,8 +817,10 @@ FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # leaves). A server that
 # verifies no trees at head sizes 65-128 keeps SGLang's own calls instead (fa3_own_calls_exact).
 FA3_SPLIT_BACKENDS = ("fa3",)
-# ... and whose decode and prefill share key tiles only with pages of one token (measured there only).
-PAGE_SIZE_ONE_BACKENDS = ("fa3",)
+# Backends whose bitwise claim was measured with KV pages of one token only (every run used SGLang's default, 1):
+# FA3's decode and prefill were seen to tile keys apart at pages of 128 tokens; Triton's kernels tile keys by
+# index whatever the page, which argues for the same bits but is not a measurement.
+PAGE_SIZE_ONE_BACKENDS = ("fa3", "triton")
 
 
 def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
@@ -1009,9 +1011,14 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
         return "tokens", (f"{which}: bitwise verify = decode is proven on {' and '.join(BITWISE_CHAIN_BACKENDS)} "
                           "only")
     if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
-        return "tokens", (f"{attention_backend} with a KV page size of {page_size}: decode and prefill were seen to "
-                          "tile keys apart at pages of 128 tokens, smaller pages are not measured, and the prefix / "
-                          "tail split and the node path read pages of one token (bitwise needs a page size of 1)")
+        if attention_backend == "fa3":
+            return "tokens", (f"fa3 with a KV page size of {page_size}: decode and prefill were seen to tile keys "
+                              "apart at pages of 128 tokens, smaller pages are not measured, and the prefix / tail "
+                              "split and the node path read pages of one token (bitwise needs a page size of 1)")
+        return "tokens", (f"{attention_backend} with a KV page size of {page_size}: not measured (every run used "
+                          "pages of one token; the single-pass kernels tile keys by index whatever the page, which "
+                          "argues for the same bits but is no measurement), and the positional split reads pages "
+                          "of one token")
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention not in BITWISE_DECODE_ATTENTION:
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
                           "apart from its verify")

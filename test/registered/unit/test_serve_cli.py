@@ -410,7 +410,7 @@ TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--spec
 
 @pytest.mark.parametrize("backend, extra, claim, note", [
     ("triton", [], "bitwise", "positional-split Triton kernels were measured bitwise on one H200"),
-    ("triton", ["--page-size", "16"], "tokens", "the split kernels read pages of 1 token"),
+    ("triton", ["--page-size", "16"], "tokens", "triton with a KV page size of 16: not measured"),
     ("fa3", ["--kv-cache-dtype", "fp8_e4m3"], "tokens", "--kv-cache-dtype fp8_e4m3: the plugin's exact"),
     ("fa3", [], "bitwise", "the prefix / tail split (two FA3 calls per row"),
     # The default setting, so nothing to say where it changes nothing (a setting that does: the next test).
