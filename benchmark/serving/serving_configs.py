@@ -1,6 +1,6 @@
 """The server configurations of the end-to-end serving benchmark and the command lines that run them.
 
-Eighteen configurations, one SGLang 0.5.23 server each, on the same target and
+Nineteen configurations, one SGLang 0.5.23 server each, on the same target and
 EAGLE draft (``serving_models.py``):
 
 ==== ================= ============================================================
@@ -36,6 +36,8 @@ p    plugin_tree_switch_tokens (o) drafting the chain also for decode batches lo
 q    plugin_coupled_deep (d) drafting 5 steps (6 draft tokens): what a deeper chain
                         gives the coupling back at large batches
 r    spec_fast_deep     (a) drafting 5 steps (6 draft tokens): SGLang's own gain from it
+s    plugin_tree_narrow (p) with a top-k 2 tree of 6 draft tokens, the chain above 48
+                        requests: a tree where (p) drafts its chain
 ==== ================= ============================================================
 
 Every tree configuration names all four tree settings (:func:`tree_env`), so
@@ -189,7 +191,7 @@ CONFIGS: dict[str, BenchConfig] = {c.key: c for c in (
     # 0.955 of (a) (docs/determinism_tax.md), and its 8-token tree cost more than it accepted there; top-k 2 with 6
     # draft tokens verifies 6 tokens per request against the chain's 4 and the tree's 8, so it may accept more
     # than the chain for less than the tree's step. The node path and (p)'s token bound, the chain above 48
-    # requests (--interleave --configs aps --concurrency 32).
+    # requests (--interleave --configs aps --concurrency 8,32).
     BenchConfig("s", "plugin_tree_narrow", "(s) EAGLE tree topk 2 / 6 tokens, node path, chain above 48 requests",
                 NARROW_TREE, True, tree_env("nodes", "sglang", 48, 12288), True),
 )}

@@ -310,7 +310,8 @@ def _meta_lines(meta: dict, indent: str = "") -> list[str]:
     for label, field in (("date (UTC)", "date_utc"), ("machine", "gpu"), ("torch", "torch_version"),
                          ("Triton", "triton_version"), ("SGLang", "sglang_version"),
                          ("sglang-detspec", "sglang_detspec_version"), ("code revision", "code_revision"),
-                         ("attention backend", "attention_backend"), ("models", "models"), ("load", "load"), ("repetitions", "repeat"),
+                         ("attention backend", "attention_backend"), ("models", "models"), ("load", "load"),
+                         ("repetitions", "repeat"),
                          ("shared server flags", "server_flags"), ("every server's added flags", "every_server_args"),
                          ("prefill CUDA graphs", "prefill_cuda_graphs"), ("wall time (s)", "wall_s")):
         if meta.get(field) is not None:

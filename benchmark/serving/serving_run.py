@@ -94,6 +94,7 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from serving_configs import (  # noqa: E402
     ATTENTION_BACKENDS, CONFIGS, DEFAULT_CONCURRENCIES, DEFAULT_ORDER, LoadSettings, RepeatSettings, ServerSettings,
@@ -498,11 +499,11 @@ def versions() -> dict:
         except importlib.metadata.PackageNotFoundError:
             facts[field] = None
     try:  # the plugin is installed beside SGLang wherever its servers run
-        from sglang_detspec.revision import code_revision
+        from sglang_detspec.revision import run_revision
     except ImportError:
         facts["code_revision"] = None
     else:
-        facts["code_revision"] = code_revision(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        facts["code_revision"] = run_revision(REPO_ROOT)
     return facts
 
 

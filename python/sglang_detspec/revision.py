@@ -2,8 +2,13 @@
 
 A GPU run reads a copy of the working tree without its ``.git``, so the
 revision travels as a file, ``.revision`` at the repository root, written
-here before the copy (``python -m sglang_detspec.revision --write``) and
-ignored by git. Where ``.git`` is present the repository answers itself.
+before the copy (``python -m sglang_detspec.revision --write``) and ignored
+by git. Where ``.git`` is present the repository answers itself. The
+servers of a run import the plugin as installed beside SGLang, which a later
+command may leave in place while its working copy moves on: the install
+scripts stamp the installed package with the revision they installed
+(``--stamp-install``), and :func:`run_revision`, what result files record,
+reads that stamp first. ``$DETSPEC_REVISION`` overrides both.
 """
 
 from __future__ import annotations
@@ -11,13 +16,17 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 REVISION_ENV = "DETSPEC_REVISION"
 REVISION_FILE = ".revision"
+# Beside this module in an installed copy of the package (git-ignored in the repository).
+INSTALLED_STAMP = "_revision"
 # A change outside these (docs, run folders) does not change what a run measures.
 CODE_PATHS = ("python", "test", "benchmark", "scripts", "pyproject.toml")
 CHANGED = "+uncommitted"
+UNKNOWN = "+unknown"  # git named HEAD but could not say whether the code paths differ from it
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
@@ -28,15 +37,25 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
 
 
 def from_git(root: Path) -> str | None:
-    """``HEAD``'s 12-digit hash, with ``+uncommitted`` where the code paths differ from it (new files
-    included); None outside a git work tree (or without git)."""
+    """The revision of the git work tree at ``root``.
+
+    Args:
+        root: a folder inside the work tree.
+
+    Returns:
+        ``HEAD``'s 12-digit hash, with ``+uncommitted`` where the code paths
+        (:data:`CODE_PATHS`) differ from it, new files included, or
+        ``+unknown`` where ``git status`` failed; None outside a git work
+        tree or without git.
+    """
     head = _git(root, "rev-parse", "--short=12", "HEAD")
     if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
     # New files count too: a run copies the working tree, untracked files and all.
     status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", *CODE_PATHS)
-    changed = status is not None and status.returncode == 0 and bool(status.stdout.strip())
-    return head.stdout.strip() + (CHANGED if changed else "")
+    if status is None or status.returncode != 0:
+        return head.stdout.strip() + UNKNOWN
+    return head.stdout.strip() + (CHANGED if status.stdout.strip() else "")
 
 
 def code_revision(root: str | Path | None = None) -> str | None:
@@ -65,8 +84,33 @@ def code_revision(root: str | Path | None = None) -> str | None:
     return None
 
 
+def run_revision(root: str | Path | None = None) -> str | None:
+    """The revision a run's servers import: ``$DETSPEC_REVISION``, else the stamp of the installed package
+    (:func:`stamp_install`), else :func:`code_revision` of ``root`` (a run from the working tree itself).
+
+    Args:
+        root: the repository root the run was started from, str or Path (default: the current folder).
+
+    Returns:
+        str or None, as :func:`code_revision`.
+    """
+    env = os.environ.get(REVISION_ENV, "").strip()
+    if env:
+        return env
+    installed = Path(__file__).with_name(INSTALLED_STAMP)
+    if installed.is_file():
+        return installed.read_text().strip() or None
+    return code_revision(root)
+
+
 def write(root: str | Path) -> str:
-    """Write ``root/.revision`` from the git repository at ``root``; returns the revision.
+    """Write ``root/.revision`` from the git repository at ``root``.
+
+    Args:
+        root: the repository root, str or Path.
+
+    Returns:
+        str: the revision written (:func:`from_git`).
 
     Raises:
         ValueError: ``root`` is not a git work tree (nothing to stamp from).
@@ -79,12 +123,51 @@ def write(root: str | Path) -> str:
     return found
 
 
+def stamp_install(package_dir: str | Path, root: str | Path) -> str | None:
+    """Stamp an installed copy of the package with the revision of the tree it was installed from.
+
+    Args:
+        package_dir: the installed ``sglang_detspec`` folder, str or Path.
+        root: the tree the install read, str or Path (its :func:`code_revision`).
+
+    Returns:
+        str: the revision stamped; None where the tree has none, and then an
+        earlier stamp is removed, so a run records ``null`` rather than an
+        older install's revision.
+
+    Raises:
+        ValueError: ``package_dir`` is not a folder.
+    """
+    package_dir = Path(package_dir)
+    if not package_dir.is_dir():
+        raise ValueError(f"package_dir must be the installed sglang_detspec folder, got {str(package_dir)!r}")
+    found = code_revision(root)
+    stamp = package_dir / INSTALLED_STAMP
+    if found:
+        stamp.write_text(found + "\n")
+    elif stamp.exists():
+        stamp.unlink()
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sglang_detspec.revision [--write | --stamp-install DIR] [--root ROOT]``: print the revision
+    (exit 1 where none is found), write ``.revision``, or stamp an installed package."""
     parser = argparse.ArgumentParser(prog="python -m sglang_detspec.revision", description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {REVISION_FILE} at --root from git")
+    parser.add_argument("--stamp-install", metavar="DIR",
+                        help="stamp the installed sglang_detspec folder DIR with --root's revision")
     parser.add_argument("--root", default=".", help="the repository root (default: the current folder)")
     args = parser.parse_args(argv)
-    print(write(args.root) if args.write else code_revision(args.root))
+    if args.write:
+        print(write(args.root))
+        return 0
+    found = stamp_install(args.stamp_install, args.root) if args.stamp_install else code_revision(args.root)
+    if found is None:
+        print(f"no revision: {args.root} is no git work tree and holds no {REVISION_FILE} "
+              f"(write one with --write where the repository is), and {REVISION_ENV} is unset", file=sys.stderr)
+        return 1
+    print(found)
     return 0
 
 

@@ -76,8 +76,6 @@ import time
 import types
 from pathlib import Path
 
-from sglang_detspec.revision import code_revision
-
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MIN_TRIALS = 24  # the issue's bar: the probe in at least 24 changing batches
 
@@ -266,7 +264,9 @@ def out_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def machine_facts() -> dict:
-    """GPU, versions and date for every result file (nvidia-smi: no CUDA context in the test process)."""
+    """GPU, versions, date and the plugin's code revision (``code_revision``, the installed copy's stamp:
+    ``sglang_detspec.revision.run_revision``) for every result file (nvidia-smi: no CUDA context in the test
+    process)."""
     facts = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              # nvidia-smi lists every GPU; the servers of this process use these.
              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -280,7 +280,12 @@ def machine_facts() -> dict:
             facts[f"{module}_version"] = getattr(__import__(module), "__version__", None)
         except ImportError:
             facts[f"{module}_version"] = None
-    facts["code_revision"] = code_revision(REPO_ROOT)
+    try:
+        from sglang_detspec.revision import run_revision
+    except ImportError:
+        facts["code_revision"] = None
+    else:
+        facts["code_revision"] = run_revision(REPO_ROOT)
     return facts
 
 

@@ -1,6 +1,10 @@
-"""The revision a result file records: from git where the repository is there, else the stamp a copy carries."""
+"""The revision a result file records: from git where the repository is there, else the stamp a copy carries,
+and for a run's servers the stamp of the installed plugin."""
 
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -9,9 +13,14 @@ from sglang_detspec import revision
 
 register_cpu_ci(est_time=5, suite="detspec-unit-cpu")
 
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command (revisions come from git)")
+BENCH = Path(__file__).resolve().parents[3] / "benchmark" / "serving"
+QUIET_GIT = ("-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false")
+
 
 def git(root, *args):
-    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", "-C", str(root), *QUIET_GIT, *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
 @pytest.fixture
@@ -23,9 +32,18 @@ def repo(tmp_path, monkeypatch):
     (root / "python" / "a.py").write_text("x = 1\n")
     (root / "docs" / "a.md").write_text("text\n")
     git(tmp_path, "init", "-q", str(root))
-    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "one")
     return root
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """An installed copy of the package: this module's file in a folder of its own, as pip --target lays it."""
+    package = tmp_path / "site" / "sglang_detspec"
+    package.mkdir(parents=True)
+    monkeypatch.setattr(revision, "__file__", str(package / "revision.py"))
+    return package
 
 
 def test_git_names_head_and_code_changes_only(repo):
@@ -52,9 +70,25 @@ def test_a_copy_without_git_reads_the_stamp(repo, tmp_path):
     assert revision.code_revision(copy) == stamped
 
 
-def test_the_environment_wins(repo, monkeypatch):
+def test_the_environment_wins(repo, installed, monkeypatch):
+    (installed / revision.INSTALLED_STAMP).write_text("older\n")
     monkeypatch.setenv(revision.REVISION_ENV, " abc123 ")
-    assert revision.code_revision(repo) == "abc123"
+    assert revision.code_revision(repo) == revision.run_revision(repo) == "abc123"
+
+
+def test_a_run_records_what_its_servers_import(repo, installed, tmp_path):
+    # The install scripts stamp the installed copy; a later command's working copy may have moved on.
+    head = revision.stamp_install(installed, repo)
+    assert head == git(repo, "rev-parse", "--short=12", "HEAD") == revision.run_revision(tmp_path)
+    (repo / "python" / "a.py").write_text("x = 3\n")
+    assert revision.code_revision(repo) == head + revision.CHANGED and revision.run_revision(repo) == head
+    # Installed from a tree with no revision: the older stamp goes, the run records null.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert revision.stamp_install(installed, bare) is None
+    assert not (installed / revision.INSTALLED_STAMP).exists() and revision.run_revision(bare) is None
+    with pytest.raises(ValueError, match="package_dir must be the installed sglang_detspec folder"):
+        revision.stamp_install(tmp_path / "nowhere", repo)
 
 
 def test_stamping_needs_a_repository(tmp_path, monkeypatch):
@@ -63,14 +97,37 @@ def test_stamping_needs_a_repository(tmp_path, monkeypatch):
         revision.write(tmp_path)
 
 
-def test_the_command_line_stamps_and_reads(repo, capsys):
+def test_a_failing_status_is_not_read_as_clean(repo, monkeypatch):
+    real = revision._git
+
+    def status_fails(root, *args):
+        done = real(root, *args)
+        return done if args[0] != "status" else subprocess.CompletedProcess(done.args, 128, "", "fatal")
+
+    monkeypatch.setattr(revision, "_git", status_fails)
+    assert revision.code_revision(repo).endswith(revision.UNKNOWN)
+
+
+def test_the_command_line_stamps_reads_and_says_when_there_is_none(repo, tmp_path, capsys):
     assert revision.main(["--write", "--root", str(repo)]) == 0
     stamped = capsys.readouterr().out.strip()
     assert revision.main(["--root", str(repo)]) == 0
     assert capsys.readouterr().out.strip() == stamped == (repo / revision.REVISION_FILE).read_text().strip()
+    assert revision.main(["--root", str(tmp_path)]) == 1
+    assert "no revision: " in capsys.readouterr().err
+
+
+def test_the_serving_report_records_the_revision(repo, installed, monkeypatch):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import serving_report
+        import serving_run
+    finally:
+        sys.path.remove(str(BENCH))
+    revision.stamp_install(installed, repo)
+    assert serving_run.versions()["code_revision"] == revision.run_revision()
+    assert "- code revision: 0123abcd" in serving_report._meta_lines({"code_revision": "0123abcd"})
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(pytest.main([__file__, "-v"]))
