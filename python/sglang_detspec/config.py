@@ -63,8 +63,11 @@ MOE_TILE_VALUES = ((16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64, 
                    (1, 2, 4, 8, 16), tuple(range(1, 9)))
 # Shared memory a tile's pipeline takes (moe_tile_smem) may not pass Hopper's 227 KiB per block, the most any
 # GPU SGLang's Triton MoE runner serves on offers: Triton would refuse the kernel inside the CUDA-graph capture
-# instead. Start-up checks the server's own GPU, which may offer less (sglang_plugin/moe_tile_hook.py).
+# instead. Start-up checks the server's own GPU, which may offer less (sglang_plugin/moe_tile_hook.py). The
+# estimate counts one A and one B tile per stage, an upper bound: Triton's pipeliner may hold a stage fewer, and
+# some of SGLang's tuned H100 tiles pass the bound by this count (not calibrated against compiled kernels).
 MOE_TILE_MAX_SMEM = 227 * 1024
+MOE_TILE_SMEM_RULE = "num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) x 2 bytes"
 # The tile an unquantized mixture-of-experts target runs with SGLANG_DETSPEC_MOE_TILE unset: the pick of
 # benchmark/moe_tile_probe.py on one H100 at a Qwen3-30B-A3B-like expert shape (decode-size calls 0.80x the
 # time of SGLang's deterministic tile, 0.99x its tuned tables'; prefill calls of 2,048 / 8,192 tokens 1.14x /
@@ -326,7 +329,7 @@ class DetSpecConfig:
         if self.coupled and algo is not None and algo not in COUPLED_ALGORITHMS:
             problems.append(Refusal("algorithm_not_covered",
                 f"--speculative-algorithm {algo} is not covered: its verify does not go through "
-                f"eagle_sample with the tree root at seq_lens; use one of {', '.join(COUPLED_ALGORITHMS)} "
+                f"eagle_sample with the tree root at seq_lens; use one of {one_of(COUPLED_ALGORITHMS)} "
                 "(or set SGLANG_DETSPEC_DISABLE=1 to keep SGLang's own sampling)"
             ))
         if not self.coupled:
@@ -1227,8 +1230,12 @@ def _seconds(env: Mapping[str, str], name: str, default: float, bound: float) ->
 
 def moe_tile_smem(tile: tuple[int, ...]) -> int:
     """Bytes of shared memory the fused-MoE kernel's pipeline takes with ``tile`` (six integers in
-    :data:`MOE_TILE_FIELDS` order), estimated as ``num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x
-    BLOCK_SIZE_N) x 2`` (an A and a B tile of bf16 per stage)."""
+    :data:`MOE_TILE_FIELDS` order), estimated by :data:`MOE_TILE_SMEM_RULE` (an A and a B tile of bf16 per
+    stage; an upper bound, :data:`MOE_TILE_MAX_SMEM`).
+
+    Raises:
+        ValueError: ``tile`` does not hold six values.
+    """
     m, n, k, _, _, stages = tile
     return stages * (m * k + k * n) * 2
 
@@ -1236,9 +1243,8 @@ def moe_tile_smem(tile: tuple[int, ...]) -> int:
 def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
     """Why ``tile`` (six integers in :data:`MOE_TILE_FIELDS` order) cannot be a fused-MoE tile here, or None.
 
-    Each value must be in its range of :data:`MOE_TILE_VALUES`, and the pipeline's shared memory, estimated as
-    ``num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) x 2`` bytes, at most
-    :data:`MOE_TILE_MAX_SMEM`.
+    Each value must be in its range of :data:`MOE_TILE_VALUES`, and the pipeline's shared memory
+    (:func:`moe_tile_smem`) at most :data:`MOE_TILE_MAX_SMEM`.
     """
     for name, value, allowed in zip(MOE_TILE_FIELDS, tile, MOE_TILE_VALUES):
         if value not in allowed:
@@ -1247,8 +1253,7 @@ def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
             return f"{name} must be {bound}, got {value}"
     smem = moe_tile_smem(tile)
     if smem > MOE_TILE_MAX_SMEM:
-        return (f"num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + BLOCK_SIZE_K x BLOCK_SIZE_N) x 2 bytes must be at most "
-                f"{MOE_TILE_MAX_SMEM} (227 KiB of shared memory), got {smem}")
+        return f"{MOE_TILE_SMEM_RULE} must be at most {MOE_TILE_MAX_SMEM} (227 KiB of shared memory), got {smem}"
     return None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .choices import one_of
 from .seed_encoding import SEED_RANGE, to_int64
 from .streams import U32
 
@@ -207,7 +208,7 @@ def as_column_tensor(columns, device: torch.device) -> torch.Tensor:
     """
     if isinstance(columns, torch.Tensor):
         if columns.dtype not in INT_DTYPES:
-            raise ValueError(f"columns must be an int64 or int32 tensor, got dtype {columns.dtype}")
+            raise ValueError(f"columns must be an {one_of(INT_DTYPES)} tensor, got dtype {columns.dtype}")
         c = columns.to(device=device, dtype=torch.int64)
     elif isinstance(columns, (Sequence, range)) and not isinstance(columns, (str, bytes)):
         vals = [_as_int(f"columns[{i}]", x) for i, x in enumerate(columns)]
@@ -258,7 +259,7 @@ def check_probs(
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
     if t.dtype not in PROB_DTYPES:
-        raise ValueError(f"{name} must be a floating tensor {PROB_DTYPES}, got dtype {t.dtype}")
+        raise ValueError(f"{name} must be a floating tensor of dtype {one_of(PROB_DTYPES)}, got dtype {t.dtype}")
     if t.dim() != dims:
         raise ValueError(f"{name} must have {dims} dims, got shape {tuple(t.shape)}")
     if t.shape[-1] == 0:
@@ -299,7 +300,7 @@ def check_draft_tokens(draft_tokens) -> tuple[int, int]:
     """
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in INT_DTYPES:
         got = draft_tokens.dtype if isinstance(draft_tokens, torch.Tensor) else type(draft_tokens).__name__
-        raise ValueError(f"draft_tokens must be an int64 or int32 tensor [B, K], got {got}")
+        raise ValueError(f"draft_tokens must be an {one_of(INT_DTYPES)} tensor [B, K], got {got}")
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be 2-D [B, K], got shape {tuple(draft_tokens.shape)}")
     return tuple(draft_tokens.shape)

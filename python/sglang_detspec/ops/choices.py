@@ -10,7 +10,8 @@ def one_of(allowed: Iterable) -> str:
 
     Args:
         allowed: the values, in the order the message should list them (any
-            iterable of str, int or enum members; enum members by name).
+            iterable of str, int, enum members or torch dtypes; enum members by
+            name, dtypes without their ``torch.`` prefix).
 
     Returns:
         str: the values joined by ``, `` with ``or`` before the last; strings
@@ -19,7 +20,7 @@ def one_of(allowed: Iterable) -> str:
     Raises:
         ValueError: ``allowed`` is empty (a check with nothing allowed is a bug).
     """
-    words = [getattr(a, "name", None) or str(a) for a in allowed]
+    words = [getattr(a, "name", None) or str(a).removeprefix("torch.") for a in allowed]
     if not words:
         raise ValueError("allowed must name at least one value, got none")
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"

@@ -13,6 +13,7 @@ import torch
 from .checks import (
     INT_DTYPES, as_position_tensor, as_seed_tensor, check_chain_args, check_columns_fit, check_probs, check_token_range,
 )
+from .choices import one_of
 from .coupled_ref import coupled_walk_reference
 from .kernel_choice import use_triton
 from .tree import check_link_tensor, tree_max_depth
@@ -163,7 +164,7 @@ def coupled_verify_tree(
     """
     if not isinstance(candidates, torch.Tensor) or candidates.dtype not in INT_DTYPES:
         got = candidates.dtype if isinstance(candidates, torch.Tensor) else type(candidates).__name__
-        raise ValueError(f"candidates must be an int64 or int32 tensor [B, N], got {got}")
+        raise ValueError(f"candidates must be an {one_of(INT_DTYPES)} tensor [B, N], got {got}")
     if candidates.dim() != 2 or candidates.shape[1] < 1:
         raise ValueError(f"candidates must be 2-D [B, N] with N >= 1 (node 0 is the root), got {tuple(candidates.shape)}")
     b, n = candidates.shape

@@ -31,6 +31,7 @@ import numbers
 
 import torch
 
+from .choices import one_of
 from .kernel_choice import use_triton
 from .rmsnorm_ref import rms_norm_reference
 
@@ -132,7 +133,7 @@ def _check_input(name: str, x) -> tuple[torch.Tensor, int]:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(x).__name__}")
     if x.dtype not in NORM_DTYPES:
-        raise ValueError(f"{name} must have dtype bfloat16, float16 or float32, got {x.dtype}")
+        raise ValueError(f"{name} must have dtype {one_of(NORM_DTYPES)}, got {x.dtype}")
     if x.dim() == 0:
         raise ValueError(f"{name} must have a last (hidden) dimension, got a 0-d tensor")
     h = x.shape[-1]
@@ -152,7 +153,7 @@ def _check_weight(weight, h: int, device: torch.device) -> None:
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"weight must be a tensor, got {type(weight).__name__}")
     if weight.dtype not in NORM_DTYPES:
-        raise ValueError(f"weight must have dtype bfloat16, float16 or float32, got {weight.dtype}")
+        raise ValueError(f"weight must have dtype {one_of(NORM_DTYPES)}, got {weight.dtype}")
     if weight.shape != (h,):
         raise ValueError(f"weight must be 1-D [H = {h}] (x's last dimension), got shape {tuple(weight.shape)}")
     if weight.device != device:

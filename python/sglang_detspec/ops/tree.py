@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .checks import INT_DTYPES
+from .choices import one_of
 
 LINK_NAMES = ("retrieve_next_token", "retrieve_next_sibling")
 
@@ -19,7 +20,7 @@ def check_link_tensor(name: str, t, shape: tuple[int, int], device: torch.device
     """Metadata of an index tensor: int64/int32, ``shape``, on ``device``."""
     if not isinstance(t, torch.Tensor) or t.dtype not in INT_DTYPES:
         got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be an int64 or int32 tensor [B, N], got {got}")
+        raise ValueError(f"{name} must be an {one_of(INT_DTYPES)} tensor [B, N], got {got}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must be [B, N] = {shape}, got shape {tuple(t.shape)}")
     if t.device != device:

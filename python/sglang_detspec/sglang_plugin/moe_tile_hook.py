@@ -48,7 +48,7 @@ import sys
 
 import torch
 
-from ..config import MOE_TABLES_ENV, MOE_TILE_ENV, MOE_TILE_FIELDS, current_config, moe_tile_smem
+from ..config import MOE_TABLES_ENV, MOE_TILE_ENV, MOE_TILE_FIELDS, MOE_TILE_SMEM_RULE, current_config, moe_tile_smem
 from .moe_tables import TARGET as TABLES  # replaced with SGLANG_DETSPEC_MOE_TABLES=checked (moe_tables.TableSource)
 from .moe_tables import install_checked_tables, restore_sglang_lookup
 from .forward_sizes import models_of, scheduler_max_rows
@@ -77,8 +77,8 @@ def tile_too_large(tile: tuple[int, ...], room: int | None) -> str | None:
     need = moe_tile_smem(tile)
     if room is None or need <= room:
         return None
-    return (f"its pipeline takes {need} bytes of shared memory (num_stages x (BLOCK_SIZE_M x BLOCK_SIZE_K + "
-            f"BLOCK_SIZE_K x BLOCK_SIZE_N) x 2), more than the {room} a program may take on this GPU")
+    return (f"its pipeline takes {need} bytes of shared memory ({MOE_TILE_SMEM_RULE}), more than the {room} a "
+            "program may take on this GPU")
 
 
 def pin_moe_tile(*args, **kwargs) -> None:
@@ -134,8 +134,10 @@ def pin_moe_tile(*args, **kwargs) -> None:
     too_large = tile_too_large(bag.moe_tile, gpu_smem_per_block()) if config is not None else None
     if too_large:
         # Triton would refuse the kernel inside the CUDA-graph capture; SGLang's tile fits every GPU it serves.
-        logger.warning("sglang-detspec: the fused-MoE tile %s not applied: %s; SGLang's deterministic tile serves "
-                       "(%s names a smaller one)", tile, too_large, MOE_TILE_ENV)
+        logger.warning("sglang-detspec: the fused-MoE tile %s not applied, whatever the start-up note above says: %s; "
+                       "SGLang's deterministic tile takes its place%s (%s names a smaller one)", tile, too_large,
+                       " and is what SGLang's tuned tables are checked against" if bag.moe_tables == "checked" else "",
+                       MOE_TILE_ENV)
         config = None
     if bag.moe_tables == "checked":
         why = tables_unavailable(args[0] if args else None)

@@ -195,6 +195,7 @@ def test_numpy_integers_are_ints():
     (("uint64", "int64"), "uint64 or int64"),
     ((64, 128, 256), "64, 128 or 256"),
     ((Stream.DRAFT, Stream.BONUS), "DRAFT or BONUS"),
+    ((torch.bfloat16, torch.float16, torch.float32), "bfloat16, float16 or float32"),
 ])
 def test_allowed_values_read_as_typed(allowed, text):
     # Error messages list the values as a user types them, not as a Python tuple.
