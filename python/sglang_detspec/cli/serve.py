@@ -292,7 +292,10 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
 
     if bag.model_family is not None or bag.logits != "bitwise":  # a 'tokens' claim assumes nothing of the model
         return []
-    return [f"the target's config.json could not be read here ({getattr(ns, 'model_path', None)!r}): the claim above "
+    model = getattr(ns, "model_path", None)
+    return [f"the target's config.json could not be read here ({model!r}; for a Hugging Face model, "
+            f"`huggingface-cli download {model or '<model>'} config.json` puts it in the cache, where the dry run "
+            "reads it): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
             "the default, up to 256; on fa3 without it 65 to 128); quantized targets claim 'tokens' (FP8 MLA targets "
             f"with experts but on {' and '.join(bitwise_backends('mla+moe+fp8'))}), as do "
@@ -527,7 +530,7 @@ def _run(args) -> int:
                      "samples its proposals instead of taking its argmax (SGLang ties that path to its "
                      "rejection-sampling flag, hence rejection_sampling=True below); verification stays coupled, "
                      "not SGLang's rejection sampling")
-            _say(f"start-up check passed: {bag.describe()}")
+            _say(f"flags check passed (the GPU checks run when the server starts): {bag.describe()}")
             ns = read_launch_args(cmd[3:])
             # Right under the claim it qualifies, not at the end of the notes.
             warnings = parallelism_notes(ns)

@@ -258,7 +258,7 @@ def test_start_up_and_the_dry_run_claim_what_sglang_resolves(model_dir, capsys, 
         assert logits_guarantee(sglang_backend, sglang_topk, decode_attention=decode) == logits
     assert main(["serve", "--dry-run", "--", "--model-path", model_dir, "--device", "cuda",
                  "--speculative-draft-model-path", model_dir, *flags.split()]) == 0
-    passed = [line for line in capsys.readouterr().err.splitlines() if "start-up check passed" in line]
+    passed = [line for line in capsys.readouterr().err.splitlines() if "flags check passed" in line]
     assert len(passed) == 1 and f"logits={logits!r}" in passed[0]
     reset_config()
 
@@ -280,7 +280,7 @@ def test_the_dry_run_says_when_sglang_picks_the_tree_shape(model_dir, capsys, mo
     err = capsys.readouterr().err
     (note,) = [line for line in err.splitlines() if "SGLang resolves these flags to" in line]
     assert "--speculative-eagle-topk 4" in note and "the line below describes that server" in note
-    (passed,) = [line for line in err.splitlines() if "start-up check passed" in line]
+    (passed,) = [line for line in err.splitlines() if "flags check passed" in line]
     assert "eagle_topk=4" in passed and "logits='tokens'" in passed
     # Where SGLang's resolution cannot run here (no local model folder), the note says what the claim assumes.
     reset_config()

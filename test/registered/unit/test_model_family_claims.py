@@ -483,7 +483,7 @@ def test_a_partial_shape_where_sglang_turns_adaptive_off_is_refused(tiny, extra,
 
 def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
     """``detspec serve --dry-run`` of a NEXTN server of ``model`` on fa3 drafting ``shape``: (its stderr, the
-    "start-up check passed" line)."""
+    "flags check passed" line)."""
     from sglang_detspec.cli.main import main
 
     for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
@@ -492,7 +492,7 @@ def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
                  "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", str(model), *shape.split(),
                  "--attention-backend", "fa3"]) == 0
     err = capsys.readouterr().err
-    (passed,) = [line for line in err.splitlines() if "start-up check passed" in line]
+    (passed,) = [line for line in err.splitlines() if "flags check passed" in line]
     return err, passed
 
 
@@ -556,7 +556,7 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
         err = capsys.readouterr().err
         assert rc == (2 if refused else 0)
         assert ("SGLang's own argument resolution, run here as on a CUDA device, refuses" in err) is refused
-        assert ("absorbed-MLA" in err) is refused and ("start-up check passed" in err) is not refused
+        assert ("absorbed-MLA" in err) is refused and ("flags check passed" in err) is not refused
         # FlashInfer's refusal reads no GPU: nothing on the server's GPU can lift it.
         assert "reads the GPU" not in err
     # fa4's refusal for an absorbed-MLA target reads the GPU (SM100 / SM110): the message says so, also with the

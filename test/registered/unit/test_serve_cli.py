@@ -215,15 +215,15 @@ def test_dry_run_stops_on_an_attention_backend_sglang_refuses(capsys, monkeypatc
         monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "1")
     rc, out, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                     "--attention-backend", backend])
-    assert rc == 2 and out == "" and "start-up check passed" not in err
+    assert rc == 2 and out == "" and "flags check passed" not in err
     assert f"--attention-backend {backend} is refused by SGLang under {DETERMINISTIC}" in err
     assert f"it admits only {', '.join(DETERMINISTIC_ATTENTION_BACKEND_CHOICES)}" in err
     assert "[refusal: attention_backend]" in err
 
 
 def start_up_line(err):
-    """The bag the dry run printed: the text after 'start-up check passed: '."""
-    return next(line for line in err.splitlines() if "start-up check passed" in line).split(": ", 2)[2]
+    """The bag the dry run printed: the text after 'flags check passed: '."""
+    return next(line for line in err.splitlines() if "flags check passed" in line).split(": ", 2)[2]
 
 
 def test_fa4_passes_with_a_not_measured_note_and_without_the_triton_setting(capsys):
@@ -363,7 +363,8 @@ def test_the_dry_run_states_the_token_bound(capsys, monkeypatch, extra, reason, 
 def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path):
     rc, _, err = dry_run(capsys, ["--model-path", "/nonexistent/M", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
-    assert rc == 0 and "config.json could not be read here ('/nonexistent/M')" in err
+    assert rc == 0 and "config.json could not be read here ('/nonexistent/M'; for a Hugging Face model" in err
+    assert "`huggingface-cli download /nonexistent/M config.json` puts it in the cache" in err
     assert err.splitlines()[-1] == f"detspec: claim: logits='bitwise' ({serve.DENSE_ASSUMED})"
     # Where MoE targets claim 'tokens' follows the runs on record (model_family.MEASURED_BITWISE).
     assert ("as do MLA targets outside triton and MoE targets outside fa3 and triton or on another MoE runner than "
@@ -478,7 +479,7 @@ def test_a_decode_backend_sglang_would_not_admit_is_named(capsys, decode, outsid
 def test_no_switch_note_where_sglang_switches_nothing(capsys, flags):
     # Split prefill / decode backends make the bag's backend differ from --attention-backend as typed.
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN, *flags])
-    assert rc == 0 and "start-up check passed" in err
+    assert rc == 0 and "flags check passed" in err
     assert "SGLang serves --attention-backend" not in err
 
 
@@ -538,7 +539,7 @@ def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words
     assert ("not yet measured with the plugin" not in err) if words is None else (words in err)
     lines = err.splitlines()
     if words is not None:  # a warning on the line right under the claim it qualifies
-        passed = next(i for i, line in enumerate(lines) if "start-up check passed" in line)
+        passed = next(i for i, line in enumerate(lines) if "flags check passed" in line)
         assert lines[passed + 1].startswith("detspec: warning: ") and words in lines[passed + 1], lines[passed:passed + 2]
     # The claim again as the last line before the command, pointing to the warning where there is one.
     # "m" is no model folder here: the claim is marked as assuming a dense target too.
