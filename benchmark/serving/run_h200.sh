@@ -17,11 +17,7 @@ cd "$(dirname "$0")/../.."
 # The wheel kit's environment (scripts/h200/README.md); elsewhere run serving_run.py directly.
 [ -f /tmp/e2e/remote/env.sh ] || { echo "run_h200.sh: needs the H200 wheel kit (/tmp/e2e/remote/env.sh); on a machine with SGLang installed run: python benchmark/serving/serving_run.py --out OUT --models DIR" >&2; exit 2; }
 . /tmp/e2e/remote/env.sh
-# SGLang finds the plugin through dist-info metadata: install this tree next to SGLang.
-python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . \
-  > "$out/pip.log" 2>&1 || { tail -n 20 "$out/pip.log"; exit 1; }
-# The revision the servers import, for the report (sglang_detspec/revision.py; null where none came).
-python3 -m sglang_detspec.revision --stamp-install /tmp/site/sglang_detspec --root . > /dev/null 2>&1 || true
+bash scripts/h200/install_plugin.sh "$out/pip.log" || exit 1
 # py-spy for --host-profile (serving_host.py), when the kit carries its wheel.
 export PATH=/tmp/site/bin:$PATH
 bash scripts/h200/install_py_spy.sh || echo "run_h200.sh: py-spy not installed; --host-profile cells will be listed as missing" >&2

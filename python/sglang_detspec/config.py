@@ -820,10 +820,6 @@ FA3_CAUSAL_KEPT_MAX_HEAD_DIM = 128
 # leaves). A server that
 # verifies no trees at head sizes 65-128 keeps SGLang's own calls instead (fa3_own_calls_exact).
 FA3_SPLIT_BACKENDS = ("fa3",)
-# Backends whose bitwise claim was measured with KV pages of one token only (every run used SGLang's default, 1):
-# FA3's decode and prefill were seen to tile keys apart at pages of 128 tokens; Triton's kernels tile keys by
-# index whatever the page, which argues for the same bits but is not a measurement.
-PAGE_SIZE_ONE_BACKENDS = ("fa3", "triton")
 
 
 def logits_guarantee(attention_backend: str | None, eagle_topk: int | None, tree_attention: str = "cascade",
@@ -1013,15 +1009,18 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
         which = "no attention backend named yet" if attention_backend is None else f"{attention_backend} attention"
         return "tokens", (f"{which}: bitwise verify = decode is proven on {' and '.join(BITWISE_CHAIN_BACKENDS)} "
                           "only")
-    if attention_backend in PAGE_SIZE_ONE_BACKENDS and (page_size or 1) > 1:
-        if attention_backend == "fa3":
-            return "tokens", (f"fa3 with a KV page size of {page_size}: decode and prefill were seen to tile keys "
-                              "apart at pages of 128 tokens, smaller pages are not measured, and the prefix / tail "
-                              "split and the node path read pages of one token (bitwise needs a page size of 1)")
-        return "tokens", (f"{attention_backend} with a KV page size of {page_size}: not measured (every run used "
-                          "pages of one token; the single-pass kernels tile keys by index whatever the page, which "
-                          "argues for the same bits but is no measurement), and the positional split reads pages "
-                          "of one token")
+    # Every bitwise run used KV pages of one token (SGLang's default). FA3's decode and prefill were seen to tile
+    # keys apart at pages of 128 tokens; Triton's single-pass kernels tile keys by index whatever the page, which
+    # argues for a chain's bits but is no measurement (a tree: split_tree_rule below).
+    if (page_size or 1) > SPLIT_PAGE_SIZE and attention_backend in FA3_SPLIT_BACKENDS:
+        return "tokens", (f"{attention_backend} with a KV page size of {page_size}: decode and prefill were seen to "
+                          "tile keys apart at pages of 128 tokens, smaller pages are not measured, and the prefix / "
+                          "tail split and the node path read pages of one token (bitwise needs a page size of 1)")
+    if (page_size or 1) > SPLIT_PAGE_SIZE and attention_backend in ONE_PASS_DECODE_BACKENDS and (eagle_topk or 1) == 1:
+        return "tokens", (f"a chain on {attention_backend} with a KV page size of {page_size}: not measured (every "
+                          "run used pages of one token; the single-pass kernels tile keys by index whatever the "
+                          "page, which argues for the same bits but is no measurement)"
+                          + ("; the positional split reads pages of one token" if decode_attention == "split" else ""))
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention not in BITWISE_DECODE_ATTENTION:
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
                           "apart from its verify")
@@ -1231,7 +1230,7 @@ def _seconds(env: Mapping[str, str], name: str, default: float, bound: float) ->
 def moe_tile_smem(tile: tuple[int, ...]) -> int:
     """Bytes of shared memory the fused-MoE kernel's pipeline takes with ``tile`` (six integers in
     :data:`MOE_TILE_FIELDS` order), estimated by :data:`MOE_TILE_SMEM_RULE` (an A and a B tile of bf16 per
-    stage; an upper bound, :data:`MOE_TILE_MAX_SMEM`).
+    stage: an upper bound, since Triton's pipeliner may hold a stage fewer).
 
     Raises:
         ValueError: ``tile`` does not hold six values.
@@ -1253,7 +1252,8 @@ def moe_tile_problem(tile: tuple[int, ...]) -> str | None:
             return f"{name} must be {bound}, got {value}"
     smem = moe_tile_smem(tile)
     if smem > MOE_TILE_MAX_SMEM:
-        return f"{MOE_TILE_SMEM_RULE} must be at most {MOE_TILE_MAX_SMEM} (227 KiB of shared memory), got {smem}"
+        return (f"{MOE_TILE_SMEM_RULE} must be at most {MOE_TILE_MAX_SMEM} ({MOE_TILE_MAX_SMEM // 1024} KiB of shared "
+                f"memory), got {smem}")
     return None
 
 

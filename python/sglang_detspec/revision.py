@@ -85,8 +85,13 @@ def code_revision(root: str | Path | None = None) -> str | None:
 
 
 def run_revision(root: str | Path | None = None) -> str | None:
-    """The revision a run's servers import: ``$DETSPEC_REVISION``, else the stamp of the installed package
-    (:func:`stamp_install`), else :func:`code_revision` of ``root`` (a run from the working tree itself).
+    """The revision a run's servers import.
+
+    ``$DETSPEC_REVISION``; else, where this module is imported from the tree
+    at ``root`` itself (a source or editable checkout), that tree's
+    :func:`code_revision`; else the stamp of the installed copy
+    (:func:`stamp_install`; none or an empty one: None, never the working
+    copy's revision, which may be newer than the install).
 
     Args:
         root: the repository root the run was started from, str or Path (default: the current folder).
@@ -97,10 +102,12 @@ def run_revision(root: str | Path | None = None) -> str | None:
     env = os.environ.get(REVISION_ENV, "").strip()
     if env:
         return env
-    installed = Path(__file__).with_name(INSTALLED_STAMP)
-    if installed.is_file():
-        return installed.read_text().strip() or None
-    return code_revision(root)
+    root = Path(root) if root is not None else Path.cwd()
+    here = Path(__file__).resolve()
+    if here.is_relative_to(root.resolve()):
+        return code_revision(root)
+    installed = here.with_name(INSTALLED_STAMP)
+    return (installed.read_text().strip() or None) if installed.is_file() else None
 
 
 def write(root: str | Path) -> str:
@@ -131,9 +138,9 @@ def stamp_install(package_dir: str | Path, root: str | Path) -> str | None:
         root: the tree the install read, str or Path (its :func:`code_revision`).
 
     Returns:
-        str: the revision stamped; None where the tree has none, and then an
-        earlier stamp is removed, so a run records ``null`` rather than an
-        older install's revision.
+        str: the revision stamped; None where the tree has none, and then the
+        stamp is left empty, so a run records ``null`` rather than an older
+        install's revision or its working copy's.
 
     Raises:
         ValueError: ``package_dir`` is not a folder.
@@ -142,11 +149,7 @@ def stamp_install(package_dir: str | Path, root: str | Path) -> str | None:
     if not package_dir.is_dir():
         raise ValueError(f"package_dir must be the installed sglang_detspec folder, got {str(package_dir)!r}")
     found = code_revision(root)
-    stamp = package_dir / INSTALLED_STAMP
-    if found:
-        stamp.write_text(found + "\n")
-    elif stamp.exists():
-        stamp.unlink()
+    (package_dir / INSTALLED_STAMP).write_text(f"{found}\n" if found else "")
     return found
 
 
@@ -154,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m sglang_detspec.revision [--write | --stamp-install DIR] [--root ROOT]``: print the revision
     (exit 1 where none is found), write ``.revision``, or stamp an installed package."""
     parser = argparse.ArgumentParser(prog="python -m sglang_detspec.revision", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {REVISION_FILE} at --root from git")
-    parser.add_argument("--stamp-install", metavar="DIR",
-                        help="stamp the installed sglang_detspec folder DIR with --root's revision")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--write", action="store_true", help=f"write {REVISION_FILE} at --root from git")
+    what.add_argument("--stamp-install", metavar="DIR",
+                      help="stamp the installed sglang_detspec folder DIR with --root's revision")
     parser.add_argument("--root", default=".", help="the repository root (default: the current folder)")
     args = parser.parse_args(argv)
     if args.write:

@@ -4,5 +4,5 @@
 # /tmp/detspec-out) created. Returns 1 when the install fails.
 . /tmp/e2e/remote/env.sh
 out=${OUT:-/tmp/detspec-out}; mkdir -p "$out"
-python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || return 1
+bash scripts/h200/install_plugin.sh || return 1
 export PATH=/tmp/site/bin:$PATH

@@ -59,11 +59,7 @@ if [ "${DETSPEC_E2E_INSTALLED:-0}" = 1 ]; then
   [ -d /tmp/site/sglang ] && [ -d /tmp/site/sglang_detspec ] \
     || { echo "run_e2e_suite: DETSPEC_E2E_INSTALLED=1 but nothing is installed" >&2; exit 1; }
 else
-  # SGLang's plugin loader finds entry points through dist-info metadata on sys.path, so this
-  # working tree is installed next to SGLang (a copy on PYTHONPATH alone would not load).
-  python3 -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/site . || exit 1
-  # The revision the servers import, for every result file (sglang_detspec/revision.py; null where none came).
-  python3 -m sglang_detspec.revision --stamp-install /tmp/site/sglang_detspec --root . > /dev/null 2>&1 || true
+  bash scripts/h200/install_plugin.sh || exit 1
 fi
 # py-spy, when the kit carries its wheel (.e2e/tools/): a request that hangs gets the server's
 # stacks written next to its results (_e2e.RunningServer.dump_stacks). Only the binary is needed;

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -44,6 +45,8 @@ SHUTDOWN_GRACE_S = 30  # after Ctrl-C, before the server is sent SIGTERM
 # The E2E suites that have run with SGLang's prefill CUDA graphs on, and where: the help and the dry run say it.
 PREFILL_GRAPH_SUITES = ("every E2E file that runs CUDA graphs (all but the controls), the forward-mode matrix and "
                         "SGLang's harness among them (the runs of 2026-12-06 and 2026-12-07 in docs/results.md)")
+# A Hugging Face repository id as --model-path takes one: owner/name.
+HF_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # The claim line's mark when the target's config.json was not read (family_unknown_notes).
 DENSE_ASSUMED = "assuming a dense target: its config.json was not read, see the note above"
 PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
@@ -106,7 +109,8 @@ without --attention-backend it states 'tokens' (see below).
 A server past one of these limits, or whose start-up check fails, keeps
 SGLang's FA3 calls (on triton the one-pass decode) and says which claim
 that leaves: 'tokens', except triton chains, which stay 'bitwise' on the
-one-pass decode (with --kv-cache-dtype auto and no sliding-window layers).
+one-pass decode (with --kv-cache-dtype auto, KV page size 1 and no
+sliding-window layers).
 
 Turning the split off: SGLANG_DETSPEC_DECODE_ATTENTION=one_pass (triton
 chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 on the node
@@ -293,9 +297,10 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     if bag.model_family is not None or bag.logits != "bitwise":  # a 'tokens' claim assumes nothing of the model
         return []
     model = getattr(ns, "model_path", None)
-    return [f"the target's config.json could not be read here ({model!r}; for a Hugging Face model, "
-            f"`huggingface-cli download {model or '<model>'} config.json` puts it in the cache, where the dry run "
-            "reads it): the claim above "
+    # A Hugging Face repository id (owner/name, no local folder of that name): say how to fetch its config alone.
+    fetch = (f"; `hf download {model} config.json` puts it in the Hugging Face cache, where the dry run reads it"
+             if model and HF_REPO_ID.fullmatch(model) and not os.path.exists(model) else "")
+    return [f"the target's config.json could not be read here ({model!r}{fetch}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
             "the default, up to 256; on fa3 without it 65 to 128); quantized targets claim 'tokens' (FP8 MLA targets "
             f"with experts but on {' and '.join(bitwise_backends('mla+moe+fp8'))}), as do "

@@ -151,7 +151,7 @@ def as_position_tensor(
     if isinstance(positions, torch.Tensor):
         if positions.dtype not in POSITION_DTYPES:
             raise ValueError(
-                f"{name} must be an integer tensor (int64, int32, uint32 or uint64), got dtype {positions.dtype}"
+                f"{name} must be an integer tensor ({one_of(POSITION_DTYPES)}), got dtype {positions.dtype}"
             )
         t = positions.to(torch.int64)
         if t.dim() == 0:

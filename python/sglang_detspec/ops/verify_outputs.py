@@ -16,6 +16,11 @@ from typing import NamedTuple
 
 import torch
 
+from .choices import one_of
+
+# The index dtypes SGLang's verify buffers come in.
+OUT_DTYPES = (torch.int32, torch.int64)
+
 
 class VerifyOutputs(NamedTuple):
     """SGLang's verify-sampler buffers, written in place (the layout of ``write_verify_outputs``).
@@ -50,9 +55,9 @@ def check_verify_outputs(out: VerifyOutputs, b: int, n: int, device: torch.devic
     if not isinstance(out, VerifyOutputs):
         raise ValueError(f"out must be a VerifyOutputs, got {type(out).__name__}")
     for name, t in out._asdict().items():
-        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+        if not isinstance(t, torch.Tensor) or t.dtype not in OUT_DTYPES:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"out.{name} must be an int32 or int64 tensor, got {got}")
+            raise ValueError(f"out.{name} must be an {one_of(OUT_DTYPES)} tensor, got {got}")
         if t.device != device:
             raise ValueError(f"out.{name} is on {t.device} but the verify inputs are on {device}")
     if tuple(out.retrive_index.shape) != (b, n):

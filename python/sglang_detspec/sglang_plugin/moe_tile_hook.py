@@ -131,16 +131,16 @@ def pin_moe_tile(*args, **kwargs) -> None:
     from sglang.srt.layers.moe.moe_runner import triton_utils
 
     config = moe_tile_config(bag.moe_tile) if bag.moe_tile is not None else None
+    why = tables_unavailable(args[0] if args else None) if bag.moe_tables == "checked" else None
     too_large = tile_too_large(bag.moe_tile, gpu_smem_per_block()) if config is not None else None
     if too_large:
         # Triton would refuse the kernel inside the CUDA-graph capture; SGLang's tile fits every GPU it serves.
+        checked = bag.moe_tables == "checked" and why is None
         logger.warning("sglang-detspec: the fused-MoE tile %s not applied, whatever the start-up note above says: %s; "
                        "SGLang's deterministic tile takes its place%s (%s names a smaller one)", tile, too_large,
-                       " and is what SGLang's tuned tables are checked against" if bag.moe_tables == "checked" else "",
-                       MOE_TILE_ENV)
+                       " and is what SGLang's tuned tables are checked against" if checked else "", MOE_TILE_ENV)
         config = None
     if bag.moe_tables == "checked":
-        why = tables_unavailable(args[0] if args else None)
         if why:
             logger.warning("sglang-detspec: %s=checked not applied: %s", MOE_TABLES_ENV, why)
         elif check_tables(args[0], config, bag):
@@ -193,7 +193,8 @@ def check_tables(scheduler, tile: dict | None, bag) -> bool:
         logger.warning("sglang-detspec: %s=checked: the start-up check of SGLang's tuned fused-MoE tables failed "
                        "(%s: %s); the tile serves", MOE_TABLES_ENV, type(exc).__name__, exc)
         return False
-    reference = ",".join(map(str, bag.moe_tile)) if bag.moe_tile else "SGLang's deterministic tile"
+    # The tile the tables were checked against (None: SGLang's, also where the bag's was too large for this GPU).
+    reference = ",".join(str(tile[f]) for f in MOE_TILE_FIELDS) if tile else "SGLang's deterministic tile"
     for key, verdict in verdicts.items():
         served = "SGLang's tuned tables serve" if verdict.startswith("tuned") else f"the tile {reference} serves"
         logger.info("sglang-detspec: fused-MoE expert shape E=%s N=%s (forwards of up to %s tokens expected): %s: "

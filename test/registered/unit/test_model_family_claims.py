@@ -115,6 +115,15 @@ def test_unmeasured_families_claim_tokens_and_say_so():
     assert bag.logits == "tokens" and "logits='tokens'" in bag.describe() and "model_family='moe+fp8'" in bag.describe()
 
 
+@pytest.mark.parametrize("family, backend", sorted(MEASURED_BITWISE))
+def test_a_promoted_family_at_pages_above_one_token_claims_tokens(family, backend):
+    # Every family run used pages of one token: the attention rule's page limit holds for them too.
+    chain = dict(deterministic=True, algorithm="EAGLE", eagle_topk=1, attention_backend=backend, model_family=family)
+    assert DetSpecConfig(**chain, page_size=1).logits == "bitwise"
+    paged = DetSpecConfig(**chain, page_size=16)
+    assert paged.logits == "tokens" and "KV page size of 16" in paged.logits_reason
+
+
 def test_family_notes_say_what_was_measured():
     # A promoted family's note names its run and what the run does not cover.
     for (family, backend), run in MEASURED_BITWISE.items():

@@ -137,6 +137,15 @@ def test_a_tile_this_gpu_cannot_hold_is_not_set(slot, caplog, monkeypatch):
     assert ("the fused-MoE tile 128,256,64,1,8,4 not applied, whatever the start-up note above says: its pipeline "
             "takes 196608 bytes of shared memory" in caplog.text
             and "more than the 166912 a program may take on this GPU" in caplog.text)
+    assert "checked against" not in caplog.text
+    # With the tables asked for but no CUDA device to check them on, the warning names no check.
+    caplog.clear()
+    config.install_config(dataclasses.replace(ACTIVE, moe_tile=big, moe_tables="checked"))
+    with caplog.at_level(logging.WARNING, logger="sglang_detspec"):
+        moe_tile_hook.pin_moe_tile(object())
+    assert triton_utils.get_config() is None and "takes its place (" in caplog.text
+    assert "checked against" not in caplog.text and "MOE_TABLES=checked not applied: no CUDA device" in caplog.text
+    config.install_config(dataclasses.replace(ACTIVE, moe_tile=big))
     monkeypatch.setattr(moe_tile_hook, "gpu_smem_per_block", lambda: 232_448)  # an H100's
     moe_tile_hook.pin_moe_tile(object())
     assert triton_utils.get_config() == dict(zip(config.MOE_TILE_FIELDS, big))

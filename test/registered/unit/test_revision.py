@@ -79,16 +79,29 @@ def test_the_environment_wins(repo, installed, monkeypatch):
 def test_a_run_records_what_its_servers_import(repo, installed, tmp_path):
     # The install scripts stamp the installed copy; a later command's working copy may have moved on.
     head = revision.stamp_install(installed, repo)
-    assert head == git(repo, "rev-parse", "--short=12", "HEAD") == revision.run_revision(tmp_path)
+    assert head == git(repo, "rev-parse", "--short=12", "HEAD") == revision.run_revision(repo)
     (repo / "python" / "a.py").write_text("x = 3\n")
     assert revision.code_revision(repo) == head + revision.CHANGED and revision.run_revision(repo) == head
-    # Installed from a tree with no revision: the older stamp goes, the run records null.
+    # Installed from a tree with no revision: the older stamp goes, the run records null, not the working
+    # copy's revision (which may be newer than the install).
     bare = tmp_path / "bare"
     bare.mkdir()
     assert revision.stamp_install(installed, bare) is None
-    assert not (installed / revision.INSTALLED_STAMP).exists() and revision.run_revision(bare) is None
+    assert (installed / revision.INSTALLED_STAMP).read_text() == ""
+    assert revision.run_revision(bare) is None and revision.run_revision(repo) is None
+    (installed / revision.INSTALLED_STAMP).unlink()  # an install no script stamped: null as well
+    assert revision.run_revision(repo) is None
     with pytest.raises(ValueError, match="package_dir must be the installed sglang_detspec folder"):
         revision.stamp_install(tmp_path / "nowhere", repo)
+
+
+def test_a_source_checkout_answers_from_its_own_tree(repo, monkeypatch):
+    # Imported from the tree the run started in (pip install -e): git answers, whatever a stray stamp says.
+    package = repo / "python" / "sglang_detspec"
+    package.mkdir()
+    (package / revision.INSTALLED_STAMP).write_text("stray\n")
+    monkeypatch.setattr(revision, "__file__", str(package / "revision.py"))
+    assert revision.run_revision(repo) == revision.code_revision(repo) != "stray"
 
 
 def test_stamping_needs_a_repository(tmp_path, monkeypatch):
@@ -108,25 +121,31 @@ def test_a_failing_status_is_not_read_as_clean(repo, monkeypatch):
     assert revision.code_revision(repo).endswith(revision.UNKNOWN)
 
 
-def test_the_command_line_stamps_reads_and_says_when_there_is_none(repo, tmp_path, capsys):
+def test_the_command_line_stamps_reads_and_says_when_there_is_none(repo, installed, tmp_path, capsys):
     assert revision.main(["--write", "--root", str(repo)]) == 0
     stamped = capsys.readouterr().out.strip()
     assert revision.main(["--root", str(repo)]) == 0
     assert capsys.readouterr().out.strip() == stamped == (repo / revision.REVISION_FILE).read_text().strip()
     assert revision.main(["--root", str(tmp_path)]) == 1
     assert "no revision: " in capsys.readouterr().err
+    # What the install script runs: exit 0 with the stamp, 1 (and an empty stamp) where the tree has none.
+    assert revision.main(["--stamp-install", str(installed), "--root", str(repo)]) == 0
+    assert capsys.readouterr().out.strip() == stamped == (installed / revision.INSTALLED_STAMP).read_text().strip()
+    assert revision.main(["--stamp-install", str(installed), "--root", str(tmp_path)]) == 1
+    assert (installed / revision.INSTALLED_STAMP).read_text() == ""
+    with pytest.raises(SystemExit):
+        revision.main(["--write", "--stamp-install", str(installed)])
 
 
-def test_the_serving_report_records_the_revision(repo, installed, monkeypatch):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import serving_report
-        import serving_run
-    finally:
-        sys.path.remove(str(BENCH))
-    revision.stamp_install(installed, repo)
-    assert serving_run.versions()["code_revision"] == revision.run_revision()
-    assert "- code revision: 0123abcd" in serving_report._meta_lines({"code_revision": "0123abcd"})
+def test_the_serving_report_records_the_installed_revision(repo, installed, monkeypatch):
+    monkeypatch.setattr(sys, "path", [str(BENCH), *sys.path])  # serving_run adds its folder too: undone after
+    import serving_report
+    import serving_run
+
+    stamped = revision.stamp_install(installed, repo)
+    (repo / "python" / "a.py").write_text("x = 4\n")  # the working copy moves on; the servers run the install
+    assert serving_run.versions()["code_revision"] == stamped
+    assert f"- code revision: {stamped}" in serving_report._meta_lines(serving_run.versions())
 
 
 if __name__ == "__main__":

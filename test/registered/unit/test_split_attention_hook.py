@@ -308,9 +308,15 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=16) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", head_dim=512) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=1, head_dim=256) == "bitwise"
-    # A chain's one-pass pair at pages above one token: argued, not measured.
-    assert logits_guarantee("triton", 1, decode_attention="split", page_size=16) == "tokens"
-    assert logits_guarantee("triton", 1, decode_attention="one_pass", page_size=16) == "tokens"
+    # A chain's one-pass pair at pages above one token: argued, not measured; a tree keeps its own reason.
+    from sglang_detspec.config import guarantee_and_reason
+
+    for decode, split_said in (("split", True), ("one_pass", False)):
+        claim, why = guarantee_and_reason("triton", 1, decode_attention=decode, page_size=16)
+        assert claim == "tokens" and why.startswith("a chain on triton with a KV page size of 16: not measured")
+        assert ("the positional split reads pages of one token" in why) is split_said
+    claim, why = guarantee_and_reason("triton", 4, decode_attention="split", page_size=16)
+    assert claim == "tokens" and "the split kernels read pages of 1 token" in why
 
 
 def test_a_breadth_1_ngram_draft_is_claimed_as_the_tree_it_can_be():
