@@ -94,7 +94,6 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from serving_configs import (  # noqa: E402
     ATTENTION_BACKENDS, CONFIGS, DEFAULT_CONCURRENCIES, DEFAULT_ORDER, LoadSettings, RepeatSettings, ServerSettings,
@@ -503,7 +502,7 @@ def versions() -> dict:
     except ImportError:
         facts["code_revision"] = None
     else:
-        facts["code_revision"] = run_revision(REPO_ROOT)
+        facts["code_revision"] = run_revision()
     return facts
 
 

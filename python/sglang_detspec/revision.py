@@ -52,7 +52,8 @@ def from_git(root: Path) -> str | None:
     if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
     # New files count too: a run copies the working tree, untracked files and all.
-    status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", *CODE_PATHS)
+    # ":(top)": the code paths from the work tree's top, whichever folder inside it ``root`` is.
+    status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", *(f":(top){p}" for p in CODE_PATHS))
     if status is None or status.returncode != 0:
         return head.stdout.strip() + UNKNOWN
     return head.stdout.strip() + (CHANGED if status.stdout.strip() else "")
@@ -84,17 +85,14 @@ def code_revision(root: str | Path | None = None) -> str | None:
     return None
 
 
-def run_revision(root: str | Path | None = None) -> str | None:
-    """The revision a run's servers import.
+def run_revision() -> str | None:
+    """The revision of the plugin this process imports, which a run's servers import too.
 
-    ``$DETSPEC_REVISION``; else, where this module is imported from the tree
-    at ``root`` itself (a source or editable checkout), that tree's
-    :func:`code_revision`; else the stamp of the installed copy
-    (:func:`stamp_install`; none or an empty one: None, never the working
+    ``$DETSPEC_REVISION``; else, where the package is imported from a git
+    checkout (a source or editable install), that checkout's
+    :func:`from_git`; else the stamp of the installed copy
+    (:func:`stamp_install`; none or an empty one: None, never a working
     copy's revision, which may be newer than the install).
-
-    Args:
-        root: the repository root the run was started from, str or Path (default: the current folder).
 
     Returns:
         str or None, as :func:`code_revision`.
@@ -102,10 +100,10 @@ def run_revision(root: str | Path | None = None) -> str | None:
     env = os.environ.get(REVISION_ENV, "").strip()
     if env:
         return env
-    root = Path(root) if root is not None else Path.cwd()
     here = Path(__file__).resolve()
-    if here.is_relative_to(root.resolve()):
-        return code_revision(root)
+    found = from_git(here.parent)
+    if found:
+        return found
     installed = here.with_name(INSTALLED_STAMP)
     return (installed.read_text().strip() or None) if installed.is_file() else None
 
@@ -154,22 +152,32 @@ def stamp_install(package_dir: str | Path, root: str | Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sglang_detspec.revision [--write | --stamp-install DIR] [--root ROOT]``: print the revision
-    (exit 1 where none is found), write ``.revision``, or stamp an installed package."""
+    """``python -m sglang_detspec.revision [--write | --stamp-install DIR] [--root ROOT]``: print the revision of
+    the plugin this Python imports, what result files record (exit 1 where none is found); or write ``ROOT/.revision``
+    from git; or stamp an installed package with ROOT's revision."""
     parser = argparse.ArgumentParser(prog="python -m sglang_detspec.revision", description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--write", action="store_true", help=f"write {REVISION_FILE} at --root from git")
     what.add_argument("--stamp-install", metavar="DIR",
                       help="stamp the installed sglang_detspec folder DIR with --root's revision")
-    parser.add_argument("--root", default=".", help="the repository root (default: the current folder)")
+    parser.add_argument("--root", default=".", help="the repository root --write and --stamp-install read "
+                                                      "(default: the current folder)")
     args = parser.parse_args(argv)
     if args.write:
         print(write(args.root))
         return 0
-    found = stamp_install(args.stamp_install, args.root) if args.stamp_install else code_revision(args.root)
+    if args.stamp_install:
+        found = stamp_install(args.stamp_install, args.root)
+        if found is None:
+            print(f"no revision: {Path(args.root).resolve()} is no git work tree and holds no {REVISION_FILE} "
+                  f"(write one with --write where the repository is), and {REVISION_ENV} is unset", file=sys.stderr)
+            return 1
+        print(found)
+        return 0
+    found = run_revision()
     if found is None:
-        print(f"no revision: {args.root} is no git work tree and holds no {REVISION_FILE} "
-              f"(write one with --write where the repository is), and {REVISION_ENV} is unset", file=sys.stderr)
+        print(f"no revision: the plugin imported from {Path(__file__).resolve().parent} is in no git work tree and "
+              f"carries no stamp ({INSTALLED_STAMP}), and {REVISION_ENV} is unset", file=sys.stderr)
         return 1
     print(found)
     return 0

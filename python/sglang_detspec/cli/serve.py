@@ -298,7 +298,8 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
         return []
     model = getattr(ns, "model_path", None)
     # A Hugging Face repository id (owner/name, no local folder of that name): say how to fetch its config alone.
-    fetch = (f"; `hf download {model} config.json` puts it in the Hugging Face cache, where the dry run reads it"
+    fetch = (f"; `hf download {model} config.json` puts it in the Hugging Face cache, where the dry run reads it "
+             "(a gated repository: `hf auth login` first)"
              if model and HF_REPO_ID.fullmatch(model) and not os.path.exists(model) else "")
     return [f"the target's config.json could not be read here ({model!r}{fetch}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "

@@ -285,7 +285,7 @@ def machine_facts() -> dict:
     except ImportError:
         facts["code_revision"] = None
     else:
-        facts["code_revision"] = run_revision(REPO_ROOT)
+        facts["code_revision"] = run_revision()
     return facts
 
 

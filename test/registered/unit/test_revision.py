@@ -73,35 +73,37 @@ def test_a_copy_without_git_reads_the_stamp(repo, tmp_path):
 def test_the_environment_wins(repo, installed, monkeypatch):
     (installed / revision.INSTALLED_STAMP).write_text("older\n")
     monkeypatch.setenv(revision.REVISION_ENV, " abc123 ")
-    assert revision.code_revision(repo) == revision.run_revision(repo) == "abc123"
+    assert revision.code_revision(repo) == revision.run_revision() == "abc123"
 
 
 def test_a_run_records_what_its_servers_import(repo, installed, tmp_path):
     # The install scripts stamp the installed copy; a later command's working copy may have moved on.
     head = revision.stamp_install(installed, repo)
-    assert head == git(repo, "rev-parse", "--short=12", "HEAD") == revision.run_revision(repo)
+    assert head == git(repo, "rev-parse", "--short=12", "HEAD") == revision.run_revision()
     (repo / "python" / "a.py").write_text("x = 3\n")
-    assert revision.code_revision(repo) == head + revision.CHANGED and revision.run_revision(repo) == head
+    assert revision.code_revision(repo) == head + revision.CHANGED and revision.run_revision() == head
     # Installed from a tree with no revision: the older stamp goes, the run records null, not the working
     # copy's revision (which may be newer than the install).
     bare = tmp_path / "bare"
     bare.mkdir()
     assert revision.stamp_install(installed, bare) is None
     assert (installed / revision.INSTALLED_STAMP).read_text() == ""
-    assert revision.run_revision(bare) is None and revision.run_revision(repo) is None
+    assert revision.run_revision() is None
     (installed / revision.INSTALLED_STAMP).unlink()  # an install no script stamped: null as well
-    assert revision.run_revision(repo) is None
+    assert revision.run_revision() is None
     with pytest.raises(ValueError, match="package_dir must be the installed sglang_detspec folder"):
         revision.stamp_install(tmp_path / "nowhere", repo)
 
 
-def test_a_source_checkout_answers_from_its_own_tree(repo, monkeypatch):
-    # Imported from the tree the run started in (pip install -e): git answers, whatever a stray stamp says.
+def test_a_source_checkout_answers_from_its_own_tree(repo, monkeypatch, tmp_path):
+    # Imported from a git checkout (pip install -e): its git answers, whatever a stray stamp says and wherever
+    # the command runs.
     package = repo / "python" / "sglang_detspec"
     package.mkdir()
     (package / revision.INSTALLED_STAMP).write_text("stray\n")
     monkeypatch.setattr(revision, "__file__", str(package / "revision.py"))
-    assert revision.run_revision(repo) == revision.code_revision(repo) != "stray"
+    monkeypatch.chdir(tmp_path)
+    assert revision.run_revision() == revision.code_revision(repo) != "stray"
 
 
 def test_stamping_needs_a_repository(tmp_path, monkeypatch):
@@ -124,13 +126,14 @@ def test_a_failing_status_is_not_read_as_clean(repo, monkeypatch):
 def test_the_command_line_stamps_reads_and_says_when_there_is_none(repo, installed, tmp_path, capsys):
     assert revision.main(["--write", "--root", str(repo)]) == 0
     stamped = capsys.readouterr().out.strip()
-    assert revision.main(["--root", str(repo)]) == 0
-    assert capsys.readouterr().out.strip() == stamped == (repo / revision.REVISION_FILE).read_text().strip()
-    assert revision.main(["--root", str(tmp_path)]) == 1
-    assert "no revision: " in capsys.readouterr().err
+    assert stamped == (repo / revision.REVISION_FILE).read_text().strip()
+    # Reading: the imported plugin's revision, what result files record (an unstamped install: none).
+    assert revision.main([]) == 1
+    assert "no revision: the plugin imported from" in capsys.readouterr().err
     # What the install script runs: exit 0 with the stamp, 1 (and an empty stamp) where the tree has none.
     assert revision.main(["--stamp-install", str(installed), "--root", str(repo)]) == 0
     assert capsys.readouterr().out.strip() == stamped == (installed / revision.INSTALLED_STAMP).read_text().strip()
+    assert revision.main([]) == 0 and capsys.readouterr().out.strip() == stamped
     assert revision.main(["--stamp-install", str(installed), "--root", str(tmp_path)]) == 1
     assert (installed / revision.INSTALLED_STAMP).read_text() == ""
     with pytest.raises(SystemExit):
