@@ -168,20 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stamp_install:
         found = stamp_install(args.stamp_install, args.root)
-        if found is None:
-            print(f"no revision: {Path(args.root).resolve()} is no git work tree and holds no {REVISION_FILE} "
-                  f"(write one with --write where the repository is), and {REVISION_ENV} is unset", file=sys.stderr)
-            return 1
-        print(found)
-        return 0
-    found = run_revision()
+        why = (f"{Path(args.root).resolve()} is no git work tree and holds no {REVISION_FILE} (write one with "
+               "--write where the repository is)")
+    else:
+        found = run_revision()
+        why = (f"the plugin imported from {Path(__file__).resolve().parent} is in no git work tree and carries no "
+               f"stamp ({INSTALLED_STAMP})")
     if found is None:
-        print(f"no revision: the plugin imported from {Path(__file__).resolve().parent} is in no git work tree and "
-              f"carries no stamp ({INSTALLED_STAMP}), and {REVISION_ENV} is unset", file=sys.stderr)
+        print(f"no revision: {why}, and {REVISION_ENV} is unset", file=sys.stderr)
         return 1
     print(found)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
