@@ -8,7 +8,8 @@ servers of a run import the plugin as installed beside SGLang, which a later
 command may leave in place while its working copy moves on: the install
 scripts stamp the installed package with the revision they installed
 (``--stamp-install``), and :func:`run_revision`, what result files record,
-reads that stamp first. ``$DETSPEC_REVISION`` overrides both.
+reads that stamp wherever the imported package is not in a git checkout.
+``$DETSPEC_REVISION`` overrides all of them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ INSTALLED_STAMP = "_revision"
 CODE_PATHS = ("python", "test", "benchmark", "scripts", "pyproject.toml")
 CHANGED = "+uncommitted"
 UNKNOWN = "+unknown"  # git named HEAD but could not say whether the code paths differ from it
+
+
+def _from_env() -> str | None:
+    return os.environ.get(REVISION_ENV, "").strip() or None
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
@@ -53,7 +58,8 @@ def from_git(root: Path) -> str | None:
         return None
     # New files count too: a run copies the working tree, untracked files and all.
     # ":(top)": the code paths from the work tree's top, whichever folder inside it ``root`` is.
-    status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", *(f":(top){p}" for p in CODE_PATHS))
+    paths = (f":(top){p}" for p in CODE_PATHS)
+    status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", *paths)
     if status is None or status.returncode != 0:
         return head.stdout.strip() + UNKNOWN
     return head.stdout.strip() + (CHANGED if status.stdout.strip() else "")
@@ -72,9 +78,8 @@ def code_revision(root: str | Path | None = None) -> str | None:
     Returns:
         str like ``5ed3337a1b2c`` or ``5ed3337a1b2c+uncommitted``, or None.
     """
-    env = os.environ.get(REVISION_ENV, "").strip()
-    if env:
-        return env
+    if _from_env():
+        return _from_env()
     root = Path(root) if root is not None else Path.cwd()
     found = from_git(root)
     if found:
@@ -97,9 +102,8 @@ def run_revision() -> str | None:
     Returns:
         str or None, as :func:`code_revision`.
     """
-    env = os.environ.get(REVISION_ENV, "").strip()
-    if env:
-        return env
+    if _from_env():
+        return _from_env()
     here = Path(__file__).resolve()
     found = from_git(here.parent)
     if found:
