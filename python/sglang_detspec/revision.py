@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m sglang_detspec.revision [--write | --stamp-install DIR] [--root ROOT]``: print the revision of
     the plugin this Python imports, what result files record (exit 1 where none is found); or write ``ROOT/.revision``
     from git; or stamp an installed package with ROOT's revision."""
-    parser = argparse.ArgumentParser(prog="python -m sglang_detspec.revision", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_detspec.revision",
+        description="Print the revision of the plugin this Python imports (what result files record, with the "
+                    "package's folder on stderr); or write --root's .revision from git; or stamp an installed package.")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--write", action="store_true", help=f"write {REVISION_FILE} at --root from git")
     what.add_argument("--stamp-install", metavar="DIR",
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="the repository root --write and --stamp-install read "
                                                       "(default: the current folder)")
     args = parser.parse_args(argv)
+    if args.root != "." and not (args.write or args.stamp_install):
+        parser.error("--root goes with --write or --stamp-install: the revision printed is the imported plugin's")
     if args.write:
         print(write(args.root))
         return 0
@@ -181,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         print(f"no revision: {why}, and {REVISION_ENV} is unset", file=sys.stderr)
         return 1
+    if not args.stamp_install:
+        print(f"the plugin imported from {Path(__file__).resolve().parent}", file=sys.stderr)
     print(found)
     return 0
 

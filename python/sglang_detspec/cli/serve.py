@@ -521,7 +521,7 @@ def _run(args) -> int:
             elif record is not None:
                 renamed = served_algorithm_note(bag, record)
                 if renamed:
-                    _say(f"note: {renamed}; the line below names the flags as typed")
+                    _say(f"note: {renamed}; the line below names the algorithm as typed")
             if bag.mla_tree_as_chain:
                 from ..sglang_plugin.startup_notes import mla_chain_note
 

@@ -588,7 +588,7 @@ def test_the_dry_run_says_sglang_serves_nextn_as_eagle_where_it_fills_the_shape(
     # The shape typed: the line keeps the flags, and the note says what the server's line will name.
     err, passed = _dry_run_nextn(tiny / "deepseek_v3", CHAIN, capsys, monkeypatch)
     (note,) = [line for line in err.splitlines() if "SGLang serves --speculative-algorithm NEXTN as EAGLE" in line]
-    assert "the line below names the flags as typed" in note and "algorithm='NEXTN'" in passed
+    assert "the line below names the algorithm as typed" in note and "algorithm='NEXTN'" in passed
     reset_config()
 
 

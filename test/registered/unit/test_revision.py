@@ -138,6 +138,9 @@ def test_the_command_line_stamps_reads_and_says_when_there_is_none(repo, install
     assert (installed / revision.INSTALLED_STAMP).read_text() == ""
     with pytest.raises(SystemExit):
         revision.main(["--write", "--stamp-install", str(installed)])
+    with pytest.raises(SystemExit):
+        revision.main(["--root", str(repo)])  # the bare command reads the imported plugin, not a folder
+    assert "--root goes with --write or --stamp-install" in capsys.readouterr().err
 
 
 def test_the_serving_report_records_the_installed_revision(repo, installed, monkeypatch):
