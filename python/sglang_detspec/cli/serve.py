@@ -29,6 +29,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -453,7 +454,14 @@ def _why_inactive(bag: DetSpecConfig) -> str:
 
 
 def _say(message: str) -> None:
-    print(f"detspec: {message}", file=sys.stderr)
+    """One message on stderr; on a terminal wrapped to its width (the notes run to a few hundred words),
+    elsewhere one line per message so logs and scripts can take a message per line."""
+    line = f"detspec: {message}"
+    if sys.stderr.isatty():
+        width = max(40, shutil.get_terminal_size().columns - 1)
+        line = "\n".join(textwrap.fill(part, width, subsequent_indent="    ", break_on_hyphens=False,
+                                        break_long_words=False) for part in line.split("\n"))
+    print(line, file=sys.stderr)
 
 
 def _fail(message: str) -> int:

@@ -56,6 +56,36 @@ CASES = [
 ]
 
 
+class _Terminal:
+    """A stderr that says it is a terminal, as a user's shell is."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_messages_wrap_to_a_terminal_and_stay_one_line_elsewhere(capsys, monkeypatch):
+    message = "note: " + " ".join(f"word{i}" for i in range(60)) + "\n  - a listed refusal"
+    serve._say(message)
+    assert capsys.readouterr().err == f"detspec: {message}\n"
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("COLUMNS", "60")
+    serve._say(message)
+    lines = terminal.text.splitlines()
+    assert len(lines) > 3 and all(len(line) <= 59 for line in lines)
+    assert all(line.startswith("    ") for line in lines[1:-1]) and lines[-1] == "  - a listed refusal"
+    assert " ".join(line.strip() for line in lines[:-1]) == f"detspec: {message.splitlines()[0]}"
+
+
 @pytest.mark.parametrize("extra", CASES, ids=lambda a: " ".join(a) or "none")
 def test_command_turns_on_deterministic_inference_once(extra):
     args = ["--model-path", "m", *extra]
