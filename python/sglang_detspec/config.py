@@ -131,6 +131,11 @@ REMOVED_ENV = {
 REMOVED_DEFAULTS = {"SGLANG_DETSPEC_GEMM": "sglang"}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
+# Every variable name the plugin reads starts so; a name with the prefix outside ENV_NAMES is refused (with the
+# nearest name) rather than ignored, so a typo never silently serves the default.
+ENV_PREFIX = "SGLANG_DETSPEC_"
+ENV_NAMES = (KERNEL_ENV, DISABLE_ENV, VERIFY_ENV, TREE_ATTENTION_ENV, DECODE_ATTENTION_ENV, TREE_CHAIN_BATCH_ENV,
+             TREE_CHAIN_TOKENS_ENV, GEMM_WARMUP_ENV, MOE_TILE_ENV, MOE_TABLES_ENV, *REMOVED_ENV)
 
 # Algorithms whose verify and draft go through the hooked SGLang paths, per mode.
 # Coupled: everything that verifies through eagle_utils.eagle_sample with the tree
@@ -1097,8 +1102,25 @@ def resolve_verify(setting: str, rejection_sampling: bool) -> str:
 def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
     value = env.get(name, default).strip().lower() or default
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {one_of(allowed)}, got {env.get(name)!r}")
+        # An empty value always reads as the default, so it is no word to offer.
+        raise ValueError(f"{name} must be one of {one_of(a for a in allowed if a)}, got {env.get(name)!r}")
     return value
+
+
+def unknown_env_names(environ: Mapping[str, str]) -> list[str]:
+    """One message per variable of ``environ`` named ``SGLANG_DETSPEC_*`` that the plugin does not read
+    (:data:`ENV_NAMES`), with the nearest name where one is close (difflib's ratio); in name order."""
+    import difflib
+
+    current = [name for name in ENV_NAMES if name not in REMOVED_ENV]
+    # Compared without the prefix every name shares, which would make any two names look close.
+    suffixes = {name.removeprefix(ENV_PREFIX): name for name in current}
+    messages = []
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in ENV_NAMES):
+        near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.7)
+        hint = f"did you mean {suffixes[near[0]]}? " if near else ""
+        messages.append(f"{name} is not a setting of sglang-detspec ({hint}its settings: {', '.join(current)})")
+    return messages
 
 
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
@@ -1127,27 +1149,44 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
             ``SGLANG_DETSPEC_MOE_TABLES`` not in off|checked, or
             a removed setting (:data:`REMOVED_ENV`) set to anything but
             its old default (:data:`REMOVED_DEFAULTS`, accepted: it asks for
-            what now always runs).
+            what now always runs), or a ``SGLANG_DETSPEC_*`` name outside
+            :data:`ENV_NAMES` (:func:`unknown_env_names`). Every wrong
+            setting is named in the one error, one per line after the first
+            where there are several.
     """
     env = os.environ if environ is None else environ
-    for name, why in REMOVED_ENV.items():
-        if name in env and env[name].strip().lower() != REMOVED_DEFAULTS.get(name):
-            raise ValueError(f"{name} is set ({env[name]!r}) but was removed: {why}; unset it")
-    kernel = _word(env, KERNEL_ENV, "auto", KERNELS)
-    disabled = _word(env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE
-    verify = _word(env, VERIFY_ENV, "auto", VERIFY_SETTINGS)
-    tree_attention = _word(env, TREE_ATTENTION_ENV, PLAIN_TREE_DEFAULTS["tree_attention"], TREE_ATTENTION_SETTINGS)
-    decode_attention = _word(env, DECODE_ATTENTION_ENV, PLAIN_TREE_DEFAULTS["decode_attention"],
-                             DECODE_ATTENTION_SETTINGS)
-    return {"kernel": kernel, "disabled": disabled, "verify": verify, "tree_attention": tree_attention,
-            "decode_attention": decode_attention,
-            "tree_chain_batch": _count(env, TREE_CHAIN_BATCH_ENV, MAX_TREE_CHAIN_BATCH, "batch size"),
-            "tree_chain_tokens": _count(env, TREE_CHAIN_TOKENS_ENV, MAX_TREE_CHAIN_TOKENS, "token count"),
-            "gemm_warmup_s": _seconds(env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S),
-            "moe_tile": _moe_tile(env),
-            "moe_tables": _word(env, MOE_TABLES_ENV, "off", MOE_TABLES_SETTINGS),
-            "set_tree_settings": tuple(field for field, name in TREE_SETTING_ENVS.items()
-                                       if env.get(name, "").strip())}
+    problems = [f"{name} is set ({env[name]!r}) but was removed: {why}; unset it"
+                for name, why in REMOVED_ENV.items()
+                if name in env and env[name].strip().lower() != REMOVED_DEFAULTS.get(name)]
+    problems += unknown_env_names(env)
+
+    def checked(read, *args):
+        try:
+            return read(*args)
+        except ValueError as exc:  # every wrong setting in one message, not one per attempt
+            problems.append(str(exc))
+            return None
+
+    settings = {
+        "kernel": checked(_word, env, KERNEL_ENV, "auto", KERNELS),
+        "disabled": checked(_word, env, DISABLE_ENV, "", _TRUE + _FALSE) in _TRUE,
+        "verify": checked(_word, env, VERIFY_ENV, "auto", VERIFY_SETTINGS),
+        "tree_attention": checked(_word, env, TREE_ATTENTION_ENV, PLAIN_TREE_DEFAULTS["tree_attention"],
+                                  TREE_ATTENTION_SETTINGS),
+        "decode_attention": checked(_word, env, DECODE_ATTENTION_ENV, PLAIN_TREE_DEFAULTS["decode_attention"],
+                                    DECODE_ATTENTION_SETTINGS),
+        "tree_chain_batch": checked(_count, env, TREE_CHAIN_BATCH_ENV, MAX_TREE_CHAIN_BATCH, "batch size"),
+        "tree_chain_tokens": checked(_count, env, TREE_CHAIN_TOKENS_ENV, MAX_TREE_CHAIN_TOKENS, "token count"),
+        "gemm_warmup_s": checked(_seconds, env, GEMM_WARMUP_ENV, DEFAULT_GEMM_WARMUP_S, MAX_GEMM_WARMUP_S),
+        "moe_tile": checked(_moe_tile, env),
+        "moe_tables": checked(_word, env, MOE_TABLES_ENV, "off", MOE_TABLES_SETTINGS),
+        "set_tree_settings": tuple(field for field, name in TREE_SETTING_ENVS.items() if env.get(name, "").strip()),
+    }
+    if len(problems) == 1:
+        raise ValueError(problems[0])
+    if problems:
+        raise ValueError(f"{len(problems)} sglang-detspec settings are wrong:\n  - " + "\n  - ".join(problems))
+    return settings
 
 
 def with_server_defaults(config: DetSpecConfig) -> DetSpecConfig:

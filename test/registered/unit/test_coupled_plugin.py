@@ -20,7 +20,7 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.config import DetSpecConfig, current_config, install_config, reset_config
+from sglang_detspec.config import DetSpecConfig, current_config, env_settings, install_config, reset_config
 from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
 from sglang_detspec.ops.verify_outputs import write_verify_outputs
 from sglang_detspec.sglang_plugin import draft_hook, resolve, startup_notes, verify_hook
@@ -154,6 +154,30 @@ def test_bad_verify_setting_names_the_variable(loaded, model_dir, monkeypatch):
     with pytest.raises(ValueError, match=r"SGLANG_DETSPEC_VERIFY must be one of auto, coupled or rejection,"):
         server_args(model_dir, DET)
     reset_config()
+
+
+def test_a_misspelled_setting_is_refused_with_the_nearest_name(loaded, model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_VERIFYY", "rejection")
+    with pytest.raises(ValueError, match=r"^SGLANG_DETSPEC_VERIFYY is not a setting of sglang-detspec \(did you "
+                                         r"mean SGLANG_DETSPEC_VERIFY\? its settings: SGLANG_DETSPEC_KERNEL, "):
+        server_args(model_dir, DET)
+    reset_config()
+
+
+def test_every_wrong_setting_is_named_in_one_error():
+    env = {"SGLANG_DETSPEC_DISABLE": "maybe", "SGLANG_DETSPEC_MOE_TILE": "x", "SGLANG_DETSPEC_FOO": "1",
+           "SGLANG_DETSPEC_GEMM": "plugin"}
+    with pytest.raises(ValueError) as raised:
+        env_settings(env)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "4 sglang-detspec settings are wrong:"
+    assert [line.split()[1] for line in lines[1:]] == ["SGLANG_DETSPEC_GEMM", "SGLANG_DETSPEC_FOO",
+                                                       "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_MOE_TILE"]
+    # No near name for FOO (the shared prefix alone makes no match), the removed name not offered as a setting,
+    # and the empty value, which reads as the default, not listed as a word to type.
+    assert "did you mean" not in lines[2] and "SGLANG_DETSPEC_GEMM," not in lines[2]
+    assert lines[3].endswith("must be one of 1, true, yes, on, 0, false, no or off, got 'maybe'")
+    assert env_settings({"SGLANG_DETSPEC_GEMM": "sglang"})["verify"] == "auto"  # the removed default, accepted
 
 
 def test_algorithm_coverage_per_mode():
