@@ -113,6 +113,19 @@ def test_adaptive_chain_resolves_sglang_candidate_steps(loaded, model_dir, tmp_p
     reset_config()
 
 
+@pytest.mark.parametrize("flag, way_out", [
+    (True, "drop --speculative-use-rejection-sampling (with SGLANG_DETSPEC_VERIFY unset or coupled"),
+    (False, "set SGLANG_DETSPEC_VERIFY=coupled or unset it ("),
+])
+def test_the_tree_refusal_names_what_asked_for_rejection_mode(flag, way_out):
+    bag = DetSpecConfig(deterministic=True, verify="rejection", rejection_sampling=flag, algorithm="EAGLE",
+                        num_steps=3, eagle_topk=4, num_draft_tokens=8)
+    tree = [r for r in bag.refusals() if r.code == "rejection_tree"]
+    assert len(tree) == 1 and way_out in tree[0] and tree[0].endswith("coupled verify serves trees)")
+    # The flag it would have you drop is named only where it was given.
+    assert ("--speculative-use-rejection-sampling" in tree[0]) == flag
+
+
 def test_not_ours_without_deterministic_inference(loaded, model_dir):
     bag = resolve.config_from_server_args(server_args(model_dir, eagle(model_dir, TREE)))
     assert not bag.ours and not bag.active and bag.refusals() == []
