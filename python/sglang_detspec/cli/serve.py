@@ -49,7 +49,11 @@ PREFILL_GRAPH_SUITES = ("every E2E file that runs CUDA graphs (all but the contr
 # A Hugging Face repository id as --model-path takes one: owner/name.
 HF_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # The claim line's mark when the target's config.json was not read (family_unknown_notes).
-DENSE_ASSUMED = "assuming a dense target: its config.json was not read, see the note above"
+DENSE_ASSUMED = "for a dense target: its config.json was not read, see the note above"
+# The families the claim line spells out beside that mark: the ones people speculate with whose claim may differ.
+ASSUMED_FAMILIES = (("moe", "with experts"), ("mla+moe", "MLA with experts"), ("mla+moe+fp8", "the same in FP8"))
+# A --model-path or --speculative-draft-model-path written as a file-system path (a repository id is owner/name).
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
 PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
 # ... and for an FP8 target, whose passing family rows ran with them off (prefill_graph_notes).
 PREFILL_GRAPH_FP8 = ("the model families' FP8 rows passed on triton with them on and DeepGEMM's pre-compile on "
@@ -313,6 +317,25 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
                         "start-up, refusal mla_tree)" if bag.verifies_trees else "")]
 
 
+def dense_assumed_mark(bag: DetSpecConfig) -> str:
+    """The claim line's mark where the target's ``config.json`` was not read: :data:`DENSE_ASSUMED`, then what the
+    other families of :data:`ASSUMED_FAMILIES` would claim with these flags (the bag's rules, family swapped in)."""
+    claims = [f"{words} {dataclasses.replace(bag, model_family=family).logits!r}" for family, words in ASSUMED_FAMILIES]
+    return f"{DENSE_ASSUMED}; {', '.join(claims)}"
+
+
+def missing_model_paths(ns: argparse.Namespace) -> list[str]:
+    """The model flags written as file-system paths (:data:`LOCAL_PATH_PREFIXES`) that name nothing here, one
+    message each: SGLang would stop on them after loading its modules, and the dry run would read no config."""
+    missing = []
+    for flag in ("model_path", "speculative_draft_model_path"):
+        path = getattr(ns, flag, None)
+        if isinstance(path, str) and path.startswith(LOCAL_PATH_PREFIXES) and not os.path.exists(
+                os.path.expanduser(path)):
+            missing.append(f"--{flag.replace('_', '-')} {path}: no such file or folder")
+    return missing
+
+
 def fa3_head_size_notes(bag: DetSpecConfig) -> list[str]:
     """With no backend named, what FA3 (SGLang's pick on Hopper) would claim at the target's head size.
 
@@ -488,6 +511,9 @@ def _run(args) -> int:
     else:
         try:
             cmd = server_command(launch)
+            missing = missing_model_paths(read_launch_args(cmd[3:]))
+            if missing:
+                return _fail("; ".join(missing))
             # The symbol check imports every hooked SGLang module (about half a minute on a CPU):
             # --dry-run runs it; a real start leaves it to the server's own start-up check.
             bag, problems = startup_check(cmd[3:], env, check_hooks=args.dry_run)
@@ -594,7 +620,7 @@ def _run(args) -> int:
             # The notes run long: the claim again as the last line before the command, with what qualifies it.
             if unresolved:
                 _say(f"note: {unresolved}")
-            marks = ["see the warning above"] * bool(warnings) + [DENSE_ASSUMED] * bool(dense_assumed)
+            marks = ["see the warning above"] * bool(warnings) + [dense_assumed_mark(bag)] * bool(dense_assumed)
             _say(f"claim: logits={bag.logits!r}" + (f" ({'; '.join(marks)})" if marks else ""))
     if args.dry_run:
         print(dry_run_command(cmd, env))

@@ -391,10 +391,16 @@ def test_the_dry_run_states_the_token_bound(capsys, monkeypatch, extra, reason, 
 
 
 def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path):
-    rc, _, err = dry_run(capsys, ["--model-path", "/nonexistent/M", "--speculative-algorithm", "EAGLE", *CHAIN,
+    rc, _, err = dry_run(capsys, ["--model-path", "nonexistent-M", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
-    assert rc == 0 and "config.json could not be read here ('/nonexistent/M'): the claim above" in err
-    assert err.splitlines()[-1] == f"detspec: claim: logits='bitwise' ({serve.DENSE_ASSUMED})"
+    assert rc == 0 and "config.json could not be read here ('nonexistent-M'): the claim above" in err
+    # The claim line says it holds for a dense target, and what the families people speculate with would claim.
+    assert err.splitlines()[-1] == (f"detspec: claim: logits='bitwise' ({serve.DENSE_ASSUMED}; with experts "
+                                    "'bitwise', MLA with experts 'tokens', the same in FP8 'tokens')")
+    rc, _, err = dry_run(capsys, ["--model-path", "nonexistent-M", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--attention-backend", "triton"])
+    assert err.splitlines()[-1].endswith("with experts 'bitwise', MLA with experts 'bitwise', the same in FP8 "
+                                         "'bitwise')")
     # Where MoE targets claim 'tokens' follows the runs on record (model_family.MEASURED_BITWISE).
     assert ("as do MLA targets outside triton and MoE targets outside fa3 and triton or on another MoE runner than "
             "SGLang's Triton one," in " ".join(err.split()))
@@ -578,7 +584,19 @@ def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words
     # The claim again as the last line before the command, pointing to the warning where there is one.
     # "m" is no model folder here: the claim is marked as assuming a dense target too.
     marks = ["see the warning above"] * bool(words) + [serve.DENSE_ASSUMED]
-    assert lines[-1] == f"detspec: claim: logits='bitwise' ({'; '.join(marks)})", lines[-1]
+    assert lines[-1].startswith(f"detspec: claim: logits='bitwise' ({'; '.join(marks)}; with experts "), lines[-1]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--model-path", "/nonexistent/M"], "--model-path /nonexistent/M: no such file or folder"),
+    (["--model-path", "m", "--speculative-draft-model-path", "./no-draft"],
+     "--speculative-draft-model-path ./no-draft: no such file or folder"),
+])
+def test_a_model_path_that_names_nothing_here_stops_serve(capsys, flags, said):
+    for dry in (["--dry-run"], []):  # a real start stops before SGLang loads its modules, too
+        rc = main(["serve", *dry, "--", *flags, "--speculative-algorithm", "EAGLE", *CHAIN])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.strip() == f"detspec: error: {said}", err
 
 
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
