@@ -620,7 +620,10 @@ def _run(args) -> int:
             # The notes run long: the claim again as the last line before the command, with what qualifies it.
             if unresolved:
                 _say(f"note: {unresolved}")
-            marks = ["see the warning above"] * bool(warnings) + [dense_assumed_mark(bag)] * bool(dense_assumed)
+            # The claim is the one-GPU rule's; under parallelism nothing measured it (the warning says why).
+            parallel = ", ".join(w.split(":", 1)[0] for w in warnings)
+            marks = ([f"on one GPU; at {parallel} not measured, see the warning above"] * bool(warnings)
+                     + [dense_assumed_mark(bag)] * bool(dense_assumed))
             _say(f"claim: logits={bag.logits!r}" + (f" ({'; '.join(marks)})" if marks else ""))
     if args.dry_run:
         print(dry_run_command(cmd, env))

@@ -581,9 +581,10 @@ def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words
     if words is not None:  # a warning on the line right under the claim it qualifies
         passed = next(i for i, line in enumerate(lines) if "flags check passed" in line)
         assert lines[passed + 1].startswith("detspec: warning: ") and words in lines[passed + 1], lines[passed:passed + 2]
-    # The claim again as the last line before the command, pointing to the warning where there is one.
-    # "m" is no model folder here: the claim is marked as assuming a dense target too.
-    marks = ["see the warning above"] * bool(words) + [serve.DENSE_ASSUMED]
+    # The claim again as the last line before the command: the one-GPU rule's, the sizes named, pointing to the
+    # warning where there is one. "m" is no model folder here: the claim is marked as for a dense target too.
+    parallel = words.removesuffix(": not yet measured") if words else ""
+    marks = [f"on one GPU; at {parallel} not measured, see the warning above"] * bool(words) + [serve.DENSE_ASSUMED]
     assert lines[-1].startswith(f"detspec: claim: logits='bitwise' ({'; '.join(marks)}; with experts "), lines[-1]
 
 
