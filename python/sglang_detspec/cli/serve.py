@@ -52,6 +52,8 @@ HF_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 DENSE_ASSUMED = "for a dense target: its config.json was not read, see the note above"
 # The families the claim line spells out beside that mark: the ones people speculate with whose claim may differ.
 ASSUMED_FAMILIES = (("moe", "with experts"), ("mla+moe", "MLA with experts"), ("mla+moe+fp8", "the same in FP8"))
+# Where the dry run cut a note short (first_clause); --verbose prints the notes whole.
+CUT_MARK = "[...]"
 # A --model-path or --speculative-draft-model-path written as a file-system path (a repository id is owner/name).
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
 PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
@@ -315,6 +317,20 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
             "and so do servers past those head sizes (the server's start-up line states the claim for the model it "
             "loads)" + ("; an MLA target's tree is served as the chain of its depth (NGRAM on it is refused at "
                         "start-up, refusal mla_tree)" if bag.verifies_trees else "")]
+
+
+def first_clause(note: str) -> str:
+    """``note`` up to its first ``;`` outside parentheses, then :data:`CUT_MARK`; the whole note where it has none.
+
+    The notes open with what the server does and follow with the runs and figures behind it, clause by clause;
+    the dry run shows the first clause unless ``--verbose``.
+    """
+    depth = 0
+    for i, char in enumerate(note):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == ";" and depth == 0:
+            return f"{note[:i]} {CUT_MARK}"
+    return note
 
 
 def dense_assumed_mark(bag: DetSpecConfig) -> str:
@@ -613,10 +629,15 @@ def _run(args) -> int:
                      f"{ns.kv_cache_dtype} on {switched} (FA3 reads FP8 as e4m3 only): the fields above are "
                      f"{switched}'s")
             dense_assumed = family_unknown_notes(bag, ns)
-            for note in (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns)
-                         + prefill_graph_notes(ns, bag.family_traits) + dense_assumed + fa3_head_size_notes(bag)
-                         + gemm_warmup_notes(bag) + kv_move_warmup_notes(bag)):
+            notes = (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns)
+                     + prefill_graph_notes(ns, bag.family_traits) + dense_assumed + fa3_head_size_notes(bag)
+                     + gemm_warmup_notes(bag) + kv_move_warmup_notes(bag))
+            shown = notes if args.verbose else [first_clause(note) for note in notes]
+            for note in shown:
                 _say(f"note: {note}")
+            if shown != notes:
+                _say(f"note: notes cut at their first clause end ({CUT_MARK}); --verbose prints them whole, with "
+                     "the runs behind each figure")
             # The notes run long: the claim again as the last line before the command, with what qualifies it.
             if unresolved:
                 _say(f"note: {unresolved}")
@@ -692,7 +713,7 @@ def register(subparsers) -> None:
         "serve",
         help="launch SGLang's server with sglang-detspec on",
         # argparse's own usage line would hide the '--' that every run needs.
-        usage="%(prog)s [-h] [--dry-run] -- LAUNCH_SERVER_ARGS ...",
+        usage="%(prog)s [-h] [--dry-run [--verbose]] -- LAUNCH_SERVER_ARGS ...",
         description=DESCRIPTION,
         epilog=EPILOG,
         # Keeps the line breaks above: the default formatter would wrap inside the example's flags.
@@ -700,6 +721,9 @@ def register(subparsers) -> None:
     )
     p.add_argument("--dry-run", action="store_true",
                    help="run the checks and print the command instead of running it")
+    p.add_argument("--verbose", action="store_true",
+                   help="with --dry-run: print each note whole, with the runs and figures behind it (by default a "
+                        "note stops at its first clause)")
     p.add_argument("launch_args", nargs=argparse.REMAINDER,
                    help="'--' then the arguments of python -m sglang.launch_server")
     # Without '--', argparse reads SGLang's flags as unknown flags of serve; cli.main adds this hint.

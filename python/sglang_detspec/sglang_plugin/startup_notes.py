@@ -361,7 +361,7 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
                     "parallelism); so the split's notes do not apply")
         sglang_decode = (" (with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel)"
                          if config.attention_backend == "triton" else "")
-        return ("MLA attention: the plugin's attention paths do not serve it here; SGLang's own attention calls "
+        return ("MLA attention: the plugin's attention paths do not serve it here: SGLang's own attention calls "
                 f"run{sglang_decode}, so the split's notes do not apply")
     path = FAMILY_PATHS.get(split_path(config)) if config.decode_attention == "split" else None
     if path is None:

@@ -256,7 +256,7 @@ def test_start_up_and_the_dry_run_claim_what_sglang_resolves(model_dir, capsys, 
     assert bag.logits == logits
     if "NGRAM" not in flags:
         assert logits_guarantee(sglang_backend, sglang_topk, decode_attention=decode) == logits
-    assert main(["serve", "--dry-run", "--", "--model-path", model_dir, "--device", "cuda",
+    assert main(["serve", "--dry-run", "--verbose", "--", "--model-path", model_dir, "--device", "cuda",
                  "--speculative-draft-model-path", model_dir, *flags.split()]) == 0
     passed = [line for line in capsys.readouterr().err.splitlines() if "flags check passed" in line]
     assert len(passed) == 1 and f"logits={logits!r}" in passed[0]
@@ -276,7 +276,7 @@ def test_the_dry_run_says_when_sglang_picks_the_tree_shape(model_dir, capsys, mo
     reset_config()
     # ... which the flags alone do not tell; SGLang's own resolution, run by the dry run on the model's config,
     # gives the tree, and the dry run describes that server, as start-up reads it.
-    assert main(["serve", "--dry-run", "--", "--model-path", model_dir, *flags.split()]) == 0
+    assert main(["serve", "--dry-run", "--verbose", "--", "--model-path", model_dir, *flags.split()]) == 0
     err = capsys.readouterr().err
     (note,) = [line for line in err.splitlines() if "SGLang resolves these flags to" in line]
     assert "--speculative-eagle-topk 4" in note and "the line below describes that server" in note
@@ -284,7 +284,7 @@ def test_the_dry_run_says_when_sglang_picks_the_tree_shape(model_dir, capsys, mo
     assert "eagle_topk=4" in passed and "logits='tokens'" in passed
     # Where SGLang's resolution cannot run here (no local model folder), the note says what the claim assumes.
     reset_config()
-    assert main(["serve", "--dry-run", "--", "--model-path", "org/model", *flags.split()]) == 0
+    assert main(["serve", "--dry-run", "--verbose", "--", "--model-path", "org/model", *flags.split()]) == 0
     assert "the logits claim above assumes a chain" in capsys.readouterr().err
 
 
@@ -298,7 +298,7 @@ def test_the_dry_run_says_ngram_and_standalone_are_not_measured(model_dir, capsy
         flags = ["--speculative-algorithm", algorithm, "--attention-backend", "triton", "--speculative-eagle-topk", "1",
                  "--speculative-num-steps", "3"]
         extra = ["--speculative-draft-model-path", model_dir] if algorithm == "EAGLE" else []
-        assert main(["serve", "--dry-run", "--", "--model-path", model_dir, *extra, *flags]) == 0
+        assert main(["serve", "--dry-run", "--verbose", "--", "--model-path", model_dir, *extra, *flags]) == 0
         assert ("has not yet run on a server" in capsys.readouterr().err) == noted
     reset_config()
 

@@ -497,7 +497,7 @@ def _dry_run_nextn(model, shape: str, capsys, monkeypatch) -> tuple[str, str]:
 
     for name in ("SGLANG_PLUGINS", "SGLANG_DETSPEC_DISABLE"):
         monkeypatch.delenv(name, raising=False)
-    assert main(["serve", "--dry-run", "--", "--model-path", str(model), "--device", "cuda",
+    assert main(["serve", "--dry-run", "--verbose", "--", "--model-path", str(model), "--device", "cuda",
                  "--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", str(model), *shape.split(),
                  "--attention-backend", "fa3"]) == 0
     err = capsys.readouterr().err
@@ -556,11 +556,11 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
     config = tmp_path / "server.yaml"
     config.write_text(f"model-path: {model}\nspeculative-algorithm: NEXTN\nattention-backend: flashinfer\n")
     reset_config()
-    assert main(["serve", "--dry-run", "--", "--config", str(config)]) == 2
+    assert main(["serve", "--dry-run", "--verbose", "--", "--config", str(config)]) == 2
     assert "absorbed-MLA" in capsys.readouterr().err
     for backend, refused in (("flashinfer", True), ("triton", False)):
         reset_config()
-        rc = main(["serve", "--dry-run", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
+        rc = main(["serve", "--dry-run", "--verbose", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
                    "--attention-backend", backend])
         err = capsys.readouterr().err
         assert rc == (2 if refused else 0)
@@ -572,7 +572,7 @@ def test_the_dry_run_states_sglangs_own_refusal_of_the_flags(tiny, capsys, monke
     # decode backend named apart.
     for extra in ([], ["--decode-attention-backend", "triton"]):
         reset_config()
-        rc = main(["serve", "--dry-run", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
+        rc = main(["serve", "--dry-run", "--verbose", "--", "--model-path", model, "--speculative-algorithm", "NEXTN",
                    "--attention-backend", "fa4", *extra])
         err = capsys.readouterr().err
         assert rc == 2 and "only a rule that reads the GPU" in err, err[-400:]

@@ -38,7 +38,7 @@ def sglang_parse(args):
 
 def dry_run(capsys, args):
     """``(exit status, stdout, stderr)`` of ``detspec serve --dry-run -- args``."""
-    rc = main(["serve", "--dry-run", "--", *args])
+    rc = main(["serve", "--dry-run", "--verbose", "--", *args])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -600,6 +600,31 @@ def test_a_model_path_that_names_nothing_here_stops_serve(capsys, flags, said):
         assert rc == 2 and err.strip() == f"detspec: error: {said}", err
 
 
+def test_a_note_stops_at_its_first_clause_outside_parentheses():
+    assert serve.first_clause("a (b; c) d; e; f") == f"a (b; c) d {serve.CUT_MARK}"
+    assert serve.first_clause("nothing to cut (x; y)") == "nothing to cut (x; y)"
+
+
+def test_the_dry_run_cuts_its_notes_unless_verbose(capsys):
+    flags = ["--model-path", "m", "--speculative-algorithm", "EAGLE", *TREE, "--attention-backend", "fa3"]
+    rc = main(["serve", "--dry-run", "--", *flags])
+    brief = capsys.readouterr().err.splitlines()
+    rc_verbose, _, verbose = dry_run(capsys, flags)
+    verbose = verbose.splitlines()
+    assert rc == rc_verbose == 0
+    # The same lines up to the notes and the same claim line last; each note cut at its first clause, or whole.
+    notes = [line for line in verbose if line.startswith("detspec: note: ")]
+    said = [line for line in brief if line.startswith("detspec: note: notes cut at their first clause end ([...]);")]
+    cut = [line for line in brief if line.startswith("detspec: note: ") and line not in said]
+    assert len(said) == 1 and "--verbose prints them whole" in said[0]
+    assert len(cut) == len(notes) and any(line.endswith(serve.CUT_MARK) for line in cut)
+    for short, whole in zip(cut, notes):
+        assert short == whole or (short.endswith(f" {serve.CUT_MARK}")
+                                  and whole.startswith(short.removesuffix(f" {serve.CUT_MARK}") + ";"))
+    assert brief[-1] == verbose[-1] and brief[-1].startswith("detspec: claim: ")
+    assert sum(map(len, brief)) < 0.75 * sum(map(len, verbose))
+
+
 def test_a_bitwise_claim_has_no_tokens_note(capsys):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
@@ -688,7 +713,7 @@ def serve_help(capsys, monkeypatch, columns):
 @pytest.mark.parametrize("columns", [40, 80, 200])
 def test_help_never_breaks_a_flag(capsys, monkeypatch, columns):
     out = serve_help(capsys, monkeypatch, columns)
-    known = set(serve.sglang_parser()._option_string_actions) | {"--dry-run", "--help"}
+    known = set(serve.sglang_parser()._option_string_actions) | {"--dry-run", "--verbose", "--help"}
     # A flag wrapped at a line end reads as "--speculative-", which names no flag.
     flags = set(re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", out))
     assert DETERMINISTIC in flags and "--speculative-eagle-topk" in flags
@@ -744,7 +769,7 @@ NO_SGLANG_SERVE = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from sglang_detspec.cli.main import main
-sys.exit(main(["serve", "--dry-run", "--", "--model-path", "M"]))
+sys.exit(main(["serve", "--dry-run", "--verbose", "--", "--model-path", "M"]))
 """
 
 
