@@ -488,11 +488,12 @@ class DetSpecConfig:
             ))
         if self.eagle_topk is not None and int(self.eagle_topk) > 1:
             # The way to coupled verify from here: the flag where it asked for rejection mode, else the setting.
-            to_coupled = (f"drop --speculative-use-rejection-sampling (with {VERIFY_ENV} unset or coupled"
-                          if self.rejection_sampling else f"set {VERIFY_ENV}=coupled or unset it (")
+            to_coupled = (f"drop --speculative-use-rejection-sampling (with {VERIFY_ENV} unset or coupled: "
+                          "coupled verify serves trees)" if self.rejection_sampling
+                          else f"set {VERIFY_ENV}=coupled or unset it (coupled verify serves trees)")
             problems.append(Refusal("rejection_tree",
                 f"--speculative-eagle-topk {self.eagle_topk} drafts a tree; rejection mode verifies chains "
-                f"only: set --speculative-eagle-topk 1, or {to_coupled}: coupled verify serves trees)"
+                f"only: set --speculative-eagle-topk 1, or {to_coupled}"
             ))
         return problems
 

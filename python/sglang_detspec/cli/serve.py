@@ -51,7 +51,8 @@ HF_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # The claim line's mark when the target's config.json was not read (family_unknown_notes).
 DENSE_ASSUMED = "for a dense target: its config.json was not read, see the note above"
 # The families the claim line spells out beside that mark: the ones people speculate with whose claim may differ.
-ASSUMED_FAMILIES = (("moe", "with experts"), ("mla+moe", "MLA with experts"), ("mla+moe+fp8", "the same in FP8"))
+ASSUMED_FAMILIES = (("moe", "with experts"), ("mla+moe", "MLA with experts"), ("mla+moe+fp8", "the same in FP8"),
+                    ("fp8", "dense in FP8"))
 # Where the dry run cut a note short (first_clause); --verbose prints the notes whole.
 CUT_MARK = "[...]"
 # A --model-path or --speculative-draft-model-path written as a file-system path (a repository id is owner/name).
@@ -308,6 +309,8 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
     fetch = (f"; `hf download {model} config.json` puts it in the Hugging Face cache, where the dry run reads it "
              "(a gated repository: `hf auth login` first)"
              if model and HF_REPO_ID.fullmatch(model) and not os.path.exists(model) else "")
+    if missing_model_paths(argparse.Namespace(model_path=model)):
+        fetch = ": no such file or folder on this machine (a real start stops on it)"
     return [f"the target's config.json could not be read here ({model!r}{fetch}): the claim above "
             "assumes a dense target with full attention and a head size the attention path takes (with the split, "
             "the default, up to 256; on fa3 without it 65 to 128); quantized targets claim 'tokens' (FP8 MLA targets "
@@ -336,13 +339,22 @@ def first_clause(note: str) -> str:
 def dense_assumed_mark(bag: DetSpecConfig) -> str:
     """The claim line's mark where the target's ``config.json`` was not read: :data:`DENSE_ASSUMED`, then what the
     other families of :data:`ASSUMED_FAMILIES` would claim with these flags (the bag's rules, family swapped in)."""
-    claims = [f"{words} {dataclasses.replace(bag, model_family=family).logits!r}" for family, words in ASSUMED_FAMILIES]
+    claims = []
+    for family, words in ASSUMED_FAMILIES:
+        other = dataclasses.replace(bag, model_family=family)
+        if other.refusals():
+            claims.append(f"{words} refused at start-up ({', '.join(r.code for r in other.refusals())})")
+            continue
+        if other.mla_tree_as_chain:  # as start-up serves it
+            other = other.as_chain()
+        claims.append(f"{words} {other.logits!r}")
     return f"{DENSE_ASSUMED}; {', '.join(claims)}"
 
 
 def missing_model_paths(ns: argparse.Namespace) -> list[str]:
     """The model flags written as file-system paths (:data:`LOCAL_PATH_PREFIXES`) that name nothing here, one
-    message each: SGLang would stop on them after loading its modules, and the dry run would read no config."""
+    message each: SGLang would stop on them after loading its modules, so a real start stops first (a dry run,
+    which may run on another machine than the server's, notes the target's instead)."""
     missing = []
     for flag in ("model_path", "speculative_draft_model_path"):
         path = getattr(ns, flag, None)
@@ -411,11 +423,16 @@ def kv_move_warmup_notes(bag: DetSpecConfig) -> list[str]:
             "H200)"]
 
 
-def parallelism_notes(ns: argparse.Namespace) -> list[str]:
-    """A note for tensor, data or pipeline parallelism: not measured with the plugin (docs/results.md)."""
+def parallel_sizes(ns: argparse.Namespace) -> list[str]:
+    """The tensor, data and pipeline parallel sizes above 1 as typed: ``["--tp-size 2", ...]``."""
     sizes = {flag: getattr(ns, name, 1) or 1 for flag, name in (("--tp-size", "tp_size"), ("--dp-size", "dp_size"),
                                                                   ("--pp-size", "pp_size"))}
-    named = [f"{flag} {size}" for flag, size in sizes.items() if size > 1]
+    return [f"{flag} {size}" for flag, size in sizes.items() if size > 1]
+
+
+def parallelism_notes(ns: argparse.Namespace) -> list[str]:
+    """A note for tensor, data or pipeline parallelism: not measured with the plugin (docs/results.md)."""
+    named = parallel_sizes(ns)
     if not named:
         return []
     return [f"{', '.join(named)}: not yet measured with the plugin, and one earlier --dp-size 2 audit (rejection mode) "
@@ -467,7 +484,9 @@ def server_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def dry_run_command(cmd: list[str], env: Mapping[str, str]) -> str:
     """The shell line ``--dry-run`` prints: the ``SGLANG_PLUGINS`` and ``SGLANG_DETSPEC_*`` settings checked, then ``cmd``."""
-    names = sorted(n for n in env if n.startswith("SGLANG_DETSPEC_"))
+    from ..config import ENV_PREFIX
+
+    names = sorted(n for n in env if n.startswith(ENV_PREFIX))
     if env.get("SGLANG_PLUGINS"):
         names.insert(0, "SGLANG_PLUGINS")
     return "".join(f"{n}={shlex.quote(env[n])} " for n in names) + shlex.join(cmd)
@@ -492,12 +511,23 @@ def _why_inactive(bag: DetSpecConfig) -> str:
     return "; ".join(bag.refusals())
 
 
+def _stderr_columns() -> int:
+    """The width of the terminal stderr writes to: ``COLUMNS`` where set, else stderr's own (stdout may be a file
+    the printed command goes to), else 80."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's stand-in) or not a terminal
+        return shutil.get_terminal_size().columns
+
+
 def _say(message: str) -> None:
     """One message on stderr; on a terminal wrapped to its width (the notes run to a few hundred words),
-    elsewhere one line per message so logs and scripts can take a message per line."""
+    elsewhere written as built (one line, or the lines of a list) so logs and scripts keep each message whole."""
     line = f"detspec: {message}"
     if sys.stderr.isatty():
-        width = max(40, shutil.get_terminal_size().columns - 1)
+        width = max(40, _stderr_columns() - 1)
         line = "\n".join(textwrap.fill(part, width, subsequent_indent="    ", break_on_hyphens=False,
                                         break_long_words=False) for part in line.split("\n"))
     print(line, file=sys.stderr)
@@ -527,7 +557,8 @@ def _run(args) -> int:
     else:
         try:
             cmd = server_command(launch)
-            missing = missing_model_paths(read_launch_args(cmd[3:]))
+            # A dry run may run on another machine than the server's: there a missing path is only noted.
+            missing = [] if args.dry_run else missing_model_paths(read_launch_args(cmd[3:]))
             if missing:
                 return _fail("; ".join(missing))
             # The symbol check imports every hooked SGLang module (about half a minute on a CPU):
@@ -642,8 +673,8 @@ def _run(args) -> int:
             if unresolved:
                 _say(f"note: {unresolved}")
             # The claim is the one-GPU rule's; under parallelism nothing measured it (the warning says why).
-            parallel = ", ".join(w.split(":", 1)[0] for w in warnings)
-            marks = ([f"on one GPU; at {parallel} not measured, see the warning above"] * bool(warnings)
+            parallel = ", ".join(parallel_sizes(ns))
+            marks = ([f"on one GPU; at {parallel} not measured, see the warning above"] * bool(parallel)
                      + [dense_assumed_mark(bag)] * bool(dense_assumed))
             _say(f"claim: logits={bag.logits!r}" + (f" ({'; '.join(marks)})" if marks else ""))
     if args.dry_run:

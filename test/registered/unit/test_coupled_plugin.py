@@ -114,14 +114,16 @@ def test_adaptive_chain_resolves_sglang_candidate_steps(loaded, model_dir, tmp_p
 
 
 @pytest.mark.parametrize("flag, way_out", [
-    (True, "drop --speculative-use-rejection-sampling (with SGLANG_DETSPEC_VERIFY unset or coupled"),
-    (False, "set SGLANG_DETSPEC_VERIFY=coupled or unset it ("),
+    (True, "drop --speculative-use-rejection-sampling (with SGLANG_DETSPEC_VERIFY unset or coupled: coupled verify "
+           "serves trees)"),
+    (False, "set SGLANG_DETSPEC_VERIFY=coupled or unset it (coupled verify serves trees)"),
 ])
 def test_the_tree_refusal_names_what_asked_for_rejection_mode(flag, way_out):
     bag = DetSpecConfig(deterministic=True, verify="rejection", rejection_sampling=flag, algorithm="EAGLE",
                         num_steps=3, eagle_topk=4, num_draft_tokens=8)
     tree = [r for r in bag.refusals() if r.code == "rejection_tree"]
-    assert len(tree) == 1 and way_out in tree[0] and tree[0].endswith("coupled verify serves trees)")
+    assert len(tree) == 1 and tree[0] == ("--speculative-eagle-topk 4 drafts a tree; rejection mode verifies chains "
+                                          f"only: set --speculative-eagle-topk 1, or {way_out}")
     # The flag it would have you drop is named only where it was given.
     assert ("--speculative-use-rejection-sampling" in tree[0]) == flag
 
@@ -188,7 +190,9 @@ def test_every_wrong_setting_is_named_in_one_error():
                                                        "SGLANG_DETSPEC_DISABLE", "SGLANG_DETSPEC_MOE_TILE"]
     # No near name for FOO (the shared prefix alone makes no match), the removed name not offered as a setting,
     # and the empty value, which reads as the default, not listed as a word to type.
-    assert "did you mean" not in lines[2] and "SGLANG_DETSPEC_GEMM," not in lines[2]
+    offered = lines[2].split("its settings: ", 1)[1].rstrip(")").split(", ")
+    assert "did you mean" not in lines[2] and "SGLANG_DETSPEC_VERIFY" in offered
+    assert "SGLANG_DETSPEC_GEMM" not in offered and "SGLANG_DETSPEC_GEMM_WARMUP_S" in offered
     assert lines[3].endswith("must be one of 1, true, yes, on, 0, false, no or off, got 'maybe'")
     assert env_settings({"SGLANG_DETSPEC_GEMM": "sglang"})["verify"] == "auto"  # the removed default, accepted
 

@@ -396,11 +396,16 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     assert rc == 0 and "config.json could not be read here ('nonexistent-M'): the claim above" in err
     # The claim line says it holds for a dense target, and what the families people speculate with would claim.
     assert err.splitlines()[-1] == (f"detspec: claim: logits='bitwise' ({serve.DENSE_ASSUMED}; with experts "
-                                    "'bitwise', MLA with experts 'tokens', the same in FP8 'tokens')")
+                                    "'bitwise', MLA with experts 'tokens', the same in FP8 'tokens', dense in FP8 "
+                                    "'tokens')")
     rc, _, err = dry_run(capsys, ["--model-path", "nonexistent-M", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "triton"])
     assert err.splitlines()[-1].endswith("with experts 'bitwise', MLA with experts 'bitwise', the same in FP8 "
-                                         "'bitwise')")
+                                         "'bitwise', dense in FP8 'tokens')")
+    # What start-up does to an MLA target: an NGRAM server is refused (its drafts are trees at any breadth).
+    rc, _, err = dry_run(capsys, ["--model-path", "nonexistent-M", "--speculative-algorithm", "NGRAM",
+                                  "--attention-backend", "triton"])
+    assert "MLA with experts refused at start-up (mla_tree), the same in FP8 refused" in err.splitlines()[-1]
     # Where MoE targets claim 'tokens' follows the runs on record (model_family.MEASURED_BITWISE).
     assert ("as do MLA targets outside triton and MoE targets outside fa3 and triton or on another MoE runner than "
             "SGLang's Triton one," in " ".join(err.split()))
@@ -593,11 +598,18 @@ def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words
     (["--model-path", "m", "--speculative-draft-model-path", "./no-draft"],
      "--speculative-draft-model-path ./no-draft: no such file or folder"),
 ])
-def test_a_model_path_that_names_nothing_here_stops_serve(capsys, flags, said):
-    for dry in (["--dry-run"], []):  # a real start stops before SGLang loads its modules, too
-        rc = main(["serve", *dry, "--", *flags, "--speculative-algorithm", "EAGLE", *CHAIN])
-        err = capsys.readouterr().err
-        assert rc == 2 and err.strip() == f"detspec: error: {said}", err
+def test_a_model_path_that_names_nothing_here_stops_serve(capsys, monkeypatch, flags, said):
+    def started(*_):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(serve, "_serve", started)
+    rc = main(["serve", "--", *flags, "--speculative-algorithm", "EAGLE", *CHAIN])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == f"detspec: error: {said}", err
+    # A dry run may run on another machine than the server's: it notes a missing target and goes on.
+    rc, _, err = dry_run(capsys, [*flags, "--speculative-algorithm", "EAGLE", *CHAIN, "--attention-backend", "fa3"])
+    assert rc == 0 and ("no such file or folder on this machine (a real start stops on it)" in err) == (
+        flags[1].startswith("/"))
 
 
 def test_a_note_stops_at_its_first_clause_outside_parentheses():
