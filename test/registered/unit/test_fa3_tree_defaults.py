@@ -216,7 +216,7 @@ def test_real_server_args_resolve_the_defaults_from_the_models_head_size(model_d
 
 
 def test_a_dry_run_without_a_backend_says_fa3_would_take_the_defaults():
-    from sglang_detspec.cli.serve import fa3_head_size_notes
+    from sglang_detspec.cli.dry_run import fa3_head_size_notes
 
     unnamed = resolved(attention_backend=None)
     assert tree_settings(unnamed) == PLAIN_TREE_DEFAULTS  # nothing known yet about the backend

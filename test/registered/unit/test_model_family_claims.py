@@ -664,7 +664,7 @@ if __name__ == "__main__":
 
 
 def test_the_fa3_head_size_note_names_the_family_as_the_reason():
-    from sglang_detspec.cli.serve import fa3_head_size_notes
+    from sglang_detspec.cli.dry_run import fa3_head_size_notes
 
     bag = DetSpecConfig(deterministic=True, algorithm="EAGLE", eagle_topk=1, num_draft_tokens=4, head_dim=128,
                         model_family="moe+fp8")

@@ -10,7 +10,7 @@ import pytest
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.cli import serve
+from sglang_detspec.cli import dry_run as dry_report, messages, serve
 from sglang_detspec.cli.main import main
 from sglang_detspec.sglang_plugin import startup
 
@@ -74,12 +74,12 @@ class _Terminal:
 
 def test_messages_wrap_to_a_terminal_and_stay_one_line_elsewhere(capsys, monkeypatch):
     message = "note: " + " ".join(f"word{i}" for i in range(60)) + "\n  - a listed refusal"
-    serve._say(message)
+    messages.say(message)
     assert capsys.readouterr().err == f"detspec: {message}\n"
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     monkeypatch.setenv("COLUMNS", "60")
-    serve._say(message)
+    messages.say(message)
     lines = terminal.text.splitlines()
     assert len(lines) > 3 and all(len(line) <= 59 for line in lines)
     assert all(line.startswith("    ") for line in lines[1:-1]) and lines[-1] == "  - a listed refusal"
@@ -332,7 +332,7 @@ def test_prefill_cuda_graphs_on_are_noted(capsys, extra, noted):
 @pytest.mark.parametrize("family, said", [(None, False), ("dense", False), ("mla+moe", False),
                                           ("mla+moe+fp8", True), ("moe+fp8", True)])
 def test_the_prefill_graph_note_says_how_the_fp8_rows_ran(family, said):
-    from sglang_detspec.cli.serve import PREFILL_GRAPH_FP8, prefill_graph_notes
+    from sglang_detspec.cli.dry_run import PREFILL_GRAPH_FP8, prefill_graph_notes
     from sglang_detspec.model_family import label_traits
 
     (note,) = prefill_graph_notes(argparse.Namespace(), label_traits(family))
@@ -395,7 +395,7 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
                                   "--attention-backend", "fa3"])
     assert rc == 0 and "config.json could not be read here ('nonexistent-M'): the claim above" in err
     # The claim line says it holds for a dense target, and what the families people speculate with would claim.
-    assert err.splitlines()[-1] == (f"detspec: claim: logits='bitwise' ({serve.DENSE_ASSUMED}; with experts "
+    assert err.splitlines()[-1] == (f"detspec: claim: logits='bitwise' ({dry_report.DENSE_ASSUMED}; with experts "
                                     "'bitwise', MLA with experts 'tokens', the same in FP8 'tokens', dense in FP8 "
                                     "'tokens')")
     rc, _, err = dry_run(capsys, ["--model-path", "nonexistent-M", "--speculative-algorithm", "EAGLE", *CHAIN,
@@ -412,7 +412,7 @@ def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
     rc, _, err = dry_run(capsys, ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
-    assert rc == 0 and "could not be read" not in err and serve.DENSE_ASSUMED not in err
+    assert rc == 0 and "could not be read" not in err and dry_report.DENSE_ASSUMED not in err
     assert err.splitlines()[-1] == "detspec: claim: logits='bitwise'"
     # A repository id not in the Hugging Face cache: the note says how to fetch its config alone.
     rc, _, err = dry_run(capsys, ["--model-path", "no-such-owner/no-such-model", "--speculative-algorithm", "EAGLE",
@@ -589,7 +589,7 @@ def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words
     # The claim again as the last line before the command: the one-GPU rule's, the sizes named, pointing to the
     # warning where there is one. "m" is no model folder here: the claim is marked as for a dense target too.
     parallel = words.removesuffix(": not yet measured") if words else ""
-    marks = [f"on one GPU; at {parallel} not measured, see the warning above"] * bool(words) + [serve.DENSE_ASSUMED]
+    marks = [f"on one GPU; at {parallel} not measured, see the warning above"] * bool(words) + [dry_report.DENSE_ASSUMED]
     assert lines[-1].startswith(f"detspec: claim: logits='bitwise' ({'; '.join(marks)}; with experts "), lines[-1]
 
 
@@ -613,8 +613,8 @@ def test_a_model_path_that_names_nothing_here_stops_serve(capsys, monkeypatch, f
 
 
 def test_a_note_stops_at_its_first_clause_outside_parentheses():
-    assert serve.first_clause("a (b; c) d; e; f") == f"a (b; c) d {serve.CUT_MARK}"
-    assert serve.first_clause("nothing to cut (x; y)") == "nothing to cut (x; y)"
+    assert dry_report.first_clause("a (b; c) d; e; f") == f"a (b; c) d {dry_report.CUT_MARK}"
+    assert dry_report.first_clause("nothing to cut (x; y)") == "nothing to cut (x; y)"
 
 
 def test_the_dry_run_cuts_its_notes_unless_verbose(capsys):
@@ -629,10 +629,10 @@ def test_the_dry_run_cuts_its_notes_unless_verbose(capsys):
     said = [line for line in brief if line.startswith("detspec: note: notes cut at their first clause end ([...]);")]
     cut = [line for line in brief if line.startswith("detspec: note: ") and line not in said]
     assert len(said) == 1 and "--verbose prints them whole" in said[0]
-    assert len(cut) == len(notes) and any(line.endswith(serve.CUT_MARK) for line in cut)
+    assert len(cut) == len(notes) and any(line.endswith(dry_report.CUT_MARK) for line in cut)
     for short, whole in zip(cut, notes):
-        assert short == whole or (short.endswith(f" {serve.CUT_MARK}")
-                                  and whole.startswith(short.removesuffix(f" {serve.CUT_MARK}") + ";"))
+        assert short == whole or (short.endswith(f" {dry_report.CUT_MARK}")
+                                  and whole.startswith(short.removesuffix(f" {dry_report.CUT_MARK}") + ";"))
     assert brief[-1] == verbose[-1] and brief[-1].startswith("detspec: claim: ")
     assert sum(map(len, brief)) < 0.75 * sum(map(len, verbose))
 
@@ -769,7 +769,7 @@ def test_help_says_which_runs_had_prefill_cuda_graphs_on(capsys, monkeypatch):
     out = " ".join(serve_help(capsys, monkeypatch, 80).split())
     assert "were on in the serving benchmark" in out
     assert "every E2E file that runs CUDA graphs (all but the controls), the forward-mode matrix" in out
-    assert serve.PREFILL_GRAPH_SUITES in out
+    assert dry_report.PREFILL_GRAPH_SUITES in out
     assert "except the two-GPU file (never run)" in out and "model-families file" not in out
     # The example keeps SGLang's default, so its dry run says which runs had them on.
     assert "--cuda-graph-backend-prefill" not in serve.EXAMPLE
