@@ -1,6 +1,6 @@
 """What ``detspec audit``'s modules share: defaults, the ``--json -`` marker and the one way to fail.
 
-A leaf module (it imports nothing of the CLI), so ``audit.py`` and its parts
+A leaf module (it imports nothing of the CLI but its messages' prefix), so ``audit.py`` and its parts
 (``_audit_local``, ``_audit_server``, ``_audit_report``) import it without an
 import cycle.
 """
@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import sys
 
+from .messages import ERROR_PREFIX
+
 DEFAULT_NUM_DRAFT_TOKENS = 3
 DEFAULT_CONCURRENCY = 1
 STDOUT = "-"  # --json -: the JSON goes to standard output, the human report to standard error
-ERROR_PREFIX = "detspec: error:"  # every error line of the CLI starts with it
 
 
 def error_object(code: str, message: str) -> dict:

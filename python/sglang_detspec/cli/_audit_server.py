@@ -11,6 +11,7 @@ import sys
 from ..auditing import DEFAULT_TIMEOUT_S
 from ._audit_report import finish, progress_runs
 from ._audit_common import DEFAULT_CONCURRENCY, STDOUT, fail
+from .messages import PREFIX
 
 
 # Resolved server arguments worth keeping with a server audit (top-level keys of /server_info).
@@ -56,7 +57,7 @@ def run_server(args: argparse.Namespace) -> int:
             server_accept = avg_spec_accept_length(backend.server_info())
         except HttpBackendError as exc:
             # The trials are done; report them without the server's figure.
-            print(f"detspec: warning: no average accept length from the server: {exc}", file=sys.stderr)
+            print(f"{PREFIX} warning: no average accept length from the server: {exc}", file=sys.stderr)
             server_accept = None
         seeds = None
         if seed_checks:

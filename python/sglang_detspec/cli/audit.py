@@ -48,6 +48,7 @@ from ..config import VERIFY_MODES
 from ..ops.streams import U64
 from ..ops.seed_encoding import SEED_ENCODINGS, SEED_RANGE
 from ._audit_common import DEFAULT_CONCURRENCY, DEFAULT_NUM_DRAFT_TOKENS, STDOUT, fail
+from .messages import PREFIX
 
 # Bounds the cost of a run: the schedule decodes about trials * max_batch / 2 requests.
 MAX_BATCH = 1024
@@ -361,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         return fail(problem, code="usage", usage=getattr(args, "usage", None), json_out=args.json == STDOUT)
     for note in _notes(args):
-        print(f"detspec: note: {note}", file=sys.stderr)
+        print(f"{PREFIX} note: {note}", file=sys.stderr)
     if args.url is not None:
         from ._audit_server import run_server
 

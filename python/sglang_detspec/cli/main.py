@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from .messages import ERROR_PREFIX, PREFIX
 
 _NOT_SUBCOMMANDS = {"main"}
 EXIT_INTERRUPTED = 130
@@ -107,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:
-        print("detspec: interrupted", file=sys.stderr)
+        print(f"{PREFIX} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
@@ -123,7 +124,7 @@ def _main(argv: Sequence[str] | None) -> int:
             )
     except UsageError as exc:
         print(exc.usage, end="", file=sys.stderr)
-        print(f"detspec: error: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
         if _json_to_stdout(argv):  # a reader of the JSON gets an object, not an empty stream
             print(json.dumps({"error": {"code": "usage", "message": str(exc)}}))
         raise SystemExit(2) from None
@@ -131,14 +132,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         commands = ", ".join(_subcommand_names(parser))
-        print(f"detspec: error: give a command ({commands}), e.g. detspec audit", file=sys.stderr)
+        print(f"{ERROR_PREFIX} give a command ({commands}), e.g. detspec audit", file=sys.stderr)
         return 2
     from ..config import env_settings
 
     try:
         env_settings()  # a bad SGLANG_DETSPEC_* setting is a usage error, not a traceback later
     except ValueError as exc:
-        print(f"detspec: error: {exc}", file=sys.stderr)
+        print(f"{ERROR_PREFIX} {exc}", file=sys.stderr)
         return 2
     return int(handler(args))
 

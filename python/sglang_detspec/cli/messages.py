@@ -1,5 +1,8 @@
 """How ``detspec`` commands speak to their user: one prefixed message per call on stderr.
 
+A leaf module (it imports nothing of the CLI): every command and ``main``
+take the prefixes from here.
+
 On a terminal a message wraps to the terminal's width (the dry run's notes
 run long); piped or logged it is written as built, so each message stays
 whole for scripts and logs.
@@ -11,6 +14,9 @@ import os
 import shutil
 import sys
 import textwrap
+
+PREFIX = "detspec:"  # every line the CLI prints to stderr starts with it
+ERROR_PREFIX = f"{PREFIX} error:"  # every error line of the CLI starts with it
 
 
 def stderr_columns() -> int:
@@ -27,7 +33,7 @@ def stderr_columns() -> int:
 def say(message: str) -> None:
     """One message on stderr; on a terminal wrapped to its width (the notes run to a few hundred words),
     elsewhere written as built (one line, or the lines of a list) so logs and scripts keep each message whole."""
-    line = f"detspec: {message}"
+    line = f"{PREFIX} {message}"
     if sys.stderr.isatty():
         width = max(40, stderr_columns() - 1)
         line = "\n".join(textwrap.fill(part, width, subsequent_indent="    ", break_on_hyphens=False,
