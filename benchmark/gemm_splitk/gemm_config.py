@@ -92,7 +92,7 @@ class GemmTable:
             raise ValueError(f"table {self.name!r}: bucket bounds must be distinct ints >= 1 in ascending order, got {bounds}")
         for b in self.buckets:
             if b.schedule not in SCHEDULES:
-                raise ValueError(f"table {self.name!r}: schedule must be one of {SCHEDULES}, got {b.schedule!r}")
+                raise ValueError(f"table {self.name!r}: schedule must be one of {', '.join(SCHEDULES)}, got {b.schedule!r}")
             for field in ("block_m", "block_n"):
                 v = getattr(b, field)
                 if v < 16 or v & (v - 1):
