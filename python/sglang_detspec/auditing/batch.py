@@ -354,7 +354,7 @@ class Verdict:
     """Outcome of an audit.
 
     Attributes:
-        passed: the seeded run gave exactly one unique probe output.
+        passed: the seeded run gave exactly one unique probe output and no other request of it varied.
         message: one line saying so, or what went wrong.
         notes: further observations that do not change ``passed``.
     """
@@ -364,14 +364,19 @@ class Verdict:
     notes: tuple[str, ...] = ()
 
 
-def judge(seeded: RunSummary, control: RunSummary | None = None) -> Verdict:
-    """Pass when the seeded run's probe gave exactly one unique output over its trials.
+def judge(seeded: RunSummary, control: RunSummary | None = None, *, bitwise_logprobs: bool = False) -> Verdict:
+    """Pass when the seeded run's probe gave exactly one unique output over its trials and none of its other
+    requests varied (every request of the plan carries its own seed, so any of them changing output between
+    batches is the batch dependence the audit looks for).
 
-    Notes flag a seeded run whose other requests varied, a seeded probe whose
-    output logprobs were not bitwise equal across trials (the tokens decide
-    the verdict; logprobs that move show batch-dependent numerics), and a
-    control run that did not vary (its trials then showed no batch dependence
-    to guard against).
+    Notes flag a seeded probe whose output logprobs were not bitwise equal
+    across trials (the tokens decide the verdict, unless ``bitwise_logprobs``;
+    logprobs that move show batch-dependent numerics), and a control run that
+    did not vary (its trials then showed no batch dependence to guard against).
+
+    With ``bitwise_logprobs`` (what a server claiming ``logits='bitwise'``
+    owes) the probe's output logprobs must also be bitwise equal in every
+    trial, and a backend that returned none fails.
 
     Raises:
         ValueError: the seeded run has fewer than ``MIN_TRIALS_TO_JUDGE`` (2)
@@ -384,22 +389,36 @@ def judge(seeded: RunSummary, control: RunSummary | None = None) -> Verdict:
             f"the seeded run has {n}"
         )
     notes = []
-    if seeded.varying_requests:
-        notes.append(
-            f"{seeded.varying_requests} of {seeded.num_requests} requests of the seeded run changed output between batches"
-        )
+    logprobs_moved = (f"the seeded probe's output logprobs were not bitwise equal across trials "
+                      f"({seeded.unique_probe_logprobs} distinct sequences)")
     if seeded.probe_logprobs_identical is False:
-        notes.append(
-            f"the seeded probe's output logprobs were not bitwise equal across trials "
-            f"({seeded.unique_probe_logprobs} distinct sequences)"
-        )
+        notes.append(logprobs_moved)
     if control is not None and control.unique_probe_outputs == 1:
         notes.append(
             "the control also gave 1 unique probe output, so these trials showed no batch dependence; "
             "use more trials or more tokens"
         )
+    if bitwise_logprobs and seeded.unique_probe_outputs == 1 and not seeded.varying_requests and (
+            seeded.probe_logprobs_identical is not True):
+        moved = ("the backend returned no output logprobs to compare" if seeded.probe_logprobs_identical is None
+                 else logprobs_moved)
+        return Verdict(False, f"FAIL: the seeded probe gave 1 unique output across {n} trials, but {moved}; "
+                              "bitwise logprobs were asked for (--bitwise-logprobs)",
+                       tuple(note for note in notes if note != logprobs_moved))  # the verdict says it
+    if seeded.unique_probe_outputs == 1 and seeded.varying_requests:
+        return Verdict(
+            False,
+            f"FAIL: {seeded.varying_requests} of {seeded.num_requests} seeded requests changed output between "
+            f"batches across {n} trials (the probe gave 1 unique output); with a fixed sampling_seed every request "
+            "must give the same tokens in every batch",
+            tuple(notes),
+        )
     if seeded.unique_probe_outputs == 1:
-        return Verdict(True, f"PASS: the seeded probe request gave 1 unique output across {n} trials", tuple(notes))
+        return Verdict(True, f"PASS: the seeded probe request gave 1 unique output across {n} trials and no seeded "
+                             "request varied", tuple(notes))
+    if seeded.varying_requests:
+        notes.append(f"{seeded.varying_requests} of {seeded.num_requests} requests of the seeded run changed output "
+                     "between batches")
     return Verdict(
         False,
         f"FAIL: the seeded probe request gave {seeded.unique_probe_outputs} different outputs across {n} trials; "

@@ -78,7 +78,8 @@ def print_batch_section(console: Console, args: argparse.Namespace, plan, summar
                 f"{s.backend}: the server's own average accept length is {s.server_avg_accept_length:.2f} "
                 "(/server_info; all its traffic since start or the last cache flush)",
             )
-    verdict = judge(summaries[0], summaries[1] if len(summaries) > 1 else None)
+    verdict = judge(summaries[0], summaries[1] if len(summaries) > 1 else None,
+                    bitwise_logprobs=bool(getattr(args, "bitwise_logprobs", None)))
     for note in verdict.notes:
         console.print("[yellow]note:[/] ", end="")
         _plain(console, note)
@@ -194,11 +195,15 @@ def progress_runs(backends, plan) -> list:
 def finish(console, args: argparse.Namespace, report: dict, sections: dict) -> int:
     """Record each section's outcome, write ``--json``, print the overall line; returns the exit code.
 
-    ``report["passed"]`` is the whole audit's outcome, ``report["sections"]``
-    each section's (``message`` and ``notes`` stay the changing-batch verdict's).
+    ``report["passed"]`` is the whole audit's outcome and ``report["verdict"]``
+    its line as printed, ``report["sections"]`` each section's (``message`` and
+    ``notes`` stay the changing-batch section's).
     """
     passed = all(sections.values())
+    failed = ", ".join(name.replace("_", " ") for name, ok in sections.items() if not ok)
+    verdict = (f"audit passed: {', '.join(sections).replace('_', ' ')}" if passed else f"audit failed: {failed}")
     report["passed"] = passed
+    report["verdict"] = verdict
     report["sections"] = dict(sections)
     if args.json == STDOUT:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
@@ -206,9 +211,6 @@ def finish(console, args: argparse.Namespace, report: dict, sections: dict) -> i
     elif args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {args.json}", markup=False, highlight=False)
-    if passed:
-        console.print(f"[bold green]audit passed[/]: {', '.join(sections).replace('_', ' ')}")
-    else:
-        failed = ", ".join(name.replace("_", " ") for name, ok in sections.items() if not ok)
-        console.print(f"[bold red]audit failed[/]: {failed}")
+    head, rest = verdict.split(":", 1)
+    console.print(f"[bold {'green' if passed else 'red'}]{head}[/]:{rest}")
     return 0 if passed else 1

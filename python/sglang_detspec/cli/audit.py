@@ -61,7 +61,7 @@ MAX_IN_PROCESS_TOKENS = REFERENCE_MAX_POSITIONS - MAX_PROMPT_LEN  # max_new_toke
 # not fit the mode instead of silently ignoring them.
 _SERVER_ONLY = {
     "vocab_size": "--vocab-size", "concurrency": "--concurrency", "timeout": "--timeout",
-    "seed_encoding": "--seed-encoding", "seed_checks": "--seed-checks",
+    "seed_encoding": "--seed-encoding", "seed_checks": "--seed-checks", "bitwise_logprobs": "--bitwise-logprobs",
 }
 
 
@@ -297,6 +297,11 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--seed-checks", action=argparse.BooleanOptionalAction, default=None,
         help="after the trials, run the request-seed checks (default: on; they need a server with "
         "sglang-detspec active, so turn them off to audit stock SGLang)",
+    )
+    server.add_argument(
+        "--bitwise-logprobs", action="store_true", default=None,
+        help="fail unless the probe's output logprobs are bitwise equal in every trial (what a server whose "
+        "start-up line claims logits='bitwise' gives; by default the tokens decide and moving logprobs are a note)",
     )
     parser.set_defaults(handler=run, usage=parser.format_usage)
     return parser

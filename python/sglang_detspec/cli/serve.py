@@ -297,6 +297,9 @@ def _why_inactive(bag: DetSpecConfig) -> str:
 
 
 def _run(args) -> int:
+    if args.verbose and not args.dry_run:
+        return fail("--verbose needs --dry-run: it prints the dry run's notes whole (a server's start-up log always "
+                    "has them whole)")
     launch = list(args.launch_args)
     if launch and launch[0] == "--":
         launch = launch[1:]

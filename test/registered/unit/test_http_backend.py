@@ -399,12 +399,36 @@ def test_summary_counts_rounds_and_compares_logprobs_bitwise():
     assert moved.unique_probe_logprobs == 2
     verdict = judge(moved)
     assert verdict.passed and any("not bitwise equal across trials (2 distinct" in n for n in verdict.notes)
+    # Asked for (a server claiming logits='bitwise'), moving logprobs fail, as do none at all.
+    strict = judge(moved, bitwise_logprobs=True)
+    assert not strict.passed and strict.notes == () and strict.message == (
+        "FAIL: the seeded probe gave 1 unique output across 4 trials, but the seeded probe's output logprobs were "
+        "not bitwise equal across trials (2 distinct sequences); bitwise logprobs were asked for (--bitwise-logprobs)")
+    assert judge(same, bitwise_logprobs=True).passed
     trial = moved.to_json()["trials"][0]
     assert trial["probe_verify_rounds"] == 1 and len(trial["probe_output_logprobs"]) == 4
 
     unknown = run_plan(_ListBackend(lambda c, r: ServerResult((1,) * r.max_new_tokens, ())), plan)
     assert unknown.mean_accept_length is None and unknown.probe_logprobs_identical is None
+    assert "the backend returned no output logprobs to compare" in judge(unknown, bitwise_logprobs=True).message
     assert unknown.to_json()["mean_accept_length"] is None
+
+
+def test_a_seeded_filler_that_varies_fails_the_audit():
+    """Every request of the plan carries its seed: a filler whose tokens move between batches is batch dependence
+    even where the probe's do not."""
+    plan = build_plan(4, seed=1, max_new_tokens=4, vocab_size=50, max_batch=3)
+    probe_seed = plan.probe.sampling_seed
+
+    def result(call, request):
+        token = 1 if request.sampling_seed == probe_seed else call  # every filler's tokens follow the call
+        return ServerResult((token,) * request.max_new_tokens, (), output_logprobs=(-0.5,) * request.max_new_tokens)
+
+    moved = run_plan(_ListBackend(result), plan)
+    assert moved.unique_probe_outputs == 1 and moved.varying_requests > 0
+    verdict = judge(moved)
+    assert not verdict.passed and verdict.message.startswith(
+        f"FAIL: {moved.varying_requests} of {moved.num_requests} seeded requests changed output between batches")
 
 
 # -- end to end over HTTP -------------------------------------------------------------------
@@ -681,6 +705,12 @@ def test_logprobs_that_move_are_reported(spec_server_context, models, tmp_path, 
     run = json.loads(out.read_text())["runs"]["server"]
     assert run["unique_probe_outputs"] == 1 and run["probe_logprobs_identical"] is False
     assert run["unique_probe_logprobs"] > 1
+    # Asked for bitwise logprobs, the same server fails the audit.
+    with StandInServer(ReferenceEngine(models, K), jitter_logprobs=True) as server:
+        assert main([*AUDIT, "--url", server.url, "--bitwise-logprobs", "--json", str(out)]) == 1
+    assert "bitwise logprobs were asked for (--bitwise-logprobs)" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["passed"] is False and report["message"].startswith("FAIL: the seeded probe gave 1 unique output")
 
 
 def _closed_port_url():
@@ -905,6 +935,7 @@ def test_server_path_imports_neither_torch_nor_transformers():
         (["--concurrency", "2"], "--concurrency can only be used with --url"),
         (["--vocab-size", "10", "--timeout", "5"], "--vocab-size, --timeout can only be used with --url"),
         (["--no-seed-checks"], "--seed-checks can only be used with --url"),
+        (["--bitwise-logprobs"], "--bitwise-logprobs can only be used with --url"),
         (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--mode", "coupled"], "--mode sets the in-process"),
         (["--url", "http://127.0.0.1:1", "--vocab-size", "10", "--invariance"], "--invariance is not available with"),
     ],

@@ -612,6 +612,11 @@ def test_a_model_path_that_names_nothing_here_stops_serve(capsys, monkeypatch, f
         flags[1].startswith("/"))
 
 
+def test_verbose_needs_a_dry_run(capsys):
+    assert main(["serve", "--verbose", "--", "--model-path", "m"]) == 2
+    assert capsys.readouterr().err.startswith("detspec: error: --verbose needs --dry-run")
+
+
 def test_a_note_stops_at_its_first_clause_outside_parentheses():
     assert dry_report.first_clause("a (b; c) d; e; f") == f"a (b; c) d {dry_report.CUT_MARK}"
     assert dry_report.first_clause("nothing to cut (x; y)") == "nothing to cut (x; y)"
