@@ -128,6 +128,21 @@ def dense_assumed_mark(bag: DetSpecConfig) -> str:
     return f"{DENSE_ASSUMED}; {', '.join(claims)}"
 
 
+# The backends the claim line names where none was: SGLang's pick on Hopper under deterministic inference, and
+# the other one every suite runs.
+NAMED_BACKENDS = ("fa3", "triton")
+
+
+def named_backend_mark(bag: DetSpecConfig) -> str:
+    """The claim line's mark without ``--attention-backend``: what the flags claim with each of
+    :data:`NAMED_BACKENDS` named (the bag's rules with the backend and its server defaults filled in)."""
+    from ..config import with_server_defaults
+
+    claims = [f"{backend} {with_server_defaults(dataclasses.replace(bag, attention_backend=backend)).logits!r}"
+              for backend in NAMED_BACKENDS]
+    return f"no --attention-backend, so the server's pick decides; named: {', '.join(claims)}"
+
+
 def missing_model_paths(ns: argparse.Namespace) -> list[str]:
     """The model flags written as file-system paths (:data:`LOCAL_PATH_PREFIXES`) that name nothing here, one
     message each: SGLang would stop on them after loading its modules, so a real start stops first (a dry run,
@@ -365,5 +380,6 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
     # The claim is the one-GPU rule's; under parallelism nothing measured it (the warning says why).
     parallel = ", ".join(parallel_sizes(ns))
     marks = ([f"on one GPU; at {parallel} not measured, see the warning above"] * bool(parallel)
-             + [dense_assumed_mark(bag)] * bool(dense_assumed))
+             + [dense_assumed_mark(bag)] * bool(dense_assumed)
+             + [named_backend_mark(bag)] * (bag.attention_backend is None))
     say(f"claim: logits={bag.logits!r}" + (f" ({'; '.join(marks)})" if marks else ""))

@@ -298,6 +298,13 @@ def test_without_an_attention_backend_the_dry_run_says_why_it_claims_tokens(caps
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN])
     assert rc == 0 and "logits='tokens'" in start_up_line(err)
     assert "without --attention-backend SGLang picks it on the GPU at start-up" in err
+    # The last line, which a script reads, says what naming a backend would claim.
+    assert err.splitlines()[-1].startswith("detspec: claim: logits='tokens' (") and (
+        "no --attention-backend, so the server's pick decides; named: fa3 'bitwise', triton 'bitwise')"
+        in err.splitlines()[-1])
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--kv-cache-dtype", "fp8_e4m3"])
+    assert err.splitlines()[-1].endswith("named: fa3 'tokens', triton 'tokens')")
 
 
 @pytest.mark.parametrize("extra, why", [
