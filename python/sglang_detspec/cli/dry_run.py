@@ -35,6 +35,10 @@ ASSUMED_FAMILIES = (("moe", "with experts"), ("mla+moe", "MLA with experts"), ("
                     ("fp8", "dense in FP8"))
 # Where the dry run cut a note short (first_clause); --verbose prints the notes whole.
 CUT_MARK = "[...]"
+# A clause with one of these says what no run measured: the shortened notes keep it beside what they keep.
+CUT_NOTE = (f"notes cut to their first clause and what is not measured ({CUT_MARK}); --verbose prints them whole, "
+            "with the runs behind each figure")
+UNMEASURED_WORDS = ("not measured", "not at all", "no run ", "never run", "unmeasured", "no measurement")
 # A --model-path or --speculative-draft-model-path written as a file-system path (a repository id is owner/name).
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
 PREFILL_GRAPH_OFF_RUNS = "except the two-GPU file (never run)"
@@ -99,18 +103,28 @@ def family_unknown_notes(bag: DetSpecConfig, ns: argparse.Namespace) -> list[str
                         "start-up, refusal mla_tree)" if bag.verifies_trees else "")]
 
 
-def first_clause(note: str) -> str:
-    """``note`` up to its first ``;`` outside parentheses, then :data:`CUT_MARK`; the whole note where it has none.
-
-    The notes open with what the server does and follow with the runs and figures behind it, clause by clause;
-    the dry run shows the first clause unless ``--verbose``.
-    """
-    depth = 0
+def clauses(note: str) -> list[str]:
+    """``note`` split at each ``;`` outside parentheses, the clauses stripped."""
+    parts, depth, start = [], 0, 0
     for i, char in enumerate(note):
         depth += {"(": 1, ")": -1}.get(char, 0)
         if char == ";" and depth == 0:
-            return f"{note[:i]} {CUT_MARK}"
-    return note
+            parts.append(note[start:i].strip())
+            start = i + 1
+    return parts + [note[start:].strip()]
+
+
+def first_clause(note: str) -> str:
+    """``note`` shortened for the dry run: its first clause (:func:`clauses`) and every later clause that says
+    what no run measured (:data:`UNMEASURED_WORDS`), joined as they were, then :data:`CUT_MARK` where a clause
+    was left out; the whole note where none was.
+
+    The notes open with what the server does and follow with the runs and figures behind it, clause by clause;
+    what was not measured qualifies the figures that stay, so it stays with them.
+    """
+    parts = clauses(note)
+    kept = [parts[0], *(part for part in parts[1:] if any(word in part for word in UNMEASURED_WORDS))]
+    return note if len(kept) == len(parts) else f"{'; '.join(kept)} {CUT_MARK}"
 
 
 def dense_assumed_mark(bag: DetSpecConfig) -> str:
@@ -290,7 +304,8 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
         unresolved: why SGLang's resolution did not run or finish here, or None.
         ns: the flags as SGLang's ``launch_server`` parser reads them.
         env: the server's environment (the ``SGLANG_DETSPEC_*`` settings).
-        verbose: print each note whole; by default a note stops at its first clause (:func:`first_clause`).
+        verbose: print each note whole; by default a note keeps its first clause and what is not measured
+            (:func:`first_clause`).
     """
     from ..config import TOPK_SHAPE_ALGORITHMS
 
@@ -372,8 +387,7 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
     for note in shown:
         say(f"note: {note}")
     if shown != notes:
-        say(f"note: notes cut at their first clause end ({CUT_MARK}); --verbose prints them whole, with "
-             "the runs behind each figure")
+        say(f"note: {CUT_NOTE}")
     # The notes run long: the claim again as the last line before the command, with what qualifies it.
     if unresolved:
         say(f"note: {unresolved}")

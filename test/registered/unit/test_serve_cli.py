@@ -627,6 +627,10 @@ def test_verbose_needs_a_dry_run(capsys):
 def test_a_note_stops_at_its_first_clause_outside_parentheses():
     assert dry_report.first_clause("a (b; c) d; e; f") == f"a (b; c) d {dry_report.CUT_MARK}"
     assert dry_report.first_clause("nothing to cut (x; y)") == "nothing to cut (x; y)"
+    # What no run measured qualifies the figures kept: it stays.
+    assert dry_report.first_clause("runs X at 0.9x; on H100 (a; b); other shapes are not measured") == (
+        f"runs X at 0.9x; other shapes are not measured {dry_report.CUT_MARK}")
+    assert dry_report.first_clause("runs X; no run used pages") == "runs X; no run used pages"
 
 
 def test_the_dry_run_cuts_its_notes_unless_verbose(capsys):
@@ -638,13 +642,13 @@ def test_the_dry_run_cuts_its_notes_unless_verbose(capsys):
     assert rc == rc_verbose == 0
     # The same lines up to the notes and the same claim line last; each note cut at its first clause, or whole.
     notes = [line for line in verbose if line.startswith("detspec: note: ")]
-    said = [line for line in brief if line.startswith("detspec: note: notes cut at their first clause end ([...]);")]
+    said = [line for line in brief if line == f"detspec: note: {dry_report.CUT_NOTE}"]
     cut = [line for line in brief if line.startswith("detspec: note: ") and line not in said]
     assert len(said) == 1 and "--verbose prints them whole" in said[0]
     assert len(cut) == len(notes) and any(line.endswith(dry_report.CUT_MARK) for line in cut)
     for short, whole in zip(cut, notes):
-        assert short == whole or (short.endswith(f" {dry_report.CUT_MARK}")
-                                  and whole.startswith(short.removesuffix(f" {dry_report.CUT_MARK}") + ";"))
+        assert short == whole or (short.endswith(f" {dry_report.CUT_MARK}") and whole.startswith(
+            short.removesuffix(f" {dry_report.CUT_MARK}").split("; ")[0] + ";"))
     assert brief[-1] == verbose[-1] and brief[-1].startswith("detspec: claim: ")
     assert sum(map(len, brief)) < 0.75 * sum(map(len, verbose))
 
