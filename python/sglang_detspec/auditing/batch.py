@@ -374,9 +374,11 @@ def judge(seeded: RunSummary, control: RunSummary | None = None, *, bitwise_logp
     logprobs that move show batch-dependent numerics), and a control run that
     did not vary (its trials then showed no batch dependence to guard against).
 
-    With ``bitwise_logprobs`` (what a server claiming ``logits='bitwise'``
-    owes) the probe's output logprobs must also be bitwise equal in every
-    trial, and a backend that returned none fails.
+    With ``bitwise_logprobs`` (what every deterministic server the E2E
+    suites audit gave, whatever its logits claim: that claim compares
+    speculative decoding on against off) the probe's output logprobs must
+    also be bitwise equal in every trial, and a backend that returned none
+    fails.
 
     Raises:
         ValueError: the seeded run has fewer than ``MIN_TRIALS_TO_JUDGE`` (2)

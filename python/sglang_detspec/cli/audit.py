@@ -300,8 +300,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     server.add_argument(
         "--bitwise-logprobs", action="store_true", default=None,
-        help="fail unless the probe's output logprobs are bitwise equal in every trial (what a server whose "
-        "start-up line claims logits='bitwise' gives; by default the tokens decide and moving logprobs are a note)",
+        help="fail unless the probe's output logprobs are bitwise equal in every trial (what every deterministic "
+        "server the E2E suites audit gave, whatever its logits claim; by default the tokens decide and moving "
+        "logprobs are a note)",
     )
     parser.set_defaults(handler=run, usage=parser.format_usage)
     return parser

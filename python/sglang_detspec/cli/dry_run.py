@@ -33,11 +33,12 @@ DENSE_ASSUMED = "for a dense target: its config.json was not read, see the note 
 # The families the claim line spells out beside that mark: the ones people speculate with whose claim may differ.
 ASSUMED_FAMILIES = (("moe", "with experts"), ("mla+moe", "MLA with experts"), ("mla+moe+fp8", "the same in FP8"),
                     ("fp8", "dense in FP8"))
-# Where the dry run cut a note short (first_clause); --verbose prints the notes whole.
+# Where the dry run cut a note short (brief_note); --verbose prints the notes whole.
 CUT_MARK = "[...]"
-# A clause with one of these says what no run measured: the shortened notes keep it beside what they keep.
+# The line after shortened notes: what was cut and how to see it.
 CUT_NOTE = (f"notes cut to their first clause and what is not measured ({CUT_MARK}); --verbose prints them whole, "
             "with the runs behind each figure")
+# A clause with one of these says what no run measured: the shortened notes keep it beside what they keep.
 UNMEASURED_WORDS = ("not measured", "not at all", "no run ", "never run", "unmeasured", "no measurement")
 # A --model-path or --speculative-draft-model-path written as a file-system path (a repository id is owner/name).
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
@@ -114,17 +115,26 @@ def clauses(note: str) -> list[str]:
     return parts + [note[start:].strip()]
 
 
-def first_clause(note: str) -> str:
-    """``note`` shortened for the dry run: its first clause (:func:`clauses`) and every later clause that says
-    what no run measured (:data:`UNMEASURED_WORDS`), joined as they were, then :data:`CUT_MARK` where a clause
-    was left out; the whole note where none was.
+def brief_note(note: str) -> str:
+    """``note`` shortened for the dry run: its first clause (:func:`clauses`) and each later clause that says
+    what no run measured (:data:`UNMEASURED_WORDS`), once each, in order, with :data:`CUT_MARK` where clauses
+    were left out; the whole note where none was.
 
     The notes open with what the server does and follow with the runs and figures behind it, clause by clause;
-    what was not measured qualifies the figures that stay, so it stays with them.
+    what was not measured qualifies what the server does, so it stays.
     """
     parts = clauses(note)
-    kept = [parts[0], *(part for part in parts[1:] if any(word in part for word in UNMEASURED_WORDS))]
-    return note if len(kept) == len(parts) else f"{'; '.join(kept)} {CUT_MARK}"
+    pieces, seen, cut = [], set(), False
+    for i, part in enumerate(parts):
+        if i == 0 or (part not in seen and any(word in part for word in UNMEASURED_WORDS)):
+            pieces.append(f"{CUT_MARK} {part}" if cut else part)
+            seen.add(part)
+            cut = False
+        else:
+            cut = True
+    if len(pieces) == len(parts):
+        return note
+    return "; ".join(pieces) + (f" {CUT_MARK}" if cut else "")
 
 
 def dense_assumed_mark(bag: DetSpecConfig) -> str:
@@ -154,7 +164,9 @@ def named_backend_mark(bag: DetSpecConfig) -> str:
 
     claims = [f"{backend} {with_server_defaults(dataclasses.replace(bag, attention_backend=backend)).logits!r}"
               for backend in NAMED_BACKENDS]
-    return f"no --attention-backend, so the server's pick decides; named: {', '.join(claims)}"
+    # Unread, the family is taken as dense, as the backend rules alone claim; the notes say what others claim.
+    named = "named, for a dense target (its config.json was not read)" if bag.model_family is None else "named"
+    return f"no --attention-backend, so the server's pick decides; {named}: {', '.join(claims)}"
 
 
 def missing_model_paths(ns: argparse.Namespace) -> list[str]:
@@ -305,7 +317,7 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
         ns: the flags as SGLang's ``launch_server`` parser reads them.
         env: the server's environment (the ``SGLANG_DETSPEC_*`` settings).
         verbose: print each note whole; by default a note keeps its first clause and what is not measured
-            (:func:`first_clause`).
+            (:func:`brief_note`).
     """
     from ..config import TOPK_SHAPE_ALGORITHMS
 
@@ -383,7 +395,7 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
     notes = (setting_notes(bag) + switch_notes(bag, unmeasured_notes(bag), ns)
              + prefill_graph_notes(ns, bag.family_traits) + dense_assumed + fa3_head_size_notes(bag)
              + gemm_warmup_notes(bag) + kv_move_warmup_notes(bag))
-    shown = notes if verbose else [first_clause(note) for note in notes]
+    shown = notes if verbose else [brief_note(note) for note in notes]
     for note in shown:
         say(f"note: {note}")
     if shown != notes:

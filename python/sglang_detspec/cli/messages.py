@@ -43,5 +43,5 @@ def say(message: str) -> None:
 
 def fail(message: str) -> int:
     """Print ``message`` as an error, with the prefix every ``detspec`` error has; exit status 2."""
-    say(f"error: {message}")
+    say(f"{ERROR_PREFIX.removeprefix(PREFIX).strip()} {message}")
     return 2

@@ -400,7 +400,7 @@ def register(subparsers) -> None:
                    help="run the checks and print the command instead of running it")
     p.add_argument("--verbose", action="store_true",
                    help="with --dry-run: print each note whole, with the runs and figures behind it (by default a "
-                        "note stops at its first clause)")
+                        "note keeps its first clause and what is not measured)")
     p.add_argument("launch_args", nargs=argparse.REMAINDER,
                    help="'--' then the arguments of python -m sglang.launch_server")
     # Without '--', argparse reads SGLang's flags as unknown flags of serve; cli.main adds this hint.

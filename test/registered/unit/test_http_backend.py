@@ -711,6 +711,7 @@ def test_logprobs_that_move_are_reported(spec_server_context, models, tmp_path, 
     assert "bitwise logprobs were asked for (--bitwise-logprobs)" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["passed"] is False and report["message"].startswith("FAIL: the seeded probe gave 1 unique output")
+    assert report["verdict"] == "audit failed: changing batch"
 
 
 def _closed_port_url():
