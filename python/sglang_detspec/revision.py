@@ -1,9 +1,11 @@
 """Which code a run measured: the revision every result file records.
 
-A GPU run reads a copy of the working tree without its ``.git``, so the
-revision travels as a file, ``.revision`` at the repository root, written
-before the copy (``python -m sglang_detspec.revision --write``) and ignored
-by git. Where ``.git`` is present the repository answers itself. The
+A GPU run reads a copy of the working tree, without a ``.git`` or with the
+``.git`` of an older commit under the newer files, so the revision travels
+as a file, ``.revision`` at the repository root, written before the copy
+(``python -m sglang_detspec.revision --write``) and ignored by git. Where
+``.git`` holds the commit the file names (or there is no file) the
+repository answers itself. The
 servers of a run import the plugin as installed beside SGLang, which a later
 command may leave in place while its working copy moves on: the install
 scripts stamp the installed package with the revision they installed
@@ -68,9 +70,11 @@ def from_git(root: Path) -> str | None:
 def code_revision(root: str | Path | None = None) -> str | None:
     """The revision of the code at ``root`` (default: the current folder).
 
-    Order: ``$DETSPEC_REVISION``; the repository itself where ``root`` is a git
-    work tree; else ``root/.revision`` as :func:`write` left it. None where
-    none of them answers (a result file then records ``null``, never a guess).
+    Order: ``$DETSPEC_REVISION``; ``root/.revision`` where ``root`` is a git
+    work tree that does not hold the commit it names (a copy laid over an
+    older ``.git``); the repository itself where ``root`` is a git work tree;
+    else ``root/.revision`` as :func:`write` left it. None where none of them
+    answers (a result file then records ``null``, never a guess).
 
     Args:
         root: the repository root, str or Path.
@@ -81,6 +85,9 @@ def code_revision(root: str | Path | None = None) -> str | None:
     if _from_env():
         return _from_env()
     root = Path(root) if root is not None else Path.cwd()
+    stamped = _stamp_of_a_newer_tree(root)
+    if stamped:
+        return stamped
     found = from_git(root)
     if found:
         return found
@@ -90,12 +97,32 @@ def code_revision(root: str | Path | None = None) -> str | None:
     return None
 
 
+def _stamp_of_a_newer_tree(root: Path) -> str | None:
+    """``root/.revision`` where a git work tree at ``root`` does not hold the commit it names, else None.
+
+    A copy of the working tree may come with a ``.git`` of an older commit (the files of the newer one laid
+    over it): its git would name that older commit. The stamp, written where the named commit exists, is then
+    the one that knows; where git holds the commit (the repository the stamp was written in, later commits
+    or not) git answers, so a stale stamp is never read over it.
+    """
+    stamp = root / REVISION_FILE
+    text = stamp.read_text().strip() if stamp.is_file() else ""
+    if not text:
+        return None
+    known = _git(root, "cat-file", "-e", f"{text.split('+')[0]}^{{commit}}")
+    inside = _git(root, "rev-parse", "--is-inside-work-tree")
+    if known is None or inside is None or inside.returncode != 0:
+        return None  # no git here: the callers read the stamp themselves
+    return text if known.returncode != 0 else None
+
+
 def run_revision() -> str | None:
     """The revision of the plugin this process imports, which a run's servers import too.
 
     ``$DETSPEC_REVISION``; else, where the package is imported from a git
-    checkout (a source or editable install), that checkout's
-    :func:`from_git`; else the stamp of the installed copy
+    checkout (a source or editable install), that checkout's ``.revision``
+    where its git does not hold the commit named there (a copy laid over an
+    older ``.git``), else its :func:`from_git`; else the stamp of the installed copy
     (:func:`stamp_install`; none or an empty one: None, never a working
     copy's revision, which may be newer than the install).
 
@@ -105,6 +132,10 @@ def run_revision() -> str | None:
     if _from_env():
         return _from_env()
     here = Path(__file__).resolve()
+    checkout = here.parents[2]  # <root>/python/sglang_detspec/revision.py in a source checkout
+    stamped = _stamp_of_a_newer_tree(checkout) if (checkout / "python").is_dir() else None
+    if stamped:
+        return stamped
     found = from_git(here.parent)
     if found:
         return found

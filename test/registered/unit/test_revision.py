@@ -70,6 +70,21 @@ def test_a_copy_without_git_reads_the_stamp(repo, tmp_path):
     assert revision.code_revision(copy) == stamped
 
 
+def test_a_copy_over_an_older_git_reads_the_stamp(repo, monkeypatch):
+    # The stamp names a commit this repository does not hold: the files are a newer tree's, laid over this
+    # older .git, whose HEAD would be a wrong answer. A stamp of a commit it holds stays behind git.
+    head = git(repo, "rev-parse", "--short=12", "HEAD")
+    (repo / revision.REVISION_FILE).write_text("0123456789ab\n")
+    assert revision.code_revision(repo) == "0123456789ab"
+    package = repo / "python" / "sglang_detspec"
+    package.mkdir()
+    monkeypatch.setattr(revision, "__file__", str(package / "revision.py"))
+    assert revision.run_revision() == "0123456789ab"
+    revision.write(repo)
+    (repo / "python" / "a.py").write_text("x = 4\n")  # the repository moved on after its stamp
+    assert revision.code_revision(repo) == revision.run_revision() == head + revision.CHANGED
+
+
 def test_the_environment_wins(repo, installed, monkeypatch):
     (installed / revision.INSTALLED_STAMP).write_text("older\n")
     monkeypatch.setenv(revision.REVISION_ENV, " abc123 ")
