@@ -137,18 +137,24 @@ def brief_note(note: str) -> str:
     return "; ".join(pieces) + (f" {CUT_MARK}" if cut else "")
 
 
+def served_claim(bag: DetSpecConfig, **changes) -> str:
+    """What start-up would claim for ``bag`` with ``changes`` (fields of the bag): the logits claim as a repr,
+    after the server defaults and an MLA tree served as its chain, or that start-up refuses it (its codes)."""
+    from ..config import with_server_defaults
+
+    other = with_server_defaults(dataclasses.replace(bag, **changes))
+    refused = other.refusals()
+    if refused:
+        return f"refused at start-up ({', '.join(r.code for r in refused)})"
+    if other.mla_tree_as_chain:
+        other = other.as_chain()
+    return repr(other.logits)
+
+
 def dense_assumed_mark(bag: DetSpecConfig) -> str:
     """The claim line's mark where the target's ``config.json`` was not read: :data:`DENSE_ASSUMED`, then what the
-    other families of :data:`ASSUMED_FAMILIES` would claim with these flags (the bag's rules, family swapped in)."""
-    claims = []
-    for family, words in ASSUMED_FAMILIES:
-        other = dataclasses.replace(bag, model_family=family)
-        if other.refusals():
-            claims.append(f"{words} refused at start-up ({', '.join(r.code for r in other.refusals())})")
-            continue
-        if other.mla_tree_as_chain:  # as start-up serves it
-            other = other.as_chain()
-        claims.append(f"{words} {other.logits!r}")
+    other families of :data:`ASSUMED_FAMILIES` would claim with these flags (:func:`served_claim`)."""
+    claims = [f"{words} {served_claim(bag, model_family=family)}" for family, words in ASSUMED_FAMILIES]
     return f"{DENSE_ASSUMED}; {', '.join(claims)}"
 
 
@@ -159,11 +165,8 @@ NAMED_BACKENDS = ("fa3", "triton")
 
 def named_backend_mark(bag: DetSpecConfig) -> str:
     """The claim line's mark without ``--attention-backend``: what the flags claim with each of
-    :data:`NAMED_BACKENDS` named (the bag's rules with the backend and its server defaults filled in)."""
-    from ..config import with_server_defaults
-
-    claims = [f"{backend} {with_server_defaults(dataclasses.replace(bag, attention_backend=backend)).logits!r}"
-              for backend in NAMED_BACKENDS]
+    :data:`NAMED_BACKENDS` named (:func:`served_claim`)."""
+    claims = [f"{backend} {served_claim(bag, attention_backend=backend)}" for backend in NAMED_BACKENDS]
     # Unread, the family is taken as dense, as the backend rules alone claim; the notes say what others claim.
     named = "named, for a dense target (its config.json was not read)" if bag.model_family is None else "named"
     return f"no --attention-backend, so the server's pick decides; {named}: {', '.join(claims)}"

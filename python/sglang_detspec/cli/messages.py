@@ -30,10 +30,7 @@ def stderr_columns() -> int:
         return shutil.get_terminal_size().columns
 
 
-def say(message: str) -> None:
-    """One message on stderr; on a terminal wrapped to its width (the notes run to a few hundred words),
-    elsewhere written as built (one line, or the lines of a list) so logs and scripts keep each message whole."""
-    line = f"{PREFIX} {message}"
+def _write(line: str) -> None:
     if sys.stderr.isatty():
         width = max(40, stderr_columns() - 1)
         line = "\n".join(textwrap.fill(part, width, subsequent_indent="    ", break_on_hyphens=False,
@@ -41,7 +38,14 @@ def say(message: str) -> None:
     print(line, file=sys.stderr)
 
 
+def say(message: str) -> None:
+    """One message on stderr after :data:`PREFIX`; on a terminal wrapped to its width (the notes run to a few
+    hundred words), elsewhere written as built (one line, or the lines of a list) so logs and scripts keep each
+    message whole."""
+    _write(f"{PREFIX} {message}")
+
+
 def fail(message: str) -> int:
-    """Print ``message`` as an error, with the prefix every ``detspec`` error has; exit status 2."""
-    say(f"{ERROR_PREFIX.removeprefix(PREFIX).strip()} {message}")
+    """Print ``message`` after :data:`ERROR_PREFIX`, as :func:`say` prints; exit status 2."""
+    _write(f"{ERROR_PREFIX} {message}")
     return 2
