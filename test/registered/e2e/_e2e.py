@@ -490,6 +490,35 @@ def server_config(family_name: str, models: Models, *, deterministic: bool = Tru
                         deterministic, cuda_graph, env=(*fam.env, *extra_env), verify=fam.verify if deterministic else None)
 
 
+def common_flag(flag: str) -> str | None:
+    """The value every server's flags give ``flag`` (``DETSPEC_E2E_SERVER_ARGS`` or its default), or None.
+
+    The last ``flag value`` or ``flag=value`` wins, as in SGLang's argument
+    parser; a flag the suite does not pass gives None (SGLang's default).
+    """
+    args, value = shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS)), None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def served_page_size() -> int:
+    """The KV page size every server runs at: ``--page-size`` of the suite's flags, else SGLang's default of 1.
+
+    Raises:
+        ValueError: ``--page-size`` is given something other than a positive integer.
+    """
+    value = common_flag("--page-size")
+    if value is None:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"DETSPEC_E2E_SERVER_ARGS: --page-size must be a positive integer, got {value!r}")
+    return int(value)
+
+
 @functools.lru_cache(maxsize=1)
 def sglang_test_helpers() -> types.SimpleNamespace:
     """SGLang's ``popen_launch_server`` and ``kill_process_tree``.
@@ -807,19 +836,26 @@ def hopper() -> bool:
 
 
 def fa3_path_problem(server: RunningServer, decode_attention: str, head_dim: int | None,
-                     verifies_trees: bool) -> str | None:
+                     verifies_trees: bool, page_size: int = 1) -> str | None:
     """What is wrong with an FA3 server's attention-path lines under ``decode_attention`` (None: nothing).
 
     With ``split`` (the default) a server that verifies no trees at a head
     size of 65-128 must log that the split stands down for SGLang's own calls
     (``config.fa3_own_calls_exact``); every other server must log the split
-    taking the target, and none may log it not used.
+    taking the target, and none may log it not used. At KV pages above one
+    token (``page_size``) the split cannot serve, so every server must log it
+    not used and none taking the target.
     """
     if decode_attention != "split":
         return None
-    from sglang_detspec.config import fa3_own_calls_exact
+    from sglang_detspec.config import SPLIT_PAGE_SIZE, fa3_own_calls_exact
     from sglang_detspec.sglang_plugin.fa3_split_hook import SPLIT_OFF, SPLIT_ON, STANDS_DOWN
 
+    if page_size > SPLIT_PAGE_SIZE:
+        if server.log_lines(SPLIT_OFF) and not server.log_lines(SPLIT_ON):
+            return None
+        return (f"{server.config.name}: expected the start-up line {SPLIT_OFF!r} at KV pages of {page_size} "
+                f"tokens; its lines: {(server.log_lines('FA3 split') + server.log_lines('DECODE_ATTENTION=split'))[:2]}")
     want = STANDS_DOWN if fa3_own_calls_exact(head_dim, verifies_trees) else SPLIT_ON
     if server.log_lines(want) and not server.log_lines(SPLIT_OFF):
         return None

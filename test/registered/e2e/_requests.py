@@ -132,14 +132,16 @@ FLUSH_TIMEOUT_S = 30
 
 
 def resend_over_cache(server, send, prompts: list, params: list, first: list, cached: int,
-                      new_tokens: int) -> tuple[list, list[str]]:
+                      new_tokens: int, page_size: int = 1) -> tuple[list, list[str]]:
     """Each request again over a radix-cache hit: the cache flushed, each prompt cached alone (one token
     generated), then each prompt followed by its first ``cached`` outputs of ``first``, ``new_tokens`` more.
 
     ``send(server, prompts, params, want_tokens)`` sends a request set and returns its results in order.
     Returns the second run's results (error strings where one failed) and the problems: a failed flush or
     warm-up, and requests SGLang did not serve from the cache (``meta_info["cached_tokens"]`` below the
-    prompt length), in which case nothing was measured for them.
+    prompt length), in which case nothing was measured for them. With KV pages of ``page_size`` tokens
+    SGLang caches and matches whole pages only, so a hit there is every whole page of the prompt
+    (``cached_tokens`` at least the prompt length less one page).
     """
     problems = []
     flushed = post(server.url, f"/flush_cache?timeout={FLUSH_TIMEOUT_S}", {})
@@ -149,12 +151,14 @@ def resend_over_cache(server, send, prompts: list, params: list, first: list, ca
     problems += [f"warm-up: {w}" for w in warm if isinstance(w, str)][:2]
     again = send(server, [p + list(r.output_ids[:cached]) for p, r in zip(prompts, first)],
                  [{**q, "max_new_tokens": new_tokens} for q in params], new_tokens)
-    # SGLang matches at most all but the last input token; the warmed prompt is all of it but that one.
+    # SGLang matches at most all but the last input token, and at pages above one token whole pages only.
+    short = max(1, page_size)
     misses = [i for i, (p, r) in enumerate(zip(prompts, again))
-              if not isinstance(r, str) and (r.cached_tokens or 0) < len(p) - 1]
+              if not isinstance(r, str) and (r.cached_tokens or 0) < len(p) - short]
     if misses:
+        bound = "the prompt length" if short == 1 else f"the prompt's whole pages of {page_size} tokens"
         problems.append(f"requests {misses[:5]} were not served from the radix cache (meta_info cached_tokens "
-                        f"below the prompt length): no cache hit measured")
+                        f"below {bound}): no cache hit measured")
     return again, problems
 
 

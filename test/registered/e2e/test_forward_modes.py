@@ -79,7 +79,12 @@ start-up line, ``logits='bitwise'`` or ``'tokens'``; the rule is
 tiny models' head size), and ``asserted``, the claim the row is held to:
 the server's, except on node-path rows, where both sides are decode calls
 and the FA3 head-size rule does not concern the comparison (held to the
-claim without it). Checks: the plugin logs the rule's claim on every
+claim without it). The rule reads the flags every server runs with
+(``--page-size`` and ``--kv-cache-dtype`` of ``DETSPEC_E2E_SERVER_ARGS``), so
+a run at pages above one token holds each row to that page size's claim, expects
+each server to log the split not used there (its kernels read pages of one
+token), and counts a cache hit as every whole page of the prompt served from the
+cache. Checks: the plugin logs the rule's claim on every
 server; every row has 0 differing token sequences (``docs/e2e/README.md``);
 a row held to ``bitwise`` also has 0 differing logprobs; the retraction row saw retractions; the cache-hit row's second
 requests were served from the cache (``cached_tokens`` in ``meta_info``
@@ -118,7 +123,7 @@ import _forward_plan as plan
 import _requests
 from _register import register_cuda_ci
 
-from sglang_detspec.config import logits_guarantee
+from sglang_detspec.config import SPLIT_PAGE_SIZE, logits_guarantee
 from sglang_detspec.model_family import head_dim_of
 from sglang_detspec.sglang_plugin.attention_hook import SPLIT_OFF, SPLIT_ON
 
@@ -128,6 +133,9 @@ NUM_REQUESTS, CACHED_TOKENS = 16, 32
 NEW_TOKENS = plan.NEW_TOKENS
 PROMPT_SEED = 4242
 BACKENDS = plan.selected_backends()
+# The flags every server runs with that the claim rule reads (DETSPEC_E2E_SERVER_ARGS): each row is
+# held to the claim of the server as started, pages above one token included.
+SERVED = {"page_size": _e2e.served_page_size(), "kv_cache_dtype": _e2e.common_flag("--kv-cache-dtype")}
 DECODE_ATTENTION = plan.decode_attention()
 TEST_ORDER = ("test_forward_modes",)
 
@@ -257,7 +265,7 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
         server = started[spec.name]
         claims = [] if isinstance(server, str) else _e2e.claimed_logits(server)
         expected = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION,
-                                    head_dim=head_dim_of(spec.model))
+                                    head_dim=head_dim_of(spec.model), **SERVED)
         if claims != [expected]:
             problems.append(f"{backend} {name}: the plugin logged logits={claims}, expected [{expected!r}]")
         node_problem = (_e2e.node_path_problem(server)
@@ -266,7 +274,7 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             problems.append(f"{backend} {name}: {node_problem}")
         # A node-path row compares decode calls with decode calls (each node's verify is a decode query),
         # which the head-size rule does not concern: it is held to the claim without that rule.
-        held = (logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION)
+        held = (logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION, **SERVED)
                 if row.tree_attention == "nodes" else expected)
         out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
                     "claimed": expected, "asserted": held, "server": spec.name, "reference": base.name,
@@ -274,7 +282,7 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
     for name, reason in skipped.items():
         row = plan.rows_for(backend)[name]
         claim = logits_guarantee(backend, plan.eagle_topk(row.family), row.tree_attention, DECODE_ATTENTION,
-                                 head_dim=head_dim_of(_e2e.served_model(row.family, models)))
+                                 head_dim=head_dim_of(_e2e.served_model(row.family, models)), **SERVED)
         out.append({"backend": backend, "row": name, "drafting": row.drafting, "tree_attention": row.tree_attention,
                     "claimed": claim, "asserted": claim,
                     "server": None, "reference": None, "applicable": False, "not_applicable": reason,
@@ -294,7 +302,7 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
     for name, key in prefill_keys.items():
         attention = plan.tree_attention(key[1])
         claim = logits_guarantee(backend, plan.eagle_topk(key[0]), attention, DECODE_ATTENTION,
-                                 head_dim=head_dim_of(configs[key].model))
+                                 head_dim=head_dim_of(configs[key].model), **SERVED)
         out.append({"backend": backend, "row": name, "drafting": plan.DECODE_VS_PREFILL, "tree_attention": attention,
                     "claimed": claim, "asserted": claim,
                     "server": configs[key].name, "reference": configs[key].name, "applicable": True,
@@ -305,16 +313,20 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             problems.append(server)
             continue
         problems += _e2e.plugin_problems(server)
-        if backend == "triton" and DECODE_ATTENTION == "split" and (
-                not server.log_lines(SPLIT_ON) or server.log_lines(SPLIT_OFF)):
-            problems.append(f"{backend} {config.name}: SGLANG_DETSPEC_DECODE_ATTENTION=split did not take the target "
-                            f"(its lines: {server.log_lines('DECODE_ATTENTION=split')[:1]})")
+        if backend == "triton" and DECODE_ATTENTION == "split":
+            # The split kernels read pages of one token: above that every server must log it not used.
+            want, not_want = (SPLIT_OFF, SPLIT_ON) if SERVED["page_size"] > SPLIT_PAGE_SIZE else (SPLIT_ON, SPLIT_OFF)
+            if not server.log_lines(want) or server.log_lines(not_want):
+                problems.append(f"{backend} {config.name}: expected the start-up line {want!r} at KV pages of "
+                                f"{SERVED['page_size']} token(s) (its lines: "
+                                f"{server.log_lines('DECODE_ATTENTION=split')[:1]})")
         if backend == "fa3":
             problem = _e2e.fa3_path_problem(server, DECODE_ATTENTION, head_dim_of(config.model),
-                                            plan.verifies_trees(key[0]))
+                                            plan.verifies_trees(key[0]), SERVED["page_size"])
             problems += [f"{backend} {problem}"] if problem else []
         # A server without speculative decoding claims what its backend's decode promises.
-        plain = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model))
+        plain = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model),
+                                 **SERVED)
         if _e2e.family(key[0]).draft is None and _e2e.claimed_logits(server) != [plain]:
             problems.append(f"{backend} {config.name}: the plugin logged logits={_e2e.claimed_logits(server)}, "
                             f"expected [{plain!r}]")
@@ -359,7 +371,8 @@ def cache_hit(backend: str, config, started: dict, first: list, sets: dict) -> t
     """
     problems = []
     server = started[config.name]
-    claim = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model))
+    claim = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model),
+                             **SERVED)
     row = {"backend": backend, "row": plan.CACHE_HIT, "drafting": plan.CACHE_HIT, "tree_attention": "cascade",
            "claimed": claim, "asserted": claim, "server": config.name, "reference": config.name,
            "applicable": True, "not_applicable": None}
@@ -381,7 +394,7 @@ def cache_hit(backend: str, config, started: dict, first: list, sets: dict) -> t
     else:
         prompts, params = sets[(config.model, plan.SHORT_PROMPTS)]
         again, found = _requests.resend_over_cache(server, run, prompts, params, first, CACHED_TOKENS,
-                                                   NEW_TOKENS - CACHED_TOKENS)
+                                                   NEW_TOKENS - CACHED_TOKENS, SERVED["page_size"])
         problems += [f"{backend} cache_hit: {p}" for p in found]
     return {**row, **compare(first, again, offset=CACHED_TOKENS)}, problems
 

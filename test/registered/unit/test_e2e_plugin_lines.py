@@ -9,6 +9,7 @@ of ``gemm_warmup_hook`` and ``warmup_hook``).
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -87,6 +88,63 @@ def test_an_fa3_server_logs_the_attention_path_its_shape_takes(e2e, tmp_path, lo
     found = e2e.fa3_path_problem(server, "split", head_dim, trees)
     assert (found is None) if problem is None else (problem in found), found
     assert e2e.fa3_path_problem(server, "sglang", head_dim, trees) is None  # the split not asked for
+
+
+@pytest.mark.parametrize("logged, trees, problem", [
+    (("off",), False, None),
+    (("off",), True, None),
+    (("down",), False, "not used on FA3"),  # at pages above one token even a chain's check cannot run
+    (("on", "off"), True, "not used on FA3"),
+])
+def test_at_pages_above_one_token_an_fa3_server_logs_the_split_not_used(e2e, tmp_path, logged, trees, problem):
+    lines = fa3_lines()
+    server = server_with(e2e, tmp_path, [ACTIVE, *(lines[k] for k in logged)])
+    found = e2e.fa3_path_problem(server, "split", 128, trees, page_size=16)
+    assert (found is None) if problem is None else (problem in found and "pages of 16" in found), found
+
+
+@pytest.mark.parametrize("args, page_size, dtype", [
+    (None, 1, None),  # the suite's default flags
+    ("--attention-backend triton --page-size 16", 16, None),
+    ("--page-size=16 --kv-cache-dtype fp8_e4m3 --page-size 32", 32, "fp8_e4m3"),  # the last one wins
+])
+def test_the_claim_reads_the_page_size_and_kv_dtype_every_server_runs_with(e2e, monkeypatch, args, page_size, dtype):
+    if args is None:
+        monkeypatch.delenv("DETSPEC_E2E_SERVER_ARGS", raising=False)
+    else:
+        monkeypatch.setenv("DETSPEC_E2E_SERVER_ARGS", args)
+    assert e2e.served_page_size() == page_size
+    assert e2e.common_flag("--kv-cache-dtype") == dtype
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "sixteen"])
+def test_a_page_size_that_is_no_positive_integer_names_the_variable(e2e, monkeypatch, value):
+    monkeypatch.setenv("DETSPEC_E2E_SERVER_ARGS", f"--page-size {value}")
+    with pytest.raises(ValueError, match="DETSPEC_E2E_SERVER_ARGS: --page-size must be a positive integer"):
+        e2e.served_page_size()
+
+
+@pytest.mark.parametrize("page_size, cached, hit", [
+    (1, 99, True),  # SGLang matches all but the last input token
+    (1, 96, False),
+    (16, 96, True),  # 100 tokens: six whole pages of 16
+    (16, 84, True),
+    (16, 80, False),  # a whole page of the prompt not served from the cache
+])
+def test_a_cache_hit_is_every_whole_page_of_the_prompt(e2e_import, monkeypatch, page_size, cached, hit):
+    requests = e2e_import("_requests")
+    monkeypatch.setattr(requests, "post", lambda *a, **k: {"status": 200, "text": "", "body": None})
+
+    def send(server, prompts, params, want):
+        return [requests.Generated(output_ids=(7,) * want, logprobs=None, sampling_seed=None, verify_ct=None,
+                                   completion_tokens=want, retractions=0, finish_reason=None, cached_tokens=cached)
+                for _ in prompts]
+
+    first = send(None, [[1] * 100], [{}], 40)
+    again, problems = requests.resend_over_cache(types.SimpleNamespace(url="http://127.0.0.1:1"), send,
+                                                 [[1] * 100], [{}], first, 32, 8, page_size)
+    assert len(again) == 1
+    assert (problems == []) if hit else ("not served from the radix cache" in problems[0]), problems
 
 
 def test_a_restarted_server_logs_beside_its_first_log(e2e, tmp_path, monkeypatch):
