@@ -243,7 +243,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--num-draft-tokens", "-k", type=_int_in(1), default=None, metavar="K",
-        help=f"draft tokens per speculative round of the in-process engine (default {DEFAULT_NUM_DRAFT_TOKENS})",
+        help=f"draft tokens per speculative round of the in-process engine, the chain's depth (default "
+        f"{DEFAULT_NUM_DRAFT_TOKENS}); SGLang's --speculative-num-draft-tokens also counts the verified last "
+        "token, so K here is a server's value less one",
     )
     parser.add_argument(
         "--max-batch-size", type=_int_in(2, MAX_BATCH), default=DEFAULT_MAX_BATCH, metavar="B",
