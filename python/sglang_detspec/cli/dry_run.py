@@ -347,6 +347,13 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
              "start-up declares the chain's")
         bag = bag.as_chain()
     if bag.wants_sampled_drafts():
+        from ..sglang_plugin.startup import flag_blockers, sampled_draft_blockers, sampled_drafts_unavailable_note
+
+        # Start-up's own check on SGLang's resolution where it ran here, else on the flags as typed.
+        blockers = sampled_draft_blockers(record) if record is not None else flag_blockers(ns)
+    if bag.wants_sampled_drafts() and blockers:
+        say(f"note: {sampled_drafts_unavailable_note(blockers)}")
+    elif bag.wants_sampled_drafts():
         # What the server's start-up does to this chain wherever SGLang admits the flag.
         bag = dataclasses.replace(bag, rejection_sampling=True)
         say("note: start-up turns SGLang's sampled-draft path on for this coupled chain: the draft "

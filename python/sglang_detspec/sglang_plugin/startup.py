@@ -81,10 +81,7 @@ def resolve_and_announce(result, server_args) -> None:
     if bag.wants_sampled_drafts():
         blockers = sampled_draft_blockers(server_args)
         if blockers:
-            logging.getLogger("sglang_detspec").info(
-                "sglang-detspec: SGLang's sampled-draft path is not available for this chain (%s); the "
-                "plugin's draft-worker hooks draw its coupled drafts instead (on CUDA; multi-layer EAGLE "
-                "chains keep argmax drafts: the same tokens, fewer accepted)", "; ".join(blockers))
+            logging.getLogger("sglang_detspec").info("sglang-detspec: %s", sampled_drafts_unavailable_note(blockers))
         else:
             bag = turn_on_sampled_drafts(server_args)
     install_config(bag)
@@ -121,13 +118,22 @@ def sampled_draft_blockers(server_args) -> list[str]:
     SGLang refuses its rejection-sampling flag (which opens that path) with a
     reduced draft vocabulary, watermarking, accept thresholds and devices
     other than CUDA; these checks run before the plugin's, so they are
-    mirrored here. An EAGLE3 draft whose ``config.json`` cannot be read
-    locally (e.g. a hub repository id) counts as reduced: most EAGLE3
-    checkpoints draft over a hot-token vocabulary.
+    mirrored here (:func:`flag_blockers` on SGLang's resolved view of ``server_args``).
     """
     from sglang.srt.arg_groups.overrides import resolved_view
 
-    view = resolved_view(server_args)
+    return flag_blockers(resolved_view(server_args))
+
+
+def flag_blockers(view) -> list[str]:
+    """The reasons of :func:`sampled_draft_blockers` read from ``view``, any object with SGLang's argument names.
+
+    ``view`` is SGLang's resolved view at start-up, or the parsed
+    ``launch_server`` flags where ``detspec serve --dry-run`` could not run
+    SGLang's resolution. An EAGLE3 draft whose ``config.json`` cannot be read
+    locally (e.g. a hub repository id) counts as reduced: most EAGLE3
+    checkpoints draft over a hot-token vocabulary.
+    """
     reasons = []
     if reduced_draft_vocab(view) is not False:
         reasons.append("the draft proposes over a reduced vocabulary (--speculative-token-map, or "
@@ -141,6 +147,13 @@ def sampled_draft_blockers(server_args) -> list[str]:
     if not str(getattr(view, "device", "cuda") or "cuda").startswith("cuda"):
         reasons.append(f"--device {view.device}")
     return reasons
+
+
+def sampled_drafts_unavailable_note(blockers: list[str]) -> str:
+    """The start-up note for a coupled chain whose sampled-draft path SGLang refuses (``blockers``, one reason each)."""
+    return (f"SGLang's sampled-draft path is not available for this chain ({'; '.join(blockers)}); the plugin's "
+            "draft-worker hooks draw its coupled drafts instead (on CUDA; multi-layer EAGLE chains keep argmax "
+            "drafts: the same tokens, fewer accepted)")
 
 
 def turn_on_sampled_drafts(server_args) -> DetSpecConfig:

@@ -144,6 +144,35 @@ def test_dry_run_shows_the_settings_it_checked_and_the_start_up_state(capsys, mo
     assert "SGLANG_DETSPEC_TREE_ATTENTION=nodes applies to the FA3 backend only" in err
 
 
+@pytest.mark.parametrize("extra, blocker", [
+    (["--speculative-token-map", "hot.pt"], "reduced vocabulary"),
+    (["--enable-watermark"], "--enable-watermark"),
+], ids=["token-map", "watermark"])
+def test_a_chain_whose_sampled_drafts_sglang_refuses_keeps_the_plugins_draft_hooks(capsys, extra, blocker):
+    """Where SGLang refuses its sampled-draft flag, start-up does not turn it on: the dry run must not either."""
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN,
+                                  "--attention-backend", "triton", *extra])
+    assert rc == 0
+    line = start_up_line(err)
+    assert "active=True" in line and "rejection_sampling=False" in line and "verify='coupled'" in line
+    assert "sampled-draft path is not available" in err and blocker in err
+    assert "sampled-draft path on" not in err
+
+
+def test_an_eagle3_chain_over_hot_tokens_stays_active_and_coupled(capsys, tmp_path):
+    """EAGLE3 drafts over a reduced vocabulary (``draft_vocab_size``): the plugin's draft hooks draw the chain."""
+    draft = tmp_path / "eagle3"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
+                                                   "vocab_size": 128256, "draft_vocab_size": 32000}))
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE3", *CHAIN,
+                                  "--speculative-draft-model-path", str(draft), "--attention-backend", "triton"])
+    assert rc == 0
+    line = start_up_line(err)
+    assert "active=True" in line and "rejection_sampling=False" in line and "reduced_draft_vocab=True" in line
+    assert "sampled-draft path is not available" in err
+
+
 def test_plugin_is_admitted_by_sglangs_loader(capsys, monkeypatch):
     assert serve.plugin_installed()
     assert "SGLANG_PLUGINS" not in serve.server_env({})  # unset: SGLang loads every installed plugin
