@@ -1110,18 +1110,36 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
     return value
 
 
+# A variable outside the prefix this close to a setting's whole name (difflib's ratio) is taken for a typo of
+# it: SGLANG_DETPSEC_VERIFY is 0.95 from SGLANG_DETSPEC_VERIFY; no variable SGLang 0.5.23 reads comes above 0.76.
+MISSPELT_PREFIX_RATIO = 0.9
+
+
 def unknown_env_names(environ: Mapping[str, str]) -> list[str]:
-    """One message per variable of ``environ`` named ``SGLANG_DETSPEC_*`` that the plugin does not read
-    (:data:`ENV_NAMES`), with the nearest name where one is close (difflib's ratio); in name order."""
+    """One message per variable of ``environ`` meant as a setting that the plugin does not read; in name order.
+
+    Meant as a setting: named ``SGLANG_DETSPEC_*`` but not in :data:`ENV_NAMES`, or
+    a setting's name with its prefix misspelt: in other letter case, without
+    ``SGLANG_`` (``DETSPEC_VERIFY``), or within :data:`MISSPELT_PREFIX_RATIO` of
+    it. Each message names the nearest setting where one is close (difflib's ratio).
+    """
     import difflib
 
     current = [name for name in ENV_NAMES if name not in REMOVED_ENV]
     # Compared without the prefix every name shares, which would make any two names look close.
     suffixes = {name.removeprefix(ENV_PREFIX): name for name in current}
     messages = []
-    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in ENV_NAMES):
-        near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.7)
-        hint = f"did you mean {suffixes[near[0]]}? " if near else ""
+    for name in sorted(n for n in environ if n not in ENV_NAMES):
+        if name.startswith(ENV_PREFIX):
+            near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.7)
+            near = [suffixes[n] for n in near]
+        else:
+            upper = name.upper()
+            meant = upper if upper.startswith("SGLANG_") else "SGLANG_" + upper
+            near = difflib.get_close_matches(meant, current, n=1, cutoff=MISSPELT_PREFIX_RATIO)
+            if not near:
+                continue
+        hint = f"did you mean {near[0]}? " if near else ""
         messages.append(f"{name} is not a setting of sglang-detspec ({hint}its settings: {', '.join(current)})")
     return messages
 

@@ -179,6 +179,23 @@ def test_a_misspelled_setting_is_refused_with_the_nearest_name(loaded, model_dir
     reset_config()
 
 
+@pytest.mark.parametrize("name, meant", [
+    ("SGLANG_DETPSEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # letters of the prefix swapped
+    ("DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # the prefix without SGLANG_
+    ("sglang_detspec_tree_attention", "SGLANG_DETSPEC_TREE_ATTENTION"),  # lower case
+])
+def test_a_setting_with_its_prefix_misspelt_is_refused_too(name, meant):
+    with pytest.raises(ValueError, match=rf"^{name} is not a setting of sglang-detspec \(did you mean {meant}\?"):
+        env_settings({name: "rejection"})
+
+
+def test_variables_of_other_programs_are_not_taken_for_settings():
+    # SGLang's own variables, the E2E suites' DETSPEC_E2E_* and anything else far from every setting's name.
+    env = {"SGLANG_DETERMINISTIC": "1", "SGLANG_DISABLE_LEAN_ATTENTION": "1", "DETSPEC_E2E_SERVER_ARGS": "--x",
+           "DETSPEC_E2E_BACKENDS": "fa3", "PATH": "/bin", "VERIFY": "1"}
+    assert env_settings(env)["verify"] == "auto"
+
+
 def test_every_wrong_setting_is_named_in_one_error():
     env = {"SGLANG_DETSPEC_DISABLE": "maybe", "SGLANG_DETSPEC_MOE_TILE": "x", "SGLANG_DETSPEC_FOO": "1",
            "SGLANG_DETSPEC_GEMM": "plugin"}
