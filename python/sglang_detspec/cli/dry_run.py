@@ -245,10 +245,11 @@ def kv_move_warmup_notes(bag: DetSpecConfig) -> list[str]:
 
 
 def parallel_sizes(ns: argparse.Namespace) -> list[str]:
-    """The tensor, data and pipeline parallel sizes above 1 as typed: ``["--tp-size 2", ...]``."""
-    sizes = {flag: getattr(ns, name, 1) or 1 for flag, name in (("--tp-size", "tp_size"), ("--dp-size", "dp_size"),
-                                                                  ("--pp-size", "pp_size"))}
-    return [f"{flag} {size}" for flag, size in sizes.items() if size > 1]
+    """The tensor, data, attention-data and pipeline parallel sizes above 1 as typed: ``["--tp-size 2", ...]``."""
+    sizes = {flag: getattr(ns, name, 1) or 1 for flag, name in (
+        ("--tp-size", "tp_size"), ("--dp-size", "dp_size"), ("--attn-dp-size", "attn_dp_size"),
+        ("--pp-size", "pp_size"))}
+    return [f"{flag} {size}" for flag, size in sizes.items() if isinstance(size, int) and size > 1]
 
 
 def parallelism_notes(ns: argparse.Namespace) -> list[str]:

@@ -612,6 +612,8 @@ def test_the_dry_run_says_a_tree_server_compiles_sglangs_kv_move_at_start_up(cap
 @pytest.mark.parametrize("flags, words", [(["--dp-size", "2"], "--dp-size 2: not yet measured"),
                                           (["--tp-size", "2", "--dp-size", "2"], "--tp-size 2, --dp-size 2: not yet measured"),
                                           (["--pp-size", "2"], "--pp-size 2: not yet measured"),
+                                          (["--tp-size", "2", "--attn-dp-size", "2"],
+                                           "--tp-size 2, --attn-dp-size 2: not yet measured"),
                                           ([], None)])
 def test_the_dry_run_says_parallel_servers_are_not_measured(capsys, flags, words):
     rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", *CHAIN,
