@@ -152,6 +152,8 @@ example:
 {EXAMPLE}"""
 # The claims come after the options: the example and the usage line are what a first reader needs.
 EPILOG = CLAIM_NOTE
+# detspec serve's own flags, which go before the '--' that starts SGLang's.
+SERVE_FLAGS = ("--dry-run", "--verbose")
 USAGE_HINT = "put '--' before SGLang's launch_server arguments: detspec serve [--dry-run] -- --model-path M ..."
 
 
@@ -196,7 +198,10 @@ def read_launch_args(launch_args: Sequence[str]) -> argparse.Namespace:
             argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
         return parser.parse_args(argv)
     except (_Refused, OSError, ValueError) as exc:
-        raise ValueError(f"SGLang's launch_server refuses these arguments: {exc}") from None
+        ours = [a for a in argv if a.split("=", 1)[0] in SERVE_FLAGS]
+        hint = (f" ({', '.join(dict.fromkeys(ours))} is detspec serve's own: put it before '--': "
+                "detspec serve --dry-run --verbose -- --model-path M ...)") if ours else ""
+        raise ValueError(f"SGLang's launch_server refuses these arguments: {exc}{hint}") from None
 
 
 def server_command(launch_args: Sequence[str], python: str = sys.executable) -> list[str]:

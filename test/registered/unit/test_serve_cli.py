@@ -120,6 +120,13 @@ def test_arguments_sglang_refuses_stop_serve(capsys, args, words):
     assert "detspec: error: SGLang's launch_server refuses these arguments:" in err and words in err
 
 
+@pytest.mark.parametrize("args", [["--model-path", "m", "--verbose"], ["--verbose", "--", "--model-path", "m"]])
+def test_serves_own_flag_after_the_dashes_is_pointed_back_before_them(capsys, args):
+    rc, out, err = dry_run(capsys, args)
+    assert rc == 2 and out == ""
+    assert "--verbose is detspec serve's own: put it before '--'" in err
+
+
 def test_dry_run_prints_the_completed_command(capsys):
     rc, out, _ = dry_run(capsys, ["--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN])
     assert rc == 0
