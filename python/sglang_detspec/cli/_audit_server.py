@@ -21,6 +21,11 @@ _SERVER_FACTS = (
 )
 
 
+NOT_DETERMINISTIC = ("the server runs without --enable-deterministic-inference (its /server_info says so): "
+                     "SGLang's deterministic inference and sglang-detspec are off there, so its outputs may change "
+                     "with the batch; start it with detspec serve, which adds the flag")
+
+
 def run_server(args: argparse.Namespace) -> int:
     """The server audit for parsed ``args``: 0 when every section passes, 1 when one fails, 2 on a server error."""
     # Only what talking to a server needs: no torch, no transformers on this path.
@@ -38,6 +43,9 @@ def run_server(args: argparse.Namespace) -> int:
             info = backend.server_info()
         except HttpBackendError as exc:
             return fail(str(exc), code="server", json_out=args.json == STDOUT)
+        if info.get("enable_deterministic_inference") is False:
+            # Not a failure by itself (auditing stock SGLang is a use), but the first thing to know when it fails.
+            print(f"{PREFIX} warning: {NOT_DETERMINISTIC}", file=sys.stderr)
         from rich.console import Console
 
         from ..auditing.batch import build_plan

@@ -484,10 +484,12 @@ class StandInServer(_LocalServer):
         detspec_seed_check: check ``sampling_seed`` as a server with
             sglang-detspec active does (its request hook's check, then
             SGLang's); False checks as stock SGLang does.
+        deterministic: what ``/server_info`` says of ``enable_deterministic_inference``.
     """
 
-    def __init__(self, engine, *, jitter_logprobs=False, delay_s=0.0, detspec_seed_check=True):
+    def __init__(self, engine, *, jitter_logprobs=False, delay_s=0.0, detspec_seed_check=True, deterministic=True):
         self.engine = engine
+        self.deterministic = deterministic
         self.detspec_seed_check = detspec_seed_check
         self.jitter_logprobs = jitter_logprobs
         self.delay_s = delay_s
@@ -509,7 +511,8 @@ class StandInServer(_LocalServer):
                     if outer.rounds:
                         state["avg_spec_accept_length"] = outer.tokens / outer.rounds
                 info = {"version": "stand-in", "model_path": "reference", "speculative_algorithm": "EAGLE",
-                        "speculative_num_draft_tokens": K + 1, "enable_deterministic_inference": True,
+                        "speculative_num_draft_tokens": K + 1,
+                        "enable_deterministic_inference": outer.deterministic,
                         "skip_tokenizer_init": True, "internal_states": [state]}
                 self._send(200, "application/json", dumps_json(info))
 
@@ -650,6 +653,15 @@ def test_cli_audits_a_server_end_to_end(spec_server_context, models, tmp_path, c
     assert server.batch_sizes[:len(trial_posts)] == trial_posts
     for trial in run["trials"]:
         assert trial["probe_output_logprobs"] == run["trials"][0]["probe_output_logprobs"]
+
+
+def test_a_server_without_deterministic_inference_is_named(spec_server_context, models, capsys):
+    with StandInServer(ReferenceEngine(models, K), deterministic=False) as server:
+        main([*AUDIT, "--url", server.url, "--no-seed-checks"])
+    assert "warning: the server runs without --enable-deterministic-inference" in capsys.readouterr().err
+    with StandInServer(ReferenceEngine(models, K)) as server:
+        main([*AUDIT, "--url", server.url, "--no-seed-checks"])
+    assert "--enable-deterministic-inference" not in capsys.readouterr().err
 
 
 def test_stock_sglang_server_needs_int64_seed_encoding(spec_server_context, models, tmp_path, capsys):
