@@ -300,6 +300,29 @@ def served_algorithm_note(bag: DetSpecConfig, record) -> str | None:
     return f"SGLang serves --speculative-algorithm {bag.algorithm} as {served}, as the server's start-up line shows"
 
 
+# The algorithms whose draft is a model of its own, which SGLang's resolution fills in only for targets that
+# carry their draft layer (DeepSeek-V3, GLM-4.5 and a few others: its speculative_hook).
+DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+
+
+def missing_draft_warning(bag: DetSpecConfig, record) -> str | None:
+    """A warning when SGLang's resolution (run here) left an EAGLE-family server without a draft model path.
+
+    The server would then fail when it loads its draft, after the target;
+    None where a draft path is set or filled, or where the resolution did not run here.
+    """
+    if record is None or str(bag.algorithm or "").upper() not in DRAFT_MODEL_ALGORITHMS:
+        return None
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    if getattr(resolved_view(record), "speculative_draft_model_path", None):
+        return None
+    return (f"--speculative-algorithm {bag.algorithm} without --speculative-draft-model-path, and SGLang's "
+            "resolution did not fill it in (it does for targets whose checkpoint carries the draft layer, such as "
+            "DeepSeek-V3): the server would fail loading its draft; pass the draft's path (for a MiMo-style "
+            "target with its own multi-token-prediction layer, the target's path)")
+
+
 def filled_shape_note(record) -> str:
     """The draft shape SGLang's resolution (run here) filled in for flags that leave it to SGLang, as a note."""
     from sglang.srt.arg_groups.overrides import resolved_view
@@ -340,6 +363,9 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
         renamed = served_algorithm_note(bag, record)
         if renamed:
             say(f"note: {renamed}; the line below names the algorithm as typed")
+    missing = missing_draft_warning(bag, record)
+    if missing:
+        say(f"warning: {missing}")
     if bag.mla_tree_as_chain:
         from ..sglang_plugin.startup_notes import mla_chain_note
 

@@ -433,6 +433,19 @@ def test_the_dry_run_states_the_token_bound(capsys, monkeypatch, extra, reason, 
                 f"{reason}") in err and note not in err
 
 
+def test_a_draft_algorithm_left_without_a_draft_path_is_warned_of(capsys, tmp_path):
+    """SGLang fills the draft path only for targets that carry their draft layer; a Llama target does not."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024,
+        "max_position_embeddings": 2048}))
+    flags = ["--model-path", str(tmp_path), "--speculative-algorithm", "NEXTN", *CHAIN, "--attention-backend", "fa3"]
+    rc, _, err = dry_run(capsys, flags)
+    assert rc == 0 and "warning: --speculative-algorithm NEXTN without --speculative-draft-model-path" in err
+    rc, _, err = dry_run(capsys, [*flags, "--speculative-draft-model-path", str(tmp_path)])
+    assert rc == 0 and "without --speculative-draft-model-path" not in err
+
+
 def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path):
     rc, _, err = dry_run(capsys, ["--model-path", "nonexistent-M", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
