@@ -344,14 +344,19 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
     """
     if "mla" in config.family_traits:
         one_pass = config.decode_attention in ("split", "one_pass")
-        decode = ("the target's decode runs the single-pass kernel SGLang's deterministic prefill, extend and "
-                  "verify run for absorbed MLA (the positional split takes no MLA shape"
-                  + (", so the setting decode_attention='split' above runs as 'one_pass'"
-                     if config.decode_attention == "split" and "decode_attention" in config.shown_fields() else "")
-                  + "; SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; with the query heads "
-                  f"in SGLang's tile, where a start-up check lets them, it cost {MLA_DECODE_COST['packed']}, with "
-                  f"one row per head {MLA_DECODE_COST['one_row']}; only a server without speculative decoding "
-                  "runs it: a speculative server's target verifies, never decodes)")
+        as_one_pass = (", so the setting decode_attention='split' above runs as 'one_pass'"
+                       if config.decode_attention == "split" and "decode_attention" in config.shown_fields() else "")
+        if config.algorithm:
+            # A speculative server's target verifies, never decodes: the decode kernel's cost is not this server's.
+            decode = ("the target verifies, never decodes, so prefill, extend and verify all run the single-pass "
+                      "kernel SGLang's deterministic mode runs for absorbed MLA (the positional split takes no MLA "
+                      f"shape{as_one_pass})")
+        else:
+            decode = ("the target's decode runs the single-pass kernel SGLang's deterministic prefill and extend "
+                      f"run for absorbed MLA (the positional split takes no MLA shape{as_one_pass}; "
+                      "SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; with the query heads "
+                      f"in SGLang's tile, where a start-up check lets them, it cost {MLA_DECODE_COST['packed']}, with "
+                      f"one row per head {MLA_DECODE_COST['one_row']})")
         if config.attention_backend == "triton" and one_pass:
             return (f"MLA attention on triton: {decode} (not under decode context parallelism, which keeps "
                     "SGLang's decode), so the split's notes do not apply")

@@ -322,7 +322,13 @@ def test_the_mla_note_names_the_path_that_serves_its_attention(backend, decode, 
     bag = DetSpecConfig(**{**MOE_CHAIN, "attention_backend": backend, "head_dim": None, "model_family": "mla+moe",
                            "decode_attention": decode})
     (note,) = [n for n in startup_notes.unmeasured_notes(bag) if "MLA attention" in n]
-    assert ("the target's decode runs the single-pass kernel" in note) is one_pass
+    assert ("the single-pass kernel" in note) is one_pass
+    # A speculative server's target never decodes: the decode kernel's cost is said only without a draft.
+    assert "per layer call" not in note and ("verifies, never decodes" in note) is one_pass
+    plain = dataclasses.replace(bag, algorithm=None, num_steps=None, eagle_topk=None, num_draft_tokens=None)
+    (plain_note,) = [n for n in startup_notes.unmeasured_notes(plain) if "MLA attention" in n]
+    assert ("the target's decode runs the single-pass kernel" in plain_note) is one_pass
+    assert ("per layer call" in plain_note) is one_pass
     assert ("SGLang's own attention calls run" in note) is own_calls
     # SGLang's split-KV decode is named only where it is what serves (triton with the setting sglang).
     assert ("its split-KV decode kernel" in note) is (backend == "triton" and decode == "sglang")
