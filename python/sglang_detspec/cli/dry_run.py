@@ -374,7 +374,8 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
              "start-up declares the chain's")
         bag = bag.as_chain()
     if bag.wants_sampled_drafts():
-        from ..sglang_plugin.startup import flag_blockers, sampled_draft_blockers, sampled_drafts_unavailable_note
+        from ..sglang_plugin.resolve import flag_blockers, sampled_draft_blockers
+        from ..sglang_plugin.startup_notes import sampled_drafts_unavailable_note
 
         # Start-up's own check on SGLang's resolution where it ran here, else on the flags as typed.
         blockers = sampled_draft_blockers(record) if record is not None else flag_blockers(ns)

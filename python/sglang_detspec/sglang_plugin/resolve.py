@@ -433,3 +433,40 @@ def sglang_refusals(args) -> list[Refusal]:
         f"it admits only {', '.join(accepted)} there (fa3 and triton serve chains and trees with "
         "bitwise logits; "
         "docs/forward_modes.md)")]
+
+
+def sampled_draft_blockers(server_args) -> list[str]:
+    """Why SGLang's sampled-draft path cannot be turned on for this coupled chain: one reason each.
+
+    SGLang refuses its rejection-sampling flag (which opens that path) with a
+    reduced draft vocabulary, watermarking, accept thresholds and devices
+    other than CUDA; these checks run before the plugin's, so they are
+    mirrored here (:func:`flag_blockers` on SGLang's resolved view of ``server_args``).
+    """
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    return flag_blockers(resolved_view(server_args))
+
+
+def flag_blockers(view) -> list[str]:
+    """The reasons of :func:`sampled_draft_blockers` read from ``view``, any object with SGLang's argument names.
+
+    ``view`` is SGLang's resolved view at start-up, or the parsed
+    ``launch_server`` flags where ``detspec serve --dry-run`` could not run
+    SGLang's resolution. An EAGLE3 draft whose ``config.json`` cannot be read
+    locally (e.g. a hub repository id) counts as reduced: most EAGLE3
+    checkpoints draft over a hot-token vocabulary.
+    """
+    reasons = []
+    if reduced_draft_vocab(view) is not False:
+        reasons.append("the draft proposes over a reduced vocabulary (--speculative-token-map, or "
+                       "draft_vocab_size in its config.json), or it is an EAGLE3 draft whose config.json is "
+                       "not a local file")
+    if getattr(view, "enable_watermark", False):
+        reasons.append("--enable-watermark")
+    if (getattr(view, "speculative_accept_threshold_single", 1.0) != 1.0
+            or getattr(view, "speculative_accept_threshold_acc", 1.0) != 1.0):
+        reasons.append("--speculative-accept-threshold-single / -acc")
+    if not str(getattr(view, "device", "cuda") or "cuda").startswith("cuda"):
+        reasons.append(f"--device {view.device}")
+    return reasons

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from ..config import DetSpecConfig, install_config
-from .startup_notes import announce, mla_chain_note
-from .resolve import SAMPLED_DRAFTS_SOURCE, bag_from, config_from_server_args, reduced_draft_vocab
+from .startup_notes import announce, mla_chain_note, sampled_drafts_unavailable_note
+from .resolve import SAMPLED_DRAFTS_SOURCE, bag_from, config_from_server_args, sampled_draft_blockers
 
 TARGET = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 # The source of the declaration that serves an MLA target's tree as its chain (DetSpecConfig.mla_tree_as_chain).
@@ -110,50 +110,6 @@ def declare_mla_chain(server_args, bag: DetSpecConfig) -> None:
     chain = bag.as_chain()
     declare_resolution(server_args, MLA_CHAIN_SOURCE, speculative_eagle_topk=chain.eagle_topk,
                        speculative_num_draft_tokens=chain.num_draft_tokens)
-
-
-def sampled_draft_blockers(server_args) -> list[str]:
-    """Why SGLang's sampled-draft path cannot be turned on for this coupled chain: one reason each.
-
-    SGLang refuses its rejection-sampling flag (which opens that path) with a
-    reduced draft vocabulary, watermarking, accept thresholds and devices
-    other than CUDA; these checks run before the plugin's, so they are
-    mirrored here (:func:`flag_blockers` on SGLang's resolved view of ``server_args``).
-    """
-    from sglang.srt.arg_groups.overrides import resolved_view
-
-    return flag_blockers(resolved_view(server_args))
-
-
-def flag_blockers(view) -> list[str]:
-    """The reasons of :func:`sampled_draft_blockers` read from ``view``, any object with SGLang's argument names.
-
-    ``view`` is SGLang's resolved view at start-up, or the parsed
-    ``launch_server`` flags where ``detspec serve --dry-run`` could not run
-    SGLang's resolution. An EAGLE3 draft whose ``config.json`` cannot be read
-    locally (e.g. a hub repository id) counts as reduced: most EAGLE3
-    checkpoints draft over a hot-token vocabulary.
-    """
-    reasons = []
-    if reduced_draft_vocab(view) is not False:
-        reasons.append("the draft proposes over a reduced vocabulary (--speculative-token-map, or "
-                       "draft_vocab_size in its config.json), or it is an EAGLE3 draft whose config.json is "
-                       "not a local file")
-    if getattr(view, "enable_watermark", False):
-        reasons.append("--enable-watermark")
-    if (getattr(view, "speculative_accept_threshold_single", 1.0) != 1.0
-            or getattr(view, "speculative_accept_threshold_acc", 1.0) != 1.0):
-        reasons.append("--speculative-accept-threshold-single / -acc")
-    if not str(getattr(view, "device", "cuda") or "cuda").startswith("cuda"):
-        reasons.append(f"--device {view.device}")
-    return reasons
-
-
-def sampled_drafts_unavailable_note(blockers: list[str]) -> str:
-    """The start-up note for a coupled chain whose sampled-draft path SGLang refuses (``blockers``, one reason each)."""
-    return (f"SGLang's sampled-draft path is not available for this chain ({'; '.join(blockers)}); the plugin's "
-            "draft-worker hooks draw its coupled drafts instead (on CUDA; multi-layer EAGLE chains keep argmax "
-            "drafts: the same tokens, fewer accepted)")
 
 
 def turn_on_sampled_drafts(server_args) -> DetSpecConfig:

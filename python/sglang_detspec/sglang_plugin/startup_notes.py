@@ -562,6 +562,13 @@ def chain_note(config: DetSpecConfig) -> str:
             f"makes the tokens independent of the draft shape; {'; '.join(evidence)}")
 
 
+def sampled_drafts_unavailable_note(blockers: list[str]) -> str:
+    """The start-up note for a coupled chain whose sampled-draft path SGLang refuses (``blockers``, one reason each)."""
+    return (f"SGLang's sampled-draft path is not available for this chain ({'; '.join(blockers)}); the plugin's "
+            "draft-worker hooks draw its coupled drafts instead (on CUDA; multi-layer EAGLE chains keep argmax "
+            "drafts: the same tokens, fewer accepted)")
+
+
 def announce(config: DetSpecConfig) -> None:
     """The start-up log line: whether sglang-detspec is active, and the bag (the fields that apply).
 

@@ -127,18 +127,16 @@ def test_sampled_draft_blockers_mirror_sglangs_refusals(loaded, model_dir, tmp_p
 
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_detspec.sglang_plugin import startup
-
     def record(flags):
         parser = argparse.ArgumentParser()
         ServerArgs.add_cli_args(parser)
         argv = ["--model-path", model_dir, "--device", "cuda", *f"{flags} {CHAIN} {DET}".split()]
         return ServerArgs.from_cli_args(parser.parse_args(argv))
 
-    assert startup.sampled_draft_blockers(record(eagle(model_dir, ""))) == []
-    assert startup.sampled_draft_blockers(record(f"{eagle(model_dir, '')} --enable-watermark")) == [
+    assert resolve.sampled_draft_blockers(record(eagle(model_dir, ""))) == []
+    assert resolve.sampled_draft_blockers(record(f"{eagle(model_dir, '')} --enable-watermark")) == [
         "--enable-watermark"]
-    assert startup.sampled_draft_blockers(
+    assert resolve.sampled_draft_blockers(
         record(f"{eagle(model_dir, '')} --speculative-accept-threshold-single 0.5")) == [
         "--speculative-accept-threshold-single / -acc"]
     from types import SimpleNamespace as Spec  # any object with SGLang's argument names
@@ -152,7 +150,7 @@ def test_sampled_draft_blockers_mirror_sglangs_refusals(loaded, model_dir, tmp_p
     assert resolve.reduced_draft_vocab(Spec(speculative_algorithm="EAGLE", speculative_draft_model_path="org/x")) is False
     assert resolve.reduced_draft_vocab(Spec(speculative_algorithm="EAGLE", speculative_draft_model_path=full,
                                             speculative_token_map="map.pt"))
-    assert startup.sampled_draft_blockers(record(f"--speculative-algorithm EAGLE3 --speculative-draft-model-path "
+    assert resolve.sampled_draft_blockers(record(f"--speculative-algorithm EAGLE3 --speculative-draft-model-path "
                                                  f"{reduced}"))[0].startswith("the draft proposes over a reduced")
 
 
