@@ -1110,18 +1110,47 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
     return value
 
 
-# A variable outside the prefix this close to a setting's whole name (difflib's ratio) is taken for a typo of
-# it: SGLANG_DETPSEC_VERIFY is 0.95 from SGLANG_DETSPEC_VERIFY; no variable SGLang 0.5.23 reads comes above 0.76.
-MISSPELT_PREFIX_RATIO = 0.9
+# A variable whose name is a setting's suffix behind a prefix at most this many edits (Levenshtein) from
+# SGLANG_DETSPEC_ or DETSPEC_ is taken for a typo of that setting (SGLANG_DETPSEC_VERIFY, SGLAN_DETSPEC_VERIFY,
+# DETSPEC_VERIFY, lower case); DETSPEC_E2E_VERIFY (4 edits) or MY_DETSPEC_VERIFY (3) are other programs' names.
+MISSPELT_PREFIX_EDITS = 2
+MISSPELT_PREFIXES = (ENV_PREFIX, ENV_PREFIX.removeprefix("SGLANG_"))
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance between ``a`` and ``b`` (insertions, deletions, substitutions)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def misspelt_setting(name: str) -> str | None:
+    """The setting ``name`` was meant as, where it is a setting's suffix behind a misspelt prefix; else None.
+
+    Case is ignored; the prefix must be within :data:`MISSPELT_PREFIX_EDITS` edits of one of
+    :data:`MISSPELT_PREFIXES` (so ``SGLANG_DETSPEC_VERIFY`` typed in lower case, ``SGLANGDETSPEC_VERIFY``
+    and ``DETSPEC_VERIFY`` are found, ``DETSPEC_E2E_VERIFY`` is not). A name of :data:`ENV_NAMES` gives None.
+    """
+    upper = name.upper()
+    if name in ENV_NAMES:
+        return None
+    for setting in sorted((n for n in ENV_NAMES if n not in REMOVED_ENV), key=len, reverse=True):
+        suffix = setting.removeprefix(ENV_PREFIX)
+        if upper.endswith(suffix) and any(_edits(upper[:-len(suffix)], p) <= MISSPELT_PREFIX_EDITS
+                                          for p in MISSPELT_PREFIXES):
+            return setting
+    return None
 
 
 def unknown_env_names(environ: Mapping[str, str]) -> list[str]:
     """One message per variable of ``environ`` meant as a setting that the plugin does not read; in name order.
 
     Meant as a setting: named ``SGLANG_DETSPEC_*`` but not in :data:`ENV_NAMES`, or
-    a setting's name with its prefix misspelt: in other letter case, without
-    ``SGLANG_`` (``DETSPEC_VERIFY``), or within :data:`MISSPELT_PREFIX_RATIO` of
-    it. Each message names the nearest setting where one is close (difflib's ratio).
+    a setting's name with its prefix misspelt (:func:`misspelt_setting`). Each
+    message names the nearest setting where one is close (difflib's ratio after the prefix).
     """
     import difflib
 
@@ -1131,12 +1160,10 @@ def unknown_env_names(environ: Mapping[str, str]) -> list[str]:
     messages = []
     for name in sorted(n for n in environ if n not in ENV_NAMES):
         if name.startswith(ENV_PREFIX):
-            near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.7)
-            near = [suffixes[n] for n in near]
+            near = [suffixes[n] for n in
+                    difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.7)]
         else:
-            upper = name.upper()
-            meant = upper if upper.startswith("SGLANG_") else "SGLANG_" + upper
-            near = difflib.get_close_matches(meant, current, n=1, cutoff=MISSPELT_PREFIX_RATIO)
+            near = [meant] if (meant := misspelt_setting(name)) else []
             if not near:
                 continue
         hint = f"did you mean {near[0]}? " if near else ""

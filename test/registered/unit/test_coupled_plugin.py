@@ -20,7 +20,8 @@ import pytest
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from sglang_detspec.config import DetSpecConfig, current_config, env_settings, install_config, reset_config
+from sglang_detspec.config import (ENV_PREFIX, DetSpecConfig, current_config, env_settings, install_config,
+                                   reset_config, unknown_env_names)
 from sglang_detspec.ops import Stream, coupled_verify_tree, exponential_race
 from sglang_detspec.ops.verify_outputs import write_verify_outputs
 from sglang_detspec.sglang_plugin import draft_hook, resolve, startup_notes, verify_hook
@@ -181,6 +182,9 @@ def test_a_misspelled_setting_is_refused_with_the_nearest_name(loaded, model_dir
 
 @pytest.mark.parametrize("name, meant", [
     ("SGLANG_DETPSEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # letters of the prefix swapped
+    ("SGLNAG_DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # ... in SGLANG_ too
+    ("SGLAN_DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # a letter left out
+    ("SGLANGDETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),
     ("DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # the prefix without SGLANG_
     ("sglang_detspec_tree_attention", "SGLANG_DETSPEC_TREE_ATTENTION"),  # lower case
 ])
@@ -190,10 +194,19 @@ def test_a_setting_with_its_prefix_misspelt_is_refused_too(name, meant):
 
 
 def test_variables_of_other_programs_are_not_taken_for_settings():
-    # SGLang's own variables, the E2E suites' DETSPEC_E2E_* and anything else far from every setting's name.
+    # The E2E suites' and benchmarks' DETSPEC_*_ names, even ending in a setting's suffix, and others.
     env = {"SGLANG_DETERMINISTIC": "1", "SGLANG_DISABLE_LEAN_ATTENTION": "1", "DETSPEC_E2E_SERVER_ARGS": "--x",
-           "DETSPEC_E2E_BACKENDS": "fa3", "PATH": "/bin", "VERIFY": "1"}
+           "DETSPEC_E2E_BACKENDS": "fa3", "DETSPEC_E2E_VERIFY": "x", "DETSPEC_E2E_TREE_ATTENTION": "x",
+           "DETSPEC_BENCH_TREE_ATTENTION": "x", "MY_DETSPEC_VERIFY": "x", "DETSPEC_VERIFY_LOG": "x",
+           "PATH": "/bin", "VERIFY": "1", "SGLANG_DISABLE": "1"}
     assert env_settings(env)["verify"] == "auto"
+
+
+def test_no_variable_sglang_reads_is_taken_for_a_setting():
+    from sglang.srt.environ import envs
+
+    names = {n: "1" for n in dir(envs) if n.isupper() and not n.startswith(ENV_PREFIX)}
+    assert len(names) > 100 and unknown_env_names(names) == []
 
 
 def test_every_wrong_setting_is_named_in_one_error():
