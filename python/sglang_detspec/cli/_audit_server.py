@@ -12,6 +12,7 @@ from ..auditing import DEFAULT_TIMEOUT_S
 from ._audit_report import finish, progress_runs
 from ._audit_common import DEFAULT_CONCURRENCY, STDOUT, fail
 from .messages import PREFIX
+from .serve import DETERMINISTIC
 
 
 # Resolved server arguments worth keeping with a server audit (top-level keys of /server_info).
@@ -21,9 +22,9 @@ _SERVER_FACTS = (
 )
 
 
-NOT_DETERMINISTIC = ("the server runs without --enable-deterministic-inference (its /server_info says so): "
-                     "SGLang's deterministic inference and sglang-detspec are off there, so its outputs may change "
-                     "with the batch; start it with detspec serve, which adds the flag")
+NOT_DETERMINISTIC = (f"the server runs without {DETERMINISTIC} (its /server_info says so; the JSON report's "
+                     "settings.server too): SGLang's deterministic inference and sglang-detspec are off there, so its "
+                     "outputs may change with the batch; start it with detspec serve, which adds the flag")
 
 
 def run_server(args: argparse.Namespace) -> int:

@@ -253,7 +253,7 @@ def parallel_sizes(ns: argparse.Namespace) -> list[str]:
 
 
 def parallelism_notes(ns: argparse.Namespace) -> list[str]:
-    """A note for tensor, data or pipeline parallelism: not measured with the plugin (docs/results.md)."""
+    """A note for tensor, data, attention-data or pipeline parallelism: not measured with the plugin (docs/results.md)."""
     named = parallel_sizes(ns)
     if not named:
         return []
@@ -300,18 +300,17 @@ def served_algorithm_note(bag: DetSpecConfig, record) -> str | None:
     return f"SGLang serves --speculative-algorithm {bag.algorithm} as {served}, as the server's start-up line shows"
 
 
-# The algorithms whose draft is a model of its own, which SGLang's resolution fills in only for targets that
-# carry their draft layer (DeepSeek-V3, GLM-4.5 and a few others: its speculative_hook).
-DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
-
-
 def missing_draft_warning(bag: DetSpecConfig, record) -> str | None:
-    """A warning when SGLang's resolution (run here) left an EAGLE-family server without a draft model path.
+    """A warning when SGLang's resolution (run here) left a draft-model server without a draft model path.
 
+    The algorithms whose draft is a model of its own (``config.TOPK_SHAPE_ALGORITHMS``); SGLang's resolution
+    fills the path in only for targets that carry their draft layer (DeepSeek-V3, GLM-4.5 and a few others).
     The server would then fail when it loads its draft, after the target;
     None where a draft path is set or filled, or where the resolution did not run here.
     """
-    if record is None or str(bag.algorithm or "").upper() not in DRAFT_MODEL_ALGORITHMS:
+    from ..config import TOPK_SHAPE_ALGORITHMS
+
+    if record is None or str(bag.algorithm or "").upper() not in TOPK_SHAPE_ALGORITHMS:
         return None
     from sglang.srt.arg_groups.overrides import resolved_view
 

@@ -152,7 +152,7 @@ example:
 {EXAMPLE}"""
 # The claims come after the options: the example and the usage line are what a first reader needs.
 EPILOG = CLAIM_NOTE
-# detspec serve's own flags, which go before the '--' that starts SGLang's.
+# detspec serve's own flags (its parser's), which go before the '--' that starts SGLang's.
 SERVE_FLAGS = ("--dry-run", "--verbose")
 USAGE_HINT = "put '--' before SGLang's launch_server arguments: detspec serve [--dry-run] -- --model-path M ..."
 
@@ -198,9 +198,10 @@ def read_launch_args(launch_args: Sequence[str]) -> argparse.Namespace:
             argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
         return parser.parse_args(argv)
     except (_Refused, OSError, ValueError) as exc:
-        ours = [a for a in argv if a.split("=", 1)[0] in SERVE_FLAGS]
-        hint = (f" ({', '.join(dict.fromkeys(ours))} is detspec serve's own: put it before '--': "
-                "detspec serve --dry-run --verbose -- --model-path M ...)") if ours else ""
+        ours = list(dict.fromkeys(a for a in argv if a.split("=", 1)[0] in SERVE_FLAGS))
+        hint = (f" ({' and '.join(ours)} {'is' if len(ours) == 1 else 'are'} detspec serve's own: put "
+                f"{'it' if len(ours) == 1 else 'them'} before '--': detspec serve --dry-run --verbose -- "
+                "--model-path M ...)") if ours else ""
         raise ValueError(f"SGLang's launch_server refuses these arguments: {exc}{hint}") from None
 
 
@@ -401,9 +402,9 @@ def register(subparsers) -> None:
         # Keeps the line breaks above: the default formatter would wrap inside the example's flags.
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--dry-run", action="store_true",
+    p.add_argument(SERVE_FLAGS[0], action="store_true",
                    help="run the checks and print the command instead of running it")
-    p.add_argument("--verbose", action="store_true",
+    p.add_argument(SERVE_FLAGS[1], action="store_true",
                    help="with --dry-run: print each note whole, with the runs and figures behind it (by default a "
                         "note keeps its first clause and what is not measured)")
     p.add_argument("launch_args", nargs=argparse.REMAINDER,

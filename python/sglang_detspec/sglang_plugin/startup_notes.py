@@ -357,13 +357,14 @@ def family_attention_note(config: DetSpecConfig) -> str | None:
                       "SGLANG_DETSPEC_DECODE_ATTENTION=sglang keeps SGLang's split-KV decode; with the query heads "
                       f"in SGLang's tile, where a start-up check lets them, it cost {MLA_DECODE_COST['packed']}, with "
                       f"one row per head {MLA_DECODE_COST['one_row']})")
+        # Decode context parallelism keeps SGLang's decode: said only where the target decodes.
+        dcp = "" if config.algorithm else " (not under decode context parallelism, which keeps SGLang's decode)"
         if config.attention_backend == "triton" and one_pass:
-            return (f"MLA attention on triton: {decode} (not under decode context parallelism, which keeps "
-                    "SGLang's decode), so the split's notes do not apply")
+            return f"MLA attention on triton: {decode}{dcp}, so the split's notes do not apply"
         if config.attention_backend is None and one_pass:
             return ("MLA attention: on fa3 (SGLang's pick on Hopper) SGLang's own attention calls run; on triton "
-                    f"(its pick for DeepSeek-family targets on Blackwell), {decode} (not under decode context "
-                    "parallelism); so the split's notes do not apply")
+                    f"(its pick for DeepSeek-family targets on Blackwell), {decode}{dcp}; so the split's notes do "
+                    "not apply")
         sglang_decode = (" (with SGLANG_DETSPEC_DECODE_ATTENTION=sglang its split-KV decode kernel)"
                          if config.attention_backend == "triton" else "")
         return ("MLA attention: the plugin's attention paths do not serve it here: SGLang's own attention calls "

@@ -471,7 +471,7 @@ def server_config(family_name: str, models: Models, *, deterministic: bool = Tru
     environment variables for the server after the family's.
     """
     fam = family(family_name)
-    common = shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS))
+    common = common_args()
     if tokenizer:
         common = [a for a in common if a != "--skip-tokenizer-init"]
     args = [*fam.spec_args]
@@ -490,13 +490,18 @@ def server_config(family_name: str, models: Models, *, deterministic: bool = Tru
                         deterministic, cuda_graph, env=(*fam.env, *extra_env), verify=fam.verify if deterministic else None)
 
 
+def common_args() -> list[str]:
+    """The flags every server gets: ``DETSPEC_E2E_SERVER_ARGS``, or :data:`DEFAULT_SERVER_ARGS` where unset."""
+    return shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS))
+
+
 def common_flag(flag: str) -> str | None:
-    """The value every server's flags give ``flag`` (``DETSPEC_E2E_SERVER_ARGS`` or its default), or None.
+    """The value every server's flags give ``flag`` (:func:`common_args`), or None.
 
     The last ``flag value`` or ``flag=value`` wins, as in SGLang's argument
     parser; a flag the suite does not pass gives None (SGLang's default).
     """
-    args, value = shlex.split(env_str("DETSPEC_E2E_SERVER_ARGS", DEFAULT_SERVER_ARGS)), None
+    args, value = common_args(), None
     for i, arg in enumerate(args):
         if arg == flag and i + 1 < len(args):
             value = args[i + 1]
@@ -835,27 +840,44 @@ def hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
+def split_can_serve(backend: str, page_size: int, kv_cache_dtype: str | None) -> bool:
+    """Whether the plugin's split can serve a ``backend`` server with these flags (its start-up lines say which).
+
+    The split kernels read pages of one token (``config.SPLIT_PAGE_SIZE``) of a
+    16-bit KV cache; the FA3 split takes SGLang's ``auto`` KV dtype only
+    (``fa3_split.backend_problem``), the Triton one a 16-bit buffer (``auto`` or
+    an explicit ``bf16``). Elsewhere every server logs the split not used.
+    """
+    from sglang_detspec.config import EXPLICIT_16_BIT_KV_CACHE_DTYPES, MEASURED_KV_CACHE_DTYPE, SPLIT_PAGE_SIZE
+
+    if page_size > SPLIT_PAGE_SIZE:
+        return False
+    if kv_cache_dtype in (None, MEASURED_KV_CACHE_DTYPE):
+        return True
+    return backend == "triton" and kv_cache_dtype in EXPLICIT_16_BIT_KV_CACHE_DTYPES
+
+
 def fa3_path_problem(server: RunningServer, decode_attention: str, head_dim: int | None,
-                     verifies_trees: bool, page_size: int = 1) -> str | None:
+                     verifies_trees: bool, split_serves: bool = True) -> str | None:
     """What is wrong with an FA3 server's attention-path lines under ``decode_attention`` (None: nothing).
 
     With ``split`` (the default) a server that verifies no trees at a head
     size of 65-128 must log that the split stands down for SGLang's own calls
     (``config.fa3_own_calls_exact``); every other server must log the split
-    taking the target, and none may log it not used. At KV pages above one
-    token (``page_size``) the split cannot serve, so every server must log it
-    not used and none taking the target.
+    taking the target, and none may log it not used. Where the split cannot
+    serve the server's flags (``split_serves`` False: :func:`split_can_serve`)
+    every server must log it not used and none taking the target.
     """
     if decode_attention != "split":
         return None
-    from sglang_detspec.config import SPLIT_PAGE_SIZE, fa3_own_calls_exact
+    from sglang_detspec.config import fa3_own_calls_exact
     from sglang_detspec.sglang_plugin.fa3_split_hook import SPLIT_OFF, SPLIT_ON, STANDS_DOWN
 
-    if page_size > SPLIT_PAGE_SIZE:
+    if not split_serves:
         if server.log_lines(SPLIT_OFF) and not server.log_lines(SPLIT_ON):
             return None
-        return (f"{server.config.name}: expected the start-up line {SPLIT_OFF!r} at KV pages of {page_size} "
-                f"tokens; its lines: {(server.log_lines('FA3 split') + server.log_lines('DECODE_ATTENTION=split'))[:2]}")
+        return (f"{server.config.name}: expected the start-up line {SPLIT_OFF!r} (the split cannot serve these "
+                f"flags); its lines: {(server.log_lines('FA3 split') + server.log_lines('DECODE_ATTENTION=split'))[:2]}")
     want = STANDS_DOWN if fa3_own_calls_exact(head_dim, verifies_trees) else SPLIT_ON
     if server.log_lines(want) and not server.log_lines(SPLIT_OFF):
         return None

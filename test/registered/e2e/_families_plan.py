@@ -104,9 +104,7 @@ def family_env(family: ModelFamily) -> tuple[tuple[str, str], ...]:
 
 def server_flags(family: ModelFamily, shape: str, backend: str, models_dir: str) -> tuple[str, ...]:
     """Every flag of one server but the model path, as ``_e2e.server_config`` lays them out (deterministic, CUDA graphs)."""
-    import shlex
-
-    common = shlex.split(_e2e.env_str("DETSPEC_E2E_SERVER_ARGS", _e2e.DEFAULT_SERVER_ARGS))
+    common = _e2e.common_args()
     # The default flags name the triton backend; each row sets its own (or none: SGLang's choice).
     common = [a for i, a in enumerate(common)
               if a != "--attention-backend" and (i == 0 or common[i - 1] != "--attention-backend")]

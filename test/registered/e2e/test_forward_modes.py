@@ -81,10 +81,10 @@ the server's, except on node-path rows, where both sides are decode calls
 and the FA3 head-size rule does not concern the comparison (held to the
 claim without it). The rule reads the flags every server runs with
 (``--page-size`` and ``--kv-cache-dtype`` of ``DETSPEC_E2E_SERVER_ARGS``), so
-a run at pages above one token holds each row to that page size's claim, expects
-each server to log the split not used there (its kernels read pages of one
-token), and counts a cache hit as every whole page of the prompt served from the
-cache. Checks: the plugin logs the rule's claim on every
+a run at pages above one token (or another KV dtype) holds each row to that
+claim, expects each server to log the split not used where it cannot serve
+those flags (``_e2e.split_can_serve``), and counts a cache hit as every whole
+page of the prompt served from the cache. Checks: the plugin logs the rule's claim on every
 server; every row has 0 differing token sequences (``docs/e2e/README.md``);
 a row held to ``bitwise`` also has 0 differing logprobs; the retraction row saw retractions; the cache-hit row's second
 requests were served from the cache (``cached_tokens`` in ``meta_info``
@@ -123,7 +123,7 @@ import _forward_plan as plan
 import _requests
 from _register import register_cuda_ci
 
-from sglang_detspec.config import SPLIT_PAGE_SIZE, logits_guarantee
+from sglang_detspec.config import logits_guarantee
 from sglang_detspec.model_family import head_dim_of
 from sglang_detspec.sglang_plugin.attention_hook import SPLIT_OFF, SPLIT_ON
 
@@ -313,16 +313,15 @@ def measure(servers, models, backend: str) -> tuple[list[dict], list[str]]:
             problems.append(server)
             continue
         problems += _e2e.plugin_problems(server)
+        split_serves = _e2e.split_can_serve(backend, **SERVED)
         if backend == "triton" and DECODE_ATTENTION == "split":
-            # The split kernels read pages of one token: above that every server must log it not used.
-            want, not_want = (SPLIT_OFF, SPLIT_ON) if SERVED["page_size"] > SPLIT_PAGE_SIZE else (SPLIT_ON, SPLIT_OFF)
+            want, not_want = (SPLIT_ON, SPLIT_OFF) if split_serves else (SPLIT_OFF, SPLIT_ON)
             if not server.log_lines(want) or server.log_lines(not_want):
-                problems.append(f"{backend} {config.name}: expected the start-up line {want!r} at KV pages of "
-                                f"{SERVED['page_size']} token(s) (its lines: "
-                                f"{server.log_lines('DECODE_ATTENTION=split')[:1]})")
+                problems.append(f"{backend} {config.name}: expected the start-up line {want!r} at these flags "
+                                f"({SERVED}; its lines: {server.log_lines('DECODE_ATTENTION=split')[:1]})")
         if backend == "fa3":
             problem = _e2e.fa3_path_problem(server, DECODE_ATTENTION, head_dim_of(config.model),
-                                            plan.verifies_trees(key[0]), SERVED["page_size"])
+                                            plan.verifies_trees(key[0]), split_serves)
             problems += [f"{backend} {problem}"] if problem else []
         # A server without speculative decoding claims what its backend's decode promises.
         plain = logits_guarantee(backend, None, decode_attention=DECODE_ATTENTION, head_dim=head_dim_of(config.model),

@@ -269,7 +269,8 @@ def radix_cache(server, config, group: dict, vocab: int, name: str, shape: str,
         return row(name, shape, backend, "radix_cache", claimed=claimed, error=problem), [problem]
     cached, rest = plan.CACHED_TOKENS, _invariance.NEW_TOKENS - plan.CACHED_TOKENS
     prompts, params = _invariance.request_set(vocab)
-    again, found = _requests.resend_over_cache(server, _invariance.send, prompts, params, first, cached, rest)
+    again, found = _requests.resend_over_cache(server, _invariance.send, prompts, params, first, cached, rest,
+                                               _e2e.served_page_size())
     problems = [f"{config.name} radix cache: {p}" for p in found]
     problems += [f"{config.name} radix cache: request {i}: {r}" for i, r in enumerate(again) if isinstance(r, str)][:2]
     done = [(i, f, a) for i, (f, a) in enumerate(zip(first, again)) if not isinstance(a, str)]

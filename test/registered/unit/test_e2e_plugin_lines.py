@@ -99,8 +99,17 @@ def test_an_fa3_server_logs_the_attention_path_its_shape_takes(e2e, tmp_path, lo
 def test_at_pages_above_one_token_an_fa3_server_logs_the_split_not_used(e2e, tmp_path, logged, trees, problem):
     lines = fa3_lines()
     server = server_with(e2e, tmp_path, [ACTIVE, *(lines[k] for k in logged)])
-    found = e2e.fa3_path_problem(server, "split", 128, trees, page_size=16)
-    assert (found is None) if problem is None else (problem in found and "pages of 16" in found), found
+    found = e2e.fa3_path_problem(server, "split", 128, trees, split_serves=e2e.split_can_serve("fa3", 16, None))
+    assert (found is None) if problem is None else (problem in found and "cannot serve these flags" in found), found
+
+
+@pytest.mark.parametrize("backend, page_size, dtype, serves", [
+    ("fa3", 1, None, True), ("fa3", 1, "auto", True), ("fa3", 16, None, False), ("fa3", 1, "bf16", False),
+    ("fa3", 1, "fp8_e4m3", False), ("triton", 1, "bf16", True), ("triton", 1, "fp8_e5m2", False),
+    ("triton", 16, "auto", False),
+])
+def test_where_the_split_can_serve_the_suites_flags(e2e, backend, page_size, dtype, serves):
+    assert e2e.split_can_serve(backend, page_size, dtype) is serves
 
 
 @pytest.mark.parametrize("args, page_size, dtype", [
@@ -128,7 +137,6 @@ def test_a_page_size_that_is_no_positive_integer_names_the_variable(e2e, monkeyp
     (1, 99, True),  # SGLang matches all but the last input token
     (1, 96, False),
     (16, 96, True),  # 100 tokens: six whole pages of 16
-    (16, 84, True),
     (16, 80, False),  # a whole page of the prompt not served from the cache
 ])
 def test_a_cache_hit_is_every_whole_page_of_the_prompt(e2e_import, monkeypatch, page_size, cached, hit):

@@ -120,11 +120,15 @@ def test_arguments_sglang_refuses_stop_serve(capsys, args, words):
     assert "detspec: error: SGLang's launch_server refuses these arguments:" in err and words in err
 
 
-@pytest.mark.parametrize("args", [["--model-path", "m", "--verbose"], ["--verbose", "--", "--model-path", "m"]])
-def test_serves_own_flag_after_the_dashes_is_pointed_back_before_them(capsys, args):
+@pytest.mark.parametrize("args, words", [
+    (["--model-path", "m", "--verbose"], "--verbose is detspec serve's own: put it before '--'"),
+    (["--verbose", "--", "--model-path", "m"], "--verbose is detspec serve's own"),
+    (["--model-path", "m", "--dry-run", "--verbose"], "--dry-run and --verbose are detspec serve's own: put them"),
+])
+def test_serves_own_flag_after_the_dashes_is_pointed_back_before_them(capsys, args, words):
     rc, out, err = dry_run(capsys, args)
     assert rc == 2 and out == ""
-    assert "--verbose is detspec serve's own: put it before '--'" in err
+    assert words in err
 
 
 def test_dry_run_prints_the_completed_command(capsys):
@@ -166,18 +170,24 @@ def test_a_chain_whose_sampled_drafts_sglang_refuses_keeps_the_plugins_draft_hoo
     assert "sampled-draft path on" not in err
 
 
-def test_an_eagle3_chain_over_hot_tokens_stays_active_and_coupled(capsys, tmp_path):
-    """EAGLE3 drafts over a reduced vocabulary (``draft_vocab_size``): the plugin's draft hooks draw the chain."""
+@pytest.mark.parametrize("local_target", [False, True], ids=["flags-as-typed", "sglang-resolution"])
+def test_an_eagle3_chain_over_hot_tokens_stays_active_and_coupled(capsys, tmp_path, local_target):
+    """EAGLE3 drafts over a reduced vocabulary (``draft_vocab_size``): the plugin's draft hooks draw the chain.
+
+    With a local target SGLang's resolution runs here and start-up's own check reads it; without, the flags."""
     draft = tmp_path / "eagle3"
     draft.mkdir()
-    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
-                                                   "vocab_size": 128256, "draft_vocab_size": 32000}))
-    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE3", *CHAIN,
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                                                   "vocab_size": 1024, "draft_vocab_size": 256}))
+    target = "m"
+    if local_target:
+        target = write_llama(tmp_path / "target")
+    rc, _, err = dry_run(capsys, ["--model-path", target, "--speculative-algorithm", "EAGLE3", *CHAIN,
                                   "--speculative-draft-model-path", str(draft), "--attention-backend", "triton"])
     assert rc == 0
     line = start_up_line(err)
     assert "active=True" in line and "rejection_sampling=False" in line and "reduced_draft_vocab=True" in line
-    assert "sampled-draft path is not available" in err
+    assert "sampled-draft path is not available" in err and "sampled-draft path on" not in err
 
 
 def test_plugin_is_admitted_by_sglangs_loader(capsys, monkeypatch):
@@ -433,16 +443,24 @@ def test_the_dry_run_states_the_token_bound(capsys, monkeypatch, extra, reason, 
                 f"{reason}") in err and note not in err
 
 
-def test_a_draft_algorithm_left_without_a_draft_path_is_warned_of(capsys, tmp_path):
-    """SGLang fills the draft path only for targets that carry their draft layer; a Llama target does not."""
-    (tmp_path / "config.json").write_text(json.dumps({
+def write_llama(folder) -> str:
+    """A small Llama ``config.json`` in ``folder`` (created), enough for SGLang's resolution to run here."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024,
         "max_position_embeddings": 2048}))
-    flags = ["--model-path", str(tmp_path), "--speculative-algorithm", "NEXTN", *CHAIN, "--attention-backend", "fa3"]
+    return str(folder)
+
+
+@pytest.mark.parametrize("algorithm", ["NEXTN", "STANDALONE"])
+def test_a_draft_algorithm_left_without_a_draft_path_is_warned_of(capsys, tmp_path, algorithm):
+    """SGLang fills the draft path only for targets that carry their draft layer; a Llama target does not."""
+    target = write_llama(tmp_path)
+    flags = ["--model-path", target, "--speculative-algorithm", algorithm, *CHAIN, "--attention-backend", "fa3"]
     rc, _, err = dry_run(capsys, flags)
-    assert rc == 0 and "warning: --speculative-algorithm NEXTN without --speculative-draft-model-path" in err
-    rc, _, err = dry_run(capsys, [*flags, "--speculative-draft-model-path", str(tmp_path)])
+    assert rc == 0 and f"warning: --speculative-algorithm {algorithm} without --speculative-draft-model-path" in err
+    rc, _, err = dry_run(capsys, [*flags, "--speculative-draft-model-path", target])
     assert rc == 0 and "without --speculative-draft-model-path" not in err
 
 
