@@ -52,85 +52,27 @@ EXAMPLE = """\
       --speculative-draft-model-path D --speculative-num-steps 3 \\
       --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \\
       --attention-backend fa3"""
-# Why the example's dry run claims what it claims (config.logits_guarantee), and what no server measured.
+# What the claims mean and where the rule is spelled out; the dry run gives the claim of any flags, with its reasons.
 CLAIM_NOTE = """\
 Claims. The server's start-up line claims logits='bitwise' (speculative
 decoding on gives the logits of decoding without it, bit for bit) or
 logits='tokens' (the same tokens, except where a draw is a near-tie inside
-one bf16 rounding step). The dry run states the claim its flags give;
-without --attention-backend it states 'tokens' (see below).
+one bf16 rounding step).
 
   bitwise   by default for chains and trees of dense targets with
-            unquantized weights on triton and fa3 attention, as in the
-            example above: every target forward runs the positional split
-            (SGLANG_DETSPEC_DECODE_ATTENTION=split, the default)
-            - triton: KV page size 1, --kv-cache-dtype auto, head sizes up
-              to 256, at most 64 query heads per KV head, no sliding-window
-              layers, up to 256 draft tokens;
-            - fa3 (not FA4): KV page size 1, --kv-cache-dtype auto, no MLA
-              or sliding-window layers, head sizes up to 256, trees of up
-              to 65 draft tokens;
-            - fa3 servers that verify no trees (a chain, multi-layer EAGLE,
-              no speculative decoding) at target head sizes 65 to 128
-              keep SGLang's own FA3 calls instead, which run every
-              forward mode on one causal kernel there (its start-up
-              check of them decides; measured bitwise with SGLang's
-              harness at head size 128);
-            - fa3 EAGLE / EAGLE3 / NEXTN trees at target head sizes 65 to
-              128 (no attention data or pipeline parallelism) take the FA3
-              tree default instead: SGLang's FA3 calls,
-              each tree node verified as one decode query (the node path),
-              a chain drafted above 16 requests or 12,288 summed tokens
-              (for the tree settings not set in the environment).
-  tokens    other backends; any --kv-cache-dtype other than auto;
-            quantized targets (but FP8 MLA targets with experts on
-            triton), MLA targets outside triton and
-            mixture-of-experts targets outside fa3 and triton (measured
-            bitwise there: the runs of 2026-12-07 in docs/results.md)
-            or on another --moe-runner-backend than auto / triton or any
-            --moe-a2a-backend;
-            a run without --attention-backend (SGLang
-            picks the backend on the GPU, so the dry run cannot know it;
-            where it can read the target's config.json it notes what fa3
-            would claim).
+            unquantized weights on triton and fa3 attention at KV page
+            size 1 and --kv-cache-dtype auto, as in the example above,
+            within the limits the README's claim table lists (head sizes,
+            draft tokens, target families, parallelism).
+  tokens    past those limits, on other backends, and in a dry run
+            without --attention-backend (SGLang picks the backend on the
+            GPU, so the dry run cannot know it).
 
-A server past one of these limits, or whose start-up check fails, keeps
-SGLang's FA3 calls (on triton the one-pass decode) and says which claim
-that leaves: 'tokens', except triton chains, which stay 'bitwise' on the
-one-pass decode (with --kv-cache-dtype auto, KV page size 1 and no
-sliding-window layers).
-
-Turning the split off: SGLANG_DETSPEC_DECODE_ATTENTION=one_pass (triton
-chains stay 'bitwise') or sglang. Trees then claim 'tokens' (fa3 on the node
-path apart, head sizes 65 to 128, as in the FA3 tree default), and so do fa3
-chains outside head sizes 65 to 128 and, with sglang, triton chains.
-
-Draft shape: SGLANG_DETSPEC_TREE_CHAIN_BATCH=B and
-SGLANG_DETSPEC_TREE_CHAIN_TOKENS=T make a coupled tree draft a chain of its
-depth for decode batches above B requests or T summed tokens (0 by default;
-16 and 12288 in the FA3 tree default); the tokens stay the same
-(docs/usage.md). An MLA target's tree is served as the chain of its
-depth (start-up sets --speculative-eagle-topk 1: its tree verify, SGLang's
-own MLA tree attention, was measured apart from decode); NGRAM on it,
-verified as trees at any breadth, is refused (refusal mla_tree).
-
-Mixture-of-experts speed: deterministic inference gives SGLang's fused-MoE
-kernel one tile at every batch size (64 x 64 x 32); an unquantized MoE
-target on SGLang's Triton MoE runner runs the plugin's tile instead
-(32,64,128,1,4,3 by default), with which the coupled chain served
-0.91-0.98x SGLang's non-deterministic chain on a Qwen3-30B-A3B-like shape
-with 128-token prompts (0.79-0.89x with SGLang's tile); its MoE calls at
-2,048 / 8,192-token prefills take 1.14x / 1.29x SGLang's tile's time.
-SGLANG_DETSPEC_MOE_TILE=M,N,K,G,W,S runs another fixed tile, =sglang
-SGLang's (docs/usage.md).
-
-Measured: both splits bitwise on an H200 (docs/forward_modes.md). Serving
-the 8B shape the FA3 split cost the plain tree 0.92-1.06x SGLang's
-inter-token latency and the chain 0.99-1.21x; at that shape's head size
-of 128 neither pays it by default (the chain keeps SGLang's FA3 calls, the
-tree takes the FA3 tree default). The Triton split served without
-speculative decoding at 0.97-1.13x SGLang's deterministic Triton
-inter-token latency; with speculative decoding its cost is not measured.
+detspec serve --dry-run -- <flags> prints the claim for your flags, the
+attention path and draft shape that serve, and what has and has not been
+measured for them. The claims by target family (MoE, MLA, FP8), the
+settings (SGLANG_DETSPEC_*) and their measured cost: README.md "What it
+guarantees" and docs/usage.md.
 
 """ + textwrap.fill(
     "Prefill CUDA graphs: SGLang's default, kept in the example. They were on in the serving benchmark (where the "
