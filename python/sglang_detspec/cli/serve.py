@@ -234,11 +234,11 @@ def plugin_installed() -> bool:
     return any(ep.name == ENTRY_POINT_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
-def _why_inactive(bag: DetSpecConfig) -> str:
+def _why_inactive(bag: DetSpecConfig, env: Mapping[str, str]) -> str:
     from ..config import DISABLE_ENV
 
     if bag.disabled:
-        return f"{DISABLE_ENV}=1 is set"
+        return f"{DISABLE_ENV}={env.get(DISABLE_ENV, '')} is set"
     if not bag.deterministic:
         return "--enable-deterministic-inference is off"
     return "; ".join(bag.refusals())
@@ -290,7 +290,7 @@ def _run(args) -> int:
                 return fail(f"SGLang's own argument resolution, run here as on a CUDA device, refuses these flags: "
                              f"{refusal}{hedge}")
         if not bag.active:
-            say(f"note: sglang-detspec stays inactive ({_why_inactive(bag)}): SGLang's own sampling runs")
+            say(f"note: sglang-detspec stays inactive ({_why_inactive(bag, env)}): SGLang's own sampling runs")
             if unresolved:
                 say(f"note: {unresolved}")
         elif args.dry_run:
@@ -312,8 +312,25 @@ def _sglang_verdict(launch_args: list[str]):
     except LookupError as exc:
         return None, f"SGLang's own argument resolution not run here ({exc}); the server runs it at start-up", None
     except Exception as exc:  # SGLang's resolution, on a machine that is not the server's
-        return None, (f"SGLang's own argument resolution did not finish here ({type(exc).__name__}: {exc}); the "
+        said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return None, (f"SGLang's own argument resolution did not finish here ({said}{_failed_line(exc)}); the "
                       "server runs it at start-up"), None
+
+
+def _failed_line(exc: BaseException) -> str:
+    """Where in SGLang ``exc`` was raised, with its source line (a bare ``assert`` has no message): ``" at ..."``."""
+    import linecache
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "sglang" in f.filename.replace("\\", "/")
+              and "sglang_detspec" not in f.filename]
+    if not frames:
+        return ""
+    last = frames[-1]
+    where = last.filename.replace("\\", "/")
+    where = where[where.rindex("sglang/"):] if "sglang/" in where else where
+    source = (last.line or linecache.getline(last.filename, last.lineno)).strip()
+    return f" at {where}:{last.lineno}: {source}" if source else f" at {where}:{last.lineno}"
 
 
 def _serve(cmd: list[str], env: Mapping[str, str]) -> int:

@@ -464,6 +464,22 @@ def test_a_draft_algorithm_left_without_a_draft_path_is_warned_of(capsys, tmp_pa
     assert rc == 0 and "without --speculative-draft-model-path" not in err
 
 
+def test_where_sglangs_resolution_stopped_is_named(capsys, tmp_path):
+    """A bare ``assert`` of SGLang's gives no message: the note names the file, line and source instead."""
+    target = write_llama(tmp_path)
+    rc, _, err = dry_run(capsys, ["--model-path", target, "--speculative-algorithm", "EAGLE", *CHAIN,
+                                  "--speculative-draft-model-path", target, "--attention-backend", "fa3",
+                                  "--attn-dp-size", "2"])
+    assert rc == 0
+    assert re.search(r"did not finish here \(AssertionError at sglang/srt/\S+\.py:\d+: assert ", err), err
+
+
+def test_the_disable_setting_is_quoted_as_set(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_DISABLE", "yes")
+    rc, _, err = dry_run(capsys, ["--model-path", "m"])
+    assert rc == 0 and "stays inactive (SGLANG_DETSPEC_DISABLE=yes is set)" in err
+
+
 def test_an_unreadable_model_is_noted_and_a_readable_one_is_not(capsys, tmp_path):
     rc, _, err = dry_run(capsys, ["--model-path", "nonexistent-M", "--speculative-algorithm", "EAGLE", *CHAIN,
                                   "--attention-backend", "fa3"])
