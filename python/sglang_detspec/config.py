@@ -1110,11 +1110,12 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
     return value
 
 
-# A variable whose name is a setting's suffix behind a prefix at most this many edits (Levenshtein) from
+# A variable whose name is a setting's suffix behind a prefix within a few edits (Levenshtein) of
 # SGLANG_DETSPEC_ or DETSPEC_ is taken for a typo of that setting (SGLANG_DETPSEC_VERIFY, SGLAN_DETSPEC_VERIFY,
-# DETSPEC_VERIFY, lower case); DETSPEC_E2E_VERIFY (4 edits) or MY_DETSPEC_VERIFY (3) are other programs' names.
-MISSPELT_PREFIX_EDITS = 2
-MISSPELT_PREFIXES = (ENV_PREFIX, ENV_PREFIX.removeprefix("SGLANG_"))
+# SGL_DETSPEC_VERIFY, DETSPEC_VERIFY, lower case); DETSPEC_E2E_VERIFY (4 edits from DETSPEC_) or
+# MY_DETSPEC_VERIFY (3) are other programs' names.
+# Per prefix: SGLANG_DETSPEC_ takes one edit more (SGL_DETSPEC_, SGLang's older spelling, is 3 away).
+MISSPELT_PREFIXES = {ENV_PREFIX: 3, ENV_PREFIX.removeprefix("SGLANG_"): 2}
 
 
 def _edits(a: str, b: str) -> int:
@@ -1130,7 +1131,7 @@ def _edits(a: str, b: str) -> int:
 def misspelt_setting(name: str) -> str | None:
     """The setting ``name`` was meant as, where it is a setting's suffix behind a misspelt prefix; else None.
 
-    Case is ignored; the prefix must be within :data:`MISSPELT_PREFIX_EDITS` edits of one of
+    Case is ignored; the prefix must be within its number of edits of one of
     :data:`MISSPELT_PREFIXES` (so ``SGLANG_DETSPEC_VERIFY`` typed in lower case, ``SGLANGDETSPEC_VERIFY``
     and ``DETSPEC_VERIFY`` are found, ``DETSPEC_E2E_VERIFY`` is not). A name of :data:`ENV_NAMES` gives None.
     """
@@ -1139,8 +1140,8 @@ def misspelt_setting(name: str) -> str | None:
         return None
     for setting in sorted((n for n in ENV_NAMES if n not in REMOVED_ENV), key=len, reverse=True):
         suffix = setting.removeprefix(ENV_PREFIX)
-        if upper.endswith(suffix) and any(_edits(upper[:-len(suffix)], p) <= MISSPELT_PREFIX_EDITS
-                                          for p in MISSPELT_PREFIXES):
+        if upper.endswith(suffix) and any(_edits(upper[:-len(suffix)], p) <= edits
+                                          for p, edits in MISSPELT_PREFIXES.items()):
             return setting
     return None
 
@@ -1161,7 +1162,7 @@ def unknown_env_names(environ: Mapping[str, str]) -> list[str]:
     for name in sorted(n for n in environ if n not in ENV_NAMES):
         if name.startswith(ENV_PREFIX):
             near = [suffixes[n] for n in
-                    difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.7)]
+                    difflib.get_close_matches(name.removeprefix(ENV_PREFIX).upper(), suffixes, n=1, cutoff=0.7)]
         else:
             near = [meant] if (meant := misspelt_setting(name)) else []
             if not near:

@@ -185,6 +185,8 @@ def test_a_misspelled_setting_is_refused_with_the_nearest_name(loaded, model_dir
     ("SGLNAG_DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # ... in SGLANG_ too
     ("SGLAN_DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # a letter left out
     ("SGLANGDETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),
+    ("SGL_DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # SGLang's older SGL_ spelling
+    ("SGLANG_DETSPEC_verify", "SGLANG_DETSPEC_VERIFY"),  # the setting's part in lower case
     ("DETSPEC_VERIFY", "SGLANG_DETSPEC_VERIFY"),  # the prefix without SGLANG_
     ("sglang_detspec_tree_attention", "SGLANG_DETSPEC_TREE_ATTENTION"),  # lower case
 ])
