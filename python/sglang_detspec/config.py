@@ -1017,17 +1017,20 @@ def _backend_and_shape_rule(attention_backend: str | None, eagle_topk: int | Non
         which = "no attention backend named yet" if attention_backend is None else f"{attention_backend} attention"
         return "tokens", (f"{which}: bitwise verify = decode is proven on {' and '.join(BITWISE_CHAIN_BACKENDS)} "
                           "only")
-    # Every bitwise run used KV pages of one token (SGLang's default). FA3's decode and prefill were seen to tile
-    # keys apart at pages of 128 tokens; Triton's single-pass kernels tile keys by index whatever the page, which
-    # argues for a chain's bits but is no measurement (a tree: split_tree_rule below).
+    # The claimed bitwise runs used KV pages of one token (SGLang's default). FA3's decode and prefill were seen to
+    # tile keys apart at pages of 128 tokens; Triton's single-pass kernels tile keys by index whatever the page,
+    # and the Triton forward-mode matrix at pages of 16 tokens was 0 apart on the tiny models' head size of 64
+    # (docs/e2e/2026-12-07-h100-triton-page16-claims): one page size at one head size, no rule yet (a tree:
+    # split_tree_rule below).
     if (page_size or 1) > SPLIT_PAGE_SIZE and attention_backend in FA3_SPLIT_BACKENDS:
         return "tokens", (f"{attention_backend} with a KV page size of {page_size}: decode and prefill were seen to "
                           "tile keys apart at pages of 128 tokens, smaller pages are not measured, and the prefix / "
                           "tail split and the node path read pages of one token (bitwise needs a page size of 1)")
     if (page_size or 1) > SPLIT_PAGE_SIZE and attention_backend in ONE_PASS_DECODE_BACKENDS and (eagle_topk or 1) == 1:
-        return "tokens", (f"a chain on {attention_backend} with a KV page size of {page_size}: not measured (every "
-                          "run used pages of one token; the single-pass kernels tile keys by index whatever the "
-                          "page, which argues for the same bits but is no measurement)"
+        return "tokens", (f"a chain on {attention_backend} with a KV page size of {page_size}: measured only at pages "
+                          "of 16 tokens on one head size (64; 0 apart in every forward mode, "
+                          "docs/e2e/2026-12-07-h100-triton-page16-claims), which makes no rule for other page or "
+                          "head sizes; the single-pass kernels tile keys by index whatever the page"
                           + ("; the positional split reads pages of one token" if decode_attention == "split" else ""))
     if attention_backend in ONE_PASS_DECODE_BACKENDS and decode_attention not in BITWISE_DECODE_ATTENTION:
         return "tokens", (f"SGLANG_DETSPEC_DECODE_ATTENTION={decode_attention}: SGLang's split-KV decode rounds "
