@@ -118,7 +118,11 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         args, unknown = parser.parse_known_args(argv)
         if unknown:
-            hint = getattr(args, "unrecognized_hint", None)
+            command = getattr(args, "command", None)
+            # A command's own flag typed before the command's name: the command did not see it.
+            early = [a for a in unknown if command in argv and a in argv and argv.index(a) < argv.index(command)]
+            hint = (f"{' '.join(early)} belong{'s' if len(early) == 1 else ''} after '{command}': detspec {command} "
+                    f"{' '.join(early)} ..." if early else getattr(args, "unrecognized_hint", None))
             _subcommand_parser(parser, getattr(args, "command", None)).error(
                 f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else "")
             )

@@ -131,6 +131,13 @@ def test_serves_own_flag_after_the_dashes_is_pointed_back_before_them(capsys, ar
     assert words in err
 
 
+def test_a_serve_flag_before_the_command_is_pointed_after_it(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--dry-run", "serve", "--", "--model-path", "m"])
+    assert exc.value.code == 2
+    assert "--dry-run belongs after 'serve': detspec serve --dry-run ..." in capsys.readouterr().err
+
+
 def test_dry_run_prints_the_completed_command(capsys):
     rc, out, _ = dry_run(capsys, ["--model-path", "m", "--speculative-algo", "EAGLE", *CHAIN])
     assert rc == 0
