@@ -62,8 +62,9 @@ one bf16 rounding step).
   bitwise   by default for chains and trees of dense targets with
             unquantized weights on triton and fa3 attention at KV page
             size 1 and --kv-cache-dtype auto, as in the example above,
-            within the limits the README's claim table lists (head sizes,
-            draft tokens, target families, parallelism).
+            and for the mixture-of-experts and MLA targets the README's
+            claim table lists, within its limits (head sizes, draft
+            tokens, target families, parallelism).
   tokens    past those limits, on other backends, and in a dry run
             without --attention-backend (SGLang picks the backend on the
             GPU, so the dry run cannot know it).

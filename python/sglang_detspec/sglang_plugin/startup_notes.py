@@ -329,6 +329,10 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
     if config.algorithm in UNMEASURED_ALGORITHMS:
         notes.append(f"{config.algorithm} is wired and CPU-tested but has not yet run on a server: its logits "
                      "claim is what the attention backend and top-k promise, not a measured figure")
+    if config.multi_layer_eagle and config.verifies_trees:
+        notes.append("multi-layer EAGLE drafting a tree (--speculative-eagle-topk above 1): not measured (every "
+                     "multi-layer EAGLE server of the suites drafts a chain): the logits claim is the tree rule's, "
+                     "not a measured figure")
     return notes
 
 

@@ -471,6 +471,15 @@ def test_a_draft_algorithm_left_without_a_draft_path_is_warned_of(capsys, tmp_pa
     assert rc == 0 and "without --speculative-draft-model-path" not in err
 
 
+@pytest.mark.parametrize("topk, noted", [("4", True), ("1", False)])
+def test_a_multi_layer_eagle_tree_is_said_to_be_unmeasured(capsys, topk, noted):
+    rc, _, err = dry_run(capsys, ["--model-path", "m", "--speculative-algorithm", "EAGLE", "--enable-multi-layer-eagle",
+                                  "--speculative-num-steps", "3", "--speculative-eagle-topk", topk,
+                                  "--speculative-num-draft-tokens", "8" if topk == "4" else "4",
+                                  "--attention-backend", "fa3"])
+    assert rc == 0 and ("multi-layer EAGLE drafting a tree" in err) is noted, err
+
+
 def test_where_sglangs_resolution_stopped_is_named(capsys, tmp_path):
     """A bare ``assert`` of SGLang's gives no message: the note names the file, line and source instead."""
     target = write_llama(tmp_path)
