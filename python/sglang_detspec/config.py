@@ -1117,8 +1117,9 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
 # SGLANG_DETSPEC_ or DETSPEC_ is taken for a typo of that setting (SGLANG_DETPSEC_VERIFY, SGLAN_DETSPEC_VERIFY,
 # SGL_DETSPEC_VERIFY, DETSPEC_VERIFY, lower case); DETSPEC_E2E_VERIFY (4 edits from DETSPEC_) or
 # MY_DETSPEC_VERIFY (3) are other programs' names.
-# Per prefix: SGLANG_DETSPEC_ takes one edit more (SGL_DETSPEC_, SGLang's older spelling, is 3 away).
-MISSPELT_PREFIXES = {ENV_PREFIX: 3, ENV_PREFIX.removeprefix("SGLANG_"): 2}
+# Edits allowed per prefix: SGL_DETSPEC_ (SGLang's older SGL_ spelling) is a prefix of its own, since allowing the
+# 3 edits it lies from SGLANG_DETSPEC_ would take SGLang's own SGLANG_SPEC_* names for settings.
+MISSPELT_PREFIXES = {ENV_PREFIX: 2, ENV_PREFIX.removeprefix("SGLANG_"): 2, "SGL_DETSPEC_": 1}
 
 
 def _edits(a: str, b: str) -> int:

@@ -112,6 +112,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _early_flags_hint(parser, argv: list[str], command: str | None, unknown: list[str]) -> str | None:
+    """A hint for flags of ``command`` typed before its name (the command did not see them), or None."""
+    if command is None or command not in argv:
+        return None
+    known = _subcommand_parser(parser, command)._option_string_actions
+    before = argv[:argv.index(command)]
+    early = list(dict.fromkeys(a for a in unknown if a in before and a.split("=", 1)[0] in known))
+    if not early:
+        return None
+    return (f"{' and '.join(early)} {'is' if len(early) == 1 else 'are'} {command}'s: put "
+            f"{'it' if len(early) == 1 else 'them'} after '{command}' (detspec {command} {' '.join(early)} ...)")
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -119,10 +132,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args, unknown = parser.parse_known_args(argv)
         if unknown:
             command = getattr(args, "command", None)
-            # A command's own flag typed before the command's name: the command did not see it.
-            early = [a for a in unknown if command in argv and a in argv and argv.index(a) < argv.index(command)]
-            hint = (f"{' '.join(early)} belong{'s' if len(early) == 1 else ''} after '{command}': detspec {command} "
-                    f"{' '.join(early)} ..." if early else getattr(args, "unrecognized_hint", None))
+            hint = _early_flags_hint(parser, argv, command, unknown) or getattr(args, "unrecognized_hint", None)
             _subcommand_parser(parser, getattr(args, "command", None)).error(
                 f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else "")
             )

@@ -65,7 +65,9 @@ one bf16 rounding step).
             and for the mixture-of-experts and MLA targets the README's
             claim table lists, within its limits (head sizes, draft
             tokens, target families, parallelism).
-  tokens    past those limits, on other backends, and in a dry run
+  tokens    past those limits (but triton chains, which stay 'bitwise'
+            on the one-pass decode at KV page size 1 and
+            --kv-cache-dtype auto), on other backends, and in a dry run
             without --attention-backend (SGLang picks the backend on the
             GPU, so the dry run cannot know it).
 
@@ -319,17 +321,22 @@ def _sglang_verdict(launch_args: list[str]):
 
 
 def _failed_line(exc: BaseException) -> str:
-    """Where in SGLang ``exc`` was raised, with its source line (a bare ``assert`` has no message): ``" at ..."``."""
+    """Where in SGLang ``exc`` was raised, with its source line (a bare ``assert`` has no message): ``" at ..."``.
+
+    Only frames inside SGLang's package count, named from the package (``sglang/srt/...``); "" where none is.
+    """
     import linecache
     import traceback
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "sglang" in f.filename.replace("\\", "/")
-              and "sglang_detspec" not in f.filename]
+    import sglang
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sglang.__file__)))
+    package = os.path.join(root, "sglang") + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename).startswith(package)]
     if not frames:
         return ""
     last = frames[-1]
-    where = last.filename.replace("\\", "/")
-    where = where[where.rindex("sglang/"):] if "sglang/" in where else where
+    where = os.path.relpath(os.path.abspath(last.filename), root).replace(os.sep, "/")
     source = (last.line or linecache.getline(last.filename, last.lineno)).strip()
     return f" at {where}:{last.lineno}: {source}" if source else f" at {where}:{last.lineno}"
 

@@ -331,7 +331,7 @@ def unmeasured_notes(config: DetSpecConfig) -> list[str]:
                      "claim is what the attention backend and top-k promise, not a measured figure")
     if config.multi_layer_eagle and config.verifies_trees:
         notes.append("multi-layer EAGLE drafting a tree (--speculative-eagle-topk above 1): not measured (every "
-                     "multi-layer EAGLE server of the suites drafts a chain): the logits claim is the tree rule's, "
+                     "multi-layer EAGLE server measured drafts a chain): the logits claim is the tree rule's, "
                      "not a measured figure")
     return notes
 

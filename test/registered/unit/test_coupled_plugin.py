@@ -200,7 +200,9 @@ def test_variables_of_other_programs_are_not_taken_for_settings():
     env = {"SGLANG_DETERMINISTIC": "1", "SGLANG_DISABLE_LEAN_ATTENTION": "1", "DETSPEC_E2E_SERVER_ARGS": "--x",
            "DETSPEC_E2E_BACKENDS": "fa3", "DETSPEC_E2E_VERIFY": "x", "DETSPEC_E2E_TREE_ATTENTION": "x",
            "DETSPEC_BENCH_TREE_ATTENTION": "x", "MY_DETSPEC_VERIFY": "x", "DETSPEC_VERIFY_LOG": "x",
-           "PATH": "/bin", "VERIFY": "1", "SGLANG_DISABLE": "1"}
+           "PATH": "/bin", "VERIFY": "1", "SGLANG_DISABLE": "1",
+           # SGLang's own SGLANG_SPEC_* prefix, 3 edits from SGLANG_DETSPEC_
+           "SGLANG_SPEC_VERIFY": "1", "SGLANG_SPEC_DISABLE": "1", "SGLANG_SPEC_TREE_ATTENTION": "x"}
     assert env_settings(env)["verify"] == "auto"
 
 

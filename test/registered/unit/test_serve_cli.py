@@ -135,7 +135,12 @@ def test_a_serve_flag_before_the_command_is_pointed_after_it(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--dry-run", "serve", "--", "--model-path", "m"])
     assert exc.value.code == 2
-    assert "--dry-run belongs after 'serve': detspec serve --dry-run ..." in capsys.readouterr().err
+    assert "--dry-run is serve's: put it after 'serve' (detspec serve --dry-run ...)" in capsys.readouterr().err
+    # A flag serve does not have gets serve's own hint, not the advice to move it.
+    with pytest.raises(SystemExit):
+        main(["--bogus", "serve", "--", "--model-path", "m"])
+    err = capsys.readouterr().err
+    assert "after 'serve'" not in err and "unrecognized arguments: --bogus" in err
 
 
 def test_dry_run_prints_the_completed_command(capsys):
