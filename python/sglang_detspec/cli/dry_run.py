@@ -378,15 +378,15 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
 
         # Start-up's own check on SGLang's resolution where it ran here, else on the flags as typed.
         blockers = sampled_draft_blockers(record) if record is not None else flag_blockers(ns)
-    if bag.wants_sampled_drafts() and blockers:
-        say(f"note: {sampled_drafts_unavailable_note(blockers)}")
-    elif bag.wants_sampled_drafts():
-        # What the server's start-up does to this chain wherever SGLang admits the flag.
-        bag = dataclasses.replace(bag, rejection_sampling=True)
-        say("note: start-up turns SGLang's sampled-draft path on for this coupled chain: the draft "
-             "samples its proposals instead of taking its argmax (SGLang ties that path to its "
-             "rejection-sampling flag, hence rejection_sampling=True below); verification stays coupled, "
-             "not SGLang's rejection sampling")
+        if blockers:
+            say(f"note: {sampled_drafts_unavailable_note(blockers)}")
+        else:
+            # What the server's start-up does to this chain wherever SGLang admits the flag.
+            bag = dataclasses.replace(bag, rejection_sampling=True)
+            say("note: start-up turns SGLang's sampled-draft path on for this coupled chain: the draft "
+                "samples its proposals instead of taking its argmax (SGLang ties that path to its "
+                "rejection-sampling flag, hence rejection_sampling=True below); verification stays coupled, "
+                "not SGLang's rejection sampling")
     say(f"flags check passed (the GPU checks run when the server starts): {bag.describe()}")
     # Right under the claim it qualifies, not at the end of the notes.
     warnings = parallelism_notes(ns)
