@@ -308,12 +308,14 @@ def test_split_is_a_bitwise_setting_read_from_the_environment():
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=16) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", head_dim=512) == "tokens"
     assert logits_guarantee("triton", 4, decode_attention="split", page_size=1, head_dim=256) == "bitwise"
-    # A chain's one-pass pair at pages above one token: argued, not measured; a tree keeps its own reason.
+    # A chain's one-pass pair at pages above one token: measured at one page size and head size, no rule; a tree
+    # keeps its own reason.
     from sglang_detspec.config import guarantee_and_reason
 
     for decode, split_said in (("split", True), ("one_pass", False)):
         claim, why = guarantee_and_reason("triton", 1, decode_attention=decode, page_size=16)
-        assert claim == "tokens" and why.startswith("a chain on triton with a KV page size of 16: not measured")
+        assert claim == "tokens" and why.startswith("a chain on triton with a KV page size of 16: measured only at pages "
+                                                    "of 16 tokens on one head size")
         assert ("the positional split reads pages of one token" in why) is split_said
     claim, why = guarantee_and_reason("triton", 4, decode_attention="split", page_size=16)
     assert claim == "tokens" and "the split kernels read pages of 1 token" in why
