@@ -1113,12 +1113,11 @@ def _word(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, .
     return value
 
 
-# A variable whose name is a setting's suffix behind a prefix within a few edits (Levenshtein) of
-# SGLANG_DETSPEC_ or DETSPEC_ is taken for a typo of that setting (SGLANG_DETPSEC_VERIFY, SGLAN_DETSPEC_VERIFY,
-# SGL_DETSPEC_VERIFY, DETSPEC_VERIFY, lower case); DETSPEC_E2E_VERIFY (4 edits from DETSPEC_) or
-# MY_DETSPEC_VERIFY (3) are other programs' names.
-# Edits allowed per prefix: SGL_DETSPEC_ (SGLang's older SGL_ spelling) is a prefix of its own, since allowing the
-# 3 edits it lies from SGLANG_DETSPEC_ would take SGLang's own SGLANG_SPEC_* names for settings.
+# A variable whose name is a setting's suffix behind a prefix within the edits (Levenshtein) given here of one of
+# these prefixes is taken for a typo of that setting (SGLANG_DETPSEC_VERIFY, SGLAN_DETSPEC_VERIFY,
+# SGL_DETSPEC_VERIFY, DETSPEC_VERIFY, lower case); DETSPEC_E2E_VERIFY (4 edits from DETSPEC_) and
+# MY_DETSPEC_VERIFY (3) are other programs' names. SGL_DETSPEC_ (SGLang's older SGL_ spelling) is a prefix of
+# its own: the 3 edits it lies from SGLANG_DETSPEC_ would also take SGLang's SGLANG_SPEC_* names for settings.
 MISSPELT_PREFIXES = {ENV_PREFIX: 2, ENV_PREFIX.removeprefix("SGLANG_"): 2, "SGL_DETSPEC_": 1}
 
 
@@ -1139,9 +1138,9 @@ def misspelt_setting(name: str) -> str | None:
     :data:`MISSPELT_PREFIXES` (so ``SGLANG_DETSPEC_VERIFY`` typed in lower case, ``SGLANGDETSPEC_VERIFY``
     and ``DETSPEC_VERIFY`` are found, ``DETSPEC_E2E_VERIFY`` is not). A name of :data:`ENV_NAMES` gives None.
     """
-    upper = name.upper()
     if name in ENV_NAMES:
         return None
+    upper = name.upper()
     for setting in sorted((n for n in ENV_NAMES if n not in REMOVED_ENV), key=len, reverse=True):
         suffix = setting.removeprefix(ENV_PREFIX)
         if upper.endswith(suffix) and any(_edits(upper[:-len(suffix)], p) <= edits

@@ -133,7 +133,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if unknown:
             command = getattr(args, "command", None)
             hint = _early_flags_hint(parser, argv, command, unknown) or getattr(args, "unrecognized_hint", None)
-            _subcommand_parser(parser, getattr(args, "command", None)).error(
+            _subcommand_parser(parser, command).error(
                 f"unrecognized arguments: {' '.join(unknown)}" + (f"; {hint}" if hint else "")
             )
     except UsageError as exc:
