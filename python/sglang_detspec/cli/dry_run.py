@@ -300,6 +300,15 @@ def served_algorithm_note(bag: DetSpecConfig, record) -> str | None:
     return f"SGLang serves --speculative-algorithm {bag.algorithm} as {served}, as the server's start-up line shows"
 
 
+# How the dry run words an assert of SGLang's own resolution on the flags (a warning, not a note).
+FAILED_CHECK = "SGLang's own argument resolution failed one of its checks on these flags here"
+
+
+def unresolved_line(unresolved: str) -> str:
+    """The message for why SGLang's resolution did not finish here: a warning for a failed check, else a note."""
+    return f"{'warning' if unresolved.startswith(FAILED_CHECK) else 'note'}: {unresolved}"
+
+
 def missing_draft_warning(bag: DetSpecConfig, record) -> str | None:
     """A warning when SGLang's resolution (run here) left a draft-model server without a draft model path.
 
@@ -439,7 +448,7 @@ def report(bag: DetSpecConfig, record, unresolved: str | None, ns: argparse.Name
         say(f"note: {CUT_NOTE}")
     # The notes run long: the claim again as the last line before the command, with what qualifies it.
     if unresolved:
-        say(f"note: {unresolved}")
+        say(unresolved_line(unresolved))
     # The claim is the one-GPU rule's; under parallelism nothing measured it (the warning says why).
     parallel = ", ".join(parallel_sizes(ns))
     marks = ([f"on one GPU; at {parallel} not measured, see the warning above"] * bool(parallel)

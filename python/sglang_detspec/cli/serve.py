@@ -34,7 +34,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .dry_run import PREFILL_GRAPH_OFF_RUNS, PREFILL_GRAPH_SUITES, missing_model_paths, report
+from .dry_run import (FAILED_CHECK, PREFILL_GRAPH_OFF_RUNS, PREFILL_GRAPH_SUITES, missing_model_paths, report,
+                      unresolved_line)
 from .messages import fail, say
 
 if TYPE_CHECKING:
@@ -91,7 +92,8 @@ whitelist is set).
 First SGLang's own launch_server parser reads the arguments and the plugin's
 start-up check runs on them, with SGLang's refusal of attention backends it
 does not admit under deterministic inference: a combination the server would
-refuse stops here with the server's message and exit status 2.
+refuse stops here with the server's message and exit status 2 (an assert of
+SGLang's that fails on the flags is a warning: an assert may test the machine).
 
 example:
 {EXAMPLE}"""
@@ -295,7 +297,7 @@ def _run(args) -> int:
         if not bag.active:
             say(f"note: sglang-detspec stays inactive ({_why_inactive(bag, env)}): SGLang's own sampling runs")
             if unresolved:
-                say(f"note: {unresolved}")
+                say(unresolved_line(unresolved))
         elif args.dry_run:
             report(bag, record, unresolved, read_launch_args(cmd[3:]), env, verbose=args.verbose)
     if args.dry_run:
@@ -316,7 +318,12 @@ def _sglang_verdict(launch_args: list[str]):
         return None, f"SGLang's own argument resolution not run here ({exc}); the server runs it at start-up", None
     except Exception as exc:  # SGLang's resolution, on a machine that is not the server's
         said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return None, (f"SGLang's own argument resolution did not finish here ({said}{_failed_line(exc)}); the "
+        where = _failed_line(exc)
+        if isinstance(exc, AssertionError) and where:
+            # An assert of SGLang's own on the flags: the server most likely stops on it too.
+            return None, (f"{FAILED_CHECK} ({said}{where}): the server will most likely stop on it at start-up; "
+                          "the claim below assumes it does not"), None
+        return None, (f"SGLang's own argument resolution did not finish here ({said}{where}); the "
                       "server runs it at start-up"), None
 
 
